@@ -1,0 +1,348 @@
+"""Settings: one typed tree loaded once in bot/app.py, then handed down as slices.
+
+Sources, highest priority first: values passed in (CLI flags), environment variables (``MEMBOT_`` prefix,
+``__`` between nesting levels, e.g. ``MEMBOT_LLM__MODEL``), a ``.env`` file, an optional TOML file, then
+the defaults below. ``deploy/membot.example.toml`` documents every setting; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from bot.errors import ConfigError
+
+ENV_PREFIX = "MEMBOT_"
+DEFAULT_HOME = Path("~/.membot")
+DEFAULT_CONFIG_FILE = DEFAULT_HOME / "membot.toml"
+
+
+class ProviderSettings(BaseModel):
+    api_key: SecretStr | None = None
+    base_url: str | None = None  # None: the provider's public endpoint
+
+
+class LLMSettings(BaseModel):
+    model: str = "gpt-4.1-mini"
+    provider: Literal["openai", "anthropic"] | None = None  # None: taken from models.json, else openai
+    fallback_models: list[str] = Field(default_factory=list)
+    openai: ProviderSettings = Field(default_factory=ProviderSettings)
+    anthropic: ProviderSettings = Field(default_factory=ProviderSettings)
+    timeout: float = 60.0
+    connect_timeout: float = 10.0
+    max_retries: int = 3
+    retry_base_delay: float = 0.5
+    retry_max_delay: float = 20.0
+    max_output_tokens: int = 2048
+    temperature: float | None = None
+
+
+class SessionSettings(BaseModel):
+    cache_size: int = Field(default=256, ge=1)
+    max_inbound_chars: int = Field(default=16000, ge=100)
+
+
+class DispatcherSettings(BaseModel):
+    mode: Literal["collect", "per_message"] = "collect"
+    queue_limit: int = Field(default=20, ge=1)
+    turn_timeout: float = 900.0
+
+
+class CompactionSettings(BaseModel):
+    enabled: bool = True
+    threshold: float = Field(default=0.8, gt=0.0, le=1.0)
+    keep_last: int = Field(default=20, ge=1)
+    summary_timeout: float = 15.0
+    summary_max_tokens: int = 1024
+    max_overflow_retries: int = 3
+
+
+class MemorySettings(BaseModel):
+    enabled: bool = True
+    timezone: str | None = None  # None: the top-level timezone
+    memory_window: int = Field(default=50, ge=0)
+    keep_recent: int = Field(default=10, ge=1)
+    max_memory_size: int = 8192
+    inject_max_bytes: int = 8192
+    recent_days: int = 7
+    consolidation_timeout: float = 30.0
+    pack_soft_tokens: int = 1800
+    pack_hard_tokens: int = 3500
+    top_k_episodic: int = 8
+    top_k_semantic: int = 6
+    top_k_procedural: int = 4
+    promotion_confidence: float = 0.75
+    decay_days: int = 30
+    embeddings: Literal["none", "openai", "local"] = "none"
+    embeddings_base_url: str | None = None
+    embeddings_model: str = "text-embedding-3-small"
+    embeddings_api_key: SecretStr | None = None
+
+
+class ToolSettings(BaseModel):
+    enabled: list[str] = Field(default_factory=lambda: ["memory", "files", "web_fetch", "time"])
+    max_llm_calls: int = 20
+    max_tool_calls: int = 80
+    turn_deadline: float = 600.0
+    tool_timeout: float = 60.0
+    max_parallel: int = 4
+    result_max_chars: int = 16000
+    max_file_read_bytes: int = 1_000_000
+    web_max_bytes: int = 2_000_000
+    web_timeout: float = 20.0
+    web_max_redirects: int = 5
+    shell_enabled: bool = False
+    shell_allow: list[str] = Field(default_factory=lambda: ["ls", "cat", "grep", "wc", "head", "tail", "date"])
+    shell_timeout: float = 30.0
+    channel_allow: dict[str, list[str]] = Field(default_factory=dict)
+    channel_deny: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class TerminalSettings(BaseModel):
+    enabled: bool = False  # `membot run` starts it only when asked; `membot chat` always uses it
+    user: str = Field(default_factory=lambda: os.environ.get("USER", "local") or "local")
+
+
+class TelegramGroupSettings(BaseModel):
+    require_mention: bool = True
+
+
+class TelegramSettings(BaseModel):
+    token: SecretStr | None = None
+    allowed_users: list[str] = Field(default_factory=list)  # user ids; "*" opens the bot deliberately
+    allowed_groups: list[str] = Field(default_factory=list)
+    groups: dict[str, TelegramGroupSettings] = Field(default_factory=dict)
+    require_mention: bool = True
+    pairing: bool = True
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_listen: str = "127.0.0.1"
+    webhook_port: int = 8443
+    webhook_url: str | None = None
+    webhook_secret: SecretStr | None = None
+    base_url: str | None = None  # for tests / self-hosted Bot API servers
+    base_file_url: str | None = None
+    streaming: bool = False
+    max_document_bytes: int = 1_000_000
+    join_window: float = 1.0
+    poll_timeout: int = 30
+
+
+class DiscordSettings(BaseModel):
+    token: SecretStr | None = None
+    allowed_users: list[str] = Field(default_factory=list)
+    allowed_guilds: list[str] = Field(default_factory=list)
+    allowed_channels: list[str] = Field(default_factory=list)
+    require_mention: bool = True
+    mention_overrides: dict[str, bool] = Field(default_factory=dict)  # guild or channel id -> require
+    pairing: bool = True
+    streaming: bool = False
+    max_attachment_bytes: int = 1_000_000
+    api_base: str | None = None  # for tests
+    gateway_url: str | None = None
+
+
+class AdminSettings(BaseModel):
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 9464
+
+
+class LifecycleSettings(BaseModel):
+    grace_period: float = 20.0
+    on_channel_failure: Literal["stop", "degraded"] = "degraded"
+
+
+class Settings(BaseSettings):
+    """The whole configuration tree. Build it with :func:`load_settings`, not directly."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    workspace: Path = DEFAULT_HOME / "workspace"
+    models_file: Path | None = None
+    timezone: str = "UTC"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["auto", "console", "json"] = "auto"
+    system_prompt: str = (
+        "You are membot, a helpful assistant that remembers past conversations. "
+        "Answer concisely and honestly; say so when you do not know."
+    )
+
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    sessions: SessionSettings = Field(default_factory=SessionSettings)
+    dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
+    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    tools: ToolSettings = Field(default_factory=ToolSettings)
+    terminal: TerminalSettings = Field(default_factory=TerminalSettings)
+    telegram: TelegramSettings = Field(default_factory=TelegramSettings)
+    discord: DiscordSettings = Field(default_factory=DiscordSettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+    lifecycle: LifecycleSettings = Field(default_factory=LifecycleSettings)
+
+    @field_validator("workspace", "models_file", mode="after")
+    @classmethod
+    def _expand(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {value!r} (use an IANA name such as Europe/Berlin)") from exc
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, dotenv_settings, TomlConfigSettingsSource(settings_cls))
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.workspace / "sessions"
+
+    @property
+    def memory_dir(self) -> Path:
+        return self.workspace / "memory"
+
+    @property
+    def memory_timezone(self) -> str:
+        return self.memory.timezone or self.timezone
+
+
+def resolve_config_file(explicit: Path | None) -> Path | None:
+    """The TOML file to read: ``--config``, else ``$MEMBOT_CONFIG``, else ~/.membot/membot.toml if present."""
+    if explicit is not None:
+        path = explicit.expanduser()
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist (check --config / MEMBOT_CONFIG)")
+        return path
+    from_env = os.environ.get("MEMBOT_CONFIG")
+    if from_env:
+        return resolve_config_file(Path(from_env))
+    default = DEFAULT_CONFIG_FILE.expanduser()
+    return default if default.is_file() else None
+
+
+def _settings_class(config_file: Path | None, env_file: Path | None) -> type[Settings]:
+    class _Configured(Settings):
+        model_config = SettingsConfigDict(toml_file=config_file, env_file=env_file)
+
+    _Configured.__name__ = "Settings"
+    return _Configured
+
+
+def load_settings(
+    config_file: Path | None = None,
+    *,
+    env_file: Path | None = Path(".env"),
+    overrides: dict[str, Any] | None = None,
+) -> Settings:
+    """Load and validate settings; raise :class:`ConfigError` naming every bad field and how to set it."""
+    toml = resolve_config_file(config_file)
+    cls = _settings_class(toml, env_file)
+    try:
+        return cls(**(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(_explain_validation(exc, toml)) from None
+    except (OSError, ValueError) as exc:  # unreadable or malformed TOML / .env
+        raise ConfigError(f"could not read configuration: {exc}") from None
+
+
+def _explain_validation(exc: ValidationError, toml: Path | None) -> str:
+    lines = ["invalid configuration:"]
+    for error in exc.errors():
+        path = [str(p) for p in error["loc"]]
+        dotted = ".".join(path)
+        env = ENV_PREFIX + "__".join(p.upper() for p in path)
+        where = f"set {env}" + (f" or `{dotted}` in {toml}" if toml else "")
+        lines.append(f"  - {dotted}: {error['msg']} ({where})")
+    return "\n".join(lines)
+
+
+# ---- "where did this value come from" for `membot config` -------------------------------------------
+
+SECRET_MASK = "********"
+
+
+def describe_settings(settings: Settings, config_file: Path | None = None) -> list[tuple[str, str, str]]:
+    """Rows of (setting, shown value, source) for every leaf setting; secrets are masked."""
+    toml = resolve_config_file(config_file)
+    cls = type(settings)
+    sources: list[tuple[str, dict[str, Any]]] = [
+        ("env", _lower_keys(EnvSettingsSource(cls)())),
+        (".env", _lower_keys(DotEnvSettingsSource(cls)())),
+    ]
+    if toml is not None:
+        sources.append((str(toml), _lower_keys(TomlConfigSettingsSource(cls, toml_file=toml)())))
+    rows: list[tuple[str, str, str]] = []
+    for path, value in _leaves(settings.model_dump()):
+        origin = "default"
+        for name, data in sources:
+            if _has_path(data, path):
+                origin = name
+                break
+        rows.append((".".join(path), _show(path, value, settings), origin))
+    return rows
+
+
+def _lower_keys(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {str(k).lower(): _lower_keys(v) for k, v in data.items()}
+    return data
+
+
+def _has_path(data: dict[str, Any], path: tuple[str, ...]) -> bool:
+    node: Any = data
+    for key in path:
+        if not isinstance(node, dict) or key.lower() not in node:
+            return False
+        node = node[key.lower()]
+    return True
+
+
+def _leaves(data: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    if isinstance(data, dict) and data:
+        for key, value in data.items():
+            yield from _leaves(value, (*prefix, str(key)))
+    else:
+        yield prefix, data
+
+
+def _show(path: tuple[str, ...], value: Any, settings: Settings) -> str:
+    node: Any = settings
+    for key in path:
+        node = getattr(node, key, None) if not isinstance(node, dict) else node.get(key)
+    if isinstance(node, SecretStr):
+        return SECRET_MASK if node.get_secret_value() else "(empty)"
+    if value is None:
+        return "(not set)"
+    return str(value)

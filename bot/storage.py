@@ -1,0 +1,109 @@
+"""Crash-safe file primitives: every write of user data in membot goes through here.
+
+A write is either complete or absent. Whole-file writes go to a temp file in the same folder, are
+fsynced, renamed over the target and the folder is fsynced. Appends write whole lines and fsync; readers
+of append-only logs ignore a torn last line. Folders are created 0700 and files 0600, because the
+workspace holds private conversations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) if needed and make sure the folder itself is 0700."""
+    path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    if path.stat().st_mode & 0o777 != DIR_MODE:
+        os.chmod(path, DIR_MODE)
+    return path
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new content."""
+    ensure_private_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:40]}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def append_bytes(path: Path, data: bytes, *, truncate_to: int | None = None) -> int:
+    """Append ``data`` durably and return the file's new size.
+
+    ``truncate_to`` first cuts the file back to a known-good length, discarding a torn tail left by a
+    crash during an earlier append.
+    """
+    ensure_private_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, FILE_MODE)
+    try:
+        if truncate_to is not None and os.fstat(fd).st_size != truncate_to:
+            os.ftruncate(fd, truncate_to)
+        end = os.lseek(fd, 0, os.SEEK_END)
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+        return end + len(data)
+    finally:
+        os.close(fd)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one text line (a newline is added) durably."""
+    append_bytes(path, (line.rstrip("\n") + "\n").encode("utf-8"))
+
+
+async def atomic_write_text_async(path: Path, text: str) -> None:
+    await asyncio.to_thread(atomic_write_text, path, text)
+
+
+async def append_line_async(path: Path, line: str) -> None:
+    await asyncio.to_thread(append_line, path, line)
+
+
+def fix_private_tree(root: Path) -> int:
+    """Tighten permissions under ``root`` (folders 0700, files 0600); return how many were changed."""
+    changed = 0
+    if not root.exists():
+        return 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        entries = [(Path(dirpath), DIR_MODE)]
+        entries += [(Path(dirpath) / name, FILE_MODE) for name in filenames]
+        for path, mode in entries:
+            if path.is_symlink():
+                continue
+            if path.stat().st_mode & 0o777 != mode:
+                os.chmod(path, mode)
+                changed += 1
+        dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
+    return changed

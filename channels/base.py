@@ -1,0 +1,96 @@
+"""What every channel adapter shares: the contract with the dispatcher and the access rules.
+
+A channel turns platform events into :class:`~bot.domain.InboundMessage` values and hands them to the
+dispatcher through ``submit`` (awaiting it means the message is safely queued, so only then may the
+platform be told it was received). Replies come back through ``send``. Platform libraries are imported
+only inside the adapter modules, never here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import ClassVar, Literal
+
+from bot.domain import InboundMessage, OutboundMessage, utcnow
+
+InboundSink = Callable[[InboundMessage], Awaitable[None]]
+PartialSink = Callable[[str], Awaitable[None]]
+ChannelState = Literal["stopped", "starting", "running", "degraded", "failed"]
+
+
+@dataclass(slots=True)
+class ChannelHealth:
+    """What /healthz and /status report about a channel."""
+
+    state: ChannelState = "stopped"
+    last_inbound: datetime | None = None
+    error: str | None = None
+    sent: int = 0
+    send_failures: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class Allowlist:
+    """Deny-by-default set of ids. Empty admits nobody; ``"*"`` admits everyone, deliberately.
+
+    Ids are compared as exact strings, so ``"12"`` never admits ``"123"``.
+    """
+
+    def __init__(self, ids: Iterable[str | int] = ()) -> None:
+        self._ids = frozenset(str(i).strip() for i in ids if str(i).strip())
+
+    @property
+    def is_open(self) -> bool:
+        return "*" in self._ids
+
+    def allows(self, id_: str | int | None) -> bool:
+        if self.is_open:
+            return True
+        return id_ is not None and str(id_) in self._ids
+
+    def with_ids(self, extra: Iterable[str | int]) -> Allowlist:
+        return Allowlist([*self._ids, *(str(i) for i in extra)])
+
+
+class Channel(ABC):
+    """Base class of the Telegram, Discord and terminal adapters.
+
+    Subclasses set ``name`` and implement ``start``, ``stop`` and ``send``. They may override
+    ``activity`` (a typing indicator shown while a turn runs) and ``partial_sink`` (streaming partial
+    output). ``start`` must return once the channel is receiving; its background work belongs to tasks
+    it owns and cancels in ``stop``.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, submit: InboundSink) -> None:
+        self._submit = submit
+        self.health = ChannelHealth()
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def stop(self) -> None: ...
+
+    @abstractmethod
+    async def send(self, message: OutboundMessage) -> None:
+        """Deliver a reply. Must not lose it silently: retry what can be retried, log what finally fails."""
+
+    def activity(self, chat_id: str) -> AbstractAsyncContextManager[None]:
+        """Shown while a turn for ``chat_id`` runs (a typing indicator). Default: nothing."""
+        return contextlib.nullcontext()
+
+    def partial_sink(self, chat_id: str) -> PartialSink | None:
+        """A callback that receives the partial reply text while the model writes, if streaming is on."""
+        return None
+
+    async def handle_inbound(self, message: InboundMessage) -> None:
+        """Hand a normalized, already-authorized message to the dispatcher."""
+        self.health.last_inbound = utcnow()
+        await self._submit(message)

@@ -1,0 +1,88 @@
+"""The seam every pipeline system plugs into: the ``System`` protocol and the per-turn ``Turn``.
+
+A turn is one run of the pipeline for one session: it starts with the inbound messages the dispatcher
+collected and ends with a reply. Systems read and write the ``Turn``; they never call each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from bot.domain import InboundMessage, Message, Session, Usage, new_id
+
+PartialSink = Callable[[str], Awaitable[None]]
+
+
+@runtime_checkable
+class System(Protocol):
+    """One step of a turn.
+
+    ``order`` fixes its place (AutoCompaction=18, ContextBuilding=20, ToolLoop=30, MemoryPersist=50);
+    two systems may not share an order. ``should_process`` lets a system skip a turn cheaply;
+    ``process`` does the work. A system that raises is logged and recorded on the turn, and the next
+    systems still run, so a failing memory write never costs the user their answer.
+
+    Example::
+
+        class Echo:
+            name, order, enabled = "echo", 40, True
+
+            def should_process(self, turn: Turn) -> bool:
+                return turn.reply is None
+
+            async def process(self, turn: Turn) -> None:
+                turn.reply = turn.user_text
+    """
+
+    name: str
+    order: int
+    enabled: bool
+
+    def should_process(self, turn: Turn) -> bool: ...
+
+    async def process(self, turn: Turn) -> None: ...
+
+
+@dataclass(slots=True)
+class SystemFailure:
+    system: str
+    error: str
+
+
+@dataclass
+class Turn:
+    """What one pipeline run knows.
+
+    - ``inbound``: the user's messages taken together for this turn (collect mode may join several).
+    - ``system_prompt`` / ``memory_context``: built by ContextBuilding for the LLM call.
+    - ``new_messages``: everything this turn added to the session (user, assistant, tool), in order.
+    - ``reply``: the text that goes back to the user; ``None`` means nobody answered yet.
+    """
+
+    session: Session
+    inbound: tuple[InboundMessage, ...]
+    id: str = field(default_factory=new_id)
+    system_prompt: str = ""
+    memory_context: str = ""
+    reply: str | None = None
+    notes: list[str] = field(default_factory=list)  # short user-visible remarks (limits hit, ...)
+    new_messages: list[Message] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    failures: list[SystemFailure] = field(default_factory=list)
+    on_partial: PartialSink | None = None
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def user_text(self) -> str:
+        return "\n\n".join(m.text for m in self.inbound if m.text)
+
+    @property
+    def channel(self) -> str:
+        return self.session.channel
+
+    def add_message(self, message: Message) -> None:
+        """Append to the session and remember it as this turn's own."""
+        self.session.append(message)
+        self.new_messages.append(message)
