@@ -104,7 +104,9 @@ class ToolSettings(BaseModel):
     web_timeout: float = 20.0
     web_max_redirects: int = 5
     shell_enabled: bool = False
-    shell_allow: list[str] = Field(default_factory=lambda: ["ls", "cat", "grep", "wc", "head", "tail", "date"])
+    shell_allow: list[str] = Field(
+        default_factory=lambda: ["ls", "cat", "grep", "wc", "head", "tail", "date"]
+    )
     shell_timeout: float = 30.0
     channel_allow: dict[str, list[str]] = Field(default_factory=dict)
     channel_deny: dict[str, list[str]] = Field(default_factory=dict)

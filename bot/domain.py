@@ -173,6 +173,8 @@ class Session:
     # unchanged; ``rewrite_needed`` forces a full rewrite after an in-place edit of older messages.
     persisted_count: int = 0
     rewrite_needed: bool = False
+    log_generation: int = 0
+    log_bytes: int = 0
 
     @classmethod
     def new(cls, channel: str, chat_id: str) -> Session:

@@ -1,0 +1,96 @@
+"""Chat commands: recognized before the pipeline, answered at once, never sent to the LLM.
+
+The router only parses and dispatches. Handlers are plain async functions registered by the
+composition root, so /status, /compact and /new can live with the services they report on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from bot.domain import InboundMessage
+
+_COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]{0,31})(?:@([A-Za-z0-9_]+))?(?:\s+(.*))?$", re.DOTALL)
+
+
+class SessionControl(Protocol):
+    """What the dispatcher lets commands see and do for a session."""
+
+    def is_running(self, sid: str) -> bool: ...
+
+    def queue_depth(self, sid: str) -> int: ...
+
+    async def stop(self, sid: str) -> int | None:
+        """Cancel the running turn; ``None`` if nothing ran, else how many queued messages were kept."""
+
+    def exclusive(self, sid: str) -> AbstractAsyncContextManager[None]:
+        """Wait for the running turn to end and keep new turns out while held (for /compact, /new)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandCall:
+    name: str
+    args: str
+    message: InboundMessage
+
+    @property
+    def session_id(self) -> str:
+        return self.message.session_id
+
+
+CommandHandler = Callable[[CommandCall, SessionControl], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Command:
+    description: str
+    handler: CommandHandler
+
+
+class CommandRouter:
+    """Maps ``/name args`` (also ``/name@BotName args``) to handlers; ``/help`` lists them."""
+
+    def __init__(self) -> None:
+        self._commands: dict[str, _Command] = {}
+        self.add("help", "Show the commands", self._help)
+        self.add("stop", "Stop the running reply", _stop)
+
+    def add(self, name: str, description: str, handler: CommandHandler) -> None:
+        self._commands[name.lower()] = _Command(description, handler)
+
+    @property
+    def commands(self) -> list[tuple[str, str]]:
+        """(name, description) pairs, for /help and the platforms' command menus."""
+        return [(name, c.description) for name, c in self._commands.items()]
+
+    def parse(self, message: InboundMessage) -> CommandCall | None:
+        """A command call if the text is command-shaped (``/usr/bin`` is not), else ``None``."""
+        match = _COMMAND.match(message.text.strip())
+        if match is None:
+            return None
+        return CommandCall(match.group(1).lower(), (match.group(3) or "").strip(), message)
+
+    async def handle(self, call: CommandCall, control: SessionControl) -> str:
+        command = self._commands.get(call.name)
+        if command is None:
+            return f"Unknown command /{call.name}. Send /help for the list."
+        return await command.handler(call, control)
+
+    async def _help(self, call: CommandCall, control: SessionControl) -> str:
+        lines = ["Commands:"]
+        lines += [f"/{name} — {description}" for name, description in self.commands]
+        return "\n".join(lines)
+
+
+async def _stop(call: CommandCall, control: SessionControl) -> str:
+    kept = await control.stop(call.session_id)
+    if kept is None:
+        return "Nothing is running."
+    if kept:
+        plural = "message" if kept == 1 else "messages"
+        return f"⏹ Stopped. {kept} queued {plural} kept in the history; your next message starts a new turn."
+    return "⏹ Stopped."

@@ -1,0 +1,370 @@
+"""Sessions on disk and in a bounded in-memory cache.
+
+Layout under ``sessions/``, for a session id encoded to ``<name>`` (see :func:`encode_id`):
+
+- ``<name>.json``: the header (id, state, usage, metadata, timestamps) and the commit point: it names
+  the message log and how many messages / bytes of it are committed. Always replaced atomically.
+- ``<name>.<generation>.jsonl``: the message log, one JSON message per line. A save appends only the
+  new messages, so its cost does not grow with the conversation; a rewrite (compaction, /new) writes a
+  new generation atomically and then switches the header to it.
+
+A crash between the append and the header write leaves extra bytes after the committed length; they
+are ignored on load and cut off by the next append. A header or log that cannot be read is moved aside
+as ``*.corrupt-<timestamp>`` and a fresh session starts, so one bad file never takes the service down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from bot.domain import Message, Session, SessionState, Usage, session_id, utcnow
+from bot.errors import StorageError
+from bot.storage import append_bytes, atomic_write_bytes, ensure_private_dir
+
+log = structlog.get_logger(__name__)
+
+_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
+_MAX_NAME = 120
+HEADER_VERSION = 1
+
+
+def encode_id(sid: str) -> str:
+    """A file name for ``sid`` that cannot leave the folder and cannot collide with another id.
+
+    Unsafe characters (``/``, NUL, ``%``, spaces, non-ASCII...) are percent-encoded byte by byte, and a
+    leading dot is encoded too, so ``..`` or a hidden name never appears. Names longer than the limit
+    keep a readable prefix plus ``~`` and a hash of the full id; ``~`` is never produced otherwise.
+    """
+    out: list[str] = []
+    for ch in sid:
+        if ch in _SAFE:
+            out.append(ch)
+        else:
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
+    name = "".join(out)
+    if name.startswith("."):
+        name = "%2E" + name[1:]
+    if not name:
+        name = "%00empty"
+    if len(name) > _MAX_NAME:
+        digest = hashlib.sha256(sid.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        name = name[: _MAX_NAME - 40].rstrip("%0123456789ABCDEF") + "~" + digest
+    return name
+
+
+class SessionStore(Protocol):
+    """Where sessions live. JSON files now; a shared store for several instances can replace it."""
+
+    async def load(self, sid: str) -> Session | None: ...
+
+    async def save(self, session: Session) -> None: ...
+
+    async def delete(self, sid: str) -> bool: ...
+
+    async def list_ids(self) -> list[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _SavePlan:
+    rewrite: bool
+    lines: bytes
+    header: dict[str, Any]
+    generation: int
+    count: int
+
+
+class JsonSessionStore:
+    """Sessions as a header JSON plus an append-only JSON-lines message log (see the module doc)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
+    def header_path(self, sid: str) -> Path:
+        return self._dir / f"{encode_id(sid)}.json"
+
+    def _log_path(self, sid: str, generation: int) -> Path:
+        return self._dir / f"{encode_id(sid)}.{generation}.jsonl"
+
+    # -- load -------------------------------------------------------------------------------------
+
+    async def load(self, sid: str) -> Session | None:
+        return await asyncio.to_thread(self._load_sync, sid)
+
+    def _load_sync(self, sid: str) -> Session | None:
+        header_path = self.header_path(sid)
+        try:
+            raw = header_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(f"cannot read session file {header_path}: {exc.strerror}") from exc
+        try:
+            header = json.loads(raw)
+            if header.get("id") != sid:
+                raise ValueError(f"file belongs to session {header.get('id')!r}")
+            session = _session_from_header(header)
+            session.messages = self._read_log(sid, session)
+        except (ValueError, KeyError, TypeError) as exc:
+            self._move_aside(sid, header_path, reason=str(exc))
+            return None
+        session.persisted_count = len(session.messages)
+        return session
+
+    def _read_log(self, sid: str, session: Session) -> list[Message]:
+        if session.log_generation == 0:
+            return []
+        path = self._log_path(sid, session.log_generation)
+        with path.open("rb") as f:
+            data = f.read(session.log_bytes)
+        if len(data) != session.log_bytes:
+            raise ValueError(f"message log {path.name} is shorter than its header says")
+        lines = data.splitlines()
+        messages = [Message.from_dict(json.loads(line)) for line in lines if line.strip()]
+        return messages
+
+    def _move_aside(self, sid: str, header_path: Path, *, reason: str) -> None:
+        stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
+        moved = []
+        prefix = encode_id(sid) + "."
+        for path in list(self._dir.glob(f"{glob_escape(encode_id(sid))}.*")):
+            rest = path.name[len(prefix) :]
+            if path == header_path or (rest.endswith(".jsonl") and rest[: -len(".jsonl")].isdigit()):
+                target = path.with_name(f"{path.name}.corrupt-{stamp}")
+                os.replace(path, target)
+                moved.append(target.name)
+        log.error("session_file_corrupt", session_id=sid, reason=reason, moved_to=moved)
+
+    # -- save -------------------------------------------------------------------------------------
+
+    async def save(self, session: Session) -> None:
+        plan = self._plan(session)
+        await asyncio.to_thread(self._write, session.id, plan, session.log_generation, session.log_bytes)
+        session.log_generation = plan.generation
+        session.log_bytes = int(plan.header["log_bytes"])
+        session.persisted_count = plan.count
+        session.rewrite_needed = False
+
+    def _plan(self, session: Session) -> _SavePlan:
+        """Snapshot what must be written (on the loop, so the session may change right after)."""
+        rewrite = (
+            session.rewrite_needed
+            or session.log_generation == 0
+            or session.persisted_count > len(session.messages)
+        )
+        start = 0 if rewrite else session.persisted_count
+        new = session.messages[start:]
+        lines = b"".join(
+            json.dumps(m.to_dict(), ensure_ascii=False, separators=(",", ":")).encode() + b"\n" for m in new
+        )
+        generation = session.log_generation + 1 if rewrite else session.log_generation
+        log_bytes = len(lines) if rewrite else session.log_bytes + len(lines)
+        header = _header(session, generation=generation, count=len(session.messages), log_bytes=log_bytes)
+        return _SavePlan(rewrite, lines, header, generation, len(session.messages))
+
+    def _write(self, sid: str, plan: _SavePlan, old_generation: int, old_bytes: int) -> None:
+        ensure_private_dir(self._dir)
+        try:
+            if plan.rewrite:
+                atomic_write_bytes(self._log_path(sid, plan.generation), plan.lines)
+            elif plan.lines:
+                append_bytes(self._log_path(sid, plan.generation), plan.lines, truncate_to=old_bytes)
+            atomic_write_bytes(self.header_path(sid), json.dumps(plan.header, ensure_ascii=False).encode())
+        except OSError as exc:
+            raise StorageError(f"cannot save session {sid!r} under {self._dir}: {exc.strerror}") from exc
+        if plan.rewrite and old_generation and old_generation != plan.generation:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._log_path(sid, old_generation))
+
+    # -- delete / list ----------------------------------------------------------------------------
+
+    async def delete(self, sid: str) -> bool:
+        return await asyncio.to_thread(self._delete_sync, sid)
+
+    def _delete_sync(self, sid: str) -> bool:
+        header = self.header_path(sid)
+        existed = header.exists()
+        prefix = encode_id(sid) + "."
+        for path in self._dir.glob(f"{glob_escape(encode_id(sid))}.*"):
+            rest = path.name[len(prefix) :]
+            if path == header or (rest.endswith(".jsonl") and rest[: -len(".jsonl")].isdigit()):
+                path.unlink(missing_ok=True)
+        return existed
+
+    async def list_ids(self) -> list[str]:
+        return await asyncio.to_thread(self._list_sync)
+
+    def _list_sync(self) -> list[str]:
+        ids: list[str] = []
+        if not self._dir.is_dir():
+            return ids
+        for path in sorted(self._dir.glob("*.json")):
+            try:
+                ids.append(str(json.loads(path.read_bytes())["id"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return ids
+
+
+def glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+
+
+def _header(session: Session, *, generation: int, count: int, log_bytes: int) -> dict[str, Any]:
+    return {
+        "version": HEADER_VERSION,
+        "id": session.id,
+        "channel": session.channel,
+        "chat_id": session.chat_id,
+        "state": session.state.value,
+        "created_at": session.created_at.isoformat(),
+        "updated_at": session.updated_at.isoformat(),
+        "metadata": session.metadata,
+        "usage": session.usage.to_dict(),
+        "compactions": session.compactions,
+        "log_generation": generation,
+        "log_count": count,
+        "log_bytes": log_bytes,
+    }
+
+
+def _session_from_header(header: dict[str, Any]) -> Session:
+    return Session(
+        id=str(header["id"]),
+        channel=str(header["channel"]),
+        chat_id=str(header["chat_id"]),
+        metadata=dict(header.get("metadata") or {}),
+        state=SessionState(header.get("state", "active")),
+        created_at=datetime.fromisoformat(header["created_at"]),
+        updated_at=datetime.fromisoformat(header["updated_at"]),
+        usage=Usage.from_dict(header.get("usage") or {}),
+        compactions=int(header.get("compactions", 0)),
+        log_generation=int(header.get("log_generation", 0)),
+        log_bytes=int(header.get("log_bytes", 0)),
+    )
+
+
+class SessionService:
+    """The one way the rest of membot gets, saves and drops sessions.
+
+    Keeps at most ``cache_size`` sessions in memory (least recently used leave first). A session that is
+    leased (a turn or command is working on it) is never evicted, so there is never a second copy of a
+    live session; an evicted one is simply read back from disk when needed.
+    """
+
+    def __init__(self, store: SessionStore, *, cache_size: int = 256) -> None:
+        self._store = store
+        self._cache_size = cache_size
+        self._cache: OrderedDict[str, Session] = OrderedDict()
+        self._leases: dict[str, int] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @property
+    def store(self) -> SessionStore:
+        return self._store
+
+    @property
+    def cached(self) -> int:
+        return len(self._cache)
+
+    def _lock(self, sid: str) -> asyncio.Lock:
+        lock = self._locks.get(sid)
+        if lock is None:
+            lock = self._locks[sid] = asyncio.Lock()
+        return lock
+
+    async def get(self, sid: str) -> Session | None:
+        """The session if it exists (in memory or on disk), without creating it."""
+        if sid in self._cache:
+            self._cache.move_to_end(sid)
+            return self._cache[sid]
+        async with self._lock(sid):
+            if sid in self._cache:
+                return self._cache[sid]
+            session = await self._store.load(sid)
+            if session is not None:
+                self._remember(session)
+            return session
+
+    async def get_or_create(self, channel: str, chat: str) -> Session:
+        sid = session_id(channel, chat)
+        session = await self.get(sid)
+        if session is None:
+            session = Session.new(channel, chat)
+            self._remember(session)
+        return session
+
+    @contextlib.asynccontextmanager
+    async def lease(self, channel: str, chat: str) -> AsyncIterator[Session]:
+        """Hold a session in memory while working on it (it cannot be evicted meanwhile)."""
+        session = await self.get_or_create(channel, chat)
+        self._leases[session.id] = self._leases.get(session.id, 0) + 1
+        try:
+            yield session
+        finally:
+            left = self._leases[session.id] - 1
+            if left:
+                self._leases[session.id] = left
+            else:
+                del self._leases[session.id]
+                self._evict()
+
+    async def save(self, session: Session) -> None:
+        async with self._lock(session.id):
+            await self._store.save(session)
+        if session.id not in self._cache:
+            self._remember(session)
+
+    async def delete(self, sid: str) -> bool:
+        async with self._lock(sid):
+            self._cache.pop(sid, None)
+            return await self._store.delete(sid)
+
+    async def clear_messages(self, session: Session) -> None:
+        session.replace_messages([])
+        await self.save(session)
+
+    async def message_count(self, sid: str) -> int:
+        session = await self.get(sid)
+        return len(session.messages) if session else 0
+
+    async def list_ids(self) -> list[str]:
+        return await self._store.list_ids()
+
+    def cached_sessions(self) -> list[Session]:
+        return list(self._cache.values())
+
+    def _remember(self, session: Session) -> None:
+        self._cache[session.id] = session
+        self._cache.move_to_end(session.id)
+        self._evict()
+
+    def _evict(self) -> None:
+        if len(self._cache) <= self._cache_size:
+            return
+        for sid in list(self._cache):
+            if len(self._cache) <= self._cache_size:
+                break
+            session = self._cache[sid]
+            dirty = session.rewrite_needed or session.persisted_count != len(session.messages)
+            if sid in self._leases or dirty:
+                continue
+            del self._cache[sid]
+            lock = self._locks.get(sid)
+            if lock is not None and not lock.locked():
+                del self._locks[sid]
