@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -109,8 +109,12 @@ class Dispatcher:
                 reply = f"/{call.name} failed; the details are in the log."
             await self._send(message, reply)
             return
-        entry = await self._inbox.add(message) if self._inbox else None
-        await self._enqueue(_Queued(message, [entry] if entry else []))
+        entry_id, durable = self._inbox.add(message) if self._inbox else (None, None)
+        notice = self._enqueue(_Queued(message, [entry_id] if entry_id else []))  # order fixed here
+        if durable is not None:
+            await durable
+        if notice is not None:
+            await notice
 
     async def recover(self) -> int:
         """Queue again what a previous run accepted but never took into a session."""
@@ -123,7 +127,9 @@ class Dispatcher:
             if session and any(m.meta.get("inbox") == entry.entry_id for m in session.messages[-200:]):
                 await self._inbox.ack(entry.message.session_id, {entry.entry_id})
                 continue
-            await self._enqueue(_Queued(entry.message, [entry.entry_id]))
+            notice = self._enqueue(_Queued(entry.message, [entry.entry_id]))
+            if notice is not None:
+                await notice
             count += 1
         if count:
             log.info("inbox_recovered", messages=count)
@@ -135,11 +141,13 @@ class Dispatcher:
         note = f"\n\n[message truncated: {len(message.text)} characters, limit {self._max_chars}]"
         return dataclasses.replace(message, text=message.text[: self._max_chars] + note)
 
-    async def _enqueue(self, queued: _Queued) -> None:
+    def _enqueue(self, queued: _Queued) -> Awaitable[None] | None:
+        """Queue without awaiting (so arrival order is kept); returns the overflow notice to await."""
         sid = queued.message.session_id
         lane = self._lanes.get(sid)
         if lane is None:
             lane = self._lanes[sid] = _Lane(queued.message.channel, queued.message.chat_id)
+        notice: Awaitable[None] | None = None
         if len(lane.queue) >= self._settings.queue_limit:
             # Never drop: fold the overflow into the newest queued message and tell the user once.
             last = lane.queue[-1]
@@ -151,7 +159,7 @@ class Dispatcher:
             lane.queue[-1] = _Queued(merged, last.entries + queued.entries)
             if not lane.overflow_noticed:
                 lane.overflow_noticed = True
-                await self._send(
+                notice = self._send(
                     queued.message,
                     f"I'm still on your earlier messages ({len(lane.queue)} waiting). "
                     "I'll read everything you send together when I'm done — nothing is lost.",
@@ -160,6 +168,7 @@ class Dispatcher:
             lane.queue.append(queued)
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._work(sid, lane), name=f"lane:{sid}")
+        return notice
 
     # -- turns ------------------------------------------------------------------------------------
 

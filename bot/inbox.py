@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -37,27 +36,44 @@ class Inbox:
     def __init__(self, directory: Path) -> None:
         self._dir = directory
         self._pending: dict[str, list[tuple[str, str]]] = {}  # session id -> [(entry id, json line)]
+        self._locks: dict[str, asyncio.Lock] = {}
 
-    async def add(self, message: InboundMessage) -> str:
+    def add(self, message: InboundMessage) -> tuple[str, asyncio.Task[None]]:
+        """Record ``message``; returns its entry id and the task that makes it durable.
+
+        The entry is registered at once, so arrival order is fixed by the caller's order, not by which
+        disk write finishes first; writes and acknowledgements of one session are serialized.
+        """
         entry_id = new_id()
+        sid = message.session_id
         line = json.dumps({"entry": entry_id, "message": _encode(message)}, ensure_ascii=False)
-        await asyncio.to_thread(append_line, self._path(message.session_id), line)
-        self._pending.setdefault(message.session_id, []).append((entry_id, line))
-        return entry_id
+        self._pending.setdefault(sid, []).append((entry_id, line))
+        return entry_id, asyncio.create_task(self._append(sid, line))
+
+    async def _append(self, sid: str, line: str) -> None:
+        async with self._lock(sid):
+            await asyncio.to_thread(append_line, self._path(sid), line)
+
+    def _lock(self, sid: str) -> asyncio.Lock:
+        lock = self._locks.get(sid)
+        if lock is None:
+            lock = self._locks[sid] = asyncio.Lock()
+        return lock
 
     async def ack(self, sid: str, entry_ids: set[str]) -> None:
         """Drop entries whose messages are now saved in the session."""
-        pending = self._pending.get(sid, [])
-        remaining = [(e, line) for e, line in pending if e not in entry_ids]
-        if len(remaining) == len(pending):
-            return
-        if remaining:
-            self._pending[sid] = remaining
-            text = "".join(line + "\n" for _, line in remaining)
-            await asyncio.to_thread(atomic_write_text, self._path(sid), text)
-        else:
-            self._pending.pop(sid, None)
-            await asyncio.to_thread(self._path(sid).unlink, missing_ok=True)
+        async with self._lock(sid):
+            pending = self._pending.get(sid, [])
+            remaining = [(e, line) for e, line in pending if e not in entry_ids]
+            if len(remaining) == len(pending):
+                return
+            if remaining:
+                self._pending[sid] = remaining
+                text = "".join(line + "\n" for _, line in remaining)
+                await asyncio.to_thread(atomic_write_text, self._path(sid), text)
+            else:
+                self._pending.pop(sid, None)
+                await asyncio.to_thread(self._path(sid).unlink, missing_ok=True)
 
     async def load_pending(self) -> list[InboxEntry]:
         """Entries left by a previous run, oldest first per session; unreadable lines are logged."""
@@ -91,9 +107,6 @@ class Inbox:
 
     def pending_count(self) -> int:
         return sum(len(v) for v in self._pending.values())
-
-    def exists(self) -> bool:
-        return os.path.isdir(self._dir)
 
 
 def _encode(message: InboundMessage) -> dict[str, Any]:

@@ -116,12 +116,14 @@ class JsonSessionStore:
             raise StorageError(f"cannot read session file {header_path}: {exc.strerror}") from exc
         try:
             header = json.loads(raw)
+            if not isinstance(header, dict):
+                raise ValueError("session header is not a JSON object")
             if header.get("id") != sid:
                 raise ValueError(f"file belongs to session {header.get('id')!r}")
             session = _session_from_header(header)
             session.messages = self._read_log(sid, session)
-        except (ValueError, KeyError, TypeError) as exc:
-            self._move_aside(sid, header_path, reason=str(exc))
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+            self._move_aside(sid, header_path, reason=f"{type(exc).__name__}: {exc}")
             return None
         session.persisted_count = len(session.messages)
         return session

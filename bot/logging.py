@@ -1,0 +1,108 @@
+"""Structured logging: readable lines on a terminal, JSON lines everywhere else, secrets never shown.
+
+Every line of a turn carries ``session_id``, ``channel`` and ``turn_id`` (bound as context variables by
+the dispatcher). The redaction processor masks configured secrets wherever they appear and anything that
+looks like an API key or bot token, including inside exception text.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Iterable
+from typing import Any, Literal, TextIO
+
+import structlog
+from structlog.typing import EventDict, Processor
+
+MASK = "***"
+
+# Shapes of credentials that must never reach a log, even when they are not in our settings.
+_PATTERNS = [
+    re.compile(r"sk-(?:ant-|proj-)?[A-Za-z0-9_\-]{16,}"),  # OpenAI / Anthropic keys
+    re.compile(r"\b\d{6,12}:[A-Za-z0-9_\-]{30,}\b"),  # Telegram bot tokens
+    re.compile(r"\b[MN][A-Za-z\d_\-]{23,25}\.[A-Za-z\d_\-]{6}\.[A-Za-z\d_\-]{27,}\b"),  # Discord tokens
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-]{12,}"),
+    re.compile(r"(?i)(x-api-key['\"]?\s*[:=]\s*['\"]?)[A-Za-z0-9._\-]{12,}"),
+]
+
+
+class SecretRedactor:
+    """A structlog processor masking known secrets and credential-shaped strings in every value."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._secrets = sorted({s for s in secrets if s and len(s) >= 6}, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        for pattern in _PATTERNS:
+            text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + MASK, text)
+        return text
+
+    def _value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, dict):
+            return {k: self._value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self._value(v) for v in value)
+        if isinstance(value, BaseException):
+            return self.redact(f"{type(value).__name__}: {value}")
+        return value
+
+    def __call__(self, logger: Any, method: str, event_dict: EventDict) -> EventDict:
+        for key, value in list(event_dict.items()):
+            event_dict[key] = self._value(value)
+        return event_dict
+
+
+def configure_logging(
+    *,
+    level: str = "INFO",
+    fmt: Literal["auto", "console", "json"] = "auto",
+    secrets: Iterable[str] = (),
+    stream: TextIO | None = None,
+) -> SecretRedactor:
+    """Set up structlog and the stdlib root logger (libraries log through it) once, at start-up."""
+    out = stream or sys.stderr
+    use_console = fmt == "console" or (fmt == "auto" and out.isatty())
+    redactor = SecretRedactor(secrets)
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: Processor = (
+        structlog.dev.ConsoleRenderer(colors=out.isatty())
+        if use_console
+        else structlog.processors.JSONRenderer()
+    )
+    # Tracebacks are rendered to text first so the redactor sees them too.
+    tail: list[Processor] = [
+        structlog.processors.format_exc_info,
+        redactor,
+        renderer,
+    ]
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
+        cache_logger_on_first_use=False,
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *tail],
+    )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for noisy in ("httpx", "httpcore", "discord.gateway", "discord.client", "telegram.ext", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    return redactor

@@ -1,0 +1,133 @@
+"""The terminal channel: ``membot chat`` as a REPL over the same dispatcher and pipeline as every chat.
+
+Input lines come from an asyncio stream (stdin in production, a pipe in tests); replies are printed as
+they arrive. Session id ``cli:<user>``. Ctrl-C while a reply is being written stops that turn (the app
+routes SIGINT to :meth:`TerminalChannel.interrupt`); Ctrl-C at the prompt or Ctrl-D ends the chat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import ClassVar, TextIO
+
+import structlog
+
+from bot.domain import InboundMessage, OutboundMessage
+from channels.base import Channel, InboundSink, PartialSink
+
+log = structlog.get_logger(__name__)
+
+
+class TerminalChannel(Channel):
+    name: ClassVar[str] = "cli"
+
+    def __init__(
+        self,
+        submit: InboundSink,
+        *,
+        user: str,
+        reader: asyncio.StreamReader,
+        writer: TextIO,
+        prompt: str = "you › ",
+        stream_replies: bool = True,
+    ) -> None:
+        super().__init__(submit)
+        self._user = user
+        self._reader = reader
+        self._writer = writer
+        self._prompt = prompt
+        self._stream = stream_replies
+        self._task: asyncio.Task[None] | None = None
+        self._closed = asyncio.Event()
+        self._streamed = ""
+        self._waiting = 0
+
+    @property
+    def chat_id(self) -> str:
+        return self._user
+
+    @property
+    def session_id(self) -> str:
+        return f"{self.name}:{self._user}"
+
+    async def start(self) -> None:
+        self.health.state = "running"
+        self._task = asyncio.create_task(self._read_loop(), name="terminal-input")
+        self._show_prompt()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self.health.state = "stopped"
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        """Returns when the user ended the chat (EOF, /quit or /exit)."""
+        await self._closed.wait()
+
+    def close(self) -> None:
+        self._closed.set()
+
+    @property
+    def waiting_for_reply(self) -> bool:
+        return self._waiting > 0
+
+    async def _read_loop(self) -> None:
+        while True:
+            raw = await self._reader.readline()
+            if not raw:
+                break
+            text = raw.decode("utf-8", errors="replace").strip()
+            if not text:
+                self._show_prompt()
+                continue
+            if text in ("/quit", "/exit"):
+                break
+            self._waiting += 1
+            await self.handle_inbound(
+                InboundMessage(channel=self.name, chat_id=self._user, sender_id=self._user, text=text)
+            )
+        self._closed.set()
+
+    async def send(self, message: OutboundMessage) -> None:
+        self._waiting = max(0, self._waiting - 1)
+        if self._streamed and message.text.startswith(self._streamed):
+            # The stream already showed the beginning; print only what it had not shown yet.
+            rest = message.text[len(self._streamed) :]
+            self._writer.write(rest + "\n")
+        else:
+            if self._streamed:
+                self._writer.write("\n")
+            marker = "! " if message.is_error else ""
+            self._writer.write(f"membot › {marker}{message.text}\n")
+        self._streamed = ""
+        self.health.sent += 1
+        self._show_prompt()
+
+    def partial_sink(self, chat_id: str) -> PartialSink | None:
+        if not self._stream:
+            return None
+
+        async def show(text_so_far: str) -> None:
+            if not self._streamed:
+                self._writer.write("\rmembot › ")
+            if text_so_far.startswith(self._streamed):
+                self._writer.write(text_so_far[len(self._streamed) :])
+                self._writer.flush()
+                self._streamed = text_so_far
+
+        return show
+
+    def _show_prompt(self) -> None:
+        self._writer.write(self._prompt)
+        self._writer.flush()
+
+
+async def stdin_reader() -> asyncio.StreamReader:
+    """An asyncio reader over this process's standard input (terminal or pipe)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader

@@ -1,0 +1,220 @@
+"""Dispatcher: ordering, no overlap, collect mode, commands first, overflow, /stop, crash recovery."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from bot.commands import CommandRouter
+from bot.config import DispatcherSettings
+from bot.dispatcher import Dispatcher
+from bot.domain import InboundMessage, Message, Role
+from bot.inbox import Inbox
+from bot.sessions import JsonSessionStore, SessionService
+from pipeline import Pipeline, Turn
+from tests.recording import RecordingChannel
+
+
+class ModelSystem:
+    """Stands in for the LLM step: records what each turn saw, optionally slowly."""
+
+    name, order, enabled = "model", 30, True
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.seen: list[str] = []
+        self.active: dict[str, int] = {}
+        self.max_overlap = 0
+        self.gate: asyncio.Event | None = None
+
+    def should_process(self, turn: Turn) -> bool:
+        return True
+
+    async def process(self, turn: Turn) -> None:
+        sid = turn.session.id
+        self.active[sid] = self.active.get(sid, 0) + 1
+        self.max_overlap = max(self.max_overlap, self.active[sid])
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            await asyncio.sleep(self.delay)
+            self.seen.append(turn.user_text)
+            turn.add_message(Message(Role.ASSISTANT, f"answer to {turn.user_text}"))
+            turn.reply = f"answer to {turn.user_text}"
+        finally:
+            self.active[sid] -= 1
+
+
+def build(
+    tmp_path: Path, model: ModelSystem, **settings: object
+) -> tuple[Dispatcher, RecordingChannel, SessionService]:
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    dispatcher = Dispatcher(
+        Pipeline([model]),
+        sessions,
+        CommandRouter(),
+        DispatcherSettings(**settings),  # type: ignore[arg-type]
+        inbox=Inbox(tmp_path / "inbox"),
+    )
+    channel = RecordingChannel(dispatcher.submit)
+    dispatcher.attach(channel)
+    return dispatcher, channel, sessions
+
+
+def msg(text: str, chat: str = "c1") -> InboundMessage:
+    return InboundMessage(channel="test", chat_id=chat, sender_id="u1", text=text)
+
+
+async def test_fifty_messages_one_session_in_order_without_overlap(tmp_path: Path) -> None:
+    model = ModelSystem(delay=0.002)
+    dispatcher, channel, sessions = build(tmp_path, model, mode="per_message", queue_limit=100)
+    await asyncio.gather(*(dispatcher.submit(msg(f"m{i}")) for i in range(50)))
+    await channel.wait_for(50)
+    assert model.seen == [f"m{i}" for i in range(50)]
+    assert model.max_overlap == 1
+    session = await sessions.get("test:c1")
+    assert session is not None
+    assert [m.content for m in session.messages if m.role is Role.USER] == [f"m{i}" for i in range(50)]
+
+
+async def test_collect_mode_takes_queued_messages_together(tmp_path: Path) -> None:
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, _ = build(tmp_path, model)
+    await dispatcher.submit(msg("first"))
+    await asyncio.sleep(0.01)
+    for text in ("second", "third"):
+        await dispatcher.submit(msg(text))
+    model.gate.set()
+    await channel.wait_for(2)
+    assert model.seen == ["first", "second\n\nthird"]
+
+
+async def test_two_sessions_progress_in_parallel(tmp_path: Path) -> None:
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, _ = build(tmp_path, model)
+    await dispatcher.submit(msg("a", chat="one"))
+    await dispatcher.submit(msg("b", chat="two"))
+    await asyncio.sleep(0.05)
+    assert dispatcher.is_running("test:one") and dispatcher.is_running("test:two")
+    model.gate.set()
+    await channel.wait_for(2)
+
+
+async def test_command_is_answered_while_a_slow_turn_runs(tmp_path: Path) -> None:
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, _ = build(tmp_path, model)
+    await dispatcher.submit(msg("slow question"))
+    await asyncio.sleep(0.01)
+    await dispatcher.submit(msg("/help"))
+    sent = await channel.wait_for(1)
+    assert "Commands:" in sent[0].text
+    assert dispatcher.is_running("test:c1")
+    model.gate.set()
+    await channel.wait_for(2)
+
+
+async def test_stop_cancels_turn_and_keeps_queued_messages(tmp_path: Path) -> None:
+    model = ModelSystem()
+    model.gate = asyncio.Event()  # never set: the turn hangs until stopped
+    dispatcher, channel, sessions = build(tmp_path, model)
+    await dispatcher.submit(msg("hang"))
+    await asyncio.sleep(0.01)
+    await dispatcher.submit(msg("queued one"))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await dispatcher.submit(msg("/stop"))
+    assert loop.time() - started < 1.0
+    sent = await channel.wait_for(1)
+    assert "Stopped" in sent[0].text and "1 queued message" in sent[0].text
+    assert not dispatcher.is_running("test:c1")
+    session = await sessions.get("test:c1")
+    assert session is not None
+    assert [m.content for m in session.messages] == ["hang", "queued one"]
+    model.gate.set()
+    await dispatcher.submit(msg("next"))
+    await channel.wait_for(2)
+    assert model.seen == ["next"]
+
+
+async def test_stop_with_nothing_running(tmp_path: Path) -> None:
+    dispatcher, channel, _ = build(tmp_path, ModelSystem())
+    await dispatcher.submit(msg("/stop"))
+    assert (await channel.wait_for(1))[0].text == "Nothing is running."
+
+
+async def test_overflow_is_folded_not_dropped(tmp_path: Path) -> None:
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, _ = build(tmp_path, model, queue_limit=3)
+    await dispatcher.submit(msg("running"))
+    await asyncio.sleep(0.01)
+    for i in range(6):
+        await dispatcher.submit(msg(f"q{i}"))
+    assert dispatcher.queue_depth("test:c1") == 3
+    notices = [m for m in channel.sent if "nothing is lost" in m.text]
+    assert len(notices) == 1
+    model.gate.set()
+    await channel.wait_for(3)
+    assert model.seen[1] == "q0\n\nq1\n\nq2\n\nq3\n\nq4\n\nq5"
+
+
+async def test_no_reply_becomes_an_honest_error(tmp_path: Path) -> None:
+    class Broken:
+        name, order, enabled = "broken", 30, True
+
+        def should_process(self, turn: Turn) -> bool:
+            return True
+
+        async def process(self, turn: Turn) -> None:
+            raise RuntimeError("provider exploded")
+
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    dispatcher = Dispatcher(Pipeline([Broken()]), sessions, CommandRouter(), DispatcherSettings())
+    channel = RecordingChannel(dispatcher.submit)
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("hello"))
+    sent = await channel.wait_for(1)
+    assert sent[0].is_error and "provider exploded" in sent[0].text
+    session = await sessions.get("test:c1")
+    assert session is not None and session.messages[0].content == "hello"  # the question is kept
+
+
+async def test_accepted_messages_survive_a_crash(tmp_path: Path) -> None:
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, _ = build(tmp_path, model)
+    await dispatcher.submit(msg("answered later"))
+    await asyncio.sleep(0.01)
+    await dispatcher.submit(msg("accepted, then the process died"))
+    # "Crash": a new process with fresh objects over the same workspace.
+    model2 = ModelSystem()
+    dispatcher2, channel2, sessions2 = build(tmp_path, model2)
+    recovered = await dispatcher2.recover()
+    assert recovered == 1
+    await channel2.wait_for(1)
+    assert model2.seen == ["accepted, then the process died"]
+    session = await sessions2.get("test:c1")
+    assert session is not None
+    assert [m.content for m in session.messages if m.role is Role.USER] == [
+        "answered later",
+        "accepted, then the process died",
+    ]
+    assert await Inbox(tmp_path / "inbox").load_pending() == []
+    model.gate.set()
+    await channel.wait_for(1)
+
+
+async def test_oversized_inbound_is_truncated_with_a_note(tmp_path: Path) -> None:
+    model = ModelSystem()
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    dispatcher = Dispatcher(
+        Pipeline([model]), sessions, CommandRouter(), DispatcherSettings(), max_inbound_chars=100
+    )
+    channel = RecordingChannel(dispatcher.submit)
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("x" * 5000))
+    await channel.wait_for(1)
+    assert model.seen[0].startswith("x" * 100) and "truncated" in model.seen[0]

@@ -1,0 +1,224 @@
+"""SessionService and the JSON store: atomicity, corruption, hostile ids, LRU, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bot.domain import Message, Role, ToolCall
+from bot.sessions import JsonSessionStore, SessionService, encode_id
+from bot.storage import atomic_write_bytes
+
+
+def service(tmp_path: Path, cache_size: int = 8) -> SessionService:
+    return SessionService(JsonSessionStore(tmp_path / "sessions"), cache_size=cache_size)
+
+
+async def test_round_trip_keeps_everything(tmp_path: Path) -> None:
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("telegram", "777")
+    session.append(Message(Role.USER, "hi there"))
+    session.append(Message(Role.ASSISTANT, "", tool_calls=(ToolCall("c1", "time", "{}"),), token_estimate=12))
+    session.append(Message(Role.TOOL, "12:00", tool_call_id="c1", name="time"))
+    session.usage.input_tokens = 42
+    session.metadata["k"] = "v"
+    await sessions.save(session)
+
+    fresh = await service(tmp_path).get("telegram:777")
+    assert fresh is not None
+    assert [m.to_dict() for m in fresh.messages] == [m.to_dict() for m in session.messages]
+    assert fresh.usage.input_tokens == 42 and fresh.metadata == {"k": "v"}
+    assert (tmp_path / "sessions" / "telegram:777.json").is_file()
+
+
+async def test_saves_append_and_rewrites_switch_generation(tmp_path: Path) -> None:
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("cli", "me")
+    for i in range(5):
+        session.append(Message(Role.USER, f"m{i}"))
+        await sessions.save(session)
+    log_files = sorted(p.name for p in (tmp_path / "sessions").glob("*.jsonl"))
+    assert log_files == ["cli:me.1.jsonl"]
+    assert len((tmp_path / "sessions" / "cli:me.1.jsonl").read_text().splitlines()) == 5
+
+    session.replace_messages(session.messages[-2:])
+    await sessions.save(session)
+    log_files = sorted(p.name for p in (tmp_path / "sessions").glob("*.jsonl"))
+    assert log_files == ["cli:me.2.jsonl"]
+    reloaded = await service(tmp_path).get("cli:me")
+    assert reloaded is not None and [m.content for m in reloaded.messages] == ["m3", "m4"]
+
+
+async def test_torn_append_after_crash_is_ignored_and_cut(tmp_path: Path) -> None:
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("cli", "me")
+    session.append(Message(Role.USER, "kept"))
+    await sessions.save(session)
+    # A crash mid-append: half a line after the committed length, header never updated.
+    with open(tmp_path / "sessions" / "cli:me.1.jsonl", "ab") as f:
+        f.write(b'{"id":"x","role":"user","cont')
+    reloaded = await service(tmp_path).get("cli:me")
+    assert reloaded is not None and [m.content for m in reloaded.messages] == ["kept"]
+    reloaded.append(Message(Role.USER, "next"))
+    await service(tmp_path).save(reloaded)
+    again = await service(tmp_path).get("cli:me")
+    assert again is not None and [m.content for m in again.messages] == ["kept", "next"]
+
+
+def test_crash_during_atomic_write_leaves_previous_file(tmp_path: Path) -> None:
+    target = tmp_path / "f.json"
+    atomic_write_bytes(target, b"old")
+
+    class Boom(Exception):
+        pass
+
+    real_fsync = os.fsync
+
+    def failing_fsync(fd: int) -> None:
+        raise Boom
+
+    os.fsync = failing_fsync  # simulate the machine dying before the data is durable
+    try:
+        with pytest.raises(Boom):
+            atomic_write_bytes(target, b"new content")
+    finally:
+        os.fsync = real_fsync
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]  # no temp file left behind
+
+
+@pytest.mark.parametrize("garbage", [b"{not json", b'{"id": "someone:else"}', b"[]", b""])
+async def test_corrupt_header_is_moved_aside_and_session_starts_fresh(tmp_path: Path, garbage: bytes) -> None:
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("cli", "me")
+    session.append(Message(Role.USER, "hello"))
+    await sessions.save(session)
+    (tmp_path / "sessions" / "cli:me.json").write_bytes(garbage)
+
+    fresh = await service(tmp_path).get_or_create("cli", "me")
+    assert fresh.messages == []
+    names = [p.name for p in (tmp_path / "sessions").iterdir()]
+    assert any(n.startswith("cli:me.json.corrupt-") for n in names)
+    assert any(n.startswith("cli:me.1.jsonl.corrupt-") for n in names)
+
+
+async def test_corrupt_log_line_is_moved_aside(tmp_path: Path) -> None:
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("cli", "me")
+    session.append(Message(Role.USER, "hello"))
+    await sessions.save(session)
+    log_path = tmp_path / "sessions" / "cli:me.1.jsonl"
+    log_path.write_bytes(b"X" * log_path.stat().st_size)
+    fresh = await service(tmp_path).get_or_create("cli", "me")
+    assert fresh.messages == []
+
+
+HOSTILE = [
+    "../../etc/passwd",
+    "/abs/path",
+    "a/b",
+    "nul\x00byte",
+    "x" * 5000,
+    "ünïcødé 🎉",
+    ".",
+    "..",
+    ".hidden",
+    "%2F",
+    "a:b:c",
+    "CON",
+    " spaced ",
+    "~tilde",
+    "-rf",
+]
+
+
+@pytest.mark.parametrize("chat", HOSTILE)
+async def test_hostile_ids_stay_inside_the_folder(tmp_path: Path, chat: str) -> None:
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("telegram", chat)
+    session.append(Message(Role.USER, "x"))
+    await sessions.save(session)
+    folder = tmp_path / "sessions"
+    for path in folder.rglob("*"):
+        assert path.parent == folder
+        assert len(path.name.encode()) < 255
+    reloaded = await service(tmp_path).get(session.id)
+    assert reloaded is not None and reloaded.id == session.id
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=0, max_size=300), st.text(min_size=0, max_size=300))
+def test_encoded_ids_never_collide_or_escape(a: str, b: str) -> None:
+    ea, eb = encode_id(a), encode_id(b)
+    assert "/" not in ea and "\x00" not in ea and not ea.startswith(".")
+    if a != b:
+        assert ea != eb
+
+
+async def test_lru_evicts_and_reloads_from_disk(tmp_path: Path) -> None:
+    sessions = service(tmp_path, cache_size=2)
+    for chat in ("a", "b", "c"):
+        s = await sessions.get_or_create("cli", chat)
+        s.append(Message(Role.USER, f"hello {chat}"))
+        await sessions.save(s)
+    assert sessions.cached == 2
+    a = await sessions.get("cli:a")  # evicted earlier, read back from disk
+    assert a is not None and a.messages[0].content == "hello a"
+
+
+async def test_leased_session_is_not_evicted(tmp_path: Path) -> None:
+    sessions = service(tmp_path, cache_size=1)
+    async with sessions.lease("cli", "busy") as busy:
+        busy.append(Message(Role.USER, "unsaved"))
+        other = await sessions.get_or_create("cli", "other")
+        await sessions.save(other)
+        again = await sessions.get_or_create("cli", "busy")
+        assert again is busy  # one live copy, never a stale reload
+
+
+async def test_concurrent_saves_of_different_sessions(tmp_path: Path) -> None:
+    sessions = service(tmp_path, cache_size=64)
+
+    async def chat(i: int) -> None:
+        s = await sessions.get_or_create("cli", f"user{i}")
+        for j in range(10):
+            s.append(Message(Role.USER, f"{i}-{j}"))
+            await sessions.save(s)
+
+    await asyncio.gather(*(chat(i) for i in range(20)))
+    fresh = service(tmp_path, cache_size=64)
+    for i in range(20):
+        s = await fresh.get(f"cli:user{i}")
+        assert s is not None and [m.content for m in s.messages] == [f"{i}-{j}" for j in range(10)]
+
+
+async def test_delete_clear_and_count(tmp_path: Path) -> None:
+    sessions = service(tmp_path)
+    s = await sessions.get_or_create("cli", "me")
+    s.append(Message(Role.USER, "x"))
+    await sessions.save(s)
+    assert await sessions.message_count("cli:me") == 1
+    await sessions.clear_messages(s)
+    assert await service(tmp_path).message_count("cli:me") == 0
+    assert await sessions.list_ids() == ["cli:me"]
+    assert await sessions.delete("cli:me") is True
+    assert list((tmp_path / "sessions").iterdir()) == []
+
+
+async def test_files_are_private(tmp_path: Path) -> None:
+    sessions = service(tmp_path)
+    s = await sessions.get_or_create("cli", "me")
+    s.append(Message(Role.USER, "secret"))
+    await sessions.save(s)
+    folder = tmp_path / "sessions"
+    assert folder.stat().st_mode & 0o777 == 0o700
+    for path in folder.iterdir():
+        assert path.stat().st_mode & 0o777 == 0o600
+    header = json.loads((folder / "cli:me.json").read_text())
+    assert header["log_count"] == 1

@@ -1,0 +1,32 @@
+"""Shared test set-up: blocking I/O on the event loop fails any test that does it from our code."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import hypothesis  # noqa: F401  (imported up front: CPython 3.11.7 can crash rewriting it lazily mid-run)
+import pytest
+from blockbuster import BlockBuster, blockbuster_ctx
+
+from bot.logging import configure_logging
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _logging() -> None:
+    """Tests log as production does off a terminal (JSON lines, tracebacks as text, redaction on)."""
+    configure_logging(level="DEBUG", fmt="json")
+
+
+@pytest.fixture(autouse=True)
+def blockbuster() -> Iterator[BlockBuster | None]:
+    """STYLE 15: bot, pipeline and channels must keep file and socket I/O off the loop."""
+    with blockbuster_ctx(["bot", "pipeline", "channels"]) as bb:
+        # Logging to the captured stream is a memory write in tests and a deliberate trade-off in prod.
+        for name in ("io.TextIOWrapper.write", "io.BufferedWriter.write"):
+            if name in bb.functions:
+                bb.functions[name].can_block_in("logging/__init__.py", "emit")
+        # Rendering a traceback for log.exception reads source lines; that is the logging layer's cost.
+        for name in ("os.stat", "io.BufferedReader.read", "io.TextIOWrapper.read"):
+            if name in bb.functions:
+                bb.functions[name].can_block_in("linecache.py", {"checkcache", "updatecache"})
+        yield bb
