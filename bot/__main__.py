@@ -1,0 +1,5 @@
+"""``python -m bot`` is the same as ``membot``."""
+
+from bot.cli import main
+
+main()

@@ -1,0 +1,234 @@
+"""The composition root: the one place that builds membot's parts and connects them.
+
+Settings are loaded by the CLI and passed in; everything else is constructed here, in dependency order,
+and handed to its users. Long-lived resources (HTTP client, channels) enter one AsyncExitStack, so they
+are closed in reverse order whatever happens. Channel libraries are imported only when configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+import structlog
+
+from bot.catalog import ModelCatalog, load_catalog
+from bot.commands import CommandRouter
+from bot.config import Settings
+from bot.dispatcher import Dispatcher
+from bot.errors import ConfigError
+from bot.inbox import Inbox
+from bot.logging import configure_logging
+from bot.sessions import JsonSessionStore, SessionService
+from bot.storage import ensure_private_dir, fix_private_tree
+from channels.base import Channel
+from pipeline import Pipeline, System
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Core:
+    """Everything a running membot has, built once by :func:`build_core`."""
+
+    settings: Settings
+    catalog: ModelCatalog
+    sessions: SessionService
+    inbox: Inbox
+    pipeline: Pipeline
+    commands: CommandRouter
+    dispatcher: Dispatcher
+    http: httpx.AsyncClient
+    started_at: float = field(default_factory=time.monotonic)
+    channels: list[Channel] = field(default_factory=list)
+
+
+def check_llm_configured(settings: Settings, catalog: ModelCatalog) -> None:
+    """Fail at once, with the settings to set, when no model provider can be reached."""
+    llm = settings.llm
+    provider = llm.provider or catalog.get(llm.model).provider
+    if provider == "anthropic" and llm.anthropic.api_key is None:
+        raise ConfigError(
+            f"model {llm.model!r} is an Anthropic model but no Anthropic API key is set: "
+            "set MEMBOT_LLM__ANTHROPIC__API_KEY (or [llm.anthropic] api_key in the config file)."
+        )
+    if provider == "openai" and llm.openai.api_key is None and llm.openai.base_url is None:
+        raise ConfigError(
+            "no LLM is configured. Set one of:\n"
+            "  OpenAI:     MEMBOT_LLM__OPENAI__API_KEY=sk-...  (model: MEMBOT_LLM__MODEL)\n"
+            "  Anthropic:  MEMBOT_LLM__MODEL=claude-sonnet-4-5\n"
+            "              MEMBOT_LLM__ANTHROPIC__API_KEY=sk-ant-...\n"
+            "  Local:      MEMBOT_LLM__OPENAI__BASE_URL=http://localhost:11434/v1\n"
+            "              MEMBOT_LLM__MODEL=llama3.1\n"
+            "              (Ollama, vLLM, llama.cpp, LM Studio: any OpenAI-compatible server)\n"
+            "The same settings can go in a .env file or the TOML config (deploy/membot.example.toml)."
+        )
+
+
+def prepare_workspace(settings: Settings) -> None:
+    """Create the workspace (0700) and tighten any file that is more open than it should be."""
+    try:
+        ensure_private_dir(settings.workspace)
+        for sub in (settings.sessions_dir, settings.memory_dir, settings.workspace / "inbox"):
+            ensure_private_dir(sub)
+        fixed = fix_private_tree(settings.workspace)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot use workspace {settings.workspace}: {exc.strerror} (set --workspace or MEMBOT_WORKSPACE)"
+        ) from None
+    if fixed:
+        log.warning("workspace_permissions_fixed", count=fixed, workspace=str(settings.workspace))
+
+
+def secrets_of(settings: Settings) -> list[str]:
+    values = [
+        settings.llm.openai.api_key,
+        settings.llm.anthropic.api_key,
+        settings.telegram.token,
+        settings.telegram.webhook_secret,
+        settings.discord.token,
+        settings.memory.embeddings_api_key,
+    ]
+    return [v.get_secret_value() for v in values if v is not None]
+
+
+@contextlib.asynccontextmanager
+async def build_core(settings: Settings, *, http: httpx.AsyncClient | None = None) -> AsyncIterator[Core]:
+    """Build and connect membot's parts; close them in reverse order on exit."""
+    catalog = load_catalog(settings.models_file)
+    check_llm_configured(settings, catalog)
+    await asyncio.to_thread(prepare_workspace, settings)
+    async with contextlib.AsyncExitStack() as stack:
+        if http is None:
+            timeout = httpx.Timeout(settings.llm.timeout, connect=settings.llm.connect_timeout)
+            http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
+        sessions = SessionService(
+            JsonSessionStore(settings.sessions_dir), cache_size=settings.sessions.cache_size
+        )
+        inbox = Inbox(settings.workspace / "inbox")
+        commands = CommandRouter()
+        pipeline = Pipeline(_systems(settings, catalog, http))
+        dispatcher = Dispatcher(
+            pipeline,
+            sessions,
+            commands,
+            settings.dispatcher,
+            inbox=inbox,
+            max_inbound_chars=settings.sessions.max_inbound_chars,
+        )
+        core = Core(settings, catalog, sessions, inbox, pipeline, commands, dispatcher, http)
+        stack.push_async_callback(dispatcher.close, settings.lifecycle.grace_period)
+        yield core
+
+
+def _systems(settings: Settings, catalog: ModelCatalog, http: httpx.AsyncClient) -> list[System]:
+    """The pipeline: AutoCompaction=18, ContextBuilding=20, ToolLoop=30, MemoryPersist=50."""
+    return []
+
+
+# ---- entry points used by the CLI -------------------------------------------------------------------
+
+
+async def run_chat(settings: Settings) -> None:
+    """``membot chat``: the terminal channel over the full pipeline until the user quits."""
+    from channels.terminal import TerminalChannel, stdin_reader
+
+    configure_logging(
+        level="WARNING" if settings.log_level == "INFO" else settings.log_level,
+        fmt=settings.log_format,
+        secrets=secrets_of(settings),
+    )
+    async with build_core(settings) as core:
+        channel = TerminalChannel(
+            core.dispatcher.submit,
+            user=settings.terminal.user,
+            reader=await stdin_reader(),
+            writer=sys.stdout,
+        )
+        core.dispatcher.attach(channel)
+        loop = asyncio.get_running_loop()
+
+        stopping: set[asyncio.Task[int | None]] = set()
+
+        def on_interrupt() -> None:
+            if core.dispatcher.is_running(channel.session_id):
+                sys.stdout.write("\n[stopping the answer — Ctrl-C again at the prompt to quit]\n")
+                task = loop.create_task(core.dispatcher.stop(channel.session_id))
+                stopping.add(task)
+                task.add_done_callback(stopping.discard)
+            else:
+                channel.close()
+
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGINT, on_interrupt)
+        await core.dispatcher.recover()
+        await channel.start()
+        sys.stdout.write(f"membot — model {settings.llm.model}; /help for commands, Ctrl-D to quit.\n")
+        try:
+            await channel.wait_closed()
+        finally:
+            with contextlib.suppress(NotImplementedError):
+                loop.remove_signal_handler(signal.SIGINT)
+            await channel.stop()
+            sys.stdout.write("\nbye — the conversation is saved.\n")
+
+
+async def run_service(settings: Settings) -> int:
+    """``membot run``: every configured channel until SIGTERM/SIGINT. Returns the exit code."""
+    configure_logging(level=settings.log_level, fmt=settings.log_format, secrets=secrets_of(settings))
+    wanted = configured_channels(settings)
+    if not wanted:
+        raise ConfigError(
+            "no channel is configured. Set MEMBOT_TELEGRAM__TOKEN (Telegram), MEMBOT_DISCORD__TOKEN "
+            "(Discord) or MEMBOT_TERMINAL__ENABLED=true (terminal), or use `membot chat` for a terminal chat."
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    async with build_core(settings) as core, contextlib.AsyncExitStack() as channels:
+        for name in wanted:
+            channel = await _start_channel(name, core)
+            channels.push_async_callback(channel.stop)
+        await core.dispatcher.recover()
+        log.info("membot_started", channels=wanted, model=settings.llm.model)
+        await stop.wait()
+        log.info("membot_stopping")
+    return 0
+
+
+def configured_channels(settings: Settings) -> list[str]:
+    names = []
+    if settings.telegram.token is not None:
+        names.append("telegram")
+    if settings.discord.token is not None:
+        names.append("discord")
+    if settings.terminal.enabled:
+        names.append("cli")
+    return names
+
+
+async def _start_channel(name: str, core: Core) -> Channel:
+    from channels.terminal import TerminalChannel, stdin_reader
+
+    channel: Channel
+    if name == "cli":
+        channel = TerminalChannel(
+            core.dispatcher.submit,
+            user=core.settings.terminal.user,
+            reader=await stdin_reader(),
+            writer=sys.stdout,
+        )
+    else:
+        raise ConfigError(f"channel {name!r} is not available in this build")
+    core.dispatcher.attach(channel)
+    await channel.start()
+    core.channels.append(channel)
+    return channel

@@ -1,0 +1,94 @@
+"""``membot run``, ``chat``, ``config`` and ``models``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from bot.catalog import load_catalog
+from bot.cli.root import app, console, fail, options, settings_from
+from bot.config import describe_settings, resolve_config_file
+from bot.errors import ConfigError
+
+
+@app.command()
+def run(ctx: typer.Context) -> None:
+    """Start every configured channel (Telegram, Discord, terminal) and serve until stopped."""
+    from bot.app import run_service
+
+    settings = settings_from(ctx)
+    try:
+        code = asyncio.run(run_service(settings))
+    except ConfigError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+@app.command()
+def chat(
+    ctx: typer.Context,
+    user: Annotated[str | None, typer.Option(help="Whose conversation (session cli:<user>).")] = None,
+) -> None:
+    """Chat in this terminal through the real pipeline; the conversation is kept on disk.
+
+    Ctrl-C while membot is answering stops that answer; Ctrl-C at the prompt, Ctrl-D or /quit ends the chat.
+    """
+    from bot.app import run_chat
+
+    settings = settings_from(ctx)
+    if user:
+        settings = settings.model_copy(
+            update={"terminal": settings.terminal.model_copy(update={"user": user})}
+        )
+    try:
+        asyncio.run(run_chat(settings))
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+@app.command("config")
+def show_config(ctx: typer.Context) -> None:
+    """Show the effective settings, where each value came from, with secrets masked."""
+    settings = settings_from(ctx)
+    config_file = resolve_config_file(options(ctx).config)
+    table = Table(title=f"membot settings (config file: {config_file or 'none'})", expand=False)
+    table.add_column("setting", overflow="fold")
+    table.add_column("value", overflow="fold", max_width=40)
+    table.add_column("from", overflow="fold")
+    for name, value, origin in describe_settings(settings, options(ctx).config):
+        table.add_row(name, value, origin)
+    console.print(table)
+
+
+@app.command()
+def models(ctx: typer.Context) -> None:
+    """List the model catalog: windows, abilities, prices and tiers."""
+    settings = settings_from(ctx)
+    try:
+        catalog = load_catalog(settings.models_file)
+    except ConfigError as exc:
+        fail(str(exc))
+    table = Table(title="Model catalog (price: USD per million tokens in/out)")
+    table.add_column("model", no_wrap=True)
+    for column in ("provider", "window", "out", "tools", "vision", "price", "tier"):
+        table.add_column(column, no_wrap=True)
+    for info in catalog.models:
+        table.add_row(
+            info.id + (" *" if info.id == settings.llm.model else ""),
+            info.provider,
+            _tokens(info.max_input_tokens),
+            _tokens(info.max_output_tokens),
+            "✓" if info.supports_tools else "",
+            "✓" if info.supports_vision else "",
+            f"{info.input_price:g}/{info.output_price:g}",
+            catalog.tier_of(info.id) or "",
+        )
+    console.print(table)
+    console.print(f"* active model: {settings.llm.model}")
+
+
+def _tokens(count: int) -> str:
+    return f"{count / 1_000_000:.2g}M" if count >= 1_000_000 else f"{count // 1000}k"

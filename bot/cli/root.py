@@ -1,0 +1,105 @@
+"""The ``membot`` app object, its global options, and how subcommands get settings."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from bot.config import Settings, load_settings
+from bot.errors import ConfigError, MembotError
+
+app = typer.Typer(
+    name="membot",
+    help="membot: a self-hosted chat bot (Telegram, Discord, terminal) that never forgets a conversation.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+@dataclass(frozen=True, slots=True)
+class CliOptions:
+    config: Path | None
+    workspace: Path | None
+    log_level: str | None
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="TOML config file (default: $MEMBOT_CONFIG or ~/.membot/membot.toml)."
+        ),
+    ] = None,
+    workspace: Annotated[
+        Path | None,
+        typer.Option(
+            "--workspace",
+            "-w",
+            help="Workspace folder with sessions/ and memory/ (default ~/.membot/workspace).",
+        ),
+    ] = None,
+    log_level: Annotated[
+        str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")
+    ] = None,
+) -> None:
+    ctx.obj = CliOptions(config, workspace, log_level.upper() if log_level else None)
+
+
+def options(ctx: typer.Context) -> CliOptions:
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, CliOptions) else CliOptions(None, None, None)
+
+
+def settings_from(ctx: typer.Context) -> Settings:
+    """Load settings with the global flags applied; a config problem ends the command with a clear message."""
+    opts = options(ctx)
+    overrides: dict[str, Any] = {}
+    if opts.workspace is not None:
+        overrides["workspace"] = opts.workspace
+    if opts.log_level is not None:
+        overrides["log_level"] = opts.log_level
+    try:
+        return load_settings(opts.config, overrides=overrides)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    # Subcommand modules register themselves on `app` when imported; import them here, not at the top,
+    # so `membot --help` does not load channel libraries.
+    from bot.cli import core  # noqa: F401
+
+    _optional_groups()
+    try:
+        app()
+    except MembotError as exc:  # anything that escaped a command: one clear line, no traceback
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(2)
+
+
+def _optional_groups() -> None:
+    import importlib
+
+    for name in ("sessions", "doctor", "memory", "pairing"):
+        try:
+            importlib.import_module(f"bot.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"bot.cli.{name}":
+                raise
