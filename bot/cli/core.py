@@ -6,6 +6,7 @@ import asyncio
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from bot.catalog import load_catalog
@@ -71,17 +72,18 @@ def models(ctx: typer.Context) -> None:
         catalog = load_catalog(settings.models_file)
     except ConfigError as exc:
         fail(str(exc))
-    table = Table(title="Model catalog (price: USD per million tokens in/out)")
+    table = Table(
+        title="Model catalog (price: USD per million tokens in/out)", box=box.SIMPLE_HEAD, pad_edge=False
+    )
     table.add_column("model", no_wrap=True)
-    for column in ("provider", "window", "out", "tools", "vision", "price", "tier"):
-        table.add_column(column, no_wrap=True)
+    for column in ("provider", "context", "output", "vision", "price", "tier"):
+        table.add_column(column, no_wrap=True, min_width=len(column))
     for info in catalog.models:
         table.add_row(
             info.id + (" *" if info.id == settings.llm.model else ""),
             info.provider,
             _tokens(info.max_input_tokens),
             _tokens(info.max_output_tokens),
-            "✓" if info.supports_tools else "",
             "✓" if info.supports_vision else "",
             f"{info.input_price:g}/{info.output_price:g}",
             catalog.tier_of(info.id) or "",
