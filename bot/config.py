@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
@@ -29,12 +29,18 @@ DEFAULT_HOME = Path("~/.membot")
 DEFAULT_CONFIG_FILE = DEFAULT_HOME / "membot.toml"
 
 
-class ProviderSettings(BaseModel):
+class _Section(BaseModel):
+    """A settings group. Unknown keys are errors, so a typo in a config file never passes silently."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProviderSettings(_Section):
     api_key: SecretStr | None = None
     base_url: str | None = None  # None: the provider's public endpoint
 
 
-class LLMSettings(BaseModel):
+class LLMSettings(_Section):
     model: str = "gpt-4.1-mini"
     provider: Literal["openai", "anthropic"] | None = None  # None: taken from models.json, else openai
     fallback_models: list[str] = Field(default_factory=list)
@@ -49,18 +55,18 @@ class LLMSettings(BaseModel):
     temperature: float | None = None
 
 
-class SessionSettings(BaseModel):
+class SessionSettings(_Section):
     cache_size: int = Field(default=256, ge=1)
     max_inbound_chars: int = Field(default=16000, ge=100)
 
 
-class DispatcherSettings(BaseModel):
+class DispatcherSettings(_Section):
     mode: Literal["collect", "per_message"] = "collect"
     queue_limit: int = Field(default=20, ge=1)
     turn_timeout: float = 900.0
 
 
-class CompactionSettings(BaseModel):
+class CompactionSettings(_Section):
     enabled: bool = True
     threshold: float = Field(default=0.8, gt=0.0, le=1.0)
     keep_last: int = Field(default=20, ge=1)
@@ -69,7 +75,7 @@ class CompactionSettings(BaseModel):
     max_overflow_retries: int = 3
 
 
-class MemorySettings(BaseModel):
+class MemorySettings(_Section):
     enabled: bool = True
     timezone: str | None = None  # None: the top-level timezone
     memory_window: int = Field(default=50, ge=0)
@@ -91,7 +97,7 @@ class MemorySettings(BaseModel):
     embeddings_api_key: SecretStr | None = None
 
 
-class ToolSettings(BaseModel):
+class ToolSettings(_Section):
     enabled: list[str] = Field(default_factory=lambda: ["memory", "files", "web_fetch", "time"])
     max_llm_calls: int = 20
     max_tool_calls: int = 80
@@ -112,16 +118,16 @@ class ToolSettings(BaseModel):
     channel_deny: dict[str, list[str]] = Field(default_factory=dict)
 
 
-class TerminalSettings(BaseModel):
+class TerminalSettings(_Section):
     enabled: bool = False  # `membot run` starts it only when asked; `membot chat` always uses it
     user: str = Field(default_factory=lambda: os.environ.get("USER", "local") or "local")
 
 
-class TelegramGroupSettings(BaseModel):
+class TelegramGroupSettings(_Section):
     require_mention: bool = True
 
 
-class TelegramSettings(BaseModel):
+class TelegramSettings(_Section):
     token: SecretStr | None = None
     allowed_users: list[str] = Field(default_factory=list)  # user ids; "*" opens the bot deliberately
     allowed_groups: list[str] = Field(default_factory=list)
@@ -141,7 +147,7 @@ class TelegramSettings(BaseModel):
     poll_timeout: int = 30
 
 
-class DiscordSettings(BaseModel):
+class DiscordSettings(_Section):
     token: SecretStr | None = None
     allowed_users: list[str] = Field(default_factory=list)
     allowed_guilds: list[str] = Field(default_factory=list)
@@ -155,13 +161,13 @@ class DiscordSettings(BaseModel):
     gateway_url: str | None = None
 
 
-class AdminSettings(BaseModel):
+class AdminSettings(_Section):
     enabled: bool = False
     host: str = "127.0.0.1"
     port: int = 9464
 
 
-class LifecycleSettings(BaseModel):
+class LifecycleSettings(_Section):
     grace_period: float = 20.0
     on_channel_failure: Literal["stop", "degraded"] = "degraded"
 

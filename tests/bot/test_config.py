@@ -1,0 +1,81 @@
+"""Settings: sources and their priority, friendly errors, provenance and masking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.config import describe_settings, load_settings
+from bot.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(__import__("os").environ):
+        if name.startswith("MEMBOT_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def test_defaults_without_any_source() -> None:
+    s = load_settings(env_file=None)
+    assert s.llm.model == "gpt-4.1-mini"
+    assert s.workspace == Path("~/.membot/workspace").expanduser()
+    assert s.dispatcher.queue_limit == 20 and s.compaction.threshold == 0.8
+
+
+def test_priority_flags_over_env_over_dotenv_over_toml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    toml = tmp_path / "membot.toml"
+    toml.write_text(
+        'timezone = "Europe/Berlin"\n[llm]\nmodel = "from-toml"\nmax_retries = 7\n[dispatcher]\nqueue_limit = 5\n'
+    )
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("MEMBOT_LLM__MODEL=from-dotenv\nMEMBOT_DISPATCHER__QUEUE_LIMIT=6\n")
+    monkeypatch.setenv("MEMBOT_LLM__MODEL", "from-env")
+    s = load_settings(toml, env_file=dotenv, overrides={"timezone": "UTC"})
+    assert s.llm.model == "from-env"
+    assert s.dispatcher.queue_limit == 6
+    assert s.llm.max_retries == 7
+    assert s.timezone == "UTC"
+    rows = {name: (value, origin) for name, value, origin in describe_settings(s, toml)}
+    assert rows["llm.model"] == ("from-env", "env")
+    assert rows["dispatcher.queue_limit"] == ("6", ".env")
+    assert rows["llm.max_retries"] == ("7", str(toml))
+    assert rows["llm.timeout"][1] == "default"
+
+
+def test_secrets_are_masked_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMBOT_LLM__OPENAI__API_KEY", "sk-very-secret-value-123")
+    s = load_settings(env_file=None)
+    assert "sk-very-secret" not in repr(s) and "sk-very-secret" not in str(s.model_dump())
+    rows = {name: value for name, value, _ in describe_settings(s)}
+    assert rows["llm.openai.api_key"] == "********"
+
+
+def test_invalid_values_name_the_field_and_how_to_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMBOT_DISPATCHER__QUEUE_LIMIT", "lots")
+    with pytest.raises(ConfigError) as info:
+        load_settings(env_file=None)
+    assert "dispatcher.queue_limit" in str(info.value)
+    assert "MEMBOT_DISPATCHER__QUEUE_LIMIT" in str(info.value)
+
+
+def test_unknown_keys_and_bad_zones_are_rejected(tmp_path: Path) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text("[llm]\nmodle = 'typo'\n")
+    with pytest.raises(ConfigError, match=r"llm\.modle"):
+        load_settings(toml, env_file=None)
+    with pytest.raises(ConfigError, match="unknown time zone"):
+        load_settings(env_file=None, overrides={"timezone": "Mars/Olympus"})
+
+
+def test_malformed_toml_and_missing_file_are_clear(tmp_path: Path) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text("[llm\nmodel=")
+    with pytest.raises(ConfigError, match="could not read configuration"):
+        load_settings(toml, env_file=None)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "missing.toml", env_file=None)
