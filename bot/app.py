@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import structlog
@@ -99,8 +100,13 @@ def secrets_of(settings: Settings) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def build_core(settings: Settings, *, http: httpx.AsyncClient | None = None) -> AsyncIterator[Core]:
-    """Build and connect membot's parts; close them in reverse order on exit."""
+async def build_core(
+    settings: Settings, *, http: httpx.AsyncClient | None = None, llm: Any = None
+) -> AsyncIterator[Core]:
+    """Build and connect membot's parts; close them in reverse order on exit.
+
+    ``http`` and ``llm`` replace the HTTP client and the model client (benchmarks, embedding apps).
+    """
     catalog = load_catalog(settings.models_file)
     check_llm_configured(settings, catalog)
     await asyncio.to_thread(prepare_workspace, settings)
