@@ -214,15 +214,20 @@ class Dispatcher:
                 log.info("turn_started", messages=len(batch))
                 try:
                     activity = channel.activity(lane.chat_id) if channel else contextlib.nullcontext()
-                    async with activity:
+                    async with activity, asyncio.timeout(self._settings.turn_timeout):
                         await self._pipeline.run(turn)
+                except TimeoutError:
+                    outcome = "timeout"
+                    limit = f"{self._settings.turn_timeout:g}"
+                    turn.notes.append(f"Stopped: this answer took longer than {limit} s.")
+                    log.warning("turn_timed_out", seconds=self._settings.turn_timeout)
                 except asyncio.CancelledError:
                     outcome = "stopped"
                     await asyncio.shield(self._sessions.save(session))
                     raise
                 await self._sessions.save(session)
                 text, is_error = _reply_text(turn)
-                if is_error:
+                if is_error and outcome == "ok":
                     outcome = "error"
                 self.turns_completed += 1
                 log.info("turn_finished", outcome=outcome, failures=len(turn.failures))
@@ -346,7 +351,12 @@ def _reply_text(turn: Turn) -> tuple[str, bool]:
     notes = "\n\n".join(f"_{note}_" for note in turn.notes)
     if turn.reply:
         return (turn.reply + (f"\n\n{notes}" if notes else "")), False
-    reason = turn.failures[-1].error if turn.failures else "the model returned an empty answer"
+    if turn.failures:
+        reason = turn.failures[-1].error
+    elif turn.notes:
+        reason = " ".join(turn.notes)
+    else:
+        reason = "the model returned an empty answer"
     text = (
         f"⚠️ Sorry, I couldn't answer this time ({reason}). "
         "Your message is saved — send another message to try again."

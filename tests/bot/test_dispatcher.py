@@ -218,3 +218,14 @@ async def test_oversized_inbound_is_truncated_with_a_note(tmp_path: Path) -> Non
     await dispatcher.submit(msg("x" * 5000))
     await channel.wait_for(1)
     assert model.seen[0].startswith("x" * 100) and "truncated" in model.seen[0]
+
+
+async def test_a_turn_past_its_deadline_is_stopped_and_explained(tmp_path: Path) -> None:
+    model = ModelSystem()
+    model.gate = asyncio.Event()  # hangs
+    dispatcher, channel, sessions = build(tmp_path, model, turn_timeout=0.2)
+    await dispatcher.submit(msg("endless"))
+    sent = await channel.wait_for(1)
+    assert sent[0].is_error and "longer than 0.2 s" in sent[0].text
+    session = await sessions.get("test:c1")
+    assert session is not None and session.messages[0].content == "endless"
