@@ -25,11 +25,14 @@ from bot.config import Settings
 from bot.dispatcher import Dispatcher
 from bot.errors import ConfigError
 from bot.inbox import Inbox
+from bot.llm import LLMClient
 from bot.logging import configure_logging
 from bot.sessions import JsonSessionStore, SessionService
 from bot.storage import ensure_private_dir, fix_private_tree
+from bot.tools import ToolRegistry
 from channels.base import Channel
 from pipeline import Pipeline, System
+from pipeline.tool_loop import ToolLoopSystem
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +49,7 @@ class Core:
     commands: CommandRouter
     dispatcher: Dispatcher
     http: httpx.AsyncClient
+    llm: Any
     started_at: float = field(default_factory=time.monotonic)
     channels: list[Channel] = field(default_factory=list)
 
@@ -107,7 +111,7 @@ async def build_core(
 
     ``http`` and ``llm`` replace the HTTP client and the model client (benchmarks, embedding apps).
     """
-    catalog = load_catalog(settings.models_file)
+    catalog = await asyncio.to_thread(load_catalog, settings.models_file)
     check_llm_configured(settings, catalog)
     await asyncio.to_thread(prepare_workspace, settings)
     async with contextlib.AsyncExitStack() as stack:
@@ -119,7 +123,8 @@ async def build_core(
         )
         inbox = Inbox(settings.workspace / "inbox")
         commands = CommandRouter()
-        pipeline = Pipeline(_systems(settings, catalog, http))
+        model = llm if llm is not None else LLMClient(settings.llm, catalog, http)
+        pipeline = Pipeline(_systems(settings, model))
         dispatcher = Dispatcher(
             pipeline,
             sessions,
@@ -128,14 +133,19 @@ async def build_core(
             inbox=inbox,
             max_inbound_chars=settings.sessions.max_inbound_chars,
         )
-        core = Core(settings, catalog, sessions, inbox, pipeline, commands, dispatcher, http)
+        core = Core(settings, catalog, sessions, inbox, pipeline, commands, dispatcher, http, model)
         stack.push_async_callback(dispatcher.close, settings.lifecycle.grace_period)
         yield core
 
 
-def _systems(settings: Settings, catalog: ModelCatalog, http: httpx.AsyncClient) -> list[System]:
+def _systems(settings: Settings, llm: Any) -> list[System]:
     """The pipeline: AutoCompaction=18, ContextBuilding=20, ToolLoop=30, MemoryPersist=50."""
-    return []
+    registry = ToolRegistry([], settings.tools)
+    return [
+        ToolLoopSystem(
+            llm, registry, settings.tools, max_overflow_retries=settings.compaction.max_overflow_retries
+        ),
+    ]
 
 
 # ---- entry points used by the CLI -------------------------------------------------------------------

@@ -1,0 +1,74 @@
+"""End to end: terminal channel → dispatcher → pipeline → fake LLM (HTTP) → reply → disk → restart."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from bot.app import build_core
+from bot.config import Settings, load_settings
+from channels.terminal import TerminalChannel
+from tests.fakes.llm_server import FakeLLMServer
+
+
+async def settings_for(workspace: Path, llm: FakeLLMServer, **extra: Any) -> Settings:
+    overrides: dict[str, Any] = {
+        "workspace": workspace,
+        "llm": {
+            "model": "gpt-4.1-mini",
+            "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"},
+        },
+    }
+    overrides.update(extra)
+    return await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+
+
+class Screen(io.StringIO):
+    async def wait_for(self, text: str, timeout: float = 10.0) -> str:
+        async with asyncio.timeout(timeout):
+            while text not in self.getvalue():
+                await asyncio.sleep(0.01)
+        return self.getvalue()
+
+
+async def chat_once(settings: Settings, lines: list[str], expect: str) -> str:
+    reader = asyncio.StreamReader()
+    screen = Screen()
+    async with build_core(settings) as core:
+        channel = TerminalChannel(core.dispatcher.submit, user="alice", reader=reader, writer=screen)
+        core.dispatcher.attach(channel)
+        await channel.start()
+        for line in lines:
+            reader.feed_data((line + "\n").encode())
+        out = await screen.wait_for(expect)
+        reader.feed_eof()
+        await channel.wait_closed()
+        await channel.stop()
+    return out
+
+
+async def test_conversation_survives_a_restart(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        settings = await settings_for(tmp_path / "ws", llm)
+        out = await chat_once(settings, ["my name is Alice"], "echo: my name is Alice")
+        assert "membot › echo: my name is Alice" in out
+
+        header = json.loads((tmp_path / "ws" / "sessions" / "cli:alice.json").read_text())
+        assert header["log_count"] == 2
+
+        # A new process: fresh objects over the same workspace. The model must see the old turn.
+        await chat_once(settings, ["what is my name?"], "echo: what is my name?")
+        last = llm.requests[-1]
+        contents = [m.get("content") for m in last.body["messages"]]
+        assert "my name is Alice" in json.dumps(contents)
+        assert "echo: my name is Alice" in json.dumps(contents)
+
+
+async def test_help_is_answered_without_the_model(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        out = await chat_once(await settings_for(tmp_path / "ws", llm), ["/help"], "/stop")
+        assert "Commands:" in out
+        assert llm.requests == []
