@@ -173,19 +173,20 @@ async def run_chat(settings: Settings) -> None:
         stopping: set[asyncio.Task[int | None]] = set()
 
         def on_interrupt() -> None:
-            if core.dispatcher.is_running(channel.session_id):
-                sys.stdout.write("\n[stopping the answer — Ctrl-C again at the prompt to quit]\n")
-                task = loop.create_task(core.dispatcher.stop(channel.session_id))
-                stopping.add(task)
-                task.add_done_callback(stopping.discard)
-            else:
+            if not core.dispatcher.is_running(channel.session_id):
                 channel.close()
+                return
+            channel.notice("[stopping the answer — Ctrl-C again at the prompt quits]")
+            task = loop.create_task(core.dispatcher.stop(channel.session_id))
+            stopping.add(task)
+            task.add_done_callback(stopping.discard)
+            task.add_done_callback(lambda _: channel.notice("[stopped]"))
 
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGINT, on_interrupt)
+        sys.stdout.write(f"membot — model {settings.llm.model}; /help for commands, Ctrl-D to quit.\n")
         await core.dispatcher.recover()
         await channel.start()
-        sys.stdout.write(f"membot — model {settings.llm.model}; /help for commands, Ctrl-D to quit.\n")
         try:
             await channel.wait_closed()
         finally:

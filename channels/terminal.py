@@ -70,6 +70,12 @@ class TerminalChannel(Channel):
     def close(self) -> None:
         self._closed.set()
 
+    def notice(self, text: str) -> None:
+        """A line from membot itself (not a reply), followed by a fresh prompt."""
+        self._writer.write(f"\n{text}\n")
+        self._streamed = ""
+        self._show_prompt()
+
     @property
     def waiting_for_reply(self) -> bool:
         return self._waiting > 0
