@@ -19,14 +19,17 @@ from typing import Any
 import httpx
 import structlog
 
+from bot.admin import AdminServer
 from bot.catalog import ModelCatalog, load_catalog
 from bot.commands import CommandRouter
 from bot.config import Settings
 from bot.dispatcher import Dispatcher
 from bot.errors import ConfigError
 from bot.inbox import Inbox
+from bot.lifecycle import ServiceRunner
 from bot.llm import LLMClient
 from bot.logging import configure_logging
+from bot.metrics import Metrics
 from bot.sessions import JsonSessionStore, SessionService
 from bot.storage import ensure_private_dir, fix_private_tree
 from bot.tools import ToolRegistry
@@ -105,11 +108,16 @@ def secrets_of(settings: Settings) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def build_core(
-    settings: Settings, *, http: httpx.AsyncClient | None = None, llm: Any = None
+    settings: Settings,
+    *,
+    http: httpx.AsyncClient | None = None,
+    llm: Any = None,
+    metrics: Metrics | None = None,
 ) -> AsyncIterator[Core]:
     """Build and connect membot's parts; close them in reverse order on exit.
 
-    ``http`` and ``llm`` replace the HTTP client and the model client (benchmarks, embedding apps).
+    ``http`` and ``llm`` replace the HTTP client and the model client (benchmarks, embedding apps);
+    ``metrics`` (``membot run``) observes turns.
     """
     catalog = await asyncio.to_thread(load_catalog, settings.models_file)
     check_llm_configured(settings, catalog)
@@ -132,6 +140,7 @@ async def build_core(
             settings.dispatcher,
             inbox=inbox,
             max_inbound_chars=settings.sessions.max_inbound_chars,
+            observer=metrics,
         )
         core = Core(settings, catalog, sessions, inbox, pipeline, commands, dispatcher, http, model)
         stack.push_async_callback(dispatcher.close, settings.lifecycle.grace_period)
@@ -205,20 +214,28 @@ async def run_service(settings: Settings) -> int:
             "no channel is configured. Set MEMBOT_TELEGRAM__TOKEN (Telegram), MEMBOT_DISCORD__TOKEN "
             "(Discord) or MEMBOT_TERMINAL__ENABLED=true (terminal), or use `membot chat` for a terminal chat."
         )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    async with build_core(settings) as core, contextlib.AsyncExitStack() as channels:
-        for name in wanted:
-            channel = await _start_channel(name, core)
-            channels.push_async_callback(channel.stop)
-        await core.dispatcher.recover()
-        log.info("membot_started", channels=wanted, model=settings.llm.model)
-        await stop.wait()
-        log.info("membot_stopping")
-    return 0
+    metrics = Metrics()
+    runner = ServiceRunner(settings.lifecycle)
+    async with build_core(settings, metrics=metrics) as core, contextlib.AsyncExitStack() as ops:
+        stats = getattr(core.llm, "stats", None)
+        metrics.watch(
+            llm_stats=lambda: stats,
+            queued=core.dispatcher.total_queued,
+            running_turns=core.dispatcher.running_turns,
+            active_sessions=lambda: core.sessions.cached,
+        )
+        if settings.admin.enabled:
+            admin = AdminServer(
+                settings.admin, metrics, channels=runner.channel_health, llm_stats=lambda: stats
+            )
+            await ops.enter_async_context(admin)
+        log.info("membot_starting", channels=wanted, model=settings.llm.model)
+        return await runner.run(
+            wanted,
+            start_channel=lambda name: _start_channel(name, core),
+            dispatcher=core.dispatcher,
+            flushers=[],  # pending memory writes: add the memory layer's flush here
+        )
 
 
 def configured_channels(settings: Settings) -> list[str]:

@@ -1,0 +1,140 @@
+"""The ops HTTP server: ``GET /healthz`` and ``GET /metrics``, served inside the bot's own event loop.
+
+It runs on aiohttp's ``AppRunner`` + ``TCPSite`` (not ``web.run_app``, which would want the loop to
+itself), bound to ``admin.host`` — 127.0.0.1 by default, because metrics name models and channels and
+nothing here is authenticated. Put a reverse proxy in front if it must be reached from elsewhere.
+
+``/healthz`` answers **200 only when every channel is ``running``**. Any channel that is ``degraded``,
+``failed``, ``starting`` or ``stopped`` makes it **503**: the process is not fully doing its job, and an
+orchestrator or an operator should look. The LLM's reachability (from the last real call; no probe is
+made, so a health check costs nothing) is reported in the body but does not change the status code:
+restarting membot cannot fix a provider outage, and a restart loop would only drop running turns.
+
+    async with AdminServer(settings.admin, metrics, channels=runner.channel_health, llm_stats=stats):
+        ...  # serving until the block ends
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from bot.config import AdminSettings
+from bot.errors import ConfigError
+from bot.llm.client import LLMStats
+from bot.metrics import CONTENT_TYPE, Metrics
+from channels.base import ChannelHealth
+
+log = structlog.get_logger(__name__)
+
+ChannelsSource = Callable[[], Mapping[str, ChannelHealth]]
+StatsSource = Callable[[], LLMStats | None]
+
+
+def health_report(
+    channels: Mapping[str, ChannelHealth], llm: LLMStats | None, *, uptime: float
+) -> tuple[int, dict[str, Any]]:
+    """The /healthz status code and body (see the module doc for when it is 503)."""
+    healthy = bool(channels) and all(h.state == "running" for h in channels.values())
+    body: dict[str, Any] = {
+        "status": "ok" if healthy else "unhealthy",
+        "uptime_seconds": round(uptime, 1),
+        "channels": {
+            name: {
+                "state": h.state,
+                "last_inbound": h.last_inbound.isoformat() if h.last_inbound else None,
+                "error": h.error,
+                "sent": h.sent,
+                "send_failures": h.send_failures,
+            }
+            for name, h in channels.items()
+        },
+        "llm": _llm_report(llm),
+    }
+    return (200 if healthy else 503), body
+
+
+def _llm_report(stats: LLMStats | None) -> dict[str, Any]:
+    if stats is None:
+        return {"reachable": None}
+    return {
+        "reachable": stats.last_ok,  # None: no call made yet
+        "last_call_at": stats.last_call_at.isoformat() if stats.last_call_at else None,
+        "last_error": stats.last_error,
+        "calls": stats.calls,
+        "failures": stats.failures,
+    }
+
+
+class AdminServer:
+    """/healthz and /metrics on ``host:port``; an async context manager that starts and stops the site.
+
+    ``port=0`` binds a free port (tests); :attr:`port` tells which one.
+    """
+
+    def __init__(
+        self,
+        settings: AdminSettings,
+        metrics: Metrics,
+        *,
+        channels: ChannelsSource,
+        llm_stats: StatsSource,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._channels = channels
+        self._llm_stats = llm_stats
+        self._clock = clock
+        self._started = clock()
+        self._runner: web.AppRunner | None = None
+        self.port: int = settings.port
+
+    async def __aenter__(self) -> AdminServer:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics_page)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self._settings.host, self._settings.port)
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(
+                f"cannot serve the admin endpoint on {self._settings.host}:{self._settings.port}: "
+                f"{exc.strerror or exc} (set MEMBOT_ADMIN__PORT, or MEMBOT_ADMIN__ENABLED=false)"
+            ) from None
+        self._runner = runner
+        addresses = runner.addresses
+        if addresses:
+            self.port = int(addresses[0][1])
+        log.info("admin_listening", host=self._settings.host, port=self.port)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        status, body = health_report(
+            self._channels(), self._llm_stats(), uptime=self._clock() - self._started
+        )
+        return web.Response(
+            status=status, text=json.dumps(body, ensure_ascii=False), content_type="application/json"
+        )
+
+    async def _metrics_page(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})

@@ -1,0 +1,184 @@
+"""Running membot as a service: start channels in order, serve until a signal, then shut down gracefully.
+
+Start-up (the steps before this runner are done by ``bot.app.build_core``: config validated, workspace
+checked and its permissions fixed, models.json loaded): channels start one by one, in order. A channel
+that fails to start is logged with its name and the reason; ``lifecycle.on_channel_failure`` decides
+what follows: ``"stop"`` stops what already started and exits non-zero, ``"degraded"`` keeps serving with
+the rest while ``/healthz`` reports the failed channel (503). With no channel up at all, it always stops.
+
+Shutdown on the first SIGTERM or SIGINT, in this order:
+
+1. the dispatcher stops taking messages (senders are told to retry in a minute) and running turns get
+   ``lifecycle.grace_period`` seconds to finish; the rest are cancelled, saving what they have;
+   queued messages that never ran stay in the durable inbox and are answered after the next start;
+2. every session still dirty in memory is saved, then the flush callables run (pending memory writes);
+3. channels stop, in reverse start order (so replies of finishing turns could still go out in step 1);
+4. the process exits 0.
+
+A second signal exits at once with ``128 + signal``. That cannot corrupt a file: every write of user
+data is atomic (temp file, fsync, rename) or an append whose torn tail readers ignore (bot/storage.py),
+so dying in the middle of one leaves the previous state. It is ``os._exit``: no more Python code runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+import structlog
+
+from bot.config import LifecycleSettings
+from bot.errors import ChannelError
+from channels.base import Channel, ChannelHealth
+
+log = structlog.get_logger(__name__)
+
+EXIT_OK = 0
+EXIT_CHANNEL_FAILED = 1
+
+ChannelStarter = Callable[[str], Awaitable[Channel]]
+Flush = Callable[[], Awaitable[None]]
+HardExit = Callable[[int], None]
+
+
+class Drainable(Protocol):
+    """What the runner needs from the dispatcher."""
+
+    async def recover(self) -> int: ...
+
+    async def close(self, grace: float) -> None: ...
+
+
+class ServiceRunner:
+    """Owns the service's lifetime: see the module doc for the order of start-up and shutdown.
+
+    ``hard_exit`` (default ``os._exit``) is what the second signal calls; tests pass a recorder.
+    Use :meth:`channel_health` as the /healthz source: it includes channels that failed to start.
+    """
+
+    def __init__(
+        self,
+        settings: LifecycleSettings,
+        *,
+        hard_exit: HardExit = os._exit,
+        signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
+    ) -> None:
+        self._settings = settings
+        self._hard_exit = hard_exit
+        self._signals = tuple(signals)
+        self._stop = asyncio.Event()
+        self._health: dict[str, ChannelHealth] = {}
+        self._started: list[Channel] = []
+
+    def channel_health(self) -> dict[str, ChannelHealth]:
+        """Each configured channel's health, live; a channel that failed to start shows ``failed``."""
+        return dict(self._health)
+
+    def request_stop(self) -> None:
+        """Begin the graceful shutdown (what the first signal does)."""
+        self._stop.set()
+
+    async def run(
+        self,
+        channels: Sequence[str],
+        *,
+        start_channel: ChannelStarter,
+        dispatcher: Drainable,
+        flushers: Sequence[Flush] = (),
+    ) -> int:
+        """Start ``channels``, serve until stopped, shut down; returns the process exit code."""
+        loop = asyncio.get_running_loop()
+        for sig in self._signals:
+            with contextlib.suppress(NotImplementedError):  # not on Windows' proactor loop
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            if not await self._start_all(channels, start_channel):
+                await self._stop_channels()
+                return EXIT_CHANNEL_FAILED
+            await dispatcher.recover()
+            log.info("membot_started", channels=[c.name for c in self._started])
+            await self._stop.wait()
+            log.info("membot_stopping", grace_period=self._settings.grace_period)
+            await self._drain(dispatcher, flushers)
+            await self._stop_channels()
+            log.info("membot_stopped")
+            return EXIT_OK
+        finally:
+            for sig in self._signals:
+                with contextlib.suppress(NotImplementedError):
+                    loop.remove_signal_handler(sig)
+
+    # -- signals ------------------------------------------------------------------------------------
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if not self._stop.is_set():
+            log.info("signal_received", signal=sig.name, action="graceful shutdown; again to exit at once")
+            self._stop.set()
+            return
+        log.warning("signal_received", signal=sig.name, action="exiting now")
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        # Safe mid-write: see the module doc (atomic replaces, appends with ignored torn tails).
+        self._hard_exit(128 + int(sig))
+
+    # -- start-up -----------------------------------------------------------------------------------
+
+    async def _start_all(self, names: Sequence[str], start_channel: ChannelStarter) -> bool:
+        """Start each channel; False when the service must not go on (policy ``stop``, or none is up)."""
+        for name in names:
+            self._health[name] = ChannelHealth(state="starting")
+            try:
+                channel = await start_channel(name)
+            except Exception as exc:
+                reason = str(exc) or type(exc).__name__
+                self._health[name] = ChannelHealth(state="failed", error=reason)
+                if isinstance(exc, ChannelError):
+                    log.error("channel_start_failed", channel=name, error=reason)
+                else:
+                    log.exception("channel_start_failed", channel=name, error=reason)
+                if self._settings.on_channel_failure == "stop":
+                    log.error(
+                        "membot_not_started",
+                        reason=f"channel {name!r} failed to start and lifecycle.on_channel_failure is "
+                        "'stop' (set MEMBOT_LIFECYCLE__ON_CHANNEL_FAILURE=degraded to run without it)",
+                    )
+                    return False
+                continue
+            self._health[name] = channel.health
+            self._started.append(channel)
+        if not self._started:
+            log.error("membot_not_started", reason="no channel could be started")
+            return False
+        failed = [n for n, h in self._health.items() if h.state == "failed"]
+        if failed:
+            log.warning("membot_degraded", failed_channels=failed)
+        return True
+
+    # -- shutdown -----------------------------------------------------------------------------------
+
+    async def _drain(self, dispatcher: Drainable, flushers: Sequence[Flush]) -> None:
+        try:
+            await dispatcher.close(self._settings.grace_period)
+        except Exception:
+            log.exception("dispatcher_close_failed")
+        for flush in flushers:
+            try:
+                async with asyncio.timeout(self._settings.grace_period):
+                    await flush()
+            except Exception:  # TimeoutError included: log it and keep shutting down
+                log.exception("flush_failed", flush=getattr(flush, "__qualname__", repr(flush)))
+
+    async def _stop_channels(self) -> None:
+        # Reverse start order; one failing stop does not keep the others running.
+        while self._started:
+            channel = self._started.pop()
+            try:
+                await channel.stop()
+            except Exception:
+                log.exception("channel_stop_failed", channel=channel.name)
