@@ -1,0 +1,127 @@
+"""PairingStore: codes, expiry, the pending cap, persistence, and the CLI seeing the bot's file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from bot.errors import StorageError
+from bot.pairing import (
+    PAIRING_FILE,
+    PairingStore,
+    approve_code,
+    list_pairings,
+    normalize_code,
+    revoke_user,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def store_in(tmp_path: Path, clock: Clock) -> PairingStore:
+    return PairingStore(tmp_path / "ws" / PAIRING_FILE, clock=clock)
+
+
+async def test_request_gives_a_short_code_and_the_same_code_again(tmp_path: Path, clock: Clock) -> None:
+    store = store_in(tmp_path, clock)
+    code = await store.request("telegram", "42", "Alice")
+    assert code is not None and len(code) == 9 and code[4] == "-"
+    assert await store.request("telegram", "42", "Alice") == code
+    assert [r.user_id for r in await store.pending()] == ["42"]
+
+
+async def test_approve_admits_exactly_that_user_on_that_channel(tmp_path: Path, clock: Clock) -> None:
+    store = store_in(tmp_path, clock)
+    code = await store.request("telegram", "42", "Alice")
+    assert code is not None
+    assert not await store.is_approved("telegram", "42")
+    approval = await store.approve(code.lower().replace("-", " "))  # typed sloppily
+    assert approval is not None and approval.user_id == "42" and approval.user_name == "Alice"
+    assert await store.is_approved("telegram", "42")
+    assert not await store.is_approved("telegram", "4")
+    assert not await store.is_approved("discord", "42")
+    assert await store.pending() == []
+    assert await store.approve(code) is None  # one-time
+
+
+async def test_codes_expire_after_an_hour(tmp_path: Path, clock: Clock) -> None:
+    store = store_in(tmp_path, clock)
+    code = await store.request("telegram", "42")
+    assert code is not None
+    clock.now += timedelta(minutes=61)
+    assert await store.pending() == []
+    assert await store.approve(code) is None
+    fresh = await store.request("telegram", "42")
+    assert fresh is not None and fresh != code
+
+
+async def test_at_most_three_pending_per_channel(tmp_path: Path, clock: Clock) -> None:
+    store = store_in(tmp_path, clock)
+    codes = [await store.request("telegram", str(uid)) for uid in (1, 2, 3)]
+    assert all(codes) and len(set(codes)) == 3
+    assert await store.request("telegram", "4") is None
+    assert await store.request("discord", "4") is not None  # the cap is per channel
+    assert await store.request("telegram", "2") == codes[1]  # re-request still answered
+    clock.now += timedelta(hours=2)
+    assert await store.request("telegram", "4") is not None  # expired ones free their slot
+
+
+async def test_approvals_persist_and_the_cli_shares_the_file(tmp_path: Path, clock: Clock) -> None:
+    bot = store_in(tmp_path, clock)
+    code = await bot.request("telegram", "42", "Alice")
+    assert code is not None
+    workspace = tmp_path / "ws"
+
+    pending, approved = await asyncio.to_thread(list_pairings, workspace, clock=clock)
+    assert [(r.code, r.user_name) for r in pending] == [(code, "Alice")]
+    assert approved == []
+
+    approval = await asyncio.to_thread(
+        approve_code, workspace, code, clock=clock
+    )  # as `membot pairing approve` does
+    assert approval is not None
+    assert await bot.is_approved("telegram", "42")  # the running bot sees it without a restart
+
+    other = await bot.request("telegram", "7", "Bob")  # the bot's write keeps the CLI's approval
+    assert other is not None
+    restarted = store_in(tmp_path, clock)
+    assert await restarted.is_approved("telegram", "42")
+    assert [r.user_id for r in await restarted.pending()] == ["7"]
+
+    path = workspace / PAIRING_FILE
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text())["version"] == 1
+
+    assert await asyncio.to_thread(revoke_user, workspace, "telegram", "42")
+    assert not await bot.is_approved("telegram", "42")
+    assert not await asyncio.to_thread(revoke_user, workspace, "telegram", "42")
+
+
+async def test_a_corrupt_file_names_itself(tmp_path: Path, clock: Clock) -> None:
+    path = tmp_path / "ws" / PAIRING_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.raises(StorageError, match=r"pairing\.json"):
+        await PairingStore(path, clock=clock).is_approved("telegram", "1")
+
+
+def test_normalize_code() -> None:
+    assert normalize_code("abcd efgh") == "ABCD-EFGH"
+    assert normalize_code(" ABCD-EFGH ") == "ABCD-EFGH"
+    assert normalize_code("abc") == "ABC"
