@@ -1,8 +1,8 @@
 """ToolLoopSystem (order 30): ask the model, run the tools it calls, feed results back, until it answers.
 
 Invariant kept here: every assistant message with tool calls is followed by exactly one tool result per
-call id, whatever happens (limits, bad arguments, unknown tools, cancellation), so the history is always
-valid for both providers and compaction can never split a pair it did not see.
+call id, whatever happens (limits, bad arguments, unknown tools, timeouts, cancellation), so the history
+is always valid for both providers and compaction can never split a pair it did not see.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import structlog
@@ -26,19 +26,48 @@ from pipeline.base import Turn
 log = structlog.get_logger(__name__)
 
 OverflowHandler = Callable[[Turn], Awaitable[bool]]
+"""Called on a context overflow; returns True when it made room (compaction) and the call may be retried."""
+
+REPEAT_LIMIT = 2  # identical (tool, arguments) pairs allowed per turn
+CANCELLED = "Cancelled: the turn was stopped before this tool call finished."
+DEADLINE = "Not finished: the turn deadline passed."
+NOT_RUN = "Not run: the tool call limit for this turn was reached."
 
 
 class ChatModel(Protocol):
+    """The part of :class:`bot.llm.LLMClient` the loop uses."""
+
     async def chat(self, request: ChatRequest) -> ChatResponse: ...
 
-    def stream(self, request: ChatRequest) -> Any: ...
+    def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]: ...
 
 
 class ToolObserver(Protocol):
+    """Receives one outcome per tool call (ok, error, timeout, unknown, bad_arguments, ...) for metrics."""
+
     def tool_call(self, name: str, outcome: str) -> None: ...
 
 
+class _Stop(Exception):
+    """A per-turn limit was reached; the message says which, for the user's note."""
+
+
 class ToolLoopSystem:
+    """The system that talks to the model in a turn.
+
+    One turn:
+
+    1. Send the session history, ``turn.system_prompt`` and the tools this channel may use.
+    2. Store the answer as an assistant message. No tool calls: that text is ``turn.reply``; done.
+    3. Run the tool calls of that answer concurrently (at most ``max_parallel``, each under
+       ``tool_timeout``), store one tool result per call id, and go back to 1.
+
+    Limits per turn (``max_llm_calls``, ``max_tool_calls``, ``turn_deadline``) end the loop with the best
+    text so far and a note in ``turn.notes``. A context overflow is handed to ``on_overflow`` (compaction)
+    and the call retried, at most ``max_overflow_retries`` times. When ``turn.on_partial`` is set the answer
+    is streamed and the sink receives the text of the current model call so far, after every delta.
+    """
+
     name = "tool_loop"
     order = 30
     enabled = True
@@ -66,172 +95,199 @@ class ToolLoopSystem:
         return turn.reply is None
 
     async def process(self, turn: Turn) -> None:
-        s = self._settings
-        deadline = self._clock() + s.turn_deadline
-        specs = self._registry.specs(turn.channel)
-        ctx = ToolContext(turn.session.id, turn.channel, turn.id)
-        seen: Counter[tuple[str, str]] = Counter()
-        llm_calls = tool_runs = overflows = 0
-        best = ""
-        stopped_by = ""
-        while True:
-            if llm_calls >= s.max_llm_calls:
-                stopped_by = f"it reached the limit of {s.max_llm_calls} model calls"
-                break
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                stopped_by = f"it ran past the {s.turn_deadline:g} s deadline"
-                break
-            request = ChatRequest(
-                messages=tuple(turn.session.messages), system=turn.system_prompt, tools=specs
+        run = _TurnRun(self, turn)
+        try:
+            await run.loop()
+        except _Stop as stop:
+            turn.reply = run.best or "I couldn't finish this one."
+            turn.notes.append(f"Stopped early: {stop}.")
+            log.warning(
+                "tool_loop_limit", reason=str(stop), llm_calls=run.llm_calls, tool_calls=run.tool_runs
             )
-            try:
-                async with asyncio.timeout(remaining):
-                    response = await self._ask(request, turn)
-            except TimeoutError:
-                stopped_by = f"it ran past the {s.turn_deadline:g} s deadline"
-                break
-            except LLMContextOverflow:
-                if self._on_overflow is None or overflows >= self._max_overflow_retries:
-                    raise
-                overflows += 1
-                if not await self._on_overflow(turn):
-                    raise
-                continue
-            llm_calls += 1
+
+
+class _TurnRun:
+    """The mutable state of one turn's loop (counters, repeat guard, best text so far)."""
+
+    def __init__(self, system: ToolLoopSystem, turn: Turn) -> None:
+        self.system = system
+        self.settings = system._settings
+        self.turn = turn
+        self.deadline = system._clock() + self.settings.turn_deadline
+        self.ctx = ToolContext(turn.session.id, turn.channel, turn.id)
+        self.specs = system._registry.specs(turn.channel)
+        self.seen: Counter[tuple[str, str]] = Counter()
+        self.llm_calls = self.tool_runs = self.overflows = 0
+        self.best = ""
+        self.partial_ok = turn.on_partial is not None
+
+    def remaining(self) -> float:
+        return self.deadline - self.system._clock()
+
+    def deadline_stop(self) -> _Stop:
+        return _Stop(f"it ran past the {self.settings.turn_deadline:g} s deadline")
+
+    async def loop(self) -> None:
+        s, turn = self.settings, self.turn
+        while True:
+            if self.llm_calls >= s.max_llm_calls:
+                raise _Stop(f"it reached the limit of {s.max_llm_calls} model calls")
+            response = await self.ask()
+            self.llm_calls += 1
             turn.usage.add(response.usage)
-            turn.add_message(Message(Role.ASSISTANT, response.content, tool_calls=response.tool_calls))
+            if response.content or response.tool_calls:
+                turn.add_message(Message(Role.ASSISTANT, response.content, tool_calls=response.tool_calls))
             if response.content.strip():
-                best = response.content
+                self.best = response.content
             if not response.tool_calls:
                 turn.reply = response.content
                 return
-            budget = s.max_tool_calls - tool_runs
-            results = await self._run_calls(turn, response.tool_calls, ctx, seen, budget, deadline)
-            tool_runs += min(budget, len(response.tool_calls))
-            if budget < len(response.tool_calls):
-                stopped_by = f"it reached the limit of {s.max_tool_calls} tool calls"
-                break
-            if results is None:
-                stopped_by = f"it ran past the {s.turn_deadline:g} s deadline"
-                break
-        turn.reply = best or "I couldn't finish this one."
-        turn.notes.append(f"(Stopped early: {stopped_by}.)")
-        log.warning("tool_loop_limit", reason=stopped_by, llm_calls=llm_calls, tool_calls=tool_runs)
+            await self.run_calls(response.tool_calls)
 
-    async def _ask(self, request: ChatRequest, turn: Turn) -> ChatResponse:
-        if turn.on_partial is None:
-            return await self._llm.chat(request)
+    async def ask(self) -> ChatResponse:
+        """One model call within the deadline; a context overflow goes to compaction, then retries."""
+        while True:
+            remaining = self.remaining()
+            if remaining <= 0:
+                raise self.deadline_stop()
+            request = ChatRequest(
+                messages=tuple(self.turn.session.messages), system=self.turn.system_prompt, tools=self.specs
+            )
+            try:
+                async with asyncio.timeout(remaining) as window:
+                    return await self._call(request)
+            except TimeoutError:
+                if window.expired():  # our deadline, not the client's own LLMTimeout
+                    raise self.deadline_stop() from None
+                raise
+            except LLMContextOverflow:
+                handler = self.system._on_overflow
+                if handler is None or self.overflows >= self.system._max_overflow_retries:
+                    raise
+                self.overflows += 1
+                log.warning("context_overflow_retry", attempt=self.overflows)
+                if not await handler(self.turn):
+                    raise
+
+    async def _call(self, request: ChatRequest) -> ChatResponse:
+        sink = self.turn.on_partial
+        if sink is None:
+            return await self.system._llm.chat(request)
         text = ""
         final: ChatResponse | None = None
-        event: StreamEvent
-        async for event in self._llm.stream(request):
-            if event.kind == "text":
+        async for event in self.system._llm.stream(request):
+            if event.kind == "text" and event.text:
                 text += event.text
-                await turn.on_partial(text)
+                if self.partial_ok:
+                    try:
+                        await sink(text)
+                    except Exception:  # a display hiccup must not cost the answer
+                        log.exception("partial_sink_failed")
+                        self.partial_ok = False
             elif event.kind == "done":
                 final = event.response
-        if final is None:
-            return ChatResponse(content=text)
-        return final
+        return final if final is not None else ChatResponse(content=text)
 
-    async def _run_calls(
-        self,
-        turn: Turn,
-        calls: tuple[ToolCall, ...],
-        ctx: ToolContext,
-        seen: Counter[tuple[str, str]],
-        budget: int,
-        deadline: float,
-    ) -> list[str] | None:
-        """Run a response's tool calls (concurrently, bounded) and record one result per call id.
+    async def run_calls(self, calls: tuple[ToolCall, ...]) -> None:
+        """Run one response's tool calls (concurrently, bounded) and record one result per call.
 
-        Returns the results in call order, or ``None`` when the deadline cut the batch short.
+        Raises :class:`_Stop` after recording when the tool-call limit or the deadline cut the batch.
         """
-        results: dict[str, str] = {}
-        gate = asyncio.Semaphore(max(1, self._settings.max_parallel))
+        budget = max(0, self.settings.max_tool_calls - self.tool_runs)
+        results: dict[int, str] = {i: NOT_RUN for i in range(budget, len(calls))}
+        gate = asyncio.Semaphore(max(1, self.settings.max_parallel))
 
-        async def one(call: ToolCall) -> None:
+        async def one(index: int, call: ToolCall) -> None:
             async with gate:
-                results[call.id] = await self._run_one(call, ctx, seen)
+                results[index] = await self.run_one(call)
 
-        runnable = list(calls[: max(0, budget)])
-        for call in calls[len(runnable) :]:
-            results[call.id] = "Not run: the tool call limit for this turn was reached."
-        tasks = [asyncio.create_task(one(call)) for call in runnable]
+        tasks = [asyncio.create_task(one(i, c)) for i, c in enumerate(calls[:budget])]
+        self.tool_runs += len(tasks)
+        unfinished = DEADLINE
         timed_out = False
-        outcome = "Not finished: the turn deadline passed."
         try:
-            remaining = max(0.0, deadline - self._clock())
-            _, pending = await asyncio.wait(tasks, timeout=remaining) if tasks else (set(), set())
-            if pending:
-                timed_out = True
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
+            if tasks:
+                _, pending = await asyncio.wait(tasks, timeout=max(0.0, self.remaining()))
+                if pending:
+                    timed_out = True
+                    await _cancel_all(pending)
         except asyncio.CancelledError:
-            outcome = "Cancelled: the user stopped this turn."
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            unfinished = CANCELLED
+            await _cancel_all(tasks)
             raise
         finally:
-            for call in calls:  # one result per call id, on every exit path
-                result = results.get(call.id, outcome)
-                turn.add_message(Message(Role.TOOL, result, tool_call_id=call.id, name=call.name))
-        return None if timed_out else [results[c.id] for c in calls]
+            # A tool call and its result are never split: every call id gets exactly one result here.
+            for index, call in enumerate(calls):
+                text = results.get(index, unfinished)
+                self.turn.add_message(Message(Role.TOOL, text, tool_call_id=call.id, name=call.name))
+        if timed_out:
+            raise self.deadline_stop()
+        if budget < len(calls):
+            raise _Stop(f"it reached the limit of {self.settings.max_tool_calls} tool calls")
 
-    async def _run_one(self, call: ToolCall, ctx: ToolContext, seen: Counter[tuple[str, str]]) -> str:
+    async def run_one(self, call: ToolCall) -> str:
         outcome = "ok"
         try:
-            tool = self._registry.get(call.name, ctx.channel)
-            if tool is None:
-                outcome = "unknown"
-                names = ", ".join(t.name for t in self._registry.available(ctx.channel)) or "none"
-                return f"Error: there is no tool named {call.name!r}. Available tools: {names}."
-            try:
-                args = json.loads(call.arguments or "{}")
-            except json.JSONDecodeError as exc:
-                outcome = "bad_arguments"
-                where = f"{exc.msg} at position {exc.pos}"
-                return f"Error: the arguments are not valid JSON ({where}). Send one JSON object."
-            if not isinstance(args, dict):
-                outcome = "bad_arguments"
-                return "Error: the arguments must be a JSON object."
-            key = (call.name, json.dumps(args, sort_keys=True))
-            seen[key] += 1
-            if seen[key] > 2:
-                outcome = "repeated"
-                return (
-                    f"Error: {call.name} was already called twice with exactly these arguments in this turn. "
-                    "Use the earlier results or change the arguments."
-                )
-            try:
-                async with asyncio.timeout(self._settings.tool_timeout):
-                    result = await tool.run(args, ctx)
-            except TimeoutError:
-                outcome = "timeout"
-                return f"Error: {call.name} did not finish within {self._settings.tool_timeout:g} s."
-            except ToolError as exc:
-                outcome = "error"
-                return f"Error: {exc}"
-            except asyncio.CancelledError:
-                outcome = "cancelled"
-                raise
-            except Exception as exc:
-                outcome = "crashed"
-                log.exception("tool_crashed", tool=call.name)
-                return f"Error: {call.name} failed unexpectedly ({type(exc).__name__})."
-            return cap(result, self._settings.result_max_chars)
+            result, outcome = await self._execute(call)
+            return cap(result, self.settings.result_max_chars)
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
         finally:
-            if self._observer is not None:
-                self._observer.tool_call(call.name, outcome)
+            if self.system._observer is not None:
+                self.system._observer.tool_call(call.name, outcome)
+
+    async def _execute(self, call: ToolCall) -> tuple[str, str]:
+        """Run one call; every failure becomes ``(message for the model, outcome)``."""
+        tool = self.system._registry.get(call.name, self.ctx.channel)
+        if tool is None:
+            names = ", ".join(t.name for t in self.system._registry.available(self.ctx.channel)) or "none"
+            return f"Error: there is no tool named {call.name!r}. Available tools: {names}.", "unknown"
+        try:
+            args: Any = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError as exc:
+            where = f"{exc.msg} at position {exc.pos}"
+            return (
+                f"Error: the arguments are not valid JSON ({where}). Call {call.name} again with one JSON "
+                "object that matches its schema.",
+                "bad_arguments",
+            )
+        if not isinstance(args, dict):
+            return "Error: the arguments must be a JSON object.", "bad_arguments"
+        key = (call.name, json.dumps(args, sort_keys=True))
+        self.seen[key] += 1
+        if self.seen[key] > REPEAT_LIMIT:
+            return (
+                f"Error: {call.name} was already called {REPEAT_LIMIT} times with exactly these arguments "
+                "in this turn. Use the earlier results or change the arguments.",
+                "repeated",
+            )
+        limit = self.settings.tool_timeout
+        try:
+            async with asyncio.timeout(limit) as window:
+                return await tool.run(args, self.ctx), "ok"
+        except TimeoutError:
+            if window.expired():
+                return f"Error: {call.name} did not finish within {limit:g} s.", "timeout"
+            log.warning("tool_timeout_inside", tool=call.name)
+            return f"Error: {call.name} timed out.", "error"
+        except ToolError as exc:
+            return f"Error: {exc}", "error"
+        except Exception as exc:
+            log.exception("tool_crashed", tool=call.name)
+            return f"Error: {call.name} failed unexpectedly ({type(exc).__name__}).", "crashed"
+
+
+async def _cancel_all(tasks: Any) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def cap(text: str, limit: int) -> str:
     """Keep the head and the tail of an oversized result, with a marker saying what was cut."""
     if len(text) <= limit:
         return text
-    keep = max(0, limit - 80)
+    keep = max(0, limit - 60)
     head, tail = text[: keep * 2 // 3], text[len(text) - keep // 3 :]
     return f"{head}\n[... {len(text) - len(head) - len(tail)} characters cut ...]\n{tail}"

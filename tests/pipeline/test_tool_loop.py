@@ -1,0 +1,461 @@
+"""ToolLoopSystem end to end: the real LLMClient against the fake server, in both wire formats."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from bot.catalog import load_catalog
+from bot.config import LLMSettings, ToolSettings
+from bot.domain import InboundMessage, Message, Role, Session
+from bot.errors import LLMContextOverflow
+from bot.llm import LLMClient
+from bot.tools import ToolContext, ToolError, ToolRegistry
+from pipeline.base import Turn
+from pipeline.tool_loop import CANCELLED, NOT_RUN, ToolLoopSystem, cap
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+
+APIS = ["openai", "anthropic"]
+MODELS = {"openai": "gpt-4.1-mini", "anthropic": "claude-haiku-4-5"}
+CATALOG = load_catalog()
+
+
+# ---- honest tools -----------------------------------------------------------------------------------
+
+NO_ARGS: dict[str, Any] = {"type": "object", "properties": {}}
+ADD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"],
+}
+
+
+class AddTool:
+    name = "add"
+    description = "Add two integers."
+    parameters = ADD_SCHEMA
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.active = 0
+        self.peak = 0
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        a, b = args.get("a"), args.get("b")
+        if not isinstance(a, int) or not isinstance(b, int):
+            raise ToolError("a and b must be integers")
+        self.calls.append(args)
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        for _ in range(3):  # yield so that concurrently started calls overlap
+            await asyncio.sleep(0)
+        self.active -= 1
+        return str(a + b)
+
+
+class SlowTool:
+    """Waits until cancelled; records that it started and that cancellation reached it."""
+
+    name = "slow"
+    description = "Take a long time."
+    parameters = NO_ARGS
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled = False
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return "never"
+
+
+class BigTool:
+    name = "big"
+    description = "Return a lot of text."
+    parameters = NO_ARGS
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        return "H" * 30_000 + "T" * 30_000
+
+
+class TickTool:
+    """Advances a fake clock, so a deadline passes without waiting for it."""
+
+    name = "tick"
+    description = "Let time pass."
+    parameters = NO_ARGS
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        self.clock.now += 1000.0
+        return "tick"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ---- set-up -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeLLMServer]:
+    async with FakeLLMServer() as llm:
+        yield llm
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
+        yield client
+
+
+def llm_client(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> LLMClient:
+    settings = LLMSettings.model_validate(
+        {
+            "model": MODELS[api],
+            "openai": {"base_url": server.openai_base_url, "api_key": "sk-test-openai"},
+            "anthropic": {"base_url": server.anthropic_base_url, "api_key": "sk-ant-test"},
+            "timeout": 10.0,
+            "max_retries": 0,
+        }
+    )
+    return LLMClient(settings, CATALOG, http)
+
+
+def tool_settings(**values: Any) -> ToolSettings:
+    names = ["add", "slow", "big", "tick"]
+    return ToolSettings.model_validate({"enabled": names, **values})
+
+
+def new_turn(text: str = "please compute", session: Session | None = None) -> Turn:
+    session = session or Session.new("test", "chat")
+    inbound = InboundMessage("test", "chat", "u1", text)
+    session.append(Message(Role.USER, text))  # the dispatcher stores the user's message before the pipeline
+    return Turn(session=session, inbound=(inbound,), system_prompt="You are a test bot.")
+
+
+def loop_for(
+    server: FakeLLMServer,
+    http: httpx.AsyncClient,
+    api: str,
+    tools: list[Any],
+    settings: ToolSettings | None = None,
+    **kwargs: Any,
+) -> ToolLoopSystem:
+    settings = settings or tool_settings()
+    return ToolLoopSystem(llm_client(server, http, api), ToolRegistry(tools, settings), settings, **kwargs)
+
+
+def assert_paired(session: Session) -> None:
+    """Every tool call id is answered by exactly one tool result right after its assistant message."""
+    messages = session.messages
+    for i, message in enumerate(messages):
+        if message.role is Role.ASSISTANT and message.tool_calls:
+            ids = [c.id for c in message.tool_calls]
+            following = messages[i + 1 : i + 1 + len(ids)]
+            assert [m.role for m in following] == [Role.TOOL] * len(ids)
+            assert [m.tool_call_id for m in following] == ids
+    answered = [m.tool_call_id for m in messages if m.role is Role.TOOL]
+    assert len(answered) == len(set(answered))
+
+
+def tool_results(session: Session) -> list[str]:
+    return [m.content for m in session.messages if m.role is Role.TOOL]
+
+
+# ---- the loop ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_multi_step_loop_feeds_results_back(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    add = AddTool()
+    server.script(
+        FakeReply(text="Let me add.", tool_calls=[("add", {"a": 1, "b": 2})]),
+        FakeReply(tool_calls=[("add", {"a": 3, "b": 4})]),
+        FakeReply(text="The sums are 3 and 7."),
+    )
+    turn = new_turn()
+    await loop_for(server, http, api, [add]).process(turn)
+
+    assert turn.reply == "The sums are 3 and 7."
+    assert turn.notes == []
+    assert [m.role for m in turn.session.messages] == [
+        Role.USER,
+        Role.ASSISTANT,
+        Role.TOOL,
+        Role.ASSISTANT,
+        Role.TOOL,
+        Role.ASSISTANT,
+    ]
+    assert tool_results(turn.session) == ["3", "7"]
+    assert turn.new_messages == turn.session.messages[1:]
+    assert turn.usage.calls == 3
+    assert_paired(turn.session)
+    # The model received the tools and, on the last call, both results in its own wire format.
+    first, last = server.requests[0].body, server.requests[-1].body
+    names = [t["function"]["name"] if api == "openai" else t["name"] for t in first["tools"]]
+    assert names == ["add"]
+    assert '"7"' in json.dumps(last["messages"]) or "7" in json.dumps(last["messages"])
+    assert len(server.requests) == 3
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_parallel_calls_run_concurrently_up_to_the_bound(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    add = AddTool()
+    calls = [("add", {"a": i, "b": 1}) for i in range(4)]
+    server.script(FakeReply(tool_calls=calls), FakeReply(text="done"))
+    turn = new_turn()
+    await loop_for(server, http, api, [add], tool_settings(max_parallel=2)).process(turn)
+
+    assert turn.reply == "done"
+    assert add.peak == 2  # concurrent, and never more than max_parallel
+    assert tool_results(turn.session) == ["1", "2", "3", "4"]  # results keep the call order
+    assert_paired(turn.session)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_bad_arguments_and_unknown_tools_are_errors_the_model_reads(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    server.script(
+        FakeReply(tool_calls=[("add", {"a": "one", "b": 2}), ("nope", {}), ("add", [1, 2])]),
+        FakeReply(tool_calls=[("add", {"a": 1, "b": 2})]),
+        FakeReply(text="fixed: 3"),
+    )
+    turn = new_turn()
+    await loop_for(server, http, api, [AddTool()]).process(turn)
+
+    assert turn.reply == "fixed: 3"
+    results = tool_results(turn.session)
+    assert results[0] == "Error: a and b must be integers"
+    assert results[1].startswith("Error: there is no tool named 'nope'. Available tools: add")
+    assert results[2] == "Error: the arguments must be a JSON object."
+    assert results[3] == "3"
+    assert_paired(turn.session)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_invalid_json_arguments_while_streaming(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    """Streaming path: partial text reaches the sink; broken JSON is answered, not crashed on."""
+    server.script(
+        FakeReply(text="Working on it", tool_calls=[("add", '{"a": 1, "b": ')]),
+        FakeReply(text="All done now."),
+    )
+    shown: list[str] = []
+
+    async def sink(text: str) -> None:
+        shown.append(text)
+
+    turn = new_turn()
+    turn.on_partial = sink
+    await loop_for(server, http, api, [AddTool()]).process(turn)
+
+    assert turn.reply == "All done now."
+    [result] = tool_results(turn.session)
+    assert result.startswith("Error: the arguments are not valid JSON")
+    assert "Working on it" in shown and shown[-1] == "All done now."
+    assert all(r.body.get("stream") for r in server.requests)
+    assert_paired(turn.session)
+
+
+# ---- limits -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_model_call_limit_gives_best_answer_and_a_note(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    counter = iter(range(100))
+    server.responder = lambda _api, _body: FakeReply(
+        text="partial answer", tool_calls=[("add", {"a": next(counter), "b": 0})]
+    )
+    turn = new_turn()
+    await loop_for(server, http, api, [AddTool()], tool_settings(max_llm_calls=3)).process(turn)
+
+    assert len(server.requests) == 3
+    assert turn.reply == "partial answer"
+    assert turn.notes == ["Stopped early: it reached the limit of 3 model calls."]
+    assert_paired(turn.session)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_tool_call_limit_stops_after_recording_every_result(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    add = AddTool()
+    server.script(FakeReply(text="step", tool_calls=[("add", {"a": i, "b": 0}) for i in range(3)]))
+    turn = new_turn()
+    await loop_for(server, http, api, [add], tool_settings(max_tool_calls=2)).process(turn)
+
+    assert len(add.calls) == 2
+    assert tool_results(turn.session) == ["0", "1", NOT_RUN]
+    assert turn.reply == "step"
+    assert turn.notes == ["Stopped early: it reached the limit of 2 tool calls."]
+    assert_paired(turn.session)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_deadline_stops_the_loop(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> None:
+    clock = FakeClock()
+    server.responder = lambda _api, _body: FakeReply(tool_calls=[("tick", {})])
+    turn = new_turn()
+    system = loop_for(server, http, api, [TickTool(clock)], tool_settings(turn_deadline=600), clock=clock)
+    await system.process(turn)
+
+    assert len(server.requests) == 1
+    assert turn.reply == "I couldn't finish this one."
+    assert turn.notes == ["Stopped early: it ran past the 600 s deadline."]
+    assert_paired(turn.session)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_repeat_guard_refuses_the_third_identical_call(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    add = AddTool()
+    same = FakeReply(tool_calls=[("add", {"b": 2, "a": 1})])
+    reordered = FakeReply(tool_calls=[("add", {"a": 1, "b": 2})])  # same arguments, other key order
+    server.script(same, same, reordered, FakeReply(text="ok"))
+    turn = new_turn()
+    await loop_for(server, http, api, [add]).process(turn)
+
+    assert len(add.calls) == 2
+    results = tool_results(turn.session)
+    assert results[:2] == ["3", "3"]
+    assert results[2].startswith("Error: add was already called 2 times with exactly these arguments")
+    assert turn.reply == "ok"
+
+
+async def test_results_are_capped_head_and_tail(server: FakeLLMServer, http: httpx.AsyncClient) -> None:
+    server.script(FakeReply(tool_calls=[("big", {})]), FakeReply(text="ok"))
+    turn = new_turn()
+    await loop_for(server, http, "openai", [BigTool()], tool_settings(result_max_chars=1000)).process(turn)
+
+    [result] = tool_results(turn.session)
+    assert len(result) <= 1000
+    assert result.startswith("HHH") and result.endswith("TTT")
+    assert "characters cut ...]" in result
+
+
+def test_cap_leaves_short_text_alone() -> None:
+    assert cap("short", 100) == "short"
+    capped = cap("x" * 500, 200)
+    assert len(capped) <= 200 and "cut" in capped
+
+
+# ---- cancellation -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_stop_mid_tool_cancels_the_tool_and_keeps_the_session_valid(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    slow, add = SlowTool(), AddTool()
+    server.script(FakeReply(tool_calls=[("slow", {}), ("add", {"a": 2, "b": 2})]))
+    turn = new_turn()
+    system = loop_for(server, http, api, [slow, add])
+    task = asyncio.create_task(system.process(turn))
+    await asyncio.wait_for(slow.started.wait(), 5)
+
+    task.cancel()  # what /stop does to the turn's task
+    done, _ = await asyncio.wait([task], timeout=1.0)
+    assert done, "the turn did not stop within 1 s"
+    assert task.cancelled()
+    assert slow.cancelled
+    assert tool_results(turn.session) == [CANCELLED, "4"]
+    assert_paired(turn.session)
+
+    # The next turn continues on that history and the provider accepts it (the fake validates pairing).
+    follow_up = new_turn("and now?", session=turn.session)
+    await system.process(follow_up)
+    assert follow_up.reply == "echo: and now?"
+
+
+# ---- context overflow hook --------------------------------------------------------------------------
+
+
+def overflow_reply(api: str) -> FakeReply:
+    message = "This model's maximum context length is 1000 tokens"
+    if api == "anthropic":
+        message = "prompt is too long: 2000 tokens > 1000 maximum"
+        return FakeReply(
+            status=400,
+            error={"type": "error", "error": {"type": "invalid_request_error", "message": message}},
+        )
+    return FakeReply(
+        status=400,
+        error={
+            "error": {"message": message, "type": "invalid_request_error", "code": "context_length_exceeded"}
+        },
+    )
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_overflow_goes_to_the_hook_then_retries(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    seen: list[int] = []
+
+    async def compact(turn: Turn) -> bool:
+        seen.append(len(turn.session.messages))
+        return True
+
+    server.script(overflow_reply(api), FakeReply(text="fits now"))
+    turn = new_turn()
+    await loop_for(server, http, api, [AddTool()], on_overflow=compact).process(turn)
+    assert turn.reply == "fits now"
+    assert seen == [1]
+
+
+async def test_overflow_retries_are_bounded(server: FakeLLMServer, http: httpx.AsyncClient) -> None:
+    calls = 0
+
+    async def compact(turn: Turn) -> bool:
+        nonlocal calls
+        calls += 1
+        return True
+
+    server.responder = lambda api, _body: overflow_reply(api)
+    system = loop_for(server, http, "openai", [AddTool()], on_overflow=compact, max_overflow_retries=2)
+    with pytest.raises(LLMContextOverflow):
+        await system.process(new_turn())
+    assert calls == 2
+    assert len(server.requests) == 3
+
+
+# ---- per-channel tools ------------------------------------------------------------------------------
+
+
+async def test_denied_tool_is_neither_offered_nor_run(server: FakeLLMServer, http: httpx.AsyncClient) -> None:
+    add = AddTool()
+    settings = tool_settings(channel_deny={"test": ["add"]})
+    server.script(FakeReply(tool_calls=[("add", {"a": 1, "b": 1})]), FakeReply(text="ok"))
+    turn = new_turn()
+    await loop_for(server, http, "openai", [add, BigTool()], settings).process(turn)
+
+    assert [t["function"]["name"] for t in server.requests[0].body["tools"]] == ["big"]
+    assert add.calls == []
+    assert tool_results(turn.session)[0].startswith("Error: there is no tool named 'add'")
