@@ -1,0 +1,341 @@
+"""``membot doctor``: check an installation before (or instead of) reading a stack trace.
+
+Each check prints one pass/warn/fail/skip line, and a fix hint when it did not pass. Offline checks: the
+configuration, the workspace and its permissions, models.json, the LLM settings. Online checks (skipped
+with ``--offline``): the LLM endpoint answers its cheap model listing with the configured key, and each
+configured channel token is accepted (Telegram ``getMe``, Discord ``GET /users/@me``). Nothing is sent
+to any chat and no tokens are spent. Exit status 1 when any check failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import httpx
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from bot.catalog import ModelCatalog, load_catalog
+from bot.cli.root import app, console, options
+from bot.config import Settings, load_settings, resolve_config_file
+from bot.errors import ConfigError
+
+Status = Literal["pass", "warn", "fail", "skip"]
+_MARK = {
+    "pass": "[green]✓ pass[/]",
+    "warn": "[yellow]! warn[/]",
+    "fail": "[red]✗ fail[/]",
+    "skip": "[dim]- skip[/]",
+}
+
+OPENAI_API = "https://api.openai.com/v1"
+ANTHROPIC_API = "https://api.anthropic.com"
+ANTHROPIC_VERSION = "2023-06-01"
+TELEGRAM_API = "https://api.telegram.org/bot"
+DISCORD_API = "https://discord.com/api/v10"
+ONLINE_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    hint: str = ""
+
+
+@app.command()
+def doctor(
+    ctx: typer.Context,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Skip the checks that need the network.")
+    ] = False,
+) -> None:
+    """Check config, workspace, models.json and (online) the LLM endpoint and channel tokens."""
+    checks: list[Check] = []
+    settings, check = _config(ctx)
+    checks.append(check)
+    if settings is not None:
+        checks.append(_workspace(settings.workspace))
+        catalog, check = _catalog(settings)
+        checks.append(check)
+        if catalog is not None:
+            llm = _llm_settings(settings, catalog)
+            checks.append(llm)
+            if offline:
+                checks.append(
+                    Check("online", "skip", "--offline: LLM endpoint and channel tokens not checked")
+                )
+            else:
+                checks.extend(asyncio.run(_online(settings, catalog, probe_llm=llm.status == "pass")))
+    failed = _print(checks)
+    raise typer.Exit(1 if failed else 0)
+
+
+def _print(checks: list[Check]) -> int:
+    # A grid keeps wrapped details and hints aligned under their check in an 80-column terminal.
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for c in checks:
+        grid.add_row(Text.from_markup(_MARK[c.status]), c.name, Text(c.detail))
+        if c.hint and c.status in ("warn", "fail"):
+            grid.add_row("", "", Text.assemble(("fix: ", "bold"), c.hint))
+    console.print(grid)
+    failed = sum(c.status == "fail" for c in checks)
+    console.print(
+        f"\n{failed} check(s) failed." if failed else "\nAll checks passed.",
+        style="red" if failed else "green",
+    )
+    return failed
+
+
+# ---- offline ---------------------------------------------------------------------------------------
+
+
+def _config(ctx: typer.Context) -> tuple[Settings | None, Check]:
+    opts = options(ctx)
+    overrides: dict[str, Any] = {}
+    if opts.workspace is not None:
+        overrides["workspace"] = opts.workspace
+    if opts.log_level is not None:
+        overrides["log_level"] = opts.log_level
+    try:
+        source = resolve_config_file(opts.config)
+        settings = load_settings(opts.config, overrides=overrides)
+    except ConfigError as exc:
+        hint = "correct the named setting in the config file or environment (see deploy/membot.example.toml)"
+        return None, Check("config", "fail", str(exc), hint)
+    return settings, Check("config", "pass", f"loaded ({source or 'no config file'}; env and .env applied)")
+
+
+def _workspace(path: Path) -> Check:
+    """The workspace must be a folder this user can write; private (0700) because it holds chats."""
+    name = "workspace"
+    if not path.exists():
+        parent = _existing_parent(path)
+        if parent is not None and os.access(parent, os.W_OK | os.X_OK):
+            return Check(name, "pass", f"{path} does not exist yet; it will be created (0700)")
+        return Check(
+            name,
+            "fail",
+            f"{path} does not exist and {parent or 'its parent'} is not writable",
+            "create it for the service user (mkdir -m 700) or set MEMBOT_WORKSPACE / --workspace",
+        )
+    if not path.is_dir():
+        return Check(name, "fail", f"{path} is not a folder", "point MEMBOT_WORKSPACE at a folder")
+    unwritable = [p for p in (path, path / "sessions", path / "memory") if p.exists() and not _writable(p)]
+    if unwritable:
+        return Check(
+            name,
+            "fail",
+            f"not writable by this user: {', '.join(map(str, unwritable))}",
+            f"chown -R {_user()} {path} (run membot as the workspace's owner)",
+        )
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        return Check(
+            name,
+            "warn",
+            f"{path} is readable by others (mode {mode:o}); membot tightens it to 700 at start",
+            f"chmod -R go-rwx {path}",
+        )
+    return Check(name, "pass", f"{path} (mode {mode:o}, writable)")
+
+
+def _existing_parent(path: Path) -> Path | None:
+    for parent in path.parents:
+        if parent.exists():
+            return parent
+    return None
+
+
+def _writable(path: Path) -> bool:
+    return os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0))
+
+
+def _user() -> str:
+    return os.environ.get("USER") or str(os.getuid())
+
+
+def _catalog(settings: Settings) -> tuple[ModelCatalog | None, Check]:
+    where = str(settings.models_file) if settings.models_file else "packaged models.json"
+    try:
+        catalog = load_catalog(settings.models_file)
+    except ConfigError as exc:
+        return None, Check(
+            "models.json", "fail", str(exc), "fix the file named above, or unset MEMBOT_MODELS_FILE"
+        )
+    return catalog, Check("models.json", "pass", f"{len(catalog.models)} models ({where})")
+
+
+def _llm_settings(settings: Settings, catalog: ModelCatalog) -> Check:
+    from bot.app import check_llm_configured
+
+    try:
+        check_llm_configured(settings, catalog)
+    except ConfigError as exc:
+        first, _, rest = str(exc).partition("\n")
+        hint = (
+            "set MEMBOT_LLM__OPENAI__API_KEY; or MEMBOT_LLM__ANTHROPIC__API_KEY with an Anthropic "
+            "MEMBOT_LLM__MODEL; or MEMBOT_LLM__OPENAI__BASE_URL for a local server such as "
+            "http://localhost:11434/v1 (Ollama)"
+            if rest
+            else "set the setting named above"
+        )
+        return Check("llm settings", "fail", first, hint)
+    known = "" if settings.llm.model in catalog else " (not in the catalog: treated as a local model)"
+    return Check("llm settings", "pass", f"model {settings.llm.model}{known}")
+
+
+# ---- online ----------------------------------------------------------------------------------------
+
+
+async def _online(settings: Settings, catalog: ModelCatalog, *, probe_llm: bool) -> list[Check]:
+    async with httpx.AsyncClient(timeout=ONLINE_TIMEOUT) as http:
+        probes: list[Awaitable[Check]] = [
+            _llm_endpoint(http, settings, provider)
+            for provider in (_providers(settings, catalog) if probe_llm else [])
+        ]
+        probes.append(_telegram(http, settings))
+        probes.append(_discord(http, settings))
+        return list(await asyncio.gather(*probes))
+
+
+def _providers(settings: Settings, catalog: ModelCatalog) -> list[str]:
+    """Every provider the model and its fallbacks use, in order."""
+    seen: list[str] = []
+    for model in [settings.llm.model, *settings.llm.fallback_models]:
+        if model == settings.llm.model and settings.llm.provider:
+            provider: str = settings.llm.provider
+        else:
+            provider = catalog.get(model).provider if model in catalog else settings.llm.provider or "openai"
+        if provider not in seen:
+            seen.append(provider)
+    return seen
+
+
+async def _llm_endpoint(http: httpx.AsyncClient, settings: Settings, provider: str) -> Check:
+    name = f"llm {provider}"
+    if provider == "anthropic":
+        conf = settings.llm.anthropic
+        url = (conf.base_url or ANTHROPIC_API).rstrip("/") + "/v1/models"
+        headers = {"anthropic-version": ANTHROPIC_VERSION}
+        if conf.api_key:
+            headers["x-api-key"] = conf.api_key.get_secret_value()
+        key_setting, url_setting = "MEMBOT_LLM__ANTHROPIC__API_KEY", "MEMBOT_LLM__ANTHROPIC__BASE_URL"
+    else:
+        conf = settings.llm.openai
+        url = (conf.base_url or OPENAI_API).rstrip("/") + "/models"
+        headers = {}
+        if conf.api_key:
+            headers["authorization"] = f"Bearer {conf.api_key.get_secret_value()}"
+        key_setting, url_setting = "MEMBOT_LLM__OPENAI__API_KEY", "MEMBOT_LLM__OPENAI__BASE_URL"
+    return await _probe(
+        http,
+        name,
+        "GET",
+        url,
+        headers,
+        ok=lambda body: f"{_public(url)} answered ({_count_models(body)})",
+        auth_hint=f"the key was rejected: check {key_setting}",
+        reach_hint=f"check {url_setting} and that the server is running and reachable",
+    )
+
+
+def _count_models(body: Any) -> str:
+    data = body.get("data") if isinstance(body, dict) else None
+    return f"{len(data)} models listed" if isinstance(data, list) else "model list received"
+
+
+async def _telegram(http: httpx.AsyncClient, settings: Settings) -> Check:
+    conf = settings.telegram
+    if conf.token is None:
+        return Check("telegram", "skip", "not configured (MEMBOT_TELEGRAM__TOKEN)")
+    base = conf.base_url or TELEGRAM_API
+    url = f"{base}{conf.token.get_secret_value()}/getMe"
+
+    def ok(body: Any) -> str:
+        result = body.get("result") if isinstance(body, dict) else None
+        user = result.get("username") if isinstance(result, dict) else None
+        return f"token accepted (bot @{user})" if user else "token accepted"
+
+    return await _probe(
+        http,
+        "telegram",
+        "GET",
+        url,
+        {},
+        ok=ok,
+        auth_hint="the token was rejected: get it again from @BotFather and set MEMBOT_TELEGRAM__TOKEN",
+        reach_hint="check network access to the Bot API (or MEMBOT_TELEGRAM__BASE_URL)",
+        shown_url=base + "<token>/getMe",
+        auth_statuses=(401, 403, 404),  # the Bot API answers 404 for an unknown token
+    )
+
+
+async def _discord(http: httpx.AsyncClient, settings: Settings) -> Check:
+    conf = settings.discord
+    if conf.token is None:
+        return Check("discord", "skip", "not configured (MEMBOT_DISCORD__TOKEN)")
+    url = (conf.api_base or DISCORD_API).rstrip("/") + "/users/@me"
+
+    def ok(body: Any) -> str:
+        user = body.get("username") if isinstance(body, dict) else None
+        return f"token accepted (bot {user})" if user else "token accepted"
+
+    return await _probe(
+        http,
+        "discord",
+        "GET",
+        url,
+        {"authorization": f"Bot {conf.token.get_secret_value()}"},
+        ok=ok,
+        auth_hint="the token was rejected: reset it in the Developer Portal and set MEMBOT_DISCORD__TOKEN",
+        reach_hint="check network access to discord.com (or MEMBOT_DISCORD__API_BASE)",
+    )
+
+
+async def _probe(
+    http: httpx.AsyncClient,
+    name: str,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    *,
+    ok: Callable[[Any], str],
+    auth_hint: str,
+    reach_hint: str,
+    shown_url: str | None = None,
+    auth_statuses: tuple[int, ...] = (401, 403),
+) -> Check:
+    """One request; every httpx error becomes a fail line (secrets never appear: URLs are shown masked)."""
+    shown = shown_url or _public(url)
+    try:
+        response = await http.request(method, url, headers=headers)
+    except httpx.TimeoutException:
+        return Check(name, "fail", f"{shown}: no answer within {ONLINE_TIMEOUT:g} s", reach_hint)
+    except httpx.HTTPError as exc:
+        return Check(name, "fail", f"{shown}: cannot connect ({type(exc).__name__})", reach_hint)
+    if response.status_code in auth_statuses:
+        return Check(name, "fail", f"{shown}: HTTP {response.status_code}", auth_hint)
+    if response.status_code >= 400:
+        return Check(name, "fail", f"{shown}: HTTP {response.status_code}", reach_hint)
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = None
+    return Check(name, "pass", ok(body))
+
+
+def _public(url: str) -> str:
+    parsed = httpx.URL(url)
+    return str(parsed.copy_with(query=None, fragment=None))

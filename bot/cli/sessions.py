@@ -1,0 +1,297 @@
+"""``membot sessions``: list, show, export and delete conversations on disk.
+
+Reads the workspace directly, so it works while membot is stopped (and read-only commands while it
+runs). ``export`` writes the full transcript: the archived messages that compaction or ``/new`` took
+out of the active session (memory/archive/, see bot/memory/archive.py) followed by the active ones.
+``delete`` removes the session files; the archive and memory items are kept, since memory may still
+refer to them. Stop the service before deleting, or it may write a session it holds in memory again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+from rich import box
+from rich.progress import track
+from rich.table import Table
+
+from bot.cli.root import app, console, err_console, fail, settings_from
+from bot.config import Settings
+from bot.domain import Message, Session
+from bot.sessions import JsonSessionStore, encode_id, glob_escape
+from bot.storage import atomic_write_text
+
+if TYPE_CHECKING:
+    from bot.memory.archive import TranscriptArchive
+
+sessions_app = typer.Typer(help="List, show, export and delete stored conversations.", no_args_is_help=True)
+app.add_typer(sessions_app, name="sessions")
+
+T = TypeVar("T")
+_PROGRESS_FROM = 50  # show a progress bar when reading at least this many files
+
+
+class ExportFormat(StrEnum):
+    json = "json"
+    markdown = "markdown"
+
+
+@dataclass(frozen=True, slots=True)
+class _Summary:
+    id: str
+    messages: int
+    archived: int
+    size: int
+    last_activity: datetime | None
+
+
+# ---- commands --------------------------------------------------------------------------------------
+
+
+@sessions_app.command("list")
+def list_sessions(ctx: typer.Context) -> None:
+    """Every session with its message count, size on disk and last activity (newest first)."""
+    settings = settings_from(ctx)
+    headers = sorted(settings.sessions_dir.glob("*.json")) if settings.sessions_dir.is_dir() else []
+    if not headers:
+        console.print(f"No sessions in {settings.sessions_dir}.")
+        return
+    rows = [
+        summary
+        for path in _progress(headers, "Reading sessions")
+        if (summary := _summarize(path, settings)) is not None
+    ]
+    rows.sort(key=lambda s: s.last_activity.timestamp() if s.last_activity else 0.0, reverse=True)
+    table = Table(
+        box=box.SIMPLE_HEAD, pad_edge=False, title=f"{len(rows)} sessions in {settings.sessions_dir}"
+    )
+    table.add_column("session", overflow="fold", ratio=1)
+    table.add_column("messages", justify="right", no_wrap=True)
+    table.add_column("archived", justify="right", no_wrap=True)
+    table.add_column("size", justify="right", no_wrap=True)
+    table.add_column("last activity (UTC)", no_wrap=True)
+    for s in rows:
+        table.add_row(s.id, str(s.messages), str(s.archived), _size(s.size), _when(s.last_activity))
+    console.print(table)
+
+
+@sessions_app.command()
+def show(
+    ctx: typer.Context,
+    session: Annotated[str, typer.Argument(help="Session id (or a unique prefix), e.g. telegram:12345.")],
+    last: Annotated[int, typer.Option(help="How many of the latest messages to print (0: none).")] = 10,
+) -> None:
+    """A session's details and its latest messages."""
+    settings = settings_from(ctx)
+    loaded = _load(settings, _resolve(settings, session))
+    archived = asyncio.run(_archive(settings).read(loaded.id))
+    table = Table(box=box.SIMPLE, show_header=False, pad_edge=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    usage = loaded.usage
+    for key, value in (
+        ("session", loaded.id),
+        ("state", loaded.state.value),
+        ("created", _when(loaded.created_at)),
+        ("last activity", _when(loaded.updated_at)),
+        ("messages", f"{len(loaded.messages)} active, {len(archived)} archived"),
+        ("compactions", str(loaded.compactions)),
+        ("tokens", f"{usage.input_tokens} in / {usage.output_tokens} out ({usage.calls} calls)"),
+        ("cost", f"${usage.cost_usd:.4f}"),
+        ("metadata", json.dumps(loaded.metadata, ensure_ascii=False) if loaded.metadata else "-"),
+    ):
+        table.add_row(key, value)
+    console.print(table)
+    for message in loaded.messages[-last:] if last > 0 else []:
+        text = message.content if len(message.content) <= 500 else message.content[:500] + " …"
+        console.print(f"[bold]{message.role.value}[/] [dim]{_when(message.timestamp)}[/]", highlight=False)
+        console.print(text or _calls(message), highlight=False, markup=False)
+        console.print()
+
+
+@sessions_app.command()
+def export(
+    ctx: typer.Context,
+    session: Annotated[str, typer.Argument(help="Session id (or a unique prefix).")],
+    format: Annotated[
+        ExportFormat, typer.Option("--format", "-f", help="json or markdown.")
+    ] = ExportFormat.json,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write to this file (0600) instead of stdout.")
+    ] = None,
+) -> None:
+    """The full transcript, archived parts included, as JSON or Markdown."""
+    settings = settings_from(ctx)
+    loaded = _load(settings, _resolve(settings, session))
+    archived = asyncio.run(_archive(settings).read(loaded.id))
+    archived_ids = {m.id for m in archived}
+    active = [m for m in loaded.messages if m.id not in archived_ids]  # archived but still active: once
+    if format is ExportFormat.json:
+        text = _as_json(loaded, archived, active)
+    else:
+        text = _as_markdown(loaded, archived, active)
+    if output is None:
+        console.out(text, highlight=False)
+        return
+    try:
+        atomic_write_text(output.expanduser(), text)
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror}")
+    err_console.print(f"Wrote {len(archived) + len(active)} messages of {loaded.id} to {output}.")
+
+
+@sessions_app.command()
+def delete(
+    ctx: typer.Context,
+    session: Annotated[str, typer.Argument(help="Session id (or a unique prefix).")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete a session's files (stop membot first). The transcript archive and memory are kept."""
+    settings = settings_from(ctx)
+    sid = _resolve(settings, session)
+    if not yes and not typer.confirm(f"Delete session {sid}? This cannot be undone.", default=False):
+        raise typer.Exit(1)
+    removed = asyncio.run(JsonSessionStore(settings.sessions_dir).delete(sid))
+    if not removed:
+        fail(f"session {sid} was already gone")
+    console.print(
+        f"Deleted session {sid}. Its archived transcript (if any) stays in {_archive_dir(settings)}."
+    )
+
+
+# ---- reading ---------------------------------------------------------------------------------------
+
+
+def _archive_dir(settings: Settings) -> Path:
+    return settings.memory_dir / "archive"
+
+
+def _archive(settings: Settings) -> TranscriptArchive:
+    from bot.memory.archive import TranscriptArchive  # the memory layer owns the archive format
+
+    return TranscriptArchive(_archive_dir(settings))
+
+
+def _summarize(header_path: Path, settings: Settings) -> _Summary | None:
+    """Counts from the header's commit point (no need to read the message log)."""
+    try:
+        header = json.loads(header_path.read_bytes())
+        sid = str(header["id"])
+        count = int(header.get("log_count", 0))
+        updated = datetime.fromisoformat(header["updated_at"]) if header.get("updated_at") else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    name = encode_id(sid)
+    size = sum(
+        _file_size(p) for p in header_path.parent.glob(f"{glob_escape(name)}.*") if ".corrupt-" not in p.name
+    )
+    archive = _archive(settings).path_for(sid)
+    archived = 0
+    if archive.is_file():
+        size += _file_size(archive)
+        with archive.open("rb") as f:
+            archived = sum(1 for line in f if line.strip())
+    return _Summary(sid, count, archived, size, updated)
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _resolve(settings: Settings, given: str) -> str:
+    """An exact session id, or the one session whose id starts with ``given``."""
+    store = JsonSessionStore(settings.sessions_dir)
+    if store.header_path(given).is_file():
+        return given
+    ids = asyncio.run(store.list_ids())
+    matches = [sid for sid in ids if sid.startswith(given)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        fail(f"no session {given!r} in {settings.sessions_dir} (see `membot sessions list`)")
+    fail(f"{given!r} matches {len(matches)} sessions: {', '.join(matches[:5])}… — give more of the id")
+
+
+def _load(settings: Settings, sid: str) -> Session:
+    loaded = asyncio.run(JsonSessionStore(settings.sessions_dir).load(sid))
+    if loaded is None:
+        fail(f"session {sid} could not be read (a corrupt file is moved aside; see the log)")
+    return loaded
+
+
+def _progress(items: Sequence[T], label: str, *, threshold: int = _PROGRESS_FROM) -> Iterable[T]:
+    """``items``, with a progress bar on stderr when there are many (stdout stays clean for pipes)."""
+    if len(items) < threshold:
+        return items
+    return track(items, description=label, console=err_console, transient=True)
+
+
+# ---- rendering -------------------------------------------------------------------------------------
+
+
+def _as_json(session: Session, archived: list[Message], active: list[Message]) -> str:
+    data: dict[str, Any] = {
+        "id": session.id,
+        "channel": session.channel,
+        "chat_id": session.chat_id,
+        "state": session.state.value,
+        "created_at": session.created_at.isoformat(),
+        "updated_at": session.updated_at.isoformat(),
+        "metadata": session.metadata,
+        "usage": session.usage.to_dict(),
+        "compactions": session.compactions,
+        "messages": [{**m.to_dict(), "archived": True} for m in archived]
+        + [{**m.to_dict(), "archived": False} for m in active],
+    }
+    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+
+
+def _as_markdown(session: Session, archived: list[Message], active: list[Message]) -> str:
+    lines = [
+        f"# Session {session.id}",
+        "",
+        f"- channel: {session.channel}, chat: {session.chat_id}",
+        f"- created: {_when(session.created_at)} UTC, last activity: {_when(session.updated_at)} UTC",
+        f"- messages: {len(archived)} archived, {len(active)} active",
+        "",
+    ]
+    for title, messages in (("Archived messages", archived), ("Active conversation", active)):
+        if not messages:
+            continue
+        lines += [f"## {title}", ""]
+        for m in _progress(messages, f"Rendering {title.lower()}", threshold=5000):
+            who = m.role.value + (f" ({m.name})" if m.name else "")
+            lines += [f"### {who} · {_when(m.timestamp)}", ""]
+            if m.content:
+                lines += [m.content, ""]
+            if m.tool_calls:
+                lines += ["```", _calls(m), "```", ""]
+    return "\n".join(lines)
+
+
+def _calls(message: Message) -> str:
+    return "\n".join(f"→ {c.name}({c.arguments})" for c in message.tool_calls)
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M") if moment else "-"
+
+
+def _size(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "KB", "MB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GB"
