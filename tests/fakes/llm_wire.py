@@ -1,0 +1,242 @@
+"""What the fake LLM server puts on the wire: scripted replies, JSON bodies and SSE streams.
+
+The shapes follow the real APIs: OpenAI ``chat.completion`` objects and ``chat.completion.chunk`` SSE
+chunks ending in ``data: [DONE]`` (tool-call arguments streamed in fragments keyed by ``index``, usage in a
+last chunk with empty ``choices`` when ``stream_options.include_usage`` is set); Anthropic ``message``
+objects and named events (``message_start``, ``content_block_*``, ``message_delta``, ``message_stop``,
+``ping``, and ``error`` mid-stream with HTTP 200).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+Usage3 = tuple[int, int, int]  # input (including cached), output, cached
+
+
+@dataclass
+class FakeReply:
+    """One scripted answer. Defaults: HTTP 200 with ``text``; usage estimated from the request.
+
+    ``tool_calls``: ``(name, arguments)`` pairs, arguments as a JSON string (sent as-is, may be invalid
+    for OpenAI) or a dict. ``status`` >= 400 sends ``error`` (or the API's standard error body) with
+    ``headers``. ``delay`` waits before answering (cancelled when the client goes away).
+    ``malformed`` sends broken JSON (or a broken SSE chunk when streaming). ``stream_error_after=n``
+    fails a streamed answer after ``n`` text pieces: Anthropic sends an ``error`` event of type
+    ``stream_error``, OpenAI drops the connection. ``usage=(input, output)`` and ``cached_tokens`` set
+    the reported token counts.
+    """
+
+    text: str = ""
+    tool_calls: list[tuple[str, str | dict[str, Any]]] = field(default_factory=list)
+    status: int = 200
+    error: dict[str, Any] | str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    malformed: bool = False
+    stream_error_after: int | None = None
+    stream_error: str = "overloaded_error"
+    usage: tuple[int, int] | None = None
+    cached_tokens: int = 0
+
+
+def tokens(text: str) -> int:
+    """About four characters per token, as the providers' own rule of thumb says."""
+    return max(1, (len(text) + 3) // 4) if text else 0
+
+
+def usage_of(body: dict[str, Any], reply: FakeReply) -> Usage3:
+    """(input, output, cached): the scripted numbers, else an estimate from the request and reply."""
+    if reply.usage is not None:
+        return reply.usage[0], reply.usage[1], reply.cached_tokens
+    prompt = json.dumps([body.get("system", ""), body["messages"], body.get("tools", [])])
+    answer = reply.text + "".join(n + args_text(a) for n, a in reply.tool_calls)
+    return tokens(prompt), max(1, tokens(answer)), reply.cached_tokens
+
+
+def args_text(args: str | dict[str, Any]) -> str:
+    return args if isinstance(args, str) else json.dumps(args)
+
+
+def args_object(args: str | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(args, dict):
+        return args
+    try:
+        value = json.loads(args)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def call_id(api: str) -> str:
+    return ("toolu_" if api == "anthropic" else "call_") + uuid.uuid4().hex[:12]
+
+
+def openai_usage(usage: Usage3) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage[0],
+        "completion_tokens": usage[1],
+        "total_tokens": usage[0] + usage[1],
+        "prompt_tokens_details": {"cached_tokens": usage[2]},
+    }
+
+
+def anthropic_usage(usage: Usage3) -> dict[str, Any]:
+    # Anthropic counts cache reads apart from input_tokens.
+    return {
+        "input_tokens": usage[0] - usage[2],
+        "cache_read_input_tokens": usage[2],
+        "cache_creation_input_tokens": 0,
+        "output_tokens": usage[1],
+    }
+
+
+def openai_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {"id": call_id("openai"), "type": "function", "function": {"name": n, "arguments": args_text(a)}}
+            for n, a in reply.tool_calls
+        ]
+    return {
+        "id": "chatcmpl-" + uuid.uuid4().hex[:8],
+        "object": "chat.completion",
+        "model": body["model"],
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tool_calls else "stop"}
+        ],
+        "usage": openai_usage(usage),
+    }
+
+
+def anthropic_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
+    for name, args in reply.tool_calls:
+        content.append(
+            {"type": "tool_use", "id": call_id("anthropic"), "name": name, "input": args_object(args)}
+        )
+    return {
+        "id": "msg_" + uuid.uuid4().hex[:8],
+        "type": "message",
+        "role": "assistant",
+        "model": body["model"],
+        "content": content,
+        "stop_reason": "tool_use" if reply.tool_calls else "end_turn",
+        "stop_sequence": None,
+        "usage": anthropic_usage(usage),
+    }
+
+
+def pieces(text: str, parts: int = 3) -> list[str]:
+    """Split text into a few deltas, as a model streams it."""
+    if not text:
+        return []
+    size = max(1, -(-len(text) // parts))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+class _Sse:
+    def __init__(self, response: web.StreamResponse) -> None:
+        self._response = response
+
+    async def send(self, data: dict[str, Any] | str, event: str | None = None) -> None:
+        text = data if isinstance(data, str) else json.dumps(data)
+        prefix = f"event: {event}\n" if event else ""
+        await self._response.write(f"{prefix}data: {text}\n\n".encode())
+        await asyncio.sleep(0)  # let the chunks travel separately, as over a real network
+
+
+async def _open(request: web.Request, reply: FakeReply) -> tuple[web.StreamResponse, _Sse]:
+    response = web.StreamResponse(
+        headers={"content-type": "text/event-stream", "cache-control": "no-cache", **reply.headers}
+    )
+    await response.prepare(request)
+    return response, _Sse(response)
+
+
+async def stream_openai(
+    request: web.Request, body: dict[str, Any], reply: FakeReply, usage: Usage3
+) -> web.StreamResponse:
+    response, sse = await _open(request, reply)
+    base = {"id": "chatcmpl-s", "object": "chat.completion.chunk", "model": body["model"]}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    await sse.send(chunk({"role": "assistant", "content": ""}))
+    if reply.malformed:
+        await sse.send('{"choices": [{"delta": ')
+    for i, piece in enumerate(pieces(reply.text)):
+        if reply.stream_error_after is not None and i >= reply.stream_error_after:
+            break
+        await sse.send(chunk({"content": piece}))
+    if reply.stream_error_after is not None:
+        assert request.transport is not None
+        request.transport.close()  # OpenAI has no error event: the connection just drops mid-answer
+        return response
+    for index, (name, args) in enumerate(reply.tool_calls):
+        first = {"index": index, "id": call_id("openai"), "type": "function"}
+        await sse.send(chunk({"tool_calls": [{**first, "function": {"name": name, "arguments": ""}}]}))
+        for part in pieces(args_text(args)):
+            await sse.send(chunk({"tool_calls": [{"index": index, "function": {"arguments": part}}]}))
+    await sse.send(chunk({}, "tool_calls" if reply.tool_calls else "stop"))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        await sse.send({**base, "choices": [], "usage": openai_usage(usage)})
+    await sse.send("[DONE]")
+    await response.write_eof()
+    return response
+
+
+async def stream_anthropic(
+    request: web.Request, body: dict[str, Any], reply: FakeReply, usage: Usage3
+) -> web.StreamResponse:
+    response, sse = await _open(request, reply)
+    start_usage = {**anthropic_usage(usage), "output_tokens": 1}
+    message = {"id": "msg_s", "type": "message", "role": "assistant", "model": body["model"], "content": []}
+    await sse.send({"type": "message_start", "message": {**message, "usage": start_usage}}, "message_start")
+    await sse.send({"type": "ping"}, "ping")
+    if reply.malformed:
+        await sse.send('{"type": "content_block_delta", "delta": ', "content_block_delta")
+    index = 0
+    texts = pieces(reply.text)
+    if texts or reply.stream_error_after is not None:
+        block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+        await sse.send(block, "content_block_start")
+        for i, piece in enumerate([*texts, None]):
+            if reply.stream_error_after is not None and i >= reply.stream_error_after:
+                error = {"type": reply.stream_error, "message": reply.stream_error.replace("_", " ")}
+                await sse.send({"type": "error", "error": error}, "error")
+                await response.write_eof()
+                return response
+            if piece is not None:
+                delta = {"type": "text_delta", "text": piece}
+                await sse.send(
+                    {"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"
+                )
+        await sse.send({"type": "content_block_stop", "index": 0}, "content_block_stop")
+        index = 1
+    for name, args in reply.tool_calls:
+        block = {"type": "tool_use", "id": call_id("anthropic"), "name": name, "input": {}}
+        await sse.send(
+            {"type": "content_block_start", "index": index, "content_block": block}, "content_block_start"
+        )
+        for part in pieces(json.dumps(args_object(args))):
+            delta = {"type": "input_json_delta", "partial_json": part}
+            await sse.send(
+                {"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"
+            )
+        await sse.send({"type": "content_block_stop", "index": index}, "content_block_stop")
+        index += 1
+    delta = {"stop_reason": "tool_use" if reply.tool_calls else "end_turn", "stop_sequence": None}
+    await sse.send(
+        {"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage[1]}}, "message_delta"
+    )
+    await sse.send({"type": "message_stop"}, "message_stop")
+    await response.write_eof()
+    return response
