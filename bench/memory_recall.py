@@ -1,0 +1,173 @@
+"""Recall of membot's memory on a LongMemEval-format dataset, with the official retrieval protocol.
+
+For each question: a fresh memory in a temp dir, the question's haystack imported through the real
+write path (bot.memory.operator.import_sessions: daily notes + heuristic items, sessions at their own
+dates), then one real retrieval with the question at ``question_date``. Returned items map back to
+(session id, turn index) through their references.
+
+    python bench/memory_recall.py [DATA] [--k 10] [--budget TOKENS] [--out ranked.jsonl] [--limit N]
+
+Prints recall_any / recall_all / ndcg_any at 5 and 10, session and turn level, overall and per question
+type, plus the median retrieval latency (cold: first query after import, index build included; warm:
+the same query again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from bot.config import MemorySettings
+from bot.logging import configure_logging
+from bot.memory.importer import parse_date, read_json, sessions_from
+from bot.memory.operator import import_sessions
+from bot.memory.retrieval import ScoredItem
+from bot.memory.service import MemoryService
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "bench" / "longmemeval_s_100.json.gz"
+KS = (5, 10)
+UTC = ZoneInfo("UTC")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2020, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def refs_of(ranked: list[ScoredItem]) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    for scored in ranked:
+        for ref in scored.item.references[:1]:
+            key = (ref.session_id, ref.turn if ref.turn is not None else -1)
+            if key not in out:
+                out.append(key)
+    return out
+
+
+def metrics(ranked: list[Any], gold: set[Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k in KS:
+        top = ranked[:k]
+        hits = [1.0 if r in gold else 0.0 for r in top]
+        out[f"recall_any@{k}"] = float(any(hits))
+        out[f"recall_all@{k}"] = float(gold <= set(top))
+        dcg = sum(h / math.log2(i + 2) for i, h in enumerate(hits))
+        idcg = sum(1 / math.log2(i + 2) for i in range(min(k, len(gold))))
+        out[f"ndcg_any@{k}"] = dcg / idcg if idcg else 0.0
+    return out
+
+
+def gold_of(q: dict[str, Any]) -> tuple[set[str], set[tuple[str, int]]]:
+    sessions: set[str] = set()
+    turns: set[tuple[str, int]] = set()
+    for sid, turns_ in zip(q["haystack_session_ids"], q["haystack_sessions"], strict=True):
+        if "answer" not in sid:
+            continue
+        for i, t in enumerate(turns_):
+            if t.get("role") == "user" and t.get("has_answer"):
+                sessions.add(sid)
+                turns.add((sid, i))
+    return sessions, turns
+
+
+async def run_question(
+    q: dict[str, Any], k: int, budget: int | None, settings: MemorySettings
+) -> tuple[list[tuple[str, int]], float, float]:
+    clock = Clock()
+    with tempfile.TemporaryDirectory(prefix="membot-bench-") as tmp:
+        service = MemoryService(Path(tmp) / "memory", settings, timezone="UTC", clock=clock)
+        await service.start()
+        sessions = sessions_from(q, UTC)
+        if sessions:
+            clock.now = sessions[-1].started
+        await import_sessions(service, sessions)
+        clock.now = parse_date(q["question_date"], UTC)
+        started = time.perf_counter()
+        if budget is None:
+            ranked = await service.search(q["question"], k=k)
+        else:
+            ranked = (await service.pack(q["question"], soft=budget, hard=budget)).items
+        cold = (time.perf_counter() - started) * 1000
+        started = time.perf_counter()
+        await service.search(q["question"], k=k)
+        warm = (time.perf_counter() - started) * 1000
+        await service.close()
+    return refs_of(ranked), cold, warm
+
+
+def table(title: str, rows: dict[str, list[dict[str, float]]]) -> None:
+    names = [f"{m}@{k}" for k in KS for m in ("recall_any", "recall_all", "ndcg_any")]
+    print(f"\n{title}")
+    print(f"{'question type':<28}{'n':>4}  " + "  ".join(f"{n:>13}" for n in names))
+    for group, values in rows.items():
+        means = [statistics.fmean(v[n] for v in values) for n in names]
+        print(f"{group:<28}{len(values):>4}  " + "  ".join(f"{m:>13.3f}" for m in means))
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--k", type=int, default=10, help="how many references to return (1-50)")
+    parser.add_argument("--budget", type=int, default=None, help="score what fits this many tokens instead")
+    parser.add_argument("--out", type=Path, default=None, help="write one JSON line per question")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    args = parser.parse_args()
+    k = max(1, min(50, args.k))
+    configure_logging(level="WARNING", fmt="console")
+    data = read_json(args.data)
+    questions = data if isinstance(data, list) else [data]
+    questions = questions[: args.limit] if args.limit else questions
+    settings = MemorySettings()
+    session_rows: dict[str, list[dict[str, float]]] = defaultdict(list)
+    turn_rows: dict[str, list[dict[str, float]]] = defaultdict(list)
+    cold_ms: list[float] = []
+    warm_ms: list[float] = []
+    turns_per_q: list[int] = []
+    out = args.out.open("w", encoding="utf-8") if args.out else None
+    try:
+        for q in questions:
+            ranked, cold, warm = await run_question(q, k, args.budget, settings)
+            cold_ms.append(cold)
+            warm_ms.append(warm)
+            turns_per_q.append(sum(len(s) for s in q["haystack_sessions"]))
+            if out is not None:
+                refs = [{"session_id": s, "turn": t} for s, t in ranked]
+                out.write(json.dumps({"question_id": q["question_id"], "ranked": refs}) + "\n")
+            gold_sessions, gold_turns = gold_of(q)
+            if q["question_id"].endswith("_abs") or not gold_sessions:
+                continue
+            session_ranked = list(dict.fromkeys(s for s, _ in ranked))
+            for rows, m in (
+                (session_rows, metrics(session_ranked, gold_sessions)),
+                (turn_rows, metrics(ranked, gold_turns)),
+            ):
+                rows[q["question_type"]].append(m)
+                rows["ALL"].append(m)
+    finally:
+        if out is not None:
+            out.close()
+    mode = f"budget {args.budget} tokens" if args.budget else f"top {k}"
+    print(f"{len(questions)} questions, {len(session_rows['ALL'])} scored; returned: {mode}; lexical only")
+    table("SESSION level", dict(sorted(session_rows.items())))
+    table("TURN level", dict(sorted(turn_rows.items())))
+    print(
+        f"\nretrieval latency median: cold {statistics.median(cold_ms):.1f} ms (first query, index build "
+        f"included), warm {statistics.median(warm_ms):.1f} ms; median memory size {statistics.median(turns_per_q):.0f} turns"
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

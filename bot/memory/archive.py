@@ -1,0 +1,63 @@
+"""The transcript archive: every message that leaves an active session, append-only, per session.
+
+Location: ``memory/archive/<encoded session id>.jsonl`` (the session id is encoded as in
+bot/sessions.py, so it cannot escape the folder). It lives under ``memory/`` because memory decides
+when messages retire (consolidation, compaction, /new), and because the operator backs up one folder
+to keep everything the bot knows. Each line: ``{"archived_at", "session_id", "message"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from bot.domain import Message
+from bot.sessions import encode_id
+from bot.storage import append_bytes
+
+ARCHIVED = "archived"  # Message.meta flag: this message is already in the archive
+
+
+class TranscriptArchive:
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._lock = asyncio.Lock()
+
+    def path_for(self, session_id: str) -> Path:
+        return self._dir / f"{encode_id(session_id)}.jsonl"
+
+    async def append(self, session_id: str, messages: Sequence[Message], now: datetime) -> int:
+        """Archive the messages not archived yet; mark them so a second retirement skips them."""
+        fresh = [m for m in messages if not m.meta.get(ARCHIVED)]
+        if not fresh:
+            return 0
+        stamp = now.isoformat()
+        payload = "".join(
+            json.dumps({"archived_at": stamp, "session_id": session_id, "message": m.to_dict()}, ensure_ascii=False)
+            + "\n"
+            for m in fresh
+        ).encode("utf-8")
+        async with self._lock:
+            await asyncio.to_thread(append_bytes, self.path_for(session_id), payload)
+        for message in fresh:
+            message.meta[ARCHIVED] = True
+        return len(fresh)
+
+    async def read(self, session_id: str) -> list[Message]:
+        return await asyncio.to_thread(self._read, session_id)
+
+    def _read(self, session_id: str) -> list[Message]:
+        try:
+            text = self.path_for(session_id).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        out: list[Message] = []
+        for line in text.splitlines():
+            try:
+                out.append(Message.from_dict(json.loads(line)["message"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line after a crash
+        return out

@@ -1,0 +1,217 @@
+"""Consolidation: one LLM call turns retiring messages into a HISTORY entry and an updated MEMORY.md.
+
+Consolidations run one at a time (an asyncio lock is the queue), so two sessions never race on
+MEMORY.md. A deadline covers waiting in the queue and the model call; when it passes, or the model
+fails or answers garbage, a ``[raw-fallback]`` entry keeps the last messages verbatim instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+from zoneinfo import ZoneInfo
+
+import structlog
+
+from bot.domain import Message, Role
+from bot.errors import LLMError
+from bot.llm.types import ChatRequest, ChatResponse
+from bot.memory.history import HistoryLog
+from bot.memory.items import ItemType
+from bot.memory.llm_json import as_text, parse_object
+from bot.memory.longterm import Conflict, LongTermMemory
+
+log = structlog.get_logger(__name__)
+
+MESSAGE_CHARS = 1500
+FIELDS = ("history_entry", "memory_update")
+DURABLE_TYPES = {t.value for t in ItemType} - {ItemType.EPISODE.value}
+
+SYSTEM = (
+    "You are the memory consolidation step of a chat assistant. You read an excerpt of a conversation "
+    "and the assistant's long-term memory file, and answer with one JSON object only, no prose:\n"
+    '{"history_entry": "2-5 sentences: what happened, decisions, open tasks, exact names/numbers",\n'
+    ' "memory_update": "the complete new MEMORY.md (markdown); return it unchanged if nothing durable '
+    'was learned",\n'
+    ' "items": [{"type": "preference|fact|decision|constraint|fix|failure|task_state", "content": "...", '
+    '"confidence": 0.0-1.0}]}\n'
+    "Keep every fact the operator wrote in MEMORY.md unless the conversation shows it is wrong."
+)
+
+
+class ChatModel(Protocol):
+    async def chat(self, request: ChatRequest) -> ChatResponse: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DurableFact:
+    type: ItemType
+    content: str
+    confidence: float
+
+
+@dataclass(slots=True)
+class ConsolidationResult:
+    """What a consolidation did. ``raw_fallback`` is True when the model's summary could not be used."""
+
+    session_id: str
+    archived: int = 0
+    history_entry: str = ""
+    memory_changed: bool = False
+    memory_merged: bool = False  # the operator edited MEMORY.md meanwhile; the change was merged in
+    raw_fallback: bool = False
+    reason: str = ""
+    parse_tier: int = 0
+    facts: list[DurableFact] = field(default_factory=list)
+
+
+def format_messages(messages: Sequence[Message], tz: ZoneInfo) -> str:
+    """``[YYYY-MM-DD HH:MM] USER: …`` / ``ASSISTANT [tools: a, b]: …``; tool results are left out."""
+    lines: list[str] = []
+    for m in messages:
+        if m.role is Role.TOOL or not (m.content or m.tool_calls):
+            continue
+        stamp = m.timestamp.astimezone(tz).strftime("%Y-%m-%d %H:%M")
+        role = m.role.value.upper()
+        if m.tool_calls:
+            role += f" [tools: {', '.join(c.name for c in m.tool_calls)}]"
+        text = m.content if len(m.content) <= MESSAGE_CHARS else m.content[:MESSAGE_CHARS] + "…"
+        lines.append(f"[{stamp}] {role}: {text}")
+    return "\n".join(lines)
+
+
+def build_prompt(memory_text: str, conversation: str, *, max_memory_size: int) -> str:
+    size = len(memory_text.encode("utf-8"))
+    parts = [
+        "## Current MEMORY.md",
+        memory_text.strip() or "(empty)",
+        "",
+        "## Conversation to consolidate",
+        conversation or "(no text messages)",
+    ]
+    if size > max_memory_size:
+        parts += [
+            "",
+            f"MEMORY.md is {size} bytes, over its limit of {max_memory_size}: compress it, merge "
+            "duplicates and prune stale facts so that memory_update fits the limit.",
+        ]
+    return "\n".join(parts)
+
+
+def parse_reply(text: str) -> tuple[str, str | None, list[DurableFact], int] | None:
+    """(history entry, memory update or None, durable facts, parse tier), or None when unusable."""
+    found = parse_object(text, FIELDS)
+    if found is None:
+        return None
+    data, tier = found
+    entry = as_text(data.get("history_entry")).strip()
+    update = data.get("memory_update")
+    memory = as_text(update) if update is not None else None
+    if not entry and memory is None:
+        return None
+    return entry, memory, _facts(data.get("items")), tier
+
+
+def _facts(raw: object) -> list[DurableFact]:
+    out: list[DurableFact] = []
+    if not isinstance(raw, list):
+        return out
+    for entry in raw:
+        if not isinstance(entry, dict):
+            continue
+        kind, content = as_text(entry.get("type")).strip().lower().replace(" ", "_"), as_text(entry.get("content"))
+        if kind not in DURABLE_TYPES or not content.strip():
+            continue
+        try:
+            confidence = min(1.0, max(0.0, float(entry.get("confidence", 0.8))))
+        except (TypeError, ValueError):
+            confidence = 0.8
+        out.append(DurableFact(ItemType(kind), content.strip(), confidence))
+    return out
+
+
+class Consolidator:
+    """Runs consolidations one at a time against the model, HISTORY and MEMORY.md."""
+
+    def __init__(
+        self,
+        llm: ChatModel | None,
+        longterm: LongTermMemory,
+        history: HistoryLog,
+        *,
+        tz: ZoneInfo,
+        clock: Callable[[], datetime],
+        max_memory_size: int,
+        model: str | None = None,
+        max_output_tokens: int = 2048,
+    ) -> None:
+        self._llm = llm
+        self._longterm = longterm
+        self._history = history
+        self._tz = tz
+        self._clock = clock
+        self._max_memory_size = max_memory_size
+        self._model = model
+        self._max_output_tokens = max_output_tokens
+        self._queue = asyncio.Lock()
+        self.last_run: datetime | None = None
+        self.last_result: ConsolidationResult | None = None
+
+    async def run(self, session_id: str, messages: Sequence[Message], *, timeout: float) -> ConsolidationResult:
+        result = ConsolidationResult(session_id)
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            await self._consolidate(result, messages, deadline)
+        except TimeoutError:
+            result.raw_fallback, result.reason = True, f"timed out after {timeout:g} s"
+        except LLMError as exc:
+            result.raw_fallback, result.reason = True, f"{type(exc).__name__}: {exc}"
+        except Conflict as exc:
+            result.raw_fallback, result.reason = True, str(exc)
+        if result.raw_fallback:
+            log.warning("consolidation_fallback", session_id=session_id, reason=result.reason)
+            await self._history.append_raw_fallback(self._clock(), session_id, messages, result.reason)
+        self.last_run, self.last_result = self._clock(), result
+        return result
+
+    async def _consolidate(self, result: ConsolidationResult, messages: Sequence[Message], deadline: float) -> None:
+        if self._llm is None:
+            result.raw_fallback, result.reason = True, "no model configured for consolidation"
+            return
+        async with asyncio.timeout_at(deadline):
+            await self._queue.acquire()
+        try:
+            base = await self._longterm.read()
+            prompt = build_prompt(
+                base.text, format_messages(messages, self._tz), max_memory_size=self._max_memory_size
+            )
+            remaining = max(0.1, deadline - asyncio.get_running_loop().time())
+            request = ChatRequest(
+                messages=(Message(Role.USER, prompt),),
+                system=SYSTEM,
+                model=self._model,
+                max_output_tokens=self._max_output_tokens,
+                temperature=0.2,
+                timeout=remaining,
+            )
+            async with asyncio.timeout_at(deadline):
+                response = await self._llm.chat(request)
+            parsed = parse_reply(response.content)
+            if parsed is None:
+                result.raw_fallback, result.reason = True, "the model's answer held no usable JSON"
+                return
+            entry, memory, facts, tier = parsed
+            result.parse_tier, result.facts = tier, facts
+            now = self._clock()
+            if entry:
+                result.history_entry = entry
+                await self._history.append(now, result.session_id, entry)
+            if memory is not None and memory.strip() and memory.strip() != base.text.strip():
+                text = memory.rstrip("\n") + "\n"
+                _, result.memory_merged = await self._longterm.replace_from(base, text)
+                result.memory_changed = True
+        finally:
+            self._queue.release()

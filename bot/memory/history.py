@@ -1,0 +1,58 @@
+"""HISTORY.md: the consolidated story of past conversations, one dated entry per consolidation.
+
+Each entry goes to ``HISTORY.md`` and to the month file ``HISTORY-YYYY-MM.md`` (small enough to read).
+When the model could not consolidate, a ``[raw-fallback]`` entry keeps the last messages verbatim so
+nothing is lost between the archive and the summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from bot.domain import Message, Role
+from bot.memory.notes import fold
+from bot.storage import append_bytes
+
+RAW_FALLBACK = "[raw-fallback]"
+FALLBACK_MESSAGES = 10
+FALLBACK_CHARS = 200
+
+
+class HistoryLog:
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._lock = asyncio.Lock()  # appends from two consolidations must not interleave
+
+    @property
+    def main_path(self) -> Path:
+        return self._dir / "HISTORY.md"
+
+    def month_path(self, when: datetime) -> Path:
+        return self._dir / f"HISTORY-{when:%Y-%m}.md"
+
+    async def append(self, when: datetime, session_id: str, entry: str) -> None:
+        block = f"## {when.isoformat(timespec='seconds')} — {session_id}\n\n{entry.strip()}\n\n".encode()
+        async with self._lock:
+            for path in (self.main_path, self.month_path(when)):
+                await asyncio.to_thread(append_bytes, path, block)
+
+    async def append_raw_fallback(
+        self, when: datetime, session_id: str, messages: Sequence[Message], reason: str
+    ) -> None:
+        tail = [m for m in messages if m.role in (Role.USER, Role.ASSISTANT) and m.content][-FALLBACK_MESSAGES:]
+        lines = [f"{RAW_FALLBACK} consolidation failed ({fold(reason, 120)}); last messages:"]
+        lines += [f"- {m.role.value.upper()}: {fold(m.content, FALLBACK_CHARS)}" for m in tail]
+        await self.append(when, session_id, "\n".join(lines))
+
+    async def read_tail(self, max_bytes: int = 4000) -> str:
+        return await asyncio.to_thread(self._tail, max_bytes)
+
+    def _tail(self, max_bytes: int) -> str:
+        try:
+            data = self.main_path.read_bytes()
+        except FileNotFoundError:
+            return ""
+        return data[-max_bytes:].decode("utf-8", errors="replace")

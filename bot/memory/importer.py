@@ -1,0 +1,103 @@
+"""Replaying past conversations into memory through the normal write path.
+
+Accepted JSON (optionally gzip'd):
+
+- LongMemEval style: an object, or a list of objects, with parallel ``haystack_session_ids``,
+  ``haystack_dates`` and ``haystack_sessions`` (each a list of ``{"role", "content"}`` turns);
+- plain: ``{"sessions": [...]}`` or a list of sessions, each ``{"id", "date", "turns": [{"role",
+  "content", "timestamp"?}]}``.
+
+Dates may be ISO 8601 or LongMemEval's ``2023/05/30 (Tue) 10:18``; dates without a zone are read in
+the memory time zone. Turns without their own timestamp follow the session date one second apart.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from bot.domain import Message, Role
+from bot.errors import ConfigError
+
+_LME_DATE = re.compile(r"^\s*(\d{4})/(\d{2})/(\d{2})(?:\s*\([A-Za-z]+\))?\s*(\d{1,2}):(\d{2})")
+
+
+@dataclass(frozen=True, slots=True)
+class ImportTurn:
+    index: int
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class ImportSession:
+    id: str
+    started: datetime
+    turns: list[ImportTurn]
+
+
+def parse_date(value: str, tz: ZoneInfo) -> datetime:
+    m = _LME_DATE.match(value)
+    if m:
+        year, month, day, hour, minute = (int(g) for g in m.groups())
+        return datetime(year, month, day, hour, minute, tzinfo=tz)
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError as exc:
+        raise ConfigError(f"cannot read the date {value!r} (use ISO 8601, e.g. 2024-05-30T10:18)") from exc
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=tz)
+
+
+def read_json(path: Path) -> Any:
+    """Load a (possibly gzip'd) JSON file; blocking, call it in a thread."""
+    opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read conversations from {path}: {exc}") from exc
+
+
+def sessions_from(data: Any, tz: ZoneInfo) -> list[ImportSession]:
+    """Every session in ``data`` (either accepted shape), in time order."""
+    out = list(_walk(data, tz))
+    out.sort(key=lambda s: s.started)
+    return out
+
+
+def _walk(data: Any, tz: ZoneInfo) -> Iterator[ImportSession]:
+    if isinstance(data, list):
+        for entry in data:
+            yield from _walk(entry, tz)
+    elif isinstance(data, dict) and "haystack_sessions" in data:
+        ids, dates, sessions = data["haystack_session_ids"], data["haystack_dates"], data["haystack_sessions"]
+        for sid, date, turns in zip(ids, dates, sessions, strict=True):
+            yield _session(str(sid), parse_date(str(date), tz), turns, tz)
+    elif isinstance(data, dict) and "sessions" in data:
+        yield from _walk(data["sessions"], tz)
+    elif isinstance(data, dict) and "turns" in data:
+        date = data.get("date") or data.get("started_at") or data.get("timestamp")
+        if not date:
+            raise ConfigError(f"session {data.get('id')!r} has no date")
+        yield _session(str(data.get("id") or date), parse_date(str(date), tz), data["turns"], tz)
+    else:
+        raise ConfigError("unrecognized conversation format (expected sessions with turns; see membot docs)")
+
+
+def _session(sid: str, started: datetime, turns: list[dict[str, Any]], tz: ZoneInfo) -> ImportSession:
+    out: list[ImportTurn] = []
+    for i, turn in enumerate(turns):
+        role = str(turn.get("role", "")).lower()
+        if role not in ("user", "assistant"):
+            continue
+        stamp = turn.get("timestamp")
+        when = parse_date(str(stamp), tz) if stamp else started + timedelta(seconds=i)
+        message = Message(Role(role), str(turn.get("content") or ""), timestamp=when, id=f"{sid}#{i}")
+        out.append(ImportTurn(i, message))
+    return ImportSession(sid, started, out)

@@ -1,0 +1,203 @@
+"""ItemStore: MemoryItems in JSON-lines files per layer, with dedup, promotion and decay.
+
+Layout under ``items/``: ``episodic/YYYY-MM-DD.jsonl`` (by creation day), ``semantic.jsonl``,
+``procedural.jsonl``. Files are append-only logs of item versions: the last line for an id wins and a
+``deleted`` version is a tombstone. All live items are kept in memory (a few thousand small records), so
+retrieval never touches the disk; ``compact`` rewrites a log atomically when it holds mostly old versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import structlog
+
+from bot.memory.items import Layer, MemoryItem, promoted_layer
+from bot.storage import append_bytes, atomic_write_text, ensure_private_dir
+
+log = structlog.get_logger(__name__)
+
+DECAY_FACTOR = 0.5
+MIN_SALIENCE = 0.05
+
+
+class ItemStore:
+    """The live set of items plus its on-disk logs. Writes are serialized by one lock."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._items: dict[str, MemoryItem] = {}
+        self._by_fingerprint: dict[tuple[Layer, str], str] = {}
+        self._lines: dict[Path, int] = defaultdict(int)
+        self._lock = asyncio.Lock()
+        self.generation = 0  # bumped on every change; retrieval rebuilds its index when it moves
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    def path_for(self, item: MemoryItem) -> Path:
+        if item.layer is Layer.EPISODIC:
+            return self._root / "episodic" / f"{item.created_at.date().isoformat()}.jsonl"
+        return self._root / f"{item.layer.value}.jsonl"
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        loaded, lines = await asyncio.to_thread(self._read_all)
+        self._items = {i.id: i for i in loaded.values() if not i.deleted}
+        self._by_fingerprint = {(i.layer, i.fingerprint): i.id for i in self._items.values()}
+        self._lines = defaultdict(int, lines)
+        self.generation += 1
+
+    def _read_all(self) -> tuple[dict[str, MemoryItem], dict[Path, int]]:
+        ensure_private_dir(self._root)
+        ensure_private_dir(self._root / "episodic")
+        items: dict[str, MemoryItem] = {}
+        lines: dict[Path, int] = {}
+        for path in sorted(self._root.glob("*.jsonl")) + sorted((self._root / "episodic").glob("*.jsonl")):
+            count = 0
+            for raw in path.read_text(encoding="utf-8").splitlines():
+                if not raw.strip():
+                    continue
+                try:
+                    item = MemoryItem.from_dict(json.loads(raw))
+                except (ValueError, KeyError, TypeError):
+                    log.warning("memory_item_unreadable", file=path.name)  # a torn last line
+                    continue
+                items[item.id] = item
+                count += 1
+            lines[path] = count
+        return items, lines
+
+    def items(self, layer: Layer | None = None) -> list[MemoryItem]:
+        return [i for i in self._items.values() if layer is None or i.layer is layer]
+
+    def get(self, item_id: str) -> MemoryItem | None:
+        return self._items.get(item_id)
+
+    def count(self, layer: Layer) -> int:
+        return sum(1 for i in self._items.values() if i.layer is layer)
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    async def add(self, item: MemoryItem) -> MemoryItem:
+        return (await self.add_many([item]))[0]
+
+    async def add_many(self, items: Iterable[MemoryItem]) -> list[MemoryItem]:
+        """Store new items; one that repeats a live item of its layer merges into it instead."""
+        async with self._lock:
+            stored: list[MemoryItem] = []
+            for item in items:
+                existing_id = self._by_fingerprint.get((item.layer, item.fingerprint))
+                existing = self._items.get(existing_id) if existing_id else None
+                stored.append(existing.merged_with(item, item.updated_at) if existing else item)
+                self._remember(stored[-1])
+            await self._append(stored)
+            return stored
+
+    async def put(self, item: MemoryItem) -> MemoryItem:
+        """Write a new version of an item as is (update, touch, tombstone)."""
+        async with self._lock:
+            self._remember(item)
+            await self._append([item])
+            return item
+
+    async def delete(self, item_id: str, now: datetime) -> MemoryItem | None:
+        item = self._items.get(item_id)
+        if item is None:
+            return None
+        await self.put(item.with_changes(deleted=True, updated_at=now))
+        return item
+
+    def touch(self, item_id: str, now: datetime) -> None:
+        """Record use in memory only; the item's next written version carries it to disk."""
+        item = self._items.get(item_id)
+        if item is not None:
+            self._items[item_id] = item.with_changes(last_accessed_at=now)
+
+    def _remember(self, item: MemoryItem) -> None:
+        old = self._items.get(item.id)
+        if old is not None and self._by_fingerprint.get((old.layer, old.fingerprint)) == old.id:
+            del self._by_fingerprint[(old.layer, old.fingerprint)]
+        if item.deleted:
+            self._items.pop(item.id, None)
+        else:
+            self._items[item.id] = item
+            self._by_fingerprint[(item.layer, item.fingerprint)] = item.id
+        self.generation += 1
+
+    async def _append(self, items: list[MemoryItem]) -> None:
+        groups: dict[Path, list[str]] = defaultdict(list)
+        for item in items:
+            groups[self.path_for(item)].append(json.dumps(item.to_dict(), ensure_ascii=False))
+        for path, lines in groups.items():
+            payload = ("\n".join(lines) + "\n").encode("utf-8")
+            await asyncio.to_thread(append_bytes, path, payload)
+            self._lines[path] += len(lines)
+
+    # -- lifecycle of items -----------------------------------------------------------------------
+
+    async def promote(self, now: datetime, threshold: float) -> list[MemoryItem]:
+        """Copy confident episodic items into their durable layer; the episodic item remembers the copy."""
+        promoted: list[MemoryItem] = []
+        for item in self.items(Layer.EPISODIC):
+            target = promoted_layer(item.type)
+            if target is None or item.promoted_to or item.confidence < threshold:
+                continue
+            copy = MemoryItem(
+                layer=target,
+                type=item.type,
+                title=item.title,
+                content=item.content,
+                tags=item.tags,
+                source="promotion",
+                confidence=item.confidence,
+                salience=max(item.salience, 0.6),
+                created_at=item.created_at,
+                updated_at=now,
+                last_accessed_at=now,
+                references=item.references,
+            )
+            durable = await self.add(copy)
+            await self.put(item.with_changes(promoted_to=durable.id, updated_at=now))
+            promoted.append(durable)
+        return promoted
+
+    async def decay(self, now: datetime, days: int) -> int:
+        """Halve the salience of episodic items nobody used for ``days``; nothing is deleted.
+
+        Promoted items are left alone (their durable copy carries on), and the transcript archive and
+        daily notes keep the full record, so decay only changes ranking.
+        """
+        stale = now - timedelta(days=days)
+        changed = 0
+        for item in self.items(Layer.EPISODIC):
+            if item.promoted_to or item.last_accessed_at > stale or item.salience <= MIN_SALIENCE:
+                continue
+            faded = max(MIN_SALIENCE, item.salience * DECAY_FACTOR)
+            await self.put(item.with_changes(salience=faded, updated_at=now, last_accessed_at=now))
+            changed += 1
+        return changed
+
+    async def compact(self) -> int:
+        """Rewrite logs holding at least twice as many lines as live items; return files rewritten."""
+        async with self._lock:
+            live: dict[Path, list[MemoryItem]] = defaultdict(list)
+            for item in self._items.values():
+                live[self.path_for(item)].append(item)
+            rewritten = 0
+            for path, count in list(self._lines.items()):
+                keep = live.get(path, [])
+                if count < 8 or count < 2 * len(keep):
+                    continue
+                text = "".join(json.dumps(i.to_dict(), ensure_ascii=False) + "\n" for i in keep)
+                await asyncio.to_thread(atomic_write_text, path, text)
+                self._lines[path] = len(keep)
+                rewritten += 1
+            return rewritten

@@ -1,0 +1,169 @@
+"""MemoryItem: one typed, referenced piece of structured memory, and the vocabulary around it.
+
+Items are small frozen values. Every change (merge, promotion, decay, access) produces a new version
+with the same id; the store keeps the newest version. ``references`` name the session and messages an
+item came from and are carried through every step, so any item can be traced back to its transcript.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from bot.domain import new_id
+
+
+class Layer(StrEnum):
+    EPISODIC = "episodic"  # what happened, per day; decays
+    SEMANTIC = "semantic"  # durable facts, preferences, decisions, constraints
+    PROCEDURAL = "procedural"  # how to do things: fixes, failures, command results
+
+
+class ItemType(StrEnum):
+    DECISION = "decision"
+    CONSTRAINT = "constraint"
+    FAILURE = "failure"
+    FIX = "fix"
+    PREFERENCE = "preference"
+    FACT = "fact"
+    TASK_STATE = "task_state"
+    COMMAND_RESULT = "command_result"
+    EPISODE = "episode"  # a plain record of what was said
+
+
+PROCEDURAL_TYPES = frozenset({ItemType.FAILURE, ItemType.FIX, ItemType.COMMAND_RESULT})
+
+
+def promoted_layer(item_type: ItemType) -> Layer | None:
+    """Where a confident episodic item of this type goes when promoted (``None``: it stays episodic)."""
+    if item_type in (ItemType.EPISODE, ItemType.TASK_STATE):
+        return None
+    return Layer.PROCEDURAL if item_type in PROCEDURAL_TYPES else Layer.SEMANTIC
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """Where an item came from: a session, one of its messages, and (for imports) the turn index."""
+
+    session_id: str
+    message_id: str = ""
+    turn: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"session_id": self.session_id, "message_id": self.message_id}
+        if self.turn is not None:
+            data["turn"] = self.turn
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Reference:
+        turn = data.get("turn")
+        return cls(str(data["session_id"]), str(data.get("message_id") or ""), int(turn) if turn is not None else None)
+
+
+_SPACE = re.compile(r"\s+")
+
+
+def normalize(text: str) -> str:
+    return _SPACE.sub(" ", text).strip().lower()
+
+
+def fingerprint(item_type: ItemType, content: str) -> str:
+    """Identity of what an item says: same type and same normalized content means the same memory."""
+    return hashlib.sha256(f"{item_type.value}\n{normalize(content)}".encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryItem:
+    """One memory. Build new ones with keyword arguments; change them with :meth:`with_changes`."""
+
+    layer: Layer
+    type: ItemType
+    title: str
+    content: str
+    created_at: datetime
+    updated_at: datetime
+    last_accessed_at: datetime
+    source: str = "heuristic"  # heuristic | consolidation | tool | import | promotion
+    tags: tuple[str, ...] = ()
+    confidence: float = 0.5
+    salience: float = 0.5
+    references: tuple[Reference, ...] = ()
+    id: str = field(default_factory=new_id)
+    fingerprint: str = ""
+    promoted_to: str | None = None  # id of the semantic/procedural copy, once promoted
+    deleted: bool = False  # a tombstone: the item was forgotten
+
+    def __post_init__(self) -> None:
+        if not self.fingerprint:
+            object.__setattr__(self, "fingerprint", fingerprint(self.type, self.content))
+
+    def with_changes(self, **changes: Any) -> MemoryItem:
+        """A new version of this item; the fingerprint follows a change of type or content."""
+        updated = replace(self, **changes)
+        if "content" in changes or "type" in changes:
+            updated = replace(updated, fingerprint=fingerprint(updated.type, updated.content))
+        return updated
+
+    def merged_with(self, other: MemoryItem, now: datetime) -> MemoryItem:
+        """The duplicate ``other`` folded into this item: references joined, the stronger signals kept."""
+        refs = self.references + tuple(r for r in other.references if r not in self.references)
+        tags = self.tags + tuple(t for t in other.tags if t not in self.tags)
+        return replace(
+            self,
+            references=refs,
+            tags=tags,
+            confidence=max(self.confidence, other.confidence),
+            salience=min(1.0, max(self.salience, other.salience) + 0.05),
+            updated_at=max(self.updated_at, now),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "layer": self.layer.value,
+            "type": self.type.value,
+            "title": self.title,
+            "content": self.content,
+            "tags": list(self.tags),
+            "source": self.source,
+            "confidence": round(self.confidence, 4),
+            "salience": round(self.salience, 4),
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+            "last_accessed_at": self.last_accessed_at.isoformat(),
+            "references": [r.to_dict() for r in self.references],
+            "fingerprint": self.fingerprint,
+            "promoted_to": self.promoted_to,
+            "deleted": self.deleted,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryItem:
+        return cls(
+            id=str(data["id"]),
+            layer=Layer(data["layer"]),
+            type=ItemType(data["type"]),
+            title=str(data.get("title") or ""),
+            content=str(data.get("content") or ""),
+            tags=tuple(str(t) for t in data.get("tags") or ()),
+            source=str(data.get("source") or "heuristic"),
+            confidence=float(data.get("confidence", 0.5)),
+            salience=float(data.get("salience", 0.5)),
+            created_at=datetime.fromisoformat(data["created_at"]),
+            updated_at=datetime.fromisoformat(data["updated_at"]),
+            last_accessed_at=datetime.fromisoformat(data.get("last_accessed_at") or data["updated_at"]),
+            references=tuple(Reference.from_dict(r) for r in data.get("references") or ()),
+            fingerprint=str(data.get("fingerprint") or ""),
+            promoted_to=data.get("promoted_to"),
+            deleted=bool(data.get("deleted", False)),
+        )
+
+
+def make_title(content: str, limit: int = 60) -> str:
+    flat = _SPACE.sub(" ", content).strip()
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"

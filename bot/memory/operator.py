@@ -1,0 +1,123 @@
+"""What the ``membot memory`` commands do, as plain async functions the CLI calls.
+
+- ``show``   → :func:`render_for_session`: the system prompt the model would see for a session;
+- ``edit``   → :func:`memory_file`: the MEMORY.md path to open in ``$EDITOR`` (edits are picked up live);
+- ``search`` → :func:`search`; ``stats`` → :func:`stats`; ``import`` → :func:`import_conversations`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.domain import Message, Role
+from bot.memory.importer import ImportSession, read_json, sessions_from
+from bot.memory.items import Layer
+from bot.memory.prompt import system_prompt
+from bot.memory.retrieval import ScoredItem
+from bot.memory.service import Exchange, MemoryService
+
+Progress = Callable[[int, int], None]  # (sessions done, sessions total)
+
+
+async def render_for_session(
+    service: MemoryService, base_prompt: str, history: Sequence[Message] = (), query: str | None = None
+) -> str:
+    """The system prompt for the next turn: ``query`` defaults to the last user message in ``history``."""
+    if query is None:
+        query = next((m.content for m in reversed(history) if m.role is Role.USER), "")
+    context = await service.context(query)
+    return system_prompt(base_prompt, context.text)
+
+
+def memory_file(service: MemoryService) -> Path:
+    return service.longterm.path
+
+
+async def search(service: MemoryService, query: str, *, k: int = 10) -> list[ScoredItem]:
+    return await service.search(query, k=k)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStats:
+    memory_md_bytes: int
+    history_bytes: int
+    today_notes: int
+    items: dict[str, int]
+    archived_sessions: int
+    last_consolidation: str | None
+    last_consolidation_fallback: bool | None
+    pending_consolidations: int
+
+
+async def stats(service: MemoryService) -> MemoryStats:
+    snap = await service.longterm.read()
+    today = await service.notes.read_day(service.notes.local(service.now()).date(), max_lines=100_000)
+
+    def sizes() -> tuple[int, int]:
+        history = service.history.main_path
+        archived = len(list((service.root / "archive").glob("*.jsonl")))
+        return (history.stat().st_size if history.exists() else 0), archived
+
+    history_bytes, archived = await asyncio.to_thread(sizes)
+    last = service.consolidator.last_result
+    return MemoryStats(
+        memory_md_bytes=len(snap.text.encode("utf-8")),
+        history_bytes=history_bytes,
+        today_notes=len(today),
+        items={layer.value: service.items.count(layer) for layer in Layer},
+        archived_sessions=archived,
+        last_consolidation=service.consolidator.last_run.isoformat() if service.consolidator.last_run else None,
+        last_consolidation_fallback=last.raw_fallback if last else None,
+        pending_consolidations=service.pending_consolidations,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ImportReport:
+    sessions: int
+    turns: int
+    items: int
+
+
+async def import_conversations(
+    service: MemoryService, path: Path, *, progress: Progress | None = None
+) -> ImportReport:
+    """Replay the conversations in ``path`` through the normal write path (notes + items)."""
+    data = await asyncio.to_thread(read_json, path)
+    sessions = sessions_from(data, service.tz)
+    return await import_sessions(service, sessions, progress=progress)
+
+
+async def import_sessions(
+    service: MemoryService, sessions: Sequence[ImportSession], *, progress: Progress | None = None
+) -> ImportReport:
+    turns = items = 0
+    for done, session in enumerate(sessions, start=1):
+        exchanges = list(exchanges_of(session))
+        items += len(await service.record_exchanges(exchanges))
+        turns += len(session.turns)
+        if progress is not None:
+            progress(done, len(sessions))
+    return ImportReport(len(sessions), turns, items)
+
+
+def exchanges_of(session: ImportSession) -> list[Exchange]:
+    """Pair each user turn with the assistant turn that answers it; unpaired turns stand alone."""
+    out: list[Exchange] = []
+    pending: tuple[Message, int] | None = None
+    for turn in session.turns:
+        if turn.message.role is Role.USER:
+            if pending is not None:
+                out.append(Exchange(session.id, pending[0], None, pending[1]))
+            pending = (turn.message, turn.index)
+        elif pending is not None:
+            out.append(Exchange(session.id, pending[0], turn.message, pending[1], turn.index))
+            pending = None
+        else:
+            out.append(Exchange(session.id, None, turn.message, None, turn.index))
+    if pending is not None:
+        out.append(Exchange(session.id, pending[0], None, pending[1]))
+    return out

@@ -1,0 +1,56 @@
+"""The memory section of the system prompt, and the rules for what is left out.
+
+Order under ``# Memory``: ``## Long-term Memory`` (MEMORY.md, capped with a visible notice), the
+retrieved pack (``## Relevant Memory``), ``## Today's Notes``, then ``## Recent Context`` with one
+``### YYYY-MM-DD`` block per day — the legacy text context, shown only when the pack is empty. Empty
+sections are omitted, and so is the ``# Memory`` header when every section is empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import date
+
+
+def cap_bytes(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` cut to at most ``limit`` UTF-8 bytes at a line (or character) boundary."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text, False
+    head = data[:limit].decode("utf-8", errors="ignore")
+    cut = head.rfind("\n")
+    return (head[:cut] if cut > limit // 2 else head), True
+
+
+def long_term_section(text: str, limit: int) -> str:
+    body = text.strip()
+    if not body:
+        return ""
+    shown, truncated = cap_bytes(body, limit)
+    section = f"## Long-term Memory\n{shown.rstrip()}"
+    if truncated:
+        size = len(body.encode("utf-8"))
+        section += (
+            f"\n\n[… MEMORY.md truncated: showing {len(shown.encode('utf-8'))} of {size} bytes; "
+            "the rest is on disk and can be searched with the memory tool.]"
+        )
+    return section
+
+
+def today_section(lines: Sequence[str]) -> str:
+    return "## Today's Notes\n" + "\n".join(lines) if lines else ""
+
+
+def recent_section(days: Sequence[tuple[date, Sequence[str]]]) -> str:
+    blocks = [f"### {day.isoformat()}\n" + "\n".join(lines) for day, lines in days if lines]
+    return "## Recent Context\n\n" + "\n\n".join(blocks) if blocks else ""
+
+
+def render_memory(*, long_term: str, pack: str, today: str, recent: str) -> str:
+    """Join the non-empty sections under ``# Memory``; ``""`` when there is nothing to say."""
+    sections = [s for s in (long_term, pack, today, "" if pack else recent) if s.strip()]
+    return "# Memory\n\n" + "\n\n".join(sections) if sections else ""
+
+
+def system_prompt(base: str, memory: str) -> str:
+    return f"{base.rstrip()}\n\n{memory}" if memory else base.rstrip()

@@ -1,0 +1,172 @@
+"""Retrieval: rank memory items for a query by BM25 plus recency, salience, confidence and type.
+
+The lexical signal is Okapi BM25 (rank-bm25) over lower-cased ``[a-z0-9]+`` tokens without English
+stop words. It is normalized to 0..1 per query and blended with the other signals, so relevance leads
+and the rest break ties: a recent, salient preference beats an old chat line that says the same words.
+An optional embedding similarity (see embeddings.py) is fused with the lexical score.
+
+The index is rebuilt lazily when the item store changes (its ``generation`` moves), and token lists
+are cached per item version, so a rebuild re-tokenizes only new items.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from rank_bm25 import BM25Okapi
+
+from bot.memory.items import ItemType, Layer, MemoryItem
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+STOPWORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before being below
+    between both but by can could did do does doing down during each few for from further had has have having
+    he her here hers herself him himself his how i if in into is it its itself just me more most my myself no
+    nor not now of off on once only or other our ours ourselves out over own same she should so some such than
+    that the their theirs them themselves then there these they this those through to too under until up very
+    was we were what when where which while who whom why will with would you your yours yourself yourselves
+    s t d ll m re ve also get got im ive id dont let lets can cant could would""".split()
+)
+
+TYPE_WEIGHT: Mapping[ItemType, float] = {
+    ItemType.PREFERENCE: 1.0,
+    ItemType.CONSTRAINT: 1.0,
+    ItemType.DECISION: 0.9,
+    ItemType.FACT: 0.9,
+    ItemType.FIX: 0.8,
+    ItemType.FAILURE: 0.6,
+    ItemType.TASK_STATE: 0.7,
+    ItemType.COMMAND_RESULT: 0.5,
+    ItemType.EPISODE: 0.4,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """How the signals blend. Lexical relevance dominates; the others order near-ties."""
+
+    lexical: float = 0.75
+    recency: float = 0.08
+    salience: float = 0.07
+    confidence: float = 0.04
+    type: float = 0.06
+    recency_half_life_days: float = 30.0
+    embedding_share: float = 0.5  # of the relevance signal, when embeddings are on
+
+
+def tokenize(text: str) -> list[str]:
+    return [t for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS]
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredItem:
+    item: MemoryItem
+    score: float
+    lexical: float
+    semantic: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+class LexicalIndex:
+    """BM25 over a fixed list of items; cheap to query, rebuilt when the item set changes."""
+
+    def __init__(self, items: Sequence[MemoryItem], token_cache: dict[tuple[str, str], list[str]]) -> None:
+        self.items = list(items)
+        corpus = []
+        for item in self.items:
+            key = (item.id, item.fingerprint)
+            tokens = token_cache.get(key)
+            if tokens is None:
+                tokens = token_cache[key] = tokenize(f"{item.title} {item.content} {' '.join(item.tags)}")
+            corpus.append(tokens or ["\x00"])  # BM25Okapi divides by average length; never empty
+        self._bm25 = BM25Okapi(corpus) if corpus else None
+
+    def scores(self, query_tokens: Sequence[str]) -> list[float]:
+        if self._bm25 is None or not query_tokens:
+            return [0.0] * len(self.items)
+        return [float(s) for s in self._bm25.get_scores(list(dict.fromkeys(query_tokens)))]
+
+
+class Retriever:
+    """Ranks items: build once per item-set generation, query many times."""
+
+    def __init__(self, weights: Weights | None = None) -> None:
+        self.weights = weights or Weights()
+        self._token_cache: dict[tuple[str, str], list[str]] = {}
+        self._index: LexicalIndex | None = None
+        self._generation = -1
+
+    def refresh(self, items: Sequence[MemoryItem], generation: int) -> LexicalIndex:
+        if self._index is None or generation != self._generation:
+            live = {(i.id, i.fingerprint) for i in items}
+            if len(self._token_cache) > 2 * len(live) + 1024:
+                self._token_cache = {k: v for k, v in self._token_cache.items() if k in live}
+            self._index = LexicalIndex(items, self._token_cache)
+            self._generation = generation
+        return self._index
+
+    def rank(
+        self,
+        index: LexicalIndex,
+        query: str,
+        now: datetime,
+        *,
+        similarities: Mapping[str, float] | None = None,
+    ) -> list[ScoredItem]:
+        """Every item with some relevance to ``query``, best first."""
+        w = self.weights
+        lexical = index.scores(tokenize(query))
+        top = max(lexical, default=0.0)
+        out: list[ScoredItem] = []
+        for item, raw in zip(index.items, lexical, strict=True):
+            lex = raw / top if top > 0 else 0.0
+            sim = max(0.0, similarities.get(item.id, 0.0)) if similarities else 0.0
+            relevance = (1 - w.embedding_share) * lex + w.embedding_share * sim if similarities else lex
+            if relevance <= 0.0:
+                continue
+            age_days = max(0.0, (now - item.created_at).total_seconds() / 86400)
+            parts = {
+                "lexical": w.lexical * relevance,
+                "recency": w.recency * math.exp(-math.log(2) * age_days / w.recency_half_life_days),
+                "salience": w.salience * item.salience,
+                "confidence": w.confidence * item.confidence,
+                "type": w.type * TYPE_WEIGHT.get(item.type, 0.5),
+            }
+            out.append(ScoredItem(item, sum(parts.values()), lex, sim, parts))
+        out.sort(key=lambda s: s.score, reverse=True)
+        return out
+
+
+def primary_reference(item: MemoryItem) -> tuple[str, str] | None:
+    if not item.references:
+        return None
+    ref = item.references[0]
+    return ref.session_id, ref.message_id or str(ref.turn)
+
+
+def diversify(ranked: Iterable[ScoredItem]) -> Iterable[ScoredItem]:
+    """Drop items whose source message already produced a better-ranked item (one hit per message)."""
+    seen: set[tuple[str, str]] = set()
+    for scored in ranked:
+        key = primary_reference(scored.item)
+        if key is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        yield scored
+
+
+def top_per_layer(ranked: Iterable[ScoredItem], limits: Mapping[Layer, int]) -> list[ScoredItem]:
+    """Keep the best ``limits[layer]`` items of each layer, in overall rank order."""
+    counts: dict[Layer, int] = dict.fromkeys(limits, 0)
+    chosen: list[ScoredItem] = []
+    for scored in ranked:
+        layer = scored.item.layer
+        if counts.get(layer, 0) < limits.get(layer, 0):
+            counts[layer] += 1
+            chosen.append(scored)
+    return chosen

@@ -1,0 +1,301 @@
+"""MemoryService: the one object the rest of membot talks to about memory.
+
+It owns the parts under ``memory/`` (MEMORY.md, daily notes, HISTORY, the transcript archive, the
+item layers) and offers three paths:
+
+1. write — :meth:`record_exchanges` after each answered turn (notes + heuristic items) and on import;
+2. retire — :meth:`retire` archives messages that leave a session and consolidates them in the
+   background; :meth:`consolidate` does the same awaited, for compaction and ``/new``;
+3. read — :meth:`context` builds the ``# Memory`` prompt section, :meth:`search` ranks items.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import structlog
+
+from bot.config import MemorySettings
+from bot.domain import Message, Role, utcnow
+from bot.memory.archive import TranscriptArchive
+from bot.memory.consolidation import ChatModel, ConsolidationResult, Consolidator
+from bot.memory.embeddings import Embedder, EmbeddingCache
+from bot.memory.extract import Utterance, extract
+from bot.memory.history import HistoryLog
+from bot.memory.item_store import ItemStore
+from bot.memory.items import Layer, MemoryItem, Reference, make_title
+from bot.memory.longterm import LongTermMemory
+from bot.memory.notes import DailyNotes, note_line
+from bot.memory.pack import MemoryPack, PackDiagnostics, TokenCounter, estimate_tokens, render_pack
+from bot.memory.prompt import long_term_section, recent_section, render_memory, today_section
+from bot.memory.retrieval import Retriever, ScoredItem, diversify, top_per_layer
+from bot.storage import append_bytes, ensure_private_dir, fix_private_tree
+
+log = structlog.get_logger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One answered turn to remember: the user's message and the reply, with where they came from.
+
+    ``user_turn`` / ``assistant_turn`` are positions in the source conversation (imports), so that
+    every item can be traced back to its turn.
+    """
+
+    session_id: str
+    user: Message | None
+    assistant: Message | None
+    user_turn: int | None = None
+    assistant_turn: int | None = None
+
+
+@dataclass(slots=True)
+class MemoryContext:
+    text: str
+    pack: MemoryPack
+    diagnostics: dict[str, object] = field(default_factory=dict)
+
+
+class MemoryService:
+    """The memory facade. Build it in bot/app.py, ``await start()``, and ``await close()`` on shutdown."""
+
+    def __init__(
+        self,
+        root: Path,
+        settings: MemorySettings,
+        *,
+        timezone: str = "UTC",
+        llm: ChatModel | None = None,
+        consolidation_model: str | None = None,
+        clock: Clock = utcnow,
+        count_tokens: TokenCounter = estimate_tokens,
+        embedder: Embedder | None = None,
+    ) -> None:
+        self.settings = settings
+        self.root = root
+        self.tz = ZoneInfo(settings.timezone or timezone)
+        self._clock = clock
+        self._count = count_tokens
+        self.longterm = LongTermMemory(root / "MEMORY.md")
+        self.notes = DailyNotes(root, self.tz)
+        self.history = HistoryLog(root)
+        self.archive = TranscriptArchive(root / "archive")
+        self.items = ItemStore(root / "items")
+        self.retriever = Retriever()
+        self.embeddings = EmbeddingCache(embedder) if embedder is not None else None
+        self.consolidator = Consolidator(
+            llm,
+            self.longterm,
+            self.history,
+            tz=self.tz,
+            clock=clock,
+            max_memory_size=settings.max_memory_size,
+            model=consolidation_model,
+        )
+        self._tasks: set[asyncio.Task[ConsolidationResult]] = set()
+        self.last_diagnostics: dict[str, dict[str, object]] = {}
+
+    def now(self) -> datetime:
+        return self._clock()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create ``memory/`` (0700), tighten file modes to 0600, and load the item layers."""
+        fixed = await asyncio.to_thread(self._prepare)
+        if fixed:
+            log.warning("memory_permissions_fixed", count=fixed, root=str(self.root))
+        await self.items.load()
+
+    def _prepare(self) -> int:
+        for folder in (self.root, self.root / "archive", self.root / "items", self.root / "items" / "episodic"):
+            ensure_private_dir(folder)
+        return fix_private_tree(self.root)
+
+    async def close(self) -> None:
+        """Wait for background consolidations; each has its own deadline, so this ends."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def drain(self) -> None:
+        await self.close()
+
+    # -- write path -------------------------------------------------------------------------------
+
+    async def record_exchanges(self, exchanges: Sequence[Exchange]) -> list[MemoryItem]:
+        """Daily-note lines and heuristic items for answered turns (batched: one write per file)."""
+        note_lines: dict[Path, list[str]] = {}
+        utterances: list[Utterance] = []
+        for ex in exchanges:
+            if ex.user is not None and ex.assistant is not None:
+                when = self.notes.local(ex.assistant.timestamp)
+                line = note_line(when, ex.user.content, ex.assistant.content)
+                note_lines.setdefault(self.notes.path_for(when.date()), []).append(line)
+            for msg, turn in ((ex.user, ex.user_turn), (ex.assistant, ex.assistant_turn)):
+                if msg is not None and msg.content.strip():
+                    ref = Reference(ex.session_id, msg.id, turn)
+                    utterances.append(Utterance(msg.role.value, msg.content, msg.timestamp, ref))
+        for path, lines in note_lines.items():
+            await asyncio.to_thread(append_bytes, path, ("\n".join(lines) + "\n").encode("utf-8"))
+        stored = await self.items.add_many(extract(utterances))
+        await self._promote(stored)
+        return stored
+
+    async def _promote(self, candidates: Sequence[MemoryItem]) -> None:
+        threshold = self.settings.promotion_confidence
+        if any(i.layer is Layer.EPISODIC and i.confidence >= threshold for i in candidates):
+            await self.items.promote(self.now(), threshold)
+
+    async def maintain(self) -> dict[str, int]:
+        """Promotion, decay and log compaction; cheap enough to run after every consolidation."""
+        now = self.now()
+        promoted = await self.items.promote(now, self.settings.promotion_confidence)
+        decayed = await self.items.decay(now, self.settings.decay_days)
+        compacted = await self.items.compact()
+        return {"promoted": len(promoted), "decayed": decayed, "compacted": compacted}
+
+    # -- retire path ------------------------------------------------------------------------------
+
+    async def archive_messages(self, session_id: str, messages: Sequence[Message]) -> int:
+        return await self.archive.append(session_id, messages, self.now())
+
+    async def consolidate(
+        self, session_id: str, messages_to_retire: Sequence[Message], *, timeout: float | None = None
+    ) -> ConsolidationResult:
+        """Archive, then consolidate ``messages_to_retire`` into HISTORY/MEMORY.md; awaited.
+
+        Used by compaction and ``/new``. On timeout or failure a raw-fallback entry is written and
+        ``result.raw_fallback`` is True; the caller may drop the messages from the session either way.
+        """
+        archived = await self.archive_messages(session_id, messages_to_retire)
+        wait = self.settings.consolidation_timeout if timeout is None else timeout
+        result = await self.consolidator.run(session_id, messages_to_retire, timeout=wait)
+        result.archived = archived
+        await self._store_facts(session_id, messages_to_retire, result)
+        return result
+
+    def consolidate_in_background(
+        self, session_id: str, messages_to_retire: Sequence[Message]
+    ) -> asyncio.Task[ConsolidationResult]:
+        """Start :meth:`consolidate` without waiting; :meth:`close` waits for it."""
+        task = asyncio.create_task(
+            self.consolidate(session_id, list(messages_to_retire)), name=f"consolidate:{session_id}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[ConsolidationResult]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("consolidation_crashed", error=repr(task.exception()))
+
+    @property
+    def pending_consolidations(self) -> int:
+        return len(self._tasks)
+
+    async def _store_facts(
+        self, session_id: str, messages: Sequence[Message], result: ConsolidationResult
+    ) -> None:
+        if not result.facts:
+            return
+        now = self.now()
+        refs = tuple(Reference(session_id, m.id) for m in messages if m.role is Role.USER)[:20]
+        items = [
+            MemoryItem(
+                layer=Layer.EPISODIC,
+                type=fact.type,
+                title=make_title(fact.content),
+                content=fact.content,
+                source="consolidation",
+                confidence=fact.confidence,
+                salience=0.75,
+                created_at=now,
+                updated_at=now,
+                last_accessed_at=now,
+                references=refs or (Reference(session_id),),
+            )
+            for fact in result.facts
+        ]
+        await self._promote(await self.items.add_many(items))
+
+    # -- read path --------------------------------------------------------------------------------
+
+    async def search(
+        self, query: str, *, k: int = 10, layers: Sequence[Layer] | None = None, touch: bool = False
+    ) -> list[ScoredItem]:
+        """The ``k`` best items for ``query`` (one per source message), best first."""
+        ranked = await self._rank(query)
+        if layers is not None:
+            ranked = [s for s in ranked if s.item.layer in layers]
+        out = list(diversify(ranked))[:k]
+        if touch:
+            await self._touch(out)
+        return out
+
+    async def _rank(self, query: str) -> list[ScoredItem]:
+        items = self.items.items()
+        index = self.retriever.refresh(items, self.items.generation)
+        similarities = await self.embeddings.similarities(query, items) if self.embeddings else None
+        return self.retriever.rank(index, query, self.now(), similarities=similarities)
+
+    async def _touch(self, chosen: Sequence[ScoredItem]) -> None:
+        """Remember use in memory only; the next write of the item persists it (no write per query)."""
+        now = self.now()
+        for scored in chosen:
+            self.items.touch(scored.item.id, now)
+
+    async def pack(self, query: str, *, soft: int | None = None, hard: int | None = None) -> MemoryPack:
+        s = self.settings
+        started = time.perf_counter()
+        ranked = list(diversify(await self._rank(query)))
+        limits = {
+            Layer.EPISODIC: s.top_k_episodic,
+            Layer.SEMANTIC: s.top_k_semantic,
+            Layer.PROCEDURAL: s.top_k_procedural,
+        }
+        diag = PackDiagnostics(query=query, candidates=len(ranked), embeddings=self.embeddings is not None)
+        pack = render_pack(
+            top_per_layer(ranked, limits),
+            soft=s.pack_soft_tokens if soft is None else soft,
+            hard=s.pack_hard_tokens if hard is None else hard,
+            count=self._count,
+            tz=self.tz,
+            diagnostics=diag,
+        )
+        await self._touch(pack.items)
+        diag_dict = diag.to_dict()
+        diag_dict["ms"] = round((time.perf_counter() - started) * 1000, 2)
+        pack.diagnostics = diag
+        self.last_diagnostics["pack"] = diag_dict
+        return pack
+
+    async def context(self, query: str, *, session_id: str = "") -> MemoryContext:
+        """The ``# Memory`` section for a turn whose user wrote ``query``."""
+        s = self.settings
+        now = self.now()
+        snap = await self.longterm.read()
+        pack = await self.pack(query) if query.strip() else MemoryPack("", [], PackDiagnostics())
+        today = await self.notes.read_day(self.notes.local(now).date(), max_lines=s.notes_max_lines_today)
+        recent = [] if pack.text else await self.notes.recent(now, s.recent_days, max_lines=s.notes_max_lines_per_day)
+        text = render_memory(
+            long_term=long_term_section(snap.text, s.inject_max_bytes),
+            pack=pack.text,
+            today=today_section(today),
+            recent=recent_section(recent),
+        )
+        diagnostics: dict[str, object] = {
+            "session_id": session_id,
+            "memory_md_bytes": len(snap.text.encode("utf-8")),
+            "memory_tokens": self._count(text) if text else 0,
+            "pack": self.last_diagnostics.get("pack", {}),
+        }
+        return MemoryContext(text, pack, diagnostics)
