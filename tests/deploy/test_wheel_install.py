@@ -1,0 +1,89 @@
+"""The built wheel, installed into a fresh venv outside the source tree, works: catches missing package data.
+
+Slow (a wheel build and a full dependency install, ~20-60 s) but never skipped: CI must run it, because
+an editable install hides exactly the mistakes it looks for (models.json is a symlink in the tree, and a
+package-data slip only shows up in a real install). Dependencies come from the same pip configuration
+as the development venv (a local index or mirror when offline).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("pyproject.toml", "README.md", "models.json", "bot", "pipeline", "channels")
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, f"{args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Build from a copy, so the build leaves nothing behind in the working tree (symlinks kept as links).
+    src = tmp_path_factory.mktemp("src")
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(path, src / name, follow_symlinks=False)
+    out = tmp_path_factory.mktemp("dist")
+    _run(sys.executable, "-m", "build", "--wheel", "--outdir", out, src, cwd=src)
+    (built,) = out.glob("membot-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("venv")
+    _run(sys.executable, "-m", "venv", home / "venv", cwd=home)
+    _run(home / "venv" / "bin" / "python", "-m", "pip", "install", "--quiet", wheel, cwd=home)
+    return home / "venv"
+
+
+def test_the_wheel_carries_the_catalog_itself_not_a_link(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        assert {"bot/models.json", "bot/py.typed"} <= names
+        info = archive.getinfo("bot/models.json")
+        assert (info.external_attr >> 16) & 0o170000 != 0o120000, "models.json is stored as a symlink"
+        assert archive.read("bot/models.json") == (ROOT / "models.json").read_bytes()
+        for package in ("bot", "pipeline", "channels"):
+            assert f"{package}/__init__.py" in names
+
+
+def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMBOT_", "PYTHON", "VIRTUAL_ENV"))}
+    env.update(HOME=str(tmp_path), MEMBOT_WORKSPACE=str(tmp_path / "ws"), COLUMNS="80", **extra)
+    return env
+
+
+def test_installed_membot_runs_outside_the_source_tree(venv: Path, tmp_path: Path) -> None:
+    env = _clean_env(tmp_path)
+    located = _run(venv / "bin" / "python", "-c", "import bot; print(bot.__file__)", cwd=tmp_path, env=env)
+    assert Path(located.stdout.strip()).is_relative_to(venv), "imported bot from the source tree"
+
+    help_ = _run(venv / "bin" / "membot", "--help", cwd=tmp_path, env=env)
+    for command in ("run", "chat", "doctor", "sessions"):
+        assert command in help_.stdout
+
+    env = _clean_env(tmp_path, MEMBOT_LLM__OPENAI__API_KEY="sk-test-key-123456")
+    doctor = _run(venv / "bin" / "membot", "doctor", "--offline", cwd=tmp_path, env=env)
+    assert "models.json" in doctor.stdout and "All checks passed" in doctor.stdout
+
+    models = _run(venv / "bin" / "membot", "models", cwd=tmp_path, env=env)
+    assert "gpt-4.1-mini" in models.stdout
