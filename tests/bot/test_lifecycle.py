@@ -1,0 +1,320 @@
+"""Service lifecycle: start-up order and channel failures, graceful shutdown, the second signal.
+
+The first part drives :class:`ServiceRunner` in-process with honest recording channels and dispatcher;
+the second runs the real ``membot run`` as a subprocess against the fake LLM and signals it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import ClassVar
+
+import httpx
+import pytest
+
+from bot.config import LifecycleSettings
+from bot.domain import OutboundMessage
+from bot.errors import ChannelError
+from bot.lifecycle import EXIT_CHANNEL_FAILED, EXIT_OK, ServiceRunner
+from bot.sessions import JsonSessionStore
+from channels.base import Channel
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+
+# ---- in-process: the runner with recording parts ----------------------------------------------------
+
+
+class RecordingChannel(Channel):
+    name: ClassVar[str] = "rec"
+
+    def __init__(self, label: str, log: list[str], *, fail: Exception | None = None) -> None:
+        async def submit(message: object) -> None:
+            return None
+
+        super().__init__(submit)
+        self.label = label
+        self._log = log
+        self._fail = fail
+
+    async def start(self) -> None:
+        self._log.append(f"start {self.label}")
+        if self._fail is not None:
+            raise self._fail
+        self.health.state = "running"
+
+    async def stop(self) -> None:
+        self._log.append(f"stop {self.label}")
+        self.health.state = "stopped"
+
+    async def send(self, message: OutboundMessage) -> None:
+        return None
+
+
+class RecordingDispatcher:
+    def __init__(self, log: list[str]) -> None:
+        self._log = log
+        self.release = asyncio.Event()
+        self.release.set()
+        self.closing = asyncio.Event()
+
+    async def recover(self) -> int:
+        self._log.append("recover")
+        return 0
+
+    async def close(self, grace: float) -> None:
+        self._log.append(f"close {grace:g}")
+        self.closing.set()
+        await self.release.wait()
+
+
+def starter(log: list[str], failing: dict[str, Exception] | None = None):  # type: ignore[no-untyped-def]
+    channels: dict[str, RecordingChannel] = {}
+
+    async def start(name: str) -> Channel:
+        channel = RecordingChannel(name, log, fail=(failing or {}).get(name))
+        channels[name] = channel
+        await channel.start()
+        return channel
+
+    return start
+
+
+async def test_shutdown_drains_then_flushes_then_stops_channels_in_reverse() -> None:
+    log: list[str] = []
+    runner = ServiceRunner(LifecycleSettings(grace_period=7), signals=())
+
+    async def flush() -> None:
+        log.append("flush memory")
+
+    dispatcher = RecordingDispatcher(log)
+    task = asyncio.create_task(
+        runner.run(["a", "b"], start_channel=starter(log), dispatcher=dispatcher, flushers=[flush])
+    )
+    while "recover" not in log:
+        await asyncio.sleep(0)
+    assert {n: h.state for n, h in runner.channel_health().items()} == {"a": "running", "b": "running"}
+    runner.request_stop()
+    assert await task == EXIT_OK
+    assert log == ["start a", "start b", "recover", "close 7", "flush memory", "stop b", "stop a"]
+
+
+async def test_a_failing_channel_stops_the_service_when_asked(caplog: pytest.LogCaptureFixture) -> None:
+    log: list[str] = []
+    runner = ServiceRunner(LifecycleSettings(on_channel_failure="stop"), signals=())
+    code = await runner.run(
+        ["a", "b", "c"],
+        start_channel=starter(log, {"b": ChannelError("telegram rejected the token")}),
+        dispatcher=RecordingDispatcher(log),
+    )
+    assert code == EXIT_CHANNEL_FAILED
+    assert log == ["start a", "start b", "stop a"]  # c never started, a stopped again, no recover
+    assert runner.channel_health()["b"].state == "failed"
+    assert runner.channel_health()["b"].error == "telegram rejected the token"
+
+
+async def test_a_failing_channel_runs_degraded_when_allowed() -> None:
+    log: list[str] = []
+    runner = ServiceRunner(LifecycleSettings(on_channel_failure="degraded"), signals=())
+    task = asyncio.create_task(
+        runner.run(
+            ["a", "b"],
+            start_channel=starter(log, {"a": RuntimeError("library exploded")}),
+            dispatcher=RecordingDispatcher(log),
+        )
+    )
+    while "recover" not in log:
+        await asyncio.sleep(0)
+    health = runner.channel_health()
+    assert (health["a"].state, health["a"].error, health["b"].state) == (
+        "failed",
+        "library exploded",
+        "running",
+    )
+    runner.request_stop()
+    assert await task == EXIT_OK
+    assert log[-1] == "stop b"
+
+
+async def test_with_no_channel_up_it_always_stops() -> None:
+    log: list[str] = []
+    runner = ServiceRunner(LifecycleSettings(on_channel_failure="degraded"), signals=())
+    code = await runner.run(
+        ["a"], start_channel=starter(log, {"a": ChannelError("no")}), dispatcher=RecordingDispatcher(log)
+    )
+    assert code == EXIT_CHANNEL_FAILED
+
+
+async def test_first_signal_drains_second_exits_at_once() -> None:
+    log: list[str] = []
+    exits: list[int] = []
+    runner = ServiceRunner(LifecycleSettings(), hard_exit=exits.append, signals=(signal.SIGUSR1,))
+    dispatcher = RecordingDispatcher(log)
+    dispatcher.release.clear()  # a turn that will not finish by itself
+    task = asyncio.create_task(runner.run(["a"], start_channel=starter(log), dispatcher=dispatcher))
+    while "recover" not in log:
+        await asyncio.sleep(0)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    await dispatcher.closing.wait()
+    assert exits == []
+    os.kill(os.getpid(), signal.SIGUSR1)
+    while not exits:
+        await asyncio.sleep(0.01)
+    assert exits == [128 + signal.SIGUSR1]
+    dispatcher.release.set()  # the recorder did not really exit; let the run end
+    assert await task == EXIT_OK
+
+
+# ---- a real `membot run` subprocess -----------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Service:
+    """A running ``membot run`` whose terminal channel reads our pipe and whose stderr we collect."""
+
+    def __init__(self, process: asyncio.subprocess.Process, admin_port: int) -> None:
+        self.process = process
+        self.admin_port = admin_port
+        self.stderr = ""
+        self._reader = asyncio.create_task(self._collect())
+
+    async def _collect(self) -> None:
+        assert self.process.stderr is not None
+        async for line in self.process.stderr:
+            self.stderr += line.decode("utf-8", "replace")
+
+    async def wait_log(self, event: str, timeout: float = 30) -> None:
+        async with asyncio.timeout(timeout):
+            while f'"event": "{event}"' not in self.stderr:
+                if self.process.returncode is not None:
+                    raise AssertionError(f"membot exited early:\n{self.stderr}")
+                await asyncio.sleep(0.05)
+
+    async def say(self, text: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write((text + "\n").encode())
+        await self.process.stdin.drain()
+
+    async def finish(self, timeout: float = 60) -> tuple[int, str]:
+        async with asyncio.timeout(timeout):
+            assert self.process.stdout is not None
+            out = await self.process.stdout.read()
+            code = await self.process.wait()
+            await self._reader
+        return code, out.decode("utf-8", "replace")
+
+
+@contextlib.asynccontextmanager
+async def membot_run(workspace: Path, llm: FakeLLMServer, **env: str) -> AsyncIterator[Service]:
+    port = free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
+    clean.update(
+        HOME=str(workspace.parent),
+        MEMBOT_WORKSPACE=str(workspace),
+        MEMBOT_LOG_FORMAT="json",
+        MEMBOT_LLM__OPENAI__BASE_URL=llm.openai_base_url,
+        MEMBOT_LLM__OPENAI__API_KEY="sk-test-key-123456",
+        MEMBOT_TERMINAL__ENABLED="true",
+        MEMBOT_TERMINAL__USER="ops",
+        MEMBOT_ADMIN__ENABLED="true",
+        MEMBOT_ADMIN__PORT=str(port),
+        **env,
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "run",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=clean,
+        cwd=workspace.parent,
+    )
+    service = Service(process, port)
+    try:
+        await service.wait_log("membot_started")
+        yield service
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def wait_in_flight(llm: FakeLLMServer) -> None:
+    async with asyncio.timeout(30):
+        while llm.in_flight == 0:
+            await asyncio.sleep(0.02)
+
+
+def stored(workspace: Path) -> list[tuple[str, str]]:
+    """The session as a fresh process would load it (proves the files are intact)."""
+    session = asyncio.run(JsonSessionStore(workspace / "sessions").load("cli:ops"))
+    assert session is not None
+    return [(m.role.value, m.content) for m in session.messages]
+
+
+async def test_sigterm_mid_turn_lets_the_turn_finish_and_exits_cleanly(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="a considered answer", delay=1.5))
+        async with membot_run(workspace, llm) as service:
+            await service.say("please think about this")
+            await wait_in_flight(llm)
+            async with httpx.AsyncClient() as http:
+                health = await http.get(f"http://127.0.0.1:{service.admin_port}/healthz")
+                metrics = await http.get(f"http://127.0.0.1:{service.admin_port}/metrics")
+            assert health.status_code == 200 and health.json()["channels"]["cli"]["state"] == "running"
+            assert "membot_running_turns 1.0" in metrics.text
+            service.process.send_signal(signal.SIGTERM)
+            code, out = await service.finish()
+    assert code == 0, service.stderr
+    assert "a considered answer" in out  # the reply still went out during the grace period
+    for event in ("membot_stopping", "membot_stopped"):
+        assert event in service.stderr
+    messages = await asyncio.to_thread(stored, workspace)
+    assert messages == [("user", "please think about this"), ("assistant", "a considered answer")]
+    assert not list((workspace / "inbox").glob("*.jsonl")), "the inbox still holds the answered message"
+
+
+async def test_a_turn_over_the_grace_period_is_cancelled_and_the_message_kept(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="too late", delay=5))
+        async with membot_run(workspace, llm, MEMBOT_LIFECYCLE__GRACE_PERIOD="0.2") as service:
+            await service.say("a slow question")
+            await wait_in_flight(llm)
+            service.process.send_signal(signal.SIGTERM)
+            code, _ = await service.finish()
+    assert code == 0, service.stderr
+    assert await asyncio.to_thread(stored, workspace) == [("user", "a slow question")]
+
+
+async def test_a_second_signal_exits_at_once_without_corrupting_files(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="never seen", delay=5))
+        async with membot_run(workspace, llm, MEMBOT_LIFECYCLE__GRACE_PERIOD="60") as service:
+            await service.say("hold on")
+            await wait_in_flight(llm)
+            service.process.send_signal(signal.SIGTERM)
+            await service.wait_log("membot_stopping")
+            service.process.send_signal(signal.SIGTERM)
+            code, _ = await service.finish(timeout=10)
+    assert code == 128 + signal.SIGTERM
+    assert "exiting now" in service.stderr
+    assert await asyncio.to_thread(stored, workspace) == [("user", "hold on")]
+    for path in (workspace / "sessions").iterdir():
+        if path.suffix == ".json":
+            json.loads(path.read_text())
