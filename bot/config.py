@@ -157,6 +157,11 @@ class DiscordSettings(_Section):
     pairing: bool = True
     streaming: bool = False
     max_attachment_bytes: int = 1_000_000
+    stream_edit_interval: float = Field(default=1.5, ge=0.2)  # seconds between edits while streaming
+    sync_commands: bool = True  # register /status, /new, ... as slash commands (only when changed)
+    send_retries: int = Field(default=4, ge=0)  # extra tries on 5xx / network errors, with backoff
+    send_retry_delay: float = Field(default=1.0, ge=0.0)  # first backoff delay; doubles, max 30 s
+    start_timeout: float = Field(default=60.0, gt=0)  # login + gateway READY
     api_base: str | None = None  # for tests
     gateway_url: str | None = None
 

@@ -1,0 +1,189 @@
+"""Who may talk to the Discord bot where, and how a Discord message becomes an InboundMessage.
+
+Access is deny by default (STYLE 8). A message is admitted when its author is in ``allowed_users``
+(anywhere), or it was written in an allowed guild or an allowed channel (a thread counts as its parent
+channel too), or it is a DM from a user an operator approved through pairing. In a guild the bot then
+answers only when mentioned or replied to, unless ``mention_overrides`` says otherwise for the thread,
+channel or guild (first match wins, in that order).
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+import aiohttp
+import discord
+import structlog
+
+from bot.config import DiscordSettings
+from bot.domain import Attachment
+from channels.base import Allowlist
+
+log = structlog.get_logger(__name__)
+
+_USER_MENTION = re.compile(r"<@!?(\d+)>")
+_ROLE_MENTION = re.compile(r"<@&(\d+)>")
+_CHANNEL_MENTION = re.compile(r"<#(\d+)>")
+_TEXT_SUFFIXES = frozenset(
+    [
+        ".txt",
+        ".md",
+        ".markdown",
+        ".rst",
+        ".log",
+        ".csv",
+        ".tsv",
+        ".json",
+        ".jsonl",
+        ".yaml",
+        ".yml",
+        ".toml",
+        ".ini",
+        ".cfg",
+        ".conf",
+        ".xml",
+        ".html",
+        ".css",
+        ".js",
+        ".ts",
+        ".py",
+        ".rs",
+        ".go",
+        ".java",
+        ".c",
+        ".h",
+        ".cpp",
+        ".hpp",
+        ".sh",
+        ".sql",
+        ".diff",
+        ".patch",
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a message was written: a DM (no guild), a guild channel, or a thread and its parent."""
+
+    channel_id: str
+    guild_id: str | None = None
+    parent_id: str | None = None
+
+    @property
+    def is_dm(self) -> bool:
+        return self.guild_id is None
+
+    @classmethod
+    def of(cls, channel: object, guild_id: int | None) -> Place:
+        parent = getattr(channel, "parent_id", None)
+        return cls(
+            channel_id=str(getattr(channel, "id", "")),
+            guild_id=str(guild_id) if guild_id is not None else None,
+            parent_id=str(parent) if parent is not None else None,
+        )
+
+
+class DiscordAccess:
+    """The allowlists and mention rules of :class:`~bot.config.DiscordSettings` (see the module doc)."""
+
+    def __init__(self, settings: DiscordSettings) -> None:
+        self._users = Allowlist(settings.allowed_users)
+        self._guilds = Allowlist(settings.allowed_guilds)
+        self._channels = Allowlist(settings.allowed_channels)
+        self._require_mention = settings.require_mention
+        self._overrides = {str(k): v for k, v in settings.mention_overrides.items()}
+
+    def admits(self, user_id: str, place: Place) -> bool:
+        """Allowed by configuration (pairing approvals are checked by the caller, for DMs only)."""
+        if self._users.allows(user_id):
+            return True
+        if place.is_dm:
+            return False
+        return (
+            self._guilds.allows(place.guild_id)
+            or self._channels.allows(place.channel_id)
+            or (place.parent_id is not None and self._channels.allows(place.parent_id))
+        )
+
+    def requires_mention(self, place: Place) -> bool:
+        if place.is_dm:
+            return False
+        for key in (place.channel_id, place.parent_id, place.guild_id):
+            if key is not None and key in self._overrides:
+                return self._overrides[key]
+        return self._require_mention
+
+
+def addresses_bot(message: discord.Message, bot_id: int) -> bool:
+    """Mentioned by id, or a reply to one of the bot's messages."""
+    if any(user.id == bot_id for user in message.mentions) or _mentions_id(message.content, bot_id):
+        return True
+    reference = message.reference
+    resolved = reference.resolved if reference is not None else None
+    return isinstance(resolved, discord.Message) and resolved.author.id == bot_id
+
+
+def _mentions_id(content: str, user_id: int) -> bool:
+    return any(int(found) == user_id for found in _USER_MENTION.findall(content))
+
+
+def readable_text(message: discord.Message, bot_id: int) -> str:
+    """The text the model sees: the bot's own mention removed, other mentions as ``@name``/``#name``."""
+    users = {user.id: user.display_name for user in message.mentions}
+    roles = {role.id: role.name for role in message.role_mentions}
+    guild = message.guild
+
+    def user(match: re.Match[str]) -> str:
+        uid = int(match.group(1))
+        if uid == bot_id:
+            return ""
+        return f"@{users.get(uid, 'user')}"
+
+    def role(match: re.Match[str]) -> str:
+        return f"@{roles.get(int(match.group(1)), 'role')}"
+
+    def channel(match: re.Match[str]) -> str:
+        found = guild.get_channel_or_thread(int(match.group(1))) if guild is not None else None
+        return f"#{found.name}" if found is not None else "#channel"
+
+    text = _USER_MENTION.sub(user, message.content)
+    text = _ROLE_MENTION.sub(role, text)
+    text = _CHANNEL_MENTION.sub(channel, text)
+    return re.sub(r"[ \t]{2,}", " ", text).strip()
+
+
+async def read_attachments(
+    message: discord.Message, *, max_bytes: int, vision_supported: Callable[[], bool]
+) -> tuple[Attachment, ...]:
+    """Images (for vision models) and small text files are downloaded; anything else is only named."""
+    found: list[Attachment] = []
+    for item in message.attachments:
+        mime = item.content_type or mimetypes.guess_type(item.filename)[0] or "application/octet-stream"
+        mime = mime.split(";")[0].strip()
+        note = Attachment("file", item.filename, mime, size=item.size)
+        is_image = mime.startswith("image/")
+        is_text = mime.startswith("text/") or PurePosixPath(item.filename).suffix.lower() in _TEXT_SUFFIXES
+        if item.size > max_bytes or not (is_text or (is_image and vision_supported())):
+            found.append(note)
+            continue
+        try:
+            data = await item.read()
+        except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
+            log.warning("discord_attachment_unreadable", filename=item.filename, error=str(exc))
+            found.append(note)
+            continue
+        if is_image:
+            found.append(Attachment("image", item.filename, mime, data, len(data)))
+            continue
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            found.append(note)
+            continue
+        found.append(Attachment("text", item.filename, mime, data, len(data)))
+    return tuple(found)

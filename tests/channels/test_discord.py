@@ -1,0 +1,378 @@
+"""End to end: the real discord.py against the fake Discord, through the real dispatcher, pipeline and fake LLM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from discord.gateway import DiscordWebSocket
+from discord.http import Route
+
+from bot.app import Core, build_core
+from bot.commands import CommandCall, SessionControl
+from bot.config import load_settings
+from bot.errors import ChannelError
+from bot.pairing import PAIRING_FILE, PairingStore, approve_code
+from channels.discord import DiscordChannel
+from tests.fakes.discord_server import FakeDiscord, FakeUser, Guild
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+
+
+@dataclass
+class World:
+    discord: FakeDiscord
+    llm: FakeLLMServer
+    core: Core
+    channel: DiscordChannel
+    workspace: Path
+    alice: FakeUser  # allowed user
+    bob: FakeUser  # a stranger
+    dm: str  # alice's DM channel
+    bob_dm: str
+    guild: Guild  # allowed guild
+    general: str
+    quiet: str  # a channel where no mention is needed
+    thread: str  # a thread under general
+    other_guild: Guild  # not allowed
+    other_channel: str
+
+    def user_texts(self) -> list[str]:
+        """The last user message of every request the model got."""
+        texts = []
+        for request in self.llm.requests:
+            users = [m for m in request.body["messages"] if m["role"] == "user"]
+            content = users[-1]["content"]
+            texts.append(content if isinstance(content, str) else json.dumps(content))
+        return texts
+
+
+async def _commands_for_tests(call: CommandCall, control: SessionControl) -> str:
+    """Stand-ins for /status, /compact and /new until their real handlers are registered by the app."""
+    return f"{call.name} done ({call.args or 'no args'}) for {call.session_id}"
+
+
+@contextlib.asynccontextmanager
+async def discord_world(
+    tmp_path: Path,
+    *,
+    discord_settings: dict[str, Any] | None = None,
+    configure: Callable[[World], None] | None = None,
+) -> AsyncIterator[World]:
+    async with FakeLLMServer() as llm, FakeDiscord() as fake:
+        guild = fake.add_guild("home")
+        general = fake.add_channel(guild, "general")
+        quiet = fake.add_channel(guild, "quiet")
+        thread = fake.add_thread(guild, general, "ideas")
+        other_guild = fake.add_guild("elsewhere")
+        other_channel = fake.add_channel(other_guild, "lobby")
+        alice, bob = fake.user("alice"), fake.user("bob")
+        workspace = tmp_path / "ws"
+        section: dict[str, Any] = {
+            "token": fake.token,
+            "api_base": fake.api_base,
+            "gateway_url": fake.gateway_url,
+            "allowed_users": [alice.id],
+            "allowed_guilds": [guild.id],
+            "mention_overrides": {quiet: False},
+            "send_retry_delay": 0.01,
+        }
+        section.update(discord_settings or {})
+        overrides = {
+            "workspace": workspace,
+            "llm": {
+                "model": "gpt-4.1-mini",
+                "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-123456"},
+            },
+            "discord": section,
+        }
+        settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+        async with build_core(settings) as core:
+            for name in ("status", "compact", "new"):
+                if name not in dict(core.commands.commands):
+                    core.commands.add(name, f"the {name} command", _commands_for_tests)
+            channel = DiscordChannel(
+                settings.discord,
+                core.dispatcher.submit,
+                pairing=PairingStore(workspace / PAIRING_FILE),
+                commands=core.commands.commands,
+                vision_supported=lambda: True,
+                state_dir=workspace / "state",
+                guild_ready_timeout=0.05,
+            )
+            core.dispatcher.attach(channel)
+            world = World(
+                fake, llm, core, channel, workspace, alice, bob, fake.dm_channel(), fake.dm_channel(),
+                guild, general, quiet, thread, other_guild, other_channel,
+            )  # fmt: skip
+            if configure is not None:
+                configure(world)
+            await channel.start()
+            try:
+                yield world
+            finally:
+                await channel.stop()
+
+
+async def test_dm_round_trip_through_the_whole_pipeline(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+        sent = await w.discord.user_message(channel_id=w.dm, author=w.alice, content="hello there")
+        [reply] = await w.discord.wait_for_bot_messages(w.dm)
+        assert reply["content"] == "echo: hello there"
+        assert str(reply["message_reference"]["message_id"]) == sent["id"]  # the first chunk replies
+        assert reply["allowed_mentions"] == {"parse": [], "users": [int(w.alice.id)], "replied_user": True}
+        assert w.dm in w.discord.typing
+        session = json.loads((w.workspace / "sessions" / f"discord:{w.dm}.json").read_text())
+        assert session["log_count"] == 2
+        assert w.channel.health.state == "running"
+
+
+async def test_guild_messages_need_a_mention_or_a_reply(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+        d, bot = w.discord, w.discord.bot
+        await d.user_message(channel_id=w.general, author=w.bob, content="just chatting", guild=w.guild)
+        await d.user_message(
+            channel_id=w.general,
+            author=w.bob,
+            content=f"{bot.mention} ask {w.alice.mention} about <#{w.quiet}>",
+            guild=w.guild,
+            mentions=(bot, w.alice),
+        )
+        [first] = await d.wait_for_bot_messages(w.general)
+        assert first["content"] == "echo: ask @alice about #quiet"  # bot mention gone, others readable
+        assert first["allowed_mentions"]["parse"] == []  # never @everyone or roles
+        await d.user_message(
+            channel_id=w.general, author=w.bob, content="and more?", guild=w.guild, reply_to=first
+        )
+        await d.wait_for_bot_messages(w.general, 2)
+        await d.user_message(
+            channel_id=w.quiet, author=w.bob, content="no mention needed here", guild=w.guild
+        )
+        await d.wait_for_bot_messages(w.quiet)
+        assert w.user_texts() == ["ask @alice about #quiet", "and more?", "no mention needed here"]
+
+
+async def test_each_thread_is_its_own_session(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+        d, bot = w.discord, w.discord.bot
+        await d.user_message(
+            channel_id=w.general,
+            author=w.bob,
+            content=f"{bot.mention} channel secret",
+            guild=w.guild,
+            mentions=(bot,),
+        )
+        await d.wait_for_bot_messages(w.general)
+        await d.user_message(
+            channel_id=w.thread,
+            author=w.bob,
+            content=f"{bot.mention} thread question",
+            guild=w.guild,
+            mentions=(bot,),
+        )
+        await d.wait_for_bot_messages(w.thread)
+        thread_request = json.dumps(w.llm.requests[-1].body["messages"])
+        assert "thread question" in thread_request and "channel secret" not in thread_request
+        sessions = {p.name for p in (w.workspace / "sessions").glob("discord:*.json")}
+        assert sessions == {f"discord:{w.general}.json", f"discord:{w.thread}.json"}
+
+
+async def test_strangers_are_denied_and_dm_strangers_can_pair(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+        d, bot = w.discord, w.discord.bot
+        await d.user_message(
+            channel_id=w.other_channel,
+            author=w.bob,
+            content=f"{bot.mention} hi",
+            guild=w.other_guild,
+            mentions=(bot,),
+        )
+        await d.user_message(channel_id=w.bob_dm, author=w.bob, content="let me in")
+        [answer] = await d.wait_for_bot_messages(w.bob_dm)
+        assert "membot pairing approve" in answer["content"]
+        code = answer["content"].split("approve ")[1].strip("`")
+        assert w.llm.requests == [] and d.bot_texts(w.other_channel) == []
+
+        assert await asyncio.to_thread(approve_code, w.workspace, code) is not None
+        await d.user_message(channel_id=w.bob_dm, author=w.bob, content="thanks")
+        replies = await d.wait_for_bot_messages(w.bob_dm, 2)
+        assert replies[-1]["content"] == "echo: thanks"
+        assert w.user_texts() == ["thanks"]  # "let me in" never reached the model
+
+
+@pytest.mark.parametrize(
+    ("text", "slash", "options", "expect"),
+    [
+        ("/status", "status", (), "status done (no args)"),
+        ("/compact 5", "compact", (("keep", 4, 5),), "compact done (5)"),
+        ("/new", "new", (), "new done (no args)"),
+        ("/stop", "stop", (), "Nothing is running."),
+        ("/help", "help", (), "/compact"),
+    ],
+)
+async def test_commands_as_text_and_as_slash_commands(
+    tmp_path: Path, text: str, slash: str, options: tuple[tuple[str, int, Any], ...], expect: str
+) -> None:
+    async with discord_world(tmp_path) as w:
+        d = w.discord
+        await d.user_message(channel_id=w.dm, author=w.alice, content=text)
+        [reply] = await d.wait_for_bot_messages(w.dm)
+        assert expect in reply["content"]
+
+        interaction = await d.slash_command(slash, channel_id=w.dm, user=w.alice, options=options)
+        [answer] = await d.wait_for_followups(interaction["token"])
+        assert expect in answer["content"]
+        assert d.interaction_responses == [(interaction["id"], {"type": 5})]  # deferred first ("thinking")
+        assert w.llm.requests == []  # commands never reach the model
+        await d.wait_until(lambda: d.command_puts == 1)
+        assert {c["name"] for c in d.commands} >= {"status", "compact", "new", "stop", "help"}
+
+
+async def test_slash_commands_are_registered_only_when_they_change(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+        state = w.workspace / "state" / "discord_commands.json"
+        await w.discord.wait_until(lambda: w.discord.command_puts == 1)
+        async with asyncio.timeout(5):
+            while not state.exists():
+                await asyncio.sleep(0.01)
+        compact = next(c for c in w.discord.commands if c["name"] == "compact")
+        assert compact["options"][0]["name"] == "keep"
+        # Same commands after a restart: no second registration.
+        await w.channel.stop()
+        await w.channel.start()
+        await w.discord.user_message(channel_id=w.dm, author=w.alice, content="still here?")
+        await w.discord.wait_for_bot_messages(w.dm)
+        assert w.discord.command_puts == 1
+
+
+async def test_slash_command_from_a_stranger_is_refused(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+        interaction = await w.discord.slash_command(
+            "status", channel_id=w.other_channel, user=w.bob, guild=w.other_guild
+        )
+        await w.discord.wait_until(lambda: len(w.discord.interaction_responses) == 1)
+        [(_, body)] = w.discord.interaction_responses
+        assert body["type"] == 4 and body["data"]["flags"] == 64  # an ephemeral refusal
+        assert interaction["id"] == w.discord.interaction_responses[0][0]
+
+
+FENCE = "```"
+
+
+def _long_reply() -> str:
+    code = "\n".join(f"    value_{i} = compute({i})  # step {i}" for i in range(80))
+    prose = "\n\n".join(f"Paragraph {i}: " + "words " * 60 for i in range(8))
+    return f"Intro.\n\n{FENCE}python\n{code}\n{FENCE}\n\n{prose}\n\n{FENCE}\n{code}\n{FENCE}\nThe end."
+
+
+async def test_a_long_reply_is_split_under_the_limit_without_breaking_code(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+        text = _long_reply()
+        assert len(text) > 7000
+        w.llm.script(FakeReply(text=text))
+        sent = await w.discord.user_message(channel_id=w.dm, author=w.alice, content="write a lot")
+        await w.discord.wait_until(lambda: "The end." in "".join(w.discord.bot_texts(w.dm)))
+        messages = await w.discord.wait_for_bot_messages(w.dm)
+        chunks = [m["content"] for m in messages]
+        assert len(chunks) >= 4 and all(len(c) <= 2000 for c in chunks)
+        assert all(c.count(FENCE) % 2 == 0 for c in chunks)  # every chunk closes what it opens
+        assert str(messages[0]["message_reference"]["message_id"]) == sent["id"]
+        assert all("message_reference" not in m for m in messages[1:])
+        assert "".join(chunks).count("value_79") == 2
+
+
+async def test_rate_limits_and_server_errors_are_retried(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+        path = f"/channels/{w.dm}/messages"
+        w.discord.rate_limit("POST", path, times=2, retry_after=0.05)
+        w.discord.fail("POST", path, status=503, times=1)
+        await w.discord.user_message(channel_id=w.dm, author=w.alice, content="are you there?")
+        [reply] = await w.discord.wait_for_bot_messages(w.dm)
+        assert reply["content"] == "echo: are you there?"
+        posts = [r for r in w.discord.requests if r.method == "POST" and r.path == path]
+        assert len(posts) == 4  # two 429s (the library), one 503 (ours), then success
+
+
+async def test_a_retry_after_a_lost_answer_does_not_post_twice(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+        w.discord.cut_after_commit("POST", f"/channels/{w.dm}/messages")
+        await w.discord.user_message(channel_id=w.dm, author=w.alice, content="once")
+        await w.discord.wait_until(
+            lambda: len([r for r in w.discord.requests if r.path.endswith("/messages")]) == 2
+        )
+        assert w.discord.bot_texts(w.dm) == ["echo: once"]
+
+
+async def test_a_reply_that_cannot_be_delivered_fails_loudly(tmp_path: Path) -> None:
+    async with discord_world(tmp_path, discord_settings={"send_retries": 1}) as w:
+        w.discord.fail("POST", f"/channels/{w.dm}/messages", status=503, times=10)
+        from bot.domain import OutboundMessage
+
+        with pytest.raises(ChannelError, match=w.dm):
+            await w.channel.send(OutboundMessage("discord", w.dm, "lost?"))
+        assert w.channel.health.send_failures == 1
+
+
+async def test_gateway_drop_and_reconnect_lose_no_message(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+        d = w.discord
+        await d.user_message(channel_id=w.dm, author=w.alice, content="first")
+        await d.wait_for_bot_messages(w.dm)
+        await d.drop()
+        await d.user_message(channel_id=w.dm, author=w.alice, content="sent while the bot was away")
+        replies = await d.wait_for_bot_messages(w.dm, 2)
+        assert replies[-1]["content"] == "echo: sent while the bot was away"
+        await d.request_reconnect()
+        await d.wait_until(lambda: d.resumes == 2)
+        await d.user_message(channel_id=w.dm, author=w.alice, content="third")
+        replies = await d.wait_for_bot_messages(w.dm, 3)
+        assert replies[-1]["content"] == "echo: third"
+        assert len(d.identifies) == 1 and d.resumes == 2  # resumed, never re-identified
+        history = json.dumps(w.llm.requests[-1].body["messages"])
+        assert "first" in history and "sent while the bot was away" in history
+
+
+async def test_missing_message_content_intent_is_a_clear_startup_error(tmp_path: Path) -> None:
+    original = (Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY)
+
+    def refuse_intents(world: World) -> None:
+        world.discord.privileged_intents = False
+
+    with pytest.raises(ChannelError, match="MESSAGE CONTENT INTENT"):
+        async with discord_world(tmp_path, configure=refuse_intents):
+            pass
+    assert original == (Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY)  # nothing leaks into other tests
+
+
+async def test_attachments_images_text_and_other_files(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+        files = (
+            ("cat.png", "image/png", b"\x89PNG\r\n\x1a\nfake"),
+            ("notes.md", "text/markdown", b"# Notes\nbuy milk"),
+            ("archive.zip", "application/zip", b"PK\x03\x04"),
+        )
+        await w.discord.user_message(
+            channel_id=w.dm, author=w.alice, content="see attached", attachments=files
+        )
+        await w.discord.wait_for_bot_messages(w.dm)
+        body = json.dumps(w.llm.requests[-1].body["messages"])
+        assert "image_url" in body  # the picture went to the (vision) model
+        assert "buy milk" in body  # the text file was read
+        assert "archive.zip (application/zip, 4 bytes) received" in body
+
+
+async def test_streaming_edits_one_message(tmp_path: Path) -> None:
+    async with discord_world(
+        tmp_path, discord_settings={"streaming": True, "stream_edit_interval": 0.2}
+    ) as w:
+        w.llm.script(FakeReply(text="streamed " * 40))
+        await w.discord.user_message(channel_id=w.dm, author=w.alice, content="stream please")
+        await w.discord.wait_until(
+            lambda: any(m["content"].strip() == ("streamed " * 40).strip() for m in w.discord.bot_messages)
+        )
+        assert len(w.discord.bot_texts(w.dm)) == 1  # one message, edited into the final answer
