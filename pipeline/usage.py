@@ -1,0 +1,55 @@
+"""UsageSystem (order 90, last): account a turn's tokens and cost, and learn from them.
+
+After the model calls of a turn (``turn.usage``, summed by the tool loop), this system
+
+1. adds the usage to the session's totals and today's ledger (:func:`bot.usage.record_usage`);
+2. remembers how big the system prompt was, so the next turn's compaction check can count it before
+   ContextBuilding has run;
+3. calibrates the session's token ratio from a single-call turn, whose ``input_tokens`` is exactly the
+   prompt we can reconstruct (system prompt + history before the reply);
+4. counts the turn's new messages now, so their cached counts are saved with the session.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from bot.domain import Role
+from bot.tokens import TokenCounter
+from bot.usage import UsageLedger, record_usage
+from pipeline.base import Turn
+from pipeline.compaction import META_OVERHEAD, prompt_overhead
+
+log = structlog.get_logger(__name__)
+
+
+class UsageSystem:
+    """Per-turn usage accounting and token calibration (see the module doc)."""
+
+    name = "usage"
+    order = 90
+    enabled = True
+
+    def __init__(self, counter: TokenCounter, ledger: UsageLedger | None) -> None:
+        self._counter = counter
+        self._ledger = ledger
+
+    def should_process(self, turn: Turn) -> bool:
+        return True
+
+    async def process(self, turn: Turn) -> None:
+        session = turn.session
+        await record_usage(session, turn.usage, self._ledger)
+        history = self._counter.history_tokens(session)
+        if not turn.system_prompt:
+            return  # nothing was sent (the model was never asked)
+        overhead = self._counter.count_text(prompt_overhead(turn))
+        session.metadata[META_OVERHEAD] = overhead
+        if turn.usage.calls == 1 and turn.usage.input_tokens > 0:
+            replies = sum(
+                self._counter.message_tokens(m) for m in turn.new_messages if m.role is Role.ASSISTANT
+            )
+            prompt_raw = overhead + history - replies
+            ratio = self._counter.calibrate(session, prompt_raw, turn.usage.input_tokens)
+            if ratio is not None:
+                log.debug("token_ratio", ratio=ratio, estimated=prompt_raw, actual=turn.usage.input_tokens)
