@@ -1,0 +1,490 @@
+"""The Telegram channel: python-telegram-bot (PTB) driven by hand, next to the rest of membot's loop.
+
+Start-up follows PTB's advice for sharing a loop: ``initialize`` → ``start`` → ``updater.start_polling``
+(or our own webhook endpoint), and ``stop`` runs the same steps in reverse; ``run_polling`` is never
+used. A message takes this path:
+
+1. Only new messages count: edits, channel posts and messages from bots are ignored.
+2. Access, deny by default: private chats need an allowlisted or paired user (strangers get a pairing
+   code); groups must be allowlisted and, unless configured otherwise, mention or reply to the bot.
+3. The bot's mention is cut out, ``/cmd@ThisBot`` becomes ``/cmd`` (``/cmd@OtherBot`` is ignored);
+   photos and documents are fetched (:mod:`channels.telegram_media`).
+4. Messages a client split from one paste are joined (:class:`~channels.telegram_intake.PasteJoiner`)
+   and handed to the dispatcher. Session ``telegram:<chat>``, or ``telegram:<chat>:<topic>`` in forums.
+
+Replies are rendered to Telegram HTML in chunks under 4096 UTF-16 units
+(:mod:`channels.telegram_format`); a chunk Telegram cannot parse is sent again as plain text. 429s are
+paced and retried by PTB's ``AIORateLimiter``; timeouts and 5xx are retried here with backoff, and a
+reply that finally fails is logged with its chat id and raised as :class:`~bot.errors.ChannelError`.
+``telegram.error`` never leaves this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import structlog
+from telegram import Bot, BotCommand, Message, ReplyParameters, Update
+from telegram.constants import ChatAction, ChatType, MessageEntityType, ParseMode
+from telegram.error import BadRequest, InvalidToken, NetworkError, TelegramError
+from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, ContextTypes, TypeHandler
+
+from bot.config import TelegramSettings
+from bot.domain import InboundMessage, OutboundMessage
+from bot.errors import ChannelError, ConfigError
+from bot.pairing import PairingStore
+from bot.storage import atomic_write_text_async
+from channels.base import Allowlist, Channel, InboundSink, PartialSink
+from channels.telegram_format import TELEGRAM_TEXT_LIMIT, RenderedChunk, render_chunks
+from channels.telegram_intake import PasteJoiner, normalize_command, remove_utf16_spans
+from channels.telegram_media import extract_media
+from channels.telegram_webhook import WebhookServer
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+COMMANDS_STATE_FILE = "telegram_commands.json"
+_ALLOWED_UPDATES = ["message"]
+_COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")
+
+
+@dataclass(slots=True)
+class _Stream:
+    """The message a streamed reply is being written into."""
+
+    message_id: int | None = None
+    shown: str = ""
+    last_edit: float = 0.0
+
+
+class TelegramChannel(Channel):
+    """Telegram via PTB 22; construct in the composition root, then ``await start()`` (see module doc)."""
+
+    name: ClassVar[str] = "telegram"
+
+    def __init__(
+        self,
+        settings: TelegramSettings,
+        submit: InboundSink,
+        *,
+        pairing: PairingStore,
+        state_dir: Path,
+        commands: Sequence[tuple[str, str]] = (),
+        vision_supported: Callable[[], bool] = lambda: False,
+        max_inbound_chars: int = 16000,
+        max_retries: int = 4,
+        retry_base_delay: float = 1.0,
+        typing_interval: float = 5.0,
+        stream_interval: float = 1.5,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(submit)
+        self._settings = settings
+        self._pairing = pairing
+        self._state_dir = state_dir
+        self._commands = list(commands)
+        self._vision = vision_supported
+        self._users = Allowlist(settings.allowed_users)
+        self._groups = Allowlist(settings.allowed_groups)
+        self._joiner = PasteJoiner(self.handle_inbound, settings.join_window, max_chars=max_inbound_chars)
+        self._max_retries = max_retries
+        self._retry_base_delay = retry_base_delay
+        self._typing_interval = typing_interval
+        self._stream_interval = stream_interval
+        self._monotonic = monotonic
+        self._streams: dict[str, _Stream] = {}
+        self._app: Application[Any, Any, Any, Any, Any, Any] | None = None
+        self._webhook: WebhookServer | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    @property
+    def bot(self) -> Bot:
+        if self._app is None:
+            raise ChannelError("the Telegram channel is not started")
+        return self._app.bot  # type: ignore[no-any-return]
+
+    async def start(self) -> None:
+        settings = self._settings
+        if settings.token is None:
+            raise ConfigError("Telegram needs a bot token: set MEMBOT_TELEGRAM__TOKEN (from @BotFather)")
+        if settings.mode == "webhook" and not (settings.webhook_url and settings.webhook_secret):
+            raise ConfigError(
+                "telegram.mode = 'webhook' needs telegram.webhook_url and telegram.webhook_secret "
+                "(MEMBOT_TELEGRAM__WEBHOOK_URL, MEMBOT_TELEGRAM__WEBHOOK_SECRET)"
+            )
+        self.health.state = "starting"
+        builder = (
+            ApplicationBuilder()
+            .token(settings.token.get_secret_value())
+            .rate_limiter(AIORateLimiter(max_retries=self._max_retries))
+        )
+        if settings.base_url:
+            builder = builder.base_url(settings.base_url)
+        if settings.base_file_url:
+            builder = builder.base_file_url(settings.base_file_url)
+        if settings.mode == "webhook":
+            builder = builder.updater(None)
+        app = await asyncio.to_thread(builder.build)  # PTB resolves file paths while building
+        app.add_handler(TypeHandler(Update, self._on_update))
+        app.add_error_handler(self._on_error)
+        self._app = app
+        try:
+            await app.initialize()
+            await self._sync_commands()
+            await app.start()
+            if settings.mode == "webhook":
+                await self._start_webhook()
+            else:
+                assert app.updater is not None
+                await app.updater.start_polling(
+                    timeout=timedelta(seconds=settings.poll_timeout),
+                    allowed_updates=_ALLOWED_UPDATES,
+                )
+        except BaseException as exc:
+            await self._shutdown()
+            self.health.state, self.health.error = "failed", str(exc)
+            if isinstance(exc, InvalidToken):
+                raise ChannelError(
+                    "Telegram rejected the bot token: check MEMBOT_TELEGRAM__TOKEN (from @BotFather)"
+                ) from exc
+            if isinstance(exc, TelegramError):
+                raise ChannelError(f"Telegram start-up failed: {exc}") from exc
+            raise
+        self.health.state = "running"
+        log.info("telegram_started", bot=self.bot.username, mode=settings.mode)
+
+    async def stop(self) -> None:
+        """Stop receiving, hand on what is waiting in the join window, then close PTB (reverse order)."""
+        await self._shutdown()
+        self.health.state = "stopped"
+
+    async def _shutdown(self) -> None:
+        app = self._app
+        if self._webhook is not None:
+            await self._webhook.stop()
+            self._webhook = None
+        if app is not None and app.updater is not None and app.updater.running:
+            await app.updater.stop()
+        if app is not None and app.running:
+            await app.stop()
+        await self._joiner.close()
+        if app is not None:
+            await app.shutdown()  # a no-op when initialize() never finished
+
+    async def _start_webhook(self) -> None:
+        settings = self._settings
+        assert settings.webhook_url is not None and settings.webhook_secret is not None
+        self._webhook = WebhookServer(
+            host=settings.webhook_listen,
+            port=settings.webhook_port,
+            public_url=settings.webhook_url,
+            secret=settings.webhook_secret.get_secret_value(),
+            handle=self._on_webhook_update,
+        )
+        await self._webhook.start()
+        await self._retrying(
+            lambda: self.bot.set_webhook(
+                url=settings.webhook_url or "",
+                secret_token=settings.webhook_secret.get_secret_value() if settings.webhook_secret else None,
+                allowed_updates=_ALLOWED_UPDATES,
+            ),
+            what="setWebhook",
+        )
+
+    async def _sync_commands(self) -> None:
+        """Register the command menu, but only when it differs from what was registered last time."""
+        commands = [
+            BotCommand(name.lower(), description[:256])
+            for name, description in self._commands
+            if _COMMAND_NAME.fullmatch(name.lower()) and description
+        ]
+        payload = json.dumps([self.bot.id, [(c.command, c.description) for c in commands]])
+        digest = hashlib.sha256(payload.encode()).hexdigest()
+        path = self._state_dir / COMMANDS_STATE_FILE
+        stored = await asyncio.to_thread(_read_json, path)
+        if stored.get("hash") == digest:
+            return
+        await self._retrying(lambda: self.bot.set_my_commands(commands), what="setMyCommands")
+        await atomic_write_text_async(path, json.dumps({"hash": digest}) + "\n")
+        log.info("telegram_commands_registered", count=len(commands))
+
+    # -- inbound ------------------------------------------------------------------------------------
+
+    async def _on_update(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """PTB handler (polling): take the message in without waiting for its join window."""
+        if update.message is not None:
+            await self._intake(update.message, wait=False)
+
+    async def _on_webhook_update(self, data: dict[str, Any]) -> None:
+        update = Update.de_json(data, self.bot)
+        if update.message is not None:
+            await self._intake(update.message, wait=True)
+
+    async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
+        log.error("telegram_update_failed", exc_info=context.error)
+
+    async def _intake(self, message: Message, *, wait: bool) -> None:
+        """Steps 1-4 of the module doc. ``wait``: return only once the dispatcher queued the message."""
+        user, chat = message.from_user, message.chat
+        if user is None or user.is_bot:
+            return
+        private = chat.type == ChatType.PRIVATE
+        if private:
+            if not (self._users.allows(user.id) or await self._pairing.is_approved(self.name, str(user.id))):
+                await self._offer_pairing(message)
+                return
+        elif chat.type not in (ChatType.GROUP, ChatType.SUPERGROUP) or not self._groups.allows(chat.id):
+            log.info("telegram_chat_not_allowed", chat_id=chat.id, chat_type=chat.type)
+            return
+        text, mentioned = self._without_mention(message)
+        is_command = text.startswith("/")
+        if is_command:
+            normalized = normalize_command(text, self.bot.username)
+            if normalized is None:
+                return  # a command for another bot in the same group
+            text = normalized
+        addressed = mentioned or is_command or self._replies_to_me(message)
+        if not private and self._requires_mention(chat.id) and not addressed:
+            return
+        media = await extract_media(
+            message,
+            download=self._download,
+            vision=self._vision(),
+            max_document_bytes=self._settings.max_document_bytes,
+        )
+        text = "\n\n".join(part for part in (text, *media.notes) if part)
+        if not text and not media.attachments:
+            return
+        thread = message.message_thread_id if message.is_topic_message else None
+        inbound = InboundMessage(
+            channel=self.name,
+            chat_id=f"{chat.id}:{thread}" if thread else str(chat.id),
+            sender_id=str(user.id),
+            sender_name=user.full_name,
+            text=text,
+            message_id=str(message.message_id),
+            timestamp=message.date,
+            attachments=tuple(media.attachments),
+            is_group=not private,
+        )
+        done = self._joiner.add(inbound, alone=is_command)
+        if wait:
+            await done
+
+    def _without_mention(self, message: Message) -> tuple[str, bool]:
+        """The message text with this bot's @mention / text_mention cut out, and whether it had one."""
+        text = message.text or message.caption or ""
+        entities = message.entities if message.text else message.caption_entities
+        me = self.bot
+        spans: list[tuple[int, int]] = []
+        units = text.encode("utf-16-le")
+        for entity in entities:
+            if entity.type == MessageEntityType.MENTION:
+                word = units[entity.offset * 2 : (entity.offset + entity.length) * 2].decode("utf-16-le")
+                if word.lower() == f"@{me.username}".lower():
+                    spans.append((entity.offset, entity.length))
+            elif entity.type == MessageEntityType.TEXT_MENTION and entity.user and entity.user.id == me.id:
+                spans.append((entity.offset, entity.length))
+        if not spans:
+            return text.strip(), False
+        return remove_utf16_spans(text, spans), True
+
+    def _replies_to_me(self, message: Message) -> bool:
+        replied = message.reply_to_message
+        if replied is None or replied.from_user is None or replied.from_user.id != self.bot.id:
+            return False
+        # In forum topics every message "replies" to the topic's first message; that is no reply.
+        return not (message.is_topic_message and replied.message_id == message.message_thread_id)
+
+    def _requires_mention(self, chat_id: int) -> bool:
+        group = self._settings.groups.get(str(chat_id))
+        return group.require_mention if group is not None else self._settings.require_mention
+
+    async def _offer_pairing(self, message: Message) -> None:
+        user = message.from_user
+        assert user is not None
+        if not self._settings.pairing:
+            log.info("telegram_user_not_allowed", user_id=user.id)
+            return
+        code = await self._pairing.request(self.name, str(user.id), user.full_name)
+        log.info("telegram_pairing_requested", user_id=user.id, issued=code is not None)
+        if code is None:
+            text = "I can't take more access requests right now. Please try again in an hour."
+        else:
+            text = (
+                "Hi! I don't know you yet. To get access, ask the operator of this bot to run:\n\n"
+                f"membot pairing approve {code}\n\nThe code is valid for one hour."
+            )
+        await self._deliver(message.chat.id, None, RenderedChunk(None, text), None)
+
+    async def _download(self, file_id: str) -> bytes:
+        async def fetch() -> bytes:
+            file = await self.bot.get_file(file_id)
+            return bytes(await file.download_as_bytearray())
+
+        return await self._retrying(fetch, what="getFile")
+
+    # -- outbound -----------------------------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> None:
+        chat, thread = _parse_chat(message.chat_id)
+        chunks = render_chunks(message.text) or [RenderedChunk(None, "(empty reply)")]
+        reply_to = (
+            int(message.reply_to) if message.reply_to and message.reply_to.isdigit() and chat < 0 else None
+        )
+        stream = self._streams.pop(message.chat_id, None)
+        try:
+            for index, chunk in enumerate(chunks):
+                if index == 0 and stream is not None and stream.message_id is not None:
+                    await self._edit(chat, stream.message_id, chunk, stream.shown)
+                else:
+                    await self._deliver(chat, thread, chunk, reply_to if index == 0 else None)
+        except TelegramError as exc:
+            self.health.send_failures += 1
+            log.error("telegram_send_failed", chat_id=message.chat_id, error=str(exc))
+            raise ChannelError(
+                f"could not deliver a reply to Telegram chat {message.chat_id}: {exc}"
+            ) from exc
+        self.health.sent += 1
+
+    async def _deliver(
+        self, chat: int, thread: int | None, chunk: RenderedChunk, reply_to: int | None
+    ) -> int:
+        """Send one chunk as HTML, falling back to plain text if Telegram cannot parse it."""
+        extra: dict[str, Any] = {"message_thread_id": thread}
+        if reply_to is not None:
+            extra["reply_parameters"] = ReplyParameters(reply_to, allow_sending_without_reply=True)
+        if chunk.html is not None:
+            try:
+                sent = await self._retrying(
+                    lambda: self.bot.send_message(chat, chunk.html or "", parse_mode=ParseMode.HTML, **extra),
+                    what="sendMessage",
+                    chat=chat,
+                )
+                return sent.message_id
+            except BadRequest as exc:
+                if "can't parse entities" not in str(exc).lower():
+                    raise
+                log.warning("telegram_html_rejected", chat_id=chat, error=str(exc))
+        sent = await self._retrying(
+            lambda: self.bot.send_message(chat, chunk.plain, **extra), what="sendMessage", chat=chat
+        )
+        return sent.message_id
+
+    async def _edit(self, chat: int, message_id: int, chunk: RenderedChunk, shown: str) -> None:
+        """Rewrite a streamed message in place (HTML, else plain text); unchanged text is fine."""
+        if (chunk.html or chunk.plain) == shown:
+            return
+        attempts: list[tuple[str, ParseMode | None]] = [(chunk.plain, None)]
+        if chunk.html is not None:
+            attempts.insert(0, (chunk.html, ParseMode.HTML))
+        for text, mode in attempts:
+            try:
+                await self._retrying(
+                    lambda: self.bot.edit_message_text(text, chat, message_id, parse_mode=mode),  # noqa: B023
+                    what="editMessageText",
+                    chat=chat,
+                )
+                return
+            except BadRequest as exc:
+                reason = str(exc).lower()
+                if "message is not modified" in reason:
+                    return
+                if mode is None or "can't parse entities" not in reason:
+                    raise
+                log.warning("telegram_html_rejected", chat_id=chat, error=str(exc))
+
+    async def _retrying(self, call: Callable[[], Awaitable[T]], *, what: str, chat: int | None = None) -> T:
+        """Retry timeouts, connection failures and 5xx with backoff (429s are the rate limiter's job)."""
+        delay = self._retry_base_delay
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await call()
+            except BadRequest:
+                raise  # the request itself is wrong: another try cannot help
+            except NetworkError as exc:
+                if attempt > self._max_retries:
+                    log.error(
+                        "telegram_request_failed", what=what, chat_id=chat, attempts=attempt, error=str(exc)
+                    )
+                    raise
+                log.warning(
+                    "telegram_retry", what=what, chat_id=chat, attempt=attempt, wait=delay, error=str(exc)
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    # -- while a turn runs ----------------------------------------------------------------------------
+
+    def activity(self, chat_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._typing(chat_id)
+
+    @contextlib.asynccontextmanager
+    async def _typing(self, chat_id: str) -> AsyncIterator[None]:
+        task = asyncio.create_task(self._keep_typing(chat_id), name=f"telegram-typing:{chat_id}")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _keep_typing(self, chat_id: str) -> None:
+        chat, thread = _parse_chat(chat_id)
+        while True:
+            try:
+                await self.bot.send_chat_action(chat, ChatAction.TYPING, message_thread_id=thread)
+            except TelegramError as exc:  # cosmetic: never worth failing or retrying a turn for
+                log.debug("telegram_typing_failed", chat_id=chat_id, error=str(exc))
+            await asyncio.sleep(self._typing_interval)
+
+    def partial_sink(self, chat_id: str) -> PartialSink | None:
+        if not self._settings.streaming:
+            return None
+        stream = self._streams[chat_id] = _Stream()
+        chat, thread = _parse_chat(chat_id)
+
+        async def show(text_so_far: str) -> None:
+            now = self._monotonic()
+            if stream.message_id is not None and now - stream.last_edit < self._stream_interval:
+                return  # throttled: the final reply edits the message anyway
+            chunks = render_chunks(text_so_far, TELEGRAM_TEXT_LIMIT)
+            if not chunks:
+                return
+            stream.last_edit = now
+            try:
+                if stream.message_id is None:
+                    stream.message_id = await self._deliver(chat, thread, chunks[0], None)
+                else:
+                    await self._edit(chat, stream.message_id, chunks[0], stream.shown)
+                stream.shown = chunks[0].html or chunks[0].plain
+            except TelegramError as exc:  # streaming is best effort; the final reply still goes out
+                log.warning("telegram_stream_failed", chat_id=chat_id, error=str(exc))
+
+        return show
+
+
+def _parse_chat(chat_id: str) -> tuple[int, int | None]:
+    """``"<chat>"`` or ``"<chat>:<topic>"`` (as built in ``_intake``) back to Telegram's ids."""
+    chat, _, thread = chat_id.partition(":")
+    return int(chat), int(thread) if thread else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

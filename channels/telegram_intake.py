@@ -1,0 +1,146 @@
+"""Inbound Telegram text: who a message is addressed to, and joining a paste the client split up.
+
+Telegram clients split a long paste into several messages sent within a second; :class:`PasteJoiner`
+puts them back together so the model sees one question, not four. The addressing helpers decide
+whether a group message is meant for this bot (``@mention``, a ``text_mention``, a reply to the bot,
+or ``/cmd@ThisBot``) and strip the mention from the text. Entity offsets are UTF-16 code units, so
+the helpers convert before cutting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+from collections.abc import Coroutine, Iterable
+from typing import Any
+
+import structlog
+
+from bot.domain import InboundMessage
+from channels.base import InboundSink
+
+log = structlog.get_logger(__name__)
+
+_COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,32})@([A-Za-z0-9_]+)(?=\s|$)")
+
+
+def normalize_command(text: str, bot_username: str) -> str | None:
+    """``/cmd@ThisBot args`` → ``/cmd args``; ``None`` when the command names another bot."""
+    match = _COMMAND.match(text)
+    if match is None:
+        return text
+    if match.group(2).lower() != bot_username.lower():
+        return None
+    return f"/{match.group(1)}{text[match.end() :]}"
+
+
+def remove_utf16_spans(text: str, spans: Iterable[tuple[int, int]]) -> str:
+    """Cut ``(offset, length)`` spans given in UTF-16 code units out of ``text``."""
+    units = text.encode("utf-16-le")
+    for offset, length in sorted(spans, reverse=True):
+        units = units[: offset * 2] + units[(offset + length) * 2 :]
+    return re.sub(r"[ \t]{2,}", " ", units.decode("utf-16-le")).strip()
+
+
+class PasteJoiner:
+    """Hands messages to ``submit``, joining those from one sender in one chat that arrive close together.
+
+    ``add`` returns a future that completes when the (joined) message was submitted, so a webhook can
+    acknowledge an update only after it is safely queued. Each new message restarts the sender's
+    window; ``window <= 0`` submits at once. Text longer than ``max_chars`` is truncated with a note.
+    """
+
+    def __init__(self, submit: InboundSink, window: float, *, max_chars: int) -> None:
+        self._submit = submit
+        self._window = window
+        self._max_chars = max_chars
+        self._pending: dict[tuple[str, str], _Batch] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def add(self, message: InboundMessage, *, alone: bool = False) -> asyncio.Future[None]:
+        """Queue ``message`` for joining; ``alone`` (commands) submits it at once and by itself,
+        right after whatever the sender had waiting."""
+        key = (message.chat_id, message.sender_id)
+        if alone:
+            previous = self._pending.pop(key, None)
+            if previous is not None and previous.timer is not None:
+                previous.timer.cancel()
+            batch = _Batch([message])
+            self._start(self._send_in_order([b for b in (previous, batch) if b is not None]))
+            return batch.done
+        batch = self._pending.setdefault(key, _Batch())
+        batch.messages.append(message)
+        if batch.timer is not None:
+            batch.timer.cancel()
+        if self._window <= 0:
+            self._start(self.flush(key))
+        else:
+            batch.timer = self._start(self._flush_later(key))
+        return batch.done
+
+    async def flush(self, key: tuple[str, str]) -> None:
+        """Submit what ``key`` has waiting now."""
+        batch = self._pending.pop(key, None)
+        if batch is not None:
+            await self._send(batch)
+
+    async def _send_in_order(self, batches: list[_Batch]) -> None:
+        for batch in batches:
+            await self._send(batch)
+
+    async def _send(self, batch: _Batch) -> None:
+        first = batch.messages[0]
+        try:
+            await self._submit(self._joined(batch.messages))
+        except BaseException as exc:
+            if not batch.done.done():
+                batch.done.set_exception(exc)
+                batch.done.exception()  # marked retrieved: a polling caller never awaits it
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("telegram_submit_failed", chat_id=first.chat_id)
+        else:
+            if not batch.done.done():
+                batch.done.set_result(None)
+
+    async def close(self) -> None:
+        """Submit everything still waiting (shutdown must not drop a paste in its join window)."""
+        for batch in self._pending.values():
+            if batch.timer is not None:
+                batch.timer.cancel()
+        for key in list(self._pending):
+            await self.flush(key)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _flush_later(self, key: tuple[str, str]) -> None:
+        await asyncio.sleep(self._window)
+        batch = self._pending.get(key)
+        if batch is not None:
+            batch.timer = None  # flush() must not cancel the task it runs in
+        await self.flush(key)
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _joined(self, messages: list[InboundMessage]) -> InboundMessage:
+        first = messages[0]
+        text = "\n".join(m.text for m in messages if m.text)
+        if len(text) > self._max_chars:
+            note = f"\n\n[message truncated: {len(text)} characters, limit {self._max_chars}]"
+            text = text[: self._max_chars] + note
+        attachments = tuple(a for m in messages for a in m.attachments)
+        return dataclasses.replace(first, text=text, attachments=attachments)
+
+
+@dataclasses.dataclass(slots=True)
+class _Batch:
+    messages: list[InboundMessage] = dataclasses.field(default_factory=list)
+    timer: asyncio.Task[None] | None = None
+    done: asyncio.Future[None] = dataclasses.field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )

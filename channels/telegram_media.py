@@ -1,0 +1,127 @@
+"""What a Telegram message carries besides text: photos, documents and the rest, made model-ready.
+
+Photos go to the model as images when the active model can see them; otherwise the text gets a note,
+so the model can tell the user instead of guessing. Text documents up to a size limit are read as text.
+Everything else (voice, video, stickers, large or binary files) is acknowledged in the text, never
+silently dropped.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from telegram import Message
+
+from bot.domain import Attachment
+
+MAX_IMAGE_BYTES = 10_000_000
+_TEXT_SUFFIXES = {
+    ".txt", ".md", ".markdown", ".rst", ".csv", ".tsv", ".json", ".jsonl", ".yaml", ".yml", ".toml",
+    ".ini", ".cfg", ".conf", ".log", ".py", ".js", ".ts", ".tsx", ".jsx", ".java", ".kt", ".go", ".rs",
+    ".c", ".h", ".cpp", ".hpp", ".cs", ".rb", ".php", ".sh", ".bash", ".zsh", ".sql", ".html", ".htm",
+    ".css", ".xml", ".svg", ".tex", ".env", ".diff", ".patch",
+}  # fmt: skip
+_TEXT_MIMES = {
+    "application/json",
+    "application/xml",
+    "application/x-yaml",
+    "application/toml",
+    "application/sql",
+}
+
+Download = Callable[[str], Awaitable[bytes]]
+
+
+@dataclass(slots=True)
+class Extracted:
+    """Attachments to hand on, and notes to append to the message text."""
+
+    attachments: list[Attachment] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def is_text_document(mime_type: str, file_name: str) -> bool:
+    return (
+        mime_type.startswith("text/")
+        or mime_type in _TEXT_MIMES
+        or PurePosixPath(file_name.lower()).suffix in _TEXT_SUFFIXES
+    )
+
+
+async def extract_media(
+    message: Message,
+    *,
+    download: Download,
+    vision: bool,
+    max_document_bytes: int,
+) -> Extracted:
+    """Download what the model can use from ``message``; describe the rest in notes.
+
+    ``download(file_id)`` may raise; the failure becomes a note and the caller logs it.
+    """
+    out = Extracted()
+    if message.photo:
+        photo = message.photo[-1]  # the largest size Telegram generated
+        if not vision:
+            out.notes.append("[The user sent a photo, but the current model cannot see images.]")
+        elif (photo.file_size or 0) > MAX_IMAGE_BYTES:
+            out.notes.append(f"[The user sent a photo larger than {MAX_IMAGE_BYTES} bytes; it was not read.]")
+        else:
+            data = await download(photo.file_id)
+            out.attachments.append(Attachment("image", "photo.jpg", "image/jpeg", data, len(data)))
+    document = message.document
+    if document is not None:
+        await _document(out, document.file_id, document.file_name, document.mime_type, document.file_size,
+                        download=download, vision=vision, max_bytes=max_document_bytes)  # fmt: skip
+    for label, present in (
+        ("a voice message (audio cannot be listened to here)", message.voice),
+        ("an audio file (audio cannot be listened to here)", message.audio),
+        ("a video (videos cannot be watched here)", message.video or message.video_note),
+        ("an animation", message.animation),
+        ("a location", message.location),
+        ("a contact", message.contact),
+        ("a poll", message.poll),
+    ):
+        if present:
+            out.notes.append(f"[The user sent {label}.]")
+    if message.sticker is not None:
+        out.notes.append(f"[sticker {message.sticker.emoji or ''}]".replace(" ]", "]"))
+    return out
+
+
+async def _document(
+    out: Extracted,
+    file_id: str,
+    file_name: str | None,
+    mime_type: str | None,
+    file_size: int | None,
+    *,
+    download: Download,
+    vision: bool,
+    max_bytes: int,
+) -> None:
+    name = file_name or "document"
+    mime = mime_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
+    size = file_size or 0
+    if mime.startswith("image/") and vision and size <= MAX_IMAGE_BYTES:
+        data = await download(file_id)
+        out.attachments.append(Attachment("image", name, mime, data, len(data)))
+        return
+    if not is_text_document(mime, name):
+        out.attachments.append(Attachment("file", name, mime, size=size))
+        return
+    if size > max_bytes:
+        out.attachments.append(Attachment("file", name, mime, size=size))
+        out.notes.append(f"[{name} is larger than {max_bytes} bytes, so it was not read.]")
+        return
+    data = await download(file_id)
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        out.attachments.append(Attachment("file", name, mime, size=len(data)))
+        out.notes.append(f"[{name} is not UTF-8 text, so it was not read.]")
+        return
+    out.attachments.append(Attachment("text", name, mime, data, len(data)))
