@@ -1,4 +1,10 @@
-"""Anthropic Messages wire format. Pure translation, no I/O (see openai.py for the shape)."""
+"""Anthropic Messages wire format. Pure translation, no I/O (openai.py has the same three parts).
+
+What differs from OpenAI: the system prompt is a top-level field (system messages found in the history
+are merged into it); turns alternate user/assistant and start with the user; tool results travel as
+``tool_result`` blocks at the front of the next user message; ``tool_use.input`` is an object, not a
+JSON string; ``max_tokens`` is required; temperature stops at 1.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +15,16 @@ import httpx
 
 from bot.catalog import ModelInfo
 from bot.domain import Message, Role, ToolCall, Usage
-from bot.errors import LLMBadResponse, LLMUnavailable
+from bot.errors import LLMBadResponse
+from bot.llm.failures import stream_error
+from bot.llm.tool_pairs import paired
 from bot.llm.sse import SSEvent
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
+# Stands in where the API needs a user turn the history lacks (it must start with one).
+_OPENING = "(the conversation so far continues)"
 
 
 def build_request(
@@ -25,15 +35,16 @@ def build_request(
     api_key: str | None,
     max_tokens: int,
     temperature: float | None,
-    timeout: float,
+    timeout: httpx.Timeout,
     stream: bool = False,
 ) -> httpx.Request:
-    system, messages = _messages(request)
-    body: dict[str, Any] = {"model": model.id, "max_tokens": max_tokens, "messages": messages}
+    """The POST to ``<base_url>/v1/messages`` with ``x-api-key`` and ``anthropic-version``."""
+    system, turns = messages(request)
+    body: dict[str, Any] = {"model": model.id, "max_tokens": max_tokens, "messages": turns}
     if system:
         body["system"] = system
     if temperature is not None and model.supports_temperature:
-        body["temperature"] = temperature
+        body["temperature"] = min(max(temperature, 0.0), 1.0)
     if request.tools:
         body["tools"] = [
             {"name": t.name, "description": t.description, "input_schema": t.parameters}
@@ -41,24 +52,26 @@ def build_request(
         ]
     if stream:
         body["stream"] = True
-    headers = {"content-type": "application/json", "anthropic-version": API_VERSION}
+    headers = {
+        "content-type": "application/json",
+        "accept": "application/json",
+        "anthropic-version": API_VERSION,
+    }
     if api_key:
         headers["x-api-key"] = api_key
     url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/v1/messages"
-    return httpx.Request(
-        "POST", url, json=body, headers=headers, extensions={"timeout": httpx.Timeout(timeout).as_dict()}
-    )
+    return httpx.Request("POST", url, json=body, headers=headers, extensions={"timeout": timeout.as_dict()})
 
 
-def _messages(request: ChatRequest) -> tuple[str, list[dict[str, Any]]]:
-    """System text goes top-level; turns must alternate user/assistant and start with the user.
+def messages(request: ChatRequest) -> tuple[str, list[dict[str, Any]]]:
+    """``(system, messages)``: system text merged top-level; alternating turns that start with the user.
 
-    Consecutive messages of one role are merged, and tool results travel as ``tool_result`` blocks in a
-    user message, as the Messages API requires.
+    Consecutive messages of one role are merged into one turn (the API requires alternation), so the
+    results of one assistant message's tool calls land together in a single user turn, before any text.
     """
     system_parts = [request.system] if request.system else []
-    out: list[dict[str, Any]] = []
-    for message in request.messages:
+    turns: list[dict[str, Any]] = []
+    for message in paired(request.messages):
         if message.role is Role.SYSTEM:
             system_parts.append(message.content)
             continue
@@ -66,42 +79,43 @@ def _messages(request: ChatRequest) -> tuple[str, list[dict[str, Any]]]:
         blocks = _blocks(message)
         if not blocks:
             continue
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
         else:
-            out.append({"role": role, "content": blocks})
-    if out and out[0]["role"] != "user":
-        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(earlier conversation)"}]})
-    return "\n\n".join(p for p in system_parts if p), out
+            turns.append({"role": role, "content": blocks})
+    if not turns or turns[0]["role"] != "user":
+        turns.insert(0, {"role": "user", "content": [{"type": "text", "text": _OPENING}]})
+    return "\n\n".join(p for p in system_parts if p.strip()), turns
 
 
 def _blocks(message: Message) -> list[dict[str, Any]]:
     if message.role is Role.TOOL:
-        return [
-            {
-                "type": "tool_result",
-                "tool_use_id": message.tool_call_id or "",
-                "content": message.content or "(empty)",
-            }
-        ]
-    blocks: list[dict[str, Any]] = []
+        result = {
+            "type": "tool_result",
+            "tool_use_id": message.tool_call_id or "",
+            "content": message.content,
+        }
+        if not message.content.strip():
+            result["content"] = "(empty)"  # whitespace-only text is rejected
+        return [result]
+    blocks: list[dict[str, Any]] = [
+        {
+            "type": "image",
+            "source": {"type": "base64", "media_type": image.media_type, "data": image.data_b64},
+        }
+        for image in message.images  # images before text, as Anthropic recommends
+    ]
     if message.content.strip():
         blocks.append({"type": "text", "text": message.content})
-    for image in message.images:
-        blocks.append(
-            {
-                "type": "image",
-                "source": {"type": "base64", "media_type": image.media_type, "data": image.data_b64},
-            }
-        )
-    for call in message.tool_calls:
-        blocks.append(
-            {"type": "tool_use", "id": call.id, "name": call.name, "input": _arguments(call.arguments)}
-        )
+    blocks += [
+        {"type": "tool_use", "id": call.id, "name": call.name, "input": _arguments(call.arguments)}
+        for call in message.tool_calls
+    ]
     return blocks
 
 
 def _arguments(text: str) -> dict[str, Any]:
+    """``tool_use.input`` must be an object; arguments that are not a JSON object become ``{}``."""
     try:
         value = json.loads(text or "{}")
     except json.JSONDecodeError:
@@ -109,20 +123,22 @@ def _arguments(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def parse_usage(data: dict[str, Any] | None) -> Usage:
-    data = data or {}
+def parse_usage(data: Any) -> Usage:
+    """Anthropic counts cache reads and writes apart from ``input_tokens``; ours includes them."""
+    if not isinstance(data, dict):
+        return Usage(calls=1)
     cached = int(data.get("cache_read_input_tokens") or 0)
+    written = int(data.get("cache_creation_input_tokens") or 0)
     return Usage(
-        input_tokens=int(data.get("input_tokens") or 0)
-        + cached
-        + int(data.get("cache_creation_input_tokens") or 0),
+        input_tokens=int(data.get("input_tokens") or 0) + cached + written,
         output_tokens=int(data.get("output_tokens") or 0),
         cached_tokens=cached,
         calls=1,
     )
 
 
-def parse_response(body: Any, model: str) -> ChatResponse:
+def parse_response(body: Any, model: str, where: str = "Anthropic") -> ChatResponse:
+    """A ChatResponse from a decoded ``message`` body; anything else is LLMBadResponse."""
     try:
         text: list[str] = []
         calls: list[ToolCall] = []
@@ -141,19 +157,34 @@ def parse_response(body: Any, model: str) -> ChatResponse:
             str(body.get("stop_reason") or ""),
         )
     except (KeyError, TypeError, AttributeError) as exc:
-        raise LLMBadResponse(f"Anthropic sent an unexpected answer ({exc!r})", model=model) from None
+        raise LLMBadResponse(
+            f"{where} sent an answer without the expected fields ({exc!r})", model=model
+        ) from None
 
 
 class StreamDecoder:
-    """Folds Anthropic's named stream events into text deltas and a final response."""
+    """Folds Anthropic's named stream events into text deltas and, at the end, one ChatResponse.
 
-    def __init__(self, model: str) -> None:
+    ``message_start`` brings input usage, ``content_block_*`` the text and tool-use blocks (tool input
+    as ``input_json_delta`` fragments), ``message_delta`` the stop reason and output usage, and
+    ``message_stop`` the end (``done``). An ``error`` event can arrive mid-stream with HTTP 200; it is
+    raised as the error the same failure would be as a response (``overloaded_error`` →
+    LLMUnavailable, and so on).
+    """
+
+    def __init__(self, model: str, where: str = "Anthropic") -> None:
         self._model = model
+        self._where = where
         self._text: list[str] = []
-        self._blocks: dict[int, dict[str, str]] = {}
+        self._tools: dict[int, dict[str, str]] = {}
         self._usage = Usage(calls=1)
         self._stop = ""
+        self._served_by = ""
         self.done = False
+
+    @property
+    def complete(self) -> bool:
+        return self.done
 
     def feed(self, event: SSEvent) -> list[StreamEvent]:
         if event.event == "ping":
@@ -161,44 +192,54 @@ class StreamDecoder:
         try:
             data = json.loads(event.data) if event.data else {}
         except json.JSONDecodeError:
-            raise LLMBadResponse("Anthropic streamed malformed JSON", model=self._model) from None
+            raise LLMBadResponse(f"{self._where} streamed malformed JSON", model=self._model) from None
+        if not isinstance(data, dict):
+            raise LLMBadResponse(f"{self._where} streamed an unexpected event", model=self._model)
         kind = event.event if event.event != "message" else str(data.get("type", ""))
         if kind == "error":
             error = data.get("error") or {}
-            message = error.get("message", "stream error")
-            if error.get("type") in ("overloaded_error", "api_error"):
-                raise LLMUnavailable(f"Anthropic failed mid-answer: {message}", model=self._model)
-            raise LLMBadResponse(f"Anthropic failed mid-answer: {message}", model=self._model)
+            raise stream_error(
+                str(error.get("type") or ""),
+                str(error.get("message") or "stream error"),
+                model=self._model,
+                provider="anthropic",
+                where=self._where,
+            )
         if kind == "message_start":
-            self._usage = parse_usage((data.get("message") or {}).get("usage"))
+            message = data.get("message") or {}
+            self._usage = parse_usage(message.get("usage"))
+            self._served_by = str(message.get("model") or "")
         elif kind == "content_block_start":
             block = data.get("content_block") or {}
             if block.get("type") == "tool_use":
-                self._blocks[int(data.get("index", 0))] = {
-                    "id": block.get("id", ""),
-                    "name": block.get("name", ""),
+                name = str(block.get("name", ""))
+                self._tools[int(data.get("index", 0))] = {
+                    "id": str(block.get("id", "")),
+                    "name": name,
                     "json": "",
                 }
+                return [StreamEvent("tool_call", text=name)]
         elif kind == "content_block_delta":
-            delta = data.get("delta") or {}
-            if delta.get("type") == "text_delta":
-                self._text.append(delta.get("text", ""))
-                return [StreamEvent("text", text=delta.get("text", ""))]
-            if delta.get("type") == "input_json_delta":
-                slot = self._blocks.get(int(data.get("index", 0)))
-                if slot is not None:
-                    slot["json"] += delta.get("partial_json", "")
+            return self._delta(int(data.get("index", 0)), data.get("delta") or {})
         elif kind == "message_delta":
             self._stop = str((data.get("delta") or {}).get("stop_reason") or self._stop)
-            self._usage.output_tokens = int(
-                (data.get("usage") or {}).get("output_tokens") or self._usage.output_tokens
-            )
+            usage = data.get("usage") or {}
+            if usage.get("output_tokens") is not None:
+                self._usage.output_tokens = int(usage["output_tokens"])
         elif kind == "message_stop":
             self.done = True
         return []
 
+    def _delta(self, index: int, delta: dict[str, Any]) -> list[StreamEvent]:
+        if delta.get("type") == "text_delta" and delta.get("text"):
+            self._text.append(str(delta["text"]))
+            return [StreamEvent("text", text=str(delta["text"]))]
+        if delta.get("type") == "input_json_delta" and index in self._tools:
+            self._tools[index]["json"] += str(delta.get("partial_json", ""))
+        return []
+
     def finish(self) -> ChatResponse:
-        calls = tuple(
-            ToolCall(b["id"], b["name"], b["json"] or "{}") for _, b in sorted(self._blocks.items())
+        calls = tuple(ToolCall(t["id"], t["name"], t["json"] or "{}") for _, t in sorted(self._tools.items()))
+        return ChatResponse(
+            "".join(self._text), calls, self._usage, self._served_by or self._model, self._stop
         )
-        return ChatResponse("".join(self._text), calls, self._usage, self._model, self._stop)

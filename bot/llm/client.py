@@ -1,85 +1,89 @@
 """The LLM client: I/O, retries, failover and usage over an injected ``httpx.AsyncClient``.
 
-Wire formats live in openai.py and anthropic.py; this module is the only place httpx errors are caught
-and mapped to membot's own (see bot/errors.py), so callers decide by type, never by message text.
+Wire formats live in openai.py and anthropic.py (pure translators); what an error answer means lives in
+failures.py. This module is the only place httpx exceptions are caught: ``map_httpx_error`` turns each
+of them into membot's own (bot/errors.py), and a test proves the map is total.
 
-Retry: 408, 409, 429, 5xx and 529 (and timeouts and connection failures) are tried again with
-exponential backoff and jitter, honouring ``retry-after-ms`` / ``retry-after`` up to a cap. Auth errors,
-exhausted spend limits, context overflows and malformed answers are not retried. When a model's retries
-are exhausted, the next model of the failover chain (``llm.fallback_models``) is tried.
+One call, step by step:
+
+1. The failover chain: ``request.model`` alone, or ``llm.model`` then ``llm.fallback_models``.
+2. Per model: the provider (``llm.provider`` for the primary, else the catalog), its key and base URL.
+3. Send. 408, 409, 429, 5xx, 529, timeouts and connection failures are retried (``retryable`` errors)
+   up to ``llm.max_retries`` times with exponential backoff and jitter, or after the server's
+   ``retry-after-ms`` / ``retry-after``, never longer than ``llm.retry_max_delay``.
+4. Retries exhausted on a retryable error: the next model of the chain. Auth and spend-limit errors,
+   context overflows and malformed answers are raised at once, because another try cannot help.
+5. Success: usage and cost (from the catalog) are added to :class:`LLMStats`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
+import contextlib
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 import structlog
 
 from bot.catalog import ModelCatalog, ModelInfo
-from bot.config import LLMSettings
-from bot.domain import Usage
-from bot.errors import (
-    LLMAuthError,
-    LLMBadResponse,
-    LLMContextOverflow,
-    LLMError,
-    LLMRateLimited,
-    LLMTimeout,
-    LLMUnavailable,
-)
+from bot.config import LLMSettings, ProviderSettings
+from bot.errors import ConfigError, LLMAuthError, LLMBadResponse, LLMError, LLMTimeout, LLMUnavailable
 from bot.llm import anthropic, openai
+from bot.llm.failures import Provider, key_setting, status_error
 from bot.llm.sse import SSEvent, iter_sse
+from bot.llm.stats import LLMStats
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
+
+__all__ = ["HTTPX_ERRORS", "LLMClient", "LLMStats", "map_httpx_error"]
 
 log = structlog.get_logger(__name__)
 
-Provider = Literal["openai", "anthropic"]
-_RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
-_SPEND_WORDS = ("insufficient_quota", "billing", "spend limit", "credit balance", "quota exceeded")
-_OVERFLOW_WORDS = (
-    "context_length_exceeded",
-    "maximum context length",
-    "prompt is too long",
-    "context window",
-)
+# Every exception httpx defines derives from one of these (tests/bot/llm/test_httpx_errors.py).
+HTTPX_ERRORS = (httpx.HTTPError, httpx.InvalidURL, httpx.CookieConflict, httpx.StreamError)
 
 
 class _Decoder(Protocol):
     done: bool
+
+    @property
+    def complete(self) -> bool: ...
 
     def feed(self, event: SSEvent) -> list[StreamEvent]: ...
 
     def finish(self) -> ChatResponse: ...
 
 
-@dataclass
-class LLMStats:
-    """Counters read by /status, /healthz and /metrics."""
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Everything needed to reach one model."""
 
-    calls: int = 0
-    failures: int = 0
-    retries: int = 0
-    failovers: int = 0
-    last_ok: bool | None = None
-    last_error: str | None = None
-    last_call_at: datetime | None = None
-    by_model: dict[str, Usage] = field(default_factory=dict)
+    model: str
+    provider: Provider
+    info: ModelInfo
+    settings: ProviderSettings
+    where: str  # the server, as the user should read it in an error
 
 
 class LLMClient:
-    """Chat with the configured model (and its fallbacks) over OpenAI-compatible or Anthropic APIs.
+    """Chat with the configured model (and its fallbacks) over the OpenAI-compatible or Anthropic API.
 
-    ``request.model=None`` means the configured primary model, then the fallbacks; a named model is
-    used alone. ``sleep`` and ``rng`` are injectable so tests need not wait for backoff.
+    Usage::
+
+        async with httpx.AsyncClient() as http:
+            llm = LLMClient(settings.llm, catalog, http)
+            reply = await llm.chat(ChatRequest(messages=(Message(Role.USER, "hi"),)))
+            async for event in llm.stream(request):  # "text" / "tool_call" deltas, then "done"
+                ...
+
+    The HTTP client belongs to the caller (the composition root), so this class owns nothing to close.
+    ``sleep`` and ``rng`` are injectable so tests can check backoff without waiting for it. Errors are
+    always bot.errors LLM types; ``stats`` is read by the ops endpoints.
     """
 
     def __init__(
@@ -91,6 +95,8 @@ class LLMClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
     ) -> None:
+        for name, section in (("openai", settings.openai), ("anthropic", settings.anthropic)):
+            _check_base_url(name, section.base_url)
         self._settings = settings
         self._catalog = catalog
         self._http = http
@@ -98,280 +104,287 @@ class LLMClient:
         self._rng = rng
         self.stats = LLMStats()
 
-    # -- public -----------------------------------------------------------------------------------
-
     @property
     def model(self) -> str:
+        """The configured primary model."""
         return self._settings.model
 
     def info(self, model: str | None = None) -> ModelInfo:
+        """Catalog facts (window, prices, abilities) for ``model``, default the primary."""
         model = model or self._settings.model
         return self._catalog.get(model, self.provider_of(model))
 
     def provider_of(self, model: str) -> Provider:
+        """``llm.provider`` for the primary when set; else the catalog's; unknown models speak OpenAI."""
         if model == self._settings.model and self._settings.provider:
             return self._settings.provider
-        return (
-            self._catalog.get(model).provider
-            if model in self._catalog
-            else (self._settings.provider or "openai")
-        )
+        if model in self._catalog:
+            return self._catalog.get(model).provider
+        return self._settings.provider or "openai"
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
-        last: LLMError | None = None
+        """One complete answer, with retries and failover (see the module docstring)."""
         chain = self._chain(request)
         for position, model in enumerate(chain):
             try:
                 return await self._with_retries(model, request)
             except LLMError as exc:
-                if not _fails_over(exc) or position == len(chain) - 1:
+                if not exc.retryable or position == len(chain) - 1:
                     raise
-                last = exc
-                self.stats.failovers += 1
-                log.warning("llm_failover", failed=model, next=chain[position + 1], error=str(exc))
-        raise last or LLMUnavailable("no model configured")
+                self._failover(model, chain[position + 1], exc)
+        raise AssertionError("the chain is never empty")
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
-        """Yield text deltas as the model writes, then one ``done`` event with the whole response.
+        """Yield ``text`` and ``tool_call`` deltas as the model writes, then one ``done`` event.
 
-        Retries and failover happen only before the first delta; after that an error is raised, because
-        the caller has already shown part of an answer.
+        The ``done`` event carries the whole ChatResponse (text, tool calls, usage). Retries and
+        failover happen only before the first delta; after it an error is raised as is, because the
+        caller has already shown part of an answer.
         """
         chain = self._chain(request)
         for position, model in enumerate(chain):
             for attempt in range(self._settings.max_retries + 1):
                 started = False
                 try:
-                    async for event in self._stream_once(model, request):
-                        started = True
-                        yield event
+                    async with aclosing(self._stream_once(model, request)) as events:
+                        async for event in events:
+                            started = True
+                            yield event
                     return
                 except LLMError as exc:
-                    self._failed(exc)
-                    if started:
+                    self._failed(model, exc)
+                    if started or not exc.retryable:
                         raise
-                    if exc.retryable and attempt < self._settings.max_retries:
+                    if attempt < self._settings.max_retries:
                         await self._backoff(attempt, exc)
                         continue
-                    if _fails_over(exc) and position < len(chain) - 1:
-                        self.stats.failovers += 1
-                        break
-                    raise
+                    if position == len(chain) - 1:
+                        raise
+                    self._failover(model, chain[position + 1], exc)
+                    break
 
-    # -- internals --------------------------------------------------------------------------------
+    # -- one model ----------------------------------------------------------------------------------
 
     def _chain(self, request: ChatRequest) -> list[str]:
         if request.model:
             return [request.model]
-        return [
-            self._settings.model,
-            *[m for m in self._settings.fallback_models if m != self._settings.model],
-        ]
+        primary = self._settings.model
+        return [primary, *dict.fromkeys(m for m in self._settings.fallback_models if m != primary)]
 
     async def _with_retries(self, model: str, request: ChatRequest) -> ChatResponse:
-        for attempt in range(self._settings.max_retries + 1):
+        attempt = 0
+        while True:
+            started = time.monotonic()
             try:
                 response = await self._send_once(model, request)
             except LLMError as exc:
-                self._failed(exc)
-                if not exc.retryable or attempt == self._settings.max_retries:
+                self._failed(model, exc)
+                if not exc.retryable or attempt >= self._settings.max_retries:
                     raise
                 await self._backoff(attempt, exc)
+                attempt += 1
                 continue
-            self._succeeded(model, response)
+            self._succeeded(model, response, time.monotonic() - started)
             return response
-        raise AssertionError("unreachable")
 
     async def _backoff(self, attempt: int, exc: LLMError) -> None:
+        """Wait before the next try: the server's hint if it gave one, else exponential with jitter."""
         self.stats.retries += 1
-        hinted = getattr(exc, "retry_after", None)
+        hinted: float | None = getattr(exc, "retry_after", None)
         if hinted is not None:
-            delay = min(float(hinted), self._settings.retry_max_delay)
+            delay = min(hinted, self._settings.retry_max_delay)
         else:
             base = self._settings.retry_base_delay * (2**attempt)
             delay = min(base * (0.5 + self._rng()), self._settings.retry_max_delay)
-        log.info("llm_retry", attempt=attempt + 1, delay=round(delay, 3), error=str(exc))
+        log.info("llm_retry", model=exc.model, attempt=attempt + 1, delay=round(delay, 3), error=str(exc))
         await self._sleep(delay)
 
-    def _build(self, model: str, request: ChatRequest, *, stream: bool) -> tuple[httpx.Request, Provider]:
+    def _failover(self, failed: str, following: str, exc: LLMError) -> None:
+        self.stats.failovers += 1
+        log.warning("llm_failover", failed=failed, next=following, error=str(exc))
+
+    def _target(self, model: str) -> _Target:
         provider = self.provider_of(model)
-        info = self._catalog.get(model, provider)
         settings = self._settings.anthropic if provider == "anthropic" else self._settings.openai
-        key = settings.api_key.get_secret_value() if settings.api_key else None
-        max_tokens = min(
-            request.max_output_tokens or self._settings.max_output_tokens, info.max_output_tokens
+        return _Target(
+            model, provider, self._catalog.get(model, provider), settings, _where(provider, settings)
         )
+
+    def _build(self, target: _Target, request: ChatRequest, *, stream: bool) -> httpx.Request:
+        key = target.settings.api_key.get_secret_value() if target.settings.api_key else None
+        if key is None and (target.provider == "anthropic" or openai.is_official(target.settings.base_url)):
+            raise LLMAuthError(
+                f"{target.where} needs an API key for {target.model}: set {key_setting(target.provider)}",
+                model=target.model,
+            )
+        limit = request.max_output_tokens or self._settings.max_output_tokens
         temperature = request.temperature if request.temperature is not None else self._settings.temperature
-        translator = anthropic if provider == "anthropic" else openai
-        http_request = translator.build_request(
-            request,
-            model=info,
-            base_url=settings.base_url,
-            api_key=key,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            timeout=request.timeout or self._settings.timeout,
-            stream=stream,
-        )
-        return http_request, provider
+        seconds = request.timeout or self._settings.timeout
+        build = anthropic.build_request if target.provider == "anthropic" else openai.build_request
+        with _httpx_errors(target):
+            return build(
+                request,
+                model=target.info,
+                base_url=target.settings.base_url,
+                api_key=key,
+                max_tokens=min(limit, target.info.max_output_tokens),
+                temperature=temperature,
+                timeout=httpx.Timeout(seconds, connect=min(seconds, self._settings.connect_timeout)),
+                stream=stream,
+            )
 
     async def _send_once(self, model: str, request: ChatRequest) -> ChatResponse:
-        http_request, provider = self._build(model, request, stream=False)
+        target = self._target(model)
+        http_request = self._build(target, request, stream=False)
+        seconds = request.timeout or self._settings.timeout
         try:
-            response = await self._http.send(http_request)
-        except httpx.HTTPError as exc:
-            raise _transport_error(exc, model) from exc
+            # httpx's timeouts are per read; this bounds the whole answer, so a trickle cannot hang a turn.
+            async with asyncio.timeout(seconds):
+                with _httpx_errors(target):
+                    response = await self._http.send(http_request)
+        except TimeoutError as exc:
+            if isinstance(exc, LLMError):
+                raise
+            raise LLMTimeout(f"{target.where} did not answer within {seconds:g} s", model=model) from None
         if response.status_code >= 400:
-            raise _status_error(response.status_code, response.headers, response.text, model, provider)
-        try:
-            body = response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise LLMBadResponse(f"{model}: the server answered with malformed JSON", model=model) from None
-        if provider == "anthropic":
-            return anthropic.parse_response(body, model)
-        return openai.parse_response(body, model)
+            raise _error_answer(target, response, response.text)
+        return _parse(target, response.content)
 
-    async def _stream_once(self, model: str, request: ChatRequest) -> AsyncIterator[StreamEvent]:
-        http_request, provider = self._build(model, request, stream=True)
-        decoder: _Decoder = (
-            anthropic.StreamDecoder(model) if provider == "anthropic" else openai.StreamDecoder(model)
-        )
-        try:
+    async def _stream_once(self, model: str, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
+        target = self._target(model)
+        http_request = self._build(target, request, stream=True)
+        started = time.monotonic()
+        with _httpx_errors(target):
             response = await self._http.send(http_request, stream=True)
-        except httpx.HTTPError as exc:
-            raise _transport_error(exc, model) from exc
         try:
-            if response.status_code >= 400:
-                text = (await response.aread()).decode("utf-8", "replace")
-                raise _status_error(response.status_code, response.headers, text, model, provider)
-            async for event in iter_sse(response.aiter_lines()):
-                for item in decoder.feed(event):
-                    yield item
-                if decoder.done:
-                    break
-            if not decoder.done:
-                raise LLMUnavailable(f"{model}: the stream ended before the answer was complete", model=model)
-        except httpx.HTTPError as exc:
-            raise _transport_error(exc, model) from exc
+            with _httpx_errors(target):
+                if response.status_code >= 400:
+                    text = (await response.aread()).decode("utf-8", "replace")
+                    raise _error_answer(target, response, text)
+                if "text/event-stream" not in response.headers.get("content-type", ""):
+                    # The server ignored stream=true (some compatible servers do): a whole answer.
+                    final = _parse(target, await response.aread())
+                    for event in _replay(final):
+                        yield event
+                else:
+                    decoder: _Decoder = (
+                        anthropic.StreamDecoder(model, target.where)
+                        if target.provider == "anthropic"
+                        else openai.StreamDecoder(model, target.where)
+                    )
+                    async for sse in iter_sse(response.aiter_lines()):
+                        for event in decoder.feed(sse):
+                            yield event
+                        if decoder.done:
+                            break
+                    if not decoder.complete:
+                        raise LLMUnavailable(
+                            f"{target.where} ended the stream before the answer was complete", model=model
+                        )
+                    final = decoder.finish()
         finally:
             await response.aclose()
-        final = decoder.finish()
-        self._succeeded(model, final)
+        self._succeeded(model, final, time.monotonic() - started)
         yield StreamEvent("done", response=final)
 
-    def _succeeded(self, model: str, response: ChatResponse) -> None:
-        info = self._catalog.get(model, self.provider_of(model))
-        response.usage.cost_usd = info.cost(response.usage)
+    def _succeeded(self, model: str, response: ChatResponse, latency: float) -> None:
+        response.usage.cost_usd = self.info(model).cost(response.usage)
         response.model = response.model or model
-        self.stats.calls += 1
-        self.stats.last_ok = True
-        self.stats.last_error = None
-        self.stats.last_call_at = datetime.now(UTC)
-        self.stats.by_model.setdefault(model, Usage()).add(response.usage)
+        self.stats.succeeded(model, response.usage, latency)
 
-    def _failed(self, exc: LLMError) -> None:
-        self.stats.failures += 1
-        self.stats.last_ok = False
-        self.stats.last_error = f"{type(exc).__name__}: {exc}"
-        self.stats.last_call_at = datetime.now(UTC)
+    def _failed(self, model: str, exc: LLMError) -> None:
+        self.stats.failed(model, exc)
 
 
-def _fails_over(exc: LLMError) -> bool:
-    return isinstance(exc, LLMUnavailable | LLMTimeout | LLMRateLimited)
+def _replay(final: ChatResponse) -> Iterator[StreamEvent]:
+    if final.content:
+        yield StreamEvent("text", text=final.content)
+    for call in final.tool_calls:
+        yield StreamEvent("tool_call", text=call.name)
 
 
-def _transport_error(exc: httpx.HTTPError, model: str) -> LLMError:
-    """Every httpx error, mapped (tests prove the map is total)."""
-    if isinstance(exc, httpx.TimeoutException):
-        return LLMTimeout(f"{model}: the model server did not answer in time", model=model)
-    if isinstance(exc, httpx.TransportError):
-        return LLMUnavailable(f"{model}: cannot reach the model server ({type(exc).__name__})", model=model)
-    if isinstance(exc, httpx.HTTPStatusError):
-        return LLMUnavailable(f"{model}: HTTP {exc.response.status_code}", model=model)
-    return LLMUnavailable(f"{model}: request failed ({type(exc).__name__})", model=model)
-
-
-def retry_after_seconds(headers: httpx.Headers, now: float | None = None) -> float | None:
-    """``retry-after-ms`` first, then ``retry-after`` as seconds (maybe fractional) or an HTTP date."""
-    ms = headers.get("retry-after-ms")
-    if ms:
-        try:
-            return max(0.0, float(ms) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
+def _parse(target: _Target, content: bytes) -> ChatResponse:
     try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - (now if now is not None else time.time()))
+        body = json.loads(content)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        raise LLMBadResponse(
+            f"{target.where} answered with malformed JSON for {target.model}", model=target.model
+        ) from None
+    parse = anthropic.parse_response if target.provider == "anthropic" else openai.parse_response
+    return parse(body, target.model, target.where)
 
 
-def _status_error(status: int, headers: httpx.Headers, text: str, model: str, provider: Provider) -> LLMError:
-    detail = _error_message(text)
-    lowered = (text or "").lower()
-    key_setting = f"MEMBOT_LLM__{provider.upper()}__API_KEY"
-    where = "Anthropic" if provider == "anthropic" else "the OpenAI-compatible server"
-    if status in (401, 403):
-        return LLMAuthError(
-            f"{where} rejected the API key for {model}: check {key_setting} ({detail})",
-            model=model,
-            status_code=status,
-        )
-    if any(word in lowered for word in _SPEND_WORDS):
-        return LLMAuthError(
-            f"{where}: quota or spend limit exhausted for {model} ({detail})", model=model, status_code=status
-        )
-    if status == 429:
-        return LLMRateLimited(
-            f"{model}: rate limited ({detail})",
-            retry_after=retry_after_seconds(headers),
-            model=model,
-            status_code=status,
-        )
-    if status in _RETRY_STATUS or status >= 500:
-        return LLMUnavailable(
-            f"{model}: the provider is unavailable (HTTP {status}: {detail})",
-            retry_after=retry_after_seconds(headers),
-            model=model,
-            status_code=status,
-        )
-    if any(word in lowered for word in _OVERFLOW_WORDS):
-        return LLMContextOverflow(
-            f"{model}: the conversation is longer than the model's window ({detail})",
-            model=model,
-            status_code=status,
-        )
-    if status == 404:
-        return LLMBadResponse(
-            f"{where} does not know model {model!r} (HTTP 404): check MEMBOT_LLM__MODEL",
-            model=model,
-            status_code=status,
-        )
-    return LLMBadResponse(
-        f"{model}: the provider refused the request (HTTP {status}: {detail})",
-        model=model,
-        status_code=status,
+def _error_answer(target: _Target, response: httpx.Response, text: str) -> LLMError:
+    return status_error(
+        response.status_code,
+        response.headers,
+        text,
+        model=target.model,
+        provider=target.provider,
+        where=target.where,
     )
 
 
-def _error_message(text: str) -> str:
+def _where(provider: Provider, settings: ProviderSettings) -> str:
+    if provider == "anthropic":
+        official = settings.base_url is None or "api.anthropic.com" in settings.base_url
+        return "Anthropic" if official else f"the Anthropic-compatible server at {settings.base_url}"
+    if openai.is_official(settings.base_url):
+        return "OpenAI"
+    return f"the OpenAI-compatible server at {settings.base_url}"
+
+
+def _check_base_url(section: str, base_url: str | None) -> None:
+    """Fail at start-up, naming the setting, rather than on every call."""
+    if base_url is None:
+        return
     try:
-        body: Any = json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        return (text or "").strip()[:200] or "no details"
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict):
-            return str(error.get("message") or error.get("type") or error)[:300]
-        if isinstance(error, str):
-            return error[:300]
-        if "message" in body:
-            return str(body["message"])[:300]
-    return str(body)[:200]
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        example = "http://localhost:11434/v1" if section == "openai" else "https://api.anthropic.com"
+        raise ConfigError(
+            f"llm.{section}.base_url {base_url!r} is not an http(s) URL: set "
+            f"MEMBOT_LLM__{section.upper()}__BASE_URL to something like {example}"
+        )
+
+
+@contextlib.contextmanager
+def _httpx_errors(target: _Target) -> Iterator[None]:
+    """Run httpx code; re-raise whatever it raises as a bot.errors LLM error (like httpcore's map)."""
+    try:
+        yield
+    except HTTPX_ERRORS as exc:
+        raise map_httpx_error(exc, model=target.model, provider=target.provider, where=target.where) from exc
+
+
+def map_httpx_error(exc: Exception, *, model: str, provider: Provider, where: str) -> LLMError:
+    """The LLM error for any exception httpx raises; the most specific httpx class wins.
+
+    Timeouts are LLMTimeout; network failures LLMUnavailable (both retried); a URL that cannot be
+    requested, a body that cannot be decoded, redirect loops and misuse of a stream are LLMBadResponse
+    (not retried: another try cannot help).
+    """
+    name = type(exc).__name__
+    if isinstance(exc, httpx.TimeoutException):
+        stage = {"ConnectTimeout": "connecting to", "PoolTimeout": "waiting for a connection to"}
+        return LLMTimeout(f"timed out {stage.get(name, 'waiting for')} {where} ({name})", model=model)
+    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
+        return LLMBadResponse(f"cannot build a request to {where}: {exc} (check the base_url)", model=model)
+    if isinstance(exc, httpx.DecodingError | httpx.TooManyRedirects):
+        return LLMBadResponse(f"{where} sent an answer that cannot be read ({name}: {exc})", model=model)
+    if isinstance(exc, httpx.ConnectError):
+        return LLMUnavailable(
+            f"cannot reach {where}: is it running and is the base_url right? ({exc})", model=model
+        )
+    if isinstance(exc, httpx.TransportError):
+        return LLMUnavailable(f"the connection to {where} failed ({name}: {exc})", model=model)
+    if isinstance(exc, httpx.HTTPStatusError):
+        response = exc.response
+        return status_error(
+            response.status_code, response.headers, response.text, model=model, provider=provider, where=where
+        )
+    if isinstance(exc, httpx.RequestError):
+        return LLMUnavailable(f"the request to {where} failed ({name}: {exc})", model=model)
+    return LLMBadResponse(f"talking to {where} failed unexpectedly ({name}: {exc})", model=model)

@@ -1,7 +1,8 @@
 """OpenAI chat-completions wire format (OpenAI, OpenRouter, Ollama, vLLM, llama.cpp, LM Studio).
 
-Pure translation, no I/O: ``build_request`` turns a ChatRequest into an httpx.Request, ``parse_response``
-turns a JSON body into a ChatResponse, and ``StreamDecoder`` folds SSE chunks into events.
+Pure translation, no I/O, in the spirit of httpx's ``Auth.auth_flow``: ``build_request`` turns a
+ChatRequest into an ``httpx.Request``, ``parse_response`` turns a decoded JSON body into a ChatResponse,
+and ``StreamDecoder`` folds SSE chunks into stream events. The client (client.py) does the sending.
 """
 
 from __future__ import annotations
@@ -14,10 +15,16 @@ import httpx
 from bot.catalog import ModelInfo
 from bot.domain import Message, Role, ToolCall, Usage
 from bot.errors import LLMBadResponse
+from bot.llm.failures import stream_error
+from bot.llm.tool_pairs import paired
 from bot.llm.sse import SSEvent
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+
+def is_official(base_url: str | None) -> bool:
+    return base_url is None or "api.openai.com" in base_url
 
 
 def build_request(
@@ -28,13 +35,16 @@ def build_request(
     api_key: str | None,
     max_tokens: int,
     temperature: float | None,
-    timeout: float,
+    timeout: httpx.Timeout,
     stream: bool = False,
 ) -> httpx.Request:
-    body: dict[str, Any] = {"model": model.id, "messages": _messages(request)}
-    official = base_url is None or "api.openai.com" in base_url
-    # Official OpenAI (gpt-5, o-series) needs max_completion_tokens; local servers know max_tokens.
-    body["max_completion_tokens" if official else "max_tokens"] = max_tokens
+    """The POST to ``<base_url>/chat/completions``; no ``Authorization`` without a key (Ollama)."""
+    body: dict[str, Any] = {"model": model.id, "messages": messages(request)}
+    # OpenAI's reasoning models (no temperature in the catalog) reject max_tokens wherever they are
+    # served, and OpenAI itself deprecated it; compatible servers (Ollama, vLLM, llama.cpp, LM Studio)
+    # know only max_tokens.
+    wants_new_name = is_official(base_url) or not model.supports_temperature
+    body["max_completion_tokens" if wants_new_name else "max_tokens"] = max_tokens
     if temperature is not None and model.supports_temperature:
         body["temperature"] = temperature
     if request.tools:
@@ -48,94 +58,115 @@ def build_request(
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-    headers = {"content-type": "application/json"}
+    headers = {"content-type": "application/json", "accept": "application/json"}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
     url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/chat/completions"
-    return httpx.Request(
-        "POST", url, json=body, headers=headers, extensions={"timeout": httpx.Timeout(timeout).as_dict()}
-    )
+    return httpx.Request("POST", url, json=body, headers=headers, extensions={"timeout": timeout.as_dict()})
 
 
-def _messages(request: ChatRequest) -> list[dict[str, Any]]:
+def messages(request: ChatRequest) -> list[dict[str, Any]]:
+    """The ``messages`` array: the system prompt first, then the history with tool calls paired."""
     out: list[dict[str, Any]] = []
     if request.system:
         out.append({"role": "system", "content": request.system})
-    for message in request.messages:
-        out.append(_message(message))
+    for message in paired(request.messages):
+        item = _message(message)
+        if item is not None:
+            out.append(item)
     return out
 
 
-def _message(message: Message) -> dict[str, Any]:
+def _message(message: Message) -> dict[str, Any] | None:
     if message.role is Role.TOOL:
         return {"role": "tool", "tool_call_id": message.tool_call_id or "", "content": message.content}
     if message.role is Role.ASSISTANT:
-        data: dict[str, Any] = {"role": "assistant", "content": message.content or None}
-        if message.tool_calls:
-            data["tool_calls"] = [
+        if not message.tool_calls:
+            # An empty assistant turn says nothing; the API rejects null content without tool calls.
+            return {"role": "assistant", "content": message.content} if message.content else None
+        return {
+            "role": "assistant",
+            "content": message.content or None,
+            "tool_calls": [
                 {
                     "id": c.id,
                     "type": "function",
                     "function": {"name": c.name, "arguments": c.arguments or "{}"},
                 }
                 for c in message.tool_calls
-            ]
-        return data
-    if message.role is Role.USER and message.images:
-        parts: list[dict[str, Any]] = [{"type": "text", "text": message.content}]
+            ],
+        }
+    if message.images:
+        parts: list[dict[str, Any]] = [{"type": "text", "text": message.content}] if message.content else []
         parts += [
-            {"type": "image_url", "image_url": {"url": f"data:{img.media_type};base64,{img.data_b64}"}}
-            for img in message.images
+            {"type": "image_url", "image_url": {"url": f"data:{image.media_type};base64,{image.data_b64}"}}
+            for image in message.images
         ]
-        return {"role": "user", "content": parts}
+        return {"role": message.role.value, "content": parts}
     return {"role": message.role.value, "content": message.content}
 
 
-def parse_usage(data: dict[str, Any] | None) -> Usage:
-    if not data:
+def parse_usage(data: Any) -> Usage:
+    if not isinstance(data, dict):
         return Usage(calls=1)
     details = data.get("prompt_tokens_details") or {}
     return Usage(
         input_tokens=int(data.get("prompt_tokens") or 0),
         output_tokens=int(data.get("completion_tokens") or 0),
-        cached_tokens=int(details.get("cached_tokens") or 0),
+        cached_tokens=int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
         calls=1,
     )
 
 
-def parse_response(body: Any, model: str) -> ChatResponse:
+def parse_response(body: Any, model: str, where: str = "OpenAI") -> ChatResponse:
+    """A ChatResponse from a decoded ``chat.completion`` body; anything else is LLMBadResponse."""
     try:
         choice = body["choices"][0]
         message = choice["message"]
         calls = tuple(
             ToolCall(
-                id=str(c["id"]),
+                id=str(c.get("id") or f"call_{n}"),  # some local servers send no ids
                 name=str(c["function"]["name"]),
                 arguments=str(c["function"].get("arguments") or ""),
             )
-            for c in message.get("tool_calls") or ()
+            for n, c in enumerate(message.get("tool_calls") or ())
         )
+        # A refusal arrives instead of content; showing it beats an empty reply.
+        content = message.get("content") or message.get("refusal") or ""
         return ChatResponse(
-            content=str(message.get("content") or ""),
+            content=str(content),
             tool_calls=calls,
             usage=parse_usage(body.get("usage")),
             model=str(body.get("model") or model),
             stop_reason=str(choice.get("finish_reason") or ""),
         )
-    except (KeyError, IndexError, TypeError) as exc:
-        raise LLMBadResponse(f"the model server sent an unexpected answer ({exc!r})", model=model) from None
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise LLMBadResponse(
+            f"{where} sent an answer without the expected fields ({exc!r})", model=model
+        ) from None
 
 
 class StreamDecoder:
-    """Accumulates streamed chunks; tool-call fragments are joined by their ``index``."""
+    """Folds ``chat.completion.chunk`` SSE events into text deltas and, at the end, one ChatResponse.
 
-    def __init__(self, model: str) -> None:
+    Tool calls arrive in fragments keyed by ``index``: the first carries id and name, later ones
+    append to the arguments. ``done`` turns true at ``data: [DONE]``; a stream that ends without it
+    still counts as ``complete`` once a ``finish_reason`` arrived (some local servers omit [DONE]).
+    """
+
+    def __init__(self, model: str, where: str = "OpenAI") -> None:
         self._model = model
+        self._where = where
         self._text: list[str] = []
         self._calls: dict[int, dict[str, str]] = {}
         self._usage = Usage(calls=1)
         self._stop = ""
+        self._served_by = ""
         self.done = False
+
+    @property
+    def complete(self) -> bool:
+        return self.done or bool(self._stop)
 
     def feed(self, event: SSEvent) -> list[StreamEvent]:
         if event.data.strip() == "[DONE]":
@@ -144,18 +175,17 @@ class StreamDecoder:
         try:
             chunk = json.loads(event.data)
         except json.JSONDecodeError:
-            raise LLMBadResponse("the model server streamed malformed JSON", model=self._model) from None
+            raise LLMBadResponse(f"{self._where} streamed malformed JSON", model=self._model) from None
         if not isinstance(chunk, dict):
-            raise LLMBadResponse("the model server streamed an unexpected chunk", model=self._model)
-        if "error" in chunk:
-            message = (
-                (chunk["error"] or {}).get("message", "stream error")
-                if isinstance(chunk["error"], dict)
-                else chunk["error"]
-            )
-            raise LLMBadResponse(f"the model server failed mid-answer: {message}", model=self._model)
+            raise LLMBadResponse(f"{self._where} streamed an unexpected chunk", model=self._model)
+        error = chunk.get("error")
+        if error:
+            kind = str(error.get("type") or error.get("code") or "") if isinstance(error, dict) else ""
+            text = str(error.get("message") or error) if isinstance(error, dict) else str(error)
+            raise stream_error(kind, text, model=self._model, provider="openai", where=self._where)
         if chunk.get("usage"):
             self._usage = parse_usage(chunk["usage"])
+        self._served_by = str(chunk.get("model") or self._served_by)
         out: list[StreamEvent] = []
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
@@ -163,20 +193,28 @@ class StreamDecoder:
                 self._text.append(delta["content"])
                 out.append(StreamEvent("text", text=delta["content"]))
             for fragment in delta.get("tool_calls") or ():
-                slot = self._calls.setdefault(
-                    int(fragment.get("index", 0)), {"id": "", "name": "", "arguments": ""}
-                )
-                if fragment.get("id"):
-                    slot["id"] = fragment["id"]
-                function = fragment.get("function") or {}
-                if function.get("name"):
-                    slot["name"] += function["name"]
-                if function.get("arguments"):
-                    slot["arguments"] += function["arguments"]
+                out.extend(self._fragment(fragment))
             if choice.get("finish_reason"):
-                self._stop = choice["finish_reason"]
+                self._stop = str(choice["finish_reason"])
         return out
 
+    def _fragment(self, fragment: dict[str, Any]) -> list[StreamEvent]:
+        index = int(fragment.get("index", 0))
+        slot = self._calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+        if fragment.get("id"):
+            slot["id"] = str(fragment["id"])
+        function = fragment.get("function") or {}
+        if function.get("arguments"):
+            slot["arguments"] += str(function["arguments"])
+        if function.get("name") and not slot["name"]:
+            slot["name"] = str(function["name"])
+            return [StreamEvent("tool_call", text=slot["name"])]
+        return []
+
     def finish(self) -> ChatResponse:
-        calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(self._calls.items()))
-        return ChatResponse("".join(self._text), calls, self._usage, self._model, self._stop)
+        calls = tuple(
+            ToolCall(c["id"] or f"call_{index}", c["name"], c["arguments"])
+            for index, c in sorted(self._calls.items())
+        )
+        model = self._served_by or self._model
+        return ChatResponse("".join(self._text), calls, self._usage, model, self._stop)

@@ -1,99 +1,176 @@
-"""LLMClient against the local fake server, for both wire formats."""
+"""LLMClient end to end against the local fake server, for both wire formats.
+
+The fake validates requests like the real APIs (tests/fakes/llm_checks.py), so every successful call
+here also proves the translator built a shape the real API would accept.
+"""
 
 from __future__ import annotations
 
-import inspect
+import email.utils
 import json
-from collections.abc import AsyncIterator
+import time
+from contextlib import aclosing
 from typing import Any
 
 import httpx
 import pytest
 
-from bot.catalog import load_catalog
+from bot.catalog import ModelCatalog
 from bot.config import LLMSettings
-from bot.domain import Message, Role, ToolCall
+from bot.domain import ImagePart, Message, Role, ToolCall
 from bot.errors import (
     LLMAuthError,
     LLMBadResponse,
     LLMContextOverflow,
+    LLMRateLimited,
     LLMTimeout,
     LLMUnavailable,
 )
-from bot.llm import ChatRequest, LLMClient, ToolSpec
-from bot.llm.client import _transport_error, retry_after_seconds
+from bot.llm import ChatRequest, ChatResponse, LLMClient, StreamEvent, ToolSpec
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
+both = pytest.mark.parametrize("api", ["openai", "anthropic"])
 MODELS = {"openai": "gpt-4.1-mini", "anthropic": "claude-haiku-4-5"}
-CATALOG = load_catalog()
-
-
-class Sleeps:
-    def __init__(self) -> None:
-        self.calls: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.calls.append(seconds)
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[FakeLLMServer]:
-    async with FakeLLMServer() as llm:
-        yield llm
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
-
-
-def client(server: FakeLLMServer, http: httpx.AsyncClient, api: str, **settings: Any) -> tuple[LLMClient, Sleeps]:
-    base: dict[str, Any] = {
-        "model": MODELS[api],
-        "openai": {"base_url": server.openai_base_url, "api_key": "sk-test-openai"},
-        "anthropic": {"base_url": server.anthropic_base_url, "api_key": "sk-ant-test"},
-        "timeout": 5.0,
-    }
-    base.update(settings)
-    sleeps = Sleeps()
-    return LLMClient(LLMSettings.model_validate(base), CATALOG, http, sleep=sleeps, rng=lambda: 0.5), sleeps
+WEATHER = ToolSpec(
+    "weather", "Weather for a city", {"type": "object", "properties": {"city": {"type": "string"}}}
+)
 
 
 def ask(text: str, **kw: Any) -> ChatRequest:
     return ChatRequest(messages=(Message(Role.USER, text),), system="be brief", **kw)
 
 
-WEATHER = ToolSpec("weather", "Weather for a city", {"type": "object", "properties": {"city": {"type": "string"}}})
+async def collect(llm: LLMClient, request: ChatRequest) -> tuple[list[StreamEvent], ChatResponse]:
+    events = [event async for event in llm.stream(request)]
+    assert events[-1].kind == "done" and events[-1].response is not None
+    return events[:-1], events[-1].response
 
-both = pytest.mark.parametrize("api", ["openai", "anthropic"])
+
+# ---- plain calls ----------------------------------------------------------------------------------
 
 
 @both
-async def test_plain_chat_with_usage_and_cost(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> None:
-    llm, _ = client(server, http, api)
-    server.script(FakeReply(text="hello there", usage=(1000, 50)))
+async def test_plain_chat_with_usage_cost_and_stats(
+    make_client: Any, server: FakeLLMServer, catalog: ModelCatalog, api: str
+) -> None:
+    llm, _ = make_client(api)
+    server.script(FakeReply(text="hello there", usage=(1000, 50), cached_tokens=400))
     response = await llm.chat(ask("hi"))
-    assert response.content == "hello there"
-    assert (response.usage.input_tokens, response.usage.output_tokens) == (1000, 50)
-    info = CATALOG.get(MODELS[api])
-    assert response.usage.cost_usd == pytest.approx((1000 * info.input_price + 50 * info.output_price) / 1e6)
-    body = server.requests[-1].body
+    assert response.content == "hello there" and response.stop_reason in ("stop", "end_turn")
+    usage = response.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.cached_tokens) == (1000, 50, 400)
+    info = catalog.get(MODELS[api])
+    assert info.cached_input_price is not None
+    expected = (600 * info.input_price + 400 * info.cached_input_price + 50 * info.output_price) / 1e6
+    assert usage.cost_usd == pytest.approx(expected)
+    stats = llm.stats
+    assert (stats.calls, stats.failures, stats.last_ok, stats.last_model) == (1, 0, True, MODELS[api])
+    assert stats.by_model[MODELS[api]].output_tokens == 50
+    assert stats.last_latency is not None and stats.last_call_at is not None
+
+
+@both
+async def test_wire_shape_headers_and_system_placement(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    llm, _ = make_client(api, temperature=0.3)
+    await llm.chat(ask("hi", max_output_tokens=100))
+    recorded = server.requests[-1]
+    body = recorded.body
+    assert body["model"] == MODELS[api] and body["temperature"] == 0.3
     if api == "anthropic":
-        assert body["system"] == "be brief" and body["max_tokens"] > 0
-        assert server.requests[-1].headers["x-api-key"] == "sk-ant-test"
+        assert body["system"] == "be brief" and body["max_tokens"] == 100
+        assert recorded.headers["x-api-key"] == "sk-ant-test"
+        assert recorded.headers["anthropic-version"] == "2023-06-01"
+        assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     else:
         assert body["messages"][0] == {"role": "system", "content": "be brief"}
-        assert server.requests[-1].headers["Authorization"] == "Bearer sk-test-openai"
+        assert body["max_tokens"] == 100
+        assert recorded.headers["Authorization"] == "Bearer sk-test-openai"
+
+
+async def test_default_reply_echoes_the_last_user_text(make_client: Any) -> None:
+    llm, _ = make_client("anthropic")
+    assert (await llm.chat(ask("ping"))).content == "echo: ping"
+
+
+async def test_local_server_without_key_gets_no_authorization_header(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    llm, _ = make_client("openai", model="llama3.1", openai={"base_url": server.openai_base_url})
+    assert (await llm.chat(ask("hi"))).content == "echo: hi"
+    assert "Authorization" not in server.requests[-1].headers
+    assert llm.stats.by_model["llama3.1"].cost_usd == 0.0  # unknown model: the free local entry
+
+
+async def test_official_openai_without_key_fails_before_any_request(make_client: Any) -> None:
+    llm, _ = make_client("openai", openai={})
+    with pytest.raises(LLMAuthError, match="MEMBOT_LLM__OPENAI__API_KEY"):
+        await llm.chat(ask("hi"))
+
+
+async def test_reasoning_model_gets_no_temperature_and_max_completion_tokens(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    llm, _ = make_client("openai", model="gpt-5-mini", temperature=0.7)
+    await llm.chat(ask("hi"))  # the fake answers 400 to temperature or max_tokens, like OpenAI
+    body = server.requests[-1].body
+    assert "temperature" not in body and body["max_completion_tokens"] > 0
+
+
+async def test_anthropic_temperature_is_kept_within_its_range(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    llm, _ = make_client("anthropic", temperature=1.5)
+    await llm.chat(ask("hi"))
+    assert server.requests[-1].body["temperature"] == 1.0
 
 
 @both
-async def test_tool_call_round_trip_is_accepted_by_the_api(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> None:
-    llm, _ = client(server, http, api)
+async def test_system_messages_in_the_history(make_client: Any, server: FakeLLMServer, api: str) -> None:
+    llm, _ = make_client(api)
+    history = (
+        Message(Role.SYSTEM, "[summary] they like tea"),
+        Message(Role.ASSISTANT, "welcome back"),
+        Message(Role.USER, "what do I like?"),
+    )
+    assert (await llm.chat(ChatRequest(messages=history, system="base"))).content == "echo: what do I like?"
+    body = server.requests[-1].body
+    if api == "anthropic":
+        assert body["system"] == "base\n\n[summary] they like tea"
+    else:
+        assert [m["role"] for m in body["messages"]] == ["system", "system", "assistant", "user"]
+
+
+@both
+async def test_images_reach_the_api(make_client: Any, server: FakeLLMServer, api: str) -> None:
+    llm, _ = make_client(api)
+    message = Message(Role.USER, "what is this?", images=(ImagePart("image/png", "iVBORw0KGgo="),))
+    await llm.chat(ChatRequest(messages=(message,)))
+    content = server.requests[-1].body["messages"][-1]["content"]
+    if api == "anthropic":
+        image = next(block for block in content if block["type"] == "image")
+        assert image["source"] == {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+    else:
+        image = next(part for part in content if part["type"] == "image_url")
+        assert image["image_url"]["url"] == "data:image/png;base64,iVBORw0KGgo="
+
+
+# ---- tool calls -----------------------------------------------------------------------------------
+
+
+@both
+async def test_tool_call_round_trip_is_accepted_by_the_api(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    llm, _ = make_client(api)
     server.script(FakeReply(tool_calls=[("weather", {"city": "Oslo"}), ("weather", '{"city": "Rome"}')]))
     first = await llm.chat(ask("weather?", tools=(WEATHER,)))
     assert [c.name for c in first.tool_calls] == ["weather", "weather"]
-    assert json.loads(first.tool_calls[0].arguments) == {"city": "Oslo"}
+    assert [json.loads(c.arguments) for c in first.tool_calls] == [{"city": "Oslo"}, {"city": "Rome"}]
+    assert first.stop_reason in ("tool_calls", "tool_use")
+    tools = server.requests[-1].body["tools"]
+    assert len(tools) == 1 and "weather" in json.dumps(tools)
     history = (
         Message(Role.USER, "weather?"),
         Message(Role.ASSISTANT, "", tool_calls=first.tool_calls),
@@ -101,36 +178,139 @@ async def test_tool_call_round_trip_is_accepted_by_the_api(server: FakeLLMServer
     )
     server.script(FakeReply(text="Both sunny."))
     second = await llm.chat(ChatRequest(messages=history, tools=(WEATHER,)))
-    assert second.content == "Both sunny."  # the fake validated call ids and ordering like the real API
+    assert second.content == "Both sunny."  # the fake checked call ids and ordering like the real API
+    if api == "anthropic":
+        results = server.requests[-1].body["messages"][-1]["content"]
+        assert [b["tool_use_id"] for b in results] == [c.id for c in first.tool_calls]
 
 
 @both
-async def test_streaming_text_and_tool_calls(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> None:
-    llm, _ = client(server, http, api)
-    server.script(FakeReply(text="streamed answer here", tool_calls=[("weather", {"city": "Paris"})], usage=(10, 5)))
-    texts, done = [], None
-    async for event in llm.stream(ask("go", tools=(WEATHER,))):
-        if event.kind == "text":
-            texts.append(event.text)
-        elif event.kind == "done":
-            done = event.response
+async def test_broken_tool_history_is_repaired_not_refused(make_client: Any, api: str) -> None:
+    """An interrupted call (no result) and a result whose call was compacted away still get an answer."""
+    llm, _ = make_client(api)
+    history = (
+        Message(Role.TOOL, "old result", tool_call_id="gone", name="files"),
+        Message(Role.USER, "hi"),
+        Message(Role.ASSISTANT, "", tool_calls=(ToolCall("c1", "weather", "{not json"),)),
+        Message(Role.USER, "still there?"),
+    )
+    assert (await llm.chat(ChatRequest(messages=history, tools=(WEATHER,)))).content == "echo: still there?"
+
+
+# ---- streaming ------------------------------------------------------------------------------------
+
+
+@both
+async def test_streaming_text_and_tool_calls(make_client: Any, server: FakeLLMServer, api: str) -> None:
+    llm, _ = make_client(api)
+    reply = FakeReply(text="streamed answer here", tool_calls=[("weather", {"city": "Paris"})], usage=(10, 5))
+    server.script(reply)
+    events, done = await collect(llm, ask("go", tools=(WEATHER,)))
+    texts = [e.text for e in events if e.kind == "text"]
     assert "".join(texts) == "streamed answer here" and len(texts) > 1
-    assert done is not None and done.content == "streamed answer here"
+    assert [e.text for e in events if e.kind == "tool_call"] == ["weather"]
+    assert done.content == "streamed answer here"
     assert [(c.name, json.loads(c.arguments)) for c in done.tool_calls] == [("weather", {"city": "Paris"})]
-    assert done.usage.input_tokens == 10 and done.usage.output_tokens == 5
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (10, 5)
+    assert done.usage.cost_usd > 0 and llm.stats.calls == 1
+    if api == "openai":
+        assert server.requests[-1].body["stream_options"] == {"include_usage": True}
+
+
+async def test_openai_parallel_tool_call_deltas_are_joined_by_index(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    llm, _ = make_client("openai")
+    server.script(FakeReply(tool_calls=[("a", {"x": 1, "long": "y" * 30}), ("b", '{"z": 2}')]))
+    _, done = await collect(llm, ask("go"))
+    assert [(c.name, json.loads(c.arguments)) for c in done.tool_calls] == [
+        ("a", {"x": 1, "long": "y" * 30}),
+        ("b", {"z": 2}),
+    ]
+    assert all(c.id.startswith("call_") for c in done.tool_calls)
 
 
 @both
-async def test_rate_limit_honours_retry_after(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> None:
-    llm, sleeps = client(server, http, api)
+async def test_mid_stream_failure_after_output_is_raised_not_retried(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    llm, sleeps = make_client(api)
+    server.script(FakeReply(text="a fairly long answer that will break", stream_error_after=1))
+    seen: list[StreamEvent] = []
+    with pytest.raises(LLMUnavailable):
+        async for event in llm.stream(ask("x")):
+            seen.append(event)
+    assert [e.kind for e in seen] == ["text"]
+    assert sleeps.calls == [] and len(server.requests) == 1
+    assert llm.stats.last_ok is False
+
+
+async def test_anthropic_error_event_before_output_is_retried(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    llm, sleeps = make_client("anthropic")
+    server.script(FakeReply(text="x", stream_error_after=0), FakeReply(text="second try"))
+    _, done = await collect(llm, ask("x"))
+    assert done.content == "second try" and len(sleeps.calls) == 1
+
+
+async def test_anthropic_mid_stream_invalid_request_is_a_bad_response(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    llm, sleeps = make_client("anthropic")
+    server.script(FakeReply(text="abc", stream_error_after=0, stream_error="invalid_request_error"))
+    with pytest.raises(LLMBadResponse, match="mid-answer"):
+        await collect(llm, ask("x"))
+    assert sleeps.calls == []
+
+
+@both
+async def test_streamed_malformed_json_is_a_bad_response(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    llm, _ = make_client(api)
+    server.script(FakeReply(text="hi", malformed=True))
+    with pytest.raises(LLMBadResponse, match="malformed"):
+        await collect(llm, ask("x"))
+
+
+@both
+async def test_stream_fails_over_before_the_first_delta(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    other = "anthropic" if api == "openai" else "openai"
+    llm, sleeps = make_client(api, max_retries=1, fallback_models=[MODELS[other]])
+    server.script(FakeReply(status=503), FakeReply(status=503), FakeReply(text="from the fallback"))
+    _, done = await collect(llm, ask("x"))
+    assert done.content == "from the fallback"
+    assert [r.api for r in server.requests] == [api, api, other]
+    assert llm.stats.failovers == 1 and len(sleeps.calls) == 1
+
+
+async def test_leaving_a_stream_early_closes_it(make_client: Any, server: FakeLLMServer) -> None:
+    llm, _ = make_client("openai")
+    server.script(FakeReply(text="one two three four five six"))
+    async with aclosing(llm.stream(ask("x"))) as events:
+        async for event in events:
+            assert event.kind == "text"
+            break
+    assert (await llm.chat(ask("again"))).content == "echo: again"
+
+
+# ---- errors, retries, failover --------------------------------------------------------------------
+
+
+@both
+async def test_rate_limit_honours_retry_after(make_client: Any, server: FakeLLMServer, api: str) -> None:
+    llm, sleeps = make_client(api)
     server.script(FakeReply(status=429, headers={"retry-after": "2.5"}), FakeReply(text="ok"))
     assert (await llm.chat(ask("x"))).content == "ok"
     assert sleeps.calls == [2.5]
-    assert llm.stats.retries == 1
+    assert (llm.stats.retries, llm.stats.failures, llm.stats.calls) == (1, 1, 1)
 
 
-async def test_retry_after_ms_wins_and_is_capped(server: FakeLLMServer, http: httpx.AsyncClient) -> None:
-    llm, sleeps = client(server, http, "openai", retry_max_delay=1.0)
+async def test_retry_after_ms_wins_and_every_hint_is_capped(make_client: Any, server: FakeLLMServer) -> None:
+    llm, sleeps = make_client("openai", retry_max_delay=1.0)
     server.script(
         FakeReply(status=429, headers={"retry-after-ms": "150", "retry-after": "9"}),
         FakeReply(status=503, headers={"retry-after": "60"}),
@@ -140,139 +320,219 @@ async def test_retry_after_ms_wins_and_is_capped(server: FakeLLMServer, http: ht
     assert sleeps.calls == [0.15, 1.0]
 
 
-@pytest.mark.parametrize("status", [500, 529, 408])
-async def test_transient_errors_are_retried_with_backoff(server: FakeLLMServer, http: httpx.AsyncClient, status: int) -> None:
-    llm, sleeps = client(server, http, "anthropic")
+async def test_retry_after_as_an_http_date(make_client: Any, server: FakeLLMServer) -> None:
+    llm, sleeps = make_client("anthropic")
+    when = email.utils.formatdate(time.time() + 5, usegmt=True)
+    server.script(FakeReply(status=429, headers={"retry-after": when}), FakeReply(text="ok"))
+    assert (await llm.chat(ask("x"))).content == "ok"
+    assert len(sleeps.calls) == 1 and 3.0 <= sleeps.calls[0] <= 5.0
+
+
+@pytest.mark.parametrize("status", [500, 529, 408, 409, 502])
+async def test_transient_errors_are_retried_with_exponential_backoff(
+    make_client: Any, server: FakeLLMServer, status: int
+) -> None:
+    llm, sleeps = make_client("anthropic")
     server.script(FakeReply(status=status), FakeReply(status=status), FakeReply(text="finally"))
     assert (await llm.chat(ask("x"))).content == "finally"
-    assert sleeps.calls == [0.5, 1.0]  # base 0.5 * 2**attempt * (0.5 + rng=0.5)
+    assert sleeps.calls == [0.5, 1.0]  # base 0.5 * 2**attempt * (0.5 + rng 0.5)
+
+
+async def test_backoff_jitter_and_cap(make_client: Any, server: FakeLLMServer) -> None:
+    llm, sleeps = make_client("openai", max_retries=4, retry_base_delay=1.0, retry_max_delay=5.0)
+    server.script(*[FakeReply(status=500)] * 5)
+    with pytest.raises(LLMUnavailable, match="HTTP 500"):
+        await llm.chat(ask("x"))
+    assert sleeps.calls == [1.0, 2.0, 4.0, 5.0]
+    assert len(server.requests) == 5 and llm.stats.failures == 5
+
+
+async def test_overloaded_anthropic_is_retried_and_reported_when_it_persists(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    llm, sleeps = make_client("anthropic", max_retries=1)
+    server.script(FakeReply(status=529), FakeReply(status=529))
+    with pytest.raises(LLMUnavailable, match="overloaded") as info:
+        await llm.chat(ask("x"))
+    assert info.value.status_code == 529 and len(sleeps.calls) == 1
 
 
 @both
-async def test_auth_errors_are_not_retried(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> None:
-    llm, sleeps = client(server, http, api, fallback_models=["gpt-4o-mini"])
+async def test_auth_errors_are_neither_retried_nor_failed_over(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    llm, sleeps = make_client(api, fallback_models=["gpt-4o-mini"])
     server.script(FakeReply(status=401))
-    with pytest.raises(LLMAuthError, match="API_KEY"):
+    with pytest.raises(LLMAuthError, match=f"MEMBOT_LLM__{api.upper()}__API_KEY"):
+        await llm.chat(ask("x"))
+    assert sleeps.calls == [] and len(server.requests) == 1 and llm.stats.failovers == 0
+
+
+async def test_a_wrong_key_is_reported_by_the_real_check(
+    http: httpx.AsyncClient, catalog: ModelCatalog
+) -> None:
+    async with FakeLLMServer(anthropic_api_key="right") as fake:
+        settings = LLMSettings.model_validate(
+            {
+                "model": "claude-haiku-4-5",
+                "anthropic": {"base_url": fake.anthropic_base_url, "api_key": "wrong"},
+            }
+        )
+        with pytest.raises(LLMAuthError, match=r"Anthropic-compatible server .* rejected the API key"):
+            await LLMClient(settings, catalog, http).chat(ask("x"))
+
+
+@pytest.mark.parametrize(
+    ("api", "status", "error"),
+    [
+        (
+            "openai",
+            429,
+            {
+                "error": {
+                    "message": "You exceeded your current quota, please check your plan and billing details.",
+                    "type": "insufficient_quota",
+                    "code": "insufficient_quota",
+                }
+            },
+        ),
+        (
+            "anthropic",
+            400,
+            {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": "Your credit balance is too low to access the Anthropic API.",
+                },
+            },
+        ),
+        (
+            "anthropic",
+            429,
+            {
+                "type": "error",
+                "error": {
+                    "type": "rate_limit_error",
+                    "message": "You have reached your specified API usage limits.",
+                },
+            },
+        ),
+    ],
+)
+async def test_spend_limit_is_not_retried(
+    make_client: Any, server: FakeLLMServer, api: str, status: int, error: dict[str, Any]
+) -> None:
+    llm, sleeps = make_client(api, fallback_models=["gpt-4o-mini"])
+    server.script(FakeReply(status=status, error=error))
+    with pytest.raises(LLMAuthError, match="quota or spend limit"):
         await llm.chat(ask("x"))
     assert sleeps.calls == [] and len(server.requests) == 1
 
 
-async def test_spend_limit_429_is_not_retried(server: FakeLLMServer, http: httpx.AsyncClient) -> None:
-    llm, sleeps = client(server, http, "openai")
-    error = {"error": {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}}
-    server.script(FakeReply(status=429, error=error))
-    with pytest.raises(LLMAuthError, match="quota"):
-        await llm.chat(ask("x"))
-    assert sleeps.calls == []
+async def test_plain_rate_limit_linking_the_billing_page_is_still_retried(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    llm, sleeps = make_client("openai")
+    message = "Rate limit reached for gpt-4.1-mini on tokens per min. Add a payment method at https://platform.openai.com/account/billing."
+    error = {"error": {"message": message, "type": "tokens", "code": "rate_limit_exceeded"}}
+    server.script(FakeReply(status=429, error=error), FakeReply(text="ok"))
+    assert (await llm.chat(ask("x"))).content == "ok" and len(sleeps.calls) == 1
 
 
-async def test_failover_to_the_next_model(server: FakeLLMServer, http: httpx.AsyncClient) -> None:
-    llm, _ = client(server, http, "openai", max_retries=1, fallback_models=["claude-haiku-4-5"])
-    server.script(FakeReply(status=503), FakeReply(status=503), FakeReply(text="from claude"))
+async def test_failover_to_the_next_model(make_client: Any, server: FakeLLMServer) -> None:
+    llm, _ = make_client("openai", max_retries=1, fallback_models=["claude-haiku-4-5"])
+    server.script(FakeReply(status=503), FakeReply(status=429), FakeReply(text="from claude"))
     response = await llm.chat(ask("x"))
     assert response.content == "from claude"
     assert [r.api for r in server.requests] == ["openai", "openai", "anthropic"]
-    assert llm.stats.failovers == 1
+    assert llm.stats.failovers == 1 and "claude-haiku-4-5" in llm.stats.by_model
 
 
-async def test_context_overflow_is_its_own_error(server: FakeLLMServer, http: httpx.AsyncClient) -> None:
-    llm, sleeps = client(server, http, "anthropic")
-    server.script(FakeReply(status=400, error={"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 300000 tokens > 200000 maximum"}}))
-    with pytest.raises(LLMContextOverflow):
+async def test_the_last_error_of_an_exhausted_chain_is_raised(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    llm, _ = make_client("openai", max_retries=0, fallback_models=["gpt-4o-mini"])
+    server.script(FakeReply(status=503), FakeReply(status=429))
+    with pytest.raises(LLMRateLimited) as info:
+        await llm.chat(ask("x"))
+    assert info.value.model == "gpt-4o-mini"
+
+
+async def test_a_named_model_does_not_fail_over(make_client: Any, server: FakeLLMServer) -> None:
+    llm, _ = make_client("openai", max_retries=0, fallback_models=["claude-haiku-4-5"])
+    server.script(FakeReply(status=503))
+    with pytest.raises(LLMUnavailable):
+        await llm.chat(ask("x", model="gpt-4o-mini"))
+    assert [r.body["model"] for r in server.requests] == ["gpt-4o-mini"]
+
+
+@pytest.mark.parametrize(
+    ("api", "error"),
+    [
+        (
+            "openai",
+            {
+                "error": {
+                    "message": "This model's maximum context length is 128000 tokens.",
+                    "type": "invalid_request_error",
+                    "code": "context_length_exceeded",
+                }
+            },
+        ),
+        (
+            "anthropic",
+            {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": "prompt is too long: 300000 tokens > 200000 maximum",
+                },
+            },
+        ),
+    ],
+)
+async def test_context_overflow_is_its_own_error(
+    make_client: Any, server: FakeLLMServer, api: str, error: dict[str, Any]
+) -> None:
+    llm, sleeps = make_client(api, fallback_models=["gpt-4o-mini"])
+    server.script(FakeReply(status=400, error=error))
+    with pytest.raises(LLMContextOverflow, match="window"):
+        await llm.chat(ask("x"))
+    assert sleeps.calls == [] and len(server.requests) == 1
+
+
+async def test_unknown_model_names_the_settings(make_client: Any, server: FakeLLMServer) -> None:
+    llm, _ = make_client("openai")
+    server.script(
+        FakeReply(
+            status=404, error={"error": {"message": "model not found", "type": "invalid_request_error"}}
+        )
+    )
+    with pytest.raises(LLMBadResponse, match="MEMBOT_LLM__MODEL"):
+        await llm.chat(ask("x"))
+
+
+async def test_timeout_is_retried_then_reported(make_client: Any, server: FakeLLMServer) -> None:
+    llm, sleeps = make_client("openai", max_retries=1)
+    server.script(FakeReply(text="late", delay=30), FakeReply(text="late", delay=30))
+    with pytest.raises(LLMTimeout, match=r"did not answer|timed out"):
+        await llm.chat(ask("x", timeout=0.2))
+    assert len(sleeps.calls) == 1 and len(server.requests) == 2
+
+
+@both
+async def test_malformed_json_is_a_bad_response(make_client: Any, server: FakeLLMServer, api: str) -> None:
+    llm, sleeps = make_client(api)
+    server.script(FakeReply(malformed=True))
+    with pytest.raises(LLMBadResponse, match="malformed"):
         await llm.chat(ask("x"))
     assert sleeps.calls == []
 
 
-async def test_timeout_is_retried_then_reported(server: FakeLLMServer, http: httpx.AsyncClient) -> None:
-    llm, sleeps = client(server, http, "openai", max_retries=1)
-    server.script(FakeReply(text="late", delay=2), FakeReply(text="late", delay=2))
-    with pytest.raises(LLMTimeout):
-        await llm.chat(ask("x", timeout=0.2))
-    assert len(sleeps.calls) == 1
-
-
-async def test_malformed_json_is_a_bad_response(server: FakeLLMServer, http: httpx.AsyncClient) -> None:
-    llm, _ = client(server, http, "openai")
-    server.script(FakeReply(malformed=True))
-    with pytest.raises(LLMBadResponse, match="malformed"):
-        await llm.chat(ask("x"))
-
-
-@both
-async def test_mid_stream_failure_after_output_is_raised(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> None:
-    llm, _ = client(server, http, api)
-    server.script(FakeReply(text="a fairly long answer that will break", stream_error_after=1))
-    seen = []
-    with pytest.raises(LLMUnavailable):
-        async for event in llm.stream(ask("x")):
-            seen.append(event)
-    assert seen and seen[0].kind == "text"
-
-
-async def test_unreachable_server_is_unavailable(http: httpx.AsyncClient) -> None:
+async def test_unreachable_server_is_unavailable(http: httpx.AsyncClient, catalog: ModelCatalog) -> None:
     settings = LLMSettings.model_validate({"openai": {"base_url": "http://127.0.0.1:9/v1"}, "max_retries": 0})
-    llm = LLMClient(settings, CATALOG, http)
-    with pytest.raises(LLMUnavailable, match="cannot reach"):
+    llm = LLMClient(settings, catalog, http)
+    with pytest.raises(LLMUnavailable, match="cannot reach the OpenAI-compatible server"):
         await llm.chat(ask("x"))
-    assert llm.stats.last_ok is False
-
-
-async def test_images_reach_both_apis(server: FakeLLMServer, http: httpx.AsyncClient) -> None:
-    from bot.domain import ImagePart
-
-    message = Message(Role.USER, "what is this?", images=(ImagePart("image/png", "iVBORw0KGgo="),))
-    for api in ("openai", "anthropic"):
-        llm, _ = client(server, http, api)
-        await llm.chat(ChatRequest(messages=(message,)))
-    openai_content = server.requests[0].body["messages"][0]["content"]
-    assert openai_content[1]["image_url"]["url"].startswith("data:image/png;base64,")
-    anthropic_content = server.requests[1].body["messages"][0]["content"]
-    assert anthropic_content[1]["source"] == {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
-
-
-def test_every_httpx_error_is_mapped() -> None:
-    """STYLE 10: a new httpx exception class must not slip through unmapped."""
-    classes = [c for _, c in inspect.getmembers(httpx, inspect.isclass) if issubclass(c, httpx.HTTPError)]
-    assert len(classes) > 15
-    request = httpx.Request("GET", "http://x")
-    for cls in classes:
-        if cls is httpx.HTTPStatusError:
-            exc: httpx.HTTPError = cls("x", request=request, response=httpx.Response(500, request=request))
-        else:
-            exc = cls("x")
-        mapped = _transport_error(exc, "m")
-        expected = LLMTimeout if issubclass(cls, httpx.TimeoutException) else LLMUnavailable
-        assert isinstance(mapped, expected), cls
-
-
-def test_retry_after_forms() -> None:
-    h = httpx.Headers
-    assert retry_after_seconds(h({"retry-after": "3"})) == 3.0
-    assert retry_after_seconds(h({"retry-after": "0.25"})) == 0.25
-    assert retry_after_seconds(h({"retry-after-ms": "1500"})) == 1.5
-    assert retry_after_seconds(h({"retry-after": "Wed, 21 Oct 2015 07:28:10 GMT"}), now=1445412480.0) == 10.0
-    assert retry_after_seconds(h({"retry-after": "soon"})) is None
-    assert retry_after_seconds(h({})) is None
-
-
-def test_translators_keep_tool_pairs_for_anthropic() -> None:
-    from bot.llm import anthropic
-
-    calls = (ToolCall("t1", "a", "{bad json"), ToolCall("t2", "b", "{}"))
-    system, messages = anthropic._messages(
-        ChatRequest(
-            messages=(
-                Message(Role.SYSTEM, "[Conversation summary] earlier"),
-                Message(Role.ASSISTANT, "continuing"),
-                Message(Role.USER, "q"),
-                Message(Role.ASSISTANT, "", tool_calls=calls),
-                Message(Role.TOOL, "r1", tool_call_id="t1"),
-                Message(Role.TOOL, "r2", tool_call_id="t2"),
-            ),
-            system="base",
-        )
-    )
-    assert system == "base\n\n[Conversation summary] earlier"
-    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user"]
-    assert messages[3]["content"][0]["input"] == {}  # invalid JSON arguments become an empty object
-    assert [b["tool_use_id"] for b in messages[4]["content"]] == ["t1", "t2"]
+    assert llm.stats.last_ok is False and llm.stats.last_error is not None
