@@ -1,5 +1,6 @@
-"""Built-in tools and the registry."""
+"""Tools the model may call, the registry that offers them per channel, and the built-in set."""
 
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry, untrusted
+from bot.tools.builtin import builtin_tools
 
-__all__ = ["Tool", "ToolContext", "ToolError", "ToolRegistry", "untrusted"]
+__all__ = ["Tool", "ToolContext", "ToolError", "ToolRegistry", "builtin_tools", "untrusted"]

@@ -1,0 +1,51 @@
+"""The built-in tool set, built from the ``tools`` settings slice for the composition root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bot.config import ToolSettings
+from bot.tools.base import Tool
+from bot.tools.clock import TimeTool
+from bot.tools.files import FilesTool, LongTermFile
+from bot.tools.memory import MemoryOps, MemoryTool
+from bot.tools.shell import ShellTool
+from bot.tools.web_fetch import WebFetchTool
+
+
+def builtin_tools(
+    settings: ToolSettings,
+    *,
+    workspace: Path,
+    timezone: str,
+    http: httpx.AsyncClient,
+    memory: MemoryOps | None = None,
+    long_term: LongTermFile[Any] | None = None,
+) -> list[Tool]:
+    """Every built-in tool; :class:`ToolRegistry` then keeps the enabled ones per channel.
+
+    ``http`` is the web_fetch client (``trust_env=False``); ``memory`` and ``long_term`` come from the
+    memory service; without them there is no memory tool and MEMORY.md cannot be written by ``files``.
+    """
+    tools: list[Tool] = [
+        FilesTool(workspace, max_bytes=settings.max_file_read_bytes, long_term=long_term),
+        WebFetchTool(
+            http,
+            max_bytes=settings.web_max_bytes,
+            timeout=settings.web_timeout,
+            max_redirects=settings.web_max_redirects,
+        ),
+        TimeTool(timezone),
+        ShellTool(
+            workspace,
+            allow=settings.shell_allow,
+            timeout=settings.shell_timeout,
+            max_output=settings.result_max_chars * 4,
+        ),
+    ]
+    if memory is not None:
+        tools.append(MemoryTool(memory))
+    return tools
