@@ -1,0 +1,153 @@
+"""/healthz and /metrics over real HTTP, after a real turn through the pipeline and the fake LLM."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bot.admin import AdminServer, health_report
+from bot.app import build_core
+from bot.config import AdminSettings, load_settings
+from bot.errors import ConfigError
+from bot.llm.client import LLMStats
+from bot.metrics import Metrics
+from channels.base import ChannelHealth
+from channels.terminal import TerminalChannel
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in Prometheus text, or None when it is absent."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))  # the text format sorts labels
+    pattern = rf"^{re.escape(name)}{re.escape('{' + wanted + '}') if wanted else ''} (\S+)$"
+    match = re.search(pattern, text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+class Screen(io.StringIO):
+    async def wait_for(self, text: str) -> None:
+        async with asyncio.timeout(10):
+            while text not in self.getvalue():
+                await asyncio.sleep(0.01)
+
+
+async def test_healthz_and_metrics_after_a_real_turn(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="hello there", usage=(120, 30)))
+        overrides = {
+            "workspace": tmp_path / "ws",
+            "llm": {"openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"}},
+        }
+        settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+        metrics = Metrics()
+        async with build_core(settings, metrics=metrics) as core:
+            metrics.watch(
+                llm_stats=lambda: core.llm.stats,
+                queued=core.dispatcher.total_queued,
+                running_turns=core.dispatcher.running_turns,
+                active_sessions=lambda: core.sessions.cached,
+            )
+            reader, screen = asyncio.StreamReader(), Screen()
+            channel = TerminalChannel(core.dispatcher.submit, user="ops", reader=reader, writer=screen)
+            core.dispatcher.attach(channel)
+            admin = AdminServer(
+                AdminSettings(enabled=True, port=0),
+                metrics,
+                channels=lambda: {"cli": channel.health},
+                llm_stats=lambda: core.llm.stats,
+            )
+            async with admin, httpx.AsyncClient(base_url=f"http://127.0.0.1:{admin.port}") as http:
+                before = await http.get("/healthz")
+                assert before.status_code == 503  # the channel is not running yet
+                assert before.json()["channels"]["cli"]["state"] == "stopped"
+
+                await channel.start()
+                reader.feed_data(b"hi\n")
+                await screen.wait_for("hello there")
+                async with asyncio.timeout(10):  # the text streams before the turn has finished
+                    while core.dispatcher.running_turns() or not core.dispatcher.turns_completed:
+                        await asyncio.sleep(0.01)
+
+                health = await http.get("/healthz")
+                page = await http.get("/metrics")
+            await channel.stop()
+
+    assert health.status_code == 200
+    body = health.json()
+    assert body["status"] == "ok"
+    assert datetime.fromisoformat(body["channels"]["cli"]["last_inbound"])
+    assert body["channels"]["cli"]["sent"] == 1
+    assert body["llm"]["reachable"] is True and body["llm"]["calls"] == 1
+
+    assert page.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = page.text
+    assert sample(text, "membot_turns_total", channel="cli", outcome="ok") == 1
+    assert sample(text, "membot_turn_duration_seconds_count", channel="cli") == 1
+    assert sample(text, "membot_llm_calls_total", model="gpt-4.1-mini") == 1
+    assert sample(text, "membot_llm_tokens_total", model="gpt-4.1-mini", kind="input") == 120
+    assert sample(text, "membot_llm_tokens_total", model="gpt-4.1-mini", kind="output") == 30
+    assert (sample(text, "membot_llm_cost_usd_total", model="gpt-4.1-mini") or 0) > 0
+    assert sample(text, "membot_llm_failures_total") == 0
+    assert sample(text, "membot_llm_last_call_ok") == 1
+    assert sample(text, "membot_queue_depth") == 0
+    assert sample(text, "membot_running_turns") == 0
+    assert sample(text, "membot_active_sessions") == 1
+
+
+def test_recording_calls_show_up_and_registries_are_separate() -> None:
+    one, two = Metrics(), Metrics()
+    one.tool_call("web_fetch", "timeout")
+    one.tool_call("web_fetch", "timeout")
+    one.compaction(fallback=True)
+    one.consolidation(fallback=False)
+    one.turn_finished("telegram", "error", 2.0)
+    stats = LLMStats(retries=3, failovers=1, failures=4, last_ok=False)
+    one.watch(llm_stats=lambda: stats)
+    text = one.render().decode()
+    assert sample(text, "membot_tool_calls_total", tool="web_fetch", outcome="timeout") == 2
+    assert sample(text, "membot_compactions_total", result="fallback") == 1
+    assert sample(text, "membot_consolidations_total", result="ok") == 1
+    assert sample(text, "membot_turns_total", channel="telegram", outcome="error") == 1
+    assert sample(text, "membot_llm_retries_total") == 3
+    assert sample(text, "membot_llm_failovers_total") == 1
+    assert sample(text, "membot_llm_failures_total") == 4
+    assert sample(text, "membot_llm_last_call_ok") == 0
+    other = two.render().decode()
+    assert sample(other, "membot_tool_calls_total", tool="web_fetch", outcome="timeout") is None
+    assert sample(other, "membot_llm_retries_total") is None  # no source watched: nothing exported
+
+
+def test_health_is_503_when_any_channel_is_not_running() -> None:
+    running = ChannelHealth(state="running")
+    for state in ("failed", "degraded", "starting", "stopped"):
+        code, body = health_report(
+            {"telegram": running, "discord": ChannelHealth(state=state)},  # type: ignore[arg-type]
+            None,
+            uptime=1,
+        )
+        assert (code, body["status"]) == (503, "unhealthy")
+    code, body = health_report({"telegram": running}, LLMStats(last_ok=False, last_error="boom"), uptime=1)
+    assert code == 200  # the LLM's state is reported, but a restart would not fix a provider outage
+    assert body["llm"] == {
+        "reachable": False,
+        "last_call_at": None,
+        "last_error": "boom",
+        "calls": 0,
+        "failures": 0,
+    }
+    assert health_report({}, None, uptime=1)[0] == 503
+
+
+async def test_a_taken_port_is_a_config_error_naming_the_setting() -> None:
+    metrics = Metrics()
+    async with AdminServer(AdminSettings(port=0), metrics, channels=dict, llm_stats=lambda: None) as first:
+        taken = AdminSettings(port=first.port)
+        with pytest.raises(ConfigError, match="MEMBOT_ADMIN__PORT"):
+            async with AdminServer(taken, metrics, channels=dict, llm_stats=lambda: None):
+                pass
