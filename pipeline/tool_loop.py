@@ -175,17 +175,23 @@ class _TurnRun:
             return await self.system._llm.chat(request)
         text = ""
         final: ChatResponse | None = None
-        async for event in self.system._llm.stream(request):
-            if event.kind == "text" and event.text:
-                text += event.text
-                if self.partial_ok:
-                    try:
-                        await sink(text)
-                    except Exception:  # a display hiccup must not cost the answer
-                        log.exception("partial_sink_failed")
-                        self.partial_ok = False
-            elif event.kind == "done":
-                final = event.response
+        events = self.system._llm.stream(request)
+        try:
+            async for event in events:
+                if event.kind == "text" and event.text:
+                    text += event.text
+                    if self.partial_ok:
+                        try:
+                            await sink(text)
+                        except Exception:  # a display hiccup must not cost the answer
+                            log.exception("partial_sink_failed")
+                            self.partial_ok = False
+                elif event.kind == "done":
+                    final = event.response
+        finally:  # on /stop too: close the HTTP stream now, not whenever the generator is collected
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                await close()
         return final if final is not None else ChatResponse(content=text)
 
     async def run_calls(self, calls: tuple[ToolCall, ...]) -> None:

@@ -239,7 +239,7 @@ async def test_bad_arguments_and_unknown_tools_are_errors_the_model_reads(
     server: FakeLLMServer, http: httpx.AsyncClient, api: str
 ) -> None:
     server.script(
-        FakeReply(tool_calls=[("add", {"a": "one", "b": 2}), ("nope", {}), ("add", [1, 2])]),
+        FakeReply(tool_calls=[("add", {"a": "one", "b": 2}), ("nope", {})]),
         FakeReply(tool_calls=[("add", {"a": 1, "b": 2})]),
         FakeReply(text="fixed: 3"),
     )
@@ -250,35 +250,56 @@ async def test_bad_arguments_and_unknown_tools_are_errors_the_model_reads(
     results = tool_results(turn.session)
     assert results[0] == "Error: a and b must be integers"
     assert results[1].startswith("Error: there is no tool named 'nope'. Available tools: add")
-    assert results[2] == "Error: the arguments must be a JSON object."
-    assert results[3] == "3"
+    assert results[2] == "3"
     assert_paired(turn.session)
 
 
-@pytest.mark.parametrize("api", APIS)
-async def test_invalid_json_arguments_while_streaming(
-    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+@pytest.mark.parametrize("stream", [False, True])
+async def test_invalid_json_arguments_are_answered_not_crashed_on(
+    server: FakeLLMServer, http: httpx.AsyncClient, stream: bool
 ) -> None:
-    """Streaming path: partial text reaches the sink; broken JSON is answered, not crashed on."""
+    """OpenAI sends arguments as a JSON string that may be broken (Anthropic sends an object)."""
     server.script(
-        FakeReply(text="Working on it", tool_calls=[("add", '{"a": 1, "b": ')]),
+        FakeReply(tool_calls=[("add", '{"a": 1, "b": '), ("add", "[1, 2]")]),
         FakeReply(text="All done now."),
     )
-    shown: list[str] = []
+    turn = new_turn()
+    if stream:
+        turn.on_partial = Sink()
+    await loop_for(server, http, "openai", [AddTool()]).process(turn)
 
-    async def sink(text: str) -> None:
-        shown.append(text)
+    assert turn.reply == "All done now."
+    first, second = tool_results(turn.session)
+    assert first.startswith("Error: the arguments are not valid JSON (Expecting value at position 14)")
+    assert second == "Error: the arguments must be a JSON object."
+    assert_paired(turn.session)
 
+
+class Sink:
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+
+    async def __call__(self, text: str) -> None:
+        self.shown.append(text)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_streaming_shows_partial_text(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> None:
+    server.script(
+        FakeReply(text="Working on it", tool_calls=[("add", {"a": 1, "b": 1})]),
+        FakeReply(text="All done now, the answer is 2."),
+    )
+    sink = Sink()
     turn = new_turn()
     turn.on_partial = sink
     await loop_for(server, http, api, [AddTool()]).process(turn)
 
-    assert turn.reply == "All done now."
-    [result] = tool_results(turn.session)
-    assert result.startswith("Error: the arguments are not valid JSON")
-    assert "Working on it" in shown and shown[-1] == "All done now."
+    assert turn.reply == "All done now, the answer is 2."
+    assert tool_results(turn.session) == ["2"]
+    assert "Working on it" in sink.shown
+    assert sink.shown[-1] == "All done now, the answer is 2."
+    assert len(sink.shown) > 2  # more than one update per answer: it really streamed
     assert all(r.body.get("stream") for r in server.requests)
-    assert_paired(turn.session)
 
 
 # ---- limits -----------------------------------------------------------------------------------------
