@@ -63,6 +63,7 @@ async def discord_world(
     *,
     discord_settings: dict[str, Any] | None = None,
     configure: Callable[[World], None] | None = None,
+    vision: bool = True,
 ) -> AsyncIterator[World]:
     async with FakeLLMServer() as llm, FakeDiscord() as fake:
         guild = fake.add_guild("home")
@@ -101,7 +102,7 @@ async def discord_world(
                 core.dispatcher.submit,
                 pairing=PairingStore(workspace / PAIRING_FILE),
                 commands=core.commands.commands,
-                vision_supported=lambda: True,
+                vision_supported=lambda: vision,
                 state_dir=workspace / "state",
                 guild_ready_timeout=0.05,
             )
@@ -366,6 +367,30 @@ async def test_attachments_images_text_and_other_files(tmp_path: Path) -> None:
         assert "archive.zip (application/zip, 4 bytes) received" in body
 
 
+async def test_images_are_only_acknowledged_when_the_model_cannot_see(tmp_path: Path) -> None:
+    async with discord_world(tmp_path, vision=False) as w:
+        files = (("cat.png", "image/png", b"\x89PNG\r\n\x1a\nfake"),)
+        await w.discord.user_message(channel_id=w.dm, author=w.alice, content="look", attachments=files)
+        await w.discord.wait_for_bot_messages(w.dm)
+        body = json.dumps(w.llm.requests[-1].body["messages"])
+        assert "image_url" not in body and "cat.png (image/png, 12 bytes) received" in body
+
+
+async def test_a_long_slash_command_answer_continues_in_followups(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+
+        async def essay(call: CommandCall, control: SessionControl) -> str:
+            return "\n\n".join(f"part {i} " + "x" * 900 for i in range(5))
+
+        w.core.commands.add("essay", "a long answer", essay)
+        interaction = await w.discord.slash_command("essay", channel_id=w.dm, user=w.alice)
+        answers = await w.discord.wait_for_followups(interaction["token"], 3)
+        assert all(len(a["content"]) <= 2000 for a in answers)
+        assert "part 0" in answers[0]["content"] and "part 4" in answers[-1]["content"]
+        patches = [r for r in w.discord.requests if r.method == "PATCH" and r.path.endswith("/@original")]
+        assert len(patches) == 1  # the deferred answer was edited once, the rest followed up
+
+
 async def test_streaming_edits_one_message(tmp_path: Path) -> None:
     async with discord_world(
         tmp_path, discord_settings={"streaming": True, "stream_edit_interval": 0.2}
@@ -376,3 +401,4 @@ async def test_streaming_edits_one_message(tmp_path: Path) -> None:
             lambda: any(m["content"].strip() == ("streamed " * 40).strip() for m in w.discord.bot_messages)
         )
         assert len(w.discord.bot_texts(w.dm)) == 1  # one message, edited into the final answer
+        assert any(r.method == "PATCH" for r in w.discord.requests)

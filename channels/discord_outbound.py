@@ -1,0 +1,240 @@
+"""Delivering replies to Discord: chunks, reply references, locked-down mentions, retries and streaming.
+
+A reply is split under the 2000-character limit at paragraph and line boundaries, never inside a code
+block (:mod:`channels.chunking`); the first chunk replies to the user's message. Mentions are locked
+down: never ``@everyone`` or roles, and of users only the author being answered. Server errors and
+network failures are retried with backoff (discord.py itself waits out 429s); each chunk carries a
+nonce Discord enforces, so a retry after a lost answer never posts twice. What still fails is logged
+with its channel id and raised as :class:`~bot.errors.ChannelError`, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import secrets
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+import discord
+import structlog
+
+from bot.config import DiscordSettings
+from bot.domain import OutboundMessage
+from bot.errors import ChannelError
+from channels.base import ChannelHealth, PartialSink
+from channels.chunking import split_message
+
+log = structlog.get_logger(__name__)
+
+LIMIT = 2000
+_TYPING_EVERY = 8.0  # Discord shows "typing" for 10 s after each trigger
+_INTERACTION_TTL = 14 * 60.0  # interaction tokens live 15 minutes
+_REMEMBERED = 1024
+# Worth another try: the service or the network failed, not our request.
+_TRANSIENT = (discord.DiscordServerError, discord.RateLimited, aiohttp.ClientError, OSError, TimeoutError)
+_T = TypeVar("_T")
+
+
+@dataclass(slots=True)
+class _Stream:
+    """The one message a streamed reply is shown in while the model writes."""
+
+    message: discord.Message | None = None
+    last_edit: float = -math.inf
+    shown: str = ""
+    broken: bool = False
+
+
+class DiscordOutbox:
+    """Everything the Discord channel sends (see the module doc).
+
+    It also remembers what replies need from the inbound side: who wrote a message (to allow pinging
+    only them), each chat's latest message (for a streamed reply's reference) and the slash-command
+    interactions still waiting for their answer.
+    """
+
+    def __init__(
+        self,
+        settings: DiscordSettings,
+        health: ChannelHealth,
+        client: Callable[[], discord.Client],
+        clock: Callable[[], float],
+    ) -> None:
+        self._settings = settings
+        self._health = health
+        self._client = client
+        self._clock = clock
+        self._interactions: dict[str, tuple[discord.Interaction, float]] = {}
+        self._authors: OrderedDict[str, int] = OrderedDict()  # message id -> author id
+        self._last_inbound: dict[str, str] = {}  # chat id -> last message id
+        self._streams: dict[str, _Stream] = {}
+
+    def received(self, chat_id: str, message_id: str, author_id: int) -> None:
+        self._authors[message_id] = author_id
+        while len(self._authors) > _REMEMBERED:
+            self._authors.popitem(last=False)
+        self._last_inbound[chat_id] = message_id
+
+    def awaiting_answer(self, key: str, interaction: discord.Interaction) -> None:
+        """An interaction deferred under ``key`` (the inbound message id); the reply will answer it."""
+        now = self._clock()
+        for stale in [k for k, (_, at) in self._interactions.items() if now - at > _INTERACTION_TTL]:
+            del self._interactions[stale]
+        self._interactions[key] = (interaction, now)
+
+    def clear(self) -> None:
+        self._interactions.clear()
+        self._streams.clear()
+
+    async def send(self, message: OutboundMessage) -> None:
+        chunks = split_message(message.text, LIMIT)
+        if not chunks:
+            log.warning("discord_empty_reply", channel_id=message.chat_id)
+            return
+        pending = self._interactions.pop(message.reply_to, None) if message.reply_to else None
+        if pending is not None and await self._answer_interaction(pending[0], chunks, message.chat_id):
+            self._health.sent += 1
+            return
+        author = self._authors.get(message.reply_to or "")
+        mentions = discord.AllowedMentions(
+            everyone=False,
+            roles=False,
+            users=[discord.Object(author)] if author else False,
+            replied_user=author is not None,
+        )
+        target = self._client().get_partial_messageable(int(message.chat_id))
+        stream = self._streams.pop(message.chat_id, None)
+        nonce = secrets.token_hex(8)
+        for index, chunk in enumerate(chunks):
+            streamed = index == 0 and stream is not None and stream.message is not None and not stream.broken
+            if streamed and stream is not None and await self._finish_stream(stream, chunk, message.chat_id):
+                continue
+            reference = _reference(message.reply_to, message.chat_id) if index == 0 else None
+
+            def post(chunk: str = chunk, ref: Any = reference, n: str = f"mb{nonce}{index:03d}") -> Any:
+                # The nonce makes a retry after a lost answer idempotent (enforce_nonce).
+                return target.send(chunk, reference=ref, allowed_mentions=mentions, nonce=n)
+
+            await self.deliver(message.chat_id, post)
+        self._health.sent += 1
+
+    async def _answer_interaction(
+        self, interaction: discord.Interaction, chunks: list[str], chat_id: str
+    ) -> bool:
+        """Replace the deferred "thinking" with the reply; ``False`` (post normally) if the token is dead."""
+        none = discord.AllowedMentions.none()
+        try:
+            await self.deliver(
+                chat_id, lambda: interaction.edit_original_response(content=chunks[0], allowed_mentions=none)
+            )
+            for chunk in chunks[1:]:
+
+                def follow(text: str = chunk) -> Awaitable[discord.WebhookMessage | None]:
+                    return interaction.followup.send(text, allowed_mentions=none, wait=True)
+
+                await self.deliver(chat_id, follow)
+        except ChannelError:
+            log.warning("discord_interaction_reply_failed", channel_id=chat_id)
+            return False
+        return True
+
+    async def deliver(self, chat_id: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Run one Discord request; retry 5xx and network failures with backoff (the library retries 429)."""
+        retries = self._settings.send_retries
+        for attempt in range(retries + 1):
+            try:
+                return await call()
+            except _TRANSIENT as exc:
+                if attempt == retries:
+                    raise self._failed(chat_id, exc, attempt + 1) from exc
+                log.warning(
+                    "discord_send_retry", channel_id=chat_id, attempt=attempt + 1, error=describe(exc)
+                )
+                await asyncio.sleep(min(self._settings.send_retry_delay * 2**attempt, 30.0))
+            except discord.DiscordException as exc:  # refused (4xx): another try would be refused too
+                raise self._failed(chat_id, exc, attempt + 1) from exc
+        raise AssertionError("unreachable")
+
+    def _failed(self, chat_id: str, exc: BaseException, attempts: int) -> ChannelError:
+        self._health.send_failures += 1
+        log.error("discord_send_failed", channel_id=chat_id, attempts=attempts, error=describe(exc))
+        return ChannelError(
+            f"Discord request for channel {chat_id} failed after {attempts} tries: {describe(exc)}"
+        )
+
+    # -- typing and streaming ---------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def typing(self, chat_id: str) -> AsyncIterator[None]:
+        task = asyncio.create_task(self._keep_typing(chat_id), name=f"discord-typing:{chat_id}")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _keep_typing(self, chat_id: str) -> None:
+        target = self._client().get_partial_messageable(int(chat_id))
+        while True:
+            try:
+                await target.typing()
+            except (discord.DiscordException, aiohttp.ClientError, OSError) as exc:
+                log.debug("discord_typing_failed", channel_id=chat_id, error=describe(exc))
+            await asyncio.sleep(_TYPING_EVERY)
+
+    def partial_sink(self, chat_id: str) -> PartialSink | None:
+        if not self._settings.streaming:
+            return None
+        stream = self._streams[chat_id] = _Stream()
+
+        async def show(text_so_far: str) -> None:
+            preview = (split_message(text_so_far, LIMIT - 2) or [""])[0]
+            now = self._clock()
+            if stream.broken or not preview or preview == stream.shown:
+                return
+            if stream.message is not None and now - stream.last_edit < self._settings.stream_edit_interval:
+                return
+            stream.last_edit, stream.shown = now, preview
+            try:
+                if stream.message is None:
+                    target = self._client().get_partial_messageable(int(chat_id))
+                    ref = _reference(self._last_inbound.get(chat_id), chat_id)
+                    options: dict[str, Any] = {"reference": ref} if ref is not None else {}
+                    stream.message = await target.send(preview + " …", **options)
+                else:
+                    await stream.message.edit(content=preview + " …")
+            except (discord.DiscordException, aiohttp.ClientError, OSError) as exc:
+                stream.broken = True  # the final reply still goes out as new messages
+                log.warning("discord_stream_failed", channel_id=chat_id, error=describe(exc))
+
+        return show
+
+    async def _finish_stream(self, stream: _Stream, chunk: str, chat_id: str) -> bool:
+        message = stream.message
+        assert message is not None
+        try:
+            await self.deliver(chat_id, lambda: message.edit(content=chunk))
+        except ChannelError:
+            return False
+        return True
+
+
+def _reference(message_id: str | None, chat_id: str) -> discord.MessageReference | None:
+    if not message_id or not message_id.isdigit():
+        return None
+    return discord.MessageReference(
+        message_id=int(message_id), channel_id=int(chat_id), fail_if_not_exists=False
+    )
+
+
+def describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "unknown error"
+    if isinstance(exc, discord.HTTPException):
+        return f"HTTP {exc.status} (code {exc.code}): {exc.text or exc}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
