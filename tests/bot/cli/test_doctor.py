@@ -1,0 +1,141 @@
+"""``membot doctor`` as an operator runs it: a subprocess against the fake LLM, Telegram and Discord."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from pathlib import Path
+
+from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.llm_server import FakeLLMServer
+from tests.fakes.telegram_server import FakeTelegramServer
+
+
+async def doctor(tmp_path: Path, *args: str, offline: bool = False, **env: str) -> tuple[int, str]:
+    """``membot [args] doctor [--offline]`` with a clean environment plus ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
+    clean.update(HOME=str(tmp_path), MEMBOT_WORKSPACE=str(tmp_path / "ws"), COLUMNS="80", **env)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        *args,
+        "doctor",
+        *(["--offline"] if offline else []),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=clean,
+        cwd=tmp_path,
+    )
+    async with asyncio.timeout(60):
+        out, _ = await process.communicate()
+    return process.returncode or 0, out.decode()
+
+
+def line(out: str, name: str) -> str:
+    """The check's line plus its wrapped continuation lines (details and fix hint)."""
+    lines = out.splitlines()
+    for i, text in enumerate(lines):
+        if text[2:].lstrip().startswith(("pass", "warn", "fail", "skip")) and f" {name} " in text:
+            block = [text]
+            for more in lines[i + 1 :]:
+                if more[:1].strip():
+                    break
+                block.append(more)
+            return " ".join(" ".join(block).split())
+    raise AssertionError(f"no {name!r} line in:\n{out}")
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_everything_passes_against_the_fake_services(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg, FakeDiscord() as discord_api:
+        code, out = await doctor(
+            tmp_path,
+            MEMBOT_LLM__OPENAI__BASE_URL=llm.openai_base_url,
+            MEMBOT_LLM__OPENAI__API_KEY="sk-test-key-123456",
+            MEMBOT_TELEGRAM__TOKEN=tg.token,
+            MEMBOT_TELEGRAM__BASE_URL=tg.base_url,
+            MEMBOT_DISCORD__TOKEN=discord_api.token,
+            MEMBOT_DISCORD__API_BASE=discord_api.api_base,
+        )
+        assert not llm.requests  # no chat completion: doctor spends no tokens
+        assert any(c.method == "getMe" for c in tg.calls)
+        assert any(r.path == "/users/@me" for r in discord_api.requests)
+    assert code == 0, out
+    for name in ("config", "workspace", "models.json", "llm settings", "llm openai", "telegram", "discord"):
+        assert line(out, name).startswith("✓ pass"), out
+    assert "@membot_test_bot" in line(out, "telegram")
+    assert "All checks passed" in out
+    assert tg.token not in out and discord_api.token not in out
+    assert max(len(text.rstrip()) for text in out.splitlines()) <= 80
+
+
+async def test_anthropic_endpoint_is_checked_with_its_own_api(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        code, out = await doctor(
+            tmp_path,
+            MEMBOT_LLM__MODEL="claude-sonnet-4-5",
+            MEMBOT_LLM__ANTHROPIC__BASE_URL=llm.anthropic_base_url,
+            MEMBOT_LLM__ANTHROPIC__API_KEY="sk-ant-test-123456",
+        )
+    assert code == 0, out
+    assert line(out, "llm anthropic").startswith("✓ pass")
+    assert line(out, "telegram").startswith("- skip") and line(out, "discord").startswith("- skip")
+
+
+async def test_rejected_tokens_and_an_unreachable_llm_fail_with_hints(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, FakeDiscord() as discord_api:
+        code, out = await doctor(
+            tmp_path,
+            MEMBOT_LLM__OPENAI__BASE_URL=f"http://127.0.0.1:{closed_port()}/v1",
+            MEMBOT_TELEGRAM__TOKEN="999:wrong-token-abcdef",
+            MEMBOT_TELEGRAM__BASE_URL=tg.base_url,
+            MEMBOT_DISCORD__TOKEN="wrong-discord-token",
+            MEMBOT_DISCORD__API_BASE=discord_api.api_base,
+        )
+    assert code == 1
+    llm_line = line(out, "llm openai")
+    assert llm_line.startswith("✗ fail") and "cannot connect" in llm_line
+    assert "MEMBOT_LLM__OPENAI__BASE_URL" in llm_line
+    tg_line = line(out, "telegram")
+    assert tg_line.startswith("✗ fail") and "HTTP 401" in tg_line and "@BotFather" in tg_line
+    dc_line = line(out, "discord")
+    assert dc_line.startswith("✗ fail") and "MEMBOT_DISCORD__TOKEN" in dc_line
+    assert "wrong-token-abcdef" not in out and "wrong-discord-token" not in out
+    assert "3 check(s) failed" in out and "Traceback" not in out
+
+
+async def test_a_broken_config_is_one_clear_failure(tmp_path: Path) -> None:
+    code, out = await doctor(tmp_path, offline=True, MEMBOT_DISPATCHER__QUEUE_LIMIT="many")
+    assert code == 1
+    config = line(out, "config")
+    assert config.startswith("✗ fail") and "dispatcher.queue_limit" in config
+    assert "MEMBOT_DISPATCHER__QUEUE_LIMIT" in config and "Traceback" not in out
+
+
+async def test_offline_reports_catalog_workspace_and_llm_settings_problems(tmp_path: Path) -> None:
+    (tmp_path / "models.json").write_text('{"models": [{"id": "x"}]}')
+    (tmp_path / "not-a-folder").write_text("")
+    code, out = await doctor(
+        tmp_path,
+        "--workspace",
+        str(tmp_path / "not-a-folder"),
+        offline=True,
+        MEMBOT_MODELS_FILE=str(tmp_path / "models.json"),
+    )
+    assert code == 1
+    assert line(out, "workspace").startswith("✗ fail") and "not a folder" in line(out, "workspace")
+    assert line(out, "models.json").startswith("✗ fail") and "models.json" in line(out, "models.json")
+
+    code, out = await doctor(tmp_path, offline=True)  # and no LLM configured at all
+    assert code == 1
+    llm = line(out, "llm settings")
+    assert llm.startswith("✗ fail") and "MEMBOT_LLM__OPENAI__API_KEY" in llm
+    assert line(out, "online").startswith("- skip")
