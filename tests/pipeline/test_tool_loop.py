@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,7 +16,7 @@ from bot.config import LLMSettings, ToolSettings
 from bot.domain import InboundMessage, Message, Role, Session
 from bot.errors import LLMContextOverflow
 from bot.llm import LLMClient
-from bot.tools import ToolContext, ToolError, ToolRegistry
+from bot.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
 from pipeline.base import Turn
 from pipeline.tool_loop import CANCELLED, NOT_RUN, ToolLoopSystem, cap
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
@@ -480,3 +481,39 @@ async def test_denied_tool_is_neither_offered_nor_run(server: FakeLLMServer, htt
     assert [t["function"]["name"] for t in server.requests[0].body["tools"]] == ["big"]
     assert add.calls == []
     assert tool_results(turn.session)[0].startswith("Error: there is no tool named 'add'")
+
+
+# ---- with the built-in tools ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_builtin_tools_through_the_loop(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str, tmp_path: Path
+) -> None:
+    settings = ToolSettings()
+    tools = builtin_tools(settings, workspace=tmp_path, timezone="Europe/Berlin", http=http)
+    server.script(
+        FakeReply(
+            tool_calls=[
+                ("files", {"action": "write", "path": "todo.md", "content": "- water plants\n"}),
+                ("time", {}),
+                ("web_fetch", {"url": "http://169.254.169.254/latest/meta-data/"}),
+            ]
+        ),
+        FakeReply(tool_calls=[("files", {"action": "read", "path": "../../etc/passwd"})]),
+        FakeReply(tool_calls=[("files", {"action": "read", "path": "todo.md"})]),
+        FakeReply(text="Your list says: water plants."),
+    )
+    turn = new_turn("what is on my list?")
+    system = ToolLoopSystem(llm_client(server, http, api), ToolRegistry(tools, settings), settings)
+    await system.process(turn)
+
+    assert turn.reply == "Your list says: water plants."
+    wrote, now, fetched, escaped, read = tool_results(turn.session)
+    assert wrote == "Wrote 15 characters to todo.md."
+    assert "Europe/Berlin" in now
+    assert fetched.startswith("Error: refused: 169.254.169.254 is a cloud metadata address")
+    assert escaped.startswith("Error: '..' is not allowed")
+    assert "<untrusted source='file todo.md'>" in read and "- water plants" in read
+    assert (tmp_path / "todo.md").read_text() == "- water plants\n"
+    assert_paired(turn.session)
