@@ -45,6 +45,7 @@ from bot.errors import ChannelError, ConfigError
 from bot.pairing import PairingStore
 from bot.storage import atomic_write_text_async
 from channels.base import Allowlist, Channel, InboundSink, PartialSink
+from channels.chunking import split_message, utf16_len
 from channels.telegram_format import TELEGRAM_TEXT_LIMIT, RenderedChunk, render_chunks
 from channels.telegram_intake import PasteJoiner, normalize_command, remove_utf16_spans
 from channels.telegram_media import extract_media
@@ -374,12 +375,26 @@ class TelegramChannel(Channel):
                 )
                 return sent.message_id
             except BadRequest as exc:
-                if "can't parse entities" not in str(exc).lower():
+                reason = str(exc).lower()
+                if "can't parse entities" not in reason and "message is too long" not in reason:
                     raise
                 log.warning("telegram_html_rejected", chat_id=chat, error=str(exc))
-        sent = await self._retrying(
-            lambda: self.bot.send_message(chat, chunk.plain, **extra), what="sendMessage", chat=chat
-        )
+        try:
+            sent = await self._retrying(
+                lambda: self.bot.send_message(chat, chunk.plain, **extra), what="sendMessage", chat=chat
+            )
+        except BadRequest as exc:
+            if "message is too long" not in str(exc).lower():
+                raise
+            # Our count and Telegram's disagree (it should never happen): halve and send again.
+            log.warning("telegram_message_too_long", chat_id=chat, length=utf16_len(chunk.plain))
+            pieces = split_message(chunk.plain, max(utf16_len(chunk.plain) // 2, 64), measure=utf16_len)
+            if len(pieces) < 2:
+                raise
+            for piece in pieces:
+                message_id = await self._deliver(chat, thread, RenderedChunk(None, piece), reply_to)
+                reply_to = None
+            return message_id
         return sent.message_id
 
     async def _edit(self, chat: int, message_id: int, chunk: RenderedChunk, shown: str) -> None:

@@ -74,7 +74,8 @@ class PasteJoiner:
         if batch.timer is not None:
             batch.timer.cancel()
         if self._window <= 0:
-            self._start(self.flush(key))
+            del self._pending[key]
+            self._start(self._send(batch))
         else:
             batch.timer = self._start(self._flush_later(key))
         return batch.done

@@ -1,0 +1,348 @@
+"""The Telegram channel end to end: the real python-telegram-bot against the fake Bot API server.
+
+Each test starts a channel whose dispatcher side is a recording sink (tests/channels/telegram_kit.py).
+Messages that must be ignored are followed by a "sentinel" message that must arrive: updates are
+processed in order, so once the sentinel is in, the ignored ones were decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+
+from bot.domain import OutboundMessage
+from bot.errors import ChannelError
+from bot.pairing import approve_code
+from tests.channels.telegram_kit import COMMANDS, RecordingSink, running_channel
+from tests.fakes.telegram_server import FakeTelegramServer, utf16_len
+
+BOT = "membot_test_bot"
+GROUP = -100123
+
+
+async def test_private_round_trip_renders_markdown_as_html(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg:
+        sink = RecordingSink(reply="**Hello** _Alice_, see `x < y` & [docs](https://example.com)")
+        async with running_channel(tg, tmp_path, sink) as (channel, _):
+            tg.push_message("hi there")
+            [message] = await sink.wait_for(1)
+            [sent] = await tg.wait_for_messages(1)
+        assert (message.channel, message.chat_id, message.sender_id) == ("telegram", "777", "42")
+        assert message.session_id == "telegram:777"
+        assert message.text == "hi there" and message.sender_name == "Alice" and not message.is_group
+        assert sent.parse_mode == "HTML"
+        assert sent.raw == (
+            '<b>Hello</b> <i>Alice</i>, see <code>x &lt; y</code> &amp; <a href="https://example.com">docs</a>'
+        )
+        assert sent.text == "Hello Alice, see x < y & docs"
+        assert sent.reply_to is None  # private chats get no quote of the question
+        assert channel.health.sent == 1
+        methods = [c.method for c in tg.calls]
+        assert methods[:3] == ["getMe", "setMyCommands", "deleteWebhook"]
+        polls = tg.calls_to("getUpdates")
+        assert polls[-1].params["timeout"] == 0  # PTB's last call on stop confirms the offset
+        assert any(c.params.get("offset") == 2 for c in polls)
+
+
+async def test_unknown_user_gets_a_pairing_code_and_is_admitted_once_approved(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (_, sink):
+        tg.push_message("let me in", chat_id=99, user_id=99, first_name="Mallory")
+        [offer] = await tg.wait_for_messages(1, chat_id=99)
+        code = re.search(r"membot pairing approve (\S+)", offer.text)
+        assert code is not None and offer.parse_mode is None
+
+        tg.push_message("please?", chat_id=99, user_id=99)  # asking again gives the same code
+        second = (await tg.wait_for_messages(2, chat_id=99))[1]
+        assert code.group(1) in second.text
+        tg.push_message("sentinel")
+        assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]  # nothing from user 99 got in
+
+        assert await asyncio.to_thread(approve_code, tmp_path, code.group(1)) is not None
+        tg.push_message("hello again", chat_id=99, user_id=99)
+        received = await sink.wait_for(2)
+        assert (received[1].text, received[1].sender_id) == ("hello again", "99")
+
+
+async def test_pairing_off_ignores_strangers_silently(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, pairing=False) as (_, sink):
+        tg.push_message("let me in", chat_id=99, user_id=99)
+        tg.push_message("sentinel")
+        assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
+        assert tg.sent_to(99) == []
+
+
+async def test_group_answers_only_when_addressed_and_only_in_allowed_groups(tmp_path: Path) -> None:
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, allowed_groups=[str(GROUP)], allowed_users=[]) as (_, sink),
+    ):
+        group = {"chat_id": GROUP, "chat_type": "supergroup", "user_id": 7}
+        tg.push_message("just chatting", **group)
+        tg.push_message(f"@{BOT} what's the time?", **group)
+        tg.push_message(f"hey @someone_else look", **group)
+        tg.push_message("thanks!", reply_to_bot=True, **group)
+        tg.push_message(f"@{BOT} hello", chat_id=-100999, chat_type="supergroup")  # group not allowed
+        tg.push_message("in a topic", thread_id=7, reply_to_bot=True, **group)
+        tg.push_message(f"@{BOT} mentioned in a topic", thread_id=7, **group)
+        tg.push_message(f"/help@{BOT}", **group)
+        received = await sink.wait_for(5)
+        await asyncio.sleep(0.1)  # room for a wrongly admitted message to show up
+    assert [(m.text, m.chat_id) for m in received] == [
+        ("what's the time?", str(GROUP)),
+        ("thanks!", str(GROUP)),
+        ("in a topic", f"{GROUP}:7"),
+        ("mentioned in a topic", f"{GROUP}:7"),
+        ("/help", str(GROUP)),
+    ]
+    assert all(m.is_group for m in received)
+    assert received[0].session_id == f"telegram:{GROUP}"
+
+
+async def test_topic_message_that_only_replies_to_the_topic_start_is_not_a_reply(tmp_path: Path) -> None:
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, allowed_groups=[str(GROUP)]) as (_, sink),
+    ):
+        topic_start = tg.user_message("topic created", chat_id=GROUP, chat_type="supergroup")
+        topic_start["from"] = tg.bot_user
+        topic_start["message_id"] = 7
+        tg.push_message(
+            "chatting", chat_id=GROUP, chat_type="supergroup", thread_id=7, reply_to_message=topic_start
+        )
+        tg.push_message(f"@{BOT} sentinel", chat_id=GROUP, chat_type="supergroup")
+        assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
+
+
+async def test_per_group_mention_override(tmp_path: Path) -> None:
+    overrides = {"allowed_groups": [str(GROUP)], "groups": {str(GROUP): {"require_mention": False}}}
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, **overrides) as (_, sink):
+        tg.push_message("no mention needed here", chat_id=GROUP, chat_type="group")
+        [message] = await sink.wait_for(1)
+        assert message.text == "no mention needed here"
+
+
+async def test_group_reply_goes_to_the_topic_and_quotes_the_question(tmp_path: Path) -> None:
+    sink = RecordingSink(reply="answer")
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, sink, allowed_groups=[str(GROUP)]) as _,
+    ):
+        update = tg.push_message(f"@{BOT} question", chat_id=GROUP, chat_type="supergroup", thread_id=7)
+        [sent] = await tg.wait_for_messages(1, chat_id=GROUP)
+    assert sent.thread_id == 7
+    assert sent.reply_to == update["message"]["message_id"]
+
+
+@pytest.mark.parametrize(
+    ("typed", "expected"),
+    [
+        ("/status", "/status"),
+        ("/compact 5", "/compact 5"),
+        ("/new", "/new"),
+        ("/stop", "/stop"),
+        ("/help", "/help"),
+        (f"/status@{BOT}", "/status"),
+        (f"/compact@{BOT.upper()} 7", "/compact 7"),
+    ],
+)
+async def test_commands_reach_the_dispatcher_normalized(tmp_path: Path, typed: str, expected: str) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (_, sink):
+        tg.push_message(typed)
+        [message] = await sink.wait_for(1)
+        assert message.text == expected
+
+
+async def test_a_command_for_another_bot_is_ignored(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (_, sink):
+        tg.push_message("/status@SomeOtherBot")
+        tg.push_message("sentinel")
+        assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
+
+
+async def test_edited_messages_and_bots_are_ignored(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (_, sink):
+        tg.push_update({"edited_message": tg.user_message("edited text")})
+        tg.push_message("I am a bot", is_bot=True)
+        tg.push_message("sentinel")
+        assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
+
+
+async def test_split_paste_is_joined_and_a_command_is_not(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, join_window=0.3) as (_, sink):
+        for part in ("part one", "part two", "part three"):
+            tg.push_message(part)
+        tg.push_message("/status")
+        received = await sink.wait_for(2)
+    assert [m.text for m in received] == ["part one\npart two\npart three", "/status"]
+
+
+async def test_very_long_inbound_text_is_truncated_with_a_note(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, max_inbound_chars=200) as (_, sink):
+        tg.push_message("x" * 3000)
+        [message] = await sink.wait_for(1)
+    assert message.text.startswith("x" * 200)
+    assert "[message truncated: 3000 characters, limit 200]" in message.text
+
+
+def long_reply() -> str:
+    """About 10k characters: prose with emoji, a long code block, a list, more prose."""
+    prose = " ".join(["Memory matters 🧠 for long chats — keep <tags> & ampersands escaped."] * 40)
+    code = "\n".join(f"    print('line {i}: 😀 <b>not a tag</b> & more')  # comment" for i in range(90))
+    items = "\n".join(f"- item **{i}** with `code {i}`" for i in range(30))
+    return f"# Report\n\n{prose}\n\n```python\n{code}\n```\n\n{items}\n\n{prose}"
+
+
+async def test_a_10k_reply_with_code_and_emoji_is_split_under_the_limit(tmp_path: Path) -> None:
+    reply = long_reply()
+    assert len(reply) > 10_000
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, RecordingSink(reply=reply)) as _:
+        tg.push_message("write a report")
+        await tg.wait_for(lambda: tg.calls_to("sendMessage") != [] and len(tg.sent_to(777)) >= 3)
+        await asyncio.sleep(0.2)
+        sent = tg.sent_to(777)
+    assert len(tg.calls_to("sendMessage")) == len(sent)  # the fake rejected nothing (limits, HTML)
+    assert all(m.parse_mode == "HTML" for m in sent)
+    assert all(utf16_len(m.text) <= 4096 for m in sent)
+    shown = "\n".join(m.text for m in sent)
+    for i in range(90):
+        assert f"print('line {i}: 😀 <b>not a tag</b> & more')" in shown
+    code_chunks = [m for m in sent if "<pre>" in m.raw]
+    assert len(code_chunks) >= 2, "the code block spans chunks"
+    assert all('<pre><code class="language-python">' in m.raw for m in code_chunks)
+    assert shown.count("item 29 with code 29") == 1
+
+
+async def test_html_that_telegram_cannot_parse_is_resent_as_plain_text(tmp_path: Path) -> None:
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, RecordingSink(reply="**bold** move")) as _,
+    ):
+        tg.fail(
+            "sendMessage",
+            400,
+            'Bad Request: can\'t parse entities: Unsupported start tag "b" at byte offset 0',
+            when=lambda params: params.get("parse_mode") == "HTML",
+        )
+        tg.push_message("hi")
+        [sent] = await tg.wait_for_messages(1)
+    assert sent.parse_mode is None and sent.text == "**bold** move"
+
+
+async def test_message_too_long_falls_back_to_smaller_plain_messages(tmp_path: Path) -> None:
+    reply = "word " * 200
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, RecordingSink(reply=reply)) as _:
+        tg.fail("sendMessage", 400, "Bad Request: message is too long", times=2)
+        tg.push_message("hi")
+        sent = await tg.wait_for_messages(2)
+    assert all(m.parse_mode is None for m in sent)
+    assert " ".join(m.text for m in sent).split() == reply.split()
+
+
+async def test_429_retry_after_is_honoured(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, RecordingSink(reply="finally")) as _:
+        tg.fail("sendMessage", 429, "Too Many Requests: retry after 1", retry_after=1)
+        tg.push_message("hi")
+        [sent] = await tg.wait_for_messages(1)
+    assert sent.text == "finally"
+    assert len(tg.calls_to("sendMessage")) == 2
+
+
+async def test_5xx_is_retried_and_a_final_failure_is_raised_and_counted(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (channel, _):
+        tg.fail("sendMessage", 502, "Bad Gateway", times=2)
+        await channel.send(OutboundMessage("telegram", "777", "made it"))
+        assert [m.text for m in tg.sent_to(777)] == ["made it"]
+
+        tg.fail("sendMessage", 500, "Internal Server Error", times=100)
+        with pytest.raises(ChannelError, match="777"):
+            await channel.send(OutboundMessage("telegram", "777", "lost?"))
+        assert channel.health.send_failures == 1
+        assert len(tg.calls_to("sendMessage")) == 3 + 5  # 1 + max_retries (4) attempts
+
+
+async def test_typing_indicator_runs_while_a_turn_is_active(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (channel, _):
+        async with channel.activity("-100123:7"):
+            await tg.wait_for(lambda: len(tg.calls_to("sendChatAction")) >= 2)
+        calls = tg.calls_to("sendChatAction")
+    assert calls[0].params == {"chat_id": -100123, "action": "typing", "message_thread_id": 7}
+
+
+async def test_streaming_edits_one_message_in_place(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, streaming=True) as (channel, _):
+        show = channel.partial_sink("777")
+        assert show is not None
+        await show("Hel")
+        await show("Hello **wor")
+        await channel.send(OutboundMessage("telegram", "777", "Hello **world**"))
+        [message] = tg.sent_to(777)
+    assert message.raw == "Hello <b>world</b>" and message.edits == 2
+    assert len(tg.calls_to("sendMessage")) == 1
+
+
+async def test_streaming_is_off_by_default(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (channel, _):
+        assert channel.partial_sink("777") is None
+
+
+async def test_command_menu_is_registered_only_when_it_changed(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg:
+        async with running_channel(tg, tmp_path):
+            pass
+        async with running_channel(tg, tmp_path):
+            pass
+        assert len(tg.calls_to("setMyCommands")) == 1
+        assert [(c["command"], c["description"]) for c in tg.commands] == COMMANDS
+        COMMANDS.append(("memory", "Show memory"))
+        try:
+            async with running_channel(tg, tmp_path):
+                pass
+        finally:
+            COMMANDS.pop()
+        assert len(tg.calls_to("setMyCommands")) == 2
+
+
+async def test_photo_without_vision_becomes_a_note(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, vision=False) as (_, sink):
+        file_id = tg.add_file(b"\xff\xd8jpeg", "photos/a.jpg")
+        photo = [{"file_id": file_id, "file_unique_id": "p1", "width": 90, "height": 90, "file_size": 6}]
+        tg.push_message(None, photo=photo, caption="what is this?")
+        [message] = await sink.wait_for(1)
+    assert message.attachments == ()
+    assert message.text.startswith("what is this?")
+    assert "cannot see images" in message.text
+    assert tg.calls_to("getFile") == []
+
+
+async def test_documents_text_is_read_and_other_files_are_acknowledged(tmp_path: Path) -> None:
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, max_document_bytes=100) as (_, sink),
+    ):
+        notes = tg.add_file(b"# notes\nbuy milk\n", "documents/notes.md")
+        blob = tg.add_file(b"\x00\x01", "documents/blob.bin")
+        big = tg.add_file(b"x" * 500, "documents/big.txt")
+
+        def document(file_id: str, name: str, mime: str, size: int) -> dict[str, object]:
+            return {
+                "file_id": file_id,
+                "file_unique_id": f"u{file_id}",
+                "file_name": name,
+                "mime_type": mime,
+                "file_size": size,
+            }
+
+        tg.push_message(None, document=document(notes, "notes.md", "text/markdown", 17))
+        tg.push_message(None, document=document(blob, "blob.bin", "application/octet-stream", 2))
+        tg.push_message(None, document=document(big, "big.txt", "text/plain", 500))
+        received = await sink.wait_for(3)
+    [text] = received[0].attachments
+    assert (text.kind, text.name, text.data) == ("text", "notes.md", b"# notes\nbuy milk\n")
+    [binary] = received[1].attachments
+    assert (binary.kind, binary.name, binary.data, binary.size) == ("file", "blob.bin", b"", 2)
+    [large] = received[2].attachments
+    assert large.kind == "file" and "larger than 100 bytes" in received[2].text
+    assert len(tg.calls_to("getFile")) == 1
