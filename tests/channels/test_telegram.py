@@ -82,7 +82,7 @@ async def test_group_answers_only_when_addressed_and_only_in_allowed_groups(tmp_
         group = {"chat_id": GROUP, "chat_type": "supergroup", "user_id": 7}
         tg.push_message("just chatting", **group)
         tg.push_message(f"@{BOT} what's the time?", **group)
-        tg.push_message(f"hey @someone_else look", **group)
+        tg.push_message("hey @someone_else look", **group)
         tg.push_message("thanks!", reply_to_bot=True, **group)
         tg.push_message(f"@{BOT} hello", chat_id=-100999, chat_type="supergroup")  # group not allowed
         tg.push_message("in a topic", thread_id=7, reply_to_bot=True, **group)
