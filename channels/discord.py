@@ -123,8 +123,9 @@ class DiscordChannel(Channel):
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._client is not None:
-            await self._client.close()
+        client, self._client = self._client, None  # later sends fail as ChannelError, not in aiohttp
+        if client is not None:
+            await client.close()
         if self._gateway is not None:
             await asyncio.gather(self._gateway, return_exceptions=True)
         if self._restore_library is not None:

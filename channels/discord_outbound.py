@@ -97,9 +97,12 @@ class DiscordOutbox:
             log.warning("discord_empty_reply", channel_id=message.chat_id)
             return
         pending = self._interactions.pop(message.reply_to, None) if message.reply_to else None
-        if pending is not None and await self._answer_interaction(pending[0], chunks, message.chat_id):
-            self._health.sent += 1
-            return
+        if pending is not None:
+            answered = await self._answer_interaction(pending[0], chunks, message.chat_id)
+            chunks = chunks[answered:]  # what the interaction could not carry goes to the channel
+            if not chunks:
+                self._health.sent += 1
+                return
         author = self._authors.get(message.reply_to or "")
         mentions = discord.AllowedMentions(
             everyone=False,
@@ -125,23 +128,25 @@ class DiscordOutbox:
 
     async def _answer_interaction(
         self, interaction: discord.Interaction, chunks: list[str], chat_id: str
-    ) -> bool:
-        """Replace the deferred "thinking" with the reply; ``False`` (post normally) if the token is dead."""
+    ) -> int:
+        """Replace the deferred "thinking" with the reply, then follow up; returns the chunks delivered."""
         none = discord.AllowedMentions.none()
+        answered = 0
         try:
             await self.deliver(
                 chat_id, lambda: interaction.edit_original_response(content=chunks[0], allowed_mentions=none)
             )
+            answered = 1
             for chunk in chunks[1:]:
 
                 def follow(text: str = chunk) -> Awaitable[discord.WebhookMessage | None]:
                     return interaction.followup.send(text, allowed_mentions=none, wait=True)
 
                 await self.deliver(chat_id, follow)
+                answered += 1
         except ChannelError:
-            log.warning("discord_interaction_reply_failed", channel_id=chat_id)
-            return False
-        return True
+            log.warning("discord_interaction_reply_failed", channel_id=chat_id, delivered=answered)
+        return answered
 
     async def deliver(self, chat_id: str, call: Callable[[], Awaitable[_T]]) -> _T:
         """Run one Discord request; retry 5xx and network failures with backoff (the library retries 429)."""

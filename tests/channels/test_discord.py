@@ -350,6 +350,12 @@ async def test_missing_message_content_intent_is_a_clear_startup_error(tmp_path:
     assert original == (Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY)  # nothing leaks into other tests
 
 
+async def test_a_wrong_token_is_a_clear_startup_error(tmp_path: Path) -> None:
+    with pytest.raises(ChannelError, match="rejected the bot token"):
+        async with discord_world(tmp_path, discord_settings={"token": "not-the-token"}):
+            pass
+
+
 async def test_attachments_images_text_and_other_files(tmp_path: Path) -> None:
     async with discord_world(tmp_path) as w:
         files = (
@@ -389,6 +395,14 @@ async def test_a_long_slash_command_answer_continues_in_followups(tmp_path: Path
         assert "part 0" in answers[0]["content"] and "part 4" in answers[-1]["content"]
         patches = [r for r in w.discord.requests if r.method == "PATCH" and r.path.endswith("/@original")]
         assert len(patches) == 1  # the deferred answer was edited once, the rest followed up
+
+
+async def test_an_expired_interaction_is_answered_in_the_channel(tmp_path: Path) -> None:
+    async with discord_world(tmp_path) as w:
+        w.discord.fail("PATCH", f"/webhooks/{w.discord.application_id}/", status=404)
+        await w.discord.slash_command("help", channel_id=w.dm, user=w.alice)
+        [posted] = await w.discord.wait_for_bot_messages(w.dm)
+        assert "/compact" in posted["content"] and "interaction_token" not in posted
 
 
 async def test_streaming_edits_one_message(tmp_path: Path) -> None:
