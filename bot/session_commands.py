@@ -1,0 +1,218 @@
+"""The session commands /status, /compact [N] and /new (the router and /stop live in bot/commands.py).
+
+They are registered by the composition root, next to the services they report on::
+
+    cmds = SessionCommands(sessions, compaction, retirer, gauge=auto, model=info, tier=tier, ledger=ledger,
+                           memory_stats=lambda: memory_operator.stats(memory), started_at=core.started_at)
+    router.add("status", "Model, context, usage and memory of this chat", cmds.status)
+    router.add("compact", "Summarize older messages now: /compact [N] keeps the last N", cmds.compact)
+    router.add("new", "Save this conversation to memory and start a fresh one", cmds.new)
+
+/compact and /new change the session, so they run under ``control.exclusive``: they wait for a running
+turn to end and keep new turns out until they are done.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+from bot.catalog import ModelInfo
+from bot.commands import CommandCall, SessionControl
+from bot.compaction import META_LAST, CompactionService, Retirer
+from bot.domain import Session, Usage
+from bot.sessions import SessionService
+from bot.usage import UsageLedger
+
+COMPACT_DEFAULT = 10
+COMPACT_RANGE = (1, 100)
+COMPACT_USAGE = "Usage: /compact [N] — summarize older messages and keep the last N (1–100, default 10)."
+
+
+class MemoryFigures(Protocol):
+    """What /status shows about memory (``bot.memory.operator.MemoryStats`` has these)."""
+
+    @property
+    def memory_md_bytes(self) -> int: ...
+
+    @property
+    def today_notes(self) -> int: ...
+
+    @property
+    def items(self) -> Mapping[str, int]: ...
+
+
+class ContextGauge(Protocol):
+    """Estimates the next prompt of a session (the auto-compaction system is one)."""
+
+    async def estimate(self, session: Session) -> int: ...
+
+
+class SessionCommands:
+    """Handlers for /status, /compact and /new (see the module doc for registration)."""
+
+    def __init__(
+        self,
+        sessions: SessionService,
+        compaction: CompactionService,
+        retirer: Retirer,
+        *,
+        gauge: ContextGauge,
+        model: ModelInfo,
+        tier: str | None = None,
+        ledger: UsageLedger | None = None,
+        memory_stats: Callable[[], Awaitable[MemoryFigures]] | None = None,
+        started_at: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sessions = sessions
+        self._compaction = compaction
+        self._retirer = retirer
+        self._gauge = gauge
+        self._model = model
+        self._tier = tier
+        self._ledger = ledger
+        self._memory_stats = memory_stats
+        self._monotonic = monotonic
+        self._started = monotonic() if started_at is None else started_at
+
+    # -- /status ------------------------------------------------------------------------------------
+
+    async def status(self, call: CommandCall, control: SessionControl) -> str:
+        sid = call.session_id
+        session = await self._sessions.get(sid)
+        m = self._model
+        tier = f", {self._tier} tier" if self._tier else ""
+        lines = [f"Model: {m.display_name or m.id} ({m.id}{tier})"]
+        if session is None:
+            lines.append("Messages: 0 (no conversation yet)")
+        else:
+            lines += await self._session_lines(session)
+        if self._ledger is not None:
+            lines.append(f"Today (all chats): {_usage_line(await self._ledger.day())}")
+        if self._memory_stats is not None:
+            lines.append(await self._memory_line())
+        running = "answering now" if control.is_running(sid) else "idle"
+        lines.append(f"Queue: {control.queue_depth(sid)} waiting · {running}")
+        lines.append(f"Uptime: {_duration(self._monotonic() - self._started)}")
+        return "\n".join(lines)
+
+    async def _session_lines(self, session: Session) -> list[str]:
+        used = await self._gauge.estimate(session)
+        window = self._model.max_input_tokens
+        approx = "" if self._compaction.counter.exact else "≈"
+        lines = [
+            f"Messages: {len(session.messages)}",
+            f"Context: {approx}{_tokens(used)} / {_tokens(window)} tokens ({used * 100 / window:.0f}%)",
+        ]
+        compactions = f"Compactions: {session.compactions}"
+        last = session.metadata.get(META_LAST)
+        if isinstance(last, dict) and session.compactions:
+            if last.get("fallback"):
+                compactions += f" (last one fell back to truncation: {last.get('reason') or 'no summary'})"
+            else:
+                compactions += " (last one summarized)"
+        lines.append(compactions)
+        lines.append(f"This chat: {_usage_line(session.usage)}")
+        return lines
+
+    async def _memory_line(self) -> str:
+        assert self._memory_stats is not None
+        try:
+            figures = await self._memory_stats()
+        except Exception as exc:  # a status line must not take /status down
+            return f"Memory: unavailable ({type(exc).__name__})"
+        layers = ", ".join(f"{count} {layer}" for layer, count in figures.items.items()) or "none"
+        notes = "note" if figures.today_notes == 1 else "notes"
+        return (
+            f"Memory: MEMORY.md {_bytes(figures.memory_md_bytes)} · items {layers} · "
+            f"{figures.today_notes} {notes} today"
+        )
+
+    # -- /compact -----------------------------------------------------------------------------------
+
+    async def compact(self, call: CommandCall, control: SessionControl) -> str:
+        keep = _parse_keep(call.args)
+        if keep is None:
+            return COMPACT_USAGE
+        msg = call.message
+        async with control.exclusive(call.session_id):
+            if await self._sessions.get(call.session_id) is None:
+                return "Nothing to compact yet."
+            async with self._sessions.lease(msg.channel, msg.chat_id) as session:
+                result = await self._compaction.compact(session, keep_last=keep, trigger="command")
+                if not result.performed:
+                    if result.reason.startswith("nothing"):
+                        plural = "message" if len(session.messages) == 1 else "messages"
+                        return f"Nothing to compact: {len(session.messages)} {plural}, keeping {keep}."
+                    return f"Not compacted: {result.reason}."
+                await self._sessions.save(session)
+        text = (
+            f"Compacted: removed {result.removed} messages, kept {result.kept}. "
+            f"Tokens {_tokens(result.tokens_before)} → {_tokens(result.tokens_after)}."
+        )
+        if result.fallback:
+            text += f"\nNo summary ({result.reason}): the older messages were saved to memory and dropped."
+        return text
+
+    # -- /new ---------------------------------------------------------------------------------------
+
+    async def new(self, call: CommandCall, control: SessionControl) -> str:
+        msg = call.message
+        async with control.exclusive(call.session_id):
+            if await self._sessions.get(call.session_id) is None:
+                return "Session cleared."
+            async with self._sessions.lease(msg.channel, msg.chat_id) as session:
+                if session.messages and not await self._retirer.retire(session, list(session.messages)):
+                    return (
+                        "I couldn't save this conversation to memory, so I kept it. "
+                        "Try /new again in a moment (the details are in the log)."
+                    )
+                session.usage = Usage()
+                session.compactions = 0
+                session.metadata.pop(META_LAST, None)
+                await self._sessions.clear_messages(session)
+        return "Session cleared."
+
+
+def _parse_keep(args: str) -> int | None:
+    text = args.strip()
+    if not text:
+        return COMPACT_DEFAULT
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    low, high = COMPACT_RANGE
+    return min(high, max(low, value))
+
+
+def _usage_line(usage: Usage) -> str:
+    return f"{usage.input_tokens:,} in / {usage.output_tokens:,} out tokens · ${usage.cost_usd:.4f}"
+
+
+def _tokens(value: int) -> str:
+    if value >= 1_000_000:
+        return f"{value / 1_000_000:.2f}M"
+    if value >= 10_000:
+        return f"{value / 1000:.0f}k"
+    if value >= 1000:
+        return f"{value / 1000:.1f}k"
+    return str(value)
+
+
+def _bytes(value: int) -> str:
+    return f"{value / 1024:.1f} KB" if value >= 1024 else f"{value} B"
+
+
+def _duration(seconds: float) -> str:
+    total = int(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {total % 60}s" if minutes else f"{total}s"

@@ -1,0 +1,198 @@
+"""TokenCounter: tiktoken fully offline, cached per-message counts, calibration from real usage."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tiktoken
+import tiktoken.registry
+
+from bot.domain import ImagePart, Message, Role, Session, ToolCall
+from bot.tokens import (
+    BASIS,
+    CHARS_BASIS,
+    IMAGE_TOKENS,
+    META_RATIO,
+    MIN_CALIBRATION_TOKENS,
+    RATIO_BOUNDS,
+    TokenCounter,
+    cache_key,
+    seed_cache,
+)
+
+
+class NetworkBlocked(AssertionError):
+    pass
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Fail any attempt to resolve or connect during the test (and record it)."""
+    attempts: list[str] = []
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        attempts.append(repr(args[:2]))
+        raise NetworkBlocked(f"network access attempted: {args[:2]!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    yield attempts
+
+
+@pytest.fixture
+def fresh_tiktoken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No encoding loaded in this process yet and an empty TIKTOKEN_CACHE_DIR."""
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
+    empty = tmp_path / "empty-cache"
+    empty.mkdir()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(empty))
+    return empty
+
+
+def test_the_guard_really_blocks_a_download(no_network: list[str], fresh_tiktoken: Path) -> None:
+    # Without seeding, plain tiktoken goes to the network for its file; the guard must stop that.
+    with pytest.raises(Exception):  # noqa: B017 (requests wraps the guard's error in its own)
+        tiktoken.get_encoding("cl100k_base")
+    assert no_network, "tiktoken did not try the network, so this guard proves nothing"
+
+
+def test_counts_exactly_offline_from_a_fresh_cache(
+    no_network: list[str], fresh_tiktoken: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "workspace" / "cache" / "tiktoken"
+    counter = TokenCounter.offline(cache, model="gpt-4", provider="openai")
+    assert counter.basis == BASIS and counter.exact
+    assert counter.count_text("hello world") == 2
+    assert counter.count_text("tiktoken is great!") == 6
+    assert (cache / cache_key("cl100k_base")).is_file()
+    assert cache_key("cl100k_base") == "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"
+    # The seeded cache also makes plain tiktoken work offline, under the official name.
+    tiktoken.registry.ENCODINGS.clear()
+    assert list(fresh_tiktoken.iterdir()) == []  # our load never wrote to the caller's cache
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    assert tiktoken.get_encoding("cl100k_base").encode("hello world") == [15339, 1917]
+    assert no_network == []
+
+
+def test_models_without_their_encoding_get_a_calibrated_estimate(
+    no_network: list[str], fresh_tiktoken: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    gpt41 = TokenCounter.offline(cache, model="gpt-4.1-mini", provider="openai")  # o200k: not shipped
+    claude = TokenCounter.offline(cache, model="claude-sonnet-4-5", provider="anthropic")
+    local = TokenCounter.offline(cache, model="llama3.1:8b", provider="openai")
+    assert (gpt41.basis, gpt41.exact, gpt41.prior) == (BASIS, False, 1.0)
+    assert (claude.basis, claude.exact) == (BASIS, False) and claude.prior > 1.0
+    assert (local.basis, local.exact) == (BASIS, False) and local.prior > 1.0
+    assert no_network == []
+
+
+def test_seeding_replaces_a_corrupt_cached_file(tmp_path: Path) -> None:
+    target = tmp_path / cache_key("cl100k_base")
+    target.write_bytes(b"not a bpe file")
+    assert "cl100k_base" in seed_cache(tmp_path)
+    assert target.stat().st_size > 1_000_000
+
+
+def test_a_broken_install_falls_back_to_a_character_estimate() -> None:
+    counter = TokenCounter.approximate()
+    assert counter.basis == CHARS_BASIS and not counter.exact
+    assert counter.count_text("abcdefgh") == 2
+    assert counter.count_text("日本語") == 3  # non-Latin scripts: about a token per character
+
+
+class CountingEncoder:
+    """A real cl100k encoder that counts how often it is asked to encode."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._inner = tiktoken.get_encoding("cl100k_base")
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        self.calls += 1
+        return self._inner.encode_ordinary(text)
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> TokenCounter:
+    return TokenCounter.offline(tmp_path_factory.mktemp("tk"), model="gpt-4", provider="openai")
+
+
+def session_of(n: int) -> Session:
+    session = Session.new("test", "c")
+    for i in range(n):
+        session.append(
+            Message(Role.USER if i % 2 == 0 else Role.ASSISTANT, f"message {i} about topic {i % 7}")
+        )
+    return session
+
+
+def test_old_messages_are_never_encoded_again(seeded: TokenCounter) -> None:
+    encoder = CountingEncoder()
+    counter = TokenCounter(encoder, BASIS, exact=True, prior=1.0)
+    session = session_of(10_000)
+    first = counter.history_tokens(session)
+    assert encoder.calls == 10_000
+    assert counter.history_tokens(session) == first and encoder.calls == 10_000
+    session.append(Message(Role.USER, "one more"))
+    assert counter.history_tokens(session) > first and encoder.calls == 10_001
+    assert all(m.token_estimate > 0 for m in session.messages)
+
+
+async def test_a_large_backlog_is_counted_off_the_loop_with_the_same_result() -> None:
+    counter = TokenCounter(CountingEncoder(), BASIS, exact=True, prior=1.0)
+    a, b = session_of(1000), session_of(1000)
+    assert await counter.count_history(a) == counter.history_tokens(b)
+
+
+def test_message_count_includes_tool_calls_and_images_but_caches_text_only(seeded: TokenCounter) -> None:
+    plain = Message(Role.ASSISTANT, "let me check")
+    calls = Message(Role.ASSISTANT, "let me check", tool_calls=(ToolCall("c1", "web_fetch", '{"url": "x"}'),))
+    image = Message(Role.USER, "see", images=(ImagePart("image/png", "AAAA"),))
+    assert seeded.message_tokens(calls) > seeded.message_tokens(plain)
+    assert seeded.message_tokens(image) == image.token_estimate + IMAGE_TOKENS
+
+
+def test_counts_made_with_another_encoding_are_redone(seeded: TokenCounter) -> None:
+    session = session_of(3)
+    TokenCounter.approximate().history_tokens(session)
+    stale = [m.token_estimate for m in session.messages]
+    seeded.history_tokens(session)
+    encoding = tiktoken.get_encoding("cl100k_base")
+    fresh = [4 + len(encoding.encode_ordinary(m.content)) for m in session.messages]
+    assert [m.token_estimate for m in session.messages] == fresh != stale
+
+
+def test_calibration_follows_real_usage_within_bounds() -> None:
+    counter = TokenCounter(CountingEncoder(), BASIS, exact=False, prior=1.15)
+    session = session_of(1)
+    assert counter.ratio(session) == 1.15
+    assert counter.calibrate(session, MIN_CALIBRATION_TOKENS - 1, 5000) is None  # too small to tell
+    for _ in range(30):
+        counter.calibrate(session, 10_000, 13_000)
+    assert counter.ratio(session) == pytest.approx(1.3, abs=0.01)
+    assert counter.scale(session, 1000) == pytest.approx(1300, abs=10)
+    counter.calibrate(session, 10_000, 10_000_000)
+    assert counter.ratio(session) <= RATIO_BOUNDS[1]
+    assert isinstance(session.metadata[META_RATIO], float)
+
+
+def test_exact_counts_are_not_calibrated(seeded: TokenCounter) -> None:
+    session = session_of(1)
+    assert seeded.calibrate(session, 10_000, 20_000) is None
+    assert seeded.note_overflow(session, 10_000, 8_000) is None
+    assert seeded.ratio(session) == 1.0
+
+
+def test_an_overflow_raises_the_ratio_above_what_would_have_fitted() -> None:
+    counter = TokenCounter(CountingEncoder(), BASIS, exact=False, prior=1.0)
+    session = session_of(1)
+    raised = counter.note_overflow(session, estimated_raw=7000, window=8000)
+    assert raised is not None and counter.scale(session, 7000) > 8000
+    assert counter.note_overflow(session, estimated_raw=1000, window=8000) == RATIO_BOUNDS[1]
