@@ -1,0 +1,148 @@
+"""``membot sessions``: list, show, export (archived parts included) and delete, as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from bot.domain import Message, Role, Session
+from bot.memory.archive import TranscriptArchive
+from bot.sessions import JsonSessionStore
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def membot(tmp_path: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
+    env.update(HOME=str(tmp_path), MEMBOT_WORKSPACE=str(tmp_path / "ws"), COLUMNS="80")
+    return subprocess.run(
+        [sys.executable, "-m", "bot", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+
+
+def message(role: Role, text: str, minutes: int) -> Message:
+    return Message(role=role, content=text, timestamp=T0 + timedelta(minutes=minutes))
+
+
+async def _store(workspace: Path, session: Session, archived: list[Message]) -> None:
+    if archived:
+        await TranscriptArchive(workspace / "memory" / "archive").append(session.id, archived, T0)
+    await JsonSessionStore(workspace / "sessions").save(session)
+
+
+def store(workspace: Path, session: Session, archived: Sequence[Message] = ()) -> None:
+    asyncio.run(_store(workspace, session, list(archived)))
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """Two sessions: a Telegram chat with an archived start, and an older terminal chat."""
+    ws = tmp_path / "ws"
+    old = [message(Role.USER, "my cat is called Miso", 0), message(Role.ASSISTANT, "Noted: Miso.", 1)]
+    telegram = Session.new("telegram", "777")
+    kept = message(Role.ASSISTANT, "summary: the cat is Miso", 2)
+    telegram.messages = [kept, message(Role.USER, "what is my cat called?", 3)]
+    telegram.messages.append(message(Role.ASSISTANT, "Miso.", 4))
+    telegram.updated_at = T0 + timedelta(days=2)
+    store(ws, telegram, [*old, kept])  # `kept` is archived and still active: exported once
+    cli = Session.new("cli", "alice")
+    cli.messages = [message(Role.USER, "hello", 0), message(Role.ASSISTANT, "hi", 1)]
+    cli.updated_at = T0 + timedelta(days=1)
+    store(ws, cli)
+    return ws
+
+
+def test_list_shows_counts_sizes_and_activity_newest_first(tmp_path: Path, workspace: Path) -> None:
+    result = membot(tmp_path, "sessions", "list")
+    assert result.returncode == 0, result.stderr
+    rows = [
+        line.strip() for line in result.stdout.splitlines() if line.strip().startswith(("telegram:", "cli:"))
+    ]
+    assert [r.split()[0] for r in rows] == ["telegram:777", "cli:alice"]
+    assert rows[0].split()[1:3] == ["3", "3"]  # 3 active, 3 archived
+    assert "2025-03-03 12:00" in rows[0] and "B" in rows[0]
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+def test_list_of_an_empty_workspace(tmp_path: Path) -> None:
+    result = membot(tmp_path, "sessions", "list")
+    assert result.returncode == 0 and "No sessions" in result.stdout
+
+
+def test_show_by_unique_prefix(tmp_path: Path, workspace: Path) -> None:
+    result = membot(tmp_path, "sessions", "show", "tele", "--last", "1")
+    assert result.returncode == 0, result.stderr
+    assert "telegram:777" in result.stdout and "3 active, 3 archived" in result.stdout
+    assert "Miso." in result.stdout and "what is my cat called?" not in result.stdout
+
+
+def test_export_json_has_the_full_transcript_in_order(tmp_path: Path, workspace: Path) -> None:
+    result = membot(tmp_path, "sessions", "export", "telegram:777")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["id"] == "telegram:777"
+    assert [(m["content"], m["archived"]) for m in data["messages"]] == [
+        ("my cat is called Miso", True),
+        ("Noted: Miso.", True),
+        ("summary: the cat is Miso", True),
+        ("what is my cat called?", False),
+        ("Miso.", False),
+    ]
+
+
+def test_export_markdown_to_a_private_file(tmp_path: Path, workspace: Path) -> None:
+    target = tmp_path / "out" / "chat.md"
+    result = membot(tmp_path, "sessions", "export", "telegram:777", "--format", "markdown", "-o", str(target))
+    assert result.returncode == 0, result.stderr
+    text = target.read_text()
+    assert text.startswith("# Session telegram:777")
+    assert text.index("## Archived messages") < text.index("my cat is called Miso")
+    assert text.index("## Active conversation") < text.index("what is my cat called?")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def test_delete_asks_first_and_then_removes_the_files(tmp_path: Path, workspace: Path) -> None:
+    kept = membot(tmp_path, "sessions", "delete", "cli:alice", stdin="n\n")
+    assert kept.returncode == 1 and (workspace / "sessions" / "cli:alice.json").exists()
+
+    gone = membot(tmp_path, "sessions", "delete", "cli:alice", "--yes")
+    assert gone.returncode == 0, gone.stderr
+    assert not list((workspace / "sessions").glob("cli:alice.*"))
+    assert (workspace / "sessions" / "telegram:777.json").exists()
+    assert "cli:alice" not in membot(tmp_path, "sessions", "list").stdout
+
+
+def test_unknown_and_ambiguous_ids_are_clear_errors(tmp_path: Path, workspace: Path) -> None:
+    missing = membot(tmp_path, "sessions", "show", "discord:1")
+    assert missing.returncode == 2 and "no session 'discord:1'" in missing.stderr
+    store(workspace, Session.new("telegram", "778"))
+    ambiguous = membot(tmp_path, "sessions", "export", "telegram:77")
+    assert ambiguous.returncode == 2 and "matches 2 sessions" in ambiguous.stderr
+    assert "Traceback" not in missing.stderr + ambiguous.stderr
+
+
+def test_many_sessions_still_list_cleanly(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    for n in range(60):  # above the progress-bar threshold; the bar goes to stderr only
+        session = Session.new("discord", f"chan-{n:02d}")
+        session.messages = [message(Role.USER, "x", n)]
+        store(ws, session)
+    result = membot(tmp_path, "sessions", "list")
+    assert result.returncode == 0, result.stderr
+    assert "60 sessions" in result.stdout
+    assert sum(line.strip().startswith("discord:") for line in result.stdout.splitlines()) == 60
