@@ -33,7 +33,7 @@ from typing import Protocol
 import structlog
 
 from bot.config import LifecycleSettings
-from bot.errors import ChannelError
+from bot.errors import MembotError
 from channels.base import Channel, ChannelHealth
 
 log = structlog.get_logger(__name__)
@@ -138,7 +138,7 @@ class ServiceRunner:
             except Exception as exc:
                 reason = str(exc) or type(exc).__name__
                 self._health[name] = ChannelHealth(state="failed", error=reason)
-                if isinstance(exc, ChannelError):
+                if isinstance(exc, MembotError):  # ours carry a clear message; no traceback needed
                     log.error("channel_start_failed", channel=name, error=reason)
                 else:
                     log.exception("channel_start_failed", channel=name, error=reason)
