@@ -36,7 +36,7 @@ from typing import Any, ClassVar, TypeVar
 import structlog
 from telegram import Bot, BotCommand, Message, ReplyParameters, Update
 from telegram.constants import ChatAction, ChatType, MessageEntityType, ParseMode
-from telegram.error import BadRequest, InvalidToken, NetworkError, TelegramError
+from telegram.error import BadRequest, Conflict, InvalidToken, NetworkError, TelegramError
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, ContextTypes, TypeHandler
 
 from bot.config import TelegramSettings
@@ -151,6 +151,7 @@ class TelegramChannel(Channel):
                 await app.updater.start_polling(
                     timeout=timedelta(seconds=settings.poll_timeout),
                     allowed_updates=_ALLOWED_UPDATES,
+                    error_callback=self._on_poll_error,
                 )
         except BaseException as exc:
             await self._shutdown()
@@ -231,6 +232,12 @@ class TelegramChannel(Channel):
         update = Update.de_json(data, self.bot)
         if update.message is not None:
             await self._intake(update.message, wait=True)
+
+    def _on_poll_error(self, exc: TelegramError) -> None:
+        """PTB keeps polling with backoff after this; we only make the trouble visible."""
+        self.health.error = str(exc)
+        hint = " (another process polls with the same token?)" if isinstance(exc, Conflict) else ""
+        log.warning("telegram_polling_failed", error=f"{exc}{hint}")
 
     async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
         log.error("telegram_update_failed", exc_info=context.error)
@@ -334,7 +341,10 @@ class TelegramChannel(Channel):
             file = await self.bot.get_file(file_id)
             return bytes(await file.download_as_bytearray())
 
-        return await self._retrying(fetch, what="getFile")
+        try:
+            return await self._retrying(fetch, what="getFile")
+        except TelegramError as exc:
+            raise ChannelError(f"could not download a Telegram file: {exc}") from exc
 
     # -- outbound -----------------------------------------------------------------------------------
 

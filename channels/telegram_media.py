@@ -13,9 +13,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+import structlog
 from telegram import Message
 
 from bot.domain import Attachment
+from bot.errors import ChannelError
+
+log = structlog.get_logger(__name__)
 
 MAX_IMAGE_BYTES = 10_000_000
 _TEXT_SUFFIXES = {
@@ -60,9 +64,21 @@ async def extract_media(
 ) -> Extracted:
     """Download what the model can use from ``message``; describe the rest in notes.
 
-    ``download(file_id)`` may raise; the failure becomes a note and the caller logs it.
+    ``download(file_id)`` raises :class:`ChannelError` when a file cannot be fetched; that becomes a
+    note too, so the user's words still reach the model.
     """
     out = Extracted()
+    try:
+        await _extract(out, message, download=download, vision=vision, max_document_bytes=max_document_bytes)
+    except ChannelError as exc:
+        log.warning("telegram_download_failed", chat_id=message.chat_id, error=str(exc))
+        out.notes.append("[The user sent a file that could not be downloaded from Telegram.]")
+    return out
+
+
+async def _extract(
+    out: Extracted, message: Message, *, download: Download, vision: bool, max_document_bytes: int
+) -> None:
     if message.photo:
         photo = message.photo[-1]  # the largest size Telegram generated
         if not vision:
@@ -89,7 +105,6 @@ async def extract_media(
             out.notes.append(f"[The user sent {label}.]")
     if message.sticker is not None:
         out.notes.append(f"[sticker {message.sticker.emoji or ''}]".replace(" ]", "]"))
-    return out
 
 
 async def _document(

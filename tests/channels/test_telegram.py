@@ -346,3 +346,12 @@ async def test_documents_text_is_read_and_other_files_are_acknowledged(tmp_path:
     [large] = received[2].attachments
     assert large.kind == "file" and "larger than 100 bytes" in received[2].text
     assert len(tg.calls_to("getFile")) == 1
+
+
+async def test_a_file_that_cannot_be_downloaded_becomes_a_note(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, vision=True) as (_, sink):
+        photo = [{"file_id": "gone", "file_unique_id": "g", "width": 9, "height": 9, "file_size": 9}]
+        tg.push_message(None, photo=photo, caption="look")
+        [message] = await sink.wait_for(1)
+    assert message.attachments == ()
+    assert message.text.startswith("look") and "could not be downloaded" in message.text

@@ -1,0 +1,122 @@
+"""The whole way: fake Telegram → real PTB → TelegramChannel → Dispatcher → pipeline → fake LLM → back.
+
+Nothing of ours is replaced: the composition root builds the core, the channel is wired the way
+bot/app.py wires it, and both ends are real HTTP servers on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from bot.app import Core, build_core
+from bot.config import Settings, load_settings
+from bot.pairing import PAIRING_FILE, PairingStore
+from channels.telegram import TelegramChannel
+from tests.fakes.llm_server import FakeLLMServer
+from tests.fakes.telegram_server import FakeTelegramServer
+
+JPEG = b"\xff\xd8\xff\xe0fake-jpeg-bytes"
+
+
+async def settings_for(
+    workspace: Path, llm: FakeLLMServer, tg: FakeTelegramServer, **telegram: Any
+) -> Settings:
+    overrides: dict[str, Any] = {
+        "workspace": workspace,
+        "llm": {
+            "model": "gpt-4.1-mini",
+            "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-1234567890abcdef"},
+        },
+        "telegram": {
+            "token": tg.token,
+            "base_url": tg.base_url,
+            "base_file_url": tg.base_file_url,
+            "allowed_users": ["42"],
+            "join_window": 0.0,
+            "poll_timeout": 1,
+            **telegram,
+        },
+    }
+    return await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+
+
+@contextlib.asynccontextmanager
+async def telegram_bot(settings: Settings) -> AsyncIterator[Core]:
+    """What bot/app.py does for Telegram, in the same order."""
+    async with build_core(settings) as core:
+        channel = TelegramChannel(
+            settings.telegram,
+            core.dispatcher.submit,
+            pairing=PairingStore(settings.workspace / PAIRING_FILE),
+            state_dir=settings.workspace,
+            commands=core.commands.commands,
+            vision_supported=lambda: core.catalog.get(settings.llm.model).supports_vision,
+            max_inbound_chars=settings.sessions.max_inbound_chars,
+            typing_interval=0.05,
+        )
+        core.dispatcher.attach(channel)
+        await channel.start()
+        try:
+            yield core
+        finally:
+            await channel.stop()
+
+
+async def test_private_chat_round_trip_through_the_pipeline(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        async with telegram_bot(await settings_for(tmp_path / "ws", llm, tg)):
+            tg.push_message("my name is **Alice** & I like <b>tags</b>")
+            [reply] = await tg.wait_for_messages(1)
+            tg.push_message("/help")
+            [_, help_reply] = await tg.wait_for_messages(2)
+        assert reply.text == "echo: my name is **Alice** & I like <b>tags</b>".replace("**", "")
+        assert reply.parse_mode == "HTML"
+        assert tg.calls_to("sendChatAction"), "typing was shown while the turn ran"
+        assert "/help" in help_reply.text and "/stop" in help_reply.text
+        assert len(llm.requests) == 1  # the command never reached the model
+        user_turn = llm.requests[0].body["messages"][-1]
+        assert user_turn["role"] == "user" and "Alice" in json.dumps(user_turn)
+        header = json.loads((tmp_path / "ws" / "sessions" / "telegram:777.json").read_text())
+        assert header["log_count"] == 2
+
+
+async def test_photo_reaches_a_vision_model_as_an_image(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        async with telegram_bot(await settings_for(tmp_path / "ws", llm, tg)):
+            file_id = tg.add_file(JPEG, "photos/file_1.jpg")
+            photo = [
+                {"file_id": "thumb", "file_unique_id": "t", "width": 90, "height": 90, "file_size": 10},
+                {
+                    "file_id": file_id,
+                    "file_unique_id": "p",
+                    "width": 800,
+                    "height": 600,
+                    "file_size": len(JPEG),
+                },
+            ]
+            tg.push_message(None, photo=photo, caption="what is in this picture?")
+            await tg.wait_for_messages(1)
+        [request] = llm.requests
+        content = request.body["messages"][-1]["content"]
+        assert isinstance(content, list)
+        images = [part["image_url"]["url"] for part in content if part["type"] == "image_url"]
+        assert images == ["data:image/jpeg;base64," + base64.b64encode(JPEG).decode()]
+        assert "what is in this picture?" in json.dumps(content)
+        assert [c.params["file_id"] for c in tg.calls_to("getFile")] == [file_id]  # the largest size
+
+
+async def test_a_stranger_never_reaches_the_model(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        async with telegram_bot(await settings_for(tmp_path / "ws", llm, tg)):
+            tg.push_message("/status", chat_id=99, user_id=99)
+            tg.push_message("hello", chat_id=99, user_id=99)
+            replies = await tg.wait_for_messages(2, chat_id=99)
+        assert all("membot pairing approve" in r.text for r in replies)
+        assert llm.requests == []
+        assert not (tmp_path / "ws" / "sessions" / "telegram:99.json").exists()
