@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import structlog
@@ -36,6 +36,9 @@ from bot.tools import ToolRegistry
 from channels.base import Channel
 from pipeline import Pipeline, System
 from pipeline.tool_loop import ToolLoopSystem
+
+if TYPE_CHECKING:
+    from bot.pairing import PairingStore
 
 log = structlog.get_logger(__name__)
 
@@ -249,6 +252,12 @@ def configured_channels(settings: Settings) -> list[str]:
     return names
 
 
+def _pairing(core: Core) -> PairingStore:
+    from bot.pairing import PAIRING_FILE, PairingStore
+
+    return PairingStore(core.settings.workspace / PAIRING_FILE)
+
+
 async def _start_channel(name: str, core: Core) -> Channel:
     from channels.terminal import TerminalChannel, stdin_reader
 
@@ -259,6 +268,17 @@ async def _start_channel(name: str, core: Core) -> Channel:
             user=core.settings.terminal.user,
             reader=await stdin_reader(),
             writer=sys.stdout,
+        )
+    elif name == "discord":
+        from channels.discord import DiscordChannel
+
+        channel = DiscordChannel(
+            core.settings.discord,
+            core.dispatcher.submit,
+            pairing=_pairing(core),
+            commands=core.commands.commands,
+            vision_supported=lambda: core.catalog.get(core.settings.llm.model).supports_vision,
+            state_dir=core.settings.workspace / "state",
         )
     else:
         raise ConfigError(f"channel {name!r} is not available in this build")
