@@ -32,7 +32,7 @@ from bot.logging import configure_logging
 from bot.metrics import Metrics
 from bot.sessions import JsonSessionStore, SessionService
 from bot.storage import ensure_private_dir, fix_private_tree
-from bot.tools import ToolRegistry
+from bot.tools import ToolRegistry, builtin_tools
 from channels.base import Channel
 from pipeline import Pipeline, System
 from pipeline.tool_loop import ToolLoopSystem
@@ -134,8 +134,15 @@ async def build_core(
         )
         inbox = Inbox(settings.workspace / "inbox")
         commands = CommandRouter()
+        # web_fetch gets its own client: a proxy from the environment would defeat its address pinning.
+        web_http = await stack.enter_async_context(
+            httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=settings.tools.web_timeout)
+        )
         model = llm if llm is not None else LLMClient(settings.llm, catalog, http)
-        pipeline = Pipeline(_systems(settings, model))
+        tools = builtin_tools(
+            settings.tools, workspace=settings.workspace, timezone=settings.timezone, http=web_http
+        )
+        pipeline = Pipeline(_systems(settings, model, ToolRegistry(tools, settings.tools), metrics))
         dispatcher = Dispatcher(
             pipeline,
             sessions,
@@ -150,12 +157,15 @@ async def build_core(
         yield core
 
 
-def _systems(settings: Settings, llm: Any) -> list[System]:
+def _systems(settings: Settings, llm: Any, registry: ToolRegistry, metrics: Metrics | None) -> list[System]:
     """The pipeline: AutoCompaction=18, ContextBuilding=20, ToolLoop=30, MemoryPersist=50."""
-    registry = ToolRegistry([], settings.tools)
     return [
         ToolLoopSystem(
-            llm, registry, settings.tools, max_overflow_retries=settings.compaction.max_overflow_retries
+            llm,
+            registry,
+            settings.tools,
+            max_overflow_retries=settings.compaction.max_overflow_retries,
+            observer=metrics,
         ),
     ]
 

@@ -20,7 +20,9 @@ FILE_MODE = 0o600
 
 def ensure_private_dir(path: Path) -> Path:
     """Create ``path`` (and parents) if needed and make sure the folder itself is 0700."""
-    path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for folder in reversed(missing):  # every folder we create is private, not just the last one
+        folder.mkdir(mode=DIR_MODE, exist_ok=True)
     if path.stat().st_mode & 0o777 != DIR_MODE:
         os.chmod(path, DIR_MODE)
     return path
