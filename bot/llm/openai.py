@@ -16,8 +16,8 @@ from bot.catalog import ModelInfo
 from bot.domain import Message, Role, ToolCall, Usage
 from bot.errors import LLMBadResponse
 from bot.llm.failures import stream_error
-from bot.llm.tool_pairs import paired
 from bot.llm.sse import SSEvent
+from bot.llm.tool_pairs import paired
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"

@@ -19,26 +19,28 @@ def paired(messages: Iterable[Message]) -> list[Message]:
     """A copy of ``messages`` in which each assistant tool call is followed by exactly one result."""
     out: list[Message] = []
     waiting: dict[str, ToolCall] = {}  # calls of the latest assistant message still owed a result
+    orphans: list[Message] = []  # held back until the open calls are answered: results stay adjacent
     for message in messages:
         if message.role is Role.TOOL:
             if message.tool_call_id is not None and message.tool_call_id in waiting:
                 del waiting[message.tool_call_id]
                 out.append(message)
             else:
-                out.append(_orphan(message))
+                orphans.append(_orphan(message))
             continue
-        _settle(waiting, out)
+        _settle(waiting, orphans, out)
         out.append(message)
         if message.role is Role.ASSISTANT and message.tool_calls:
             waiting = {call.id: call for call in message.tool_calls}
-    _settle(waiting, out)
+    _settle(waiting, orphans, out)
     return out
 
 
-def _settle(waiting: dict[str, ToolCall], out: list[Message]) -> None:
-    for call in waiting.values():
-        out.append(Message(Role.TOOL, MISSING_RESULT, tool_call_id=call.id, name=call.name))
+def _settle(waiting: dict[str, ToolCall], orphans: list[Message], out: list[Message]) -> None:
+    out.extend(Message(Role.TOOL, MISSING_RESULT, tool_call_id=c.id, name=c.name) for c in waiting.values())
+    out.extend(orphans)
     waiting.clear()
+    orphans.clear()
 
 
 def _orphan(message: Message) -> Message:

@@ -191,7 +191,11 @@ async def test_broken_tool_history_is_repaired_not_refused(make_client: Any, api
     history = (
         Message(Role.TOOL, "old result", tool_call_id="gone", name="files"),
         Message(Role.USER, "hi"),
-        Message(Role.ASSISTANT, "", tool_calls=(ToolCall("c1", "weather", "{not json"),)),
+        Message(
+            Role.ASSISTANT, "", tool_calls=(ToolCall("c1", "weather", "{not json"), ToolCall("c2", "w", "{}"))
+        ),
+        Message(Role.TOOL, "rain", tool_call_id="c2", name="w"),
+        Message(Role.TOOL, "rain again", tool_call_id="c2", name="w"),
         Message(Role.USER, "still there?"),
     )
     assert (await llm.chat(ChatRequest(messages=history, tools=(WEATHER,)))).content == "echo: still there?"
