@@ -115,7 +115,7 @@ class AutoCompactionSystem:
         """How many recent messages to keep: ``keep_last``, or fewer if they alone would not fit."""
         budget = int(self.limit * AFTER_FRACTION)
         budget -= self._counter.scale(session, self._overhead_raw(session))
-        budget -= self._settings.summary_max_tokens
+        budget -= min(self._settings.summary_max_tokens, self.limit // 10)  # room for the summary
         used = kept = 0
         for message in reversed(session.messages):
             used += self._counter.scale(session, self._counter.message_tokens(message))

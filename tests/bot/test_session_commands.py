@@ -1,0 +1,359 @@
+"""/status, /compact, /new and /stop end to end: dispatcher + pipeline + real LLM client + fake server.
+
+The channel is a recording implementation of the Channel ABC; memory is the real MemoryService.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import httpx
+import pytest
+
+from bot.catalog import ModelCatalog, load_catalog
+from bot.commands import CommandRouter
+from bot.compaction import SUMMARY_PREFIX, CompactionService, MemoryRetirer
+from bot.config import CompactionSettings, DispatcherSettings, MemorySettings, ToolSettings
+from bot.dispatcher import Dispatcher
+from bot.domain import InboundMessage, Role
+from bot.inbox import Inbox
+from bot.memory import MemoryService
+from bot.memory import operator as memory_operator
+from bot.session_commands import COMPACT_USAGE, SessionCommands
+from bot.sessions import JsonSessionStore, SessionService
+from bot.tokens import TokenCounter
+from bot.tools import ToolRegistry
+from bot.usage import UsageLedger
+from pipeline import Pipeline
+from pipeline.compaction import AutoCompactionSystem
+from pipeline.tool_loop import ToolLoopSystem
+from pipeline.usage import UsageSystem
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.recording import RecordingChannel
+from tests.session_kit import conversation, llm_client, tool_exchange
+
+MODEL = "gpt-4.1-mini"
+SID = "test:c1"
+
+
+@pytest.fixture(scope="module")
+def catalog() -> ModelCatalog:
+    return load_catalog()
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory: pytest.TempPathFactory) -> TokenCounter:
+    return TokenCounter.offline(tmp_path_factory.mktemp("tiktoken"), model=MODEL, provider="openai")
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeLLMServer]:
+    async with FakeLLMServer() as llm:
+        yield llm
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
+        yield client
+
+
+class Bot:
+    """A small membot: the same parts and wiring as bot/app.py, over a temporary workspace."""
+
+    def __init__(
+        self,
+        root: Path,
+        server: FakeLLMServer,
+        catalog: ModelCatalog,
+        http: httpx.AsyncClient,
+        counter: TokenCounter,
+        *,
+        consolidation_timeout: float = 5.0,
+        mode: str = "collect",
+    ) -> None:
+        self.root = root
+        self.llm = llm_client(server, catalog, http, model=MODEL)
+        self.sessions = SessionService(JsonSessionStore(root / "sessions"))
+        self.memory = MemoryService(
+            root / "memory",
+            MemorySettings(consolidation_timeout=consolidation_timeout),
+            llm=self.llm,
+        )
+        retirer = MemoryRetirer(self.memory, timeout=consolidation_timeout)
+        settings = CompactionSettings()
+        self.compaction = CompactionService(
+            self.llm,
+            counter,
+            retirer,
+            settings,
+            summary_model=catalog.for_tier("balanced", "openai", default=MODEL),
+        )
+        info = catalog.get(MODEL)
+        auto = AutoCompactionSystem(
+            self.compaction, settings, window=info.max_input_tokens, reserve_tokens=200
+        )
+        self.ledger = UsageLedger(root / "usage.json", tz=ZoneInfo("UTC"))
+        tools = ToolSettings()
+        pipeline = Pipeline(
+            [
+                auto,
+                ToolLoopSystem(self.llm, ToolRegistry([], tools), tools, on_overflow=auto.on_overflow),
+                UsageSystem(counter, self.ledger),
+            ]
+        )
+        router = CommandRouter()
+        commands = SessionCommands(
+            self.sessions,
+            self.compaction,
+            retirer,
+            gauge=auto,
+            model=info,
+            tier=catalog.tier_of(MODEL),
+            ledger=self.ledger,
+            memory_stats=lambda: memory_operator.stats(self.memory),
+        )
+        router.add("status", "Model, context, usage and memory of this chat", commands.status)
+        router.add("compact", "Summarize older messages now: /compact [N] keeps the last N", commands.compact)
+        router.add("new", "Save this conversation to memory and start a fresh one", commands.new)
+        self.dispatcher = Dispatcher(
+            pipeline,
+            self.sessions,
+            router,
+            DispatcherSettings(mode=mode),  # type: ignore[arg-type]
+            inbox=Inbox(root / "inbox"),
+        )
+        self.channel = RecordingChannel(self.dispatcher.submit)
+        self.dispatcher.attach(self.channel)
+
+    async def __aenter__(self) -> Bot:
+        await self.memory.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.dispatcher.close(grace=5)
+        await self.memory.close()
+
+    async def say(self, text: str) -> str:
+        """Send a message and return the next reply."""
+        count = len(self.channel.sent)
+        await self.dispatcher.submit(InboundMessage("test", "c1", "u1", text))
+        sent = await self.channel.wait_for(count + 1)
+        return sent[count].text
+
+    async def on_disk(self) -> list[tuple[Role, str]]:
+        fresh = await JsonSessionStore(self.root / "sessions").load(SID)
+        assert fresh is not None
+        return [(m.role, m.content) for m in fresh.messages]
+
+
+async def wait_until(predicate: Any, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+# ---- /status --------------------------------------------------------------------------------------
+
+
+async def test_status_figures_match_the_real_usage(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> None:
+    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+        await asyncio.to_thread((tmp_path / "memory" / "MEMORY.md").write_text, "- likes tea\n")
+        server.script(FakeReply(text="one", usage=(1200, 30)), FakeReply(text="two", usage=(1500, 40)))
+        assert await bot.say("first") == "one"
+        assert await bot.say("second") == "two"
+        status = await bot.say("/status")
+
+    session = await bot.sessions.get(SID)
+    assert session is not None
+    usage = session.usage
+    assert (usage.input_tokens, usage.output_tokens, usage.calls) == (2700, 70, 2)
+    cost = catalog.get(MODEL).cost(usage)
+    assert usage.cost_usd == pytest.approx(cost)
+    lines = status.splitlines()
+    assert lines[0] == f"Model: GPT-4.1 mini ({MODEL}, balanced tier)"
+    assert "Messages: 4" in lines
+    assert f"This chat: 2,700 in / 70 out tokens · ${cost:.4f}" in lines
+    assert f"Today (all chats): 2,700 in / 70 out tokens · ${cost:.4f}" in lines
+    assert "Compactions: 0" in lines and "Queue: 0 waiting · idle" in lines
+    context = next(line for line in lines if line.startswith("Context:"))
+    used = await bot.compaction.counter.count_history(session)
+    assert re.fullmatch(r"Context: ≈\d+ / 1\.01M tokens \(0%\)", context)
+    assert int(context.split("≈")[1].split()[0]) >= used
+    assert any(line.startswith("Memory: MEMORY.md 12 B · items 0 episodic") for line in lines)
+    assert lines[-1].startswith("Uptime: ")
+    assert len(status) < 600  # readable on a phone
+    assert len(server.requests) == 2  # commands never reach the model
+
+
+async def test_status_of_a_new_chat_and_after_a_fallback(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> None:
+    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+        assert "Messages: 0 (no conversation yet)" in await bot.say("/status")
+        session = await bot.sessions.get_or_create("test", "c1")
+        for m in conversation(30):
+            session.append(m)
+        await bot.sessions.save(session)
+        server.responder = lambda api, body: FakeReply(status=500) if "compress" in json.dumps(body) else None
+        assert "No summary" in await bot.say("/compact 5")
+        status = await bot.say("/status")
+    assert "Compactions: 1 (last one fell back to truncation: the summary failed (LLMUnavailable))" in status
+
+
+# ---- /compact -------------------------------------------------------------------------------------
+
+
+async def test_compact_replies_with_what_it_did_and_saves(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> None:
+    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+        assert await bot.say("/compact") == "Nothing to compact yet."
+        session = await bot.sessions.get_or_create("test", "c1")
+        for m in conversation(20) + tool_exchange("t", "time") + conversation(9):
+            session.append(m)
+        await bot.sessions.save(session)
+
+        assert await bot.say("/compact ten") == COMPACT_USAGE
+        server.responder = lambda api, body: (
+            FakeReply(text="- the user counted messages") if "compress" in json.dumps(body) else None
+        )
+        reply = await bot.say("/compact")
+        # Keeping exactly 10 would cut between a tool call and its result: the call stays too.
+        assert re.fullmatch(r"Compacted: removed 20 messages, kept 11\. Tokens \d+ → \d+\.", reply)
+        before, after = (int(x) for x in re.findall(r"(\d+) → (\d+)", reply)[0])
+        assert after < before
+        disk = await bot.on_disk()
+        assert disk[0] == (Role.SYSTEM, f"{SUMMARY_PREFIX}\n- the user counted messages") and len(disk) == 12
+
+        reply = await bot.say("/compact 0")  # clamped to 1
+        assert reply.startswith("Compacted: removed 11 messages, kept 1.")
+        assert await bot.say("/compact 500") == "Nothing to compact: 2 messages, keeping 100."
+        # The archive holds everything that left the session.
+        archived = await bot.memory.archive.read(SID)
+        summaries = [m for m in archived if m.content.startswith(SUMMARY_PREFIX)]
+        assert len(summaries) == 1 and len(archived) == 30 + 1  # all but the last message, + summary 1
+
+
+# ---- /stop ----------------------------------------------------------------------------------------
+
+
+async def test_stop_during_a_slow_model_answer_returns_quickly_and_keeps_the_session_consistent(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> None:
+    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+        server.script(FakeReply(text="too late", delay=3))
+        await bot.dispatcher.submit(InboundMessage("test", "c1", "u1", "slow question"))
+        await wait_until(lambda: server.in_flight == 1)
+        started = time.monotonic()
+        reply = await bot.say("/stop")
+        elapsed = time.monotonic() - started
+        assert reply == "⏹ Stopped." and elapsed < 1.0
+        assert not bot.dispatcher.is_running(SID)
+        assert await bot.on_disk() == [(Role.USER, "slow question")]
+        assert await bot.say("/stop") == "Nothing is running."
+        assert await bot.say("again") == "echo: again"
+        sent = [m["content"] for m in server.requests[-1].body["messages"]]
+        assert sent == ["slow question", "again"]
+    assert [m.text for m in bot.channel.sent].count("too late") == 0
+
+
+async def test_queued_messages_survive_stop_and_are_seen_by_the_next_turn(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> None:
+    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+        server.script(FakeReply(text="too late", delay=3))
+        await bot.dispatcher.submit(InboundMessage("test", "c1", "u1", "first"))
+        await wait_until(lambda: server.in_flight == 1)
+        await bot.dispatcher.submit(InboundMessage("test", "c1", "u1", "second"))
+        await bot.dispatcher.submit(InboundMessage("test", "c1", "u1", "third"))
+        reply = await bot.say("/stop")
+        assert reply.startswith("⏹ Stopped. 2 queued messages kept")
+        assert [c for _, c in await bot.on_disk()] == ["first", "second", "third"]
+        assert await bot.say("fourth") == "echo: fourth"
+        sent = [m["content"] for m in server.requests[-1].body["messages"]]
+        assert sent == ["first", "second", "third", "fourth"]
+        assert len([r for r in server.requests if r.body["model"] == MODEL]) == 2
+
+
+# ---- /new -----------------------------------------------------------------------------------------
+
+
+async def test_new_consolidates_then_clears(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> None:
+    entry = {"history_entry": "The user said hello twice.", "memory_update": "- likes tea\n- says hello"}
+    server.responder = lambda api, body: (
+        FakeReply(text=json.dumps(entry)) if "memory consolidation" in json.dumps(body) else None
+    )
+    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+        await bot.say("hello")
+        await bot.say("hello again")
+        assert await bot.say("/new") == "Session cleared."
+        assert await bot.on_disk() == []
+        status = await bot.say("/status")
+    assert "Messages: 0" in status and "This chat: 0 in / 0 out tokens" in status
+    history = (tmp_path / "memory" / "HISTORY.md").read_text()
+    assert "The user said hello twice." in history
+    assert (tmp_path / "memory" / "MEMORY.md").read_text() == "- likes tea\n- says hello\n"
+
+
+async def test_new_under_a_consolidation_timeout_still_clears_and_writes_the_raw_fallback(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> None:
+    server.responder = lambda api, body: (
+        FakeReply(text="{}", delay=2) if "memory consolidation" in json.dumps(body) else None
+    )
+    async with Bot(tmp_path, server, catalog, http, counter, consolidation_timeout=0.3) as bot:
+        await asyncio.to_thread((tmp_path / "memory" / "MEMORY.md").write_text, "- operator fact\n")
+        await bot.say("remember the code 4711")
+        await bot.say("and the door is blue")
+        assert await bot.say("/new") == "Session cleared."
+        assert await bot.on_disk() == []
+        archived = await bot.memory.archive.read(SID)
+    history = (tmp_path / "memory" / "HISTORY.md").read_text()
+    assert "[raw-fallback]" in history and "remember the code 4711" in history
+    assert [m.content for m in archived] == [
+        "remember the code 4711",
+        "echo: remember the code 4711",
+        "and the door is blue",
+        "echo: and the door is blue",
+    ]
+    assert (tmp_path / "memory" / "MEMORY.md").read_text() == "- operator fact\n"
