@@ -272,7 +272,7 @@ def stored(workspace: Path, sid: str = "cli:ops") -> list[tuple[str, str]]:
 async def test_sigterm_mid_turn_lets_the_turn_finish_and_exits_cleanly(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     async with FakeLLMServer() as llm:
-        llm.script(FakeReply(text="a considered answer", delay=1.5))
+        llm.script(FakeReply(text="a considered answer", delay=3))  # long enough to scrape mid-turn
         async with membot_run(workspace, llm) as service:
             await service.say("please think about this")
             await wait_in_flight(llm)
