@@ -23,20 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import structlog
-from telegram import Bot, BotCommand, Message, ReplyParameters, Update
-from telegram.constants import ChatAction, ChatType, MessageEntityType, ParseMode
-from telegram.error import BadRequest, Conflict, InvalidToken, NetworkError, TelegramError
+from telegram import Bot, BotCommand, Message, Update
+from telegram.constants import ChatType, MessageEntityType
+from telegram.error import Conflict, InvalidToken, TelegramError
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, ContextTypes, TypeHandler
 
 from bot.config import TelegramSettings
@@ -45,10 +45,9 @@ from bot.errors import ChannelError, ConfigError
 from bot.pairing import PairingStore
 from bot.storage import atomic_write_text_async
 from channels.base import Allowlist, Channel, InboundSink, PartialSink
-from channels.chunking import split_message, utf16_len
-from channels.telegram_format import TELEGRAM_TEXT_LIMIT, RenderedChunk, render_chunks
 from channels.telegram_intake import PasteJoiner, normalize_command, remove_utf16_spans
 from channels.telegram_media import extract_media
+from channels.telegram_outbound import ChatPacer, TelegramOutbox
 from channels.telegram_webhook import WebhookServer
 
 log = structlog.get_logger(__name__)
@@ -57,15 +56,6 @@ T = TypeVar("T")
 COMMANDS_STATE_FILE = "telegram_commands.json"
 _ALLOWED_UPDATES = ["message"]
 _COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")
-
-
-@dataclass(slots=True)
-class _Stream:
-    """The message a streamed reply is being written into."""
-
-    message_id: int | None = None
-    shown: str = ""
-    last_edit: float = 0.0
 
 
 class TelegramChannel(Channel):
@@ -87,6 +77,8 @@ class TelegramChannel(Channel):
         retry_base_delay: float = 1.0,
         typing_interval: float = 5.0,
         stream_interval: float = 1.5,
+        chat_interval: float = 1.0,
+        chat_burst: int = 3,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(submit)
@@ -99,11 +91,16 @@ class TelegramChannel(Channel):
         self._groups = Allowlist(settings.allowed_groups)
         self._joiner = PasteJoiner(self.handle_inbound, settings.join_window, max_chars=max_inbound_chars)
         self._max_retries = max_retries
-        self._retry_base_delay = retry_base_delay
-        self._typing_interval = typing_interval
-        self._stream_interval = stream_interval
-        self._monotonic = monotonic
-        self._streams: dict[str, _Stream] = {}
+        self._new_outbox: Callable[[Bot], TelegramOutbox] = functools.partial(
+            TelegramOutbox,
+            max_retries=max_retries,
+            retry_base_delay=retry_base_delay,
+            typing_interval=typing_interval,
+            stream_interval=stream_interval,
+            pacer=ChatPacer(chat_interval, chat_burst, monotonic),
+            monotonic=monotonic,
+        )
+        self._outbox: TelegramOutbox | None = None
         self._app: Application[Any, Any, Any, Any, Any, Any] | None = None
         self._webhook: WebhookServer | None = None
 
@@ -140,6 +137,7 @@ class TelegramChannel(Channel):
         app.add_handler(TypeHandler(Update, self._on_update))
         app.add_error_handler(self._on_error)
         self._app = app
+        self._outbox = self._new_outbox(app.bot)
         try:
             await app.initialize()
             await self._sync_commands()
@@ -195,7 +193,7 @@ class TelegramChannel(Channel):
             handle=self._on_webhook_update,
         )
         await self._webhook.start()
-        await self._retrying(
+        await self._out.call(
             lambda: self.bot.set_webhook(
                 url=settings.webhook_url or "",
                 secret_token=settings.webhook_secret.get_secret_value() if settings.webhook_secret else None,
@@ -217,7 +215,7 @@ class TelegramChannel(Channel):
         stored = await asyncio.to_thread(_read_json, path)
         if stored.get("hash") == digest:
             return
-        await self._retrying(lambda: self.bot.set_my_commands(commands), what="setMyCommands")
+        await self._out.call(lambda: self.bot.set_my_commands(commands), what="setMyCommands")
         await atomic_write_text_async(path, json.dumps({"hash": digest}) + "\n")
         log.info("telegram_commands_registered", count=len(commands))
 
@@ -334,7 +332,7 @@ class TelegramChannel(Channel):
                 "Hi! I don't know you yet. To get access, ask the operator of this bot to run:\n\n"
                 f"membot pairing approve {code}\n\nThe code is valid for one hour."
             )
-        await self._deliver(message.chat.id, None, RenderedChunk(None, text), None)
+        await self._out.send_plain(message.chat.id, text)
 
     async def _download(self, file_id: str) -> bytes:
         async def fetch() -> bytes:
@@ -342,169 +340,31 @@ class TelegramChannel(Channel):
             return bytes(await file.download_as_bytearray())
 
         try:
-            return await self._retrying(fetch, what="getFile")
+            return await self._out.call(fetch, what="getFile")
         except TelegramError as exc:
             raise ChannelError(f"could not download a Telegram file: {exc}") from exc
 
-    # -- outbound -----------------------------------------------------------------------------------
+    # -- outbound (see channels/telegram_outbound.py) ------------------------------------------------
+
+    @property
+    def _out(self) -> TelegramOutbox:
+        if self._outbox is None:
+            raise ChannelError("the Telegram channel is not started")
+        return self._outbox
 
     async def send(self, message: OutboundMessage) -> None:
-        chat, thread = _parse_chat(message.chat_id)
-        chunks = render_chunks(message.text) or [RenderedChunk(None, "(empty reply)")]
-        reply_to = (
-            int(message.reply_to) if message.reply_to and message.reply_to.isdigit() and chat < 0 else None
-        )
-        stream = self._streams.pop(message.chat_id, None)
         try:
-            for index, chunk in enumerate(chunks):
-                if index == 0 and stream is not None and stream.message_id is not None:
-                    await self._edit(chat, stream.message_id, chunk, stream.shown)
-                else:
-                    await self._deliver(chat, thread, chunk, reply_to if index == 0 else None)
-        except TelegramError as exc:
+            await self._out.send(message)
+        except ChannelError:
             self.health.send_failures += 1
-            log.error("telegram_send_failed", chat_id=message.chat_id, error=str(exc))
-            raise ChannelError(
-                f"could not deliver a reply to Telegram chat {message.chat_id}: {exc}"
-            ) from exc
+            raise
         self.health.sent += 1
 
-    async def _deliver(
-        self, chat: int, thread: int | None, chunk: RenderedChunk, reply_to: int | None
-    ) -> int:
-        """Send one chunk as HTML, falling back to plain text if Telegram cannot parse it."""
-        extra: dict[str, Any] = {"message_thread_id": thread}
-        if reply_to is not None:
-            extra["reply_parameters"] = ReplyParameters(reply_to, allow_sending_without_reply=True)
-        if chunk.html is not None:
-            try:
-                sent = await self._retrying(
-                    lambda: self.bot.send_message(chat, chunk.html or "", parse_mode=ParseMode.HTML, **extra),
-                    what="sendMessage",
-                    chat=chat,
-                )
-                return sent.message_id
-            except BadRequest as exc:
-                reason = str(exc).lower()
-                if "can't parse entities" not in reason and "message is too long" not in reason:
-                    raise
-                log.warning("telegram_html_rejected", chat_id=chat, error=str(exc))
-        try:
-            sent = await self._retrying(
-                lambda: self.bot.send_message(chat, chunk.plain, **extra), what="sendMessage", chat=chat
-            )
-        except BadRequest as exc:
-            if "message is too long" not in str(exc).lower():
-                raise
-            # Our count and Telegram's disagree (it should never happen): halve and send again.
-            log.warning("telegram_message_too_long", chat_id=chat, length=utf16_len(chunk.plain))
-            pieces = split_message(chunk.plain, max(utf16_len(chunk.plain) // 2, 64), measure=utf16_len)
-            if len(pieces) < 2:
-                raise
-            for piece in pieces:
-                message_id = await self._deliver(chat, thread, RenderedChunk(None, piece), reply_to)
-                reply_to = None
-            return message_id
-        return sent.message_id
-
-    async def _edit(self, chat: int, message_id: int, chunk: RenderedChunk, shown: str) -> None:
-        """Rewrite a streamed message in place (HTML, else plain text); unchanged text is fine."""
-        if (chunk.html or chunk.plain) == shown:
-            return
-        attempts: list[tuple[str, ParseMode | None]] = [(chunk.plain, None)]
-        if chunk.html is not None:
-            attempts.insert(0, (chunk.html, ParseMode.HTML))
-        for text, mode in attempts:
-            try:
-                await self._retrying(
-                    lambda: self.bot.edit_message_text(text, chat, message_id, parse_mode=mode),  # noqa: B023
-                    what="editMessageText",
-                    chat=chat,
-                )
-                return
-            except BadRequest as exc:
-                reason = str(exc).lower()
-                if "message is not modified" in reason:
-                    return
-                if mode is None or "can't parse entities" not in reason:
-                    raise
-                log.warning("telegram_html_rejected", chat_id=chat, error=str(exc))
-
-    async def _retrying(self, call: Callable[[], Awaitable[T]], *, what: str, chat: int | None = None) -> T:
-        """Retry timeouts, connection failures and 5xx with backoff (429s are the rate limiter's job)."""
-        delay = self._retry_base_delay
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await call()
-            except BadRequest:
-                raise  # the request itself is wrong: another try cannot help
-            except NetworkError as exc:
-                if attempt > self._max_retries:
-                    log.error(
-                        "telegram_request_failed", what=what, chat_id=chat, attempts=attempt, error=str(exc)
-                    )
-                    raise
-                log.warning(
-                    "telegram_retry", what=what, chat_id=chat, attempt=attempt, wait=delay, error=str(exc)
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
-
-    # -- while a turn runs ----------------------------------------------------------------------------
-
     def activity(self, chat_id: str) -> contextlib.AbstractAsyncContextManager[None]:
-        return self._typing(chat_id)
-
-    @contextlib.asynccontextmanager
-    async def _typing(self, chat_id: str) -> AsyncIterator[None]:
-        task = asyncio.create_task(self._keep_typing(chat_id), name=f"telegram-typing:{chat_id}")
-        try:
-            yield
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    async def _keep_typing(self, chat_id: str) -> None:
-        chat, thread = _parse_chat(chat_id)
-        while True:
-            try:
-                await self.bot.send_chat_action(chat, ChatAction.TYPING, message_thread_id=thread)
-            except TelegramError as exc:  # cosmetic: never worth failing or retrying a turn for
-                log.debug("telegram_typing_failed", chat_id=chat_id, error=str(exc))
-            await asyncio.sleep(self._typing_interval)
+        return self._out.typing(chat_id)
 
     def partial_sink(self, chat_id: str) -> PartialSink | None:
-        if not self._settings.streaming:
-            return None
-        stream = self._streams[chat_id] = _Stream()
-        chat, thread = _parse_chat(chat_id)
-
-        async def show(text_so_far: str) -> None:
-            now = self._monotonic()
-            if stream.message_id is not None and now - stream.last_edit < self._stream_interval:
-                return  # throttled: the final reply edits the message anyway
-            chunks = render_chunks(text_so_far, TELEGRAM_TEXT_LIMIT)
-            if not chunks:
-                return
-            stream.last_edit = now
-            try:
-                if stream.message_id is None:
-                    stream.message_id = await self._deliver(chat, thread, chunks[0], None)
-                else:
-                    await self._edit(chat, stream.message_id, chunks[0], stream.shown)
-                stream.shown = chunks[0].html or chunks[0].plain
-            except TelegramError as exc:  # streaming is best effort; the final reply still goes out
-                log.warning("telegram_stream_failed", chat_id=chat_id, error=str(exc))
-
-        return show
-
-
-def _parse_chat(chat_id: str) -> tuple[int, int | None]:
-    """``"<chat>"`` or ``"<chat>:<topic>"`` (as built in ``_intake``) back to Telegram's ids."""
-    chat, _, thread = chat_id.partition(":")
-    return int(chat), int(thread) if thread else None
+        return self._out.stream(chat_id) if self._settings.streaming else None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

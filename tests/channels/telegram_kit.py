@@ -67,12 +67,13 @@ async def running_channel(
     sink: RecordingSink | None = None,
     **overrides: Any,
 ) -> AsyncIterator[tuple[TelegramChannel, RecordingSink]]:
-    """A started channel over the fake; ``vision``, ``max_inbound_chars``, ``streaming`` and
-    ``monotonic`` can be passed; everything else is a TelegramSettings field."""
+    """A started channel over the fake; ``vision``, ``max_inbound_chars``, ``chat_interval`` and
+    ``monotonic`` go to the channel, everything else is a TelegramSettings field."""
     sink = sink or RecordingSink()
     kwargs: dict[str, Any] = {
         "vision_supported": (lambda v: lambda: v)(overrides.pop("vision", False)),
         "max_inbound_chars": overrides.pop("max_inbound_chars", 16000),
+        "chat_interval": overrides.pop("chat_interval", 0.01),
     }
     if "monotonic" in overrides:
         kwargs["monotonic"] = overrides.pop("monotonic")

@@ -355,3 +355,15 @@ async def test_a_file_that_cannot_be_downloaded_becomes_a_note(tmp_path: Path) -
         [message] = await sink.wait_for(1)
     assert message.attachments == ()
     assert message.text.startswith("look") and "could not be downloaded" in message.text
+
+
+async def test_sends_to_one_chat_are_paced_after_a_short_burst(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, chat_interval=0.2) as (channel, _):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for i in range(5):  # a burst of 3 goes at once, then one every 0.2 s
+            await channel.send(OutboundMessage("telegram", "777", f"message {i}"))
+        elapsed = loop.time() - started
+        await channel.send(OutboundMessage("telegram", "778", "another chat is not held up"))
+    assert elapsed >= 0.35
+    assert [m.text for m in tg.sent_to(777)] == [f"message {i}" for i in range(5)]
