@@ -12,11 +12,10 @@ used. A message takes this path:
 4. Messages a client split from one paste are joined (:class:`~channels.telegram_intake.PasteJoiner`)
    and handed to the dispatcher. Session ``telegram:<chat>``, or ``telegram:<chat>:<topic>`` in forums.
 
-Replies are rendered to Telegram HTML in chunks under 4096 UTF-16 units
-(:mod:`channels.telegram_format`); a chunk Telegram cannot parse is sent again as plain text. 429s are
-paced and retried by PTB's ``AIORateLimiter``; timeouts and 5xx are retried here with backoff, and a
-reply that finally fails is logged with its chat id and raised as :class:`~bot.errors.ChannelError`.
-``telegram.error`` never leaves this module.
+Replies go out through :class:`~channels.telegram_outbound.TelegramOutbox`: Telegram HTML in chunks
+under 4096 UTF-16 units, plain-text fallback, 429/5xx retries, pacing, typing and streaming. Webhook
+mode uses :mod:`channels.telegram_webhook`, which acknowledges an update only once it is queued.
+``telegram.error`` never leaves the ``channels.telegram*`` modules: callers see ChannelError/ConfigError.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import structlog
 from telegram import Bot, BotCommand, Message, Update
@@ -52,14 +51,27 @@ from channels.telegram_webhook import WebhookServer
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T")
 COMMANDS_STATE_FILE = "telegram_commands.json"
 _ALLOWED_UPDATES = ["message"]
 _COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")
 
 
 class TelegramChannel(Channel):
-    """Telegram via PTB 22; construct in the composition root, then ``await start()`` (see module doc)."""
+    """Telegram via PTB 22; construct in the composition root, then ``await start()`` (see module doc).
+
+    Args:
+        settings: the ``[telegram]`` settings slice.
+        submit: where normalized messages go (``Dispatcher.submit``); awaiting it means "queued".
+        pairing: the shared pairing store (``workspace/pairing.json``).
+        state_dir: where the hash of the registered command menu is kept (the workspace).
+        commands: ``(name, description)`` pairs for Telegram's command menu (``CommandRouter.commands``).
+        vision_supported: asked per photo, so a model switch takes effect at once.
+        max_inbound_chars: longer inbound text is cut with a note (``sessions.max_inbound_chars``).
+        max_retries, retry_base_delay: retries of 429s (rate limiter) and of timeouts/5xx (backoff).
+        typing_interval, stream_interval: how often "typing…" is refreshed and a stream is edited.
+        chat_interval, chat_burst: per-chat pacing (a burst, then one message per interval).
+        monotonic: the clock for throttling and pacing.
+    """
 
     name: ClassVar[str] = "telegram"
 
@@ -153,11 +165,13 @@ class TelegramChannel(Channel):
                 )
         except BaseException as exc:
             await self._shutdown()
-            self.health.state, self.health.error = "failed", str(exc)
-            if isinstance(exc, InvalidToken):
+            self.health.state = "failed"
+            if isinstance(exc, InvalidToken):  # its message quotes the token: never pass it on
+                self.health.error = "Telegram rejected the bot token"
                 raise ChannelError(
                     "Telegram rejected the bot token: check MEMBOT_TELEGRAM__TOKEN (from @BotFather)"
-                ) from exc
+                ) from None
+            self.health.error = f"start-up failed: {type(exc).__name__}"
             if isinstance(exc, TelegramError):
                 raise ChannelError(f"Telegram start-up failed: {exc}") from exc
             raise
@@ -180,7 +194,8 @@ class TelegramChannel(Channel):
             await app.stop()
         await self._joiner.close()
         if app is not None:
-            await app.shutdown()  # a no-op when initialize() never finished
+            await app.shutdown()  # a no-op when initialize() never finished...
+            await app.bot.shutdown()  # ...so close the HTTP clients a failed initialize() opened
 
     async def _start_webhook(self) -> None:
         settings = self._settings

@@ -367,3 +367,13 @@ async def test_sends_to_one_chat_are_paced_after_a_short_burst(tmp_path: Path) -
         await channel.send(OutboundMessage("telegram", "778", "another chat is not held up"))
     assert elapsed >= 0.35
     assert [m.text for m in tg.sent_to(777)] == [f"message {i}" for i in range(5)]
+
+
+async def test_a_rejected_token_is_a_clear_channel_error_that_does_not_repeat_it(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg:
+        wrong = "111:AAOtherTokenOtherTokenOtherToken000"
+        with pytest.raises(ChannelError, match="MEMBOT_TELEGRAM__TOKEN") as caught:
+            async with running_channel(tg, tmp_path, token=wrong):
+                pass
+        assert wrong not in str(caught.value) and caught.value.__cause__ is None
+        assert [c.method for c in tg.calls] == []  # the fake answered 401 before recording
