@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Protocol
@@ -123,6 +124,25 @@ def _model_encoding(model: str) -> str | None:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    """The running total of a session's history, valid while the same list has only grown."""
+
+    list_id: int
+    count: int
+    total: int
+    first: Message
+    last: Message
+
+    def still_prefix_of(self, messages: list[Message]) -> bool:
+        return (
+            id(messages) == self.list_id
+            and len(messages) >= self.count
+            and messages[0] is self.first
+            and messages[self.count - 1] is self.last
+        )
+
+
 class _Encoder(Protocol):
     def encode_ordinary(self, text: str) -> list[int]: ...
 
@@ -143,6 +163,7 @@ class TokenCounter:
         self.basis = basis if encoding is not None else CHARS_BASIS
         self.exact = exact and encoding is not None
         self.prior = 1.0 if self.exact else prior
+        self._tallies: dict[str, _Tally] = {}
 
     @classmethod
     def offline(cls, cache_dir: Path, *, model: str, provider: str) -> TokenCounter:
@@ -209,22 +230,40 @@ class TokenCounter:
         for message in session.messages:
             message.token_estimate = 0
         session.metadata[META_BASIS] = self.basis
+        self._tallies.pop(session.id, None)
 
     def messages_tokens(self, messages: Sequence[Message]) -> int:
         return sum(self.message_tokens(m) for m in messages)
 
+    def _counted(self, session: Session) -> tuple[int, int]:
+        """(messages already summed, their total) from the last count, if the history only grew since."""
+        tally = self._tallies.get(session.id)
+        if tally is None or not tally.still_prefix_of(session.messages):
+            return 0, 0
+        return tally.count, tally.total
+
     def history_tokens(self, session: Session) -> int:
-        """Uncalibrated tokens of the session's messages (only uncounted messages are encoded)."""
+        """Uncalibrated tokens of the session's messages.
+
+        Only messages added since the last count are looked at, so the cost per turn does not grow
+        with the session; a replaced history (compaction, /new) is summed again from cached counts.
+        """
         self._sync_basis(session)
-        return self.messages_tokens(session.messages)
+        messages = session.messages
+        start, total = self._counted(session)
+        total += self.messages_tokens(messages[start:])
+        if messages:
+            self._tallies[session.id] = _Tally(id(messages), len(messages), total, messages[0], messages[-1])
+        return total
 
     async def count_history(self, session: Session, *, offload_over: int = 256) -> int:
         """:meth:`history_tokens`, encoding a large backlog (a session just loaded) in a thread."""
         self._sync_basis(session)
-        fresh = [m for m in session.messages if m.token_estimate <= 0]
+        start, _ = self._counted(session)
+        fresh = [m for m in session.messages[start:] if m.token_estimate <= 0]
         if len(fresh) > offload_over:
             await asyncio.to_thread(self.messages_tokens, fresh)
-        return self.messages_tokens(session.messages)
+        return self.history_tokens(session)
 
     # -- calibration --------------------------------------------------------------------------------
 

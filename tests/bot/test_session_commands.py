@@ -9,7 +9,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -30,6 +30,7 @@ from bot.session_commands import COMPACT_USAGE, SessionCommands
 from bot.sessions import JsonSessionStore, SessionService
 from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry
+from bot.tools.base import Tool, ToolContext
 from bot.usage import UsageLedger
 from pipeline import Pipeline
 from pipeline.compaction import AutoCompactionSystem
@@ -78,6 +79,7 @@ class Bot:
         *,
         consolidation_timeout: float = 5.0,
         mode: str = "collect",
+        tools: Sequence[Tool] = (),
     ) -> None:
         self.root = root
         self.llm = llm_client(server, catalog, http, model=MODEL)
@@ -101,11 +103,12 @@ class Bot:
             self.compaction, settings, window=info.max_input_tokens, reserve_tokens=200
         )
         self.ledger = UsageLedger(root / "usage.json", tz=ZoneInfo("UTC"))
-        tools = ToolSettings()
+        tool_settings = ToolSettings(enabled=[t.name for t in tools])
+        registry = ToolRegistry(tools, tool_settings)
         pipeline = Pipeline(
             [
                 auto,
-                ToolLoopSystem(self.llm, ToolRegistry([], tools), tools, on_overflow=auto.on_overflow),
+                ToolLoopSystem(self.llm, registry, tool_settings, on_overflow=auto.on_overflow),
                 UsageSystem(counter, self.ledger),
             ]
         )
@@ -281,6 +284,47 @@ async def test_stop_during_a_slow_model_answer_returns_quickly_and_keeps_the_ses
         sent = [m["content"] for m in server.requests[-1].body["messages"]]
         assert sent == ["slow question", "again"]
     assert [m.text for m in bot.channel.sent].count("too late") == 0
+
+
+class SlowTool:
+    """A tool that runs until it is cancelled, and says whether it was."""
+
+    name = "slow"
+    description = "Takes forever."
+    parameters: dict[str, Any] = {"type": "object", "properties": {}}  # noqa: RUF012
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled = False
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return "never"
+
+
+async def test_stop_inside_a_slow_tool_returns_quickly_and_pairs_the_call_with_a_result(
+    tmp_path: Path, server: FakeLLMServer, catalog: ModelCatalog, http: httpx.AsyncClient, counter: TokenCounter
+) -> None:
+    tool = SlowTool()
+    async with Bot(tmp_path, server, catalog, http, counter, tools=[tool]) as bot:
+        server.script(FakeReply(tool_calls=[("slow", {})]))
+        await bot.dispatcher.submit(InboundMessage("test", "c1", "u1", "use the slow tool"))
+        async with asyncio.timeout(5):
+            await tool.started.wait()
+        started = time.monotonic()
+        reply = await bot.say("/stop")
+        assert reply == "⏹ Stopped." and time.monotonic() - started < 1.0
+        assert tool.cancelled
+        disk = await bot.on_disk()
+        assert [role for role, _ in disk] == [Role.USER, Role.ASSISTANT, Role.TOOL]
+        assert disk[2][1].startswith("Cancelled")
+        # The next turn sends a valid history (the fake rejects a call without its result).
+        assert await bot.say("and now?") == "echo: and now?"
 
 
 async def test_queued_messages_survive_stop_and_are_seen_by_the_next_turn(

@@ -196,3 +196,18 @@ def test_an_overflow_raises_the_ratio_above_what_would_have_fitted() -> None:
     raised = counter.note_overflow(session, estimated_raw=7000, window=8000)
     assert raised is not None and counter.scale(session, 7000) > 8000
     assert counter.note_overflow(session, estimated_raw=1000, window=8000) == RATIO_BOUNDS[1]
+
+
+def test_the_running_total_follows_replaced_and_trimmed_histories(seeded: TokenCounter) -> None:
+    session = session_of(50)
+    full = seeded.history_tokens(session)
+    expected = sum(seeded.message_tokens(m) for m in session.messages[10:])
+    session.replace_messages(session.messages[10:])  # compaction / trimming: a new list
+    assert seeded.history_tokens(session) == expected < full
+    summary = Message(Role.SYSTEM, "[Conversation summary]\n- short")
+    session.replace_messages([summary, *session.messages[1:]])  # same length, another first message
+    assert seeded.history_tokens(session) == sum(seeded.message_tokens(m) for m in session.messages)
+    session.append(Message(Role.USER, "and one more"))
+    assert seeded.history_tokens(session) == sum(seeded.message_tokens(m) for m in session.messages)
+    session.replace_messages([])
+    assert seeded.history_tokens(session) == 0
