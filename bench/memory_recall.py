@@ -118,7 +118,9 @@ def table(title: str, rows: dict[str, list[dict[str, float]]]) -> None:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--k", type=int, default=10, help="how many references to return (1-50)")
     parser.add_argument("--budget", type=int, default=None, help="score what fits this many tokens instead")

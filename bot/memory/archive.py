@@ -36,7 +36,9 @@ class TranscriptArchive:
             return 0
         stamp = now.isoformat()
         payload = "".join(
-            json.dumps({"archived_at": stamp, "session_id": session_id, "message": m.to_dict()}, ensure_ascii=False)
+            json.dumps(
+                {"archived_at": stamp, "session_id": session_id, "message": m.to_dict()}, ensure_ascii=False
+            )
             + "\n"
             for m in fresh
         ).encode("utf-8")

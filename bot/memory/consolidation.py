@@ -122,7 +122,10 @@ def _facts(raw: object) -> list[DurableFact]:
     for entry in raw:
         if not isinstance(entry, dict):
             continue
-        kind, content = as_text(entry.get("type")).strip().lower().replace(" ", "_"), as_text(entry.get("content"))
+        kind, content = (
+            as_text(entry.get("type")).strip().lower().replace(" ", "_"),
+            as_text(entry.get("content")),
+        )
         if kind not in DURABLE_TYPES or not content.strip():
             continue
         try:
@@ -160,7 +163,9 @@ class Consolidator:
         self.last_run: datetime | None = None
         self.last_result: ConsolidationResult | None = None
 
-    async def run(self, session_id: str, messages: Sequence[Message], *, timeout: float) -> ConsolidationResult:
+    async def run(
+        self, session_id: str, messages: Sequence[Message], *, timeout: float
+    ) -> ConsolidationResult:
         result = ConsolidationResult(session_id)
         deadline = asyncio.get_running_loop().time() + timeout
         try:
@@ -177,7 +182,9 @@ class Consolidator:
         self.last_run, self.last_result = self._clock(), result
         return result
 
-    async def _consolidate(self, result: ConsolidationResult, messages: Sequence[Message], deadline: float) -> None:
+    async def _consolidate(
+        self, result: ConsolidationResult, messages: Sequence[Message], deadline: float
+    ) -> None:
         if self._llm is None:
             result.raw_fallback, result.reason = True, "no model configured for consolidation"
             return

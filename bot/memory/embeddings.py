@@ -33,7 +33,9 @@ class Embedder(Protocol):
 class OpenAIEmbedder:
     """``POST {base_url}/embeddings`` with ``{"model", "input": [...]}`` over an injected httpx client."""
 
-    def __init__(self, http: httpx.AsyncClient, base_url: str, model: str, api_key: str | None = None) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, base_url: str, model: str, api_key: str | None = None
+    ) -> None:
         self._http = http
         self._url = base_url.rstrip("/") + "/embeddings"
         self._model = model
@@ -45,9 +47,13 @@ class OpenAIEmbedder:
                 self._url, json={"model": self._model, "input": list(texts)}, headers=self._headers
             )
         except httpx.HTTPError as exc:
-            raise LLMUnavailable(f"embeddings endpoint {self._url} unreachable: {type(exc).__name__}") from exc
+            raise LLMUnavailable(
+                f"embeddings endpoint {self._url} unreachable: {type(exc).__name__}"
+            ) from exc
         if response.status_code != 200:
-            raise LLMUnavailable(f"embeddings endpoint answered {response.status_code}", status_code=response.status_code)
+            raise LLMUnavailable(
+                f"embeddings endpoint answered {response.status_code}", status_code=response.status_code
+            )
         try:
             data: Any = response.json()["data"]
             ordered = sorted(data, key=lambda d: int(d.get("index", 0)))
@@ -110,4 +116,6 @@ class EmbeddingCache:
             log.warning("embeddings_unavailable", error=str(exc))
             return None
         qv = _unit(q)
-        return {i.id: sum(a * b for a, b in zip(qv, self._vectors[i.fingerprint], strict=False)) for i in items}
+        return {
+            i.id: sum(a * b for a, b in zip(qv, self._vectors[i.fingerprint], strict=False)) for i in items
+        }

@@ -26,17 +26,23 @@ _PATTERNS: tuple[tuple[ItemType, float, re.Pattern[str]], ...] = (
     (
         ItemType.PREFERENCE,
         0.75,
-        re.compile(r"\bI (really |also |usually |don'?t )?(like|love|prefer|enjoy|hate|dislike)\b|\bmy fav", re.I),
+        re.compile(
+            r"\bI (really |also |usually |don'?t )?(like|love|prefer|enjoy|hate|dislike)\b|\bmy fav", re.I
+        ),
     ),
     (
         ItemType.CONSTRAINT,
         0.75,
-        re.compile(r"\b(please )?(always|never|do not|don'?t ever|must not|make sure to)\b.*\b(you|me|my)\b", re.I),
+        re.compile(
+            r"\b(please )?(always|never|do not|don'?t ever|must not|make sure to)\b.*\b(you|me|my)\b", re.I
+        ),
     ),
     (
         ItemType.DECISION,
         0.7,
-        re.compile(r"\b(I|we)('ve| have)? (decided|chose|chosen|picked|settled on|went with|will go with)\b", re.I),
+        re.compile(
+            r"\b(I|we)('ve| have)? (decided|chose|chosen|picked|settled on|went with|will go with)\b", re.I
+        ),
     ),
     (
         ItemType.FACT,

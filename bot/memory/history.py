@@ -42,7 +42,9 @@ class HistoryLog:
     async def append_raw_fallback(
         self, when: datetime, session_id: str, messages: Sequence[Message], reason: str
     ) -> None:
-        tail = [m for m in messages if m.role in (Role.USER, Role.ASSISTANT) and m.content][-FALLBACK_MESSAGES:]
+        tail = [m for m in messages if m.role in (Role.USER, Role.ASSISTANT) and m.content][
+            -FALLBACK_MESSAGES:
+        ]
         lines = [f"{RAW_FALLBACK} consolidation failed ({fold(reason, 120)}); last messages:"]
         lines += [f"- {m.role.value.upper()}: {fold(m.content, FALLBACK_CHARS)}" for m in tail]
         await self.append(when, session_id, "\n".join(lines))

@@ -62,7 +62,11 @@ class Reference:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Reference:
         turn = data.get("turn")
-        return cls(str(data["session_id"]), str(data.get("message_id") or ""), int(turn) if turn is not None else None)
+        return cls(
+            str(data["session_id"]),
+            str(data.get("message_id") or ""),
+            int(turn) if turn is not None else None,
+        )
 
 
 _SPACE = re.compile(r"\s+")

@@ -69,7 +69,9 @@ async def stats(service: MemoryService) -> MemoryStats:
         today_notes=len(today),
         items={layer.value: service.items.count(layer) for layer in Layer},
         archived_sessions=archived,
-        last_consolidation=service.consolidator.last_run.isoformat() if service.consolidator.last_run else None,
+        last_consolidation=service.consolidator.last_run.isoformat()
+        if service.consolidator.last_run
+        else None,
         last_consolidation_fallback=last.raw_fallback if last else None,
         pending_consolidations=service.pending_consolidations,
     )

@@ -17,7 +17,11 @@ from bot.memory.retrieval import ScoredItem
 
 TokenCounter = Callable[[str], int]
 HEADER = "## Relevant Memory"
-LAYER_TITLES = {Layer.SEMANTIC: "Facts and preferences", Layer.PROCEDURAL: "How-to", Layer.EPISODIC: "Episodes"}
+LAYER_TITLES = {
+    Layer.SEMANTIC: "Facts and preferences",
+    Layer.PROCEDURAL: "How-to",
+    Layer.EPISODIC: "Episodes",
+}
 ITEM_CHARS = 700
 
 

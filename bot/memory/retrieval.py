@@ -16,10 +16,15 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from zoneinfo import ZoneInfo
 
 from rank_bm25 import BM25Okapi
 
 from bot.memory.items import ItemType, Layer, MemoryItem
+from bot.memory.timehints import time_hint
+
+_UTC = ZoneInfo("UTC")
+
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 STOPWORDS = frozenset(
@@ -29,7 +34,7 @@ STOPWORDS = frozenset(
     nor not now of off on once only or other our ours ourselves out over own same she should so some such than
     that the their theirs them themselves then there these they this those through to too under until up very
     was we were what when where which while who whom why will with would you your yours yourself yourselves
-    s t d ll m re ve also get got im ive id dont let lets can cant could would""".split()
+    s t d ll m re ve also get got im ive id dont let lets can cant could would many much total""".split()  # noqa: SIM905
 )
 
 TYPE_WEIGHT: Mapping[ItemType, float] = {
@@ -56,10 +61,34 @@ class Weights:
     type: float = 0.06
     recency_half_life_days: float = 30.0
     embedding_share: float = 0.5  # of the relevance signal, when embeddings are on
+    assistant: float = 0.8  # lexical weight of what the assistant said, relative to the user's words
+    time_hint: float = 0.1  # bonus for items said in the period the query names ("in March")
+
+
+def stem(token: str) -> str:
+    """A deliberately light suffix stripper (plurals, -ing, -ed, final e), so "bikes", "bike" and
+    "biking" meet. Both queries and items go through it, so only consistency matters, not grammar."""
+    if len(token) <= 3 or token.isdigit():
+        return token
+    if token.endswith("ies"):
+        token = token[:-3] + "y"
+    elif token.endswith("sses"):
+        token = token[:-2]
+    elif token.endswith("s") and token[-2] not in "sui":
+        token = token[:-1]
+    for suffix in ("ing", "ed"):
+        if token.endswith(suffix) and len(token) - len(suffix) >= 3:
+            token = token[: -len(suffix)]
+            if len(token) > 3 and token[-1] == token[-2] and token[-1] not in "lsz":
+                token = token[:-1]  # running -> run
+            break
+    if len(token) > 3 and token.endswith("e"):
+        token = token[:-1]
+    return token
 
 
 def tokenize(text: str) -> list[str]:
-    return [t for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS]
+    return [stem(t) for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,24 +100,52 @@ class ScoredItem:
     parts: dict[str, float] = field(default_factory=dict)
 
 
+class _FrequencyBM25(BM25Okapi):  # type: ignore[misc]
+    """BM25Okapi fed with per-document term counts computed once per item version (not per rebuild)."""
+
+    def _initialize(self, corpus: list[dict[str, int]]) -> dict[str, int]:
+        nd: dict[str, int] = {}
+        total = 0
+        for frequencies in corpus:
+            length = sum(frequencies.values())
+            self.doc_len.append(length)
+            total += length
+            self.doc_freqs.append(frequencies)
+            for word in frequencies:
+                nd[word] = nd.get(word, 0) + 1
+            self.corpus_size += 1
+        self.avgdl = total / self.corpus_size
+        return nd
+
+
+Frequencies = dict[str, int]
+
+
+def frequencies(item: MemoryItem) -> Frequencies:
+    counts: Frequencies = {}
+    for token in tokenize(f"{item.title} {item.content}"):
+        counts[token] = counts.get(token, 0) + 1
+    return counts or {"\x00": 1}  # BM25 divides by the average length: never an empty document
+
+
 class LexicalIndex:
     """BM25 over a fixed list of items; cheap to query, rebuilt when the item set changes."""
 
-    def __init__(self, items: Sequence[MemoryItem], token_cache: dict[tuple[str, str], list[str]]) -> None:
+    def __init__(self, items: Sequence[MemoryItem], cache: dict[tuple[str, str], Frequencies]) -> None:
         self.items = list(items)
         corpus = []
         for item in self.items:
             key = (item.id, item.fingerprint)
-            tokens = token_cache.get(key)
-            if tokens is None:
-                tokens = token_cache[key] = tokenize(f"{item.title} {item.content} {' '.join(item.tags)}")
-            corpus.append(tokens or ["\x00"])  # BM25Okapi divides by average length; never empty
-        self._bm25 = BM25Okapi(corpus) if corpus else None
+            counts = cache.get(key)
+            if counts is None:
+                counts = cache[key] = frequencies(item)
+            corpus.append(counts)
+        self._bm25 = _FrequencyBM25(corpus) if corpus else None
 
     def scores(self, query_tokens: Sequence[str]) -> list[float]:
         if self._bm25 is None or not query_tokens:
             return [0.0] * len(self.items)
-        return [float(s) for s in self._bm25.get_scores(list(dict.fromkeys(query_tokens)))]
+        return [float(x) for x in self._bm25.get_scores(list(dict.fromkeys(query_tokens)))]
 
 
 class Retriever:
@@ -96,9 +153,16 @@ class Retriever:
 
     def __init__(self, weights: Weights | None = None) -> None:
         self.weights = weights or Weights()
-        self._token_cache: dict[tuple[str, str], list[str]] = {}
+        self._token_cache: dict[tuple[str, str], Frequencies] = {}
         self._index: LexicalIndex | None = None
         self._generation = -1
+
+    def prepare(self, items: Iterable[MemoryItem]) -> None:
+        """Count terms of new items at write time, so the next index rebuild only sums them up."""
+        for item in items:
+            key = (item.id, item.fingerprint)
+            if key not in self._token_cache:
+                self._token_cache[key] = frequencies(item)
 
     def refresh(self, items: Sequence[MemoryItem], generation: int) -> LexicalIndex:
         if self._index is None or generation != self._generation:
@@ -116,9 +180,11 @@ class Retriever:
         now: datetime,
         *,
         similarities: Mapping[str, float] | None = None,
+        tz: ZoneInfo = _UTC,
     ) -> list[ScoredItem]:
         """Every item with some relevance to ``query``, best first."""
         w = self.weights
+        in_period = time_hint(query, now, tz) if w.time_hint else None
         lexical = index.scores(tokenize(query))
         top = max(lexical, default=0.0)
         out: list[ScoredItem] = []
@@ -126,6 +192,8 @@ class Retriever:
             lex = raw / top if top > 0 else 0.0
             sim = max(0.0, similarities.get(item.id, 0.0)) if similarities else 0.0
             relevance = (1 - w.embedding_share) * lex + w.embedding_share * sim if similarities else lex
+            if "assistant" in item.tags:
+                relevance *= w.assistant
             if relevance <= 0.0:
                 continue
             age_days = max(0.0, (now - item.created_at).total_seconds() / 86400)
@@ -136,6 +204,8 @@ class Retriever:
                 "confidence": w.confidence * item.confidence,
                 "type": w.type * TYPE_WEIGHT.get(item.type, 0.5),
             }
+            if in_period is not None and in_period(item.created_at):
+                parts["time"] = w.time_hint
             out.append(ScoredItem(item, sum(parts.values()), lex, sim, parts))
         out.sort(key=lambda s: s.score, reverse=True)
         return out

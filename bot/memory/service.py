@@ -116,7 +116,12 @@ class MemoryService:
         await self.items.load()
 
     def _prepare(self) -> int:
-        for folder in (self.root, self.root / "archive", self.root / "items", self.root / "items" / "episodic"):
+        for folder in (
+            self.root,
+            self.root / "archive",
+            self.root / "items",
+            self.root / "items" / "episodic",
+        ):
             ensure_private_dir(folder)
         return fix_private_tree(self.root)
 
@@ -146,6 +151,7 @@ class MemoryService:
         for path, lines in note_lines.items():
             await asyncio.to_thread(append_bytes, path, ("\n".join(lines) + "\n").encode("utf-8"))
         stored = await self.items.add_many(extract(utterances))
+        self.retriever.prepare(stored)
         await self._promote(stored)
         return stored
 
@@ -245,7 +251,7 @@ class MemoryService:
         items = self.items.items()
         index = self.retriever.refresh(items, self.items.generation)
         similarities = await self.embeddings.similarities(query, items) if self.embeddings else None
-        return self.retriever.rank(index, query, self.now(), similarities=similarities)
+        return self.retriever.rank(index, query, self.now(), similarities=similarities, tz=self.tz)
 
     async def _touch(self, chosen: Sequence[ScoredItem]) -> None:
         """Remember use in memory only; the next write of the item persists it (no write per query)."""
@@ -285,7 +291,11 @@ class MemoryService:
         snap = await self.longterm.read()
         pack = await self.pack(query) if query.strip() else MemoryPack("", [], PackDiagnostics())
         today = await self.notes.read_day(self.notes.local(now).date(), max_lines=s.notes_max_lines_today)
-        recent = [] if pack.text else await self.notes.recent(now, s.recent_days, max_lines=s.notes_max_lines_per_day)
+        recent = (
+            []
+            if pack.text
+            else await self.notes.recent(now, s.recent_days, max_lines=s.notes_max_lines_per_day)
+        )
         text = render_memory(
             long_term=long_term_section(snap.text, s.inject_max_bytes),
             pack=pack.text,
