@@ -54,7 +54,7 @@ async def telegram_bot(settings: Settings) -> AsyncIterator[Core]:
             settings.telegram,
             core.dispatcher.submit,
             pairing=PairingStore(settings.workspace / PAIRING_FILE),
-            state_dir=settings.workspace,
+            state_dir=settings.workspace / "state",
             commands=core.commands.commands,
             vision_supported=lambda: core.catalog.get(settings.llm.model).supports_vision,
             max_inbound_chars=settings.sessions.max_inbound_chars,
