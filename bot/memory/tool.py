@@ -1,0 +1,189 @@
+"""The ``memory`` tool the model calls: add, search, update, promote, forget.
+
+:class:`MemoryTool` has the shape of ``bot.tools.base.Tool`` (name, description, parameters,
+``run(args, ctx)``), so the tool-loop registry can offer it as is. The operations are also plain
+async methods (:class:`MemoryToolOps`) for other callers. Long-term facts (``layer="long_term"``) go
+to MEMORY.md through the same compare-and-swap as every bot write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.memory.items import ItemType, Layer, MemoryItem, Reference, make_title
+from bot.memory.service import MemoryService
+from bot.tools.base import ToolContext, ToolError
+
+LONG_TERM = "long_term"
+PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "action": {"type": "string", "enum": ["add", "search", "update", "promote", "forget"]},
+        "content": {"type": "string", "description": "add/update: the memory, one self-contained sentence"},
+        "query": {"type": "string", "description": "search: what to look for"},
+        "id": {"type": "string", "description": "update/promote/forget: an item id from search results"},
+        "type": {"type": "string", "enum": [t.value for t in ItemType if t is not ItemType.EPISODE]},
+        "layer": {"type": "string", "enum": ["semantic", "procedural", "episodic", LONG_TERM]},
+        "k": {"type": "integer", "minimum": 1, "maximum": 20},
+    },
+    "required": ["action"],
+}
+DESCRIPTION = (
+    "Long-term memory. add: remember a fact, preference, decision or how-to (layer long_term writes "
+    "MEMORY.md, which is always shown to you). search: find memories. update/promote/forget: change, "
+    "make durable, or delete a memory by id; forget with content removes matching MEMORY.md lines."
+)
+
+
+class MemoryToolOps:
+    """The operations behind the tool, as plain async methods returning text for the model."""
+
+    def __init__(self, memory: MemoryService) -> None:
+        self._memory = memory
+
+    async def add(
+        self, content: str, *, type: str = "fact", layer: str = "semantic", session_id: str = ""
+    ) -> str:
+        text = content.strip()
+        if not text:
+            raise ToolError("add needs non-empty 'content'")
+        if layer == LONG_TERM:
+            line = f"- {' '.join(text.split())}"
+            await self._memory.longterm.update(lambda old: _append_line(old, line))
+            return "Saved to MEMORY.md."
+        item_type, item_layer = _parse_type(type), _parse_layer(layer)
+        now = self._memory.now()
+        item = MemoryItem(
+            layer=item_layer,
+            type=item_type,
+            title=make_title(text),
+            content=text,
+            source="tool",
+            confidence=0.9,
+            salience=0.8,
+            created_at=now,
+            updated_at=now,
+            last_accessed_at=now,
+            references=(Reference(session_id),),
+        )
+        stored = await self._memory.items.add(item)
+        return f"Saved as {stored.id} ({stored.layer.value}/{stored.type.value})."
+
+    async def search(self, query: str, *, k: int = 5) -> str:
+        if not query.strip():
+            raise ToolError("search needs a 'query'")
+        found = await self._memory.search(query, k=max(1, min(20, k)), touch=True)
+        if not found:
+            return "No matching memories."
+        return "\n".join(
+            f"{s.item.id} [{s.item.layer.value}/{s.item.type.value}, "
+            f"{s.item.created_at:%Y-%m-%d}] {s.item.content[:500]}"
+            for s in found
+        )
+
+    async def update(self, item_id: str, content: str) -> str:
+        item = self._get(item_id)
+        if not content.strip():
+            raise ToolError("update needs non-empty 'content'")
+        now = self._memory.now()
+        text = content.strip()
+        await self._memory.items.put(item.with_changes(content=text, title=make_title(text), updated_at=now))
+        return f"Updated {item_id}."
+
+    async def promote(self, item_id: str) -> str:
+        item = self._get(item_id)
+        if item.layer is not Layer.EPISODIC:
+            return f"{item_id} is already {item.layer.value}."
+        now = self._memory.now()
+        await self._memory.items.put(item.with_changes(confidence=max(item.confidence, 0.95), updated_at=now))
+        promoted = await self._memory.items.promote(now, self._memory.settings.promotion_confidence)
+        target = next((p for p in promoted if p.references == item.references), None)
+        return (
+            f"Promoted {item_id} to {target.layer.value} as {target.id}."
+            if target
+            else f"{item_id} stays episodic."
+        )
+
+    async def forget(self, item_id: str = "", content: str = "") -> str:
+        if item_id:
+            self._get(item_id)
+            await self._memory.items.delete(item_id, self._memory.now())
+            return f"Forgot {item_id}."
+        needle = content.strip().lower()
+        if not needle:
+            raise ToolError("forget needs an 'id' or the 'content' of a MEMORY.md line")
+        removed: list[str] = []
+
+        def drop(text: str) -> str:
+            removed.clear()
+            kept: list[str] = []
+            for line in text.splitlines():
+                (removed if needle in line.lower() else kept).append(line)
+            return "\n".join(kept) + "\n" if kept else ""
+
+        await self._memory.longterm.update(drop)
+        return f"Removed {len(removed)} line(s) from MEMORY.md." if removed else "No MEMORY.md line matched."
+
+    def _get(self, item_id: str) -> MemoryItem:
+        item = self._memory.items.get(item_id.strip())
+        if item is None:
+            raise ToolError(f"no memory with id {item_id!r}; search first to get ids")
+        return item
+
+
+class MemoryTool:
+    """``bot.tools.base.Tool`` adapter: one tool named ``memory`` with an ``action`` argument."""
+
+    name = "memory"
+    description = DESCRIPTION
+    parameters = PARAMETERS
+
+    def __init__(self, memory: MemoryService) -> None:
+        self.ops = MemoryToolOps(memory)
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        action = str(args.get("action", ""))
+        content, item_id = str(args.get("content") or ""), str(args.get("id") or "")
+        if action == "add":
+            return await self.ops.add(
+                content,
+                type=str(args.get("type") or "fact"),
+                layer=str(args.get("layer") or "semantic"),
+                session_id=ctx.session_id,
+            )
+        if action == "search":
+            return await self.ops.search(str(args.get("query") or content), k=_int(args.get("k"), 5))
+        if action == "update":
+            return await self.ops.update(item_id, content)
+        if action == "promote":
+            return await self.ops.promote(item_id)
+        if action == "forget":
+            return await self.ops.forget(item_id, content)
+        raise ToolError(f"unknown action {action!r}; use add, search, update, promote or forget")
+
+
+def _append_line(text: str, line: str) -> str:
+    if line in text.splitlines():
+        return text
+    return (text.rstrip("\n") + "\n" if text.strip() else "") + line + "\n"
+
+
+def _parse_type(value: str) -> ItemType:
+    try:
+        return ItemType(value.strip().lower().replace(" ", "_"))
+    except ValueError:
+        raise ToolError(f"unknown type {value!r}") from None
+
+
+def _parse_layer(value: str) -> Layer:
+    try:
+        return Layer(value.strip().lower())
+    except ValueError:
+        raise ToolError(f"unknown layer {value!r}") from None
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default

@@ -1,0 +1,94 @@
+"""MemoryPersistSystem (order 50): remember an answered turn, and retire old messages from the session.
+
+1. Append the daily-note line and the turn's heuristic items (fast local appends).
+2. When the session holds more than ``memory_window`` messages: archive the older ones, trim the
+   session to the last ``keep_recent``, and consolidate the retired messages in the background, so the
+   reply never waits for the model. ``memory_window = 0`` trims to the last 10 without consolidating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import structlog
+
+from bot.config import MemorySettings
+from bot.domain import Message, Role
+from bot.memory.service import Exchange, MemoryService
+from pipeline.base import Turn
+
+log = structlog.get_logger(__name__)
+
+PLAIN_TRIM_KEEP = 10
+
+
+def safe_cut(messages: Sequence[Message], cut: int) -> int:
+    """Move ``cut`` back so the kept part never starts with tool results cut off from their call.
+
+    Invariant: an assistant message with tool calls and its results stay on the same side.
+    """
+    cut = max(0, min(cut, len(messages)))
+    while 0 < cut < len(messages) and messages[cut].role is Role.TOOL:
+        cut -= 1
+    return cut
+
+
+def turn_user_messages(turn: Turn) -> list[Message]:
+    """The user messages this turn answers: those just before the turn's first own message."""
+    messages = turn.session.messages
+    end = len(messages)
+    if turn.new_messages:
+        first = turn.new_messages[0]
+        end = next((i for i, m in enumerate(messages) if m is first), len(messages))
+    start = end
+    while start > 0 and messages[start - 1].role is Role.USER:
+        start -= 1
+    return list(messages[start:end])
+
+
+class MemoryPersistSystem:
+    name = "memory_persist"
+    order = 50
+    enabled = True
+
+    def __init__(self, memory: MemoryService, settings: MemorySettings) -> None:
+        self._memory = memory
+        self._settings = settings
+
+    def should_process(self, turn: Turn) -> bool:
+        return turn.reply is not None
+
+    async def process(self, turn: Turn) -> None:
+        await self._remember(turn)
+        await self._retire(turn)
+
+    async def _remember(self, turn: Turn) -> None:
+        users = turn_user_messages(turn)
+        answer = next(
+            (m for m in reversed(turn.new_messages) if m.role is Role.ASSISTANT and m.content.strip()), None
+        )
+        if answer is None and turn.reply:
+            answer = Message(Role.ASSISTANT, turn.reply)
+        sid = turn.session.id
+        exchanges = [Exchange(sid, u, None) for u in users[:-1]]
+        exchanges.append(Exchange(sid, users[-1] if users else None, answer))
+        await self._memory.record_exchanges(exchanges)
+
+    async def _retire(self, turn: Turn) -> None:
+        session = turn.session
+        window = self._settings.memory_window
+        messages = session.messages
+        keep = PLAIN_TRIM_KEEP if window == 0 else self._settings.keep_recent
+        limit = PLAIN_TRIM_KEEP if window == 0 else window
+        if len(messages) <= limit:
+            return
+        cut = safe_cut(messages, len(messages) - keep)
+        if cut == 0:
+            return
+        retired = list(messages[:cut])
+        # The full transcript is never lost: archive before anything leaves the session.
+        await self._memory.archive_messages(session.id, retired)
+        session.replace_messages(messages[cut:])
+        log.info("session_trimmed", session_id=session.id, retired=len(retired), kept=len(session.messages))
+        if window > 0:
+            self._memory.consolidate_in_background(session.id, retired)
