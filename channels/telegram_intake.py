@@ -26,13 +26,18 @@ _COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,32})@([A-Za-z0-9_]+)(?=\s|$)")
 
 
 def normalize_command(text: str, bot_username: str) -> str | None:
-    """``/cmd@ThisBot args`` → ``/cmd args``; ``None`` when the command names another bot."""
+    """``/cmd@ThisBot args`` → ``/cmd args``; ``None`` when the command names another bot.
+
+    ``/start`` (what a Telegram client sends when someone opens the bot) becomes ``/help``.
+    """
     match = _COMMAND.match(text)
-    if match is None:
-        return text
-    if match.group(2).lower() != bot_username.lower():
-        return None
-    return f"/{match.group(1)}{text[match.end() :]}"
+    if match is not None:
+        if match.group(2).lower() != bot_username.lower():
+            return None
+        text = f"/{match.group(1)}{text[match.end() :]}"
+    if text == "/start" or text.startswith("/start "):
+        return "/help"
+    return text
 
 
 def remove_utf16_spans(text: str, spans: Iterable[tuple[int, int]]) -> str:

@@ -146,6 +146,8 @@ async def test_group_reply_goes_to_the_topic_and_quotes_the_question(tmp_path: P
         ("/help", "/help"),
         (f"/status@{BOT}", "/status"),
         (f"/compact@{BOT.upper()} 7", "/compact 7"),
+        ("/start", "/help"),
+        (f"/start@{BOT} deep-link", "/help"),
     ],
 )
 async def test_commands_reach_the_dispatcher_normalized(tmp_path: Path, typed: str, expected: str) -> None:

@@ -71,6 +71,8 @@ def parse_html(text: str) -> str:
         name = name.lower()
         if name not in ALLOWED_TAGS:
             raise _parse_error(f'Unsupported start tag "{name}" at byte offset {match.start()}')
+        if not closing and name == "span" and "tg-spoiler" not in (match.group(3) or ""):
+            raise _parse_error(f'Unsupported start tag "span" at byte offset {match.start()}')
         if closing:
             if not stack or stack[-1] != name:
                 raise _parse_error(f"Unexpected end tag at byte offset {match.start()}")
@@ -144,6 +146,7 @@ class FakeTelegramServer:
         self._update_ids = itertools.count(1)
         self._message_ids = itertools.count(1000)
         self._changed = asyncio.Condition()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.port = 0
@@ -181,7 +184,9 @@ class FakeTelegramServer:
     def push_update(self, update: dict[str, Any]) -> dict[str, Any]:
         update = {"update_id": next(self._update_ids), **update}
         self._updates.append(update)
-        asyncio.get_running_loop().create_task(self._notify())
+        task = asyncio.get_running_loop().create_task(self._notify())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         return update
 
     def user_message(
