@@ -97,8 +97,11 @@ class AutoCompactionSystem:
         """The provider refused the prompt as too long: compact harder on every attempt.
 
         Returns whether room was made (the caller retries only then). The session's calibration
-        ratio is raised as well, since our estimate evidently fell short.
+        ratio is raised as well, since our estimate evidently fell short. With compaction disabled
+        (``compaction.enabled = false``) nothing is compacted and the error reaches the user.
         """
+        if not self.enabled:
+            return False
         session = turn.session
         attempt = int(turn.diagnostics.get(DIAG_OVERFLOWS, 0)) + 1
         turn.diagnostics[DIAG_OVERFLOWS] = attempt
