@@ -379,3 +379,12 @@ async def test_a_rejected_token_is_a_clear_channel_error_that_does_not_repeat_it
                 pass
         assert wrong not in str(caught.value) and caught.value.__cause__ is None
         assert [c.method for c in tg.calls] == []  # the fake answered 401 before recording
+
+
+async def test_stopping_hands_on_a_paste_still_in_its_join_window(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg:
+        async with running_channel(tg, tmp_path, join_window=30.0) as (_, sink):
+            tg.push_message("half a paste")
+            await tg.wait_for(lambda: any(c.params.get("offset") == 2 for c in tg.calls_to("getUpdates")))
+            assert sink.received == []
+        assert [m.text for m in sink.received] == ["half a paste"]
