@@ -117,6 +117,12 @@ class _FrequencyBM25(BM25Okapi):  # type: ignore[misc]
         self.avgdl = total / self.corpus_size
         return nd
 
+    def _calc_idf(self, nd: dict[str, int]) -> None:
+        # Lucene's idf, always positive: Okapi's goes negative for terms in over half the documents,
+        # which in a small memory (a few items) would make every match count against the item.
+        for word, freq in nd.items():
+            self.idf[word] = math.log(1 + (self.corpus_size - freq + 0.5) / (freq + 0.5))
+
 
 Frequencies = dict[str, int]
 

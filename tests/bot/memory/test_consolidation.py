@@ -1,0 +1,239 @@
+"""Consolidation against the fake LLM server: happy path, parsing tiers, garbage, timeouts, races."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.domain import Message, Role, ToolCall
+from bot.llm import LLMClient
+from bot.memory.consolidation import format_messages, parse_reply
+from bot.memory.history import RAW_FALLBACK
+from bot.memory.items import ItemType, Layer
+from tests.bot.memory.conftest import Clock, make_memory
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+
+
+def conversation(clock: Clock, n: int = 6) -> list[Message]:
+    out = []
+    for i in range(n):
+        role = Role.USER if i % 2 == 0 else Role.ASSISTANT
+        out.append(
+            Message(role, f"message {i} about the Lisbon trip", timestamp=clock.now + timedelta(minutes=i))
+        )
+    return out
+
+
+def reply(
+    entry: str = "We planned the Lisbon trip.",
+    memory: str | None = "- User is going to Lisbon\n",
+    **extra: Any,
+) -> str:
+    data: dict[str, Any] = {"history_entry": entry, "memory_update": memory, **extra}
+    return json.dumps(data)
+
+
+async def test_happy_path_writes_history_month_file_memory_and_archive(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    memory = await make_memory(tmp_path, clock, llm)
+    items = [{"type": "preference", "content": "User prefers window seats", "confidence": 0.9}]
+    fake_llm.script(FakeReply(text=reply(items=items)))
+    messages = conversation(clock)
+
+    result = await memory.consolidate("cli:me", messages, timeout=5)
+
+    assert not result.raw_fallback and result.memory_changed and result.parse_tier == 1
+    assert result.archived == len(messages)
+    history = (memory.root / "HISTORY.md").read_text()
+    assert "We planned the Lisbon trip." in history and "cli:me" in history
+    assert (memory.root / "HISTORY-2024-05.md").read_text() == history
+    assert (memory.root / "MEMORY.md").read_text() == "- User is going to Lisbon\n"
+    archived = await memory.archive.read("cli:me")
+    assert [m.id for m in archived] == [m.id for m in messages]
+    semantic = memory.items.items(Layer.SEMANTIC)
+    assert [i.content for i in semantic] == ["User prefers window seats"]
+    assert semantic[0].references and semantic[0].references[0].session_id == "cli:me"
+    prompt = fake_llm.requests[-1].body["messages"][-1]["content"]
+    assert "[2024-05-20 09:30] USER: message 0 about the Lisbon trip" in prompt
+
+
+@pytest.mark.parametrize(
+    ("text", "tier"),
+    [
+        ('```json\n{"history_entry": "fenced", "memory_update": "m"}\n```', 1),
+        ('Sure! Here it is: {"history_entry": "in prose {braces}", "memory_update": "m"} Bye.', 2),
+        ('{"history_entry": "cut off", "memory_update": "m", "items": [', 3),
+    ],
+)
+def test_each_parsing_tier(text: str, tier: int) -> None:
+    parsed = parse_reply(text)
+    assert parsed is not None
+    entry, memory, _, found_tier = parsed
+    assert found_tier == tier and memory == "m" and entry in {"fenced", "in prose {braces}", "cut off"}
+
+
+def test_non_string_values_are_coerced() -> None:
+    parsed = parse_reply(
+        json.dumps({"history_entry": ["one.", "two."], "memory_update": {"k": 1}, "items": "x"})
+    )
+    assert parsed is not None
+    assert parsed[0] == "one.\ntwo." and parsed[1] == '{"k": 1}' and parsed[2] == []
+
+
+def test_format_marks_tools_and_skips_results(clock: Clock) -> None:
+    call = ToolCall("c1", "web_fetch", "{}")
+    text = format_messages(
+        [
+            Message(
+                Role.ASSISTANT,
+                "looking",
+                tool_calls=(call, ToolCall("c2", "time", "{}")),
+                timestamp=clock.now,
+            ),
+            Message(Role.TOOL, "page body", tool_call_id="c1", name="web_fetch", timestamp=clock.now),
+        ],
+        tz=__import__("zoneinfo").ZoneInfo("UTC"),
+    )
+    assert text == "[2024-05-20 09:30] ASSISTANT [tools: web_fetch, time]: looking"
+
+
+async def test_garbage_output_falls_back_to_raw_entry(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    memory = await make_memory(tmp_path, clock, llm)
+    await memory.longterm.update(lambda _: "- operator fact\n")
+    fake_llm.script(FakeReply(text="I'd rather not answer in JSON today."))
+
+    result = await memory.consolidate("cli:me", conversation(clock, 14), timeout=5)
+
+    assert result.raw_fallback
+    history = (memory.root / "HISTORY.md").read_text()
+    assert RAW_FALLBACK in history
+    assert history.count("- USER: ") + history.count("- ASSISTANT: ") == 10  # the last 10 messages
+    assert "message 13" in history and "message 3 " not in history
+    assert (memory.root / "MEMORY.md").read_text() == "- operator fact\n"
+
+
+async def test_timeout_falls_back_and_archives(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    memory = await make_memory(tmp_path, clock, llm)
+    fake_llm.script(FakeReply(text=reply(), delay=30))
+
+    result = await memory.consolidate("cli:me", conversation(clock), timeout=0.3)
+
+    assert result.raw_fallback and "timed out" in result.reason
+    assert RAW_FALLBACK in (memory.root / "HISTORY.md").read_text()
+    assert len(await memory.archive.read("cli:me")) == 6
+
+
+async def test_llm_error_falls_back(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    memory = await make_memory(tmp_path, clock, llm)
+    fake_llm.script(FakeReply(status=500))
+    result = await memory.consolidate("cli:me", conversation(clock), timeout=5)
+    assert result.raw_fallback and "LLM" in result.reason
+
+
+async def test_two_sessions_at_once_keep_memory_consistent(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    memory = await make_memory(tmp_path, clock, llm)
+    seen_memory: list[str] = []
+
+    def respond(api: str, body: dict[str, Any]) -> FakeReply:
+        prompt = body["messages"][-1]["content"]
+        current = prompt.split("## Current MEMORY.md\n", 1)[1].split("\n\n## Conversation", 1)[0]
+        seen_memory.append(current)
+        base = "" if current == "(empty)" else current + "\n"
+        session = "A" if "alpha" in prompt else "B"
+        return FakeReply(text=reply(f"session {session}", base + f"- fact from {session}"), delay=0.05)
+
+    fake_llm.responder = respond
+    a = [Message(Role.USER, "alpha things", timestamp=clock.now)]
+    b = [Message(Role.USER, "beta things", timestamp=clock.now)]
+
+    results = await asyncio.gather(
+        memory.consolidate("cli:a", a, timeout=5), memory.consolidate("cli:b", b, timeout=5)
+    )
+
+    assert not any(r.raw_fallback for r in results)
+    text = (memory.root / "MEMORY.md").read_text()
+    assert "- fact from A" in text and "- fact from B" in text  # the second saw the first's result
+    assert seen_memory[0] == "(empty)" and seen_memory[1] != "(empty)"
+
+
+async def test_operator_edit_during_consolidation_survives(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    memory = await make_memory(tmp_path, clock, llm)
+    path = memory.root / "MEMORY.md"
+    await memory.longterm.update(lambda _: "- old fact\n- stale fact\n")
+
+    def respond(api: str, body: dict[str, Any]) -> FakeReply:
+        # The operator saves the file while the model is thinking.
+        path.write_text("- old fact\n- stale fact\n- operator: the wifi password is tulip\n")
+        return FakeReply(text=reply("entry", "- old fact\n- bot: user moved to Porto\n"))
+
+    fake_llm.responder = respond
+    result = await memory.consolidate("cli:me", conversation(clock), timeout=5)
+
+    assert result.memory_changed and result.memory_merged
+    lines = path.read_text().splitlines()
+    assert "- operator: the wifi password is tulip" in lines  # the operator's text survives
+    assert "- bot: user moved to Porto" in lines  # the bot's addition is merged in
+    assert "- stale fact" not in lines  # and its pruning applied
+
+
+async def test_oversized_memory_asks_for_compression(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    memory = await make_memory(tmp_path, clock, llm, max_memory_size=100)
+    await memory.longterm.update(lambda _: "- fact\n" * 40)
+    fake_llm.script(FakeReply(text=reply()))
+    await memory.consolidate("cli:me", conversation(clock), timeout=5)
+    assert "compress it" in fake_llm.requests[-1].body["messages"][-1]["content"]
+
+
+async def test_background_consolidation_is_awaited_by_close(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    memory = await make_memory(tmp_path, clock, llm)
+    fake_llm.script(FakeReply(text=reply(), delay=0.1))
+    task = memory.consolidate_in_background("cli:me", conversation(clock))
+    assert memory.pending_consolidations == 1
+    await memory.close()
+    assert task.done() and not task.result().raw_fallback
+    assert memory.pending_consolidations == 0
+
+
+async def test_without_model_consolidation_writes_raw_fallback(tmp_path: Path, clock: Clock) -> None:
+    memory = await make_memory(tmp_path, clock)
+    result = await memory.consolidate("cli:me", conversation(clock), timeout=1)
+    assert result.raw_fallback and RAW_FALLBACK in (memory.root / "HISTORY.md").read_text()
+
+
+def test_durable_item_types_are_filtered() -> None:
+    parsed = parse_reply(
+        json.dumps(
+            {
+                "history_entry": "e",
+                "items": [
+                    {"type": "Task State", "content": "finish report", "confidence": "high"},
+                    {"type": "episode", "content": "not durable"},
+                    {"type": "fact", "content": "  "},
+                ],
+            }
+        )
+    )
+    assert parsed is not None
+    assert [(f.type, f.content, f.confidence) for f in parsed[2]] == [
+        (ItemType.TASK_STATE, "finish report", 0.8)
+    ]

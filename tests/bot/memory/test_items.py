@@ -1,0 +1,131 @@
+"""Items: fingerprint dedup, persistence as JSON lines, promotion, decay, forgetting, log compaction."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from bot.memory.item_store import ItemStore
+from bot.memory.items import ItemType, Layer, MemoryItem, Reference
+from tests.bot.memory.conftest import Clock
+
+
+def item(
+    clock: Clock, content: str, *, type: ItemType = ItemType.FACT, layer: Layer = Layer.EPISODIC, **kw: object
+) -> MemoryItem:
+    return MemoryItem(
+        layer=layer,
+        type=type,
+        title=content[:20],
+        content=content,
+        created_at=clock.now,
+        updated_at=clock.now,
+        last_accessed_at=clock.now,
+        references=(Reference("cli:me", f"m-{content[:5]}"),),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def test_duplicates_merge_by_fingerprint(tmp_path: Path, clock: Clock) -> None:
+    store = ItemStore(tmp_path)
+    await store.load()
+    first = await store.add(item(clock, "User likes  Green tea", confidence=0.5))
+    second = MemoryItem(
+        **{
+            **_fields(item(clock, "user likes green tea", confidence=0.8)),
+            "references": (Reference("tg:1", "m9"),),
+        }
+    )
+    merged = await store.add(second)
+    assert merged.id == first.id
+    assert merged.confidence == 0.8
+    assert merged.references == (Reference("cli:me", "m-User "), Reference("tg:1", "m9"))
+    assert len(store.items()) == 1
+    other_type = await store.add(item(clock, "User likes green tea", type=ItemType.PREFERENCE))
+    assert other_type.id != first.id
+
+
+def _fields(i: MemoryItem) -> dict[str, object]:
+    return {f: getattr(i, f) for f in MemoryItem.__dataclass_fields__ if f not in ("id", "fingerprint")}
+
+
+async def test_items_survive_reload_with_last_version_winning(tmp_path: Path, clock: Clock) -> None:
+    store = ItemStore(tmp_path)
+    await store.load()
+    a = await store.add(item(clock, "alpha fact"))
+    b = await store.add(item(clock, "beta fact", layer=Layer.SEMANTIC))
+    await store.put(a.with_changes(content="alpha fact, corrected"))
+    await store.delete(b.id, clock.now)
+    day_file = tmp_path / "episodic" / "2024-05-20.jsonl"
+    assert day_file.exists() and (tmp_path / "semantic.jsonl").exists()
+
+    reloaded = ItemStore(tmp_path)
+    await reloaded.load()
+    assert [i.content for i in reloaded.items()] == ["alpha fact, corrected"]
+    assert reloaded.items()[0].references == a.references
+
+
+async def test_promotion_copies_confident_items_and_keeps_references(tmp_path: Path, clock: Clock) -> None:
+    store = ItemStore(tmp_path)
+    await store.load()
+    pref = await store.add(item(clock, "prefers dark mode", type=ItemType.PREFERENCE, confidence=0.8))
+    fix = await store.add(item(clock, "fixed it by clearing the cache", type=ItemType.FIX, confidence=0.9))
+    await store.add(item(clock, "maybe likes jazz", type=ItemType.PREFERENCE, confidence=0.5))
+    await store.add(item(clock, "said hello", type=ItemType.EPISODE, confidence=0.9))
+
+    promoted = await store.promote(clock.now, 0.75)
+
+    assert {(p.layer, p.content) for p in promoted} == {
+        (Layer.SEMANTIC, "prefers dark mode"),
+        (Layer.PROCEDURAL, "fixed it by clearing the cache"),
+    }
+    assert all(p.references for p in promoted)
+    assert store.get(pref.id).promoted_to is not None  # type: ignore[union-attr]
+    assert store.get(fix.id).promoted_to is not None  # type: ignore[union-attr]
+    assert await store.promote(clock.now, 0.75) == []  # promotion happens once
+
+
+async def test_decay_fades_stale_items_but_never_promoted_ones(tmp_path: Path, clock: Clock) -> None:
+    store = ItemStore(tmp_path)
+    await store.load()
+    stale = await store.add(item(clock, "old chatter", type=ItemType.EPISODE, salience=0.6))
+    kept = await store.add(
+        item(clock, "prefers tabs", type=ItemType.PREFERENCE, confidence=0.9, salience=0.6)
+    )
+    await store.promote(clock.now, 0.75)
+    clock.advance(days=10)
+    fresh = await store.add(item(clock, "new chatter", type=ItemType.EPISODE, salience=0.6))
+
+    clock.advance(days=25)
+    assert await store.decay(clock.now, 30) == 1
+
+    assert store.get(stale.id).salience == 0.3  # type: ignore[union-attr]
+    assert store.get(kept.id).salience == 0.6  # type: ignore[union-attr]
+    assert store.get(fresh.id).salience == 0.6  # type: ignore[union-attr]
+    assert len(store.items()) == 4  # decay never deletes
+    clock.advance(days=1)
+    assert await store.decay(clock.now, 30) == 0  # decayed items wait another period
+
+
+async def test_compaction_rewrites_logs_full_of_old_versions(tmp_path: Path, clock: Clock) -> None:
+    store = ItemStore(tmp_path)
+    await store.load()
+    x = await store.add(item(clock, "counter", layer=Layer.SEMANTIC))
+    for n in range(10):
+        x = await store.put(x.with_changes(salience=n / 10, updated_at=clock.now + timedelta(seconds=n)))
+    assert await store.compact() == 1
+    assert len((tmp_path / "semantic.jsonl").read_text().splitlines()) == 1
+    reloaded = ItemStore(tmp_path)
+    await reloaded.load()
+    assert reloaded.get(x.id) == x
+
+
+async def test_torn_last_line_is_ignored(tmp_path: Path, clock: Clock) -> None:
+    store = ItemStore(tmp_path)
+    await store.load()
+    await store.add(item(clock, "kept", layer=Layer.SEMANTIC))
+    with (tmp_path / "semantic.jsonl").open("a") as f:
+        f.write('{"id": "torn", "layer": "sem')
+    reloaded = ItemStore(tmp_path)
+    await reloaded.load()
+    assert [i.content for i in reloaded.items()] == ["kept"]
