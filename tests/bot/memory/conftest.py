@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from bot.llm import LLMClient
 from bot.memory import MemoryService
 from tests.fakes.llm_server import FakeLLMServer
 
+UTC_ZONE = ZoneInfo("UTC")
 CATALOG = load_catalog()  # read at import: blocking file I/O is not allowed inside the test's loop
 
 

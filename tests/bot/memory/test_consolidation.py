@@ -15,7 +15,7 @@ from bot.llm import LLMClient
 from bot.memory.consolidation import format_messages, parse_reply
 from bot.memory.history import RAW_FALLBACK
 from bot.memory.items import ItemType, Layer
-from tests.bot.memory.conftest import Clock, make_memory
+from tests.bot.memory.conftest import UTC_ZONE, Clock, make_memory
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 
@@ -98,7 +98,7 @@ def test_format_marks_tools_and_skips_results(clock: Clock) -> None:
             ),
             Message(Role.TOOL, "page body", tool_call_id="c1", name="web_fetch", timestamp=clock.now),
         ],
-        tz=__import__("zoneinfo").ZoneInfo("UTC"),
+        tz=UTC_ZONE,
     )
     assert text == "[2024-05-20 09:30] ASSISTANT [tools: web_fetch, time]: looking"
 

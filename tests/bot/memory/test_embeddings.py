@@ -1,0 +1,117 @@
+"""The OpenAI-compatible embeddings path against a local /v1/embeddings server, fused into retrieval."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from bot.config import MemorySettings
+from bot.domain import Message, Role
+from bot.errors import LLMBadResponse, LLMUnavailable
+from bot.memory import Exchange, MemoryService
+from bot.memory.embeddings import OpenAIEmbedder
+from tests.bot.memory.conftest import Clock
+
+SYNONYMS = {"automobile": "car", "vehicle": "car"}
+DIM = 32
+
+
+def vector(text: str) -> list[float]:
+    """A toy embedding model: bag of words hashed into 32 dimensions, with a few synonyms folded."""
+    out = [0.0] * DIM
+    for word in text.lower().split():
+        word = SYNONYMS.get(word.strip(".,?!"), word.strip(".,?!"))
+        out[int(hashlib.md5(word.encode()).hexdigest(), 16) % DIM] += 1.0
+    return out
+
+
+class FakeEmbeddings:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.status = 200
+        self.base_url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"body": body, "auth": request.headers.get("Authorization")})
+        if self.status != 200:
+            return web.json_response({"error": {"message": "down"}}, status=self.status)
+        data = [
+            {"object": "embedding", "index": i, "embedding": vector(t)} for i, t in enumerate(body["input"])
+        ]
+        return web.json_response({"object": "list", "data": list(reversed(data)), "model": body["model"]})
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeEmbeddings]:
+    fake = FakeEmbeddings()
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", fake.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    fake.base_url = f"http://127.0.0.1:{port}/v1"
+    yield fake
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
+        yield client
+
+
+async def test_embedder_speaks_the_openai_wire_format(
+    server: FakeEmbeddings, http: httpx.AsyncClient
+) -> None:
+    embedder = OpenAIEmbedder(http, server.base_url, "text-embedding-3-small", api_key="sk-emb")
+    vectors = await embedder.embed(["a car", "a boat"])
+    assert vectors == [vector("a car"), vector("a boat")]  # re-ordered by index
+    assert server.requests[0]["body"] == {"model": "text-embedding-3-small", "input": ["a car", "a boat"]}
+    assert server.requests[0]["auth"] == "Bearer sk-emb"
+
+
+async def test_errors_are_mapped(server: FakeEmbeddings, http: httpx.AsyncClient) -> None:
+    server.status = 503
+    with pytest.raises(LLMUnavailable):
+        await OpenAIEmbedder(http, server.base_url, "m").embed(["x"])
+    with pytest.raises(LLMUnavailable):
+        await OpenAIEmbedder(http, "http://127.0.0.1:9/v1", "m").embed(["x"])
+    server.status = 200
+    with pytest.raises(LLMUnavailable):
+        await OpenAIEmbedder(http, server.base_url.removesuffix("/v1"), "m").embed(["x"])  # 404
+
+
+async def test_unreadable_body_is_a_bad_response(http: httpx.AsyncClient) -> None:
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json={"data": [{"nope": 1}]}))
+    async with httpx.AsyncClient(transport=transport) as client:
+        with pytest.raises(LLMBadResponse):
+            await OpenAIEmbedder(client, "http://x/v1", "m").embed(["x"])
+
+
+async def test_embeddings_find_what_words_alone_miss(
+    tmp_path: Path, clock: Clock, server: FakeEmbeddings, http: httpx.AsyncClient
+) -> None:
+    embedder = OpenAIEmbedder(http, server.base_url, "m")
+    memory = MemoryService(tmp_path / "memory", MemorySettings(), clock=clock, embedder=embedder)
+    await memory.start()
+    user = Message(Role.USER, "my automobile needs new tires", timestamp=clock.now)
+    await memory.record_exchanges([Exchange("cli:me", user, None)])
+
+    found = await memory.search("car service")
+    assert [s.item.content for s in found] == ["my automobile needs new tires"]
+    assert found[0].semantic > 0 and found[0].lexical == 0
+    calls = len(server.requests)
+    await memory.search("car service")
+    assert len(server.requests) == calls + 1  # items are embedded once; only the query again
+
+    server.status = 500  # a failing endpoint degrades to lexical retrieval, never fails the turn
+    assert await memory.search("automobile") != []

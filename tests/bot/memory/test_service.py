@@ -1,0 +1,130 @@
+"""MemoryService: permissions, the write path (notes + items), and the prompt's order and omissions."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from bot.domain import Message, Role
+from bot.memory import Exchange, Layer, MemoryService
+from tests.bot.memory.conftest import Clock, make_memory
+
+TOKYO = ZoneInfo("Asia/Tokyo")  # loaded at import, off the event loop (as settings validation does)
+
+
+def exchange(clock: Clock, user: str, answer: str, sid: str = "cli:me") -> Exchange:
+    return Exchange(
+        sid,
+        Message(Role.USER, user, timestamp=clock.now),
+        Message(Role.ASSISTANT, answer, timestamp=clock.now),
+    )
+
+
+async def test_start_fixes_permissions(tmp_path: Path, clock: Clock) -> None:
+    root = tmp_path / "memory"
+    (root / "items").mkdir(parents=True)
+    (root / "MEMORY.md").write_text("- x\n")
+    os.chmod(root, 0o755)
+    os.chmod(root / "MEMORY.md", 0o644)
+    memory = await make_memory(tmp_path, clock)
+    assert root.stat().st_mode & 0o777 == 0o700
+    assert (root / "MEMORY.md").stat().st_mode & 0o777 == 0o600
+    await memory.record_exchanges([exchange(clock, "hi", "hello")])
+    for path in root.rglob("*"):
+        assert path.stat().st_mode & 0o777 == (0o700 if path.is_dir() else 0o600), path
+
+
+async def test_daily_note_line_is_folded_and_capped(memory: MemoryService, clock: Clock) -> None:
+    await memory.record_exchanges(
+        [exchange(clock, "line one\nline two " + "u" * 300, "ok\n\nsure " + "a" * 400)]
+    )
+    text = (memory.root / "2024-05-20.md").read_text()
+    line = text.rstrip("\n")
+    assert "\n" not in line and line.startswith("[09:30] User: line one line two u")
+    user, assistant = line.split(" | Assistant: ")
+    assert len(user.removeprefix("[09:30] User: ")) == 200 and len(assistant) == 300
+
+
+async def test_notes_follow_the_configured_time_zone(tmp_path: Path, clock: Clock) -> None:
+    memory = await make_memory(tmp_path, clock, timezone="Asia/Tokyo")
+    await memory.record_exchanges([exchange(clock, "hi", "hello")])
+    assert (memory.root / "2024-05-20.md").read_text().startswith("[18:30] User: hi")
+
+
+async def test_turn_items_keep_references(memory: MemoryService, clock: Clock) -> None:
+    ex = exchange(clock, "Remember that my passport number ends in 42.", "Noted.")
+    stored = await memory.record_exchanges([ex])
+    assert ex.user is not None
+    assert all(i.references[0].session_id == "cli:me" for i in stored)
+    assert {i.references[0].message_id for i in stored} == {ex.user.id, ex.assistant.id}  # type: ignore[union-attr]
+    semantic = memory.items.items(Layer.SEMANTIC)  # a 0.9-confidence fact is promoted at once
+    assert [i.content for i in semantic] == ["Remember that my passport number ends in 42."]
+    assert semantic[0].references == (ex.user and stored[0].references[0],)
+
+
+async def test_prompt_order_and_omission_rules(memory: MemoryService, clock: Clock) -> None:
+    empty = await memory.context("anything")
+    assert empty.text == ""  # no memory at all: not even the header
+
+    await memory.longterm.update(lambda _: "- Operator: user is called Sam\n")
+    only_long_term = await memory.context("")
+    assert only_long_term.text == "# Memory\n\n## Long-term Memory\n- Operator: user is called Sam"
+
+    clock.advance(days=-2)
+    await memory.record_exchanges([exchange(clock, "we fixed the boiler", "great")])
+    clock.advance(days=2)
+    await memory.record_exchanges([exchange(clock, "what about lunch", "soup")])
+
+    no_pack = await memory.context("zebra")  # nothing relevant: the legacy recent context is shown
+    assert no_pack.pack.text == ""
+    order = [
+        no_pack.text.index(h)
+        for h in ("## Long-term Memory", "## Today's Notes", "## Recent Context", "### 2024-05-18")
+    ]
+    assert order == sorted(order)
+    assert "## Relevant Memory" not in no_pack.text
+
+    with_pack = await memory.context("boiler")
+    text = with_pack.text
+    assert (
+        text.index("## Long-term Memory") < text.index("## Relevant Memory") < text.index("## Today's Notes")
+    )
+    assert "we fixed the boiler" in text and "## Recent Context" not in text
+    assert with_pack.diagnostics["pack"]
+
+
+async def test_long_term_memory_is_capped_with_a_visible_notice(tmp_path: Path, clock: Clock) -> None:
+    memory = await make_memory(tmp_path, clock, inject_max_bytes=100)
+    big = "".join(f"- fact number {i}\n" for i in range(50))
+    await memory.longterm.update(lambda _: big)
+    text = (await memory.context("")).text
+    assert "MEMORY.md truncated" in text and "- fact number 0" in text and "- fact number 49" not in text
+    assert (memory.root / "MEMORY.md").read_text() == big  # the file itself is never cut
+
+
+async def test_operator_edit_is_seen_by_the_very_next_context(memory: MemoryService) -> None:
+    assert "likes cats" not in (await memory.context("x")).text
+    (memory.root / "MEMORY.md").write_text("- likes cats\n")
+    assert "- likes cats" in (await memory.context("x")).text
+
+
+async def test_recent_context_shows_only_the_configured_days(tmp_path: Path, clock: Clock) -> None:
+    memory = await make_memory(tmp_path, clock, recent_days=2)
+    for back in (3, 2, 1):
+        clock.advance(days=-back)
+        await memory.record_exchanges([exchange(clock, f"day minus {back}", "ok")])
+        clock.advance(days=back)
+    text = (await memory.context("")).text
+    assert "### 2024-05-19" in text and "### 2024-05-18" in text and "### 2024-05-17" not in text
+    assert text.index("### 2024-05-19") < text.index("### 2024-05-18")  # newest first
+
+
+async def test_maintain_promotes_and_decays(memory: MemoryService, clock: Clock) -> None:
+    await memory.record_exchanges([exchange(clock, "chit chat about clouds", "indeed")])
+    clock.advance(days=40)
+    report = await memory.maintain()
+    assert report["decayed"] >= 1
+    assert all(i.salience < 0.5 for i in memory.items.items(Layer.EPISODIC))
+    clock.now += timedelta(seconds=1)

@@ -1,0 +1,81 @@
+"""The memory tool: add, search, update, promote, forget — on items and on MEMORY.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.domain import Message, Role
+from bot.memory import Exchange, Layer, MemoryService
+from bot.memory.tool import MemoryTool
+from bot.tools.base import ToolContext, ToolError
+from tests.bot.memory.conftest import Clock
+
+CTX = ToolContext("cli:me", "cli", "turn1")
+
+
+async def test_add_search_update_forget_items(memory: MemoryService) -> None:
+    tool = MemoryTool(memory)
+    saved = await tool.run({"action": "add", "content": "User's cat is called Miso", "type": "fact"}, CTX)
+    item_id = saved.split()[2]
+    item = memory.items.get(item_id)
+    assert item is not None and item.layer is Layer.SEMANTIC and item.references[0].session_id == "cli:me"
+
+    found = await tool.run({"action": "search", "query": "what is the cat called"}, CTX)
+    assert item_id in found and "Miso" in found
+
+    assert await tool.run({"action": "update", "id": item_id, "content": "User's cat is called Mochi"}, CTX)
+    assert "Mochi" in await tool.run({"action": "search", "query": "cat"}, CTX)
+
+    assert await tool.run({"action": "forget", "id": item_id}, CTX) == f"Forgot {item_id}."
+    assert await tool.run({"action": "search", "query": "cat"}, CTX) == "No matching memories."
+
+
+async def test_long_term_add_and_forget_go_through_memory_md(memory: MemoryService) -> None:
+    tool = MemoryTool(memory)
+    (memory.root / "MEMORY.md").write_text("# Operator notes\n- keep answers short\n")
+    assert await tool.run({"action": "add", "content": "User lives in Porto", "layer": "long_term"}, CTX)
+    await tool.run(
+        {"action": "add", "content": "User lives in Porto", "layer": "long_term"}, CTX
+    )  # no repeat
+    assert (
+        memory.root / "MEMORY.md"
+    ).read_text() == "# Operator notes\n- keep answers short\n- User lives in Porto\n"
+    assert (
+        await tool.run({"action": "forget", "content": "porto"}, CTX) == "Removed 1 line(s) from MEMORY.md."
+    )
+    assert (memory.root / "MEMORY.md").read_text() == "# Operator notes\n- keep answers short\n"
+
+
+async def test_promote_moves_an_episode_to_the_durable_layer(memory: MemoryService, clock: Clock) -> None:
+    user = Message(Role.USER, "I decided to use PostgreSQL for the project.", timestamp=clock.now)
+    stored = await memory.record_exchanges([Exchange("cli:me", user, None)])
+    decision = next(i for i in stored if i.type.value == "decision")
+    answer = await MemoryTool(memory).run({"action": "promote", "id": decision.id}, CTX)
+    assert answer.startswith(f"Promoted {decision.id} to semantic")
+    assert any(i.content == decision.content for i in memory.items.items(Layer.SEMANTIC))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"action": "fly"},
+        {"action": "add"},
+        {"action": "update", "id": "nope", "content": "x"},
+        {"action": "add", "content": "x", "type": "mood"},
+        {"action": "forget"},
+        {"action": "search"},
+    ],
+)
+async def test_bad_arguments_are_tool_errors(memory: MemoryService, args: dict[str, str]) -> None:
+    with pytest.raises(ToolError):
+        await MemoryTool(memory).run(args, CTX)
+
+
+def test_schema_lists_every_action() -> None:
+    assert MemoryTool.parameters["properties"]["action"]["enum"] == [
+        "add",
+        "search",
+        "update",
+        "promote",
+        "forget",
+    ]
