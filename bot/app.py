@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
 import httpx
 import structlog
@@ -22,6 +23,7 @@ import structlog
 from bot.admin import AdminServer
 from bot.catalog import ModelCatalog, load_catalog
 from bot.commands import CommandRouter
+from bot.compaction import CompactionService, MemoryRetirer
 from bot.config import Settings
 from bot.dispatcher import Dispatcher
 from bot.errors import ConfigError
@@ -29,13 +31,23 @@ from bot.inbox import Inbox
 from bot.lifecycle import ServiceRunner
 from bot.llm import LLMClient
 from bot.logging import configure_logging
+from bot.memory import MemoryService
+from bot.memory import operator as memory_operator
+from bot.memory.tool import MemoryTool
 from bot.metrics import Metrics
+from bot.session_commands import SessionCommands
 from bot.sessions import JsonSessionStore, SessionService
 from bot.storage import ensure_private_dir, fix_private_tree
+from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry, builtin_tools
+from bot.usage import UsageLedger
 from channels.base import Channel
 from pipeline import Pipeline, System
+from pipeline.compaction import AutoCompactionSystem
+from pipeline.context import ContextBuildingSystem
+from pipeline.memory_persist import MemoryPersistSystem
 from pipeline.tool_loop import ToolLoopSystem
+from pipeline.usage import UsageSystem
 
 if TYPE_CHECKING:
     from bot.pairing import PairingStore
@@ -56,6 +68,7 @@ class Core:
     dispatcher: Dispatcher
     http: httpx.AsyncClient
     llm: Any
+    memory: MemoryService
     started_at: float = field(default_factory=time.monotonic)
     channels: list[Channel] = field(default_factory=list)
 
@@ -125,24 +138,99 @@ async def build_core(
     catalog = await asyncio.to_thread(load_catalog, settings.models_file)
     check_llm_configured(settings, catalog)
     await asyncio.to_thread(prepare_workspace, settings)
+    primary = settings.llm.model
+    provider = settings.llm.provider or catalog.get(primary).provider
+    info = catalog.get(primary, provider)
     async with contextlib.AsyncExitStack() as stack:
         if http is None:
             timeout = httpx.Timeout(settings.llm.timeout, connect=settings.llm.connect_timeout)
             http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
-        sessions = SessionService(
-            JsonSessionStore(settings.sessions_dir), cache_size=settings.sessions.cache_size
-        )
-        inbox = Inbox(settings.workspace / "inbox")
-        commands = CommandRouter()
         # web_fetch gets its own client: a proxy from the environment would defeat its address pinning.
         web_http = await stack.enter_async_context(
             httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=settings.tools.web_timeout)
         )
         model = llm if llm is not None else LLMClient(settings.llm, catalog, http)
-        tools = builtin_tools(
-            settings.tools, workspace=settings.workspace, timezone=settings.timezone, http=web_http
+        sessions = SessionService(
+            JsonSessionStore(settings.sessions_dir), cache_size=settings.sessions.cache_size
         )
-        pipeline = Pipeline(_systems(settings, model, ToolRegistry(tools, settings.tools), metrics))
+        counter = await asyncio.to_thread(
+            TokenCounter.offline, settings.workspace / "cache" / "tiktoken", model=primary, provider=provider
+        )
+
+        # Memory: always built (archive and raw fallbacks keep working); the LLM only when enabled.
+        memory = MemoryService(
+            settings.memory_dir,
+            settings.memory,
+            timezone=settings.timezone,
+            llm=model if settings.memory.enabled else None,
+            consolidation_model=settings.memory.consolidation_model,
+            count_tokens=counter,
+        )
+        stack.push_async_callback(memory.close)
+        retirer = MemoryRetirer(memory, timeout=settings.memory.consolidation_timeout)
+        compaction = CompactionService(
+            model,
+            counter,
+            retirer,
+            settings.compaction,
+            summary_model=catalog.for_tier("balanced", provider, default=primary),
+        )
+        reserve = (
+            counter.count_text(settings.system_prompt)
+            + settings.memory.pack_hard_tokens
+            + settings.memory.inject_max_bytes // 4
+        )
+        auto = AutoCompactionSystem(
+            compaction, settings.compaction, window=info.max_input_tokens, reserve_tokens=reserve
+        )
+        ledger = UsageLedger(settings.workspace / "usage.json", tz=ZoneInfo(settings.timezone))
+        stack.push_async_callback(ledger.flush)
+
+        tools = builtin_tools(
+            settings.tools,
+            workspace=settings.workspace,
+            timezone=settings.timezone,
+            http=web_http,
+            long_term=memory.longterm,
+        )
+        if settings.memory.enabled:
+            tools.append(MemoryTool(memory))
+        registry = ToolRegistry(tools, settings.tools)
+        systems: list[System] = [
+            auto,  # 18
+            ContextBuildingSystem(memory if settings.memory.enabled else None, settings.system_prompt),  # 20
+            ToolLoopSystem(  # 30
+                model,
+                registry,
+                settings.tools,
+                on_overflow=auto.on_overflow,
+                max_overflow_retries=settings.compaction.max_overflow_retries,
+                observer=metrics,
+            ),
+            UsageSystem(counter, ledger),  # 90
+        ]
+        if settings.memory.enabled:
+            systems.append(MemoryPersistSystem(memory, settings.memory))  # 50
+        pipeline = Pipeline(systems)
+
+        commands = CommandRouter()
+        session_commands = SessionCommands(
+            sessions,
+            compaction,
+            retirer,
+            gauge=auto,
+            model=info,
+            tier=catalog.tier_of(primary),
+            ledger=ledger,
+            memory_stats=lambda: memory_operator.stats(memory),
+        )
+        commands.add("status", "Model, context, usage and memory of this chat", session_commands.status)
+        commands.add(
+            "compact", "Summarize older messages now: /compact [N] keeps the last N", session_commands.compact
+        )
+        commands.add("new", "Save this conversation to memory and start a fresh one", session_commands.new)
+
+        inbox = Inbox(settings.workspace / "inbox")
         dispatcher = Dispatcher(
             pipeline,
             sessions,
@@ -152,22 +240,9 @@ async def build_core(
             max_inbound_chars=settings.sessions.max_inbound_chars,
             observer=metrics,
         )
-        core = Core(settings, catalog, sessions, inbox, pipeline, commands, dispatcher, http, model)
+        core = Core(settings, catalog, sessions, inbox, pipeline, commands, dispatcher, http, model, memory)
         stack.push_async_callback(dispatcher.close, settings.lifecycle.grace_period)
         yield core
-
-
-def _systems(settings: Settings, llm: Any, registry: ToolRegistry, metrics: Metrics | None) -> list[System]:
-    """The pipeline: AutoCompaction=18, ContextBuilding=20, ToolLoop=30, MemoryPersist=50."""
-    return [
-        ToolLoopSystem(
-            llm,
-            registry,
-            settings.tools,
-            max_overflow_retries=settings.compaction.max_overflow_retries,
-            observer=metrics,
-        ),
-    ]
 
 
 # ---- entry points used by the CLI -------------------------------------------------------------------
@@ -247,7 +322,7 @@ async def run_service(settings: Settings) -> int:
             wanted,
             start_channel=lambda name: _start_channel(name, core),
             dispatcher=core.dispatcher,
-            flushers=[],  # pending memory writes: add the memory layer's flush here
+            flushers=[core.memory.close],
         )
 
 
@@ -278,6 +353,18 @@ async def _start_channel(name: str, core: Core) -> Channel:
             user=core.settings.terminal.user,
             reader=await stdin_reader(),
             writer=sys.stdout,
+        )
+    elif name == "telegram":
+        from channels.telegram import TelegramChannel
+
+        channel = TelegramChannel(
+            core.settings.telegram,
+            core.dispatcher.submit,
+            pairing=_pairing(core),
+            state_dir=core.settings.workspace / "state",
+            commands=core.commands.commands,
+            vision_supported=lambda: core.catalog.get(core.settings.llm.model).supports_vision,
+            max_inbound_chars=core.settings.sessions.max_inbound_chars,
         )
     elif name == "discord":
         from channels.discord import DiscordChannel

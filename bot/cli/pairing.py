@@ -1,0 +1,51 @@
+"""``membot pairing``: approve, list and revoke chat users who asked for access with a pairing code."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from bot.cli.root import app, console, fail, settings_from
+from bot.pairing import approve_code, list_pairings, revoke_user
+
+pairing_app = typer.Typer(
+    help="Approve chat users who asked for access (pairing codes).", no_args_is_help=True
+)
+app.add_typer(pairing_app, name="pairing")
+
+
+@pairing_app.command("approve")
+def approve(
+    ctx: typer.Context, code: Annotated[str, typer.Argument(help="The code the bot showed the user")]
+) -> None:
+    """Admit the user who was given CODE."""
+    approval = approve_code(settings_from(ctx).workspace, code)
+    if approval is None:
+        fail(
+            f"no pending pairing code {code!r} (codes expire after one hour; `membot pairing list` shows them)"
+        )
+    who = f"{approval.user_name} ({approval.user_id})" if approval.user_name else approval.user_id
+    console.print(f"approved {who} on {approval.channel}")
+
+
+@pairing_app.command("list")
+def list_(ctx: typer.Context) -> None:
+    """Show pending codes and approved users."""
+    pending, approved = list_pairings(settings_from(ctx).workspace)
+    table = Table("state", "channel", "user id", "name", "code / since")
+    for req in pending:
+        until = f"{req.code} (until {req.expires_at:%H:%M} UTC)"
+        table.add_row("pending", req.channel, req.user_id, req.user_name, until)
+    for done in approved:
+        table.add_row("approved", done.channel, done.user_id, done.user_name, f"{done.approved_at:%Y-%m-%d}")
+    console.print(table if pending or approved else "no pairing requests and no approved users")
+
+
+@pairing_app.command("revoke")
+def revoke(ctx: typer.Context, channel: str, user_id: str) -> None:
+    """Withdraw a user's approval (the allowlist in the config is not changed)."""
+    if not revoke_user(settings_from(ctx).workspace, channel, user_id):
+        fail(f"{user_id} on {channel} was not approved by pairing")
+    console.print(f"revoked {user_id} on {channel}")
