@@ -24,7 +24,7 @@ def approve(
     approval = approve_code(settings_from(ctx).workspace, code)
     if approval is None:
         fail(
-            f"no pending pairing code {code!r} (codes expire after one hour; `membot pairing list` shows them)"
+            f"no pending pairing code {code!r} (codes expire after an hour; see `membot pairing list`)"
         )
     who = f"{approval.user_name} ({approval.user_id})" if approval.user_name else approval.user_id
     console.print(f"approved {who} on {approval.channel}")
