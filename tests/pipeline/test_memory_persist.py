@@ -1,0 +1,137 @@
+"""MemoryPersistSystem: notes and items after an answer; archive, trim and background consolidation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bot.config import LLMSettings
+from bot.domain import InboundMessage, Message, Role, Session, ToolCall
+from bot.llm import LLMClient
+from bot.memory import Layer
+from pipeline.base import Turn
+from pipeline.memory_persist import MemoryPersistSystem, safe_cut
+from tests.bot.memory.conftest import CATALOG, Clock, make_memory
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+
+NOW = Clock().now
+
+
+def answered_turn(session: Session, user: str, answer: str) -> Turn:
+    session.append(Message(Role.USER, user, timestamp=NOW))
+    turn = Turn(session=session, inbound=(InboundMessage("cli", "me", "me", user),))
+    turn.add_message(Message(Role.ASSISTANT, answer, timestamp=NOW))
+    turn.reply = answer
+    return turn
+
+
+@pytest.fixture
+async def fake_llm() -> AsyncIterator[FakeLLMServer]:
+    async with FakeLLMServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def llm(fake_llm: FakeLLMServer) -> AsyncIterator[LLMClient]:
+    base = {"openai": {"base_url": fake_llm.openai_base_url, "api_key": "sk-test"}, "max_retries": 0}
+    async with httpx.AsyncClient() as http:
+        yield LLMClient(LLMSettings.model_validate(base), CATALOG, http)
+
+
+def history(session: Session, pairs: int) -> None:
+    for i in range(pairs):
+        session.append(Message(Role.USER, f"question {i}"))
+        session.append(Message(Role.ASSISTANT, f"answer {i}"))
+
+
+async def test_answered_turn_writes_note_and_items(tmp_path: Path) -> None:
+    clock = Clock()
+    memory = await make_memory(tmp_path, clock)
+    system = MemoryPersistSystem(memory, memory.settings)
+    session = Session.new("cli", "me")
+    turn = answered_turn(session, "I prefer tea over coffee", "Noted, tea it is.")
+
+    assert system.should_process(turn) and system.order == 50
+    await system.process(turn)
+
+    note = (memory.root / "2024-05-20.md").read_text()
+    assert "User: I prefer tea over coffee | Assistant: Noted, tea it is." in note
+    user_id = session.messages[0].id
+    assert any(i.references[0].message_id == user_id for i in memory.items.items(Layer.EPISODIC))
+    assert [i.content for i in memory.items.items(Layer.SEMANTIC)] == ["I prefer tea over coffee"]
+
+
+async def test_unanswered_turn_is_skipped(tmp_path: Path) -> None:
+    memory = await make_memory(tmp_path, Clock())
+    session = Session.new("cli", "me")
+    session.append(Message(Role.USER, "hi"))
+    turn = Turn(session=session, inbound=())
+    assert not MemoryPersistSystem(memory, memory.settings).should_process(turn)
+
+
+async def test_over_the_window_archives_trims_and_consolidates_in_background(
+    tmp_path: Path, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    clock = Clock()
+    memory = await make_memory(tmp_path, clock, llm, memory_window=6, keep_recent=2)
+    body = json.dumps({"history_entry": "Talked about questions.", "memory_update": "- asks questions\n"})
+    fake_llm.script(FakeReply(text=body, delay=0.2))
+    session = Session.new("cli", "me")
+    history(session, 3)
+    before = list(session.messages)
+    turn = answered_turn(session, "question 3", "answer 3")
+
+    await MemoryPersistSystem(memory, memory.settings).process(turn)
+
+    # The reply is not held up: the model call is still running when process() returns.
+    assert memory.pending_consolidations == 1
+    assert [m.content for m in session.messages] == ["question 3", "answer 3"]
+    assert session.rewrite_needed
+    archived = await memory.archive.read("cli:me")
+    assert [m.id for m in archived] == [m.id for m in before]  # archived before it left the session
+
+    await memory.close()
+    assert "Talked about questions." in (memory.root / "HISTORY.md").read_text()
+    assert (memory.root / "MEMORY.md").read_text() == "- asks questions\n"
+
+
+async def test_window_zero_is_a_plain_trim_to_ten(tmp_path: Path, fake_llm: FakeLLMServer) -> None:
+    memory = await make_memory(tmp_path, Clock(), memory_window=0)
+    session = Session.new("cli", "me")
+    history(session, 8)
+    turn = answered_turn(session, "q", "a")
+
+    await MemoryPersistSystem(memory, memory.settings).process(turn)
+
+    assert len(session.messages) == 10 and session.messages[-1].content == "a"
+    assert memory.pending_consolidations == 0 and fake_llm.requests == []
+    assert len(await memory.archive.read("cli:me")) == 8
+    assert not (memory.root / "HISTORY.md").exists()
+
+
+async def test_raw_fallback_still_trims(tmp_path: Path, llm: LLMClient, fake_llm: FakeLLMServer) -> None:
+    memory = await make_memory(tmp_path, Clock(), llm, memory_window=4, keep_recent=2)
+    fake_llm.script(FakeReply(status=500))
+    session = Session.new("cli", "me")
+    history(session, 2)
+    await MemoryPersistSystem(memory, memory.settings).process(answered_turn(session, "q", "a"))
+    await memory.close()
+    assert len(session.messages) == 2
+    assert "[raw-fallback]" in (memory.root / "HISTORY.md").read_text()
+
+
+def test_cut_never_separates_a_tool_call_from_its_results() -> None:
+    call = ToolCall("c1", "time", "{}")
+    messages = [
+        Message(Role.USER, "what time is it"),
+        Message(Role.ASSISTANT, "", tool_calls=(call,)),
+        Message(Role.TOOL, "12:00", tool_call_id="c1", name="time"),
+        Message(Role.TOOL, "12:00 again", tool_call_id="c1", name="time"),
+        Message(Role.ASSISTANT, "noon"),
+    ]
+    assert safe_cut(messages, 3) == 1 and safe_cut(messages, 2) == 1
+    assert safe_cut(messages, 4) == 4 and safe_cut(messages, 5) == 5 and safe_cut(messages, 0) == 0
