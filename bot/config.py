@@ -95,6 +95,25 @@ class MemorySettings(_Section):
     embeddings_base_url: str | None = None
     embeddings_model: str = "text-embedding-3-small"
     embeddings_api_key: SecretStr | None = None
+    embeddings_local_model: str = "all-MiniLM-L6-v2"
+    notes_max_lines_today: int = Field(default=40, ge=0)
+    notes_max_lines_per_day: int = Field(default=15, ge=0)
+    consolidation_model: str | None = None  # None: the primary model; e.g. the `balanced` tier's model
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str | None) -> str | None:
+        # Validating also loads the zone into ZoneInfo's cache, so the memory service never reads
+        # tz files from inside the event loop.
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        if value is None:
+            return None
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {value!r} (use an IANA name such as Europe/Berlin)") from exc
+        return value
 
 
 class ToolSettings(_Section):

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import httpx
 import structlog
 
+from bot.config import MemorySettings
 from bot.errors import ConfigError, LLMBadResponse, LLMError, LLMUnavailable
 from bot.memory.items import MemoryItem
 
@@ -89,6 +90,22 @@ class LocalEmbedder:
             return [[float(x) for x in v] for v in vectors]
 
         return await asyncio.to_thread(run)
+
+
+def build_embedder(settings: MemorySettings, http: httpx.AsyncClient) -> Embedder | None:
+    """The embedder ``memory.embeddings`` asks for, or ``None`` (lexical retrieval only)."""
+    if settings.embeddings == "openai":
+        if not settings.embeddings_base_url:
+            raise ConfigError(
+                "memory.embeddings = 'openai' needs memory.embeddings_base_url "
+                "(e.g. https://api.openai.com/v1 or a local server's /v1): "
+                "set MEMBOT_MEMORY__EMBEDDINGS_BASE_URL"
+            )
+        key = settings.embeddings_api_key.get_secret_value() if settings.embeddings_api_key else None
+        return OpenAIEmbedder(http, settings.embeddings_base_url, settings.embeddings_model, key)
+    if settings.embeddings == "local":
+        return LocalEmbedder(settings.embeddings_local_model)
+    return None
 
 
 def _unit(vector: Sequence[float]) -> list[float]:

@@ -22,7 +22,7 @@ from zoneinfo import ZoneInfo
 import structlog
 
 from bot.config import MemorySettings
-from bot.domain import Message, Role, utcnow
+from bot.domain import Message, Role, Session, utcnow
 from bot.memory.archive import TranscriptArchive
 from bot.memory.consolidation import ChatModel, ConsolidationResult, Consolidator
 from bot.memory.embeddings import Embedder, EmbeddingCache
@@ -174,13 +174,18 @@ class MemoryService:
         return await self.archive.append(session_id, messages, self.now())
 
     async def consolidate(
-        self, session_id: str, messages_to_retire: Sequence[Message], *, timeout: float | None = None
+        self,
+        session: Session | str,
+        messages_to_retire: Sequence[Message],
+        *,
+        timeout: float | None = None,
     ) -> ConsolidationResult:
         """Archive, then consolidate ``messages_to_retire`` into HISTORY/MEMORY.md; awaited.
 
         Used by compaction and ``/new``. On timeout or failure a raw-fallback entry is written and
         ``result.raw_fallback`` is True; the caller may drop the messages from the session either way.
         """
+        session_id = session if isinstance(session, str) else session.id
         archived = await self.archive_messages(session_id, messages_to_retire)
         wait = self.settings.consolidation_timeout if timeout is None else timeout
         result = await self.consolidator.run(session_id, messages_to_retire, timeout=wait)

@@ -115,3 +115,15 @@ async def test_embeddings_find_what_words_alone_miss(
 
     server.status = 500  # a failing endpoint degrades to lexical retrieval, never fails the turn
     assert await memory.search("automobile") != []
+
+
+async def test_build_embedder_follows_settings(http: httpx.AsyncClient) -> None:
+    from bot.errors import ConfigError
+    from bot.memory.embeddings import LocalEmbedder, build_embedder
+
+    assert build_embedder(MemorySettings(), http) is None
+    assert isinstance(build_embedder(MemorySettings(embeddings="local"), http), LocalEmbedder)
+    openai = MemorySettings(embeddings="openai", embeddings_base_url="http://127.0.0.1:1/v1")
+    assert isinstance(build_embedder(openai, http), OpenAIEmbedder)
+    with pytest.raises(ConfigError):
+        build_embedder(MemorySettings(embeddings="openai"), http)
