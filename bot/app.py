@@ -33,6 +33,7 @@ from bot.llm import LLMClient
 from bot.logging import configure_logging
 from bot.memory import MemoryService
 from bot.memory import operator as memory_operator
+from bot.memory.embeddings import build_embedder
 from bot.memory.tool import MemoryTool
 from bot.metrics import Metrics
 from bot.session_commands import SessionCommands
@@ -165,8 +166,10 @@ async def build_core(
             llm=model if settings.memory.enabled else None,
             consolidation_model=settings.memory.consolidation_model,
             count_tokens=counter,
+            embedder=build_embedder(settings.memory, http) if settings.memory.enabled else None,
         )
-        stack.push_async_callback(memory.close)
+        await memory.start()
+        stack.push_async_callback(memory.close)  # pushed before dispatcher.close, so it runs after it
         retirer = MemoryRetirer(memory, timeout=settings.memory.consolidation_timeout)
         compaction = CompactionService(
             model,

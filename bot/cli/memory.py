@@ -1,0 +1,152 @@
+"""``membot memory``: see, edit, search, measure and import what membot remembers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from bot.cli.root import app, console, fail, settings_from
+from bot.config import Settings
+from bot.memory import MemoryService
+from bot.memory import operator as ops
+from bot.sessions import JsonSessionStore
+
+memory_app = typer.Typer(help="See, edit, search and import what membot remembers.", no_args_is_help=True)
+app.add_typer(memory_app, name="memory")
+
+T = TypeVar("T")
+
+
+@asynccontextmanager
+async def _service(settings: Settings) -> AsyncIterator[MemoryService]:
+    service = MemoryService(settings.memory_dir, settings.memory, timezone=settings.timezone)
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.close()
+
+
+def _run(settings: Settings, work: Callable[[MemoryService], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async with _service(settings) as service:
+            return await work(service)
+
+    return asyncio.run(main())
+
+
+@memory_app.command()
+def show(
+    ctx: typer.Context,
+    session: Annotated[
+        str | None, typer.Option(help="Session id, e.g. telegram:123 (default: none).")
+    ] = None,
+    query: Annotated[str | None, typer.Option(help="Pretend the user just said this.")] = None,
+) -> None:
+    """Print the system prompt the model would see next, memory included."""
+    settings = settings_from(ctx)
+
+    async def work(service: MemoryService) -> str:
+        history = []
+        if session:
+            loaded = await JsonSessionStore(settings.sessions_dir).load(session)
+            if loaded is None:
+                fail(f"no session {session!r} (see `membot sessions list`)")
+            history = loaded.messages
+        return await ops.render_for_session(service, settings.system_prompt, history, query)
+
+    console.print(_run(settings, work), markup=False, highlight=False, soft_wrap=True)
+
+
+@memory_app.command()
+def edit(ctx: typer.Context) -> None:
+    """Open MEMORY.md in $EDITOR; a running bot sees the change on the next message."""
+    settings = settings_from(ctx)
+    path = _run(settings, lambda service: _path(service))
+    editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+    if not path.exists():
+        path.touch(mode=0o600)
+    raise typer.Exit(subprocess.call([*shlex.split(editor), str(path)]))
+
+
+async def _path(service: MemoryService) -> Path:
+    return ops.memory_file(service)
+
+
+@memory_app.command()
+def search(
+    ctx: typer.Context,
+    query: Annotated[str, typer.Argument(help="Words to look for.")],
+    k: Annotated[int, typer.Option("-k", help="How many results.")] = 10,
+) -> None:
+    """Search structured memory the way the bot does before answering."""
+    settings = settings_from(ctx)
+    found = _run(settings, lambda service: ops.search(service, query, k=k))
+    if not found:
+        console.print("nothing found")
+        return
+    table = Table("score", "layer", "type", "when", "content")
+    for hit in found:
+        item = hit.item
+        text = " ".join(item.content.split())
+        table.add_row(
+            f"{hit.score:.2f}",
+            item.layer,
+            item.type,
+            f"{item.created_at:%Y-%m-%d}",
+            text[:200],
+            end_section=False,
+        )
+    console.print(table)
+
+
+@memory_app.command()
+def stats(ctx: typer.Context) -> None:
+    """Sizes, item counts per layer, and the last consolidation."""
+    figures = _run(settings_from(ctx), ops.stats)
+    table = Table("what", "value", show_header=False)
+    table.add_row("MEMORY.md", f"{figures.memory_md_bytes:,} bytes")
+    table.add_row("HISTORY.md", f"{figures.history_bytes:,} bytes")
+    table.add_row("today's notes", str(figures.today_notes))
+    for layer, count in figures.items.items():
+        table.add_row(f"{layer} items", str(count))
+    table.add_row("archived sessions", str(figures.archived_sessions))
+    last = figures.last_consolidation or "never"
+    if figures.last_consolidation_fallback:
+        last += " (raw fallback)"
+    table.add_row("last consolidation", last)
+    table.add_row("pending consolidations", str(figures.pending_consolidations))
+    console.print(table)
+
+
+@memory_app.command("import")
+def import_(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(help="JSON (or .json.gz) with sessions of timestamped turns.")],
+) -> None:
+    """Replay past conversations through the normal memory write path."""
+    if not file.is_file():
+        fail(f"{file} does not exist")
+    settings = settings_from(ctx)
+    columns = (TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("import", total=None)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        try:
+            report = _run(settings, lambda service: ops.import_conversations(service, file, progress=advance))
+        except (ValueError, KeyError, TypeError) as exc:
+            fail(f"{file} is not a conversation export this command understands ({exc})")
+    console.print(f"imported {report.sessions} sessions, {report.turns} turns, {report.items} memory items")
