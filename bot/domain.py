@@ -180,6 +180,20 @@ class Session:
     def new(cls, channel: str, chat_id: str) -> Session:
         return cls(id=session_id(channel, chat_id), channel=channel, chat_id=chat_id)
 
+    def summary(self) -> dict[str, Any]:
+        """Everything about the session except its messages, as JSON-ready values."""
+        return {
+            "id": self.id,
+            "channel": self.channel,
+            "chat_id": self.chat_id,
+            "state": self.state.value,
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+            "metadata": self.metadata,
+            "usage": self.usage.to_dict(),
+            "compactions": self.compactions,
+        }
+
     def append(self, message: Message) -> None:
         self.messages.append(message)
         self.updated_at = utcnow()

@@ -230,15 +230,7 @@ def glob_escape(name: str) -> str:
 def _header(session: Session, *, generation: int, count: int, log_bytes: int) -> dict[str, Any]:
     return {
         "version": HEADER_VERSION,
-        "id": session.id,
-        "channel": session.channel,
-        "chat_id": session.chat_id,
-        "state": session.state.value,
-        "created_at": session.created_at.isoformat(),
-        "updated_at": session.updated_at.isoformat(),
-        "metadata": session.metadata,
-        "usage": session.usage.to_dict(),
-        "compactions": session.compactions,
+        **session.summary(),
         "log_generation": generation,
         "log_count": count,
         "log_bytes": log_bytes,

@@ -242,15 +242,7 @@ def _progress(items: Sequence[T], label: str, *, threshold: int = _PROGRESS_FROM
 
 def _as_json(session: Session, archived: list[Message], active: list[Message]) -> str:
     data: dict[str, Any] = {
-        "id": session.id,
-        "channel": session.channel,
-        "chat_id": session.chat_id,
-        "state": session.state.value,
-        "created_at": session.created_at.isoformat(),
-        "updated_at": session.updated_at.isoformat(),
-        "metadata": session.metadata,
-        "usage": session.usage.to_dict(),
-        "compactions": session.compactions,
+        **session.summary(),
         "messages": [{**m.to_dict(), "archived": True} for m in archived]
         + [{**m.to_dict(), "archived": False} for m in active],
     }
