@@ -84,11 +84,13 @@ def gold_of(q: dict[str, Any]) -> tuple[set[str], set[tuple[str, int]]]:
 
 
 async def run_question(
-    q: dict[str, Any], k: int, budget: int | None, settings: MemorySettings
+    q: dict[str, Any], k: int, budget: int | None, settings: MemorySettings, embedder: Any = None
 ) -> tuple[list[tuple[str, int]], float, float]:
     clock = Clock()
     with tempfile.TemporaryDirectory(prefix="membot-bench-") as tmp:
-        service = MemoryService(Path(tmp) / "memory", settings, timezone="UTC", clock=clock)
+        service = MemoryService(
+            Path(tmp) / "memory", settings, timezone="UTC", clock=clock, embedder=embedder
+        )
         await service.start()
         sessions = sessions_from(q, UTC)
         if sessions:
@@ -126,13 +128,24 @@ async def main() -> None:
     parser.add_argument("--budget", type=int, default=None, help="score what fits this many tokens instead")
     parser.add_argument("--out", type=Path, default=None, help="write one JSON line per question")
     parser.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    parser.add_argument(
+        "--embeddings",
+        choices=["none", "local"],
+        default="none",
+        help="fuse a local sentence-transformers signal (needs pip install 'membot[embeddings]')",
+    )
     args = parser.parse_args()
     k = max(1, min(50, args.k))
     configure_logging(level="WARNING", fmt="console")
     data = read_json(args.data)
     questions = data if isinstance(data, list) else [data]
     questions = questions[: args.limit] if args.limit else questions
-    settings = MemorySettings()
+    settings = MemorySettings(embeddings=args.embeddings)
+    embedder = None
+    if args.embeddings == "local":
+        from bot.memory.embeddings import LocalEmbedder
+
+        embedder = LocalEmbedder(settings.embeddings_local_model)  # loaded once, shared by every question
     session_rows: dict[str, list[dict[str, float]]] = defaultdict(list)
     turn_rows: dict[str, list[dict[str, float]]] = defaultdict(list)
     cold_ms: list[float] = []
@@ -141,7 +154,7 @@ async def main() -> None:
     out = args.out.open("w", encoding="utf-8") if args.out else None
     try:
         for q in questions:
-            ranked, cold, warm = await run_question(q, k, args.budget, settings)
+            ranked, cold, warm = await run_question(q, k, args.budget, settings, embedder)
             cold_ms.append(cold)
             warm_ms.append(warm)
             turns_per_q.append(sum(len(s) for s in q["haystack_sessions"]))
@@ -162,7 +175,9 @@ async def main() -> None:
         if out is not None:
             out.close()
     mode = f"budget {args.budget} tokens" if args.budget else f"top {k}"
-    print(f"{len(questions)} questions, {len(session_rows['ALL'])} scored; returned: {mode}; lexical only")
+    print(
+        f"{len(questions)} questions, {len(session_rows['ALL'])} scored; returned: {mode}; {'lexical + local embeddings' if args.embeddings == 'local' else 'lexical only'}"
+    )
     table("SESSION level", dict(sorted(session_rows.items())))
     table("TURN level", dict(sorted(turn_rows.items())))
     print(
