@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
+import httpx
 import hypothesis  # noqa: F401  (imported up front: CPython 3.11.7 can crash rewriting it lazily mid-run)
 import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
 
+from bot.catalog import ModelCatalog, load_catalog
 from bot.logging import configure_logging
+from tests.fakes.llm_server import FakeLLMServer
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -33,3 +36,21 @@ def blockbuster() -> Iterator[BlockBuster | None]:
             if name in bb.functions:
                 bb.functions[name].can_block_in("linecache.py", {"checkcache", "updatecache"})
         yield bb
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeLLMServer]:
+    """A fresh fake model server (OpenAI and Anthropic wire formats) on a random loopback port."""
+    async with FakeLLMServer() as llm:
+        yield llm
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def catalog() -> ModelCatalog:
+    return load_catalog()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -10,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot.catalog import ModelCatalog, load_catalog
+from bot.catalog import ModelCatalog
 from bot.compaction import (
     META_LAST,
     SUMMARY_PREFIX,
@@ -29,21 +28,7 @@ from tests.session_kit import RecordingRetirer, conversation, llm_client, pairs_
 SUMMARY = "- The user prefers tea.\n- TODO: book flight AB123 to /srv/trips/plan.md by Friday."
 
 
-@pytest.fixture(scope="module")
-def catalog() -> ModelCatalog:
-    return load_catalog()
 
-
-@pytest.fixture
-async def server() -> AsyncIterator[FakeLLMServer]:
-    async with FakeLLMServer() as llm:
-        yield llm
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 def service(

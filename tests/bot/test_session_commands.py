@@ -9,7 +9,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 
-from bot.catalog import ModelCatalog, load_catalog
+from bot.catalog import ModelCatalog
 from bot.commands import CommandRouter
 from bot.compaction import SUMMARY_PREFIX, CompactionService, MemoryRetirer
 from bot.config import CompactionSettings, DispatcherSettings, MemorySettings, ToolSettings
@@ -44,26 +44,12 @@ MODEL = "gpt-4.1-mini"
 SID = "test:c1"
 
 
-@pytest.fixture(scope="module")
-def catalog() -> ModelCatalog:
-    return load_catalog()
-
 
 @pytest.fixture(scope="module")
 def counter(tmp_path_factory: pytest.TempPathFactory) -> TokenCounter:
     return TokenCounter.offline(tmp_path_factory.mktemp("tiktoken"), model=MODEL, provider="openai")
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[FakeLLMServer]:
-    async with FakeLLMServer() as llm:
-        yield llm
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 class Bot:

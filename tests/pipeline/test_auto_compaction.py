@@ -7,7 +7,6 @@ so the threshold is reached with a few dozen messages.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -67,16 +66,6 @@ def counter(tmp_path_factory: pytest.TempPathFactory) -> TokenCounter:
     return TokenCounter.offline(tmp_path_factory.mktemp("tiktoken"), model=TINY, provider="openai")
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[FakeLLMServer]:
-    async with FakeLLMServer() as llm:
-        yield llm
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 class Rig:

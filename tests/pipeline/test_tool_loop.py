@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -115,16 +114,6 @@ class FakeClock:
 # ---- set-up -----------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[FakeLLMServer]:
-    async with FakeLLMServer() as llm:
-        yield llm
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 def llm_client(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> LLMClient:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from bot.catalog import ModelCatalog, load_catalog
+from bot.catalog import ModelCatalog
 from bot.config import LLMSettings
 from bot.llm import LLMClient
 from tests.fakes.llm_server import FakeLLMServer
@@ -29,21 +29,7 @@ class Sleeps:
 MakeClient = Callable[..., tuple[LLMClient, Sleeps]]
 
 
-@pytest.fixture(scope="session")
-def catalog() -> ModelCatalog:
-    return load_catalog()
 
-
-@pytest.fixture
-async def server() -> AsyncIterator[FakeLLMServer]:
-    async with FakeLLMServer() as llm:
-        yield llm
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 @pytest.fixture

@@ -63,11 +63,6 @@ async def server() -> AsyncIterator[FakeEmbeddings]:
     await runner.cleanup()
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
-
 
 async def test_embedder_speaks_the_openai_wire_format(
     server: FakeEmbeddings, http: httpx.AsyncClient
