@@ -8,13 +8,14 @@ only inside the adapter modules, never here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from bot.domain import InboundMessage, OutboundMessage, utcnow
 
@@ -94,3 +95,14 @@ class Channel(ABC):
         """Hand a normalized, already-authorized message to the dispatcher."""
         self.health.last_inbound = utcnow()
         await self._submit(message)
+
+
+@contextlib.asynccontextmanager
+async def while_running(work: Coroutine[Any, Any, None], *, name: str) -> AsyncIterator[None]:
+    """Run ``work`` (a typing indicator, say) for as long as the block lasts, then cancel it cleanly."""
+    task = asyncio.create_task(work, name=name)
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -11,11 +11,11 @@ with its channel id and raised as :class:`~bot.errors.ChannelError`, never dropp
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,7 +26,7 @@ import structlog
 from bot.config import DiscordSettings
 from bot.domain import OutboundMessage
 from bot.errors import ChannelError
-from channels.base import ChannelHealth, PartialSink
+from channels.base import ChannelHealth, PartialSink, while_running
 from channels.chunking import split_message
 
 log = structlog.get_logger(__name__)
@@ -174,14 +174,8 @@ class DiscordOutbox:
 
     # -- typing and streaming ---------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def typing(self, chat_id: str) -> AsyncIterator[None]:
-        task = asyncio.create_task(self._keep_typing(chat_id), name=f"discord-typing:{chat_id}")
-        try:
-            yield
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    def typing(self, chat_id: str) -> AbstractAsyncContextManager[None]:
+        return while_running(self._keep_typing(chat_id), name=f"discord-typing:{chat_id}")
 
     async def _keep_typing(self, chat_id: str) -> None:
         target = self._client().get_partial_messageable(int(chat_id))

@@ -15,8 +15,8 @@ A reply is rendered into HTML chunks (:mod:`channels.telegram_format`) and sent 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,7 +27,7 @@ from telegram.error import BadRequest, NetworkError, TelegramError
 
 from bot.domain import OutboundMessage
 from bot.errors import ChannelError
-from channels.base import PartialSink
+from channels.base import PartialSink, while_running
 from channels.chunking import split_message, utf16_len
 from channels.telegram_format import RenderedChunk, render_chunks
 
@@ -203,15 +203,9 @@ class TelegramOutbox:
 
     # -- while a turn runs ----------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def typing(self, chat_id: str) -> AsyncIterator[None]:
+    def typing(self, chat_id: str) -> AbstractAsyncContextManager[None]:
         """Show "typing…" until the block ends (Telegram shows it ~5 s per call, so it is repeated)."""
-        task = asyncio.create_task(self._keep_typing(chat_id), name=f"telegram-typing:{chat_id}")
-        try:
-            yield
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        return while_running(self._keep_typing(chat_id), name=f"telegram-typing:{chat_id}")
 
     async def _keep_typing(self, chat_id: str) -> None:
         chat, thread = parse_chat(chat_id)
