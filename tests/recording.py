@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from bot.domain import OutboundMessage
+from bot.tools import ToolContext
 from channels.base import Channel, InboundSink
 
 
@@ -36,3 +37,24 @@ class RecordingChannel(Channel):
         async with asyncio.timeout(timeout), self._arrived:
             await self._arrived.wait_for(lambda: len(self.sent) >= count)
         return list(self.sent)
+
+
+class SlowTool:
+    """A tool that runs until it is cancelled, and records that it started and that the cancel reached it."""
+
+    name = "slow"
+    description = "Takes forever."
+    parameters: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled = False
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return "never"

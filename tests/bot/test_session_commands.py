@@ -30,26 +30,23 @@ from bot.session_commands import COMPACT_USAGE, SessionCommands
 from bot.sessions import JsonSessionStore, SessionService
 from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry
-from bot.tools.base import Tool, ToolContext
+from bot.tools.base import Tool
 from bot.usage import UsageLedger
 from pipeline import Pipeline
 from pipeline.compaction import AutoCompactionSystem
 from pipeline.tool_loop import ToolLoopSystem
 from pipeline.usage import UsageSystem
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
-from tests.recording import RecordingChannel
+from tests.recording import RecordingChannel, SlowTool
 from tests.session_kit import conversation, llm_client, tool_exchange
 
 MODEL = "gpt-4.1-mini"
 SID = "test:c1"
 
 
-
 @pytest.fixture(scope="module")
 def counter(tmp_path_factory: pytest.TempPathFactory) -> TokenCounter:
     return TokenCounter.offline(tmp_path_factory.mktemp("tiktoken"), model=MODEL, provider="openai")
-
-
 
 
 class Bot:
@@ -272,29 +269,12 @@ async def test_stop_during_a_slow_model_answer_returns_quickly_and_keeps_the_ses
     assert [m.text for m in bot.channel.sent].count("too late") == 0
 
 
-class SlowTool:
-    """A tool that runs until it is cancelled, and says whether it was."""
-
-    name = "slow"
-    description = "Takes forever."
-    parameters: dict[str, Any] = {"type": "object", "properties": {}}  # noqa: RUF012
-
-    def __init__(self) -> None:
-        self.started = asyncio.Event()
-        self.cancelled = False
-
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        self.started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            self.cancelled = True
-            raise
-        return "never"
-
-
 async def test_stop_inside_a_slow_tool_returns_quickly_and_pairs_the_call_with_a_result(
-    tmp_path: Path, server: FakeLLMServer, catalog: ModelCatalog, http: httpx.AsyncClient, counter: TokenCounter
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
 ) -> None:
     tool = SlowTool()
     async with Bot(tmp_path, server, catalog, http, counter, tools=[tool]) as bot:

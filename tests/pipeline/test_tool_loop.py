@@ -19,6 +19,7 @@ from bot.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
 from pipeline.base import Turn
 from pipeline.tool_loop import CANCELLED, NOT_RUN, ToolLoopSystem, cap
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.recording import SlowTool
 
 APIS = ["openai", "anthropic"]
 MODELS = {"openai": "gpt-4.1-mini", "anthropic": "claude-haiku-4-5"}
@@ -58,27 +59,6 @@ class AddTool:
         return str(a + b)
 
 
-class SlowTool:
-    """Waits until cancelled; records that it started and that cancellation reached it."""
-
-    name = "slow"
-    description = "Take a long time."
-    parameters = NO_ARGS
-
-    def __init__(self) -> None:
-        self.started = asyncio.Event()
-        self.cancelled = False
-
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
-        self.started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            self.cancelled = True
-            raise
-        return "never"
-
-
 class BigTool:
     name = "big"
     description = "Return a lot of text."
@@ -112,8 +92,6 @@ class FakeClock:
 
 
 # ---- set-up -----------------------------------------------------------------------------------------
-
-
 
 
 def llm_client(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> LLMClient:
