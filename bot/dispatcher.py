@@ -81,7 +81,6 @@ class Dispatcher:
         self._channels: dict[str, Channel] = {}
         self._lanes: dict[str, _Lane] = {}
         self._accepting = True
-        self.turns_completed = 0
 
     # -- wiring -----------------------------------------------------------------------------------
 
@@ -229,7 +228,6 @@ class Dispatcher:
                 text, is_error = _reply_text(turn)
                 if is_error and outcome == "ok":
                     outcome = "error"
-                self.turns_completed += 1
                 log.info("turn_finished", outcome=outcome, failures=len(turn.failures))
                 await self._send(first, text, error=is_error)
             finally:

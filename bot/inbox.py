@@ -105,8 +105,6 @@ class Inbox:
     def _path(self, sid: str) -> Path:
         return self._dir / f"{encode_id(sid)}.jsonl"
 
-    def pending_count(self) -> int:
-        return sum(len(v) for v in self._pending.values())
 
 
 def _encode(message: InboundMessage) -> dict[str, Any]:

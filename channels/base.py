@@ -54,9 +54,6 @@ class Allowlist:
             return True
         return id_ is not None and str(id_) in self._ids
 
-    def with_ids(self, extra: Iterable[str | int]) -> Allowlist:
-        return Allowlist([*self._ids, *(str(i) for i in extra)])
-
 
 class Channel(ABC):
     """Base class of the Telegram, Discord and terminal adapters.

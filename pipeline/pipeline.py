@@ -33,9 +33,6 @@ class Pipeline:
     def systems(self) -> tuple[System, ...]:
         return self._systems
 
-    def get(self, name: str) -> System | None:
-        return next((s for s in self._systems if s.name == name), None)
-
     async def run(self, turn: Turn) -> Turn:
         for system in self._systems:
             if not system.enabled or not system.should_process(turn):

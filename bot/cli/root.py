@@ -84,22 +84,10 @@ def fail(message: str, code: int = 2) -> NoReturn:
 def main() -> None:
     # Subcommand modules register themselves on `app` when imported; import them here, not at the top,
     # so `membot --help` does not load channel libraries.
-    from bot.cli import core  # noqa: F401
+    from bot.cli import core, doctor, memory, pairing, sessions  # noqa: F401
 
-    _optional_groups()
     try:
         app()
     except MembotError as exc:  # anything that escaped a command: one clear line, no traceback
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(2)
-
-
-def _optional_groups() -> None:
-    import importlib
-
-    for name in ("sessions", "doctor", "memory", "pairing"):
-        try:
-            importlib.import_module(f"bot.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"bot.cli.{name}":
-                raise
