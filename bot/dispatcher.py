@@ -81,6 +81,7 @@ class Dispatcher:
         self._channels: dict[str, Channel] = {}
         self._lanes: dict[str, _Lane] = {}
         self._accepting = True
+        self.turns_completed = 0  # finished turns since start (tests and operators wait on it)
 
     # -- wiring -----------------------------------------------------------------------------------
 
@@ -225,6 +226,7 @@ class Dispatcher:
                     await asyncio.shield(self._sessions.save(session))
                     raise
                 await self._sessions.save(session)
+                self.turns_completed += 1
                 text, is_error = _reply_text(turn)
                 if is_error and outcome == "ok":
                     outcome = "error"
