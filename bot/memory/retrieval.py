@@ -1,8 +1,11 @@
 """Retrieval: rank memory items for a query by BM25 plus recency, salience, confidence and type.
 
-The lexical signal is Okapi BM25 (rank-bm25) over lower-cased ``[a-z0-9]+`` tokens without English
-stop words. It is normalized to 0..1 per query and blended with the other signals, so relevance leads
-and the rest break ties: a recent, salient preference beats an old chat line that says the same words.
+The lexical signal is Okapi BM25 (rank-bm25) over lower-cased word tokens without English stop words,
+each reduced to its dictionary lemma (simplemma: "bought" -> "buy", "older" -> "old") and then through a
+light suffix stripper, so the words a user asks with meet the words they used. Any script tokenizes;
+Chinese and Japanese, written without spaces, are indexed as overlapping character pairs. The score is
+normalized to 0..1 per query and blended with the other signals, so relevance leads and the rest break
+ties: a recent, salient preference beats an old chat line that says the same words.
 An optional embedding similarity (see embeddings.py) is fused with the lexical score.
 
 The index is rebuilt lazily when the item store changes (its ``generation`` moves), and token lists
@@ -16,8 +19,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from zoneinfo import ZoneInfo
 
+import simplemma
 from rank_bm25 import BM25Okapi
 
 from bot.memory.items import ItemType, Layer, MemoryItem
@@ -26,7 +31,8 @@ from bot.memory.timehints import time_hint
 _UTC = ZoneInfo("UTC")
 
 
-_TOKEN = re.compile(r"[a-z0-9]+")
+_TOKEN = re.compile(r"[^\W_]+")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 STOPWORDS = frozenset(
     """a about above after again against all am an and any are as at be because been before being below
     between both but by can could did do does doing down during each few for from further had has have having
@@ -87,8 +93,25 @@ def stem(token: str) -> str:
     return token
 
 
+@lru_cache(maxsize=65536)
+def normalize_word(word: str) -> str:
+    """The lemma of an English word, then stemmed; words of other languages pass through unchanged."""
+    return stem(simplemma.lemmatize(word, lang="en").lower())
+
+
+def load_lemmas() -> None:
+    """Read the English lemma dictionary now (blocking, ~0.1 s): call it off the event loop at start."""
+    normalize_word("warming")
+
+
 def tokenize(text: str) -> list[str]:
-    return [stem(t) for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS]
+    out: list[str] = []
+    for token in _TOKEN.findall(text.lower()):
+        if _CJK.search(token):
+            out.extend(token[i : i + 2] for i in range(max(1, len(token) - 1)))
+        elif token not in STOPWORDS:
+            out.append(normalize_word(token))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

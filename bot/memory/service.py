@@ -34,7 +34,7 @@ from bot.memory.longterm import LongTermMemory
 from bot.memory.notes import DailyNotes, note_line
 from bot.memory.pack import MemoryPack, PackDiagnostics, TokenCounter, estimate_tokens, render_pack
 from bot.memory.prompt import long_term_section, recent_section, render_memory, today_section
-from bot.memory.retrieval import Retriever, ScoredItem, diversify, top_per_layer
+from bot.memory.retrieval import Retriever, ScoredItem, diversify, load_lemmas, top_per_layer
 from bot.storage import append_bytes, ensure_private_dir, fix_private_tree
 
 log = structlog.get_logger(__name__)
@@ -114,6 +114,7 @@ class MemoryService:
         if fixed:
             log.warning("memory_permissions_fixed", count=fixed, root=str(self.root))
         await self.items.load()
+        await asyncio.to_thread(load_lemmas)
 
     def _prepare(self) -> int:
         for folder in (

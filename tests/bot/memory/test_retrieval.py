@@ -51,6 +51,37 @@ def test_tokenizer_lowercases_drops_stopwords_and_stems() -> None:
     assert tokenize("I've been Biking to the Bike-shop; 3 bikes!") == ["bik", "bik", "shop", "3", "bik"]
 
 
+def test_tokenizer_meets_irregular_forms_through_their_lemma() -> None:
+    assert tokenize("I bought it") == tokenize("buy it")
+    assert tokenize("my older brother") == tokenize("old brother")
+    assert tokenize("the children went") == tokenize("child go")
+
+
+def test_tokenizer_keeps_other_scripts_and_pairs_cjk_characters() -> None:
+    assert tokenize("Привет, мир! Café 42") == ["привет", "мир", "café", "42"]
+    assert tokenize("我喜欢苹果") == ["我喜", "喜欢", "欢苹", "苹果"]
+    assert tokenize("猫") == ["猫"]
+    assert tokenize("snake_case") == tokenize("snake case")
+
+
+def test_question_finds_the_statement_in_other_word_forms() -> None:
+    items = [
+        make("I bought a secondhand road bike last week"),
+        make("we talked about buying a house someday in the mountains", tags=("assistant",)),
+        make("the weather was nice"),
+    ]
+    assert rank(items, "What bike did I buy?")[0].item.content.startswith("I bought")
+    assert rank([make("I'm 32 years old"), make("my mother is a nurse")], "How old am I?")[0].item.content == (
+        "I'm 32 years old"
+    )
+
+
+def test_non_english_memory_is_searchable() -> None:
+    items = [make("Моя сестра живёт в Порту"), make("рецепт пиццы"), make("我的猫叫小白")]
+    assert rank(items, "где живёт сестра")[0].item.content == "Моя сестра живёт в Порту"
+    assert rank(items, "我的猫叫什么")[0].item.content == "我的猫叫小白"
+
+
 def test_relevant_item_ranks_first_and_irrelevant_are_left_out() -> None:
     items = [make("we talked about the weather"), make("my sister Ana lives in Porto"), make("pizza recipe")]
     ranked = rank(items, "Where does my sister live?")
