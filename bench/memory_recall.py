@@ -27,7 +27,11 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from rich.console import Console
+from rich.progress import MofNCompleteColumn, Progress
+
 from bot.config import MemorySettings
+from bot.errors import ConfigError
 from bot.logging import configure_logging
 from bot.memory.importer import parse_date, read_json, sessions_from
 from bot.memory.operator import import_sessions
@@ -96,15 +100,17 @@ async def run_question(
         if sessions:
             clock.now = sessions[-1].started
         await import_sessions(service, sessions)
-        clock.now = parse_date(q["question_date"], UTC)
+        if q.get("question_date"):
+            clock.now = parse_date(str(q["question_date"]), UTC)
+        question = str(q.get("question") or "")
         started = time.perf_counter()
         if budget is None:
-            ranked = await service.search(q["question"], k=k)
+            ranked = await service.search(question, k=k)
         else:
-            ranked = (await service.pack(q["question"], soft=budget, hard=budget)).items
+            ranked = (await service.pack(question, soft=budget, hard=budget)).items
         cold = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
-        await service.search(q["question"], k=k)
+        await service.search(question, k=k)
         warm = (time.perf_counter() - started) * 1000
         await service.close()
     return refs_of(ranked), cold, warm
@@ -117,6 +123,19 @@ def table(title: str, rows: dict[str, list[dict[str, float]]]) -> None:
     for group, values in rows.items():
         means = [statistics.fmean(v[n] for v in values) for n in names]
         print(f"{group:<28}{len(values):>4}  " + "  ".join(f"{m:>13.3f}" for m in means))
+
+
+def check(q: Any, index: int) -> dict[str, Any]:
+    """The question as a dict with the fields the protocol needs, or a ConfigError naming what is off."""
+    if not isinstance(q, dict):
+        raise ConfigError(f"question #{index} is not an object")
+    missing = [f for f in ("haystack_session_ids", "haystack_dates", "haystack_sessions") if f not in q]
+    if missing:
+        raise ConfigError(f"question #{index} ({q.get('question_id', '?')}) lacks {', '.join(missing)}")
+    lengths = {len(q[f]) for f in ("haystack_session_ids", "haystack_dates", "haystack_sessions")}
+    if len(lengths) != 1:
+        raise ConfigError(f"question #{index}: haystack ids, dates and sessions differ in length")
+    return {"question_id": f"q{index}", **q}
 
 
 async def main() -> None:
@@ -137,8 +156,11 @@ async def main() -> None:
     args = parser.parse_args()
     k = max(1, min(50, args.k))
     configure_logging(level="WARNING", fmt="console")
-    data = read_json(args.data)
-    questions = data if isinstance(data, list) else [data]
+    try:
+        data = read_json(args.data)
+        questions = [check(q, i) for i, q in enumerate(data if isinstance(data, list) else [data])]
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
     questions = questions[: args.limit] if args.limit else questions
     settings = MemorySettings(embeddings=args.embeddings)
     embedder = None
@@ -152,38 +174,48 @@ async def main() -> None:
     warm_ms: list[float] = []
     turns_per_q: list[int] = []
     out = args.out.open("w", encoding="utf-8") if args.out else None
+    progress = Progress(
+        *Progress.get_default_columns(), MofNCompleteColumn(), console=Console(stderr=True), transient=True
+    )
     try:
-        for q in questions:
-            ranked, cold, warm = await run_question(q, k, args.budget, settings, embedder)
-            cold_ms.append(cold)
-            warm_ms.append(warm)
-            turns_per_q.append(sum(len(s) for s in q["haystack_sessions"]))
-            if out is not None:
-                refs = [{"session_id": s, "turn": t} for s, t in ranked]
-                out.write(json.dumps({"question_id": q["question_id"], "ranked": refs}) + "\n")
-            gold_sessions, gold_turns = gold_of(q)
-            if q["question_id"].endswith("_abs") or not gold_sessions:
-                continue
-            session_ranked = list(dict.fromkeys(s for s, _ in ranked))
-            for rows, m in (
-                (session_rows, metrics(session_ranked, gold_sessions)),
-                (turn_rows, metrics(ranked, gold_turns)),
-            ):
-                rows[q["question_type"]].append(m)
-                rows["ALL"].append(m)
+        with progress:
+            for q in progress.track(questions, description="questions"):
+                try:
+                    ranked, cold, warm = await run_question(q, k, args.budget, settings, embedder)
+                except ConfigError as exc:
+                    raise SystemExit(f"error in question {q['question_id']}: {exc}") from None
+                cold_ms.append(cold)
+                warm_ms.append(warm)
+                turns_per_q.append(sum(len(s) for s in q["haystack_sessions"]))
+                if out is not None:
+                    refs = [{"session_id": s, "turn": t} for s, t in ranked]
+                    out.write(json.dumps({"question_id": q["question_id"], "ranked": refs}) + "\n")
+                    out.flush()
+                gold_sessions, gold_turns = gold_of(q)
+                if str(q["question_id"]).endswith("_abs") or not gold_sessions:
+                    continue
+                session_ranked = list(dict.fromkeys(s for s, _ in ranked))
+                for rows, m in (
+                    (session_rows, metrics(session_ranked, gold_sessions)),
+                    (turn_rows, metrics(ranked, gold_turns)),
+                ):
+                    rows[str(q.get("question_type") or "unknown")].append(m)
+                    rows["ALL"].append(m)
     finally:
         if out is not None:
             out.close()
     mode = f"budget {args.budget} tokens" if args.budget else f"top {k}"
-    print(
-        f"{len(questions)} questions, {len(session_rows['ALL'])} scored; returned: {mode}; {'lexical + local embeddings' if args.embeddings == 'local' else 'lexical only'}"
-    )
-    table("SESSION level", dict(sorted(session_rows.items())))
-    table("TURN level", dict(sorted(turn_rows.items())))
-    print(
-        f"\nretrieval latency median: cold {statistics.median(cold_ms):.1f} ms (first query, index build "
-        f"included), warm {statistics.median(warm_ms):.1f} ms; median memory size {statistics.median(turns_per_q):.0f} turns"
-    )
+    signal = "lexical + local embeddings" if args.embeddings == "local" else "lexical only"
+    print(f"{len(questions)} questions, {len(session_rows['ALL'])} scored; returned: {mode}; {signal}")
+    if session_rows["ALL"]:
+        table("SESSION level", dict(sorted(session_rows.items())))
+        table("TURN level", dict(sorted(turn_rows.items())))
+    if cold_ms:
+        print(
+            f"\nretrieval latency median: cold {statistics.median(cold_ms):.1f} ms (first query, index "
+            f"build included), warm {statistics.median(warm_ms):.1f} ms; "
+            f"median memory size {statistics.median(turns_per_q):.0f} turns"
+        )
 
 
 if __name__ == "__main__":
