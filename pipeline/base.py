@@ -22,7 +22,8 @@ class System(Protocol):
     ``order`` fixes its place (AutoCompaction=18, ContextBuilding=20, ToolLoop=30, MemoryPersist=50);
     two systems may not share an order. ``should_process`` lets a system skip a turn cheaply;
     ``process`` does the work. A system that raises is logged and recorded on the turn, and the next
-    systems still run, so a failing memory write never costs the user their answer.
+    systems still run, so a failing memory write never costs the user their answer. A system may set
+    ``always = True`` to run even when the turn is stopped or times out (``turn.stopped`` is then set).
 
     Example::
 
@@ -73,6 +74,7 @@ class Turn:
     failures: list[SystemFailure] = field(default_factory=list)
     on_partial: PartialSink | None = None
     diagnostics: dict[str, Any] = field(default_factory=dict)
+    stopped: bool = False  # /stop or the turn timeout cut the turn short
 
     @property
     def user_text(self) -> str:

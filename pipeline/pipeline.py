@@ -34,14 +34,33 @@ class Pipeline:
         return self._systems
 
     async def run(self, turn: Turn) -> Turn:
-        for system in self._systems:
-            if not system.enabled or not system.should_process(turn):
-                continue
-            try:
-                await system.process(turn)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.exception("system_failed", system=system.name)
-                turn.failures.append(SystemFailure(system.name, f"{type(exc).__name__}: {exc}"))
+        """Run every system in order. When the turn is stopped or times out (cancelled), the systems
+        not yet run that are marked ``always = True`` still run, shielded, before the cancellation goes
+        on: the model calls already made were paid for and must be accounted."""
+        remaining = list(self._systems)
+        try:
+            while remaining:
+                await self._step(remaining.pop(0), turn)
+        except asyncio.CancelledError:
+            turn.stopped = True
+            finishers = [s for s in remaining if getattr(s, "always", False)]
+            if finishers:
+                await asyncio.shield(self._finish(finishers, turn))
+            raise
         return turn
+
+    async def _finish(self, systems: list[System], turn: Turn) -> None:
+        for system in systems:
+            await self._step(system, turn)
+
+    @staticmethod
+    async def _step(system: System, turn: Turn) -> None:
+        if not system.enabled or not system.should_process(turn):
+            return
+        try:
+            await system.process(turn)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("system_failed", system=system.name)
+            turn.failures.append(SystemFailure(system.name, f"{type(exc).__name__}: {exc}"))

@@ -1,6 +1,7 @@
 """UsageSystem (order 90, last): account a turn's tokens and cost, and learn from them.
 
-After the model calls of a turn (``turn.usage``, summed by the tool loop), this system
+After the model calls of a turn (``turn.usage``, summed by the tool loop), this system runs, even
+when the turn was stopped or timed out (then only step 1: the finished calls were paid for), and
 
 1. adds the usage to the session's totals and today's ledger (:func:`bot.usage.record_usage`);
 2. remembers how big the system prompt was, so the next turn's compaction check can count it before
@@ -29,6 +30,7 @@ class UsageSystem:
     name = "usage"
     order = 90
     enabled = True
+    always = True  # a stopped or timed-out turn's finished model calls were paid for: count them
 
     def __init__(self, counter: TokenCounter, ledger: UsageLedger | None) -> None:
         self._counter = counter
@@ -40,6 +42,8 @@ class UsageSystem:
     async def process(self, turn: Turn) -> None:
         session = turn.session
         await record_usage(session, turn.usage, self._ledger)
+        if turn.stopped:
+            return  # a cut-short turn's prompt and reply don't match: no calibration from it
         history = self._counter.history_tokens(session)
         if not turn.system_prompt:
             return  # nothing was sent (the model was never asked)

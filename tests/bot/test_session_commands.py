@@ -63,6 +63,7 @@ class Bot:
         consolidation_timeout: float = 5.0,
         mode: str = "collect",
         tools: Sequence[Tool] = (),
+        turn_timeout: float = 600.0,
     ) -> None:
         self.root = root
         self.llm = llm_client(server, catalog, http, model=MODEL)
@@ -113,7 +114,7 @@ class Bot:
             pipeline,
             self.sessions,
             router,
-            DispatcherSettings(mode=mode),  # type: ignore[arg-type]
+            DispatcherSettings(mode=mode, turn_timeout=turn_timeout),  # type: ignore[arg-type]
             inbox=Inbox(root / "inbox"),
         )
         self.channel = RecordingChannel(self.dispatcher.submit)
@@ -291,6 +292,40 @@ async def test_stop_inside_a_slow_tool_returns_quickly_and_pairs_the_call_with_a
         assert disk[2][1].startswith("Cancelled")
         # The next turn sends a valid history (the fake rejects a call without its result).
         assert await bot.say("and now?") == "echo: and now?"
+
+
+@pytest.mark.parametrize("cut", ["/stop", "timeout"])
+async def test_a_cut_short_turn_still_counts_the_model_calls_it_made(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+    cut: str,
+) -> None:
+    tool = SlowTool()
+    timeout = 1.0 if cut == "timeout" else 600.0
+    async with Bot(tmp_path, server, catalog, http, counter, tools=[tool], turn_timeout=timeout) as bot:
+        server.script(FakeReply(tool_calls=[("slow", {})], usage=(900, 25)))
+        count = len(bot.channel.sent)
+        await bot.dispatcher.submit(InboundMessage("test", "c1", "u1", "use the slow tool"))
+        async with asyncio.timeout(5):
+            await tool.started.wait()
+        if cut == "/stop":
+            assert await bot.say("/stop") == "⏹ Stopped."
+        else:
+            (reply, *_) = (await bot.channel.wait_for(count + 1))[count:]
+            assert "took longer than 1 s" in reply.text
+        await wait_until(lambda: not bot.dispatcher.is_running(SID))
+        today = await bot.ledger.day()
+        status = await bot.say("/status")
+
+    fresh = await JsonSessionStore(tmp_path / "sessions").load(SID)
+    assert fresh is not None
+    assert (fresh.usage.input_tokens, fresh.usage.output_tokens, fresh.usage.calls) == (900, 25, 1)
+    assert fresh.usage.cost_usd == pytest.approx(catalog.get(MODEL).cost(fresh.usage))
+    assert (today.input_tokens, today.calls) == (900, 1)
+    assert "This chat: 900 in / 25 out tokens" in status
 
 
 async def test_queued_messages_survive_stop_and_are_seen_by_the_next_turn(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from bot.domain import InboundMessage, Session
@@ -52,3 +54,38 @@ async def test_failure_is_recorded_and_later_systems_still_run() -> None:
     t = await Pipeline([Step("bad", 18, log, fail=True), Step("good", 30, log)]).run(turn())
     assert log == ["bad", "good"]
     assert [f.system for f in t.failures] == ["bad"] and "bad broke" in t.failures[0].error
+
+
+class Hang(Step):
+    async def process(self, turn: Turn) -> None:
+        self._log.append(self.name)
+        await asyncio.Event().wait()
+
+
+class Always(Step):
+    always = True
+
+    async def process(self, turn: Turn) -> None:
+        self._log.append(f"{self.name} stopped={turn.stopped}")
+
+
+async def test_a_cancelled_turn_still_runs_the_systems_marked_always() -> None:
+    log: list[str] = []
+    steps = [Hang("loop", 30, log), Step("persist", 50, log), Always("usage", 90, log)]
+    t = turn()
+    task = asyncio.create_task(Pipeline(steps).run(t))
+    while log != ["loop"]:
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert log == ["loop", "usage stopped=True"]  # persist skipped: there is no answer to keep
+    assert t.stopped
+
+
+async def test_a_timeout_runs_them_too_and_stays_a_timeout() -> None:
+    log: list[str] = []
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await Pipeline([Hang("loop", 30, log), Always("usage", 90, log)]).run(turn())
+    assert log == ["loop", "usage stopped=True"]
