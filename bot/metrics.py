@@ -161,6 +161,14 @@ def _llm_families(stats: LLMStats) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "membot_llm_failures", "Failed LLM attempts (each retry counts).", value=stats.failures
     )
+    by_model = CounterMetricFamily(
+        "membot_llm_model_failures",
+        "Failed LLM attempts by model and reason (timeout, rate_limited, auth, unavailable, ...).",
+        labels=["model", "reason"],
+    )
+    for (model, reason), count in sorted(stats.failures_by.items()):
+        by_model.add_metric([model, reason], count)
+    yield by_model
     yield CounterMetricFamily(
         "membot_llm_retries", "LLM attempts retried after backoff.", value=stats.retries
     )

@@ -6,6 +6,28 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from bot.domain import Usage
+from bot.errors import (
+    LLMAuthError,
+    LLMBadResponse,
+    LLMContextOverflow,
+    LLMRateLimited,
+    LLMTimeout,
+    LLMUnavailable,
+)
+
+_REASONS: tuple[tuple[type[Exception], str], ...] = (
+    (LLMTimeout, "timeout"),
+    (LLMRateLimited, "rate_limited"),
+    (LLMAuthError, "auth"),
+    (LLMContextOverflow, "context_overflow"),
+    (LLMBadResponse, "bad_response"),
+    (LLMUnavailable, "unavailable"),
+)
+
+
+def failure_reason(error: Exception) -> str:
+    """A short, bounded label for a failed attempt (metrics must not get one label per message)."""
+    return next((reason for kind, reason in _REASONS if isinstance(error, kind)), "error")
 
 
 @dataclass
@@ -16,7 +38,8 @@ class LLMStats:
     ``retries`` the backoff waits; ``failovers`` the switches to the next model of the chain.
     ``last_ok`` is ``None`` until the first attempt, then whether the latest attempt succeeded;
     ``last_error`` is the latest failure (cleared by a success). ``by_model`` adds up tokens and cost
-    per model id.
+    per model id; ``failures_by`` counts failed attempts per (model id, reason), so an operator sees
+    which provider is the trouble and whether it is rate limits, timeouts or outages.
     """
 
     calls: int = 0
@@ -29,6 +52,7 @@ class LLMStats:
     last_model: str | None = None
     last_latency: float | None = None  # seconds, latest successful call
     by_model: dict[str, Usage] = field(default_factory=dict)
+    failures_by: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def succeeded(self, model: str, usage: Usage, latency: float) -> None:
         self.calls += 1
@@ -38,5 +62,7 @@ class LLMStats:
 
     def failed(self, model: str, error: Exception) -> None:
         self.failures += 1
+        key = (model, failure_reason(error))
+        self.failures_by[key] = self.failures_by.get(key, 0) + 1
         self.last_ok, self.last_error, self.last_model = False, f"{type(error).__name__}: {error}", model
         self.last_call_at = datetime.now(UTC)

@@ -14,7 +14,7 @@ import pytest
 from bot.admin import AdminServer, health_report
 from bot.app import build_core
 from bot.config import AdminSettings, load_settings
-from bot.errors import ConfigError
+from bot.errors import ConfigError, LLMRateLimited, LLMTimeout
 from bot.llm.client import LLMStats
 from bot.metrics import Metrics
 from channels.base import ChannelHealth
@@ -107,7 +107,11 @@ def test_recording_calls_show_up_and_registries_are_separate() -> None:
     one.compaction(fallback=True)
     one.consolidation(fallback=False)
     one.turn_finished("telegram", "error", 2.0)
-    stats = LLMStats(retries=3, failovers=1, failures=4, last_ok=False)
+    stats = LLMStats(retries=3, failovers=1, last_ok=False)
+    stats.failed("gpt-a", LLMTimeout("slow"))
+    stats.failed("gpt-a", LLMTimeout("slow"))
+    stats.failed("gpt-a", LLMRateLimited("429"))
+    stats.failed("claude-b", RuntimeError("odd"))
     one.watch(llm_stats=lambda: stats)
     text = one.render().decode()
     assert sample(text, "membot_tool_calls_total", tool="web_fetch", outcome="timeout") == 2
@@ -117,6 +121,9 @@ def test_recording_calls_show_up_and_registries_are_separate() -> None:
     assert sample(text, "membot_llm_retries_total") == 3
     assert sample(text, "membot_llm_failovers_total") == 1
     assert sample(text, "membot_llm_failures_total") == 4
+    assert sample(text, "membot_llm_model_failures_total", model="gpt-a", reason="timeout") == 2
+    assert sample(text, "membot_llm_model_failures_total", model="gpt-a", reason="rate_limited") == 1
+    assert sample(text, "membot_llm_model_failures_total", model="claude-b", reason="error") == 1
     assert sample(text, "membot_llm_last_call_ok") == 0
     other = two.render().decode()
     assert sample(other, "membot_tool_calls_total", tool="web_fetch", outcome="timeout") is None

@@ -311,6 +311,7 @@ async def test_rate_limit_honours_retry_after(make_client: Any, server: FakeLLMS
     assert (await llm.chat(ask("x"))).content == "ok"
     assert sleeps.calls == [2.5]
     assert (llm.stats.retries, llm.stats.failures, llm.stats.calls) == (1, 1, 1)
+    assert llm.stats.failures_by == {(MODELS[api], "rate_limited"): 1}
 
 
 async def test_retry_after_ms_wins_and_every_hint_is_capped(make_client: Any, server: FakeLLMServer) -> None:
@@ -349,6 +350,8 @@ async def test_backoff_jitter_and_cap(make_client: Any, server: FakeLLMServer) -
         await llm.chat(ask("x"))
     assert sleeps.calls == [1.0, 2.0, 4.0, 5.0]
     assert len(server.requests) == 5 and llm.stats.failures == 5
+    assert list(llm.stats.failures_by.values()) == [5]
+    assert next(iter(llm.stats.failures_by))[1] == "unavailable"
 
 
 async def test_overloaded_anthropic_is_retried_and_reported_when_it_persists(
