@@ -1,0 +1,122 @@
+"""``membot chat`` as a person uses it: a real process, Ctrl-C (SIGINT) mid-answer and at the prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from bot.sessions import JsonSessionStore
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+
+
+class Chat:
+    """A running ``membot chat``: we type into its stdin and read what it prints."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.out = ""
+        self.err = ""
+        self._readers = [
+            asyncio.create_task(self._collect(process.stdout, "out")),
+            asyncio.create_task(self._collect(process.stderr, "err")),
+        ]
+
+    async def _collect(self, stream: asyncio.StreamReader | None, into: str) -> None:
+        assert stream is not None
+        while chunk := await stream.read(1024):
+            setattr(self, into, getattr(self, into) + chunk.decode("utf-8", "replace"))
+
+    async def type(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write((line + "\n").encode())
+        await self.process.stdin.drain()
+
+    async def wait_for(self, text: str, timeout: float = 30) -> None:
+        async with asyncio.timeout(timeout):
+            while text not in self.out:
+                assert self.process.returncode is None, f"membot chat exited:\n{self.out}\n{self.err}"
+                await asyncio.sleep(0.02)
+
+    async def exit_code(self, timeout: float = 30) -> int:
+        async with asyncio.timeout(timeout):
+            code = await self.process.wait()
+            await asyncio.gather(*self._readers)
+        return code
+
+
+@contextlib.asynccontextmanager
+async def membot_chat(home: Path, llm: FakeLLMServer) -> AsyncIterator[Chat]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
+    env.update(
+        HOME=str(home),
+        MEMBOT_WORKSPACE=str(home / "ws"),
+        MEMBOT_LLM__OPENAI__BASE_URL=llm.openai_base_url,
+        MEMBOT_LLM__OPENAI__API_KEY="sk-test-key-123456",
+        MEMBOT_TERMINAL__USER="ana",
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "chat",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=home,
+    )
+    chat = Chat(process)
+    try:
+        await chat.wait_for("Ctrl-D to quit")
+        yield chat
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def wait_in_flight(llm: FakeLLMServer) -> None:
+    async with asyncio.timeout(30):
+        while llm.in_flight == 0:
+            await asyncio.sleep(0.02)
+
+
+async def test_ctrl_c_stops_the_answer_then_quits_at_the_prompt_and_the_chat_continues_later(
+    tmp_path: Path,
+) -> None:
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="a very slow answer", delay=30))
+        async with membot_chat(tmp_path, llm) as chat:
+            await chat.type("think hard about this")
+            await wait_in_flight(llm)
+            chat.process.send_signal(signal.SIGINT)  # Ctrl-C while the answer is being written
+            await chat.wait_for("[stopped]")
+            assert chat.process.returncode is None  # still chatting
+            await chat.type("and now?")
+            await chat.wait_for("echo: and now?")
+            chat.process.send_signal(signal.SIGINT)  # Ctrl-C at the prompt quits
+            assert await chat.exit_code() == 0, chat.err
+        assert "a very slow answer" not in chat.out
+        assert "bye — the conversation is saved." in chat.out
+
+        store = JsonSessionStore(tmp_path / "ws" / "sessions")
+        session = await store.load("cli:ana")
+        assert session is not None
+        assert [m.content for m in session.messages if m.role.value == "user"] == [
+            "think hard about this",
+            "and now?",
+        ]
+
+        async with membot_chat(tmp_path, llm) as chat:  # a new process continues the conversation
+            await chat.type("still there?")
+            await chat.wait_for("echo: still there?")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()  # Ctrl-D
+            assert await chat.exit_code() == 0, chat.err
+        sent = [m["content"] for m in llm.requests[-1].body["messages"] if m["role"] == "user"]
+        assert sent[-3:] == ["think hard about this", "and now?", "still there?"]
