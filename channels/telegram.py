@@ -1,8 +1,9 @@
 """The Telegram channel: python-telegram-bot (PTB) driven by hand, next to the rest of membot's loop.
 
-Start-up follows PTB's advice for sharing a loop: ``initialize`` → ``start`` → ``updater.start_polling``
-(or our own webhook endpoint), and ``stop`` runs the same steps in reverse; ``run_polling`` is never
-used. A message takes this path:
+Start-up follows PTB's advice for sharing a loop: ``initialize`` → ``start``, then our own long polling
+(:mod:`channels.telegram_polling`, which confirms an update only once it is queued) or our own webhook
+endpoint; ``stop`` runs the same steps in reverse. PTB's ``Updater`` and ``run_polling`` are not used:
+the ``Updater`` confirms updates as soon as it fetches them. A message takes this path:
 
 1. Only new messages count: edits, channel posts and messages from bots are ignored.
 2. Access, deny by default: private chats need an allowlisted or paired user (strangers get a pairing
@@ -28,7 +29,6 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,7 +36,7 @@ import structlog
 from telegram import Bot, BotCommand, Message, Update
 from telegram.constants import ChatType, MessageEntityType
 from telegram.error import Conflict, InvalidToken, TelegramError
-from telegram.ext import AIORateLimiter, Application, ApplicationBuilder, ContextTypes, TypeHandler
+from telegram.ext import AIORateLimiter, Application, ApplicationBuilder
 
 from bot.config import TelegramSettings
 from bot.domain import InboundMessage, OutboundMessage
@@ -47,6 +47,7 @@ from channels.base import Allowlist, Channel, InboundSink, PartialSink
 from channels.telegram_intake import PasteJoiner, normalize_command, remove_utf16_spans
 from channels.telegram_media import extract_media
 from channels.telegram_outbound import ChatPacer, TelegramOutbox
+from channels.telegram_polling import UpdatePoller
 from channels.telegram_webhook import WebhookServer
 
 log = structlog.get_logger(__name__)
@@ -115,6 +116,8 @@ class TelegramChannel(Channel):
         self._outbox: TelegramOutbox | None = None
         self._app: Application[Any, Any, Any, Any, Any, Any] | None = None
         self._webhook: WebhookServer | None = None
+        self._poller: UpdatePoller | None = None
+        self._polling: asyncio.Task[None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -143,11 +146,8 @@ class TelegramChannel(Channel):
             builder = builder.base_url(settings.base_url)
         if settings.base_file_url:
             builder = builder.base_file_url(settings.base_file_url)
-        if settings.mode == "webhook":
-            builder = builder.updater(None)
+        builder = builder.updater(None)
         app = await asyncio.to_thread(builder.build)  # PTB resolves file paths while building
-        app.add_handler(TypeHandler(Update, self._on_update))
-        app.add_error_handler(self._on_error)
         self._app = app
         self._outbox = self._new_outbox(app.bot)
         try:
@@ -157,12 +157,7 @@ class TelegramChannel(Channel):
             if settings.mode == "webhook":
                 await self._start_webhook()
             else:
-                assert app.updater is not None
-                await app.updater.start_polling(
-                    timeout=timedelta(seconds=settings.poll_timeout),
-                    allowed_updates=_ALLOWED_UPDATES,
-                    error_callback=self._on_poll_error,
-                )
+                await self._start_polling()
         except BaseException as exc:
             await self._shutdown()
             self.health.state = "failed"
@@ -188,14 +183,40 @@ class TelegramChannel(Channel):
         if self._webhook is not None:
             await self._webhook.stop()
             self._webhook = None
-        if app is not None and app.updater is not None and app.updater.running:
-            await app.updater.stop()
+        polling, self._polling = self._polling, None
+        if polling is not None:
+            polling.cancel()
+            with contextlib.suppress(BaseException):
+                await polling
         if app is not None and app.running:
             await app.stop()
         await self._joiner.close()
+        if self._poller is not None:
+            await self._poller.confirm()  # after close(): what was in a join window is queued now
+            self._poller = None
         if app is not None:
             await app.shutdown()  # a no-op when initialize() never finished...
             await app.bot.shutdown()  # ...so close the HTTP clients a failed initialize() opened
+
+    async def _start_polling(self) -> None:
+        await self._out.call(lambda: self.bot.delete_webhook(), what="deleteWebhook")
+        self._poller = UpdatePoller(
+            lambda offset, timeout: self.bot.get_updates(
+                offset=offset, timeout=timeout, allowed_updates=_ALLOWED_UPDATES
+            ),
+            self._on_polled_update,
+            timeout=self._settings.poll_timeout,
+            on_error=self._on_poll_error,
+        )
+        self._polling = asyncio.create_task(self._poller.run(), name="telegram-polling")
+        self._polling.add_done_callback(self._on_polling_ended)
+
+    def _on_polling_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        self.health.state = "failed"
+        self.health.error = "polling stopped: Telegram rejected the bot token"
+        log.error("telegram_polling_ended", error=type(task.exception()).__name__)
 
     async def _start_webhook(self) -> None:
         settings = self._settings
@@ -236,15 +257,16 @@ class TelegramChannel(Channel):
 
     # -- inbound ------------------------------------------------------------------------------------
 
-    async def _on_update(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        """PTB handler (polling): take the message in without waiting for its join window."""
-        if update.message is not None:
-            await self._intake(update.message, wait=False)
+    async def _on_polled_update(self, update: Update) -> asyncio.Future[None] | None:
+        """Polling: take the message in; the poller confirms it once the future says it is queued."""
+        return await self._intake(update.message) if update.message is not None else None
 
     async def _on_webhook_update(self, data: dict[str, Any]) -> None:
+        """Webhook: answer Telegram (confirm) only once the message is queued."""
         update = Update.de_json(data, self.bot)
-        if update.message is not None:
-            await self._intake(update.message, wait=True)
+        queued = await self._intake(update.message) if update.message is not None else None
+        if queued is not None:
+            await queued
 
     def _on_poll_error(self, exc: TelegramError) -> None:
         """PTB keeps polling with backoff after this; we only make the trouble visible."""
@@ -252,32 +274,30 @@ class TelegramChannel(Channel):
         hint = " (another process polls with the same token?)" if isinstance(exc, Conflict) else ""
         log.warning("telegram_polling_failed", error=f"{exc}{hint}")
 
-    async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
-        log.error("telegram_update_failed", exc_info=context.error)
-
-    async def _intake(self, message: Message, *, wait: bool) -> None:
-        """Steps 1-4 of the module doc. ``wait``: return only once the dispatcher queued the message."""
+    async def _intake(self, message: Message) -> asyncio.Future[None] | None:
+        """Steps 1-4 of the module doc; the future completes once the dispatcher queued the message
+        (``None``: nothing to queue)."""
         user, chat = message.from_user, message.chat
         if user is None or user.is_bot:
-            return
+            return None
         private = chat.type == ChatType.PRIVATE
         if private:
             if not (self._users.allows(user.id) or await self._pairing.is_approved(self.name, str(user.id))):
                 await self._offer_pairing(message)
-                return
+                return None
         elif chat.type not in (ChatType.GROUP, ChatType.SUPERGROUP) or not self._groups.allows(chat.id):
             log.info("telegram_chat_not_allowed", chat_id=chat.id, chat_type=chat.type)
-            return
+            return None
         text, mentioned = self._without_mention(message)
         is_command = text.startswith("/")
         if is_command:
             normalized = normalize_command(text, self.bot.username)
             if normalized is None:
-                return  # a command for another bot in the same group
+                return None  # a command for another bot in the same group
             text = normalized
         addressed = mentioned or is_command or self._replies_to_me(message)
         if not private and self._requires_mention(chat.id) and not addressed:
-            return
+            return None
         media = await extract_media(
             message,
             download=self._download,
@@ -286,7 +306,7 @@ class TelegramChannel(Channel):
         )
         text = "\n\n".join(part for part in (text, *media.notes) if part)
         if not text and not media.attachments:
-            return
+            return None
         thread = message.message_thread_id if message.is_topic_message else None
         inbound = InboundMessage(
             channel=self.name,
@@ -299,9 +319,7 @@ class TelegramChannel(Channel):
             attachments=tuple(media.attachments),
             is_group=not private,
         )
-        done = self._joiner.add(inbound, alone=is_command)
-        if wait:
-            await done
+        return self._joiner.add(inbound, alone=is_command)
 
     def _without_mention(self, message: Message) -> tuple[str, bool]:
         """The message text with this bot's @mention / text_mention cut out, and whether it had one."""

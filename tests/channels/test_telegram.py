@@ -43,7 +43,7 @@ async def test_private_round_trip_renders_markdown_as_html(tmp_path: Path) -> No
         methods = [c.method for c in tg.calls]
         assert methods[:3] == ["getMe", "setMyCommands", "deleteWebhook"]
         polls = tg.calls_to("getUpdates")
-        assert polls[-1].params["timeout"] == 0  # PTB's last call on stop confirms the offset
+        assert polls[-1].params["timeout"] == 0  # the last call on stop confirms the offset
         assert any(c.params.get("offset") == 2 for c in polls)
 
 
@@ -385,6 +385,9 @@ async def test_stopping_hands_on_a_paste_still_in_its_join_window(tmp_path: Path
     async with FakeTelegramServer() as tg:
         async with running_channel(tg, tmp_path, join_window=30.0) as (_, sink):
             tg.push_message("half a paste")
-            await tg.wait_for(lambda: any(c.params.get("offset") == 2 for c in tg.calls_to("getUpdates")))
+            # fetched, not yet queued: the poller holds the offset at 1 and only peeks for newer updates
+            await tg.wait_for(lambda: any(c.params.get("offset") == 1 for c in tg.calls_to("getUpdates")))
             assert sink.received == []
+            assert not any(c.params.get("offset") == 2 for c in tg.calls_to("getUpdates"))
         assert [m.text for m in sink.received] == ["half a paste"]
+        assert tg.calls_to("getUpdates")[-1].params.get("offset") == 2  # confirmed once it was queued
