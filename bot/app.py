@@ -181,7 +181,7 @@ async def build_core(
         reserve = (
             counter.count_text(settings.system_prompt)
             + settings.memory.pack_hard_tokens
-            + settings.memory.inject_max_bytes // 4
+            + settings.memory.inject_max_bytes // 4 * (2 if memory.chat_scope else 1)  # + the chat's file
         )
         auto = AutoCompactionSystem(
             compaction, settings.compaction, window=info.max_input_tokens, reserve_tokens=reserve
@@ -194,7 +194,9 @@ async def build_core(
             workspace=settings.workspace,
             timezone=settings.timezone,
             http=web_http,
-            long_term=memory.longterm,
+            # In chat scope the workspace MEMORY.md is the operator's: the files tool may not write it.
+            long_term=None if memory.chat_scope else memory.longterm,
+            private_memory=memory.chat_scope,
         )
         if settings.memory.enabled:
             tools.append(MemoryTool(memory))
@@ -225,7 +227,7 @@ async def build_core(
             model=info,
             tier=catalog.tier_of(primary),
             ledger=ledger,
-            memory_stats=lambda: memory_operator.stats(memory),
+            memory_stats_for=lambda sid: memory_operator.stats(memory, session_id=sid),
         )
         commands.add("status", "Model, context, usage and memory of this chat", session_commands.status)
         commands.add(

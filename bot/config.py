@@ -99,6 +99,9 @@ class MemorySettings(_Section):
     notes_max_lines_today: int = Field(default=40, ge=0)
     notes_max_lines_per_day: int = Field(default=15, ge=0)
     consolidation_model: str | None = None  # None: the primary model; e.g. the `balanced` tier's model
+    # "chat": each chat (session id) remembers only what was said in it; MEMORY.md stays the operator's
+    # shared file and every chat gets its own bot-written one (see bot/memory/scope.py).
+    scope: Literal["workspace", "chat"] = "workspace"
 
     @field_validator("timezone")
     @classmethod

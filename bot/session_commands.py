@@ -8,6 +8,11 @@ They are registered by the composition root, next to the services they report on
     router.add("compact", "Summarize older messages now: /compact [N] keeps the last N", cmds.compact)
     router.add("new", "Save this conversation to memory and start a fresh one", cmds.new)
 
+``memory_stats_for`` instead takes the chat's session id, so /status can report that chat's own memory
+(``memory.scope = "chat"``)::
+
+    memory_stats_for=lambda sid: memory_operator.stats(memory, session_id=sid)
+
 /compact and /new change the session, so they run under ``control.exclusive``: they wait for a running
 turn to end and keep new turns out until they are done.
 """
@@ -63,6 +68,7 @@ class SessionCommands:
         tier: str | None = None,
         ledger: UsageLedger | None = None,
         memory_stats: Callable[[], Awaitable[MemoryFigures]] | None = None,
+        memory_stats_for: Callable[[str], Awaitable[MemoryFigures]] | None = None,
         started_at: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -74,6 +80,7 @@ class SessionCommands:
         self._tier = tier
         self._ledger = ledger
         self._memory_stats = memory_stats
+        self._memory_stats_for = memory_stats_for
         self._monotonic = monotonic
         self._started = monotonic() if started_at is None else started_at
 
@@ -91,8 +98,8 @@ class SessionCommands:
             lines += await self._session_lines(session)
         if self._ledger is not None:
             lines.append(f"Today (all chats): {_usage_line(await self._ledger.day())}")
-        if self._memory_stats is not None:
-            lines.append(await self._memory_line())
+        if self._memory_stats is not None or self._memory_stats_for is not None:
+            lines.append(await self._memory_line(sid))
         running = "answering now" if control.is_running(sid) else "idle"
         lines.append(f"Queue: {control.queue_depth(sid)} waiting · {running}")
         lines.append(f"Uptime: {_duration(self._monotonic() - self._started)}")
@@ -117,10 +124,13 @@ class SessionCommands:
         lines.append(f"This chat: {_usage_line(session.usage)}")
         return lines
 
-    async def _memory_line(self) -> str:
-        assert self._memory_stats is not None
+    async def _memory_line(self, sid: str) -> str:
         try:
-            figures = await self._memory_stats()
+            if self._memory_stats_for is not None:
+                figures = await self._memory_stats_for(sid)
+            else:
+                assert self._memory_stats is not None
+                figures = await self._memory_stats()
         except Exception as exc:  # a status line must not take /status down
             return f"Memory: unavailable ({type(exc).__name__})"
         layers = ", ".join(f"{count} {layer}" for layer, count in figures.items.items()) or "none"

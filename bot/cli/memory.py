@@ -63,7 +63,9 @@ def show(
             if loaded is None:
                 fail(f"no session {session!r} (see `membot sessions list`)")
             history = loaded.messages
-        return await ops.render_for_session(service, settings.system_prompt, history, query)
+        return await ops.render_for_session(
+            service, settings.system_prompt, history, query, session_id=session or ""
+        )
 
     console.print(_run(settings, work), markup=False, highlight=False, soft_wrap=True)
 
@@ -88,10 +90,14 @@ def search(
     ctx: typer.Context,
     query: Annotated[str, typer.Argument(help="Words to look for.")],
     k: Annotated[int, typer.Option("-k", help="How many results.")] = 10,
+    session: Annotated[
+        str | None,
+        typer.Option(help='Search as this chat would (memory.scope = "chat"); default: every chat.'),
+    ] = None,
 ) -> None:
     """Search structured memory the way the bot does before answering."""
     settings = settings_from(ctx)
-    found = _run(settings, lambda service: ops.search(service, query, k=k))
+    found = _run(settings, lambda service: ops.search(service, query, k=k, session_id=session))
     if not found:
         console.print("nothing found")
         return
@@ -111,9 +117,15 @@ def search(
 
 
 @memory_app.command()
-def stats(ctx: typer.Context) -> None:
+def stats(
+    ctx: typer.Context,
+    session: Annotated[
+        str | None,
+        typer.Option(help='One chat\'s MEMORY.md, notes and items (memory.scope = "chat").'),
+    ] = None,
+) -> None:
     """Sizes, item counts per layer, and the last consolidation."""
-    figures = _run(settings_from(ctx), ops.stats)
+    figures = _run(settings_from(ctx), lambda service: ops.stats(service, session_id=session))
     table = Table("what", "value", show_header=False)
     table.add_row("MEMORY.md", f"{figures.memory_md_bytes:,} bytes")
     table.add_row("HISTORY.md", f"{figures.history_bytes:,} bytes")

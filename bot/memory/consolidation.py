@@ -1,8 +1,9 @@
 """Consolidation: one LLM call turns retiring messages into a HISTORY entry and an updated MEMORY.md.
 
 Consolidations run one at a time (an asyncio lock is the queue), so two sessions never race on
-MEMORY.md. A deadline covers waiting in the queue and the model call; when it passes, or the model
-fails or answers garbage, a ``[raw-fallback]`` entry keeps the last messages verbatim instead.
+MEMORY.md; in chat scope each run names the chat's own MEMORY.md, and the queue stays shared. A
+deadline covers waiting in the queue and the model call; when it passes, or the model fails or answers
+garbage, a ``[raw-fallback]`` entry keeps the last messages verbatim instead.
 """
 
 from __future__ import annotations
@@ -164,12 +165,18 @@ class Consolidator:
         self.last_result: ConsolidationResult | None = None
 
     async def run(
-        self, session_id: str, messages: Sequence[Message], *, timeout: float
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        timeout: float,
+        longterm: LongTermMemory | None = None,
     ) -> ConsolidationResult:
+        """Consolidate ``messages`` into HISTORY and ``longterm`` (default: the workspace MEMORY.md)."""
         result = ConsolidationResult(session_id)
         deadline = asyncio.get_running_loop().time() + timeout
         try:
-            await self._consolidate(result, messages, deadline)
+            await self._consolidate(result, messages, deadline, longterm or self._longterm)
         except TimeoutError:
             result.raw_fallback, result.reason = True, f"timed out after {timeout:g} s"
         except LLMError as exc:
@@ -183,7 +190,11 @@ class Consolidator:
         return result
 
     async def _consolidate(
-        self, result: ConsolidationResult, messages: Sequence[Message], deadline: float
+        self,
+        result: ConsolidationResult,
+        messages: Sequence[Message],
+        deadline: float,
+        longterm: LongTermMemory,
     ) -> None:
         if self._llm is None:
             result.raw_fallback, result.reason = True, "no model configured for consolidation"
@@ -191,7 +202,7 @@ class Consolidator:
         async with asyncio.timeout_at(deadline):
             await self._queue.acquire()
         try:
-            base = await self._longterm.read()
+            base = await longterm.read()
             prompt = build_prompt(
                 base.text, format_messages(messages, self._tz), max_memory_size=self._max_memory_size
             )
@@ -218,7 +229,7 @@ class Consolidator:
                 await self._history.append(now, result.session_id, entry)
             if memory is not None and memory.strip() and memory.strip() != base.text.strip():
                 text = memory.rstrip("\n") + "\n"
-                _, result.memory_merged = await self._longterm.replace_from(base, text)
+                _, result.memory_merged = await longterm.replace_from(base, text)
                 result.memory_changed = True
         finally:
             self._queue.release()

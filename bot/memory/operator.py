@@ -23,12 +23,21 @@ Progress = Callable[[int, int], None]  # (sessions done, sessions total)
 
 
 async def render_for_session(
-    service: MemoryService, base_prompt: str, history: Sequence[Message] = (), query: str | None = None
+    service: MemoryService,
+    base_prompt: str,
+    history: Sequence[Message] = (),
+    query: str | None = None,
+    *,
+    session_id: str = "",
 ) -> str:
-    """The system prompt for the next turn: ``query`` defaults to the last user message in ``history``."""
+    """The system prompt for the next turn of ``session_id``.
+
+    ``query`` defaults to the last user message in ``history``. In chat scope the memory shown is that
+    chat's, exactly as its model would see it (no session: the operator's MEMORY.md alone).
+    """
     if query is None:
         query = next((m.content for m in reversed(history) if m.role is Role.USER), "")
-    context = await service.context(query)
+    context = await service.context(query, session_id=session_id)
     return system_prompt(base_prompt, context.text)
 
 
@@ -36,8 +45,11 @@ def memory_file(service: MemoryService) -> Path:
     return service.longterm.path
 
 
-async def search(service: MemoryService, query: str, *, k: int = 10) -> list[ScoredItem]:
-    return await service.search(query, k=k)
+async def search(
+    service: MemoryService, query: str, *, k: int = 10, session_id: str | None = None
+) -> list[ScoredItem]:
+    """Items matching ``query``: of every chat, or in chat scope of ``session_id``'s chat only."""
+    return await service.search(query, k=k, session_id=session_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +64,17 @@ class MemoryStats:
     pending_consolidations: int
 
 
-async def stats(service: MemoryService) -> MemoryStats:
-    snap = await service.longterm.read()
-    today = await service.notes.read_day(service.notes.local(service.now()).date(), max_lines=100_000)
+async def stats(service: MemoryService, *, session_id: str | None = None) -> MemoryStats:
+    """Sizes and counts; in chat scope with a ``session_id``, MEMORY.md, notes and items are that chat's.
+
+    HISTORY.md, the archive and the consolidation figures are workspace-wide in either scope.
+    """
+    if service.chat_scope and session_id is not None:
+        longterm, notes = service.longterm_for(session_id), service.notes_for(session_id)
+    else:
+        longterm, notes = service.longterm, service.notes
+    snap = await longterm.read()
+    today = await notes.read_day(notes.local(service.now()).date(), max_lines=100_000)
 
     def sizes() -> tuple[int, int]:
         history = service.history.main_path
@@ -67,7 +87,10 @@ async def stats(service: MemoryService) -> MemoryStats:
         memory_md_bytes=len(snap.text.encode("utf-8")),
         history_bytes=history_bytes,
         today_notes=len(today),
-        items={layer.value: service.items.count(layer) for layer in Layer},
+        items={
+            layer.value: sum(1 for i in service.items.items(layer) if service.visible(i, session_id))
+            for layer in Layer
+        },
         archived_sessions=archived,
         last_consolidation=service.consolidator.last_run.isoformat()
         if service.consolidator.last_run

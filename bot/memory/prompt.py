@@ -1,9 +1,10 @@
 """The memory section of the system prompt, and the rules for what is left out.
 
-Order under ``# Memory``: ``## Long-term Memory`` (MEMORY.md, capped with a visible notice), the
-retrieved pack (``## Relevant Memory``), ``## Today's Notes``, then ``## Recent Context`` with one
-``### YYYY-MM-DD`` block per day — the legacy text context, shown only when the pack is empty. Empty
-sections are omitted, and so is the ``# Memory`` header when every section is empty.
+Order under ``# Memory``: ``## Long-term Memory`` (MEMORY.md, capped with a visible notice), in chat
+scope ``## This Chat's Memory`` (the chat's own MEMORY.md, capped the same way), the retrieved pack
+(``## Relevant Memory``), ``## Today's Notes``, then ``## Recent Context`` with one ``### YYYY-MM-DD``
+block per day — the legacy text context, shown only when the pack is empty. Empty sections are
+omitted, and so is the ``# Memory`` header when every section is empty.
 """
 
 from __future__ import annotations
@@ -23,15 +24,24 @@ def cap_bytes(text: str, limit: int) -> tuple[str, bool]:
 
 
 def long_term_section(text: str, limit: int) -> str:
+    return _capped_section("Long-term Memory", "MEMORY.md", text, limit)
+
+
+def chat_memory_section(text: str, limit: int) -> str:
+    """The chat's own MEMORY.md (chat scope), under the same cap and notice as the shared one."""
+    return _capped_section("This Chat's Memory", "This chat's MEMORY.md", text, limit)
+
+
+def _capped_section(title: str, name: str, text: str, limit: int) -> str:
     body = text.strip()
     if not body:
         return ""
     shown, truncated = cap_bytes(body, limit)
-    section = f"## Long-term Memory\n{shown.rstrip()}"
+    section = f"## {title}\n{shown.rstrip()}"
     if truncated:
         size = len(body.encode("utf-8"))
         section += (
-            f"\n\n[… MEMORY.md truncated: showing {len(shown.encode('utf-8'))} of {size} bytes; "
+            f"\n\n[… {name} truncated: showing {len(shown.encode('utf-8'))} of {size} bytes; "
             "the rest is on disk and can be searched with the memory tool.]"
         )
     return section
@@ -46,9 +56,9 @@ def recent_section(days: Sequence[tuple[date, Sequence[str]]]) -> str:
     return "## Recent Context\n\n" + "\n\n".join(blocks) if blocks else ""
 
 
-def render_memory(*, long_term: str, pack: str, today: str, recent: str) -> str:
+def render_memory(*, long_term: str, pack: str, today: str, recent: str, chat: str = "") -> str:
     """Join the non-empty sections under ``# Memory``; ``""`` when there is nothing to say."""
-    sections = [s for s in (long_term, pack, today, "" if pack else recent) if s.strip()]
+    sections = [s for s in (long_term, chat, pack, today, "" if pack else recent) if s.strip()]
     return "# Memory\n\n" + "\n\n".join(sections) if sections else ""
 
 

@@ -29,6 +29,7 @@ from bot.memory.items import ItemType, Layer, MemoryItem
 from bot.memory.timehints import time_hint
 
 _UTC = ZoneInfo("UTC")
+SUBSET_CACHE = 64  # per-chat indexes kept between queries (chat scope)
 
 
 _TOKEN = re.compile(r"[^\W_]+")
@@ -185,6 +186,7 @@ class Retriever:
         self._token_cache: dict[tuple[str, str], Frequencies] = {}
         self._index: LexicalIndex | None = None
         self._generation = -1
+        self._subsets: dict[str, tuple[int, LexicalIndex]] = {}
 
     def prepare(self, items: Iterable[MemoryItem]) -> None:
         """Count terms of new items at write time, so the next index rebuild only sums them up."""
@@ -201,6 +203,20 @@ class Retriever:
             self._index = LexicalIndex(items, self._token_cache)
             self._generation = generation
         return self._index
+
+    def subset(self, key: str, items: Sequence[MemoryItem], generation: int) -> LexicalIndex:
+        """An index over just ``items`` (one chat's, in chat scope), kept per ``key`` for a generation.
+
+        Ranking a subset on its own index, rather than filtering a ranking of everything, keeps the
+        scores and the top-k per chat: another chat's items neither crowd out nor reweigh this one's.
+        """
+        cached = self._subsets.pop(key, None)
+        if cached is None or cached[0] != generation:
+            cached = (generation, LexicalIndex(items, self._token_cache))
+        self._subsets[key] = cached
+        while len(self._subsets) > SUBSET_CACHE:  # bounded: least recently used chats go first
+            self._subsets.pop(next(iter(self._subsets)))
+        return cached[1]
 
     def rank(
         self,

@@ -7,6 +7,10 @@ item layers) and offers three paths:
 2. retire — :meth:`retire` archives messages that leave a session and consolidates them in the
    background; :meth:`consolidate` does the same awaited, for compaction and ``/new``;
 3. read — :meth:`context` builds the ``# Memory`` prompt section, :meth:`search` ranks items.
+
+With ``memory.scope = "chat"`` every path takes the session id and stays inside that chat (see
+bot/memory/scope.py): notes and the bot-written MEMORY.md live in the chat's folder, and items are
+retrieved only from the chat that told them. HISTORY.md and the archive stay workspace-wide.
 """
 
 from __future__ import annotations
@@ -33,8 +37,15 @@ from bot.memory.items import Layer, MemoryItem, Reference, make_title
 from bot.memory.longterm import LongTermMemory
 from bot.memory.notes import DailyNotes, note_line
 from bot.memory.pack import MemoryPack, PackDiagnostics, TokenCounter, estimate_tokens, render_pack
-from bot.memory.prompt import long_term_section, recent_section, render_memory, today_section
+from bot.memory.prompt import (
+    chat_memory_section,
+    long_term_section,
+    recent_section,
+    render_memory,
+    today_section,
+)
 from bot.memory.retrieval import Retriever, ScoredItem, diversify, load_lemmas, top_per_layer
+from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to, of_chat
 from bot.storage import append_bytes, ensure_private_dir, fix_private_tree
 
 log = structlog.get_logger(__name__)
@@ -86,6 +97,8 @@ class MemoryService:
         self._count = count_tokens
         self.longterm = LongTermMemory(root / "MEMORY.md")
         self.notes = DailyNotes(root, self.tz)
+        self.chat_scope = settings.scope == "chat"
+        self.chats = ChatFolders(root / CHATS_DIR, self.tz)
         self.history = HistoryLog(root)
         self.archive = TranscriptArchive(root / "archive")
         self.items = ItemStore(root / "items")
@@ -106,6 +119,17 @@ class MemoryService:
     def now(self) -> datetime:
         return self._clock()
 
+    def longterm_for(self, session_id: str) -> LongTermMemory:
+        """The MEMORY.md the bot writes for ``session_id``: the chat's own one in chat scope."""
+        return self.chats.longterm(session_id) if self.chat_scope else self.longterm
+
+    def notes_for(self, session_id: str) -> DailyNotes:
+        return self.chats.notes(session_id) if self.chat_scope else self.notes
+
+    def visible(self, item: MemoryItem, session_id: str | None) -> bool:
+        """Whether ``session_id`` may see ``item``; ``None`` is the operator, who sees everything."""
+        return not self.chat_scope or session_id is None or belongs_to(item, session_id)
+
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -122,6 +146,7 @@ class MemoryService:
             self.root / "archive",
             self.root / "items",
             self.root / "items" / "episodic",
+            *([self.chats.root] if self.chat_scope else []),
         ):
             ensure_private_dir(folder)
         return fix_private_tree(self.root)
@@ -142,9 +167,10 @@ class MemoryService:
         utterances: list[Utterance] = []
         for ex in exchanges:
             if ex.user is not None and ex.assistant is not None:
-                when = self.notes.local(ex.assistant.timestamp)
+                notes = self.notes_for(ex.session_id)
+                when = notes.local(ex.assistant.timestamp)
                 line = note_line(when, ex.user.content, ex.assistant.content)
-                note_lines.setdefault(self.notes.path_for(when.date()), []).append(line)
+                note_lines.setdefault(notes.path_for(when.date()), []).append(line)
             for msg, turn in ((ex.user, ex.user_turn), (ex.assistant, ex.assistant_turn)):
                 if msg is not None and msg.content.strip():
                     ref = Reference(ex.session_id, msg.id, turn)
@@ -183,13 +209,17 @@ class MemoryService:
     ) -> ConsolidationResult:
         """Archive, then consolidate ``messages_to_retire`` into HISTORY/MEMORY.md; awaited.
 
+        In chat scope the MEMORY.md is the chat's own (:meth:`longterm_for`), never the operator's.
+
         Used by compaction and ``/new``. On timeout or failure a raw-fallback entry is written and
         ``result.raw_fallback`` is True; the caller may drop the messages from the session either way.
         """
         session_id = session if isinstance(session, str) else session.id
         archived = await self.archive_messages(session_id, messages_to_retire)
         wait = self.settings.consolidation_timeout if timeout is None else timeout
-        result = await self.consolidator.run(session_id, messages_to_retire, timeout=wait)
+        result = await self.consolidator.run(
+            session_id, messages_to_retire, timeout=wait, longterm=self.longterm_for(session_id)
+        )
         result.archived = archived
         await self._store_facts(session_id, messages_to_retire, result)
         return result
@@ -242,10 +272,19 @@ class MemoryService:
     # -- read path --------------------------------------------------------------------------------
 
     async def search(
-        self, query: str, *, k: int = 10, layers: Sequence[Layer] | None = None, touch: bool = False
+        self,
+        query: str,
+        *,
+        k: int = 10,
+        layers: Sequence[Layer] | None = None,
+        touch: bool = False,
+        session_id: str | None = None,
     ) -> list[ScoredItem]:
-        """The ``k`` best items for ``query`` (one per source message), best first."""
-        ranked = await self._rank(query)
+        """The ``k`` best items for ``query`` (one per source message), best first.
+
+        In chat scope only ``session_id``'s items are searched; ``None`` (the operator) searches all.
+        """
+        ranked = await self._rank(query, session_id)
         if layers is not None:
             ranked = [s for s in ranked if s.item.layer in layers]
         out = list(diversify(ranked))[:k]
@@ -253,9 +292,14 @@ class MemoryService:
             await self._touch(out)
         return out
 
-    async def _rank(self, query: str) -> list[ScoredItem]:
+    async def _rank(self, query: str, session_id: str | None) -> list[ScoredItem]:
         items = self.items.items()
-        index = self.retriever.refresh(items, self.items.generation)
+        if self.chat_scope and session_id is not None:
+            # Filter before ranking, so scores and every top-k are the chat's own.
+            items = of_chat(items, session_id)
+            index = self.retriever.subset(session_id, items, self.items.generation)
+        else:
+            index = self.retriever.refresh(items, self.items.generation)
         similarities = await self.embeddings.similarities(query, items) if self.embeddings else None
         return self.retriever.rank(index, query, self.now(), similarities=similarities, tz=self.tz)
 
@@ -265,10 +309,17 @@ class MemoryService:
         for scored in chosen:
             self.items.touch(scored.item.id, now)
 
-    async def pack(self, query: str, *, soft: int | None = None, hard: int | None = None) -> MemoryPack:
+    async def pack(
+        self,
+        query: str,
+        *,
+        soft: int | None = None,
+        hard: int | None = None,
+        session_id: str | None = None,
+    ) -> MemoryPack:
         s = self.settings
         started = time.perf_counter()
-        ranked = list(diversify(await self._rank(query)))
+        ranked = list(diversify(await self._rank(query, session_id)))
         limits = {
             Layer.EPISODIC: s.top_k_episodic,
             Layer.SEMANTIC: s.top_k_semantic,
@@ -291,19 +342,27 @@ class MemoryService:
         return pack
 
     async def context(self, query: str, *, session_id: str = "") -> MemoryContext:
-        """The ``# Memory`` section for a turn whose user wrote ``query``."""
+        """The ``# Memory`` section for a turn of ``session_id`` whose user wrote ``query``.
+
+        In chat scope it holds the operator's MEMORY.md and, of everything else, only this chat's.
+        """
         s = self.settings
         now = self.now()
         snap = await self.longterm.read()
-        pack = await self.pack(query) if query.strip() else MemoryPack("", [], PackDiagnostics())
-        today = await self.notes.read_day(self.notes.local(now).date(), max_lines=s.notes_max_lines_today)
+        chat = await self.chats.longterm(session_id).read() if self.chat_scope else None
+        pack = (
+            await self.pack(query, session_id=session_id)
+            if query.strip()
+            else MemoryPack("", [], PackDiagnostics())
+        )
+        notes = self.notes_for(session_id)
+        today = await notes.read_day(notes.local(now).date(), max_lines=s.notes_max_lines_today)
         recent = (
-            []
-            if pack.text
-            else await self.notes.recent(now, s.recent_days, max_lines=s.notes_max_lines_per_day)
+            [] if pack.text else await notes.recent(now, s.recent_days, max_lines=s.notes_max_lines_per_day)
         )
         text = render_memory(
             long_term=long_term_section(snap.text, s.inject_max_bytes),
+            chat=chat_memory_section(chat.text, s.inject_max_bytes) if chat is not None else "",
             pack=pack.text,
             today=today_section(today),
             recent=recent_section(recent),
@@ -311,7 +370,10 @@ class MemoryService:
         diagnostics: dict[str, object] = {
             "session_id": session_id,
             "memory_md_bytes": len(snap.text.encode("utf-8")),
+            "scope": s.scope,
             "memory_tokens": self._count(text) if text else 0,
             "pack": self.last_diagnostics.get("pack", {}),
         }
+        if chat is not None:
+            diagnostics["chat_memory_md_bytes"] = len(chat.text.encode("utf-8"))
         return MemoryContext(text, pack, diagnostics)

@@ -4,6 +4,10 @@
 ``run(args, ctx)``), so the tool-loop registry can offer it as is. The operations are also plain
 async methods (:class:`MemoryToolOps`) for other callers. Long-term facts (``layer="long_term"``) go
 to MEMORY.md through the same compare-and-swap as every bot write.
+
+Every operation takes the asking session's id: in chat scope (``memory.scope = "chat"``) long-term
+writes go to the chat's own MEMORY.md, and search, update, promote and forget see only items that chat
+told, so an id from another chat is as unknown as a made-up one.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ class MemoryToolOps:
             raise ToolError("add needs non-empty 'content'")
         if layer == LONG_TERM:
             line = f"- {' '.join(text.split())}"
-            await self._memory.longterm.update(lambda old: _append_line(old, line))
+            await self._memory.longterm_for(session_id).update(lambda old: _append_line(old, line))
             return "Saved to MEMORY.md."
         item_type, item_layer = _parse_type(type), _parse_layer(layer)
         now = self._memory.now()
@@ -69,10 +73,10 @@ class MemoryToolOps:
         stored = await self._memory.items.add(item)
         return f"Saved as {stored.id} ({stored.layer.value}/{stored.type.value})."
 
-    async def search(self, query: str, *, k: int = 5) -> str:
+    async def search(self, query: str, *, k: int = 5, session_id: str = "") -> str:
         if not query.strip():
             raise ToolError("search needs a 'query'")
-        found = await self._memory.search(query, k=max(1, min(20, k)), touch=True)
+        found = await self._memory.search(query, k=max(1, min(20, k)), touch=True, session_id=session_id)
         if not found:
             return "No matching memories."
         return "\n".join(
@@ -81,8 +85,8 @@ class MemoryToolOps:
             for s in found
         )
 
-    async def update(self, item_id: str, content: str) -> str:
-        item = self._get(item_id)
+    async def update(self, item_id: str, content: str, *, session_id: str = "") -> str:
+        item = self._get(item_id, session_id)
         if not content.strip():
             raise ToolError("update needs non-empty 'content'")
         now = self._memory.now()
@@ -90,8 +94,8 @@ class MemoryToolOps:
         await self._memory.items.put(item.with_changes(content=text, title=make_title(text), updated_at=now))
         return f"Updated {item_id}."
 
-    async def promote(self, item_id: str) -> str:
-        item = self._get(item_id)
+    async def promote(self, item_id: str, *, session_id: str = "") -> str:
+        item = self._get(item_id, session_id)
         if item.layer is not Layer.EPISODIC:
             return f"{item_id} is already {item.layer.value}."
         now = self._memory.now()
@@ -104,9 +108,9 @@ class MemoryToolOps:
             else f"{item_id} stays episodic."
         )
 
-    async def forget(self, item_id: str = "", content: str = "") -> str:
+    async def forget(self, item_id: str = "", content: str = "", *, session_id: str = "") -> str:
         if item_id:
-            self._get(item_id)
+            self._get(item_id, session_id)
             await self._memory.items.delete(item_id, self._memory.now())
             return f"Forgot {item_id}."
         needle = content.strip().lower()
@@ -121,12 +125,12 @@ class MemoryToolOps:
                 (removed if needle in line.lower() else kept).append(line)
             return "\n".join(kept) + "\n" if kept else ""
 
-        await self._memory.longterm.update(drop)
+        await self._memory.longterm_for(session_id).update(drop)
         return f"Removed {len(removed)} line(s) from MEMORY.md." if removed else "No MEMORY.md line matched."
 
-    def _get(self, item_id: str) -> MemoryItem:
+    def _get(self, item_id: str, session_id: str) -> MemoryItem:
         item = self._memory.items.get(item_id.strip())
-        if item is None:
+        if item is None or not self._memory.visible(item, session_id):
             raise ToolError(f"no memory with id {item_id!r}; search first to get ids")
         return item
 
@@ -151,14 +155,16 @@ class MemoryTool:
                 layer=str(args.get("layer") or "semantic"),
                 session_id=ctx.session_id,
             )
+        sid = ctx.session_id
         if action == "search":
-            return await self.ops.search(str(args.get("query") or content), k=_int(args.get("k"), 5))
+            query = str(args.get("query") or content)
+            return await self.ops.search(query, k=_int(args.get("k"), 5), session_id=sid)
         if action == "update":
-            return await self.ops.update(item_id, content)
+            return await self.ops.update(item_id, content, session_id=sid)
         if action == "promote":
-            return await self.ops.promote(item_id)
+            return await self.ops.promote(item_id, session_id=sid)
         if action == "forget":
-            return await self.ops.forget(item_id, content)
+            return await self.ops.forget(item_id, content, session_id=sid)
         raise ToolError(f"unknown action {action!r}; use add, search, update, promote or forget")
 
 

@@ -10,7 +10,7 @@ import httpx
 from bot.config import ToolSettings
 from bot.tools.base import Tool
 from bot.tools.clock import TimeTool
-from bot.tools.files import FilesTool, LongTermFile
+from bot.tools.files import DEFAULT_PROTECTED, FilesTool, LongTermFile
 from bot.tools.memory import MemoryOps, MemoryTool
 from bot.tools.shell import ShellTool
 from bot.tools.web_fetch import WebFetchTool
@@ -24,14 +24,20 @@ def builtin_tools(
     http: httpx.AsyncClient,
     memory: MemoryOps | None = None,
     long_term: LongTermFile[Any] | None = None,
+    private_memory: bool = False,
 ) -> list[Tool]:
     """Every built-in tool; :class:`ToolRegistry` then keeps the enabled ones per channel.
 
     ``http`` is the web_fetch client (``trust_env=False``); ``memory`` and ``long_term`` come from the
     memory service; without them there is no memory tool and MEMORY.md cannot be written by ``files``.
+    ``private_memory`` (``memory.scope = "chat"``) closes ``memory/`` to ``files`` altogether, since it
+    holds every chat's notes and the model must see only its own chat's, through the prompt.
     """
+    protected = (*DEFAULT_PROTECTED, "memory") if private_memory else DEFAULT_PROTECTED
     tools: list[Tool] = [
-        FilesTool(workspace, max_bytes=settings.max_file_read_bytes, long_term=long_term),
+        FilesTool(
+            workspace, max_bytes=settings.max_file_read_bytes, long_term=long_term, protected=protected
+        ),
         WebFetchTool(
             http,
             max_bytes=settings.web_max_bytes,

@@ -250,6 +250,8 @@ class FilesTool:
 
     async def _write_memory(self, action: str, content: str, ctx: ToolContext) -> str:
         if self._long_term is None:
+            if _under(MEMORY_FILE, self._protected):  # memory/ closed (chat scope): say that instead
+                raise ToolError(f"{MEMORY_FILE} belongs to the bot's internal state and cannot be written")
             raise ToolError("memory/MEMORY.md cannot be written: the memory service is not running")
         if action == "append":
             snap = await self._long_term.update(lambda text: _join(text, content))

@@ -1,0 +1,221 @@
+"""memory.scope = "chat": what one chat says never reaches another chat's prompt; MEMORY.md stays shared."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bot.config import ToolSettings
+from bot.domain import Message, Role
+from bot.llm import LLMClient
+from bot.memory import Exchange, MemoryService
+from bot.memory import operator as memory_operator
+from bot.memory.tool import MemoryTool
+from bot.sessions import encode_id
+from bot.tools import builtin_tools
+from bot.tools.base import ToolContext, ToolError
+from tests.bot.memory.conftest import Clock, make_memory
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+
+A, B = "telegram:111", "discord:222"
+OPERATOR = "# Operator\n- The office is in Porto\n"
+FACT = "Remember that my passport number ends in 42."
+
+
+def exchange(clock: Clock, sid: str, user: str, answer: str = "Noted.") -> Exchange:
+    return Exchange(
+        sid,
+        Message(Role.USER, user, timestamp=clock.now),
+        Message(Role.ASSISTANT, answer, timestamp=clock.now),
+    )
+
+
+def files_under(root: Path) -> set[Path]:
+    return {p.resolve() for p in root.rglob("*") if p.is_file()}
+
+
+def chat_dir(memory: MemoryService, sid: str) -> Path:
+    return memory.root / "chats" / encode_id(sid)
+
+
+async def chat_memory(tmp_path: Path, clock: Clock, llm: LLMClient | None = None) -> MemoryService:
+    memory = await make_memory(tmp_path, clock, llm, scope="chat")
+    (memory.root / "MEMORY.md").write_text(OPERATOR)
+    return memory
+
+
+async def test_a_fact_told_in_one_chat_stays_in_that_chat(tmp_path: Path, clock: Clock) -> None:
+    memory = await chat_memory(tmp_path, clock)
+    stored = await memory.record_exchanges([exchange(clock, A, FACT)])
+    assert stored and all(any(r.session_id == A for r in i.references) for i in stored)
+    await MemoryTool(memory).run(
+        {"action": "add", "content": "User's cat is called Miso", "layer": "long_term"},
+        ToolContext(A, "telegram", "t1"),
+    )
+
+    mine = await memory.context("what does my passport number end in? and my cat?", session_id=A)
+    theirs = await memory.context("what does my passport number end in? and my cat?", session_id=B)
+
+    assert "## Long-term Memory\n# Operator\n- The office is in Porto" in mine.text
+    assert "## This Chat's Memory\n- User's cat is called Miso" in mine.text
+    assert "## Relevant Memory" in mine.text and mine.pack.items
+    assert "## Today's Notes" in mine.text and mine.text.count("passport number ends in 42") >= 2
+    assert "## Long-term Memory\n# Operator\n- The office is in Porto" in theirs.text
+    assert "42" not in theirs.text and "Miso" not in theirs.text and not theirs.pack.items
+    assert "## This Chat's Memory" not in theirs.text and "Today's Notes" not in theirs.text
+    # Nothing of the chat went to the workspace files the other chats read.
+    assert (memory.root / "MEMORY.md").read_text() == OPERATOR
+    assert [p.name for p in memory.root.glob("*.md")] == ["MEMORY.md"]  # no workspace daily notes
+    assert (chat_dir(memory, A) / "2024-05-20.md").read_text().startswith("[09:30] User: Remember")
+
+
+async def test_search_is_per_chat_and_the_operator_sees_all(tmp_path: Path, clock: Clock) -> None:
+    memory = await chat_memory(tmp_path, clock)
+    await memory.record_exchanges([exchange(clock, A, FACT)])
+    await memory.record_exchanges([exchange(clock, B, "Remember that my locker number is 42.")])
+
+    mine = await memory.search("passport number 42", session_id=A)
+    theirs = await memory.search("passport number 42", session_id=B)
+    everyone = await memory.search("passport number 42")
+
+    assert mine and all(any(r.session_id == A for r in s.item.references) for s in mine)
+    assert not any("passport" in s.item.content for s in theirs)
+    assert {r.session_id for s in everyone for r in s.item.references} == {A, B}
+    stats_a = await memory_operator.stats(memory, session_id=A)
+    stats_none = await memory_operator.stats(memory, session_id="telegram:999")
+    assert stats_a.today_notes == 1 and sum(stats_a.items.values()) > 0
+    assert stats_none.today_notes == 0 and sum(stats_none.items.values()) == 0
+    assert stats_none.memory_md_bytes == 0
+
+
+async def test_consolidation_writes_the_chats_memory_never_the_operators(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    memory = await chat_memory(tmp_path, clock, llm)
+    before = (memory.root / "MEMORY.md").read_bytes()
+    await memory.chats.longterm(A).update(lambda _: "- A's user drinks green tea\n")
+    update = "- A's user drinks green tea\n- A's user is going to Lisbon in June\n"
+    fake_llm.script(FakeReply(text=json.dumps({"history_entry": "Planned a trip.", "memory_update": update})))
+    conversation = [
+        Message(Role.USER, "I fly to Lisbon in June", timestamp=clock.now),
+        Message(Role.ASSISTANT, "Have a good trip!", timestamp=clock.now),
+    ]
+
+    result = await memory.consolidate(A, conversation, timeout=5)
+
+    assert result.memory_changed and not result.raw_fallback
+    prompt = json.dumps(fake_llm.requests[-1].body)
+    assert "green tea" in prompt and "The office is in Porto" not in prompt  # the chat's file is "current"
+    assert (memory.root / "MEMORY.md").read_bytes() == before
+    assert (chat_dir(memory, A) / "MEMORY.md").read_text() == update
+    assert "Planned a trip." in (memory.root / "HISTORY.md").read_text()  # the operator's log stays one
+    mine = await memory.context("where am I going?", session_id=A)
+    theirs = await memory.context("where am I going?", session_id=B)
+    assert "Lisbon" in mine.text and "The office is in Porto" in mine.text
+    assert "Lisbon" not in theirs.text and "green tea" not in theirs.text
+    assert "The office is in Porto" in theirs.text
+
+
+async def test_the_memory_tool_sees_only_its_own_chat(memory_chat: MemoryService) -> None:
+    tool = MemoryTool(memory_chat)
+    ctx_a, ctx_b = ToolContext(A, "telegram", "t1"), ToolContext(B, "discord", "t2")
+    saved = await tool.run({"action": "add", "content": "User's dog is called Rex", "type": "fact"}, ctx_a)
+    item_id = saved.split()[2]
+    item = memory_chat.items.get(item_id)
+    assert item is not None and [r.session_id for r in item.references] == [A]
+
+    assert "Rex" in await tool.run({"action": "search", "query": "what is the dog called"}, ctx_a)
+    assert await tool.run({"action": "search", "query": "what is the dog called"}, ctx_b) == (
+        "No matching memories."
+    )
+    for args in (
+        {"action": "update", "id": item_id, "content": "User's dog is called Max"},
+        {"action": "promote", "id": item_id},
+        {"action": "forget", "id": item_id},
+    ):
+        with pytest.raises(ToolError, match="no memory with id"):
+            await tool.run(args, ctx_b)
+    assert memory_chat.items.get(item_id) == item
+
+    await tool.run({"action": "add", "content": "User is vegan", "layer": "long_term"}, ctx_b)
+    assert await tool.run({"action": "forget", "content": "vegan"}, ctx_a) == "No MEMORY.md line matched."
+    assert (chat_dir(memory_chat, B) / "MEMORY.md").read_text() == "- User is vegan\n"
+    assert (memory_chat.root / "MEMORY.md").read_text() == OPERATOR
+
+
+@pytest.mark.parametrize("sid", ["telegram:-100123:7", "../../etc", "..", "a/../../b", ".hidden", ""])
+async def test_odd_session_ids_stay_inside_memory_chats(tmp_path: Path, clock: Clock, sid: str) -> None:
+    memory = await chat_memory(tmp_path, clock)
+    await memory.record_exchanges([exchange(clock, sid, FACT)])
+    await memory.longterm_for(sid).update(lambda _: "- x\n")
+
+    chats = (memory.root / "chats").resolve()
+    folder = chat_dir(memory, sid).resolve()
+    assert folder.parent == chats
+    written = files_under(tmp_path)
+    assert {p for p in written if not p.is_relative_to(memory.root.resolve() / "items")} == {
+        (memory.root / "MEMORY.md").resolve(),
+        folder / "MEMORY.md",
+        folder / "2024-05-20.md",
+    }
+    assert "- x" in (await memory.context("", session_id=sid)).text
+
+
+async def test_chat_folders_and_files_are_private(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    memory = await chat_memory(tmp_path, clock, llm)
+    fake_llm.script(FakeReply(text=json.dumps({"history_entry": "x", "memory_update": "- y\n"})))
+    await memory.record_exchanges([exchange(clock, A, FACT)])
+    await memory.consolidate(A, [Message(Role.USER, "hello", timestamp=clock.now)], timeout=5)
+
+    chats = memory.root / "chats"
+    assert chats.stat().st_mode & 0o777 == 0o700
+    assert {p.name for p in chat_dir(memory, A).iterdir()} == {"MEMORY.md", "2024-05-20.md"}
+    for path in chats.rglob("*"):
+        assert path.stat().st_mode & 0o777 == (0o700 if path.is_dir() else 0o600), path
+
+
+async def test_render_for_session_shows_that_chats_memory(tmp_path: Path, clock: Clock) -> None:
+    memory = await chat_memory(tmp_path, clock)
+    await memory.record_exchanges([exchange(clock, A, FACT)])
+    history = [Message(Role.USER, "what does my passport number end in?")]
+
+    mine = await memory_operator.render_for_session(memory, "You are membot.", history, session_id=A)
+    theirs = await memory_operator.render_for_session(memory, "You are membot.", history, session_id=B)
+    nobody = await memory_operator.render_for_session(memory, "You are membot.", history)
+
+    assert "ends in 42" in mine
+    assert "ends in 42" not in theirs and "ends in 42" not in nobody
+    assert "The office is in Porto" in theirs and "The office is in Porto" in nobody
+
+
+async def test_files_tool_cannot_open_memory_in_chat_scope(tmp_path: Path) -> None:
+    (tmp_path / "memory" / "chats" / "x").mkdir(parents=True)
+    (tmp_path / "memory" / "chats" / "x" / "2024-05-20.md").write_text("secret\n")
+    async with httpx.AsyncClient() as http:
+        tools = builtin_tools(
+            ToolSettings(), workspace=tmp_path, timezone="UTC", http=http, private_memory=True
+        )
+    files = next(t for t in tools if t.name == "files")
+    ctx = ToolContext(A, "telegram", "t1")
+    for args in (
+        {"action": "read", "path": "memory/chats/x/2024-05-20.md"},
+        {"action": "read", "path": "memory/MEMORY.md"},
+        {"action": "write", "path": "memory/MEMORY.md", "content": "- z\n"},
+        {"action": "list", "path": "memory"},
+    ):
+        with pytest.raises(ToolError, match="internal state"):
+            await files.run(args, ctx)
+    assert "memory" not in await files.run({"action": "list", "path": "."}, ctx)
+
+
+@pytest.fixture
+async def memory_chat(tmp_path: Path, clock: Clock) -> AsyncIterator[MemoryService]:
+    memory = await chat_memory(tmp_path, clock)
+    yield memory
+    await memory.close()
