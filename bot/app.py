@@ -275,14 +275,16 @@ async def run_chat(settings: Settings) -> None:
         stopping: set[asyncio.Task[int | None]] = set()
 
         def on_interrupt() -> None:
-            if not core.dispatcher.is_running(channel.session_id):
+            # Once the reply is printed the turn may still be saving; Ctrl-C then quits (the
+            # shutdown lets it finish), it does not "stop" an answer the user already has.
+            if not (channel.waiting_for_reply and core.dispatcher.is_running(channel.session_id)):
                 channel.close()
                 return
             channel.notice("[stopping the answer — Ctrl-C again at the prompt quits]")
             task = loop.create_task(core.dispatcher.stop(channel.session_id))
             stopping.add(task)
             task.add_done_callback(stopping.discard)
-            task.add_done_callback(lambda _: channel.notice("[stopped]"))
+            task.add_done_callback(lambda _: channel.answer_stopped())
 
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGINT, on_interrupt)

@@ -78,7 +78,13 @@ class TerminalChannel(Channel):
 
     @property
     def waiting_for_reply(self) -> bool:
+        """A message was typed and its reply has not been printed yet (Ctrl-C then stops, not quits)."""
         return self._waiting > 0
+
+    def answer_stopped(self) -> None:
+        """The running turn was stopped (and with it the queued ones): no reply is coming."""
+        self._waiting = 0
+        self.notice("[stopped]")
 
     async def _read_loop(self) -> None:
         while True:

@@ -11,7 +11,6 @@ from bot.config import ToolSettings
 from bot.tools.base import Tool
 from bot.tools.clock import TimeTool
 from bot.tools.files import DEFAULT_PROTECTED, FilesTool, LongTermFile
-from bot.tools.memory import MemoryOps, MemoryTool
 from bot.tools.shell import ShellTool
 from bot.tools.web_fetch import WebFetchTool
 
@@ -22,14 +21,14 @@ def builtin_tools(
     workspace: Path,
     timezone: str,
     http: httpx.AsyncClient,
-    memory: MemoryOps | None = None,
     long_term: LongTermFile[Any] | None = None,
     private_memory: bool = False,
 ) -> list[Tool]:
     """Every built-in tool; :class:`ToolRegistry` then keeps the enabled ones per channel.
 
-    ``http`` is the web_fetch client (``trust_env=False``); ``memory`` and ``long_term`` come from the
-    memory service; without them there is no memory tool and MEMORY.md cannot be written by ``files``.
+    ``http`` is the web_fetch client (``trust_env=False``); ``long_term`` comes from the memory
+    service, without it ``files`` cannot write MEMORY.md (the memory tool, bot/memory/tool.py, is
+    added by the app).
     ``private_memory`` (``memory.scope = "chat"``) closes ``memory/`` to ``files`` altogether, since it
     holds every chat's notes and the model must see only its own chat's, through the prompt.
     """
@@ -52,6 +51,4 @@ def builtin_tools(
             max_output=settings.result_max_chars * 4,
         ),
     ]
-    if memory is not None:
-        tools.append(MemoryTool(memory))
     return tools

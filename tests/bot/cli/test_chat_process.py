@@ -98,7 +98,7 @@ async def test_ctrl_c_stops_the_answer_then_quits_at_the_prompt_and_the_chat_con
             await chat.wait_for("[stopped]")
             assert chat.process.returncode is None  # still chatting
             await chat.type("and now?")
-            await chat.wait_for("echo: and now?")
+            await chat.wait_for("echo: and now?\nyou › ")  # the whole reply, not just its streamed start
             chat.process.send_signal(signal.SIGINT)  # Ctrl-C at the prompt quits
             assert await chat.exit_code() == 0, chat.err
         assert "a very slow answer" not in chat.out
