@@ -1,16 +1,16 @@
 """The error tree: every failure membot raises on purpose.
 
-    MembotError
-    ├── ConfigError          a setting or file is wrong; the message names it and says how to fix it
-    ├── StorageError         a workspace file could not be read or written
-    ├── ChannelError         a chat platform refused or failed (start-up, send)
-    └── LLMError             the model provider failed; retry and failover decide by type
-        ├── LLMTimeout       (also a builtin TimeoutError)
-        ├── LLMRateLimited   carries retry_after (seconds) when the provider said so
-        ├── LLMAuthError     bad or missing key, or an exhausted spend limit: never retried
-        ├── LLMUnavailable   connection failures, 5xx, 529 overloaded
-        ├── LLMContextOverflow  the prompt is larger than the model's window
-        └── LLMBadResponse   the provider answered something we cannot use
+MembotError
+├── ConfigError          a setting or file is wrong; the message names it and says how to fix it
+├── StorageError         a workspace file could not be read or written
+├── ChannelError         a chat platform refused or failed (start-up, send)
+└── LLMError             the model provider failed; retry and failover decide by type
+    ├── LLMTimeout       (also a builtin TimeoutError)
+    ├── LLMRateLimited   carries retry_after (seconds) when the provider said so
+    ├── LLMAuthError     bad or missing key, or an exhausted spend limit: never retried
+    ├── LLMUnavailable   connection failures, 5xx, 529 overloaded
+    ├── LLMContextOverflow  the prompt is larger than the model's window
+    └── LLMBadResponse   the provider answered something we cannot use
 """
 
 from __future__ import annotations

@@ -106,7 +106,6 @@ class Inbox:
         return self._dir / f"{encode_id(sid)}.jsonl"
 
 
-
 def _encode(message: InboundMessage) -> dict[str, Any]:
     return {
         "channel": message.channel,

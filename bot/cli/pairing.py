@@ -23,9 +23,7 @@ def approve(
     """Admit the user who was given CODE."""
     approval = approve_code(settings_from(ctx).workspace, code)
     if approval is None:
-        fail(
-            f"no pending pairing code {code!r} (codes expire after an hour; see `membot pairing list`)"
-        )
+        fail(f"no pending pairing code {code!r} (codes expire after an hour; see `membot pairing list`)")
     who = f"{approval.user_name} ({approval.user_id})" if approval.user_name else approval.user_id
     console.print(f"approved {who} on {approval.channel}")
 

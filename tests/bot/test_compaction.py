@@ -28,9 +28,6 @@ from tests.session_kit import RecordingRetirer, conversation, llm_client, pairs_
 SUMMARY = "- The user prefers tea.\n- TODO: book flight AB123 to /srv/trips/plan.md by Friday."
 
 
-
-
-
 def service(
     server: FakeLLMServer,
     catalog: ModelCatalog,

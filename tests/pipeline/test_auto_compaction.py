@@ -66,8 +66,6 @@ def counter(tmp_path_factory: pytest.TempPathFactory) -> TokenCounter:
     return TokenCounter.offline(tmp_path_factory.mktemp("tiktoken"), model=TINY, provider="openai")
 
 
-
-
 class Rig:
     def __init__(
         self,

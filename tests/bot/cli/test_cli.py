@@ -10,11 +10,19 @@ from pathlib import Path
 import pytest
 
 
-def membot(*args: str, env: dict[str, str] | None = None, stdin: str = "", cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def membot(
+    *args: str, env: dict[str, str] | None = None, stdin: str = "", cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
     clean.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "bot", *args], input=stdin, capture_output=True, text=True, env=clean, cwd=cwd, timeout=60
+        [sys.executable, "-m", "bot", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=clean,
+        cwd=cwd,
+        timeout=60,
     )
 
 
@@ -34,7 +42,11 @@ def test_chat_without_a_model_says_what_to_set(home: dict[str, str], tmp_path: P
     result = membot("chat", env=home, cwd=tmp_path)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    for setting in ("MEMBOT_LLM__OPENAI__API_KEY", "MEMBOT_LLM__ANTHROPIC__API_KEY", "http://localhost:11434/v1"):
+    for setting in (
+        "MEMBOT_LLM__OPENAI__API_KEY",
+        "MEMBOT_LLM__ANTHROPIC__API_KEY",
+        "http://localhost:11434/v1",
+    ):
         assert setting in result.stderr
 
 

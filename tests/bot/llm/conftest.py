@@ -29,9 +29,6 @@ class Sleeps:
 MakeClient = Callable[..., tuple[LLMClient, Sleeps]]
 
 
-
-
-
 @pytest.fixture
 def make_client(server: FakeLLMServer, http: httpx.AsyncClient, catalog: ModelCatalog) -> MakeClient:
     """``make_client("openai", max_retries=1)``: an LLMClient aimed at the fake, jitter fixed at 0.5."""

@@ -63,7 +63,6 @@ async def server() -> AsyncIterator[FakeEmbeddings]:
     await runner.cleanup()
 
 
-
 async def test_embedder_speaks_the_openai_wire_format(
     server: FakeEmbeddings, http: httpx.AsyncClient
 ) -> None:

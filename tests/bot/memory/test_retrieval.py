@@ -71,9 +71,9 @@ def test_question_finds_the_statement_in_other_word_forms() -> None:
         make("the weather was nice"),
     ]
     assert rank(items, "What bike did I buy?")[0].item.content.startswith("I bought")
-    assert rank([make("I'm 32 years old"), make("my mother is a nurse")], "How old am I?")[0].item.content == (
-        "I'm 32 years old"
-    )
+    assert rank([make("I'm 32 years old"), make("my mother is a nurse")], "How old am I?")[
+        0
+    ].item.content == ("I'm 32 years old")
 
 
 def test_non_english_memory_is_searchable() -> None:
