@@ -47,6 +47,9 @@ class MemoryFigures(Protocol):
     @property
     def items(self) -> Mapping[str, int]: ...
 
+    @property
+    def last_recall(self) -> Mapping[str, object] | None: ...
+
 
 class ContextGauge(Protocol):
     """Estimates the next prompt of a session (the auto-compaction system is one)."""
@@ -135,10 +138,12 @@ class SessionCommands:
             return f"Memory: unavailable ({type(exc).__name__})"
         layers = ", ".join(f"{count} {layer}" for layer, count in figures.items.items()) or "none"
         notes = "note" if figures.today_notes == 1 else "notes"
-        return (
+        line = (
             f"Memory: MEMORY.md {_bytes(figures.memory_md_bytes)} · items {layers} · "
             f"{figures.today_notes} {notes} today"
         )
+        recall = _recall_line(figures.last_recall)
+        return f"{line}\n{recall}" if recall else line
 
     # -- /compact -----------------------------------------------------------------------------------
 
@@ -226,3 +231,35 @@ def _duration(seconds: float) -> str:
     if hours:
         return f"{hours}h {minutes}m"
     return f"{minutes}m {total % 60}s" if minutes else f"{total}s"
+
+
+def _recall_line(recall: Mapping[str, object] | None) -> str:
+    """What memory gave this chat's last reply, as "Last recall: 3 of 40 items (…) · 1 ms"."""
+    if not recall:
+        return ""
+    pack = recall.get("pack")
+    if not isinstance(pack, Mapping):
+        return ""
+    chosen = pack.get("chosen")
+    chosen = chosen if isinstance(chosen, list) else []
+    candidates = pack.get("candidates", 0)
+    ms = pack.get("ms", 0)
+    if not chosen:
+        return f"Last recall: nothing relevant among {candidates} items · {ms} ms"
+    per_layer: dict[str, int] = {}
+    for c in chosen:
+        if isinstance(c, Mapping):
+            layer = str(c.get("layer", "?"))
+            per_layer[layer] = per_layer.get(layer, 0) + 1
+    layers = ", ".join(f"{n} {layer}" for layer, n in per_layer.items())
+    dropped = pack.get("dropped_for_budget", 0)
+    over = f", {dropped} left out for the budget" if dropped else ""
+    tokens, budget = _int(pack.get("tokens")), _int(pack.get("soft_budget"))
+    return (
+        f"Last recall: {len(chosen)} of {candidates} items ({layers}{over}) · "
+        f"{_tokens(tokens)} / {_tokens(budget)} tokens · {ms} ms"
+    )
+
+
+def _int(value: object) -> int:
+    return int(value) if isinstance(value, int | float) else 0

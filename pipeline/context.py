@@ -6,9 +6,13 @@ It reads, it never writes the session: the dispatcher has already put the user's
 
 from __future__ import annotations
 
+import structlog
+
 from bot.memory.prompt import system_prompt
 from bot.memory.service import MemoryService
 from pipeline.base import Turn
+
+log = structlog.get_logger(__name__)
 
 
 class ContextBuildingSystem:
@@ -36,3 +40,19 @@ class ContextBuildingSystem:
         turn.memory_context = context.text
         turn.system_prompt = system_prompt(self._base, context.text)
         turn.diagnostics["memory"] = context.diagnostics
+        pack = context.pack.diagnostics
+        # Counts and scores only: what the user wrote and what memory holds stay out of the logs.
+        log.info(
+            "memory_recalled",
+            items=len(pack.chosen),
+            candidates=pack.candidates,
+            pack_tokens=pack.tokens,
+            dropped_for_budget=pack.dropped_for_budget,
+            memory_tokens=context.diagnostics.get("memory_tokens", 0),
+            ms=pack.ms,
+        )
+        if pack.chosen:
+            log.debug(
+                "memory_recalled_items",
+                chosen=[{k: c[k] for k in ("id", "layer", "type", "score", "lexical")} for c in pack.chosen],
+            )

@@ -62,6 +62,7 @@ class MemoryStats:
     last_consolidation: str | None
     last_consolidation_fallback: bool | None
     pending_consolidations: int
+    last_recall: dict[str, object] | None = None  # the session's last memory pack in this process
 
 
 async def stats(service: MemoryService, *, session_id: str | None = None) -> MemoryStats:
@@ -97,6 +98,7 @@ async def stats(service: MemoryService, *, session_id: str | None = None) -> Mem
         else None,
         last_consolidation_fallback=last.raw_fallback if last else None,
         pending_consolidations=service.pending_consolidations,
+        last_recall=service.last_recall(session_id) if session_id is not None else None,
     )
 
 

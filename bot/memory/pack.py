@@ -42,6 +42,7 @@ class PackDiagnostics:
     soft_budget: int = 0
     hard_budget: int = 0
     embeddings: bool = False
+    ms: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -53,6 +54,7 @@ class PackDiagnostics:
             "soft_budget": self.soft_budget,
             "hard_budget": self.hard_budget,
             "embeddings": self.embeddings,
+            "ms": self.ms,
         }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,6 +50,8 @@ from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to, of_chat
 from bot.storage import append_bytes, ensure_private_dir, fix_private_tree
 
 log = structlog.get_logger(__name__)
+
+RECALLS_KEPT = 1024  # sessions whose last retrieval /status can report
 
 Clock = Callable[[], datetime]
 
@@ -114,7 +117,8 @@ class MemoryService:
             model=consolidation_model,
         )
         self._tasks: set[asyncio.Task[ConsolidationResult]] = set()
-        self.last_diagnostics: dict[str, dict[str, object]] = {}
+        # What the last memory pack of each session held (for /status); bounded, newest last.
+        self._recalls: OrderedDict[str, dict[str, object]] = OrderedDict()
 
     def now(self) -> datetime:
         return self._clock()
@@ -335,11 +339,18 @@ class MemoryService:
             diagnostics=diag,
         )
         await self._touch(pack.items)
-        diag_dict = diag.to_dict()
-        diag_dict["ms"] = round((time.perf_counter() - started) * 1000, 2)
-        pack.diagnostics = diag
-        self.last_diagnostics["pack"] = diag_dict
+        diag.ms = round((time.perf_counter() - started) * 1000, 2)
         return pack
+
+    def last_recall(self, session_id: str) -> dict[str, object] | None:
+        """What the last ``# Memory`` built for ``session_id`` in this process retrieved, if any."""
+        return self._recalls.get(session_id)
+
+    def _remember_recall(self, session_id: str, diagnostics: dict[str, object]) -> None:
+        self._recalls[session_id] = diagnostics
+        self._recalls.move_to_end(session_id)
+        while len(self._recalls) > RECALLS_KEPT:
+            self._recalls.popitem(last=False)
 
     async def context(self, query: str, *, session_id: str = "") -> MemoryContext:
         """The ``# Memory`` section for a turn of ``session_id`` whose user wrote ``query``.
@@ -372,8 +383,10 @@ class MemoryService:
             "memory_md_bytes": len(snap.text.encode("utf-8")),
             "scope": s.scope,
             "memory_tokens": self._count(text) if text else 0,
-            "pack": self.last_diagnostics.get("pack", {}),
+            "pack": pack.diagnostics.to_dict(),
         }
         if chat is not None:
             diagnostics["chat_memory_md_bytes"] = len(chat.text.encode("utf-8"))
+        if session_id and query.strip():
+            self._remember_recall(session_id, diagnostics)
         return MemoryContext(text, pack, diagnostics)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,33 @@ async def test_help_is_answered_without_the_model(tmp_path: Path) -> None:
         out = await chat_once(await settings_for(tmp_path / "ws", llm), ["/help"], "/stop")
         assert "Commands:" in out
         assert llm.requests == []
+
+
+async def test_status_reports_what_memory_gave_the_last_reply(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        settings = await settings_for(tmp_path / "ws", llm)
+        reader, screen = asyncio.StreamReader(), Screen()
+        async with build_core(settings) as core:
+            channel = TerminalChannel(core.dispatcher.submit, user="alice", reader=reader, writer=screen)
+            core.dispatcher.attach(channel)
+            await channel.start()
+            for line, expect in [
+                ("/status", "Uptime:"),
+                ("I drink green tea every morning", "echo: I drink green tea"),
+                ("which tea do I drink in the morning?", "echo: which tea"),
+                ("/status", "Last recall:"),
+            ]:
+                reader.feed_data((line + "\n").encode())
+                await screen.wait_for(expect)
+            await screen.wait_for(" ms\n")
+            reader.feed_eof()
+            await channel.wait_closed()
+            await channel.stop()
+        out = screen.getvalue()
+        first = out.split("Uptime:")[0]
+        assert "Last recall" not in first  # nothing recalled yet in this process
+        recall = next(line for line in out.splitlines() if "Last recall:" in line)
+        assert re.search(r"Last recall: [1-9]\d* of [1-9]\d* items \(\d+ episodic", recall), recall
+        assert re.search(r"· \d+ / 1\.8k tokens · [\d.]+ ms$", recall), recall
+        # ...and what reached the model is that memory: the fact from the first turn.
+        assert "green tea every morning" in json.dumps(llm.requests[-1].body["messages"][0])
