@@ -95,6 +95,18 @@ async def test_prompt_order_and_omission_rules(memory: MemoryService, clock: Clo
     assert with_pack.diagnostics["pack"]
 
 
+async def test_last_recall_is_kept_per_chat(memory: MemoryService, clock: Clock) -> None:
+    await memory.record_exchanges([exchange(clock, "we fixed the boiler", "great")])
+    assert memory.last_recall("tg:1") is None
+    await memory.context("boiler", session_id="tg:1")
+    await memory.context("zebra", session_id="tg:2")  # a later turn of another chat
+    one, two = memory.last_recall("tg:1"), memory.last_recall("tg:2")
+    assert one is not None and two is not None
+    assert one["pack"]["query"] == "boiler" and one["pack"]["chosen"]  # type: ignore[index]
+    assert two["pack"]["query"] == "zebra" and not two["pack"]["chosen"]  # type: ignore[index]
+    assert isinstance(one["pack"]["ms"], float)  # type: ignore[index]
+
+
 async def test_long_term_memory_is_capped_with_a_visible_notice(tmp_path: Path, clock: Clock) -> None:
     memory = await make_memory(tmp_path, clock, inject_max_bytes=100)
     big = "".join(f"- fact number {i}\n" for i in range(50))
