@@ -78,7 +78,13 @@ def edit(ctx: typer.Context) -> None:
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
     if not path.exists():
         path.touch(mode=0o600)
-    raise typer.Exit(subprocess.call([*shlex.split(editor), str(path)]))
+    try:
+        code = subprocess.call([*shlex.split(editor), str(path)])
+    except (OSError, ValueError) as exc:
+        fail(f"cannot start the editor {editor!r} ({exc}); set $EDITOR to one that is installed")
+    if path.exists():
+        path.chmod(0o600)  # editors that save by rename leave the umask's mode behind
+    raise typer.Exit(code)
 
 
 async def _path(service: MemoryService) -> Path:

@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 
-def membot(*args: str, workspace: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
+def membot(*args: str, workspace: Path, editor: str = "") -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_") and k != "VISUAL"}
     env.update({"MEMBOT_WORKSPACE": str(workspace), "HOME": str(workspace.parent), "COLUMNS": "100"})
+    if editor:
+        env["EDITOR"] = editor
     return subprocess.run(
         [sys.executable, "-m", "bot", *args], capture_output=True, text=True, env=env, timeout=60
     )
@@ -67,3 +69,33 @@ def test_import_of_a_missing_or_bad_file_is_a_clear_error(tmp_path: Path) -> Non
     bad.write_text('{"sessions": 5}')
     result = membot("memory", "import", str(bad), workspace=tmp_path / "ws")
     assert result.returncode != 0 and "Traceback" not in result.stderr
+
+
+def test_edit_opens_the_editor_on_memory_md_and_keeps_it_private(tmp_path: Path) -> None:
+    # An "editor" that saves the way many do: write a new file, rename it over the old one.
+    editor = tmp_path / "editor.py"
+    editor.write_text(
+        "import os, sys\n"
+        "path = sys.argv[1]\n"
+        "old = open(path).read()\n"
+        "with open(path + '.new', 'w') as f:\n"
+        "    f.write(old + '- The user is allergic to peanuts.\\n')\n"
+        "os.chmod(path + '.new', 0o644)\n"
+        "os.replace(path + '.new', path)\n"
+    )
+    ws = tmp_path / "ws"
+    env_editor = f"{sys.executable} {editor}"
+    edited = membot("memory", "edit", workspace=ws, editor=env_editor)
+    assert edited.returncode == 0, edited.stderr
+
+    memory_md = ws / "memory" / "MEMORY.md"
+    assert "allergic to peanuts" in memory_md.read_text()
+    assert oct(memory_md.stat().st_mode & 0o777) == "0o600"
+    shown = membot("memory", "show", workspace=ws)
+    assert "## Long-term Memory" in shown.stdout and "allergic to peanuts" in shown.stdout
+
+
+def test_edit_with_a_missing_editor_says_how_to_fix_it(tmp_path: Path) -> None:
+    result = membot("memory", "edit", workspace=tmp_path / "ws", editor="no-such-editor-here")
+    assert result.returncode == 2
+    assert "set $EDITOR" in result.stderr and "Traceback" not in result.stderr
