@@ -58,18 +58,24 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def append_bytes(path: Path, data: bytes, *, truncate_to: int | None = None) -> int:
+def append_bytes(
+    path: Path, data: bytes, *, truncate_to: int | None = None, whole_lines: bool = False
+) -> int:
     """Append ``data`` durably and return the file's new size.
 
     ``truncate_to`` first cuts the file back to a known-good length, discarding a torn tail left by a
-    crash during an earlier append.
+    crash during an earlier append. ``whole_lines`` starts ``data`` on a line of its own when the file
+    does not end with a newline (a torn line, or an operator's edit), so that line cannot swallow the
+    first record appended after it.
     """
     ensure_private_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, FILE_MODE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         if truncate_to is not None and os.fstat(fd).st_size != truncate_to:
             os.ftruncate(fd, truncate_to)
         end = os.lseek(fd, 0, os.SEEK_END)
+        if whole_lines and end and os.pread(fd, 1, end - 1) != b"\n":
+            data = b"\n" + data
         view = memoryview(data)
         while view:
             written = os.write(fd, view)
@@ -81,8 +87,8 @@ def append_bytes(path: Path, data: bytes, *, truncate_to: int | None = None) -> 
 
 
 def append_line(path: Path, line: str) -> None:
-    """Append one text line (a newline is added) durably."""
-    append_bytes(path, (line.rstrip("\n") + "\n").encode("utf-8"))
+    """Append one text line (a newline is added) durably, on a line of its own."""
+    append_bytes(path, (line.rstrip("\n") + "\n").encode("utf-8"), whole_lines=True)
 
 
 async def atomic_write_text_async(path: Path, text: str) -> None:

@@ -43,7 +43,7 @@ class TranscriptArchive:
             for m in fresh
         ).encode("utf-8")
         async with self._lock:
-            await asyncio.to_thread(append_bytes, self.path_for(session_id), payload)
+            await asyncio.to_thread(append_bytes, self.path_for(session_id), payload, whole_lines=True)
         for message in fresh:
             message.meta[ARCHIVED] = True
         return len(fresh)

@@ -37,7 +37,7 @@ class HistoryLog:
         block = f"## {when.isoformat(timespec='seconds')} — {session_id}\n\n{entry.strip()}\n\n".encode()
         async with self._lock:
             for path in (self.main_path, self.month_path(when)):
-                await asyncio.to_thread(append_bytes, path, block)
+                await asyncio.to_thread(append_bytes, path, block, whole_lines=True)
 
     async def append_raw_fallback(
         self, when: datetime, session_id: str, messages: Sequence[Message], reason: str

@@ -103,10 +103,16 @@ class ItemStore:
 
     async def put(self, item: MemoryItem) -> MemoryItem:
         """Write a new version of an item as is (update, touch, tombstone)."""
+        await self.put_many([item])
+        return item
+
+    async def put_many(self, items: Iterable[MemoryItem]) -> None:
+        """Write new versions of many items with one append per file (decay touches thousands)."""
         async with self._lock:
-            self._remember(item)
-            await self._append([item])
-            return item
+            batch = list(items)
+            for item in batch:
+                self._remember(item)
+            await self._append(batch)
 
     async def delete(self, item_id: str, now: datetime) -> MemoryItem | None:
         item = self._items.get(item_id)
@@ -138,7 +144,7 @@ class ItemStore:
             groups[self.path_for(item)].append(json.dumps(item.to_dict(), ensure_ascii=False))
         for path, lines in groups.items():
             payload = ("\n".join(lines) + "\n").encode("utf-8")
-            await asyncio.to_thread(append_bytes, path, payload)
+            await asyncio.to_thread(append_bytes, path, payload, whole_lines=True)
             self._lines[path] += len(lines)
 
     # -- lifecycle of items -----------------------------------------------------------------------
@@ -176,14 +182,16 @@ class ItemStore:
         daily notes keep the full record, so decay only changes ranking.
         """
         stale = now - timedelta(days=days)
-        changed = 0
-        for item in self.items(Layer.EPISODIC):
-            if item.promoted_to or item.last_accessed_at > stale or item.salience <= MIN_SALIENCE:
-                continue
-            faded = max(MIN_SALIENCE, item.salience * DECAY_FACTOR)
-            await self.put(item.with_changes(salience=faded, updated_at=now, last_accessed_at=now))
-            changed += 1
-        return changed
+        faded = [
+            item.with_changes(
+                salience=max(MIN_SALIENCE, item.salience * DECAY_FACTOR), updated_at=now, last_accessed_at=now
+            )
+            for item in self.items(Layer.EPISODIC)
+            if not item.promoted_to and item.last_accessed_at <= stale and item.salience > MIN_SALIENCE
+        ]
+        if faded:
+            await self.put_many(faded)
+        return len(faded)
 
     async def compact(self) -> int:
         """Rewrite logs holding at least twice as many lines as live items; return files rewritten."""

@@ -180,7 +180,9 @@ class MemoryService:
                     ref = Reference(ex.session_id, msg.id, turn)
                     utterances.append(Utterance(msg.role.value, msg.content, msg.timestamp, ref))
         for path, lines in note_lines.items():
-            await asyncio.to_thread(append_bytes, path, ("\n".join(lines) + "\n").encode("utf-8"))
+            await asyncio.to_thread(
+                append_bytes, path, ("\n".join(lines) + "\n").encode("utf-8"), whole_lines=True
+            )
         stored = await self.items.add_many(extract(utterances))
         self.retriever.prepare(stored)
         await self._promote(stored)

@@ -207,6 +207,21 @@ async def test_accepted_messages_survive_a_crash(tmp_path: Path) -> None:
     await channel.wait_for(1)
 
 
+async def test_a_torn_inbox_line_does_not_swallow_the_next_message(tmp_path: Path) -> None:
+    inbox = Inbox(tmp_path / "inbox")
+    _, written = inbox.add(msg("before the crash"))
+    await written
+    (path,) = (tmp_path / "inbox").glob("*.jsonl")
+    with path.open("a") as f:
+        f.write('{"entry": "half-writt')  # the process died mid-append
+    restarted = Inbox(tmp_path / "inbox")
+    assert [e.message.text for e in await restarted.load_pending()] == ["before the crash"]
+    _, written = restarted.add(msg("after the restart"))
+    await written
+    recovered = await Inbox(tmp_path / "inbox").load_pending()
+    assert [e.message.text for e in recovered] == ["before the crash", "after the restart"]
+
+
 async def test_oversized_inbound_is_truncated_with_a_note(tmp_path: Path) -> None:
     model = ModelSystem()
     sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))

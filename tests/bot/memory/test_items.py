@@ -129,3 +129,9 @@ async def test_torn_last_line_is_ignored(tmp_path: Path, clock: Clock) -> None:
     reloaded = ItemStore(tmp_path)
     await reloaded.load()
     assert [i.content for i in reloaded.items()] == ["kept"]
+
+    # The torn line must not swallow the next item written after it.
+    await reloaded.add(item(clock, "written after the crash", layer=Layer.SEMANTIC))
+    again = ItemStore(tmp_path)
+    await again.load()
+    assert sorted(i.content for i in again.items()) == ["kept", "written after the crash"]
