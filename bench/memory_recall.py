@@ -88,7 +88,12 @@ def gold_of(q: dict[str, Any]) -> tuple[set[str], set[tuple[str, int]]]:
 
 
 async def run_question(
-    q: dict[str, Any], k: int, budget: int | None, settings: MemorySettings, embedder: Any = None
+    q: dict[str, Any],
+    k: int,
+    budget: int | None,
+    settings: MemorySettings,
+    embedder: Any = None,
+    maintain: bool = False,
 ) -> tuple[list[tuple[str, int]], float, float]:
     clock = Clock()
     with tempfile.TemporaryDirectory(prefix="membot-bench-") as tmp:
@@ -102,6 +107,8 @@ async def run_question(
         await import_sessions(service, sessions)
         if q.get("question_date"):
             clock.now = parse_date(str(q["question_date"]), UTC)
+        if maintain:  # what a bot that lived until the question date would have done to its items
+            await service.maintain()
         question = str(q.get("question") or "")
         started = time.perf_counter()
         if budget is None:
@@ -153,6 +160,11 @@ async def main() -> None:
         default="none",
         help="fuse a local sentence-transformers signal (needs pip install 'membot[embeddings]')",
     )
+    parser.add_argument(
+        "--maintain",
+        action="store_true",
+        help="promote and decay items at the question date first, as the running bot does daily",
+    )
     args = parser.parse_args()
     k = max(1, min(50, args.k))
     configure_logging(level="WARNING", fmt="console")
@@ -181,7 +193,9 @@ async def main() -> None:
         with progress:
             for q in progress.track(questions, description="questions"):
                 try:
-                    ranked, cold, warm = await run_question(q, k, args.budget, settings, embedder)
+                    ranked, cold, warm = await run_question(
+                        q, k, args.budget, settings, embedder, args.maintain
+                    )
                 except ConfigError as exc:
                     raise SystemExit(f"error in question {q['question_id']}: {exc}") from None
                 cold_ms.append(cold)
@@ -206,6 +220,8 @@ async def main() -> None:
             out.close()
     mode = f"budget {args.budget} tokens" if args.budget else f"top {k}"
     signal = "lexical + local embeddings" if args.embeddings == "local" else "lexical only"
+    if args.maintain:
+        signal += "; items maintained at the question date"
     print(f"{len(questions)} questions, {len(session_rows['ALL'])} scored; returned: {mode}; {signal}")
     if session_rows["ALL"]:
         table("SESSION level", dict(sorted(session_rows.items())))

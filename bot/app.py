@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
@@ -167,6 +168,7 @@ async def build_core(
             consolidation_model=settings.memory.consolidation_model,
             count_tokens=counter,
             embedder=build_embedder(settings.memory, http) if settings.memory.enabled else None,
+            maintain_every=timedelta(days=1),  # promotion, decay and log compaction
         )
         await memory.start()
         stack.push_async_callback(memory.close)  # pushed before dispatcher.close, so it runs after it

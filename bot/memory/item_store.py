@@ -61,18 +61,15 @@ class ItemStore:
         items: dict[str, MemoryItem] = {}
         lines: dict[Path, int] = {}
         for path in sorted(self._root.glob("*.jsonl")) + sorted((self._root / "episodic").glob("*.jsonl")):
-            count = 0
-            for raw in path.read_text(encoding="utf-8").splitlines():
-                if not raw.strip():
-                    continue
+            raws = [raw for raw in path.read_text(encoding="utf-8").splitlines() if raw.strip()]
+            for raw in raws:
                 try:
                     item = MemoryItem.from_dict(json.loads(raw))
                 except (ValueError, KeyError, TypeError):
                     log.warning("memory_item_unreadable", file=path.name)  # a torn last line
                     continue
                 items[item.id] = item
-                count += 1
-            lines[path] = count
+            lines[path] = len(raws)
         return items, lines
 
     def items(self, layer: Layer | None = None) -> list[MemoryItem]:
@@ -194,7 +191,11 @@ class ItemStore:
         return len(faded)
 
     async def compact(self) -> int:
-        """Rewrite logs holding at least twice as many lines as live items; return files rewritten."""
+        """Rewrite logs holding at least twice as many lines as live items; return files rewritten.
+
+        A log that another process (``membot memory import`` next to the running bot) appended to
+        since we read it is left alone: rewriting it from our view would drop that process's items.
+        """
         async with self._lock:
             live: dict[Path, list[MemoryItem]] = defaultdict(list)
             for item in self._items.values():
@@ -205,7 +206,20 @@ class ItemStore:
                 if count < 8 or count < 2 * len(keep):
                     continue
                 text = "".join(json.dumps(i.to_dict(), ensure_ascii=False) + "\n" for i in keep)
-                await asyncio.to_thread(atomic_write_text, path, text)
-                self._lines[path] = len(keep)
-                rewritten += 1
+                if await asyncio.to_thread(_rewrite_if_unchanged, path, count, text):
+                    self._lines[path] = len(keep)
+                    rewritten += 1
+                else:
+                    log.warning("memory_items_changed_elsewhere", file=path.name)
             return rewritten
+
+
+def _rewrite_if_unchanged(path: Path, lines: int, text: str) -> bool:
+    try:
+        on_disk = sum(1 for raw in path.read_bytes().splitlines() if raw.strip())
+    except FileNotFoundError:
+        on_disk = 0
+    if on_disk != lines:
+        return False
+    atomic_write_text(path, text)
+    return True

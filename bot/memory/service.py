@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -92,7 +92,12 @@ class MemoryService:
         clock: Clock = utcnow,
         count_tokens: TokenCounter = estimate_tokens,
         embedder: Embedder | None = None,
+        maintain_every: timedelta | None = None,
     ) -> None:
+        """``maintain_every`` is for the running bot: it then promotes, decays and compacts items after
+        every consolidation and at least that often while it answers. Operator commands and the bench
+        leave it ``None``, so that they never rewrite item logs behind the bot's back.
+        """
         self.settings = settings
         self.root = root
         self.tz = ZoneInfo(settings.timezone or timezone)
@@ -117,6 +122,8 @@ class MemoryService:
             model=consolidation_model,
         )
         self._tasks: set[asyncio.Task[ConsolidationResult]] = set()
+        self._maintain_every = maintain_every
+        self._maintained_at: datetime | None = None
         # What the last memory pack of each session held (for /status); bounded, newest last.
         self._recalls: OrderedDict[str, dict[str, object]] = OrderedDict()
 
@@ -186,6 +193,9 @@ class MemoryService:
         stored = await self.items.add_many(extract(utterances))
         self.retriever.prepare(stored)
         await self._promote(stored)
+        last = self._maintained_at
+        if self._maintain_every is not None and (last is None or self.now() - last >= self._maintain_every):
+            await self._maintain()
         return stored
 
     async def _promote(self, candidates: Sequence[MemoryItem]) -> None:
@@ -194,12 +204,23 @@ class MemoryService:
             await self.items.promote(self.now(), threshold)
 
     async def maintain(self) -> dict[str, int]:
-        """Promotion, decay and log compaction; cheap enough to run after every consolidation."""
+        """Promotion, decay and log compaction: in-memory scans plus a write only for what changed."""
         now = self.now()
         promoted = await self.items.promote(now, self.settings.promotion_confidence)
         decayed = await self.items.decay(now, self.settings.decay_days)
         compacted = await self.items.compact()
         return {"promoted": len(promoted), "decayed": decayed, "compacted": compacted}
+
+    async def _maintain(self) -> None:
+        """:meth:`maintain` for the running bot: a failure is logged, never the user's problem."""
+        self._maintained_at = self.now()
+        try:
+            report = await self.maintain()
+        except OSError as exc:
+            log.error("memory_maintenance_failed", error=repr(exc))
+            return
+        if any(report.values()):
+            log.info("memory_maintained", **report)
 
     # -- retire path ------------------------------------------------------------------------------
 
@@ -228,6 +249,8 @@ class MemoryService:
         )
         result.archived = archived
         await self._store_facts(session_id, messages_to_retire, result)
+        if self._maintain_every is not None:
+            await self._maintain()
         return result
 
     def consolidate_in_background(

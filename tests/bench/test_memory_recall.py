@@ -86,9 +86,10 @@ def test_budget_mode_abstention_and_gzip_input(tmp_path: Path) -> None:
     data = tmp_path / "q.json.gz"
     with gzip.open(data, "wt", encoding="utf-8") as f:
         json.dump(payload, f)
-    result = run(data, "--budget", "200", "--out", tmp_path / "out.jsonl")
+    result = run(data, "--budget", "200", "--out", tmp_path / "out.jsonl", "--maintain")
     assert result.returncode == 0, result.stderr
     assert "2 questions, 1 scored; returned: budget 200 tokens" in result.stdout
+    assert "items maintained at the question date" in result.stdout
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 2  # abstentions are ranked, not scored
 
 

@@ -120,6 +120,22 @@ async def test_compaction_rewrites_logs_full_of_old_versions(tmp_path: Path, clo
     assert reloaded.get(x.id) == x
 
 
+async def test_compaction_never_drops_what_another_process_appended(tmp_path: Path, clock: Clock) -> None:
+    bot = ItemStore(tmp_path)
+    await bot.load()
+    x = await bot.add(item(clock, "counter", layer=Layer.SEMANTIC))
+    for n in range(10):
+        x = await bot.put(x.with_changes(salience=n / 10, updated_at=clock.now + timedelta(seconds=n)))
+    importer = ItemStore(tmp_path)  # `membot memory import` while the bot runs
+    await importer.load()
+    await importer.add(item(clock, "imported fact", layer=Layer.SEMANTIC))
+
+    assert await bot.compact() == 0
+    reloaded = ItemStore(tmp_path)
+    await reloaded.load()
+    assert sorted(i.content for i in reloaded.items()) == ["counter", "imported fact"]
+
+
 async def test_torn_last_line_is_ignored(tmp_path: Path, clock: Clock) -> None:
     store = ItemStore(tmp_path)
     await store.load()

@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+from bot.config import MemorySettings
 from bot.domain import Message, Role
 from bot.memory import Exchange, Layer, MemoryService
 from tests.bot.memory.conftest import Clock, make_memory
@@ -131,6 +132,35 @@ async def test_recent_context_shows_only_the_configured_days(tmp_path: Path, clo
     text = (await memory.context("")).text
     assert "### 2024-05-19" in text and "### 2024-05-18" in text and "### 2024-05-17" not in text
     assert text.index("### 2024-05-19") < text.index("### 2024-05-18")  # newest first
+
+
+async def test_the_running_bot_maintains_items_daily_and_after_consolidation(
+    tmp_path: Path, clock: Clock
+) -> None:
+    def running_bot(every: timedelta) -> MemoryService:
+        root = tmp_path / f"every-{every.days}-days"
+        return MemoryService(root, MemorySettings(), clock=clock, maintain_every=every)
+
+    def salience(service: MemoryService, content: str) -> float:
+        (found,) = [i for i in service.items.items(Layer.EPISODIC) if content in i.content]
+        return found.salience
+
+    daily, yearly = running_bot(timedelta(days=1)), running_bot(timedelta(days=365))
+    for service in (daily, yearly):
+        await service.start()
+        await service.record_exchanges([exchange(clock, "chit chat about clouds", "indeed")])
+    start = salience(daily, "clouds")
+    clock.advance(days=40)
+    for service in (daily, yearly):
+        await service.record_exchanges([exchange(clock, "and now the rain", "yes")])
+
+    assert salience(daily, "clouds") == start / 2  # a day had passed: decayed while answering
+    assert salience(yearly, "clouds") == start  # not due yet...
+    await yearly.consolidate("cli:me", [Message(Role.USER, "retired", timestamp=clock.now)])
+    assert salience(yearly, "clouds") == start / 2  # ...but every consolidation maintains
+    assert salience(yearly, "rain") == start
+    await daily.close()
+    await yearly.close()
 
 
 async def test_maintain_promotes_and_decays(memory: MemoryService, clock: Clock) -> None:
