@@ -95,10 +95,6 @@ async def atomic_write_text_async(path: Path, text: str) -> None:
     await asyncio.to_thread(atomic_write_text, path, text)
 
 
-async def append_line_async(path: Path, line: str) -> None:
-    await asyncio.to_thread(append_line, path, line)
-
-
 def fix_private_tree(root: Path) -> int:
     """Tighten permissions under ``root`` (folders 0700, files 0600); return how many were changed."""
     changed = 0

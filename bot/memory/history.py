@@ -48,13 +48,3 @@ class HistoryLog:
         lines = [f"{RAW_FALLBACK} consolidation failed ({fold(reason, 120)}); last messages:"]
         lines += [f"- {m.role.value.upper()}: {fold(m.content, FALLBACK_CHARS)}" for m in tail]
         await self.append(when, session_id, "\n".join(lines))
-
-    async def read_tail(self, max_bytes: int = 4000) -> str:
-        return await asyncio.to_thread(self._tail, max_bytes)
-
-    def _tail(self, max_bytes: int) -> str:
-        try:
-            data = self.main_path.read_bytes()
-        except FileNotFoundError:
-            return ""
-        return data[-max_bytes:].decode("utf-8", errors="replace")

@@ -167,9 +167,6 @@ class MemoryService:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def drain(self) -> None:
-        await self.close()
-
     # -- write path -------------------------------------------------------------------------------
 
     async def record_exchanges(self, exchanges: Sequence[Exchange]) -> list[MemoryItem]:

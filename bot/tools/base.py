@@ -75,14 +75,6 @@ def string_arg(args: dict[str, Any], key: str, *, default: str | None = None) ->
     return value
 
 
-def int_arg(args: dict[str, Any], key: str, *, default: int, low: int, high: int) -> int:
-    """An integer argument clamped to ``[low, high]``; wrong types are a :class:`ToolError`."""
-    value = args.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ToolError(f"argument {key!r} must be an integer")
-    return max(low, min(high, int(value)))
-
-
 class ToolRegistry:
     """The enabled tools, filtered per channel by ``tools.channel_allow`` / ``tools.channel_deny``.
 

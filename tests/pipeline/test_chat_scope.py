@@ -63,7 +63,7 @@ async def test_what_chat_a_says_never_reaches_chat_bs_prompt(
     await persist.process(answered(chat_a, "Remember that my passport number ends in 42.", "Noted."))
     await persist.process(answered(chat_a, "I fly to Lisbon in June.", "Have a good trip!"))
     await persist.process(answered(chat_a, "Thanks!", "You're welcome."))  # 6 > 4: consolidates A
-    await memory.drain()
+    await memory.close()
 
     a_turn, b_turn = asking(chat_a, "passport number? Lisbon?"), asking(chat_b, "passport number? Lisbon?")
     await context.process(a_turn)
