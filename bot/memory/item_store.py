@@ -34,6 +34,7 @@ class ItemStore:
         self._items: dict[str, MemoryItem] = {}
         self._by_fingerprint: dict[tuple[Layer, str], str] = {}
         self._lines: dict[Path, int] = defaultdict(int)
+        self._touched: set[str] = set()  # ids whose last use is newer in memory than on disk
         self._lock = asyncio.Lock()
         self.generation = 0  # bumped on every change; retrieval rebuilds its index when it moves
 
@@ -123,8 +124,18 @@ class ItemStore:
         item = self._items.get(item_id)
         if item is not None:
             self._items[item_id] = item.with_changes(last_accessed_at=now)
+            self._touched.add(item_id)
+
+    async def flush_touches(self) -> int:
+        """Write the last use of touched items (one append per file), so a restart keeps it for decay."""
+        touched = [self._items[i] for i in self._touched if i in self._items]
+        self._touched.clear()
+        if touched:
+            await self.put_many(touched)
+        return len(touched)
 
     def _remember(self, item: MemoryItem) -> None:
+        self._touched.discard(item.id)  # this version carries the last use to disk
         old = self._items.get(item.id)
         if old is not None and self._by_fingerprint.get((old.layer, old.fingerprint)) == old.id:
             del self._by_fingerprint[(old.layer, old.fingerprint)]

@@ -163,9 +163,15 @@ class MemoryService:
         return fix_private_tree(self.root)
 
     async def close(self) -> None:
-        """Wait for background consolidations; each has its own deadline, so this ends."""
+        """Wait for background consolidations (each has its own deadline, so this ends); the running
+        bot also writes which items were recalled since the last maintenance."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._maintain_every is not None:
+            try:
+                await self.items.flush_touches()
+            except OSError as exc:
+                log.error("memory_touches_not_saved", error=repr(exc))
 
     # -- write path -------------------------------------------------------------------------------
 
@@ -203,6 +209,7 @@ class MemoryService:
     async def maintain(self) -> dict[str, int]:
         """Promotion, decay and log compaction: in-memory scans plus a write only for what changed."""
         now = self.now()
+        await self.items.flush_touches()
         promoted = await self.items.promote(now, self.settings.promotion_confidence)
         decayed = await self.items.decay(now, self.settings.decay_days)
         compacted = await self.items.compact()

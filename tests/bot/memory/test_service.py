@@ -163,6 +163,24 @@ async def test_the_running_bot_maintains_items_daily_and_after_consolidation(
     await yearly.close()
 
 
+async def test_what_was_recalled_survives_a_restart(tmp_path: Path, clock: Clock) -> None:
+    def running_bot() -> MemoryService:
+        return MemoryService(tmp_path, MemorySettings(), clock=clock, maintain_every=timedelta(days=1))
+
+    bot = running_bot()
+    await bot.start()
+    await bot.record_exchanges([exchange(clock, "my bike is a red Gazelle", "nice bike")])
+    clock.advance(days=20)
+    await bot.pack("what colour is my bike")  # recalled: decay must count from now, not from the turn
+    await bot.close()
+
+    restarted = running_bot()
+    await restarted.start()
+    (bike,) = [i for i in restarted.items.items(Layer.EPISODIC) if "Gazelle" in i.content]
+    assert bike.last_accessed_at == clock.now
+    await restarted.close()
+
+
 async def test_maintain_promotes_and_decays(memory: MemoryService, clock: Clock) -> None:
     await memory.record_exchanges([exchange(clock, "chit chat about clouds", "indeed")])
     clock.advance(days=40)
