@@ -85,14 +85,15 @@ class Inbox:
             return entries
         for path in sorted(self._dir.glob("*.jsonl")):
             try:
-                lines = path.read_text(encoding="utf-8").splitlines()
+                raws = path.read_bytes().splitlines()
             except OSError as exc:
                 log.error("inbox_unreadable", path=str(path), error=exc.strerror)
                 continue
-            for line in lines:
-                if not line.strip():
+            for raw in raws:
+                if not raw.strip():
                     continue
-                try:
+                try:  # line by line, so one damaged line (bad UTF-8, torn) costs only itself
+                    line = raw.decode("utf-8")
                     data = json.loads(line)
                     entry = InboxEntry(str(data["entry"]), _decode(data["message"]))
                 except (ValueError, KeyError, TypeError) as exc:

@@ -53,13 +53,13 @@ class TranscriptArchive:
 
     def _read(self, session_id: str) -> list[Message]:
         try:
-            text = self.path_for(session_id).read_text(encoding="utf-8")
+            data = self.path_for(session_id).read_bytes()
         except FileNotFoundError:
             return []
         out: list[Message] = []
-        for line in text.splitlines():
-            try:
+        for line in data.splitlines():
+            try:  # bytes, so a damaged line (torn by a crash, bad UTF-8) costs only itself
                 out.append(Message.from_dict(json.loads(line)["message"]))
             except (ValueError, KeyError, TypeError):
-                continue  # a torn last line after a crash
+                continue
         return out

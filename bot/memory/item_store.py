@@ -62,9 +62,9 @@ class ItemStore:
         items: dict[str, MemoryItem] = {}
         lines: dict[Path, int] = {}
         for path in sorted(self._root.glob("*.jsonl")) + sorted((self._root / "episodic").glob("*.jsonl")):
-            raws = [raw for raw in path.read_text(encoding="utf-8").splitlines() if raw.strip()]
+            raws = [raw for raw in path.read_bytes().splitlines() if raw.strip()]
             for raw in raws:
-                try:
+                try:  # bytes, so one damaged line costs that line, not the file
                     item = MemoryItem.from_dict(json.loads(raw))
                 except (ValueError, KeyError, TypeError):
                     log.warning("memory_item_unreadable", file=path.name)  # a torn last line

@@ -212,8 +212,9 @@ async def test_a_torn_inbox_line_does_not_swallow_the_next_message(tmp_path: Pat
     _, written = inbox.add(msg("before the crash"))
     await written
     (path,) = (tmp_path / "inbox").glob("*.jsonl")
-    with path.open("a") as f:
-        f.write('{"entry": "half-writt')  # the process died mid-append
+    with path.open("ab") as f:
+        f.write(b'{"entry": "\xff\x80 not UTF-8"}\n')  # a damaged line
+        f.write(b'{"entry": "half-writt')  # the process died mid-append
     restarted = Inbox(tmp_path / "inbox")
     assert [e.message.text for e in await restarted.load_pending()] == ["before the crash"]
     _, written = restarted.add(msg("after the restart"))

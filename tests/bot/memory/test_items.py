@@ -140,8 +140,9 @@ async def test_torn_last_line_is_ignored(tmp_path: Path, clock: Clock) -> None:
     store = ItemStore(tmp_path)
     await store.load()
     await store.add(item(clock, "kept", layer=Layer.SEMANTIC))
-    with (tmp_path / "semantic.jsonl").open("a") as f:
-        f.write('{"id": "torn", "layer": "sem')
+    with (tmp_path / "semantic.jsonl").open("ab") as f:
+        f.write(b'{"id": "damaged \xff\xfe"}\n')  # a line that is not even UTF-8
+        f.write(b'{"id": "torn", "layer": "sem')
     reloaded = ItemStore(tmp_path)
     await reloaded.load()
     assert [i.content for i in reloaded.items()] == ["kept"]

@@ -188,3 +188,14 @@ async def test_maintain_promotes_and_decays(memory: MemoryService, clock: Clock)
     assert report["decayed"] >= 1
     assert all(i.salience < 0.5 for i in memory.items.items(Layer.EPISODIC))
     clock.now += timedelta(seconds=1)
+
+
+async def test_archive_keeps_every_message_around_damaged_lines(memory: MemoryService, clock: Clock) -> None:
+    first = [Message(Role.USER, f"before {n}", timestamp=clock.now) for n in range(2)]
+    await memory.archive_messages("cli:me", first)
+    with memory.archive.path_for("cli:me").open("ab") as f:
+        f.write(b'{"message": "\xff\xfe"}\n{"archived_at": "torn')  # bad UTF-8, then a crash
+    later = [Message(Role.USER, f"after {n}", timestamp=clock.now) for n in range(2)]
+    await memory.archive_messages("cli:me", later)
+    archived = await memory.archive.read("cli:me")
+    assert [m.content for m in archived] == ["before 0", "before 1", "after 0", "after 1"]
