@@ -12,8 +12,6 @@ from datetime import date, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-from bot.storage import append_line
-
 USER_CHARS = 200
 ASSISTANT_CHARS = 300
 _SPACE = re.compile(r"\s+")
@@ -29,6 +27,15 @@ def note_line(when: datetime, user: str, assistant: str) -> str:
     return f"[{when:%H:%M}] User: {fold(user, USER_CHARS)} | Assistant: {fold(assistant, ASSISTANT_CHARS)}"
 
 
+def not_yet_in(path: Path, lines: list[str]) -> list[str]:
+    """``lines`` that ``path`` does not hold yet: replaying an import a second time adds nothing."""
+    try:
+        present = set(path.read_text(encoding="utf-8", errors="replace").splitlines())
+    except FileNotFoundError:
+        return lines
+    return [line for line in lines if line not in present]
+
+
 class DailyNotes:
     """Append and read the per-day note files, in the configured time zone."""
 
@@ -41,10 +48,6 @@ class DailyNotes:
 
     def local(self, when: datetime) -> datetime:
         return when.astimezone(self._tz)
-
-    async def append(self, when: datetime, user: str, assistant: str) -> None:
-        local = self.local(when)
-        await asyncio.to_thread(append_line, self.path_for(local.date()), note_line(local, user, assistant))
 
     async def read_day(self, day: date, *, max_lines: int) -> list[str]:
         return await asyncio.to_thread(self._read_day, day, max_lines)

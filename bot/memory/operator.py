@@ -124,7 +124,7 @@ async def import_sessions(
     turns = items = 0
     for done, session in enumerate(sessions, start=1):
         exchanges = list(exchanges_of(session))
-        items += len(await service.record_exchanges(exchanges))
+        items += len(await service.record_exchanges(exchanges, replay=True))
         turns += len(session.turns)
         if progress is not None:
             progress(done, len(sessions))

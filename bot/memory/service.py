@@ -36,7 +36,7 @@ from bot.memory.history import HistoryLog
 from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem, Reference, make_title
 from bot.memory.longterm import LongTermMemory
-from bot.memory.notes import DailyNotes, note_line
+from bot.memory.notes import DailyNotes, not_yet_in, note_line
 from bot.memory.pack import MemoryPack, PackDiagnostics, TokenCounter, estimate_tokens, render_pack
 from bot.memory.prompt import (
     chat_memory_section,
@@ -175,8 +175,14 @@ class MemoryService:
 
     # -- write path -------------------------------------------------------------------------------
 
-    async def record_exchanges(self, exchanges: Sequence[Exchange]) -> list[MemoryItem]:
-        """Daily-note lines and heuristic items for answered turns (batched: one write per file)."""
+    async def record_exchanges(
+        self, exchanges: Sequence[Exchange], *, replay: bool = False
+    ) -> list[MemoryItem]:
+        """Daily-note lines and heuristic items for answered turns (batched: one write per file).
+
+        ``replay`` (imports) skips note lines already written, so an interrupted import can be run
+        again; items need no such care, since a repeated item merges by fingerprint.
+        """
         note_lines: dict[Path, list[str]] = {}
         utterances: list[Utterance] = []
         for ex in exchanges:
@@ -190,6 +196,10 @@ class MemoryService:
                     ref = Reference(ex.session_id, msg.id, turn)
                     utterances.append(Utterance(msg.role.value, msg.content, msg.timestamp, ref))
         for path, lines in note_lines.items():
+            if replay:
+                lines = await asyncio.to_thread(not_yet_in, path, lines)
+                if not lines:
+                    continue
             await asyncio.to_thread(
                 append_bytes, path, ("\n".join(lines) + "\n").encode("utf-8"), whole_lines=True
             )

@@ -52,6 +52,13 @@ async def test_import_replays_through_the_write_path_with_turn_references(
     assert (memory.root / "2023-05-21.md").read_text().startswith("[10:00] User: I adopted a greyhound")
     assert (memory.root / "items" / "episodic" / "2023-05-20.jsonl").exists()
 
+    # Running the same import again (say, after Ctrl-C) adds no note lines and no items.
+    notes = {p.name: p.read_text() for p in memory.root.glob("2023-*.md")}
+    counts = {layer: memory.items.count(layer) for layer in Layer}
+    await import_conversations(memory, path)
+    assert {p.name: p.read_text() for p in memory.root.glob("2023-*.md")} == notes
+    assert {layer: memory.items.count(layer) for layer in Layer} == counts
+
 
 def test_plain_format_and_dates() -> None:
     data = {
