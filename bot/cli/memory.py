@@ -152,7 +152,7 @@ def import_(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="JSON (or .json.gz) with sessions of timestamped turns.")],
 ) -> None:
-    """Replay past conversations through the normal memory write path."""
+    """Replay past conversations through the normal memory write path; safe to run again."""
     if not file.is_file():
         fail(f"{file} does not exist")
     settings = settings_from(ctx)
