@@ -3,7 +3,8 @@
 Operators edit the file with any editor while the bot runs. Every read returns the text and its content
 hash; a bot write names the hash it based its change on and is refused if the file moved meanwhile, so
 an operator's edit is never overwritten silently. :func:`merge_lines` re-applies the bot's change on top
-of the operator's version.
+of the operator's version. Before each bot write the text it replaces is appended to
+``MEMORY.replaced.md`` beside it, so a consolidation that drops a fact it should have kept can be undone.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
-from bot.storage import atomic_write_text
+from bot.storage import append_bytes, atomic_write_text
 
 MAX_CAS_ATTEMPTS = 5
+REPLACED_NAME = "MEMORY.replaced.md"
 
 
 def content_hash(text: str) -> str:
@@ -46,6 +49,7 @@ class LongTermMemory:
 
     def __init__(self, path: Path) -> None:
         self._path = path
+        self._replaced = path.with_name(REPLACED_NAME)
         self._stamp: tuple[int, int, int] | None = None
         self._cached = Snapshot("", content_hash(""))
         self._lock = asyncio.Lock()
@@ -53,6 +57,11 @@ class LongTermMemory:
     @property
     def path(self) -> Path:
         return self._path
+
+    @property
+    def replaced_path(self) -> Path:
+        """Every version a bot write replaced, oldest first (append-only)."""
+        return self._replaced
 
     async def read(self) -> Snapshot:
         """The current text; re-read from disk only when its mtime, size or inode changed."""
@@ -81,6 +90,10 @@ class LongTermMemory:
         if current.hash != expected:
             raise Conflict(f"{self._path.name} changed since it was read")
         if text != current.text:
+            if current.text.strip():
+                stamp = datetime.now(UTC).isoformat(timespec="seconds")
+                block = f"## {stamp} — replaced by the bot\n\n{current.text.rstrip()}\n\n"
+                append_bytes(self._replaced, block.encode("utf-8"), whole_lines=True)
             atomic_write_text(self._path, text)
         return self._read_sync()
 

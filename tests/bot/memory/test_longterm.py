@@ -40,6 +40,22 @@ async def test_replace_from_merges_on_conflict(tmp_path: Path) -> None:
     assert merged and snap.text == "- a\n- operator line\n- c\n"
 
 
+async def test_every_version_a_bot_write_replaced_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    memory = LongTermMemory(path)
+    first = await memory.write("- likes tea\n", expected=content_hash(""))  # nothing replaced yet
+    assert not memory.replaced_path.exists()
+    path.write_text("- likes tea\n- operator: born in Lyon\n")
+    await memory.update(lambda text: "- likes coffee now\n")  # a careless consolidation
+    kept = memory.replaced_path.read_text()
+    assert "- operator: born in Lyon" in kept and "replaced by the bot" in kept
+    assert first.text not in path.read_text()
+    await memory.update(lambda text: text + "- third\n")
+    versions = memory.replaced_path.read_text().split("## ")[1:]
+    assert len(versions) == 2 and "- likes coffee now" in versions[1]
+    assert oct(memory.replaced_path.stat().st_mode & 0o777) == "0o600"
+
+
 async def test_written_file_is_private(tmp_path: Path) -> None:
     memory = LongTermMemory(tmp_path / "MEMORY.md")
     await memory.update(lambda _: "- x\n")
