@@ -107,12 +107,18 @@ async def test_decay_fades_stale_items_but_never_promoted_ones(tmp_path: Path, c
     assert await store.decay(clock.now, 30) == 0  # decayed items wait another period
 
 
-async def test_compaction_rewrites_logs_full_of_old_versions(tmp_path: Path, clock: Clock) -> None:
-    store = ItemStore(tmp_path)
+async def store_with_ten_versions(root: Path, clock: Clock) -> tuple[ItemStore, MemoryItem]:
+    """A store whose semantic log holds one item written eleven times: ripe for compaction."""
+    store = ItemStore(root)
     await store.load()
     x = await store.add(item(clock, "counter", layer=Layer.SEMANTIC))
     for n in range(10):
         x = await store.put(x.with_changes(salience=n / 10, updated_at=clock.now + timedelta(seconds=n)))
+    return store, x
+
+
+async def test_compaction_rewrites_logs_full_of_old_versions(tmp_path: Path, clock: Clock) -> None:
+    store, x = await store_with_ten_versions(tmp_path, clock)
     assert await store.compact() == 1
     assert len((tmp_path / "semantic.jsonl").read_text().splitlines()) == 1
     reloaded = ItemStore(tmp_path)
@@ -121,11 +127,7 @@ async def test_compaction_rewrites_logs_full_of_old_versions(tmp_path: Path, clo
 
 
 async def test_compaction_never_drops_what_another_process_appended(tmp_path: Path, clock: Clock) -> None:
-    bot = ItemStore(tmp_path)
-    await bot.load()
-    x = await bot.add(item(clock, "counter", layer=Layer.SEMANTIC))
-    for n in range(10):
-        x = await bot.put(x.with_changes(salience=n / 10, updated_at=clock.now + timedelta(seconds=n)))
+    bot, _ = await store_with_ten_versions(tmp_path, clock)
     importer = ItemStore(tmp_path)  # `membot memory import` while the bot runs
     await importer.load()
     await importer.add(item(clock, "imported fact", layer=Layer.SEMANTIC))
