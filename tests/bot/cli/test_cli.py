@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-
-def membot(
-    *args: str, env: dict[str, str] | None = None, stdin: str = "", cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
-    clean.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "bot", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=clean,
-        cwd=cwd,
-        timeout=60,
-    )
+from tests.bot.cli.membot_process import run_membot as membot
 
 
 @pytest.fixture

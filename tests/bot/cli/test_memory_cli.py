@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.bot.cli.membot_process import run_membot
+
 
 def membot(*args: str, workspace: Path, editor: str = "") -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_") and k != "VISUAL"}
-    env.update({"MEMBOT_WORKSPACE": str(workspace), "HOME": str(workspace.parent), "COLUMNS": "100"})
+    env = {"MEMBOT_WORKSPACE": str(workspace), "HOME": str(workspace.parent), "COLUMNS": "100"}
     if editor:
         env["EDITOR"] = editor
-    return subprocess.run(
-        [sys.executable, "-m", "bot", *args], capture_output=True, text=True, env=env, timeout=60
-    )
+    return run_membot(*args, env=env)
 
 
 def test_import_then_search_stats_and_show(tmp_path: Path) -> None:

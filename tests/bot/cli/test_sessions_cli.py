@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import stat
 import subprocess
-import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,22 +15,14 @@ import pytest
 from bot.domain import Message, Role, Session
 from bot.memory.archive import TranscriptArchive
 from bot.sessions import JsonSessionStore
+from tests.bot.cli.membot_process import run_membot
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def membot(tmp_path: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
-    env.update(HOME=str(tmp_path), MEMBOT_WORKSPACE=str(tmp_path / "ws"), COLUMNS="80")
-    return subprocess.run(
-        [sys.executable, "-m", "bot", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=60,
-    )
+    env = {"HOME": str(tmp_path), "MEMBOT_WORKSPACE": str(tmp_path / "ws"), "COLUMNS": "80"}
+    return run_membot(*args, env=env, stdin=stdin, cwd=tmp_path)
 
 
 def message(role: Role, text: str, minutes: int) -> Message:
