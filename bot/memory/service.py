@@ -206,9 +206,7 @@ class MemoryService:
         stored = await self.items.add_many(extract(utterances))
         self.retriever.prepare(stored)
         await self._promote(stored)
-        last = self._maintained_at
-        if self._maintain_every is not None and (last is None or self.now() - last >= self._maintain_every):
-            await self._maintain()
+        await self._maintain(when_due=True)
         return stored
 
     async def _promote(self, candidates: Sequence[MemoryItem]) -> None:
@@ -225,8 +223,12 @@ class MemoryService:
         compacted = await self.items.compact()
         return {"promoted": len(promoted), "decayed": decayed, "compacted": compacted}
 
-    async def _maintain(self) -> None:
-        """:meth:`maintain` for the running bot: a failure is logged, never the user's problem."""
+    async def _maintain(self, *, when_due: bool = False) -> None:
+        """:meth:`maintain` for the running bot only (``maintain_every`` set); ``when_due`` waits for
+        ``maintain_every`` since the last run. A failure is logged, never the user's problem."""
+        every, last = self._maintain_every, self._maintained_at
+        if every is None or (when_due and last is not None and self.now() - last < every):
+            return
         self._maintained_at = self.now()
         try:
             report = await self.maintain()
@@ -263,8 +265,7 @@ class MemoryService:
         )
         result.archived = archived
         await self._store_facts(session_id, messages_to_retire, result)
-        if self._maintain_every is not None:
-            await self._maintain()
+        await self._maintain()
         return result
 
     def consolidate_in_background(
