@@ -26,6 +26,7 @@ from bot.catalog import ModelCatalog, load_catalog
 from bot.commands import CommandRouter
 from bot.compaction import CompactionService, MemoryRetirer
 from bot.config import Settings
+from bot.context_budget import ContextBudget
 from bot.dispatcher import Dispatcher
 from bot.errors import ConfigError
 from bot.inbox import Inbox
@@ -180,14 +181,6 @@ async def build_core(
             settings.compaction,
             summary_model=catalog.for_tier("balanced", provider, default=primary),
         )
-        reserve = (
-            counter.count_text(settings.system_prompt)
-            + settings.memory.pack_hard_tokens
-            + settings.memory.inject_max_bytes // 4 * (2 if memory.chat_scope else 1)  # + the chat's file
-        )
-        auto = AutoCompactionSystem(
-            compaction, settings.compaction, window=info.max_input_tokens, reserve_tokens=reserve
-        )
         ledger = UsageLedger(settings.workspace / "usage.json", tz=ZoneInfo(settings.timezone))
         stack.push_async_callback(ledger.flush)
 
@@ -203,18 +196,37 @@ async def build_core(
         if settings.memory.enabled:
             tools.append(MemoryTool(memory))
         registry = ToolRegistry(tools, settings.tools)
+        budget = ContextBudget(
+            counter,
+            compaction,
+            retirer,
+            settings.compaction,
+            # A failover model must fit the same request: plan for the smallest window of them all.
+            window=min(
+                [
+                    info.max_input_tokens,
+                    *(catalog.get(m).max_input_tokens for m in settings.llm.fallback_models),
+                ]
+            ),
+            max_output_tokens=min(settings.llm.max_output_tokens, info.max_output_tokens),
+            base_prompt=settings.system_prompt,
+            tools=registry.specs(""),
+            memory_cap=memory.default_budget() if settings.memory.enabled else 0,
+        )
         systems: list[System] = [
-            auto,  # 18
-            ContextBuildingSystem(memory if settings.memory.enabled else None, settings.system_prompt),  # 20
+            AutoCompactionSystem(budget),  # 18
+            ContextBuildingSystem(  # 20
+                memory if settings.memory.enabled else None, settings.system_prompt, budget=budget
+            ),
             ToolLoopSystem(  # 30
                 model,
                 registry,
                 settings.tools,
-                on_overflow=auto.on_overflow,
+                budget=budget,
                 max_overflow_retries=settings.compaction.max_overflow_retries,
                 observer=metrics,
             ),
-            UsageSystem(counter, ledger),  # 90
+            UsageSystem(budget, ledger),  # 90
         ]
         if settings.memory.enabled:
             systems.append(MemoryPersistSystem(memory, settings.memory))  # 50
@@ -223,9 +235,7 @@ async def build_core(
         commands = CommandRouter()
         session_commands = SessionCommands(
             sessions,
-            compaction,
-            retirer,
-            gauge=auto,
+            budget,
             model=info,
             tier=catalog.tier_of(primary),
             ledger=ledger,

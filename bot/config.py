@@ -84,11 +84,10 @@ class MemorySettings(_Section):
     inject_max_bytes: int = 8192
     recent_days: int = 7
     consolidation_timeout: float = 30.0
-    pack_soft_tokens: int = 1800
-    pack_hard_tokens: int = 3500
-    top_k_episodic: int = 8
-    top_k_semantic: int = 6
-    top_k_procedural: int = 4
+    pack_soft_tokens: int = Field(default=1800, ge=0)
+    pack_hard_tokens: int = Field(default=3500, ge=0)
+    recall_floor: float = Field(default=0.2, ge=0.0, le=1.0)  # least relevance, as a share of the best match
+    max_message_tokens: int = Field(default=900, ge=50)  # a longer message shows only the parts that matched
     promotion_confidence: float = 0.75
     decay_days: int = 30
     embeddings: Literal["none", "openai", "local"] = "none"
@@ -96,8 +95,7 @@ class MemorySettings(_Section):
     embeddings_model: str = "text-embedding-3-small"
     embeddings_api_key: SecretStr | None = None
     embeddings_local_model: str = "all-MiniLM-L6-v2"
-    notes_max_lines_today: int = Field(default=40, ge=0)
-    notes_max_lines_per_day: int = Field(default=15, ge=0)
+    notes_max_tokens: int = Field(default=600, ge=0)  # today's notes (and recent days when nothing matched)
     consolidation_model: str | None = None  # None: the primary model; e.g. the `balanced` tier's model
     # "chat": each chat (session id) remembers only what was said in it; MEMORY.md stays the operator's
     # shared file and every chat gets its own bot-written one (see bot/memory/scope.py).

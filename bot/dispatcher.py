@@ -14,15 +14,16 @@ import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Protocol
 
 import structlog
 
 from bot.commands import CommandRouter
 from bot.config import DispatcherSettings
-from bot.domain import ImagePart, InboundMessage, Message, OutboundMessage, Role, Session
+from bot.domain import ImagePart, InboundMessage, Message, OutboundMessage, Role, Session, utcnow
 from bot.inbox import Inbox
 from bot.sessions import SessionService
 from channels.base import Channel
@@ -209,6 +210,7 @@ class Dispatcher:
                     session=session,
                     inbound=tuple(q.message for q in batch),
                     on_partial=channel.partial_sink(lane.chat_id) if channel else None,
+                    now=turn_time(q.message for q in batch),
                 )
                 structlog.contextvars.bind_contextvars(turn_id=turn.id)
                 log.info("turn_started", messages=len(batch))
@@ -315,6 +317,19 @@ class Dispatcher:
         for session in self._sessions.cached_sessions():
             if session.rewrite_needed or session.persisted_count != len(session.messages):
                 await self._sessions.save(session)
+
+
+def turn_time(messages: Iterable[InboundMessage]) -> datetime:
+    """When a turn happens: the date of its newest message, as its platform dated it, so memory files
+    and recalls what was said at the time it was said. A date ahead of our clock (a skewed sender) is
+    taken as now; a date without a zone is read as UTC."""
+    now = utcnow()
+    newest = max((_aware(m.timestamp) for m in messages), default=now)
+    return min(newest, now)
+
+
+def _aware(when: datetime) -> datetime:
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def _user_message(queued: _Queued) -> Message:

@@ -2,7 +2,7 @@
 
 They are registered by the composition root, next to the services they report on::
 
-    cmds = SessionCommands(sessions, compaction, retirer, gauge=auto, model=info, tier=tier, ledger=ledger,
+    cmds = SessionCommands(sessions, budget, model=info, tier=tier, ledger=ledger,
                            memory_stats=lambda: memory_operator.stats(memory), started_at=core.started_at)
     router.add("status", "Model, context, usage and memory of this chat", cmds.status)
     router.add("compact", "Summarize older messages now: /compact [N] keeps the last N", cmds.compact)
@@ -14,7 +14,8 @@ They are registered by the composition root, next to the services they report on
     memory_stats_for=lambda sid: memory_operator.stats(memory, session_id=sid)
 
 /compact and /new change the session, so they run under ``control.exclusive``: they wait for a running
-turn to end and keep new turns out until they are done.
+turn to end and keep new turns out until they are done. Both go through the context budget
+(bot/context_budget.py), like every other compaction.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Protocol
 
 from bot.catalog import ModelInfo
 from bot.commands import CommandCall, SessionControl
-from bot.compaction import META_LAST, CompactionService, Retirer
+from bot.compaction import META_LAST
+from bot.context_budget import ContextBudget
 from bot.domain import Session, Usage
 from bot.sessions import SessionService
 from bot.usage import UsageLedger
@@ -51,22 +53,14 @@ class MemoryFigures(Protocol):
     def last_recall(self) -> Mapping[str, object] | None: ...
 
 
-class ContextGauge(Protocol):
-    """Estimates the next prompt of a session (the auto-compaction system is one)."""
-
-    async def estimate(self, session: Session) -> int: ...
-
-
 class SessionCommands:
     """Handlers for /status, /compact and /new (see the module doc for registration)."""
 
     def __init__(
         self,
         sessions: SessionService,
-        compaction: CompactionService,
-        retirer: Retirer,
+        budget: ContextBudget,
         *,
-        gauge: ContextGauge,
         model: ModelInfo,
         tier: str | None = None,
         ledger: UsageLedger | None = None,
@@ -76,9 +70,7 @@ class SessionCommands:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._sessions = sessions
-        self._compaction = compaction
-        self._retirer = retirer
-        self._gauge = gauge
+        self._budget = budget
         self._model = model
         self._tier = tier
         self._ledger = ledger
@@ -109,9 +101,9 @@ class SessionCommands:
         return "\n".join(lines)
 
     async def _session_lines(self, session: Session) -> list[str]:
-        used = await self._gauge.estimate(session)
-        window = self._model.max_input_tokens
-        approx = "" if self._compaction.counter.exact else "≈"
+        used = await self._budget.estimate(session)
+        window = self._budget.window
+        approx = "" if self._budget.counter.exact else "≈"
         lines = [
             f"Messages: {len(session.messages)}",
             f"Context: {approx}{_tokens(used)} / {_tokens(window)} tokens ({used * 100 / window:.0f}%)",
@@ -156,7 +148,7 @@ class SessionCommands:
             if await self._sessions.get(call.session_id) is None:
                 return "Nothing to compact yet."
             async with self._sessions.lease(msg.channel, msg.chat_id) as session:
-                result = await self._compaction.compact(session, keep_last=keep, trigger="command")
+                result = await self._budget.compact(session, keep_last=keep, trigger="command")
                 if not result.performed:
                     if result.reason.startswith("nothing"):
                         plural = "message" if len(session.messages) == 1 else "messages"
@@ -179,7 +171,7 @@ class SessionCommands:
             if await self._sessions.get(call.session_id) is None:
                 return "Session cleared."
             async with self._sessions.lease(msg.channel, msg.chat_id) as session:
-                if session.messages and not await self._retirer.retire(session, list(session.messages)):
+                if not await self._budget.retire_all(session):
                     return (
                         "I couldn't save this conversation to memory, so I kept it. "
                         "Try /new again in a moment (the details are in the log)."
@@ -246,17 +238,22 @@ def _recall_line(recall: Mapping[str, object] | None) -> str:
     ms = pack.get("ms", 0)
     if not chosen:
         return f"Last recall: nothing relevant among {candidates} items · {ms} ms"
-    per_layer: dict[str, int] = {}
+    per_role: dict[str, int] = {}
     for c in chosen:
         if isinstance(c, Mapping):
-            layer = str(c.get("layer", "?"))
-            per_layer[layer] = per_layer.get(layer, 0) + 1
-    layers = ", ".join(f"{n} {layer}" for layer, n in per_layer.items())
+            role = {"fact": "facts", "assistant": "of its answers"}.get(
+                str(c.get("role")), "of your messages"
+            )
+            per_role[role] = per_role.get(role, 0) + 1
+    kinds = ", ".join(f"{n} {role}" for role, n in per_role.items())
     dropped = pack.get("dropped_for_budget", 0)
     over = f", {dropped} left out for the budget" if dropped else ""
+    stop = {"floor": "; the rest was not relevant enough", "budget": "; the budget was full"}.get(
+        str(pack.get("stop")), ""
+    )
     tokens, budget = _int(pack.get("tokens")), _int(pack.get("soft_budget"))
     return (
-        f"Last recall: {len(chosen)} of {candidates} items ({layers}{over}) · "
+        f"Last recall: {len(chosen)} memories of {candidates} ({kinds}{over}{stop}) · "
         f"{_tokens(tokens)} / {_tokens(budget)} tokens · {ms} ms"
     )
 

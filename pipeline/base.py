@@ -6,11 +6,13 @@ collected and ends with a reply. Systems read and write the ``Turn``; they never
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from bot.domain import InboundMessage, Message, Session, Usage, new_id
+from bot.domain import InboundMessage, Message, Session, Usage, new_id, utcnow
 
 PartialSink = Callable[[str], Awaitable[None]]
 
@@ -60,6 +62,8 @@ class Turn:
     - ``system_prompt`` / ``memory_context``: built by ContextBuilding for the LLM call.
     - ``new_messages``: everything this turn added to the session (user, assistant, tool), in order.
     - ``reply``: the text that goes back to the user; ``None`` means nobody answered yet.
+    - ``now``: the turn's own time, the date of its newest message (not the machine's clock: a message
+      dated by its platform is remembered at that date); :meth:`clock` runs on from it.
     """
 
     session: Session
@@ -75,6 +79,12 @@ class Turn:
     on_partial: PartialSink | None = None
     diagnostics: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False  # /stop or the turn timeout cut the turn short
+    now: datetime = field(default_factory=utcnow)
+    _started: float = field(default_factory=time.monotonic, repr=False)
+
+    def clock(self) -> datetime:
+        """The turn's time now: ``now`` plus the time the turn has run."""
+        return self.now + timedelta(seconds=time.monotonic() - self._started)
 
     @property
     def user_text(self) -> str:
@@ -85,6 +95,7 @@ class Turn:
         return self.session.channel
 
     def add_message(self, message: Message) -> None:
-        """Append to the session and remember it as this turn's own."""
+        """Append to the session and remember it as this turn's own, stamped with the turn's clock."""
+        message.timestamp = self.clock()
         self.session.append(message)
         self.new_messages.append(message)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import structlog
 
+from bot.context_budget import ContextBudget
 from bot.memory.prompt import system_prompt
 from bot.memory.service import MemoryService
 from pipeline.base import Turn
@@ -18,16 +19,20 @@ log = structlog.get_logger(__name__)
 class ContextBuildingSystem:
     """Sets ``turn.system_prompt`` = base prompt + ``# Memory`` (see bot/memory/prompt.py for the order).
 
-    Without a memory service (memory disabled) the base prompt is used as is.
+    Without a memory service (memory disabled) the base prompt is used as is. With a context ``budget``
+    the memory section gets what the model's window leaves it this turn (bot/context_budget.py).
     """
 
     name = "context"
     order = 20
     enabled = True
 
-    def __init__(self, memory: MemoryService | None, base_prompt: str) -> None:
+    def __init__(
+        self, memory: MemoryService | None, base_prompt: str, *, budget: ContextBudget | None = None
+    ) -> None:
         self._memory = memory
         self._base = base_prompt
+        self._budget = budget
 
     def should_process(self, turn: Turn) -> bool:
         return turn.reply is None
@@ -36,7 +41,13 @@ class ContextBuildingSystem:
         turn.system_prompt = system_prompt(self._base, "")
         if self._memory is None:
             return
-        context = await self._memory.context(turn.user_text, session_id=turn.session.id)
+        context = await self._memory.context(
+            turn.user_text,
+            session_id=turn.session.id,
+            now=turn.now,
+            shown=[m.id for m in turn.session.messages],
+            budget=self._budget.memory_budget(turn.session) if self._budget is not None else None,
+        )
         turn.memory_context = context.text
         turn.system_prompt = system_prompt(self._base, context.text)
         turn.diagnostics["memory"] = context.diagnostics
@@ -48,11 +59,12 @@ class ContextBuildingSystem:
             candidates=pack.candidates,
             pack_tokens=pack.tokens,
             dropped_for_budget=pack.dropped_for_budget,
+            stop=pack.recall.stop,
             memory_tokens=context.diagnostics.get("memory_tokens", 0),
             ms=pack.ms,
         )
         if pack.chosen:
             log.debug(
                 "memory_recalled_items",
-                chosen=[{k: c[k] for k in ("id", "layer", "type", "score", "lexical")} for c in pack.chosen],
+                chosen=[{k: c[k] for k in ("ids", "role", "score", "relevance")} for c in pack.chosen],
             )

@@ -68,7 +68,7 @@ class MemoryPersistSystem:
             (m for m in reversed(turn.new_messages) if m.role is Role.ASSISTANT and m.content.strip()), None
         )
         if answer is None and turn.reply:
-            answer = Message(Role.ASSISTANT, turn.reply)
+            answer = Message(Role.ASSISTANT, turn.reply, timestamp=turn.clock())
         sid = turn.session.id
         exchanges = [Exchange(sid, u, None) for u in users[:-1]]
         exchanges.append(Exchange(sid, users[-1] if users else None, answer))

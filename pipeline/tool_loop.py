@@ -11,12 +11,13 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import structlog
 
 from bot.config import ToolSettings
+from bot.context_budget import ContextBudget
 from bot.domain import Message, Role, ToolCall
 from bot.errors import LLMContextOverflow
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
@@ -24,9 +25,6 @@ from bot.tools.base import ToolContext, ToolError, ToolRegistry
 from pipeline.base import Turn
 
 log = structlog.get_logger(__name__)
-
-OverflowHandler = Callable[[Turn], Awaitable[bool]]
-"""Called on a context overflow; returns True when it made room (compaction) and the call may be retried."""
 
 REPEAT_LIMIT = 2  # identical (tool, arguments) pairs allowed per turn
 CANCELLED = "Cancelled: the turn was stopped before this tool call finished."
@@ -63,8 +61,10 @@ class ToolLoopSystem:
        ``tool_timeout``), store one tool result per call id, and go back to 1.
 
     Limits per turn (``max_llm_calls``, ``max_tool_calls``, ``turn_deadline``) end the loop with the best
-    text so far and a note in ``turn.notes``. A context overflow is handed to ``on_overflow`` (compaction)
-    and the call retried, at most ``max_overflow_retries`` times. When ``turn.on_partial`` is set the answer
+    text so far and a note in ``turn.notes``. Every request goes through the context ``budget`` first (it
+    and the answer must fit the window: bot/context_budget.py); a request that would not fit, or that the
+    provider refused as too long, makes the budget compact the session and the call is retried, at most
+    ``max_overflow_retries`` times. When ``turn.on_partial`` is set the answer
     is streamed and the sink receives the text of the current model call so far, after every delta.
     """
 
@@ -79,7 +79,7 @@ class ToolLoopSystem:
         settings: ToolSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
-        on_overflow: OverflowHandler | None = None,
+        budget: ContextBudget | None = None,
         max_overflow_retries: int = 3,
         observer: ToolObserver | None = None,
     ) -> None:
@@ -87,7 +87,7 @@ class ToolLoopSystem:
         self._registry = registry
         self._settings = settings
         self._clock = clock
-        self._on_overflow = on_overflow
+        self._budget = budget
         self._max_overflow_retries = max_overflow_retries
         self._observer = observer
 
@@ -145,14 +145,23 @@ class _TurnRun:
             await self.run_calls(response.tool_calls)
 
     async def ask(self) -> ChatResponse:
-        """One model call within the deadline; a context overflow goes to compaction, then retries."""
+        """One model call within the deadline; a request too long for the window compacts, then retries."""
+        budget = self.system._budget
         while True:
             remaining = self.remaining()
             if remaining <= 0:
                 raise self.deadline_stop()
+            session = self.turn.session
             request = ChatRequest(
-                messages=tuple(self.turn.session.messages), system=self.turn.system_prompt, tools=self.specs
+                messages=tuple(session.messages), system=self.turn.system_prompt, tools=self.specs
             )
+            if budget is not None:
+                if (
+                    budget.request_tokens(request, session) + budget.output > budget.window
+                    and await self.compact()
+                ):
+                    continue  # made room: build the request again from the compacted session
+                request = budget.fit(request, session)
             try:
                 async with asyncio.timeout(remaining) as window:
                     return await self._call(request)
@@ -161,13 +170,17 @@ class _TurnRun:
                     raise self.deadline_stop() from None
                 raise
             except LLMContextOverflow:
-                handler = self.system._on_overflow
-                if handler is None or self.overflows >= self.system._max_overflow_retries:
+                log.warning("context_overflow_retry", attempt=self.overflows + 1)
+                if not await self.compact():
                     raise
-                self.overflows += 1
-                log.warning("context_overflow_retry", attempt=self.overflows)
-                if not await handler(self.turn):
-                    raise
+
+    async def compact(self) -> bool:
+        """Ask the budget to make room (at most ``max_overflow_retries`` times a turn); True if it did."""
+        budget = self.system._budget
+        if budget is None or self.overflows >= self.system._max_overflow_retries:
+            return False
+        self.overflows += 1
+        return await budget.on_overflow(self.turn.session, self.turn.system_prompt, self.overflows)
 
     async def _call(self, request: ChatRequest) -> ChatResponse:
         sink = self.turn.on_partial

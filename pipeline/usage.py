@@ -4,24 +4,19 @@ After the model calls of a turn (``turn.usage``, summed by the tool loop), this 
 when the turn was stopped or timed out (then only step 1: the finished calls were paid for), and
 
 1. adds the usage to the session's totals and today's ledger (:func:`bot.usage.record_usage`);
-2. remembers how big the system prompt was, so the next turn's compaction check can count it before
-   ContextBuilding has run;
-3. calibrates the session's token ratio from a single-call turn, whose ``input_tokens`` is exactly the
-   prompt we can reconstruct (system prompt + history before the reply);
+2. tells the context budget how big the system prompt was, so the next turn's compaction check can
+   count it before ContextBuilding has run (bot/context_budget.py);
+3. lets the budget calibrate the session's token ratio from a single-call turn, whose
+   ``input_tokens`` is exactly the prompt we can reconstruct (system prompt + history before the reply);
 4. counts the turn's new messages now, so their cached counts are saved with the session.
 """
 
 from __future__ import annotations
 
-import structlog
-
+from bot.context_budget import ContextBudget
 from bot.domain import Role
-from bot.tokens import TokenCounter
 from bot.usage import UsageLedger, record_usage
 from pipeline.base import Turn
-from pipeline.compaction import META_OVERHEAD, prompt_overhead
-
-log = structlog.get_logger(__name__)
 
 
 class UsageSystem:
@@ -32,8 +27,8 @@ class UsageSystem:
     enabled = True
     always = True  # a stopped or timed-out turn's finished model calls were paid for: count them
 
-    def __init__(self, counter: TokenCounter, ledger: UsageLedger | None) -> None:
-        self._counter = counter
+    def __init__(self, budget: ContextBudget, ledger: UsageLedger | None) -> None:
+        self._budget = budget
         self._ledger = ledger
 
     def should_process(self, turn: Turn) -> bool:
@@ -44,16 +39,13 @@ class UsageSystem:
         await record_usage(session, turn.usage, self._ledger)
         if turn.stopped:
             return  # a cut-short turn's prompt and reply don't match: no calibration from it
-        history = self._counter.history_tokens(session)
+        self._budget.counter.history_tokens(session)  # caches the new messages' counts before the save
         if not turn.system_prompt:
             return  # nothing was sent (the model was never asked)
-        overhead = self._counter.count_text(prompt_overhead(turn))
-        session.metadata[META_OVERHEAD] = overhead
-        if turn.usage.calls == 1 and turn.usage.input_tokens > 0:
-            replies = sum(
-                self._counter.message_tokens(m) for m in turn.new_messages if m.role is Role.ASSISTANT
-            )
-            prompt_raw = overhead + history - replies
-            ratio = self._counter.calibrate(session, prompt_raw, turn.usage.input_tokens)
-            if ratio is not None:
-                log.debug("token_ratio", ratio=ratio, estimated=prompt_raw, actual=turn.usage.input_tokens)
+        single = turn.usage.calls == 1 and turn.usage.input_tokens > 0
+        self._budget.observe(
+            session,
+            turn.system_prompt,
+            actual_input_tokens=turn.usage.input_tokens if single else None,
+            replies=[m for m in turn.new_messages if m.role is Role.ASSISTANT],
+        )

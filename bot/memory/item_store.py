@@ -11,19 +11,31 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import defaultdict
-from collections.abc import Iterable
-from datetime import datetime, timedelta
+from collections.abc import Callable, Iterable
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import structlog
 
-from bot.memory.items import Layer, MemoryItem, promoted_layer
+from bot.memory.items import ItemType, Layer, MemoryItem, promoted_layer
 from bot.storage import append_bytes, atomic_write_text, ensure_private_dir
 
 log = structlog.get_logger(__name__)
 
 DECAY_FACTOR = 0.5
 MIN_SALIENCE = 0.05
+SUBJECT_TAG = "subject:"  # tags naming what a statement is about (see extract.py)
+
+K = TypeVar("K")
+ChangeListener = Callable[[MemoryItem | None, MemoryItem | None], None]
+"""Told ``(old, new)`` for every change of the live set: ``old`` None for a new item, ``new`` None for a
+removed one (forgotten, or hidden behind its promoted copy). ``(None, None)`` means "reload everything"."""
+
+
+def retrievable(item: MemoryItem) -> bool:
+    """Live and not represented by another item: a promoted original is its durable copy's, one memory."""
+    return not item.deleted and not item.promoted_to
 
 
 class ItemStore:
@@ -35,8 +47,12 @@ class ItemStore:
         self._by_fingerprint: dict[tuple[Layer, str], str] = {}
         self._lines: dict[Path, int] = defaultdict(int)
         self._touched: set[str] = set()  # ids whose last use is newer in memory than on disk
+        self._by_message: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self._by_subject: dict[str, set[str]] = defaultdict(set)
+        self._by_day: dict[date, set[str]] = defaultdict(set)  # UTC day of creation
+        self._listeners: list[ChangeListener] = []
         self._lock = asyncio.Lock()
-        self.generation = 0  # bumped on every change; retrieval rebuilds its index when it moves
+        self.generation = 0  # bumped on every change
 
     @property
     def root(self) -> Path:
@@ -53,8 +69,19 @@ class ItemStore:
         loaded, lines = await asyncio.to_thread(self._read_all)
         self._items = {i.id: i for i in loaded.values() if not i.deleted}
         self._by_fingerprint = {(i.layer, i.fingerprint): i.id for i in self._items.values()}
+        self._by_message.clear()
+        self._by_subject.clear()
+        self._by_day.clear()
+        for item in self._items.values():
+            self._index(item, add=True)
         self._lines = defaultdict(int, lines)
         self.generation += 1
+        for listener in self._listeners:
+            listener(None, None)
+
+    def subscribe(self, listener: ChangeListener) -> None:
+        """Call ``listener`` on every change of the live items (retrieval keeps its index current)."""
+        self._listeners.append(listener)
 
     def _read_all(self) -> tuple[dict[str, MemoryItem], dict[Path, int]]:
         ensure_private_dir(self._root)
@@ -75,6 +102,38 @@ class ItemStore:
 
     def items(self, layer: Layer | None = None) -> list[MemoryItem]:
         return [i for i in self._items.values() if layer is None or i.layer is layer]
+
+    def of_message(self, key: tuple[str, str]) -> list[MemoryItem]:
+        """The live items made from one message (its passages, typed sentences, promoted copies)."""
+        return [self._items[i] for i in self._by_message.get(key, ()) if i in self._items]
+
+    def passages(self, key: tuple[str, str]) -> list[MemoryItem]:
+        """The message's text items in order: together they are the whole message."""
+        parts: list[tuple[int, MemoryItem]] = []
+        for item in self.of_message(key):
+            if item.type is not ItemType.EPISODE:
+                continue
+            ref = next((r for r in item.references if r.message_key == key), None)
+            parts.append((ref.part or 0 if ref else 0, item))
+        parts.sort(key=lambda p: (p[0], p[1].created_at, p[1].id))
+        return [item for _, item in parts]
+
+    def created_between(self, start: datetime, end: datetime) -> list[MemoryItem]:
+        """Live, retrievable items created in ``[start, end)``, oldest first (today's, this week's)."""
+        found: list[MemoryItem] = []
+        day = start.astimezone(UTC).date()
+        while day <= end.astimezone(UTC).date():
+            for item_id in self._by_day.get(day, ()):
+                item = self._items.get(item_id)
+                if item is not None and retrievable(item) and start <= item.created_at < end:
+                    found.append(item)
+            day += timedelta(days=1)
+        return sorted(found, key=lambda i: (i.created_at, i.id))
+
+    def with_subject(self, subject: str) -> list[MemoryItem]:
+        """Live, retrievable items stating ``subject`` (a ``subject:`` tag), oldest first."""
+        found = [self._items[i] for i in self._by_subject.get(subject, ()) if i in self._items]
+        return sorted((i for i in found if retrievable(i)), key=lambda i: (i.created_at, i.id))
 
     def get(self, item_id: str) -> MemoryItem | None:
         return self._items.get(item_id)
@@ -137,14 +196,31 @@ class ItemStore:
     def _remember(self, item: MemoryItem) -> None:
         self._touched.discard(item.id)  # this version carries the last use to disk
         old = self._items.get(item.id)
-        if old is not None and self._by_fingerprint.get((old.layer, old.fingerprint)) == old.id:
-            del self._by_fingerprint[(old.layer, old.fingerprint)]
+        if old is not None:
+            if self._by_fingerprint.get((old.layer, old.fingerprint)) == old.id:
+                del self._by_fingerprint[(old.layer, old.fingerprint)]
+            self._index(old, add=False)
         if item.deleted:
             self._items.pop(item.id, None)
         else:
             self._items[item.id] = item
             self._by_fingerprint[(item.layer, item.fingerprint)] = item.id
+            self._index(item, add=True)
         self.generation += 1
+        before = old if old is not None and retrievable(old) else None
+        after = item if retrievable(item) else None
+        if before is not None or after is not None:
+            for listener in self._listeners:
+                listener(before, after)
+
+    def _index(self, item: MemoryItem, *, add: bool) -> None:
+        _file(self._by_day, item.created_at.astimezone(UTC).date(), item.id, add=add)
+        for ref in item.references:
+            if ref.message_key is not None:
+                _file(self._by_message, ref.message_key, item.id, add=add)
+        for tag in item.tags:
+            if tag.startswith(SUBJECT_TAG):
+                _file(self._by_subject, tag[len(SUBJECT_TAG) :], item.id, add=add)
 
     async def _append(self, items: list[MemoryItem]) -> None:
         groups: dict[Path, list[str]] = defaultdict(list)
@@ -223,6 +299,18 @@ class ItemStore:
                 else:
                     log.warning("memory_items_changed_elsewhere", file=path.name)
             return rewritten
+
+
+def _file(table: dict[K, set[str]], key: K, item_id: str, *, add: bool) -> None:
+    """Add ``item_id`` under ``key``, or take it out (dropping a key left empty)."""
+    if add:
+        table[key].add(item_id)
+        return
+    ids = table.get(key)
+    if ids is not None:
+        ids.discard(item_id)
+        if not ids:
+            del table[key]
 
 
 def _rewrite_if_unchanged(path: Path, lines: int, text: str) -> bool:

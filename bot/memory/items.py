@@ -47,29 +47,40 @@ def promoted_layer(item_type: ItemType) -> Layer | None:
 
 @dataclass(frozen=True, slots=True)
 class Reference:
-    """Where an item came from: a session, one of its messages, and (for imports) the turn index."""
+    """Where an item came from: a session, one of its messages, (for imports) the turn index, and for a
+    passage of a long message its position, so the message can be put back together in order."""
 
     session_id: str
     message_id: str = ""
     turn: int | None = None
+    part: int | None = None
+
+    @property
+    def message_key(self) -> tuple[str, str] | None:
+        """``(session id, message id)``, the identity of the message; ``None`` for a fact with no message."""
+        return (self.session_id, self.message_id) if self.message_id else None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"session_id": self.session_id, "message_id": self.message_id}
         if self.turn is not None:
             data["turn"] = self.turn
+        if self.part is not None:
+            data["part"] = self.part
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Reference:
-        turn = data.get("turn")
+        turn, part = data.get("turn"), data.get("part")
         return cls(
             str(data["session_id"]),
             str(data.get("message_id") or ""),
             int(turn) if turn is not None else None,
+            int(part) if part is not None else None,
         )
 
 
 _SPACE = re.compile(r"\s+")
+REPEAT_BONUS = 0.1
 
 
 def normalize(text: str) -> str:
@@ -115,13 +126,15 @@ class MemoryItem:
 
     def merged_with(self, other: MemoryItem, now: datetime) -> MemoryItem:
         """The duplicate ``other`` folded into this item: references joined, the stronger signals kept."""
-        refs = self.references + tuple(r for r in other.references if r not in self.references)
+        new_refs = tuple(r for r in other.references if r not in self.references)
         tags = self.tags + tuple(t for t in other.tags if t not in self.tags)
+        # Said again in another message: surer than either saying alone (a repeat promotes).
+        confidence = max(self.confidence, other.confidence) + (REPEAT_BONUS if new_refs else 0.0)
         return replace(
             self,
-            references=refs,
+            references=self.references + new_refs,
             tags=tags,
-            confidence=max(self.confidence, other.confidence),
+            confidence=min(1.0, confidence),
             salience=min(1.0, max(self.salience, other.salience) + 0.05),
             updated_at=max(self.updated_at, now),
         )

@@ -1,8 +1,13 @@
-"""The memory pack: retrieved items rendered as markdown within a token budget.
+"""The memory pack: recalled memories rendered as markdown for the prompt, within a token budget.
 
-Items go in by rank until the soft budget is reached; one more may cross it if the hard budget still
-holds, so a single long, highly relevant item is not dropped for being long. The rendered pack never
-exceeds the hard budget, whatever the input: any one item is cut to fit.
+Facts (written by the memory tool or consolidation) come first; then what was said in past
+conversations, grouped by day in the order it was said, each line saying who said it — the model
+must be able to tell the user's own words from its earlier answers, and a question from a statement —
+and carrying older statements on the same subject as "previously". Every message is rendered whole
+when recall chose it whole, so what reaches the model is what was said, not a clipped excerpt.
+
+The rendered pack never exceeds the hard budget: each memory is priced with its own day heading (an
+over-estimate), and if token counts still do not add up the lowest-ranked memory goes.
 """
 
 from __future__ import annotations
@@ -11,18 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo
 
-from bot.memory.items import Layer
-from bot.memory.notes import fold
+from bot.memory.recall import Memory, Recall, RecallDiagnostics
 from bot.memory.retrieval import ScoredItem
 
 TokenCounter = Callable[[str], int]
 HEADER = "## Relevant Memory"
-LAYER_TITLES = {
-    Layer.SEMANTIC: "Facts and preferences",
-    Layer.PROCEDURAL: "How-to",
-    Layer.EPISODIC: "Episodes",
-}
-ITEM_CHARS = 700
+FACTS = "### Facts and preferences"
+CONVERSATIONS = "### From past conversations"
 
 
 def estimate_tokens(text: str) -> int:
@@ -32,24 +32,36 @@ def estimate_tokens(text: str) -> int:
 
 @dataclass(slots=True)
 class PackDiagnostics:
-    """What retrieval chose and why: shown in logs and /status."""
+    """What recall chose and why it stopped: shown in logs (counts only) and /status."""
 
     query: str = ""
-    candidates: int = 0
+    recall: RecallDiagnostics = field(default_factory=RecallDiagnostics)
     chosen: list[dict[str, object]] = field(default_factory=list)
-    dropped_for_budget: int = 0
     tokens: int = 0
     soft_budget: int = 0
     hard_budget: int = 0
     embeddings: bool = False
     ms: float = 0.0
 
+    @property
+    def candidates(self) -> int:
+        return self.recall.candidates
+
+    @property
+    def dropped_for_budget(self) -> int:
+        return self.recall.dropped_for_budget
+
     def to_dict(self) -> dict[str, object]:
+        r = self.recall
         return {
             "query": self.query[:200],
-            "candidates": self.candidates,
+            "candidates": r.candidates,
             "chosen": self.chosen,
-            "dropped_for_budget": self.dropped_for_budget,
+            "dropped_for_budget": r.dropped_for_budget,
+            "below_floor": r.below_floor,
+            "skipped_shown": r.skipped_shown,
+            "superseded": r.superseded,
+            "stop": r.stop,
             "tokens": self.tokens,
             "soft_budget": self.soft_budget,
             "hard_budget": self.hard_budget,
@@ -61,89 +73,93 @@ class PackDiagnostics:
 @dataclass(slots=True)
 class MemoryPack:
     text: str
-    items: list[ScoredItem]
+    memories: list[Memory]
     diagnostics: PackDiagnostics
 
-
-def item_line(scored: ScoredItem, tz: ZoneInfo) -> str:
-    item = scored.item
-    day = item.created_at.astimezone(tz).strftime("%Y-%m-%d")
-    who = f"{item.tags[0]}, " if item.layer is Layer.EPISODIC and item.tags else ""
-    kind = "" if item.type.value == "episode" else f"{item.type.value}, "
-    return f"- [{kind}{who}{day}] {fold(item.content, ITEM_CHARS)}"
+    @property
+    def items(self) -> list[ScoredItem]:
+        """Every item behind the pack's memories (their use is recorded for decay)."""
+        return [hit for m in self.memories for hit in m.hits]
 
 
-def render_pack(
-    ranked: Sequence[ScoredItem],
-    *,
-    soft: int,
-    hard: int,
-    count: TokenCounter,
-    tz: ZoneInfo,
-    diagnostics: PackDiagnostics | None = None,
-) -> MemoryPack:
-    """Render ``ranked`` (best first) grouped by layer, within the budgets."""
-    diag = diagnostics or PackDiagnostics()
-    diag.soft_budget, diag.hard_budget = soft, hard
-    overhead = count(HEADER) + sum(count(f"\n\n### {t}\n") for t in LAYER_TITLES.values()) + 2
-    used = overhead
-    chosen: list[tuple[ScoredItem, str]] = []
-    for scored in ranked:
-        if used >= soft:
-            diag.dropped_for_budget += 1
-            continue
-        line = item_line(scored, tz)
-        cost = count(line) + 1
-        if used + cost > hard:
-            line = _cut(line, hard - used - 1, count)
-            cost = count(line) + 1
-            if not line or used + cost > hard:
-                diag.dropped_for_budget += 1
-                continue
-        chosen.append((scored, line))
-        used += cost
-    text = _assemble(chosen)
-    while chosen and count(text) > hard:  # token counts need not add up exactly; the hard cap must hold
-        chosen.pop()
-        diag.dropped_for_budget += 1
-        text = _assemble(chosen)
-    if not chosen:
-        return MemoryPack("", [], diag)
-    diag.tokens = count(text)
-    diag.chosen = [
-        {
-            "id": s.item.id,
-            "layer": s.item.layer.value,
-            "type": s.item.type.value,
-            "score": round(s.score, 4),
-            "lexical": round(s.lexical, 4),
-            "title": s.item.title,
-        }
-        for s, _ in chosen
-    ]
-    return MemoryPack(text, [s for s, _ in chosen], diag)
+def _indent(text: str) -> str:
+    return text.strip().replace("\n", "\n  ")
 
 
-def _assemble(chosen: Sequence[tuple[ScoredItem, str]]) -> str:
-    if not chosen:
+def speaker(memory: Memory) -> str:
+    if memory.role == "assistant":
+        return "assistant (you)"
+    return "user (asked)" if memory.question else "user"
+
+
+def day_heading(memory: Memory, tz: ZoneInfo) -> str:
+    return f"#### {memory.when.astimezone(tz):%Y-%m-%d (%a)}"
+
+
+def memory_line(memory: Memory, tz: ZoneInfo) -> str:
+    """One memory as markdown: a fact with its kind and date, or a message with who said it."""
+    if memory.role == "fact":
+        item = memory.hits[0].item
+        line = f"- [{item.type.value}, {memory.when.astimezone(tz):%Y-%m-%d}] {_indent(memory.text)}"
+    else:
+        line = f"- {speaker(memory)}: {_indent(memory.text)}"
+    for older in memory.previously:
+        when = older.when.astimezone(tz).strftime("%Y-%m-%d")
+        line += f"\n  - previously ({when}): {_indent(older.text)}"
+    return line
+
+
+def price(memory: Memory, count: TokenCounter, tz: ZoneInfo) -> int:
+    """Tokens a memory costs in the pack, its own day heading included (an over-estimate)."""
+    heading = 0 if memory.role == "fact" else count(day_heading(memory, tz)) + 1
+    return count(memory_line(memory, tz)) + 1 + heading
+
+
+def overhead(count: TokenCounter) -> int:
+    return count(HEADER) + count(FACTS) + count(CONVERSATIONS) + 6
+
+
+def render(memories: Sequence[Memory], tz: ZoneInfo) -> str:
+    if not memories:
         return ""
+    facts = sorted((m for m in memories if m.role == "fact"), key=lambda m: (m.when, m.key))
+    said = sorted((m for m in memories if m.role != "fact"), key=lambda m: (m.when, m.key))
     blocks = [HEADER]
-    for layer in (Layer.SEMANTIC, Layer.PROCEDURAL, Layer.EPISODIC):
-        lines = [line for scored, line in chosen if scored.item.layer is layer]
-        if lines:
-            blocks.append(f"### {LAYER_TITLES[layer]}\n" + "\n".join(lines))
+    if facts:
+        blocks.append(FACTS + "\n" + "\n".join(memory_line(m, tz) for m in facts))
+    if said:
+        lines: list[str] = [CONVERSATIONS]
+        heading = ""
+        for memory in said:
+            day = day_heading(memory, tz)
+            if day != heading:
+                lines.append(day)
+                heading = day
+            lines.append(memory_line(memory, tz))
+        blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
 
-def _cut(line: str, budget: int, count: TokenCounter) -> str:
-    """The longest prefix of ``line`` (ending in …) that fits ``budget`` tokens, or ``""``."""
-    if budget <= 4:
-        return ""
-    lo, hi = 0, len(line)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if count(line[:mid] + "…") <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    return line[:lo] + "…" if lo > 20 else ""
+def assemble(recall: Recall, *, hard: int, count: TokenCounter, tz: ZoneInfo, query: str = "") -> MemoryPack:
+    """Render a recall; drop the lowest-ranked memories until it fits ``hard`` tokens."""
+    memories = list(recall.memories)
+    text = render(memories, tz)
+    while memories and count(text) > hard:
+        memories.pop()  # recall keeps them best first
+        recall.diagnostics.dropped_for_budget += 1
+        text = render(memories, tz)
+    diag = PackDiagnostics(query=query, recall=recall.diagnostics, hard_budget=hard)
+    diag.recall.chosen = len(memories)
+    diag.tokens = count(text) if text else 0
+    diag.chosen = [
+        {
+            "key": m.key[1] if m.key[0] == "item" else m.key[0],
+            "role": m.role,
+            "score": round(m.score, 4),
+            "relevance": round(m.relevance, 4),
+            "whole": m.whole,
+            "ids": [h.item.id for h in m.hits[:4]],
+        }
+        for m in memories
+    ]
+    return MemoryPack(text, memories, diag)

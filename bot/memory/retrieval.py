@@ -1,6 +1,7 @@
 """Retrieval: rank memory items for a query by BM25 plus recency, salience, confidence and type.
 
-The lexical signal is Okapi BM25 (rank-bm25) over lower-cased word tokens without English stop words,
+The lexical signal is Okapi BM25 (bot/memory/lexical.py, kept current item by item) over lower-cased
+word tokens without English stop words,
 each reduced to its dictionary lemma (simplemma: "bought" -> "buy", "older" -> "old") and then through a
 light suffix stripper, so the words a user asks with meet the words they used. Any script tokenizes;
 Chinese and Japanese, written without spaces, are indexed as overlapping character pairs. The score is
@@ -8,28 +9,40 @@ normalized to 0..1 per query and blended with the other signals, so relevance le
 ties: a recent, salient preference beats an old chat line that says the same words.
 An optional embedding similarity (see embeddings.py) is fused with the lexical score.
 
-The index is rebuilt lazily when the item store changes (its ``generation`` moves), and token lists
-are cached per item version, so a rebuild re-tokenizes only new items.
+Who said what matters as much as the words: what the assistant said ranks below what the user said
+(the model can be wrong, and the user's words are the facts) unless the query asks about the
+assistant's own words ("what did you recommend?"), and a user message that only asked a question
+ranks below statements. A query that names a subject ("what is my job?") also finds the statements
+tagged with it (see extract.py). Ties are broken by age and id, so the same memory always gives the
+same order, whatever order items were loaded in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 import simplemma
-from rank_bm25 import BM25Okapi
 
-from bot.memory.items import ItemType, Layer, MemoryItem
+from bot.memory.extract import QUESTION_TAG, subjects_in_query
+from bot.memory.item_store import ItemStore, retrievable
+from bot.memory.items import ItemType, MemoryItem
+from bot.memory.lexical import Frequencies, LexicalIndex
 from bot.memory.timehints import time_hint
 
 _UTC = ZoneInfo("UTC")
-SUBSET_CACHE = 64  # per-chat indexes kept between queries (chat scope)
+_ABOUT_ASSISTANT = re.compile(
+    r"\byou (?:said|told|mentioned|recommended|suggested|gave|wrote|listed|explained|described|shared|"
+    r"provided|came up with|named|offered)\b|\byour (?:answer|suggestion|recommendation|advice|list|reply)\b"
+    r"|\bremind me (?:what|of|about) (?:you|the)\b",
+    re.I,
+)
 
 
 _TOKEN = re.compile(r"[^\W_]+")
@@ -68,7 +81,9 @@ class Weights:
     type: float = 0.06
     recency_half_life_days: float = 30.0
     embedding_share: float = 0.5  # of the relevance signal, when embeddings are on
-    assistant: float = 0.8  # lexical weight of what the assistant said, relative to the user's words
+    assistant: float = 0.75  # relevance of what the assistant said, relative to the user's words
+    question: float = 0.6  # relevance of a user message that only asked, relative to a statement
+    subject: float = 0.6  # relevance a statement on the subject a query names gets at least (of the top)
     time_hint: float = 0.1  # bonus for items said in the period the query names ("in March")
 
 
@@ -119,126 +134,107 @@ def tokenize(text: str) -> list[str]:
 class ScoredItem:
     item: MemoryItem
     score: float
-    lexical: float
+    relevance: float  # to the query, 0..1: words and meaning, weighed by who said it and how
+    lexical: float = 0.0  # the words alone, 0..1 (the query's best match is 1)
     semantic: float = 0.0
     parts: dict[str, float] = field(default_factory=dict)
 
 
-class _FrequencyBM25(BM25Okapi):  # type: ignore[misc]
-    """BM25Okapi fed with per-document term counts computed once per item version (not per rebuild)."""
-
-    def _initialize(self, corpus: list[dict[str, int]]) -> dict[str, int]:
-        nd: dict[str, int] = {}
-        total = 0
-        for frequencies in corpus:
-            length = sum(frequencies.values())
-            self.doc_len.append(length)
-            total += length
-            self.doc_freqs.append(frequencies)
-            for word in frequencies:
-                nd[word] = nd.get(word, 0) + 1
-            self.corpus_size += 1
-        self.avgdl = total / self.corpus_size
-        return nd
-
-    def _calc_idf(self, nd: dict[str, int]) -> None:
-        # Lucene's idf, always positive: Okapi's goes negative for terms in over half the documents,
-        # which in a small memory (a few items) would make every match count against the item.
-        for word, freq in nd.items():
-            self.idf[word] = math.log(1 + (self.corpus_size - freq + 0.5) / (freq + 0.5))
-
-
-Frequencies = dict[str, int]
-
-
 def frequencies(item: MemoryItem) -> Frequencies:
-    counts: Frequencies = {}
+    counts: dict[str, int] = {}
     for token in tokenize(f"{item.title} {item.content}"):
         counts[token] = counts.get(token, 0) + 1
-    return counts or {"\x00": 1}  # BM25 divides by the average length: never an empty document
+    return counts
 
 
-class LexicalIndex:
-    """BM25 over a fixed list of items; cheap to query, rebuilt when the item set changes."""
-
-    def __init__(self, items: Sequence[MemoryItem], cache: dict[tuple[str, str], Frequencies]) -> None:
-        self.items = list(items)
-        corpus = []
-        for item in self.items:
-            key = (item.id, item.fingerprint)
-            counts = cache.get(key)
-            if counts is None:
-                counts = cache[key] = frequencies(item)
-            corpus.append(counts)
-        self._bm25 = _FrequencyBM25(corpus) if corpus else None
-
-    def scores(self, query_tokens: Sequence[str]) -> list[float]:
-        if self._bm25 is None or not query_tokens:
-            return [0.0] * len(self.items)
-        return [float(x) for x in self._bm25.get_scores(list(dict.fromkeys(query_tokens)))]
+def asks_about_assistant(query: str) -> bool:
+    """Whether the query is about what the assistant itself said ("what did you recommend?")."""
+    return bool(_ABOUT_ASSISTANT.search(query))
 
 
 class Retriever:
-    """Ranks items: build once per item-set generation, query many times."""
+    """Ranks the items of an :class:`ItemStore`; its lexical index follows the store's every change.
 
-    def __init__(self, weights: Weights | None = None) -> None:
+    Build it once per store and ``await ready()`` after the store loaded (the first index is built off
+    the event loop); afterwards each write costs the new item's terms and each query its own terms.
+    """
+
+    def __init__(self, store: ItemStore, weights: Weights | None = None) -> None:
         self.weights = weights or Weights()
-        self._token_cache: dict[tuple[str, str], Frequencies] = {}
-        self._index: LexicalIndex | None = None
-        self._generation = -1
-        self._subsets: dict[str, tuple[int, LexicalIndex]] = {}
+        self._store = store
+        self._index = LexicalIndex()
+        self._stale = True  # the store (re)loaded: the index must be built from scratch
+        self._building = False
+        self._backlog: list[tuple[MemoryItem | None, MemoryItem | None]] = []
+        store.subscribe(self._changed)
 
-    def prepare(self, items: Iterable[MemoryItem]) -> None:
-        """Count terms of new items at write time, so the next index rebuild only sums them up."""
-        for item in items:
-            key = (item.id, item.fingerprint)
-            if key not in self._token_cache:
-                self._token_cache[key] = frequencies(item)
+    def _changed(self, old: MemoryItem | None, new: MemoryItem | None) -> None:
+        if old is None and new is None:
+            self._stale = True
+        elif self._building:
+            self._backlog.append((old, new))
+        elif not self._stale:
+            self._apply(old, new)
 
-    def refresh(self, items: Sequence[MemoryItem], generation: int) -> LexicalIndex:
-        if self._index is None or generation != self._generation:
-            live = {(i.id, i.fingerprint) for i in items}
-            if len(self._token_cache) > 2 * len(live) + 1024:
-                self._token_cache = {k: v for k, v in self._token_cache.items() if k in live}
-            self._index = LexicalIndex(items, self._token_cache)
-            self._generation = generation
-        return self._index
+    def _apply(self, old: MemoryItem | None, new: MemoryItem | None) -> None:
+        if new is None:
+            if old is not None:
+                self._index.remove(old.id)
+        else:
+            changed = old is None or (old.fingerprint, old.title) != (new.fingerprint, new.title)
+            if changed or new.id not in self._index:
+                self._index.upsert(new.id, frequencies(new))
 
-    def subset(self, key: str, items: Sequence[MemoryItem], generation: int) -> LexicalIndex:
-        """An index over just ``items`` (one chat's, in chat scope), kept per ``key`` for a generation.
-
-        Ranking a subset on its own index, rather than filtering a ranking of everything, keeps the
-        scores and the top-k per chat: another chat's items neither crowd out nor reweigh this one's.
-        """
-        cached = self._subsets.pop(key, None)
-        if cached is None or cached[0] != generation:
-            cached = (generation, LexicalIndex(items, self._token_cache))
-        self._subsets[key] = cached
-        while len(self._subsets) > SUBSET_CACHE:  # bounded: least recently used chats go first
-            self._subsets.pop(next(iter(self._subsets)))
-        return cached[1]
+    async def ready(self) -> None:
+        """Build the index from the store's items if it is stale (in a thread: 100,000 items take a while)."""
+        while self._stale:
+            self._stale, self._building = False, True
+            try:
+                items = [i for i in self._store.items() if retrievable(i)]
+                index = await asyncio.to_thread(_build, items)
+            finally:
+                self._building = False
+            self._index = index
+            backlog, self._backlog = self._backlog, []
+            for old, new in backlog:
+                self._apply(old, new)
 
     def rank(
         self,
-        index: LexicalIndex,
         query: str,
         now: datetime,
         *,
+        visible: Callable[[MemoryItem], bool] | None = None,
         similarities: Mapping[str, float] | None = None,
         tz: ZoneInfo = _UTC,
     ) -> list[ScoredItem]:
-        """Every item with some relevance to ``query``, best first."""
+        """Every visible item with some relevance to ``query``, best first (ties: older, then by id)."""
         w = self.weights
+        tokens = tokenize(query)
+        lexical = self._index.scores(tokens)
+        top = max(lexical.values(), default=0.0)
+        on_subject = {
+            stated.id for subject in subjects_in_query(query) for stated in self._store.with_subject(subject)
+        }
+        candidates = set(lexical) | on_subject
+        if similarities:
+            candidates |= {key for key, value in similarities.items() if value > 0}
         in_period = time_hint(query, now, tz) if w.time_hint else None
-        lexical = index.scores(tokenize(query))
-        top = max(lexical, default=0.0)
+        about_assistant = asks_about_assistant(query)
         out: list[ScoredItem] = []
-        for item, raw in zip(index.items, lexical, strict=True):
-            lex = raw / top if top > 0 else 0.0
-            sim = max(0.0, similarities.get(item.id, 0.0)) if similarities else 0.0
+        for item_id in candidates:
+            item = self._store.get(item_id)
+            if item is None or not retrievable(item) or (visible is not None and not visible(item)):
+                continue
+            lex = lexical.get(item_id, 0.0) / top if top > 0 else 0.0
+            if item_id in on_subject:  # the statement answers what the query names: relevant without a word
+                lex = max(lex, w.subject)
+            sim = max(0.0, similarities.get(item_id, 0.0)) if similarities else 0.0
             relevance = (1 - w.embedding_share) * lex + w.embedding_share * sim if similarities else lex
-            if "assistant" in item.tags:
+            if "assistant" in item.tags and not about_assistant:
                 relevance *= w.assistant
+            if QUESTION_TAG in item.tags:
+                relevance *= w.question
             if relevance <= 0.0:
                 continue
             age_days = max(0.0, (now - item.created_at).total_seconds() / 86400)
@@ -251,37 +247,32 @@ class Retriever:
             }
             if in_period is not None and in_period(item.created_at):
                 parts["time"] = w.time_hint
-            out.append(ScoredItem(item, sum(parts.values()), lex, sim, parts))
-        out.sort(key=lambda s: s.score, reverse=True)
+            out.append(ScoredItem(item, sum(parts.values()), relevance, lex, sim, parts))
+        out.sort(key=lambda s: (-s.score, s.item.created_at, s.item.id))
         return out
 
 
-def primary_reference(item: MemoryItem) -> tuple[str, str] | None:
-    if not item.references:
-        return None
-    ref = item.references[0]
-    return ref.session_id, ref.message_id or str(ref.turn)
+def _build(items: Sequence[MemoryItem]) -> LexicalIndex:
+    index = LexicalIndex()
+    for item in items:
+        index.upsert(item.id, frequencies(item))
+    return index
+
+
+def message_key(item: MemoryItem) -> tuple[str, str] | None:
+    """The message an item was made from (its first reference), if it came from one."""
+    for ref in item.references[:1]:
+        return ref.message_key
+    return None
 
 
 def diversify(ranked: Iterable[ScoredItem]) -> Iterable[ScoredItem]:
     """Drop items whose source message already produced a better-ranked item (one hit per message)."""
     seen: set[tuple[str, str]] = set()
     for scored in ranked:
-        key = primary_reference(scored.item)
+        key = message_key(scored.item)
         if key is not None:
             if key in seen:
                 continue
             seen.add(key)
         yield scored
-
-
-def top_per_layer(ranked: Iterable[ScoredItem], limits: Mapping[Layer, int]) -> list[ScoredItem]:
-    """Keep the best ``limits[layer]`` items of each layer, in overall rank order."""
-    counts: dict[Layer, int] = dict.fromkeys(limits, 0)
-    chosen: list[ScoredItem] = []
-    for scored in ranked:
-        layer = scored.item.layer
-        if counts.get(layer, 0) < limits.get(layer, 0):
-            counts[layer] += 1
-            chosen.append(scored)
-    return chosen

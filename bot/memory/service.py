@@ -16,11 +16,12 @@ retrieved only from the chat that told them. HISTORY.md and the archive stay wor
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -36,22 +37,37 @@ from bot.memory.history import HistoryLog
 from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem, Reference, make_title
 from bot.memory.longterm import LongTermMemory
-from bot.memory.notes import DailyNotes, not_yet_in, note_line
-from bot.memory.pack import MemoryPack, PackDiagnostics, TokenCounter, estimate_tokens, render_pack
+from bot.memory.notes import DailyNotes, fold, not_yet_in, note_line
+from bot.memory.pack import (
+    MemoryPack,
+    PackDiagnostics,
+    TokenCounter,
+    assemble,
+    estimate_tokens,
+    overhead,
+    price,
+)
 from bot.memory.prompt import (
     chat_memory_section,
     long_term_section,
+    now_line,
     recent_section,
     render_memory,
     today_section,
 )
-from bot.memory.retrieval import Retriever, ScoredItem, diversify, load_lemmas, top_per_layer
-from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to, of_chat
+from bot.memory.recall import Candidate, Memory, Recaller
+from bot.memory.retrieval import Retriever, ScoredItem, diversify, load_lemmas, tokenize
+from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to
 from bot.storage import append_bytes, ensure_private_dir, fix_private_tree
 
 log = structlog.get_logger(__name__)
 
 RECALLS_KEPT = 1024  # sessions whose last retrieval /status can report
+INFORMATIVE_TOKENS = 2  # a note line says something: "thanks a lot!" and "ok, great" stay out
+ACKNOWLEDGEMENTS = "thanks thank ok okay great cool sure sound good nice perfect awesome yes lot"
+NOTE_USER_CHARS = 300
+NOTE_ASSISTANT_CHARS = 200
+MessageKey = tuple[str, str]
 
 Clock = Callable[[], datetime]
 
@@ -110,7 +126,8 @@ class MemoryService:
         self.history = HistoryLog(root)
         self.archive = TranscriptArchive(root / "archive")
         self.items = ItemStore(root / "items")
-        self.retriever = Retriever()
+        self.retriever = Retriever(self.items)
+        self.recaller = Recaller(self.items, count_tokens, max_message_tokens=settings.max_message_tokens)
         self.embeddings = EmbeddingCache(embedder) if embedder is not None else None
         self.consolidator = Consolidator(
             llm,
@@ -150,6 +167,7 @@ class MemoryService:
             log.warning("memory_permissions_fixed", count=fixed, root=str(self.root))
         await self.items.load()
         await asyncio.to_thread(load_lemmas)
+        await self.retriever.ready()
 
     def _prepare(self) -> int:
         for folder in (
@@ -188,7 +206,7 @@ class MemoryService:
         for ex in exchanges:
             if ex.user is not None and ex.assistant is not None:
                 notes = self.notes_for(ex.session_id)
-                when = notes.local(ex.assistant.timestamp)
+                when = notes.local(ex.user.timestamp)  # the exchange happened when the user wrote
                 line = note_line(when, ex.user.content, ex.assistant.content)
                 note_lines.setdefault(notes.path_for(when.date()), []).append(line)
             for msg, turn in ((ex.user, ex.user_turn), (ex.assistant, ex.assistant_turn)):
@@ -204,7 +222,6 @@ class MemoryService:
                 append_bytes, path, ("\n".join(lines) + "\n").encode("utf-8"), whole_lines=True
             )
         stored = await self.items.add_many(extract(utterances))
-        self.retriever.prepare(stored)
         await self._promote(stored)
         await self._maintain(when_due=True)
         return stored
@@ -336,16 +353,22 @@ class MemoryService:
             await self._touch(out)
         return out
 
-    async def _rank(self, query: str, session_id: str | None) -> list[ScoredItem]:
-        items = self.items.items()
+    async def _rank(
+        self, query: str, session_id: str | None, now: datetime | None = None
+    ) -> list[ScoredItem]:
+        await self.retriever.ready()
+        # In chat scope a chat sees its own items; "" (no chat) sees none, None (the operator) all.
+        visible = None
         if self.chat_scope and session_id is not None:
-            # Filter before ranking, so scores and every top-k are the chat's own.
-            items = of_chat(items, session_id)
-            index = self.retriever.subset(session_id, items, self.items.generation)
-        else:
-            index = self.retriever.refresh(items, self.items.generation)
-        similarities = await self.embeddings.similarities(query, items) if self.embeddings else None
-        return self.retriever.rank(index, query, self.now(), similarities=similarities, tz=self.tz)
+            chat = session_id
+            visible = lambda i: belongs_to(i, chat)  # noqa: E731
+        similarities = None
+        if self.embeddings is not None:
+            items = [i for i in self.items.items() if visible is None or visible(i)]
+            similarities = await self.embeddings.similarities(query, items)
+        return self.retriever.rank(
+            query, now or self.now(), visible=visible, similarities=similarities, tz=self.tz
+        )
 
     async def _touch(self, chosen: Sequence[ScoredItem]) -> None:
         """Remember use in memory only; the next write of the item persists it (no write per query)."""
@@ -360,27 +383,59 @@ class MemoryService:
         soft: int | None = None,
         hard: int | None = None,
         session_id: str | None = None,
+        now: datetime | None = None,
+        skip: Collection[MessageKey] = (),
     ) -> MemoryPack:
+        """The ``## Relevant Memory`` section for ``query``: the most relevant memories that fit the budget,
+        leaving out the messages in ``skip`` (those the prompt already shows)."""
         s = self.settings
         started = time.perf_counter()
-        ranked = list(diversify(await self._rank(query, session_id)))
-        limits = {
-            Layer.EPISODIC: s.top_k_episodic,
-            Layer.SEMANTIC: s.top_k_semantic,
-            Layer.PROCEDURAL: s.top_k_procedural,
-        }
-        diag = PackDiagnostics(query=query, candidates=len(ranked), embeddings=self.embeddings is not None)
-        pack = render_pack(
-            top_per_layer(ranked, limits),
-            soft=s.pack_soft_tokens if soft is None else soft,
-            hard=s.pack_hard_tokens if hard is None else hard,
-            count=self._count,
-            tz=self.tz,
-            diagnostics=diag,
+        hard = s.pack_hard_tokens if hard is None else hard
+        soft = min(hard, s.pack_soft_tokens if soft is None else soft)
+        base = overhead(self._count)
+        memories, skipped = self.recaller.gather(await self._rank(query, session_id, now), skip=set(skip))
+        recall = self.recaller.select(
+            memories,
+            soft=max(0, soft - base),
+            hard=max(0, hard - base),
+            floor=s.recall_floor,
+            cost=lambda m: price(m, self.recaller.count, self.tz),
         )
+        recall.diagnostics.skipped_shown = skipped
+        pack = assemble(recall, hard=hard, count=self._count, tz=self.tz, query=query)
+        pack.diagnostics.soft_budget = soft
+        pack.diagnostics.embeddings = self.embeddings is not None
         await self._touch(pack.items)
-        diag.ms = round((time.perf_counter() - started) * 1000, 2)
+        pack.diagnostics.ms = round((time.perf_counter() - started) * 1000, 2)
         return pack
+
+    def _said_between(
+        self, start: datetime, end: datetime, session_id: str, skip: set[MessageKey]
+    ) -> list[Candidate]:
+        """What was said in ``[start, end)`` that the prompt does not show yet, one candidate per message."""
+        items = [
+            i
+            for i in self.items.created_between(start, end)
+            if i.source not in ("tool", "consolidation") and self.visible(i, session_id)
+        ]
+        candidates, _ = self.recaller.gather((ScoredItem(i, 0.0, 0.0) for i in items), skip=skip)
+        return candidates
+
+    def _fit_notes(self, candidates: Sequence[Candidate], budget: int) -> list[Memory]:
+        """The newest informative messages (not "thanks!") whose note lines fit ``budget`` tokens,
+        oldest first."""
+        chosen: list[Memory] = []
+        used = 0
+        for candidate in reversed(candidates):  # newest first
+            memory = self.recaller.realize(candidate)
+            if not informative(memory.text):
+                continue
+            cost = self.recaller.count(note_of(memory, self.tz)) + 1
+            if used + cost > budget:
+                break
+            chosen.append(memory)
+            used += cost
+        return sorted(chosen, key=lambda m: (m.when, m.key))
 
     def last_recall(self, session_id: str) -> dict[str, object] | None:
         """What the last ``# Memory`` built for ``session_id`` in this process retrieved, if any."""
@@ -392,30 +447,67 @@ class MemoryService:
         while len(self._recalls) > RECALLS_KEPT:
             self._recalls.popitem(last=False)
 
-    async def context(self, query: str, *, session_id: str = "") -> MemoryContext:
+    async def context(
+        self,
+        query: str,
+        *,
+        session_id: str = "",
+        now: datetime | None = None,
+        shown: Collection[str] = (),
+        budget: int | None = None,
+    ) -> MemoryContext:
         """The ``# Memory`` section for a turn of ``session_id`` whose user wrote ``query``.
 
+        ``now`` is the turn's own time (its message's date), so "today" and recency follow the
+        conversation, not the clock of the machine. ``shown`` are the ids of the messages in the active
+        session: the model sees them already, so memory never repeats them. ``budget`` caps the
+        section's tokens (the context-budget service sets it from the model's window); without it the
+        configured caps apply. MEMORY.md comes first, then the pack, then today's notes.
         In chat scope it holds the operator's MEMORY.md and, of everything else, only this chat's.
         """
         s = self.settings
-        now = self.now()
+        now = now or self.now()
         snap = await self.longterm.read()
         chat = await self.chats.longterm(session_id).read() if self.chat_scope else None
-        pack = (
-            await self.pack(query, session_id=session_id)
-            if query.strip()
-            else MemoryPack("", [], PackDiagnostics())
+        left = budget if budget is not None else self.default_budget()
+        head = now_line(now, self.tz)
+        long_term = long_term_section(snap.text, s.inject_max_bytes, max_tokens=left // 2, count=self._count)
+        chat_text = (
+            chat_memory_section(chat.text, s.inject_max_bytes, max_tokens=left // 2, count=self._count)
+            if chat is not None
+            else ""
         )
-        notes = self.notes_for(session_id)
-        today = await notes.read_day(notes.local(now).date(), max_lines=s.notes_max_lines_today)
-        recent = (
-            [] if pack.text else await notes.recent(now, s.recent_days, max_lines=s.notes_max_lines_per_day)
+        left -= sum(self._count(t) + 2 for t in (head, long_term, chat_text) if t) + self._count("# Memory")
+        notes_cap = max(0, min(s.notes_max_tokens, left // 4))
+        skip = {(session_id, mid) for mid in shown}
+        pack = MemoryPack("", [], PackDiagnostics())
+        if query.strip() and left - notes_cap > 0:
+            hard = min(s.pack_hard_tokens, left - notes_cap)
+            pack = await self.pack(query, soft=min(s.pack_soft_tokens, hard), hard=hard,
+                                   session_id=session_id, now=now, skip=skip)  # fmt: skip
+        skip |= {m.key for m in pack.memories} | {p.key for m in pack.memories for p in m.previously}
+        notes_budget = max(0, min(notes_cap, left - pack.diagnostics.tokens - 8))
+        local = now.astimezone(self.tz)
+        midnight = local.replace(hour=0, minute=0, second=0, microsecond=0)
+        today = self._fit_notes(
+            self._said_between(midnight, now + timedelta(seconds=1), session_id, skip), notes_budget
         )
+        today_lines = [note_of(m, self.tz) for m in today]
+        recent: list[tuple[date, list[str]]] = []
+        if not pack.text:
+            used = sum(self.recaller.count(line) + 1 for line in today_lines)
+            earlier = self._said_between(midnight - timedelta(days=s.recent_days), midnight, session_id, skip)
+            for memory in self._fit_notes(earlier, max(0, notes_budget - used)):
+                day = memory.when.astimezone(self.tz).date()
+                if not recent or recent[-1][0] != day:
+                    recent.append((day, []))
+                recent[-1][1].append(note_of(memory, self.tz))
         text = render_memory(
-            long_term=long_term_section(snap.text, s.inject_max_bytes),
-            chat=chat_memory_section(chat.text, s.inject_max_bytes) if chat is not None else "",
+            now=head,
+            long_term=long_term,
+            chat=chat_text,
             pack=pack.text,
-            today=today_section(today),
+            today=today_section(today_lines),
             recent=recent_section(recent),
         )
         diagnostics: dict[str, object] = {
@@ -423,6 +515,8 @@ class MemoryService:
             "memory_md_bytes": len(snap.text.encode("utf-8")),
             "scope": s.scope,
             "memory_tokens": self._count(text) if text else 0,
+            "budget": budget,
+            "today_notes": len(today_lines),
             "pack": pack.diagnostics.to_dict(),
         }
         if chat is not None:
@@ -430,3 +524,26 @@ class MemoryService:
         if session_id and query.strip():
             self._remember_recall(session_id, diagnostics)
         return MemoryContext(text, pack, diagnostics)
+
+    def default_budget(self) -> int:
+        """The memory section's tokens when no window constrains it: the configured caps added up."""
+        s = self.settings
+        files = s.inject_max_bytes // 3 * (2 if self.chat_scope else 1)
+        return files + s.pack_hard_tokens + s.notes_max_tokens + 64
+
+
+@functools.cache
+def _acknowledgements() -> frozenset[str]:
+    return frozenset(tokenize(ACKNOWLEDGEMENTS))
+
+
+def informative(text: str) -> bool:
+    """Whether a message says something beyond "thanks, great!" (worth a note line)."""
+    return sum(1 for t in tokenize(text) if t not in _acknowledgements()) >= INFORMATIVE_TOKENS
+
+
+def note_of(memory: Memory, tz: ZoneInfo) -> str:
+    """One line of today's notes: the time, who, and the message folded to a line."""
+    who = "assistant" if memory.role == "assistant" else ("user (asked)" if memory.question else "user")
+    limit = NOTE_ASSISTANT_CHARS if memory.role == "assistant" else NOTE_USER_CHARS
+    return f"- [{memory.when.astimezone(tz):%H:%M}] {who}: {fold(memory.text, limit)}"

@@ -21,6 +21,7 @@ from bot.catalog import ModelCatalog
 from bot.commands import CommandRouter
 from bot.compaction import SUMMARY_PREFIX, CompactionService, MemoryRetirer
 from bot.config import CompactionSettings, DispatcherSettings, MemorySettings, ToolSettings
+from bot.context_budget import ContextBudget
 from bot.dispatcher import Dispatcher
 from bot.domain import InboundMessage, Role
 from bot.inbox import Inbox
@@ -83,25 +84,29 @@ class Bot:
             summary_model=catalog.for_tier("balanced", "openai", default=MODEL),
         )
         info = catalog.get(MODEL)
-        auto = AutoCompactionSystem(
-            self.compaction, settings, window=info.max_input_tokens, reserve_tokens=200
+        self.budget = ContextBudget(
+            counter,
+            self.compaction,
+            retirer,
+            settings,
+            window=info.max_input_tokens,
+            max_output_tokens=info.max_output_tokens,
+            memory_cap=200,
         )
         self.ledger = UsageLedger(root / "usage.json", tz=ZoneInfo("UTC"))
         tool_settings = ToolSettings(enabled=[t.name for t in tools])
         registry = ToolRegistry(tools, tool_settings)
         pipeline = Pipeline(
             [
-                auto,
-                ToolLoopSystem(self.llm, registry, tool_settings, on_overflow=auto.on_overflow),
-                UsageSystem(counter, self.ledger),
+                AutoCompactionSystem(self.budget),
+                ToolLoopSystem(self.llm, registry, tool_settings, budget=self.budget),
+                UsageSystem(self.budget, self.ledger),
             ]
         )
         router = CommandRouter()
         commands = SessionCommands(
             self.sessions,
-            self.compaction,
-            retirer,
-            gauge=auto,
+            self.budget,
             model=info,
             tier=catalog.tier_of(MODEL),
             ledger=self.ledger,

@@ -86,6 +86,7 @@ async def test_status_reports_what_memory_gave_the_last_reply(tmp_path: Path) ->
             for line, expect in [
                 ("/status", "Uptime:"),
                 ("I drink green tea every morning", "echo: I drink green tea"),
+                ("/new", "Session cleared."),  # a fresh conversation: the fact now comes from memory
                 ("which tea do I drink in the morning?", "echo: which tea"),
                 ("/status", "Last recall:"),
             ]:
@@ -99,7 +100,7 @@ async def test_status_reports_what_memory_gave_the_last_reply(tmp_path: Path) ->
         first = out.split("Uptime:")[0]
         assert "Last recall" not in first  # nothing recalled yet in this process
         recall = next(line for line in out.splitlines() if "Last recall:" in line)
-        assert re.search(r"Last recall: [1-9]\d* of [1-9]\d* items \(\d+ episodic", recall), recall
+        assert re.search(r"Last recall: [1-9]\d* memories of [1-9]\d* \(\d+ of your messages", recall), recall
         assert re.search(r"· \d+ / 1\.8k tokens · [\d.]+ ms$", recall), recall
         # ...and what reached the model is that memory: the fact from the first turn.
         assert "green tea every morning" in json.dumps(llm.requests[-1].body["messages"][0])

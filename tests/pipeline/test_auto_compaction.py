@@ -1,7 +1,8 @@
 """AutoCompactionSystem in a real pipeline (ToolLoop + UsageSystem) over the fake LLM server.
 
 The active model is a small-window test model from an operator's models file (not the shipped one),
-so the threshold is reached with a few dozen messages.
+so the threshold is reached with a few dozen messages. Sessions are filled relative to the context
+budget's compaction limit (threshold × what the window leaves once the answer's room is reserved).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import pytest
 from bot.catalog import ModelCatalog, load_catalog
 from bot.compaction import META_LAST, SUMMARY_PREFIX, CompactionService
 from bot.config import CompactionSettings, ToolSettings
+from bot.context_budget import META_OVERHEAD, ContextBudget
 from bot.domain import InboundMessage, Message, Role, Session
 from bot.llm import LLMClient
 from bot.tokens import META_RATIO, TokenCounter
 from bot.tools import ToolRegistry
 from bot.usage import UsageLedger
 from pipeline import Pipeline, Turn
-from pipeline.compaction import DIAG_ESTIMATE, META_OVERHEAD, AutoCompactionSystem
+from pipeline.compaction import DIAG_ESTIMATE, AutoCompactionSystem
 from pipeline.tool_loop import ToolLoopSystem
 from pipeline.usage import UsageSystem
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
@@ -86,17 +88,26 @@ class Rig:
             settings,
             summary_model=catalog.for_tier("balanced", "openai", default=TINY),
         )
-        self.auto = AutoCompactionSystem(self.service, settings, window=WINDOW, reserve_tokens=50)
+        self.budget = ContextBudget(
+            counter,
+            self.service,
+            self.retirer,
+            settings,
+            window=WINDOW,
+            max_output_tokens=catalog.get(TINY).max_output_tokens,
+            base_prompt=SYSTEM_PROMPT,
+        )
+        self.auto = AutoCompactionSystem(self.budget)
         self.ledger = UsageLedger(tmp_path / "usage.json", tz=ZoneInfo("UTC"))
         tools = ToolSettings()
         loop = ToolLoopSystem(
             self.llm,
             ToolRegistry([], tools),
             tools,
-            on_overflow=self.auto.on_overflow,
+            budget=self.budget,
             max_overflow_retries=settings.max_overflow_retries,
         )
-        self.pipeline = Pipeline([self.auto, StaticPrompt(), loop, UsageSystem(counter, self.ledger)])
+        self.pipeline = Pipeline([self.auto, StaticPrompt(), loop, UsageSystem(self.budget, self.ledger)])
 
     async def turn(self, session: Session, text: str) -> Turn:
         """What the dispatcher does: the user's message goes into the session, then the pipeline runs."""
@@ -130,7 +141,7 @@ async def test_compacts_before_the_call_when_the_threshold_is_crossed(
     tmp_path: Path,
 ) -> None:
     rig = Rig(server, catalog, http, counter, tmp_path)
-    session = filled(counter, int(WINDOW * 0.85))
+    session = filled(counter, int(rig.budget.limit * 1.05))
     server.script(FakeReply(text="- summary: numbered chat about w0..w29"), FakeReply(text="fresh answer"))
 
     turn = await rig.turn(session, "the new question")
@@ -142,7 +153,7 @@ async def test_compacts_before_the_call_when_the_threshold_is_crossed(
     assert sent[1]["role"] == "system" and sent[1]["content"].startswith(SUMMARY_PREFIX)
     assert sent[-1] == {"role": "user", "content": "the new question"}
     assert session.compactions == 1 and session.metadata[META_LAST]["trigger"] == "threshold"
-    assert turn.diagnostics[DIAG_ESTIMATE] <= rig.auto.limit
+    assert turn.diagnostics[DIAG_ESTIMATE] <= rig.budget.limit
     assert pairs_intact([m for m in session.messages if m.role is not Role.SYSTEM])
     assert rig.retirer.still_in_session == [True]
 
@@ -155,7 +166,7 @@ async def test_below_the_threshold_nothing_happens(
     tmp_path: Path,
 ) -> None:
     rig = Rig(server, catalog, http, counter, tmp_path)
-    session = filled(counter, int(WINDOW * 0.5))
+    session = filled(counter, int(rig.budget.limit * 0.6))
     before = len(session.messages)
     turn = await rig.turn(session, "hello")
     assert turn.reply == "echo: hello" and len(server.requests) == 1
@@ -170,7 +181,7 @@ async def test_an_overflow_error_compacts_and_the_retry_succeeds(
     tmp_path: Path,
 ) -> None:
     rig = Rig(server, catalog, http, counter, tmp_path)
-    session = filled(counter, int(WINDOW * 0.6))  # we think it fits; the provider disagrees
+    session = filled(counter, int(rig.budget.limit * 0.75))  # we think it fits; the provider disagrees
     server.script(
         FakeReply(status=400, error=OVERFLOW),
         FakeReply(text="- summary of the early chat"),
@@ -195,7 +206,7 @@ async def test_overflow_retries_are_bounded(
     tmp_path: Path,
 ) -> None:
     rig = Rig(server, catalog, http, counter, tmp_path, max_overflow_retries=3)
-    session = filled(counter, int(WINDOW * 0.6))
+    session = filled(counter, int(rig.budget.limit * 0.75))
     server.responder = lambda api, body: (
         FakeReply(text="- a summary of it all")
         if is_summary_request(body)
@@ -216,7 +227,7 @@ async def test_a_failing_summarizer_falls_back_to_truncation_and_the_turn_goes_o
     tmp_path: Path,
 ) -> None:
     rig = Rig(server, catalog, http, counter, tmp_path, keep_last=6)
-    session = filled(counter, int(WINDOW * 0.9))
+    session = filled(counter, int(rig.budget.limit * 1.1))
     tail = session.messages[-5:]
     server.responder = lambda api, body: FakeReply(status=500) if is_summary_request(body) else None
     turn = await rig.turn(session, "still there?")
@@ -234,7 +245,7 @@ async def test_usage_is_accounted_and_the_ratio_follows_the_api(
     tmp_path: Path,
 ) -> None:
     rig = Rig(server, catalog, http, counter, tmp_path)
-    session = filled(counter, 1200)
+    session = filled(counter, int(rig.budget.limit * 0.75))
     prompt_raw = (
         counter.history_tokens(session) + counter.count_text("q") + 4 + counter.count_text(SYSTEM_PROMPT)
     )

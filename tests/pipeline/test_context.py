@@ -10,10 +10,13 @@ from pipeline.context import ContextBuildingSystem
 from tests.bot.memory.conftest import Clock, make_memory
 
 
+NOW = "Current date and time: 2024-05-20 09:30 (Monday), UTC."
+
+
 def turn_for(text: str) -> Turn:
     session = Session.new("cli", "me")
     session.append(Message(Role.USER, text))
-    return Turn(session=session, inbound=(InboundMessage("cli", "me", "me", text),))
+    return Turn(session=session, inbound=(InboundMessage("cli", "me", "me", text),), now=Clock().now)
 
 
 async def test_prompt_is_base_plus_memory_and_session_is_untouched(tmp_path: Path) -> None:
@@ -25,7 +28,10 @@ async def test_prompt_is_base_plus_memory_and_session_is_untouched(tmp_path: Pat
     assert system.should_process(turn)
     await system.process(turn)
 
-    assert turn.system_prompt == "You are membot.\n\n# Memory\n\n## Long-term Memory\n- user is called Sam"
+    assert (
+        turn.system_prompt
+        == f"You are membot.\n\n# Memory\n\n{NOW}\n\n## Long-term Memory\n- user is called Sam"
+    )
     assert turn.memory_context.startswith("# Memory")
     assert "memory" in turn.diagnostics
     assert [m.content for m in turn.session.messages] == ["hello"] and turn.new_messages == []
@@ -37,11 +43,11 @@ async def test_without_memory_the_base_prompt_is_used(tmp_path: Path) -> None:
     assert turn.system_prompt == "You are membot."
 
 
-async def test_empty_memory_adds_nothing(tmp_path: Path) -> None:
+async def test_empty_memory_adds_only_the_turns_date(tmp_path: Path) -> None:
     memory = await make_memory(tmp_path, Clock())
     turn = turn_for("hello")
     await ContextBuildingSystem(memory, "Base.").process(turn)
-    assert turn.system_prompt == "Base." and turn.memory_context == ""
+    assert turn.system_prompt == f"Base.\n\n{NOW}" and turn.memory_context == NOW
 
 
 def test_order_and_skip_when_answered() -> None:

@@ -12,7 +12,7 @@ import pytest
 from bot.config import LLMSettings
 from bot.domain import InboundMessage, Message, Role, Session, ToolCall
 from bot.llm import LLMClient
-from bot.memory import Layer
+from bot.memory import ItemType, Layer
 from pipeline.base import Turn
 from pipeline.memory_persist import MemoryPersistSystem, safe_cut
 from tests.bot.memory.conftest import CATALOG, Clock, make_memory
@@ -62,6 +62,15 @@ async def test_answered_turn_writes_note_and_items(tmp_path: Path) -> None:
     assert "User: I prefer tea over coffee | Assistant: Noted, tea it is." in note
     user_id = session.messages[0].id
     assert any(i.references[0].message_id == user_id for i in memory.items.items(Layer.EPISODIC))
+    # A preference said once stays episodic; said again in another turn, it becomes a durable fact.
+    assert [
+        i.type for i in memory.items.items(Layer.EPISODIC) if i.content == "I prefer tea over coffee"
+    ] == [
+        ItemType.EPISODE,
+        ItemType.PREFERENCE,
+    ]
+    assert memory.items.items(Layer.SEMANTIC) == []
+    await system.process(answered_turn(session, "I prefer tea over coffee", "Still tea, then."))
     assert [i.content for i in memory.items.items(Layer.SEMANTIC)] == ["I prefer tea over coffee"]
 
 

@@ -11,15 +11,19 @@ import httpx
 import pytest
 
 from bot.catalog import load_catalog
-from bot.config import LLMSettings, ToolSettings
+from bot.compaction import CompactionService
+from bot.config import CompactionSettings, LLMSettings, ToolSettings
+from bot.context_budget import ContextBudget
 from bot.domain import InboundMessage, Message, Role, Session
 from bot.errors import LLMContextOverflow
 from bot.llm import LLMClient
+from bot.tokens import TokenCounter
 from bot.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
 from pipeline.base import Turn
 from pipeline.tool_loop import CANCELLED, NOT_RUN, ToolLoopSystem, cap
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.recording import SlowTool
+from tests.session_kit import RecordingRetirer, conversation
 
 APIS = ["openai", "anthropic"]
 MODELS = {"openai": "gpt-4.1-mini", "anthropic": "claude-haiku-4-5"}
@@ -402,37 +406,51 @@ def overflow_reply(api: str) -> FakeReply:
     )
 
 
+def budget_for(server: FakeLLMServer, http: httpx.AsyncClient, api: str, **compaction: Any) -> ContextBudget:
+    """A real context budget over a compaction service that summarizes through the same fake model."""
+    settings = CompactionSettings(**compaction)
+    counter = TokenCounter.approximate()
+    retirer = RecordingRetirer()
+    service = CompactionService(llm_client(server, http, api), counter, retirer, settings, summary_model=None)
+    return ContextBudget(counter, service, retirer, settings, window=100_000, max_output_tokens=1024)
+
+
+def earlier(n: int) -> Session:
+    session = Session.new("test", "chat")
+    for m in conversation(n):
+        session.append(m)
+    return session
+
+
 @pytest.mark.parametrize("api", APIS)
-async def test_overflow_goes_to_the_hook_then_retries(
+async def test_an_overflow_compacts_through_the_budget_then_retries(
     server: FakeLLMServer, http: httpx.AsyncClient, api: str
 ) -> None:
-    seen: list[int] = []
-
-    async def compact(turn: Turn) -> bool:
-        seen.append(len(turn.session.messages))
-        return True
-
-    server.script(overflow_reply(api), FakeReply(text="fits now"))
-    turn = new_turn()
-    await loop_for(server, http, api, [AddTool()], on_overflow=compact).process(turn)
+    server.script(
+        overflow_reply(api), FakeReply(text="- the earlier chat, summarized"), FakeReply(text="fits now")
+    )
+    turn = new_turn(session=earlier(30))
+    budget = budget_for(server, http, api, keep_last=4)
+    await loop_for(server, http, api, [AddTool()], budget=budget).process(turn)
     assert turn.reply == "fits now"
-    assert seen == [1]
+    first, retry = server.requests[0].body["messages"], server.requests[2].body["messages"]
+    assert len(retry) < len(first) and turn.session.compactions == 1
 
 
 async def test_overflow_retries_are_bounded(server: FakeLLMServer, http: httpx.AsyncClient) -> None:
-    calls = 0
-
-    async def compact(turn: Turn) -> bool:
-        nonlocal calls
-        calls += 1
-        return True
-
-    server.responder = lambda api, _body: overflow_reply(api)
-    system = loop_for(server, http, "openai", [AddTool()], on_overflow=compact, max_overflow_retries=2)
+    server.responder = lambda api, body: (
+        FakeReply(text="- a summary of it all")
+        if "compress the older part" in json.dumps(body)
+        else overflow_reply(api)
+    )
+    turn = new_turn(session=earlier(40))
+    budget = budget_for(server, http, "openai", keep_last=16)
+    system = loop_for(server, http, "openai", [AddTool()], budget=budget, max_overflow_retries=2)
     with pytest.raises(LLMContextOverflow):
-        await system.process(new_turn())
-    assert calls == 2
-    assert len(server.requests) == 3
+        await system.process(turn)
+    chats = [r for r in server.requests if "compress the older part" not in json.dumps(r.body)]
+    assert len(chats) == 3  # the first try and two retries
+    assert turn.session.compactions == 2
 
 
 # ---- per-channel tools ------------------------------------------------------------------------------

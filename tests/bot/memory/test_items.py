@@ -38,7 +38,7 @@ async def test_duplicates_merge_by_fingerprint(tmp_path: Path, clock: Clock) -> 
     )
     merged = await store.add(second)
     assert merged.id == first.id
-    assert merged.confidence == 0.8
+    assert merged.confidence == 0.9  # the stronger signal kept, and said again in another message: surer
     assert merged.references == (Reference("cli:me", "m-User "), Reference("tg:1", "m9"))
     assert len(store.items()) == 1
     other_type = await store.add(item(clock, "User likes green tea", type=ItemType.PREFERENCE))

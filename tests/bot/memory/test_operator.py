@@ -83,7 +83,10 @@ async def test_stats_and_show(memory: MemoryService, clock: Clock) -> None:
     await memory.longterm.update(lambda _: "- likes tea\n")
     history = [Message(Role.USER, "hello there", timestamp=clock.now)]
     prompt = await render_for_session(memory, "You are membot.", history)
-    assert prompt.startswith("You are membot.\n\n# Memory\n\n## Long-term Memory\n- likes tea")
+    assert prompt.startswith(
+        "You are membot.\n\n# Memory\n\nCurrent date and time: 2024-05-20 09:30 (Monday), UTC.\n\n"
+        "## Long-term Memory\n- likes tea"
+    )
     assert memory_file(memory) == memory.root / "MEMORY.md"
     s = await stats(memory)
     assert s.memory_md_bytes == len("- likes tea\n") and s.items == {layer.value: 0 for layer in Layer}

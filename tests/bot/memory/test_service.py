@@ -67,16 +67,21 @@ async def test_turn_items_keep_references(memory: MemoryService, clock: Clock) -
 
 async def test_prompt_order_and_omission_rules(memory: MemoryService, clock: Clock) -> None:
     empty = await memory.context("anything")
-    assert empty.text == ""  # no memory at all: not even the header
+    assert (
+        empty.text == "Current date and time: 2024-05-20 09:30 (Monday), UTC."
+    )  # nothing remembered: the date alone
 
     await memory.longterm.update(lambda _: "- Operator: user is called Sam\n")
     only_long_term = await memory.context("")
-    assert only_long_term.text == "# Memory\n\n## Long-term Memory\n- Operator: user is called Sam"
+    assert (
+        only_long_term.text
+        == "# Memory\n\nCurrent date and time: 2024-05-20 09:30 (Monday), UTC.\n\n## Long-term Memory\n- Operator: user is called Sam"
+    )
 
     clock.advance(days=-2)
     await memory.record_exchanges([exchange(clock, "we fixed the boiler", "great")])
     clock.advance(days=2)
-    await memory.record_exchanges([exchange(clock, "what about lunch", "soup")])
+    await memory.record_exchanges([exchange(clock, "what about lunch at the ramen place", "soup at Ichiran")])
 
     no_pack = await memory.context("zebra")  # nothing relevant: the legacy recent context is shown
     assert no_pack.pack.text == ""
@@ -131,7 +136,7 @@ async def test_recent_context_shows_only_the_configured_days(tmp_path: Path, clo
         clock.advance(days=back)
     text = (await memory.context("")).text
     assert "### 2024-05-19" in text and "### 2024-05-18" in text and "### 2024-05-17" not in text
-    assert text.index("### 2024-05-19") < text.index("### 2024-05-18")  # newest first
+    assert text.index("### 2024-05-18") < text.index("### 2024-05-19")  # in the order it was said
 
 
 async def test_the_running_bot_maintains_items_daily_and_after_consolidation(

@@ -1,0 +1,280 @@
+"""The context budget: the one place that decides what a model request may hold, and what happens when a
+conversation outgrows it.
+
+A request is the system prompt (base prompt + ``# Memory``), the tool schemas, the history, and room
+for the answer (``max_output_tokens``). Invariant, for every request the bot sends::
+
+    request tokens + max output tokens <= the model's window
+
+:class:`ContextBudget` owns every part of that:
+
+- the **reserve**: what is spent before any history — the answer's room, the tool schemas, the base
+  prompt, a safety margin for the estimate, and the memory section, which takes its configured caps
+  (MEMORY.md, pack, notes) but never more than half of what is left (a small window keeps room to talk);
+- the **estimate** of a session's next prompt, calibrated per session against the usage the provider
+  reports (bot/tokens.py);
+- **compaction**, from all four places that trigger it: before a turn when the history crowds the
+  reserve (AutoCompaction), when the provider refused a request as too long (the tool loop's retry),
+  ``/compact``, and the retirement of a whole conversation on ``/new``;
+- **trimming**, the last resort: a request that still would not fit (one enormous message, a tool result
+  that filled the window mid-turn) is cut in what is sent — oldest history first, then the middle of the
+  longest message — never in the session itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from bot.compaction import CompactionResult, CompactionService, Retirer
+from bot.config import CompactionSettings
+from bot.domain import Message, Role, Session
+from bot.llm.types import ChatRequest, ToolSpec
+from bot.tokens import TokenCounter
+
+log = structlog.get_logger(__name__)
+
+META_OVERHEAD = "prompt_overhead_tokens"  # session.metadata: basis tokens of the last system prompt
+AFTER_FRACTION = 0.5  # after compacting, aim to use at most this share of the compaction threshold
+MARGIN_SHARE = 0.02  # of the window, for the estimate's error (on top of per-session calibration)
+MIN_MARGIN = 32
+CUT_NOTE = "\n[… {cut} characters left out here: the message is longer than the model's window allows …]\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """Tokens spent before any history, as :class:`ContextBudget` plans a request."""
+
+    window: int
+    output: int
+    tools: int
+    base: int
+    margin: int
+    memory: int
+
+    @property
+    def room(self) -> int:
+        """What the system prompt and the history may use together."""
+        return max(0, self.window - self.output - self.tools - self.margin)
+
+
+class ContextBudget:
+    """Plans, checks and (when it must) trims every request of a model with ``window`` tokens.
+
+    ``memory_cap`` is what the memory section asks for at most (its configured caps added up).
+
+        budget = ContextBudget(counter, compaction, retirer, settings.compaction, window=8192,
+                               max_output_tokens=2048, base_prompt=prompt, tools=specs, memory_cap=5000)
+        budget.memory_budget(session)          # ContextBuilding: tokens # Memory may use
+        await budget.prepare(session)          # AutoCompaction: compact when the history crowds the reserve
+        request = budget.fit(request, session) # the tool loop, before every call
+    """
+
+    def __init__(
+        self,
+        counter: TokenCounter,
+        compaction: CompactionService,
+        retirer: Retirer,
+        settings: CompactionSettings,
+        *,
+        window: int,
+        max_output_tokens: int,
+        base_prompt: str = "",
+        tools: Sequence[ToolSpec] = (),
+        memory_cap: int = 0,
+    ) -> None:
+        self._counter = counter
+        self._compaction = compaction
+        self._retirer = retirer
+        self._settings = settings
+        self.window = window
+        self.output = max(1, min(max_output_tokens, window // 2))
+        self._tools = counter.count_text(_schemas(tools)) if tools else 0
+        self._base = counter.count_text(base_prompt)
+        self._margin = max(MIN_MARGIN, int(window * MARGIN_SHARE))
+        room = max(0, window - self.output - self._tools - self._margin)
+        self._memory = max(0, min(memory_cap, (room - self._base) // 2))
+
+    @property
+    def counter(self) -> TokenCounter:
+        return self._counter
+
+    @property
+    def enabled(self) -> bool:
+        return self._settings.enabled
+
+    @property
+    def reserve(self) -> Reserve:
+        return Reserve(self.window, self.output, self._tools, self._base, self._margin, self._memory)
+
+    @property
+    def limit(self) -> int:
+        """Prompt tokens (system + history) above which a turn compacts first."""
+        return int(self._settings.threshold * self.reserve.room)
+
+    # -- planning ---------------------------------------------------------------------------------
+
+    def history_tokens(self, session: Session) -> int:
+        return self._counter.scale(session, self._counter.history_tokens(session))
+
+    async def estimate(self, session: Session) -> int:
+        """Calibrated tokens of the next prompt: the last system prompt seen (or the reserve) + history."""
+        seen = session.metadata.get(META_OVERHEAD)
+        overhead = int(seen) if isinstance(seen, int) and seen >= 0 else self._base + self._memory
+        raw = await self._counter.count_history(session) + max(overhead, self._base)
+        return self._counter.scale(session, raw)
+
+    def memory_budget(self, session: Session) -> int:
+        """Tokens the ``# Memory`` section may use this turn: its reserve, less whatever the history
+        needs beyond its own share (so the request fits even before compaction has caught up)."""
+        free = self.reserve.room - self._base - self.history_tokens(session)
+        return max(0, min(self._memory, free))
+
+    def keep_for(self, session: Session) -> int:
+        """How many recent messages a compaction keeps: ``keep_last``, or fewer if they would not fit."""
+        budget = int(self.limit * AFTER_FRACTION) - self._base - self._memory
+        budget -= min(self._settings.summary_max_tokens, self.limit // 10)  # room for the summary
+        used = kept = 0
+        for message in reversed(session.messages):
+            used += self._counter.scale(session, self._counter.message_tokens(message))
+            if kept and used > budget:
+                break
+            kept += 1
+            if kept >= self._settings.keep_last:
+                break
+        return max(1, kept)
+
+    # -- compaction, from every place that triggers it --------------------------------------------
+
+    async def prepare(self, session: Session) -> CompactionResult | None:
+        """Before a turn: compact when the next prompt would pass the threshold (None: no need)."""
+        estimate = await self.estimate(session)
+        if not self.enabled or estimate <= self.limit:
+            return None
+        log.info("compaction_triggered", estimated=estimate, limit=self.limit, window=self.window)
+        return await self._compaction.compact(session, keep_last=self.keep_for(session), trigger="threshold")
+
+    async def on_overflow(self, session: Session, system_prompt: str, attempt: int) -> bool:
+        """The provider refused a request as too long: trust our estimate less, compact harder.
+
+        Returns whether room was made (the caller retries only then). With compaction disabled
+        nothing is compacted and the error reaches the user.
+        """
+        if not self.enabled:
+            return False
+        raw = await self._counter.count_history(session) + self._counter.count_text(system_prompt)
+        self._counter.note_overflow(session, raw, self.window - self.output)
+        keep = max(1, self.keep_for(session) >> (attempt - 1))
+        log.warning("compaction_on_overflow", attempt=attempt, keep_last=keep, estimated_raw=raw)
+        result = await self._compaction.compact(session, keep_last=keep, trigger="overflow")
+        return result.performed
+
+    async def compact(
+        self, session: Session, *, keep_last: int, trigger: str = "command"
+    ) -> CompactionResult:
+        """``/compact``: summarize all but the last ``keep_last`` messages now."""
+        return await self._compaction.compact(session, keep_last=keep_last, trigger=trigger)
+
+    async def retire_all(self, session: Session) -> bool:
+        """``/new``: hand the whole conversation to memory; ``False`` if it could not be saved (keep it)."""
+        return not session.messages or await self._retirer.retire(session, list(session.messages))
+
+    def observe(self, session: Session, system_prompt: str, *, actual_input_tokens: int | None,
+                replies: Sequence[Message]) -> None:  # fmt: skip
+        """After a turn: remember the system prompt's size, and calibrate against the provider's count
+        when one call's ``input_tokens`` is exactly the prompt we can reconstruct."""
+        overhead = self._counter.count_text(system_prompt)
+        session.metadata[META_OVERHEAD] = overhead
+        if actual_input_tokens:
+            history = self._counter.history_tokens(session)
+            prompt_raw = overhead + history - sum(self._counter.message_tokens(m) for m in replies)
+            ratio = self._counter.calibrate(session, prompt_raw, actual_input_tokens)
+            if ratio is not None:
+                log.debug("token_ratio", ratio=ratio, estimated=prompt_raw, actual=actual_input_tokens)
+
+    # -- the invariant ----------------------------------------------------------------------------
+
+    def request_tokens(self, request: ChatRequest, session: Session | None = None) -> int:
+        """Calibrated tokens of a request as sent: system prompt, tool schemas and messages."""
+        raw = self._counter.count_text(request.system) if request.system else 0
+        raw += self._counter.count_text(_schemas(request.tools)) if request.tools else 0
+        raw += self._counter.messages_tokens(list(request.messages))
+        return self._counter.scale(session, raw) if session is not None else raw
+
+    def fit(self, request: ChatRequest, session: Session | None = None) -> ChatRequest:
+        """``request``, cut if it must be so that it and the answer fit the window (see the module doc).
+
+        The request's ``max_output_tokens`` is set to the budget's, so the promise holds for what is sent.
+        """
+        request = dataclasses.replace(request, max_output_tokens=self.output)
+        limit = self.window - self.output - self._margin
+        if self.request_tokens(request, session) <= limit:
+            return request
+        ratio = self._counter.ratio(session) if session is not None else 1.0
+        raw_limit = int(limit / max(ratio, 1e-6))
+        fixed = self._counter.count_text(_schemas(request.tools)) if request.tools else 0
+        system = request.system
+        # The system prompt may keep at most half of what is left once the schemas are paid for.
+        system_room = max(0, (raw_limit - fixed) // 2)
+        if self._counter.count_text(system) > system_room:
+            system = _cut_text(system, system_room, self._counter)
+        room = raw_limit - fixed - (self._counter.count_text(system) if system else 0)
+        messages = _trim_messages(list(request.messages), room, self._counter)
+        log.warning(
+            "request_trimmed",
+            messages_before=len(request.messages),
+            messages_after=len(messages),
+            system_cut=system != request.system,
+            window=self.window,
+        )
+        return dataclasses.replace(request, system=system, messages=tuple(messages))
+
+
+def _schemas(tools: Sequence[ToolSpec]) -> str:
+    return json.dumps(
+        [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools]
+    )
+
+
+def _trim_messages(messages: list[Message], room: int, counter: TokenCounter) -> list[Message]:
+    """Oldest messages out first (a tool result never without its call), then the longest cut in the
+    middle, until the messages fit ``room`` raw tokens. The newest message always stays."""
+
+    def total() -> int:
+        return counter.messages_tokens(messages)
+
+    while len(messages) > 1 and total() > room:
+        messages.pop(0)
+        while len(messages) > 1 and messages[0].role is Role.TOOL:
+            messages.pop(0)
+    while messages and total() > room:
+        longest = max(range(len(messages)), key=lambda i: counter.message_tokens(messages[i]))
+        message = messages[longest]
+        others = total() - counter.message_tokens(message)
+        target = max(0, room - others)
+        cut = _cut_text(message.content, target, counter)
+        if cut == message.content and not message.images:
+            break  # nothing left to cut: the caller's room is below one message's overhead
+        messages[longest] = dataclasses.replace(message, content=cut, images=(), token_estimate=0)
+    return messages
+
+
+def _cut_text(text: str, tokens: int, counter: TokenCounter) -> str:
+    """``text`` with its middle left out (and a note saying so), at most ``tokens`` raw tokens."""
+    if counter.count_text(text) <= tokens:
+        return text
+    keep_lo, keep_hi = 0, len(text)
+    best = ""
+    while keep_lo <= keep_hi:  # the longest head+tail that fits, by binary search on characters kept
+        keep = (keep_lo + keep_hi) // 2
+        head, tail = text[: keep * 2 // 3], text[len(text) - keep // 3 :] if keep // 3 else ""
+        candidate = head + CUT_NOTE.format(cut=len(text) - len(head) - len(tail)) + tail
+        if counter.count_text(candidate) <= tokens:
+            best, keep_lo = candidate, keep + 1
+        else:
+            keep_hi = keep - 1
+    return best

@@ -1,0 +1,292 @@
+"""Recall: from ranked items to the memories a prompt shows — whole messages and facts, chosen by
+relevance within a token budget.
+
+Items are retrieval keys: a message is stored as passages, typed sentences and maybe a promoted copy,
+and all of them point back to it. What the model needs is the message itself, once. So recall groups
+the ranked items by the message they came from (a fact written by the memory tool or by
+consolidation stands alone), scores each message by its best item, and shows it whole when it is not
+too long, or else the passages that matched. Then, best first:
+
+- a relevance floor (a share of the best match) keeps barely relevant filler out;
+- messages already in the active session or shown elsewhere in the prompt are skipped;
+- the soft budget is filled; one more memory may cross it if the hard budget holds;
+- statements on a subject that holds one value (where the user lives, their job) are resolved to the
+  newest: it is shown as current and older ones as "previously", and an older one that was recalled
+  brings the newest along.
+
+``RecallDiagnostics.stop`` says why it stopped: ``budget``, ``floor`` or ``exhausted``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from bot.memory.extract import QUESTION_TAG, SUBJECT_PREFIX
+from bot.memory.item_store import ItemStore, retrievable
+from bot.memory.items import ItemType, Layer, MemoryItem
+from bot.memory.retrieval import ScoredItem
+
+TokenCounter = Callable[[str], int]
+MessageKey = tuple[str, str]
+STANDALONE_SOURCES = frozenset({"tool", "consolidation"})
+GAP = "\n[…]\n"
+COUNT_CACHE = 20_000  # texts whose token count is remembered
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A message (or standalone fact) some ranked items point at, before its text is put together."""
+
+    key: MessageKey
+    hits: tuple[ScoredItem, ...]
+
+    @property
+    def score(self) -> float:
+        return self.hits[0].score
+
+    @property
+    def relevance(self) -> float:
+        return self.hits[0].relevance
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """One thing recall shows: a message (whole, or the passages that matched) or a standalone fact."""
+
+    key: MessageKey  # (session id, message id), or ("item", id) for a fact with no single message
+    text: str
+    role: str  # "user" | "assistant" | "fact"
+    when: datetime
+    score: float
+    relevance: float
+    hits: tuple[ScoredItem, ...]
+    durable: bool = False  # a fact or a how-to (semantic/procedural layer), not only something said
+    question: bool = False  # the user only asked
+    whole: bool = True  # False: only the passages that matched a long message
+    subjects: tuple[str, ...] = ()
+    previously: tuple[Memory, ...] = ()  # older statements on the same subject, newest first
+
+
+@dataclass(slots=True)
+class RecallDiagnostics:
+    candidates: int = 0
+    chosen: int = 0
+    dropped_for_budget: int = 0
+    below_floor: int = 0
+    skipped_shown: int = 0  # already in the session or elsewhere in the prompt
+    superseded: int = 0
+    tokens: int = 0
+    stop: str = "exhausted"
+
+
+@dataclass(slots=True)
+class Recall:
+    memories: list[Memory] = field(default_factory=list)
+    diagnostics: RecallDiagnostics = field(default_factory=RecallDiagnostics)
+
+
+def key_of(item: MemoryItem) -> MessageKey:
+    """The message an item stands for, or the item itself when it is a standalone fact."""
+    if item.source not in STANDALONE_SOURCES:
+        for ref in item.references[:1]:
+            if ref.message_key is not None:
+                return ref.message_key
+    return ("item", item.id)
+
+
+class Recaller:
+    """Turns a ranking into memories (see the module doc). ``max_message_tokens`` is the longest message
+    shown whole; a longer one shows the passages that matched (and the ones around them, if they fit)."""
+
+    def __init__(self, store: ItemStore, count: TokenCounter, *, max_message_tokens: int = 900) -> None:
+        self._store = store
+        self._count = count
+        self._counts: dict[str, int] = {}
+        self._max_message = max_message_tokens
+
+    def gather(
+        self, ranked: Iterable[ScoredItem], *, skip: set[MessageKey] | None = None
+    ) -> tuple[list[Candidate], int]:
+        """Candidates in rank order (one per message), and how many messages were skipped as shown.
+
+        Cheap: a candidate's text is put together only when :meth:`select` gets to it.
+        """
+        groups: dict[MessageKey, list[ScoredItem]] = {}
+        skipped: set[MessageKey] = set()
+        for scored in ranked:
+            key = key_of(scored.item)
+            if skip and key in skip:
+                skipped.add(key)
+                continue
+            groups.setdefault(key, []).append(scored)
+        return [Candidate(key, tuple(hits)) for key, hits in groups.items()], len(skipped)
+
+    def realize(self, candidate: Candidate) -> Memory:
+        return self._memory(candidate.key, list(candidate.hits))
+
+    def count(self, text: str) -> int:
+        """Tokens of ``text``, remembered: the same messages are priced turn after turn."""
+        found = self._counts.get(text)
+        if found is None:
+            if len(self._counts) >= COUNT_CACHE:
+                self._counts.clear()
+            found = self._counts[text] = self._count(text)
+        return found
+
+    def memory_of(self, key: MessageKey, score: float = 0.0) -> Memory | None:
+        """The memory for a message or item nobody ranked (the newest statement on a subject)."""
+        if key[0] == "item":
+            item = self._store.get(key[1])
+            if item is None or not retrievable(item):
+                return None
+            return self._memory(key, [ScoredItem(item, score, 0.0)])
+        items = [i for i in self._store.of_message(key) if retrievable(i)]
+        if not items:
+            return None
+        return self._memory(key, [ScoredItem(items[0], score, 0.0)])
+
+    def _memory(self, key: MessageKey, hits: list[ScoredItem]) -> Memory:
+        best = hits[0]
+        item = best.item
+        if key[0] == "item":
+            return Memory(
+                key, item.content.strip(), "fact", item.created_at, best.score, best.relevance, tuple(hits),
+                durable=item.layer is not Layer.EPISODIC, subjects=_subjects([item]),
+            )  # fmt: skip
+        family = self._store.of_message(key)
+        parts = self._store.passages(key)
+        role = "assistant" if "assistant" in item.tags else "user"
+        text, whole = self._text(parts, hits, fallback=item.content)
+        when = min((p.created_at for p in parts), default=item.created_at)
+        return Memory(
+            key, text, role, when, best.score, best.relevance, tuple(hits),
+            durable=any(i.layer is not Layer.EPISODIC for i in family if retrievable(i)),
+            question=any(QUESTION_TAG in p.tags for p in parts[:1]),
+            whole=whole, subjects=_subjects(family),
+        )  # fmt: skip
+
+    def _text(
+        self, parts: Sequence[MemoryItem], hits: Sequence[ScoredItem], *, fallback: str
+    ) -> tuple[str, bool]:
+        if not parts:
+            return fallback.strip(), True
+        whole = "\n".join(p.content.strip() for p in parts)
+        if len(parts) == 1 or self.count(whole) <= self._max_message:
+            return whole, True
+        # A long message: the passages that matched, in order, then their neighbours while they fit.
+        matched = {p.id for p in parts} & {h.item.id for h in hits}
+        for hit in hits:  # a typed sentence points at the passage that holds it
+            if hit.item.type is not ItemType.EPISODE:
+                matched |= {p.id for p in parts if hit.item.content.strip() in p.content}
+        index = [i for i, p in enumerate(parts) if p.id in matched] or [0]
+        chosen = set(index)
+        budget = self._max_message - sum(self.count(parts[i].content) for i in chosen)
+        for step in range(1, len(parts)):
+            for i in index:
+                for j in (i - step, i + step):
+                    if 0 <= j < len(parts) and j not in chosen:
+                        cost = self.count(parts[j].content)
+                        if cost <= budget:
+                            chosen.add(j)
+                            budget -= cost
+            if budget <= 0:
+                break
+        pieces: list[str] = []
+        last = -1
+        for i in sorted(chosen):
+            if pieces and i != last + 1:
+                pieces.append(GAP.strip())
+            pieces.append(parts[i].content.strip())
+            last = i
+        if 0 not in chosen:
+            pieces.insert(0, GAP.strip())
+        if len(parts) - 1 not in chosen:
+            pieces.append(GAP.strip())
+        return "\n".join(pieces), False
+
+    def select(
+        self,
+        candidates: Sequence[Candidate],
+        *,
+        soft: int,
+        hard: int,
+        floor: float,
+        cost: Callable[[Memory], int],
+        diagnostics: RecallDiagnostics | None = None,
+    ) -> Recall:
+        """The best memories within the budgets (see the module doc), newest statements on a subject
+        standing for the older ones."""
+        diag = diagnostics or RecallDiagnostics()
+        diag.candidates = len(candidates)
+        top = max((c.relevance for c in candidates), default=0.0)
+        chosen: list[Memory] = []
+        used = 0
+        diag.stop = "exhausted"
+        for position, candidate in enumerate(candidates):
+            if candidate.relevance < floor * top:  # rank order is not relevance order: look on
+                diag.below_floor += 1
+                continue
+            if used >= soft:
+                rest = candidates[position:]
+                diag.dropped_for_budget += sum(1 for c in rest if c.relevance >= floor * top)
+                diag.below_floor += sum(1 for c in rest if c.relevance < floor * top)
+                diag.stop = "budget"
+                break
+            memory = self.realize(candidate)
+            price = cost(memory)
+            if used + price > hard:
+                diag.dropped_for_budget += 1
+                continue
+            chosen.append(memory)
+            used += price
+        if diag.stop == "exhausted" and diag.below_floor:
+            diag.stop = "floor"
+        chosen = self._resolve_subjects(chosen, diag, room=max(0, hard - used), cost=cost)
+        diag.chosen = len(chosen)
+        return Recall(chosen, diag)
+
+    def _resolve_subjects(
+        self, chosen: list[Memory], diag: RecallDiagnostics, *, room: int, cost: Callable[[Memory], int]
+    ) -> list[Memory]:
+        """Newest statement per subject leads; older ones ride along as "previously" (current facts win)."""
+        by_key = {m.key: m for m in chosen}
+        for memory in list(chosen):
+            for subject in memory.subjects:
+                statements = self._store.with_subject(subject)
+                if not statements:
+                    continue
+                newest = key_of(statements[-1])
+                if newest in by_key or statements[-1].created_at <= memory.when:
+                    continue
+                current = self.memory_of(newest, score=memory.score)
+                if current is not None and cost(current) <= room:
+                    room -= cost(current)
+                    by_key[newest] = current
+                    chosen.append(current)
+        out: list[Memory] = []
+        absorbed: set[MessageKey] = set()
+        for memory in sorted(chosen, key=lambda m: (m.when, m.key), reverse=True):  # newest first
+            if memory.key in absorbed:
+                continue
+            older = [
+                m for m in chosen
+                if m.key != memory.key and m.key not in absorbed and m.when < memory.when
+                and set(m.subjects) & set(memory.subjects)
+            ]  # fmt: skip
+            if older:
+                older.sort(key=lambda m: (m.when, m.key), reverse=True)
+                absorbed |= {m.key for m in older}
+                diag.superseded += len(older)
+                memory = replace(
+                    memory, previously=tuple(older), score=max(m.score for m in [memory, *older])
+                )
+            out.append(memory)
+        out.sort(key=lambda m: (-m.score, m.when, m.key))
+        return out
+
+
+def _subjects(items: Iterable[MemoryItem]) -> tuple[str, ...]:
+    found = {t[len(SUBJECT_PREFIX) :] for i in items for t in i.tags if t.startswith(SUBJECT_PREFIX)}
+    return tuple(sorted(found))

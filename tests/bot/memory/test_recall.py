@@ -1,0 +1,147 @@
+"""Recall and the pack: whole messages once, a budget filled by relevance above a floor, current facts
+first, and a hard budget that holds for any input."""
+
+from __future__ import annotations
+
+import tempfile
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bot.memory.extract import Utterance, extract
+from bot.memory.item_store import ItemStore
+from bot.memory.items import Reference
+from bot.memory.pack import assemble, estimate_tokens, price
+from bot.memory.recall import Recaller
+from bot.memory.retrieval import Retriever
+
+NOW = datetime(2024, 5, 20, 12, 0, tzinfo=UTC)
+UTCZ = ZoneInfo("UTC")
+
+
+async def remember(store: ItemStore, said: list[tuple[str, str, float]]) -> None:
+    """(role, text, days ago) messages, each its own message id, through the real extraction."""
+    utterances = [
+        Utterance(role, text, NOW - timedelta(days=days), Reference("cli:me", f"m{i}"))
+        for i, (role, text, days) in enumerate(said)
+    ]
+    await store.add_many(extract(utterances))
+
+
+async def setup(tmp_path: Path, said: list[tuple[str, str, float]]) -> tuple[ItemStore, Retriever, Recaller]:
+    store = ItemStore(tmp_path / "items")
+    await store.load()
+    retriever = Retriever(store)
+    await remember(store, said)
+    await retriever.ready()
+    return store, retriever, Recaller(store, estimate_tokens, max_message_tokens=300)
+
+
+def pack_text(retriever: Retriever, recaller: Recaller, query: str, *, soft: int = 1800, hard: int = 3500,
+              floor: float = 0.2) -> tuple[str, object]:  # fmt: skip
+    memories, _ = recaller.gather(retriever.rank(query, NOW, tz=UTCZ))
+    recall = recaller.select(
+        memories, soft=soft, hard=hard, floor=floor, cost=lambda m: price(m, estimate_tokens, UTCZ)
+    )
+    pack = assemble(recall, hard=hard, count=estimate_tokens, tz=UTCZ, query=query)
+    return pack.text, pack
+
+
+async def test_a_message_is_shown_whole_and_once(tmp_path: Path) -> None:
+    text = (
+        "I'm allergic to peanuts, so be careful with recipes. I love Thai food though. "
+        "Last week I cooked green curry with tofu and it was great."
+    )
+    _, retriever, recaller = await setup(tmp_path, [("user", text, 3)])
+    shown, _ = pack_text(retriever, recaller, "Thai curry recipe with peanuts")
+    # Its passage and its typed sentences (preference) are one memory: the message, whole, once.
+    assert shown.count("allergic to peanuts") == 1
+    assert text in shown
+    assert "- user: " in shown and "#### 2024-05-17 (Fri)" in shown
+
+
+async def test_a_long_message_is_retrievable_to_its_last_line(tmp_path: Path) -> None:
+    log_lines = [f"2024-05-{i % 28 + 1:02d} worker-{i} INFO processed batch {i} ok" for i in range(940)]
+    log_lines.append("FATAL: disk quota exceeded on volume zeta-archive-7")
+    pasted = "Here is my log:\n" + "\n".join(log_lines)
+    assert len(pasted) > 45_000
+    store, retriever, recaller = await setup(tmp_path, [("user", pasted, 1)])
+    shown, pack = pack_text(retriever, recaller, "why did the zeta-archive-7 volume fail? disk quota")
+    assert "FATAL: disk quota exceeded on volume zeta-archive-7" in shown
+    assert "[…]" in shown  # only the parts that matched (and their neighbours), not 45,000 characters
+    assert estimate_tokens(shown) < 1000
+    parts = store.passages(("cli:me", "m0"))
+    assert "".join(p.content for p in parts).replace("\n", "") == pasted.replace("\n", "")
+
+
+async def test_the_pack_fills_its_budget_by_relevance_and_stops_at_the_floor(tmp_path: Path) -> None:
+    said = [
+        ("user", f"My garden has {n} tomato plants and basil number {n} near the fence.", 10 + n)
+        for n in range(40)
+    ]
+    said.append(("user", "The weather in Lisbon is sunny and the tomato market is busy.", 1))
+    _, retriever, recaller = await setup(tmp_path, said)
+    _, small = pack_text(retriever, recaller, "tomato plants basil garden fence", soft=300)
+    diag = small.diagnostics.recall  # type: ignore[attr-defined]
+    assert diag.stop == "budget" and diag.dropped_for_budget > 0
+    assert 150 < small.diagnostics.tokens <= 3500  # type: ignore[attr-defined]
+    _, large = pack_text(
+        retriever, recaller, "tomato plants basil garden fence", soft=100_000, hard=100_000, floor=0.5
+    )
+    diag = large.diagnostics.recall  # type: ignore[attr-defined]
+    assert diag.stop == "floor" and diag.below_floor >= 1  # the Lisbon line shares one word: filler
+    assert len(large.memories) == 40  # type: ignore[attr-defined]
+
+
+async def test_the_newest_statement_on_a_subject_is_current_and_brings_the_older_along(
+    tmp_path: Path,
+) -> None:
+    said = [
+        ("user", "I live in Berlin and I love the lakes.", 300),
+        ("user", "I live in Paris now, we moved last month!", 20),
+    ]
+    _, retriever, recaller = await setup(tmp_path, said)
+    shown, pack = pack_text(retriever, recaller, "Berlin lakes")  # names only the older statement
+    assert "I live in Paris now" in shown, "the current fact comes along with the outdated one"
+    current = shown.index("I live in Paris now")
+    older = shown.index("previously (2023-07-25): I live in Berlin")
+    assert current < older
+    assert pack.diagnostics.recall.superseded == 1  # type: ignore[attr-defined]
+
+
+async def test_what_is_my_job_finds_i_work_as_a_nurse(tmp_path: Path) -> None:
+    said = [
+        ("user", "I work as a nurse at St. Mary's.", 40),
+        ("user", "Can you suggest a good book about gardening?", 2),
+    ]
+    _, retriever, recaller = await setup(tmp_path, said)
+    shown, _ = pack_text(retriever, recaller, "What is my job?")
+    assert "I work as a nurse at St. Mary's." in shown
+
+
+texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=3000)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    contents=st.lists(texts, min_size=0, max_size=20), soft=st.integers(0, 2000), extra=st.integers(0, 2000)
+)
+async def test_pack_never_exceeds_the_hard_budget(contents: list[str], soft: int, extra: int) -> None:
+    hard = soft + extra
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ItemStore(Path(tmp) / "items")
+        await store.load()
+        retriever = Retriever(store)
+        recaller = Recaller(store, estimate_tokens, max_message_tokens=300)
+        await remember(store, [("user", f"zebra {c}", 1) for c in contents])
+        await retriever.ready()
+        memories, _ = recaller.gather(retriever.rank("zebra", NOW, tz=UTCZ))
+        recall = recaller.select(
+            memories, soft=soft, hard=hard, floor=0.0, cost=lambda m: price(m, estimate_tokens, UTCZ)
+        )
+        pack = assemble(recall, hard=hard, count=estimate_tokens, tz=UTCZ)
+    assert estimate_tokens(pack.text) <= hard
+    assert pack.diagnostics.tokens <= hard
