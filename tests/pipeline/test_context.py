@@ -9,7 +9,6 @@ from pipeline.base import Turn
 from pipeline.context import ContextBuildingSystem
 from tests.bot.memory.conftest import Clock, make_memory
 
-
 NOW = "Current date and time: 2024-05-20 09:30 (Monday), UTC."
 
 

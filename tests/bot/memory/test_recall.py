@@ -69,7 +69,7 @@ async def test_a_long_message_is_retrievable_to_its_last_line(tmp_path: Path) ->
     pasted = "Here is my log:\n" + "\n".join(log_lines)
     assert len(pasted) > 45_000
     store, retriever, recaller = await setup(tmp_path, [("user", pasted, 1)])
-    shown, pack = pack_text(retriever, recaller, "why did the zeta-archive-7 volume fail? disk quota")
+    shown, _ = pack_text(retriever, recaller, "why did the zeta-archive-7 volume fail? disk quota")
     assert "FATAL: disk quota exceeded on volume zeta-archive-7" in shown
     assert "[…]" in shown  # only the parts that matched (and their neighbours), not 45,000 characters
     assert estimate_tokens(shown) < 1000
