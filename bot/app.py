@@ -26,7 +26,7 @@ from bot.catalog import ModelCatalog, load_catalog
 from bot.commands import CommandRouter
 from bot.compaction import CompactionService, MemoryRetirer
 from bot.config import Settings
-from bot.context_budget import ContextBudget
+from bot.context_budget import ContextBudget, prompt_room
 from bot.dispatcher import Dispatcher
 from bot.errors import ConfigError
 from bot.inbox import Inbox
@@ -174,12 +174,21 @@ async def build_core(
         await memory.start()
         stack.push_async_callback(memory.close)  # pushed before dispatcher.close, so it runs after it
         retirer = MemoryRetirer(memory, timeout=settings.memory.consolidation_timeout)
+        # A failover model must fit the same request: plan for the smallest window of them all.
+        window = min(
+            [info.max_input_tokens, *(catalog.get(m).max_input_tokens for m in settings.llm.fallback_models)]
+        )
+        summary_model = catalog.for_tier("balanced", provider, default=primary)
         compaction = CompactionService(
             model,
             counter,
             retirer,
             settings.compaction,
-            summary_model=catalog.for_tier("balanced", provider, default=primary),
+            summary_model=summary_model,
+            max_prompt_tokens=prompt_room(
+                min(window, catalog.get(summary_model).max_input_tokens),
+                settings.compaction.summary_max_tokens,
+            ),
         )
         ledger = UsageLedger(settings.workspace / "usage.json", tz=ZoneInfo(settings.timezone))
         stack.push_async_callback(ledger.flush)
@@ -201,13 +210,7 @@ async def build_core(
             compaction,
             retirer,
             settings.compaction,
-            # A failover model must fit the same request: plan for the smallest window of them all.
-            window=min(
-                [
-                    info.max_input_tokens,
-                    *(catalog.get(m).max_input_tokens for m in settings.llm.fallback_models),
-                ]
-            ),
+            window=window,
             max_output_tokens=min(settings.llm.max_output_tokens, info.max_output_tokens),
             base_prompt=settings.system_prompt,
             tools=registry.specs(""),

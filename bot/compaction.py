@@ -134,8 +134,12 @@ def cut_index(messages: Sequence[Message], keep_last: int) -> int:
     return forward if forward < len(messages) else 0
 
 
-def summary_prompt(messages: Sequence[Message]) -> str:
-    """The text the summarizer reads: tool results left out, each message cut to 300 characters."""
+def summary_prompt(messages: Sequence[Message], fits: Callable[[str], bool] | None = None) -> str:
+    """The text the summarizer reads: tool results left out, each message cut to 300 characters.
+
+    ``fits`` says whether a prompt fits the summary model's window; the oldest lines go first until it
+    does (they are in memory's archive either way, and the previous summary stays).
+    """
     previous = [m.content[len(SUMMARY_PREFIX) :].strip() for m in messages if is_summary(m)]
     lines: list[str] = []
     for m in messages:
@@ -149,11 +153,23 @@ def summary_prompt(messages: Sequence[Message]) -> str:
             text = (text + " " if text else "") + f"(called tools: {', '.join(c.name for c in m.tool_calls)})"
         if text:
             lines.append(f"{label}: {text}")
-    parts = []
-    if previous:
-        parts += ["## Previous summary", previous[-1], ""]
-    parts += ["## Conversation", "\n".join(lines) or "(no text messages)"]
-    return "\n".join(parts)
+    head = ["## Previous summary", previous[-1], ""] if previous else []
+
+    def build(kept: Sequence[str], dropped: int) -> str:
+        note = [f"({dropped} older messages left out: too long for one summary)"] if dropped else []
+        return "\n".join([*head, "## Conversation", *note, "\n".join(kept) or "(no text messages)"])
+
+    text = build(lines, 0)
+    if fits is None or fits(text):
+        return text
+    low, high = 0, len(lines)  # the most recent lines that fit, by binary search on how many to drop
+    while low < high:
+        drop = (low + high) // 2
+        if fits(build(lines[drop:], drop)):
+            high = drop
+        else:
+            low = drop + 1
+    return build(lines[low:], low)
 
 
 def clean_summary(text: str, max_chars: int) -> str | None:
@@ -187,8 +203,12 @@ class CompactionService:
         *,
         summary_model: str | None,
         clock: Callable[[], datetime] = utcnow,
+        max_prompt_tokens: int | None = None,
     ) -> None:
+        """``max_prompt_tokens``: the most the summary request's input may hold (its model's window less
+        the summary's own room); older messages are left out of the summary input beyond it."""
         self._llm = llm
+        self._max_prompt = max_prompt_tokens
         self._counter = counter
         self._retirer = retirer
         self._settings = settings
@@ -253,11 +273,17 @@ class CompactionService:
             log.exception("retire_failed", session_id=session.id)
             return False
 
+    def _fits(self, prompt: str) -> bool:
+        if self._max_prompt is None:
+            return True
+        counter = self._counter
+        return counter.count_text(SUMMARY_SYSTEM) + counter.count_text(prompt) + 16 <= self._max_prompt
+
     async def _summarize(self, messages: Sequence[Message]) -> tuple[str | None, str]:
         """(summary text or None, reason for the fallback)."""
         s = self._settings
         request = ChatRequest(
-            messages=(Message(Role.USER, summary_prompt(messages)),),
+            messages=(Message(Role.USER, summary_prompt(messages, self._fits)),),
             system=SUMMARY_SYSTEM,
             model=self._summary_model,
             max_output_tokens=s.summary_max_tokens,

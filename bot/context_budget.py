@@ -45,6 +45,16 @@ MIN_MARGIN = 32
 CUT_NOTE = "\n[… {cut} characters left out here: the message is longer than the model's window allows …]\n"
 
 
+def margin_for(window: int) -> int:
+    """Tokens kept free for the estimate's error (on top of per-session calibration)."""
+    return max(MIN_MARGIN, int(window * MARGIN_SHARE))
+
+
+def prompt_room(window: int, output: int) -> int:
+    """What a request's input may hold in a ``window`` when ``output`` tokens are kept for the answer."""
+    return max(0, window - output - margin_for(window))
+
+
 @dataclass(frozen=True, slots=True)
 class Reserve:
     """Tokens spent before any history, as :class:`ContextBudget` plans a request."""
@@ -95,7 +105,7 @@ class ContextBudget:
         self.output = max(1, min(max_output_tokens, window // 2))
         self._tools = counter.count_text(_schemas(tools)) if tools else 0
         self._base = counter.count_text(base_prompt)
-        self._margin = max(MIN_MARGIN, int(window * MARGIN_SHARE))
+        self._margin = margin_for(window)
         room = max(0, window - self.output - self._tools - self._margin)
         self._memory = max(0, min(memory_cap, (room - self._base) // 2))
 

@@ -123,8 +123,10 @@ class Recaller:
             groups.setdefault(key, []).append(scored)
         return [Candidate(key, tuple(hits)) for key, hits in groups.items()], len(skipped)
 
-    def realize(self, candidate: Candidate) -> Memory:
-        return self._memory(candidate.key, list(candidate.hits))
+    def realize(self, candidate: Candidate, *, brief_assistant: bool = False) -> Memory:
+        """The candidate's memory. ``brief_assistant``: an answer of the assistant's shows at most a third
+        of ``max_message_tokens`` (the parts that matched), unless the query asks what it said."""
+        return self._memory(candidate.key, list(candidate.hits), brief_assistant=brief_assistant)
 
     def count(self, text: str) -> int:
         """Tokens of ``text``, remembered: the same messages are priced turn after turn."""
@@ -147,7 +149,7 @@ class Recaller:
             return None
         return self._memory(key, [ScoredItem(items[0], score, 0.0)])
 
-    def _memory(self, key: MessageKey, hits: list[ScoredItem]) -> Memory:
+    def _memory(self, key: MessageKey, hits: list[ScoredItem], *, brief_assistant: bool = False) -> Memory:
         best = hits[0]
         item = best.item
         if key[0] == "item":
@@ -158,7 +160,8 @@ class Recaller:
         family = self._store.of_message(key)
         parts = self._store.passages(key)
         role = "assistant" if "assistant" in item.tags else "user"
-        text, whole = self._text(parts, hits, fallback=item.content)
+        limit = self._max_message // 3 if brief_assistant and role == "assistant" else self._max_message
+        text, whole = self._text(parts, hits, fallback=item.content, limit=limit)
         when = min((p.created_at for p in parts), default=item.created_at)
         return Memory(
             key, text, role, when, best.score, best.relevance, tuple(hits),
@@ -168,12 +171,12 @@ class Recaller:
         )  # fmt: skip
 
     def _text(
-        self, parts: Sequence[MemoryItem], hits: Sequence[ScoredItem], *, fallback: str
+        self, parts: Sequence[MemoryItem], hits: Sequence[ScoredItem], *, fallback: str, limit: int
     ) -> tuple[str, bool]:
         if not parts:
             return fallback.strip(), True
         whole = "\n".join(p.content.strip() for p in parts)
-        if len(parts) == 1 or self.count(whole) <= self._max_message:
+        if len(parts) == 1 or self.count(whole) <= limit:
             return whole, True
         # A long message: the passages that matched, in order, then their neighbours while they fit.
         matched = {p.id for p in parts} & {h.item.id for h in hits}
@@ -182,7 +185,7 @@ class Recaller:
                 matched |= {p.id for p in parts if hit.item.content.strip() in p.content}
         index = [i for i, p in enumerate(parts) if p.id in matched] or [0]
         chosen = set(index)
-        budget = self._max_message - sum(self.count(parts[i].content) for i in chosen)
+        budget = limit - sum(self.count(parts[i].content) for i in chosen)
         for step in range(1, len(parts)):
             for i in index:
                 for j in (i - step, i + step):
@@ -214,6 +217,7 @@ class Recaller:
         hard: int,
         floor: float,
         cost: Callable[[Memory], int],
+        brief_assistant: bool = False,
         diagnostics: RecallDiagnostics | None = None,
     ) -> Recall:
         """The best memories within the budgets (see the module doc), newest statements on a subject
@@ -234,7 +238,7 @@ class Recaller:
                 diag.below_floor += sum(1 for c in rest if c.relevance < floor * top)
                 diag.stop = "budget"
                 break
-            memory = self.realize(candidate)
+            memory = self.realize(candidate, brief_assistant=brief_assistant)
             price = cost(memory)
             if used + price > hard:
                 diag.dropped_for_budget += 1

@@ -40,7 +40,8 @@ _UTC = ZoneInfo("UTC")
 _ABOUT_ASSISTANT = re.compile(
     r"\byou (?:said|told|mentioned|recommended|suggested|gave|wrote|listed|explained|described|shared|"
     r"provided|came up with|named|offered)\b|\byour (?:answer|suggestion|recommendation|advice|list|reply)\b"
-    r"|\bremind me (?:what|of|about) (?:you|the)\b",
+    r"|\bremind me (?:what|of|about) (?:you|the)\b|\byou (?:created|made|drafted|composed)\b"
+    r"|\bour (?:previous|last|earlier) (?:conversation|chat|discussion)",
     re.I,
 )
 

@@ -56,7 +56,7 @@ from bot.memory.prompt import (
     today_section,
 )
 from bot.memory.recall import Candidate, Memory, Recaller
-from bot.memory.retrieval import Retriever, ScoredItem, diversify, load_lemmas, tokenize
+from bot.memory.retrieval import Retriever, ScoredItem, asks_about_assistant, diversify, load_lemmas, tokenize
 from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to
 from bot.storage import append_bytes, ensure_private_dir, fix_private_tree
 
@@ -400,6 +400,7 @@ class MemoryService:
             hard=max(0, hard - base),
             floor=s.recall_floor,
             cost=lambda m: price(m, self.recaller.count, self.tz),
+            brief_assistant=not asks_about_assistant(query),
         )
         recall.diagnostics.skipped_shown = skipped
         pack = assemble(recall, hard=hard, count=self._count, tz=self.tz, query=query)

@@ -1,0 +1,135 @@
+"""The context budget's promise, checked on every request the real pipeline sends:
+
+    request tokens + max output tokens <= the model's window
+
+whatever the sizes of MEMORY.md, today's notes, the retrieved pack and the history — including one
+message larger than the whole window. The pipeline is the production one (AutoCompaction, ContextBuilding
+over a real MemoryService on disk, the ToolLoop, Usage); the model is an in-process stand-in that
+records each request (an honest implementation of the ChatModel protocol, not a patch of our code).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bot.compaction import CompactionService
+from bot.config import CompactionSettings, MemorySettings, ToolSettings
+from bot.context_budget import ContextBudget, prompt_room
+from bot.domain import InboundMessage, Message, Role, Session, Usage
+from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
+from bot.memory.service import Exchange, MemoryService
+from bot.tokens import TokenCounter
+from bot.tools import ToolRegistry
+from pipeline import Pipeline, Turn
+from pipeline.compaction import AutoCompactionSystem
+from pipeline.context import ContextBuildingSystem
+from pipeline.tool_loop import ToolLoopSystem
+from pipeline.usage import UsageSystem
+from tests.pipeline.test_tool_loop import AddTool
+from tests.session_kit import RecordingRetirer
+
+NOW = datetime(2024, 5, 20, 12, 0, tzinfo=UTC)
+BASE = "You are membot, a helpful assistant that remembers past conversations."
+OUTPUT = 1024
+
+
+class RecordingModel:
+    """Answers every request at once and keeps it, so the test can measure what was sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[ChatRequest] = []
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        self.requests.append(request)
+        return ChatResponse("- a short summary of what was said.", usage=Usage(calls=1))
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        response = await self.chat(request)
+        yield StreamEvent("done", response=response)
+
+
+@pytest.fixture(scope="module")
+def counter(tmp_path_factory: pytest.TempPathFactory) -> TokenCounter:
+    return TokenCounter.offline(tmp_path_factory.mktemp("tiktoken"), model="local-8k", provider="openai")
+
+
+def words(n: int, seed: str) -> str:
+    return " ".join(f"{seed}{i % 97}" for i in range(n))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    window=st.sampled_from([3000, 8192, 32768]),
+    memory_md=st.integers(0, 12_000),
+    notes=st.integers(0, 30),
+    pack=st.integers(0, 30),
+    history=st.lists(st.integers(1, 12_000), max_size=40),
+    last=st.integers(1, 40_000),
+)
+async def test_every_request_and_its_answer_fit_the_window(
+    counter: TokenCounter, window: int, memory_md: int, notes: int, pack: int, history: list[int], last: int
+) -> None:
+    model = RecordingModel()
+    with tempfile.TemporaryDirectory() as tmp:
+        memory = MemoryService(
+            Path(tmp) / "memory", MemorySettings(), clock=lambda: NOW, count_tokens=counter
+        )
+        await memory.start()
+        await memory.longterm.update(
+            lambda _: "\n".join(f"- fact {words(12, 'm')}" for _ in range(memory_md // 80))
+        )
+        said = [
+            Exchange("test:c", Message(Role.USER, f"zebra {words(60, 'p')}", timestamp=NOW - timedelta(days=3)),
+                     Message(Role.ASSISTANT, words(80, "a"), timestamp=NOW - timedelta(days=3)))
+            for _ in range(pack)
+        ] + [
+            Exchange("test:c", Message(Role.USER, words(50, "n"), timestamp=NOW - timedelta(hours=2)),
+                     Message(Role.ASSISTANT, words(50, "b"), timestamp=NOW - timedelta(hours=2)))
+            for _ in range(notes)
+        ]  # fmt: skip
+        await memory.record_exchanges(said)
+        retirer = RecordingRetirer()
+        compaction_settings = CompactionSettings()
+        compaction = CompactionService(
+            model, counter, retirer, compaction_settings, summary_model=None,
+            max_prompt_tokens=prompt_room(window, compaction_settings.summary_max_tokens),
+        )  # fmt: skip
+        tools = ToolRegistry([AddTool()], ToolSettings(enabled=["add"]))
+        budget = ContextBudget(
+            counter, compaction, retirer, compaction_settings, window=window, max_output_tokens=OUTPUT,
+            base_prompt=BASE, tools=tools.specs("test"), memory_cap=memory.default_budget(),
+        )  # fmt: skip
+        pipeline = Pipeline(
+            [
+                AutoCompactionSystem(budget),
+                ContextBuildingSystem(memory, BASE, budget=budget),
+                ToolLoopSystem(model, tools, ToolSettings(enabled=["add"]), budget=budget),
+                UsageSystem(budget, None),
+            ]
+        )
+        session = Session.new("test", "c")
+        for i, size in enumerate(history):
+            session.append(Message(Role.USER if i % 2 == 0 else Role.ASSISTANT, words(size // 6, "h")))
+        question = f"zebra {words(last // 6, 'q')}"
+        session.append(Message(Role.USER, question))
+        turn = await pipeline.run(Turn(session, (InboundMessage("test", "c", "u", question),), now=NOW))
+        await memory.close()
+
+    assert turn.reply and not turn.failures, turn.failures
+    for request in model.requests:
+        output = request.max_output_tokens or OUTPUT
+        sent = budget.request_tokens(request, session if request.system != compaction_system() else None)
+        assert sent + output <= window, (sent, output, window)
+
+
+def compaction_system() -> str:
+    from bot.compaction import SUMMARY_SYSTEM
+
+    return SUMMARY_SYSTEM
