@@ -4,6 +4,9 @@ Location: ``memory/archive/<encoded session id>.jsonl`` (the session id is encod
 bot/sessions.py, so it cannot escape the folder). It lives under ``memory/`` because memory decides
 when messages retire (consolidation, compaction, /new), and because the operator backs up one folder
 to keep everything the bot knows. Each line: ``{"archived_at", "session_id", "message"}``.
+
+:func:`search_archive` finds exact words in it (the memory tool's ``search_archive``): retrieval ranks
+memories, but a line of a pasted log is best found verbatim.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -25,6 +29,10 @@ class TranscriptArchive:
     def __init__(self, directory: Path) -> None:
         self._dir = directory
         self._lock = asyncio.Lock()
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
 
     def path_for(self, session_id: str) -> Path:
         return self._dir / f"{encode_id(session_id)}.jsonl"
@@ -63,3 +71,59 @@ class TranscriptArchive:
             except (ValueError, KeyError, TypeError):
                 continue
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveHit:
+    """A past message whose text holds every word searched for, with the part around the first match."""
+
+    session_id: str
+    message: Message
+    excerpt: str
+
+
+def search_archive(
+    directory: Path,
+    words: Sequence[str],
+    *,
+    session_id: str | None = None,
+    limit: int = 10,
+    context: int = 300,
+) -> list[ArchiveHit]:
+    """Messages (newest first) holding every one of ``words``, case-insensitively; blocking (a thread).
+
+    ``session_id`` limits the search to that chat's file; ``None`` searches every chat (the operator,
+    or a workspace-wide memory). Damaged lines are skipped, as in :meth:`TranscriptArchive.read`.
+    """
+    needles = [w.lower() for w in words if w.strip()]
+    if not needles:
+        return []
+    if session_id is not None:
+        paths = [directory / f"{encode_id(session_id)}.jsonl"]
+    else:
+        paths = sorted(directory.glob("*.jsonl"))
+    found: list[ArchiveHit] = []
+    for path in paths:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        for line in data.splitlines():
+            lowered = line.lower()
+            if not all(n.encode() in lowered for n in needles):
+                continue  # cheap pre-check on the raw line before parsing it
+            try:
+                entry = json.loads(line)
+                message = Message.from_dict(entry["message"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            text = message.content.lower()
+            if all(n in text for n in needles):
+                at = text.find(needles[0])
+                start, end = max(0, at - context), min(len(text), at + len(needles[0]) + context)
+                excerpt = (
+                    ("…" if start else "") + message.content[start:end] + ("…" if end < len(text) else "")
+                )
+                found.append(ArchiveHit(str(entry.get("session_id") or ""), message, excerpt))
+    found.sort(key=lambda h: h.message.timestamp, reverse=True)
+    return found[:limit]

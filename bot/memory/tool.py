@@ -1,4 +1,4 @@
-"""The ``memory`` tool the model calls: add, search, update, promote, forget.
+"""The ``memory`` tool the model calls: add, search, search_archive, update, promote, forget.
 
 :class:`MemoryTool` has the shape of ``bot.tools.base.Tool`` (name, description, parameters,
 ``run(args, ctx)``), so the tool-loop registry can offer it as is. The operations are also plain
@@ -12,8 +12,10 @@ told, so an id from another chat is as unknown as a made-up one.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from bot.memory.archive import search_archive
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference, make_title
 from bot.memory.service import MemoryService
 from bot.tools.base import ToolContext, ToolError
@@ -22,9 +24,15 @@ LONG_TERM = "long_term"
 PARAMETERS: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "action": {"type": "string", "enum": ["add", "search", "update", "promote", "forget"]},
+        "action": {
+            "type": "string",
+            "enum": ["add", "search", "search_archive", "update", "promote", "forget"],
+        },
         "content": {"type": "string", "description": "add/update: the memory, one self-contained sentence"},
-        "query": {"type": "string", "description": "search: what to look for"},
+        "query": {
+            "type": "string",
+            "description": "search: what to look for; search_archive: words every message found must hold",
+        },
         "id": {"type": "string", "description": "update/promote/forget: an item id from search results"},
         "type": {"type": "string", "enum": [t.value for t in ItemType if t is not ItemType.EPISODE]},
         "layer": {"type": "string", "enum": ["semantic", "procedural", "episodic", LONG_TERM]},
@@ -34,8 +42,9 @@ PARAMETERS: dict[str, Any] = {
 }
 DESCRIPTION = (
     "Long-term memory. add: remember a fact, preference, decision or how-to (layer long_term writes "
-    "MEMORY.md, which is always shown to you). search: find memories. update/promote/forget: change, "
-    "make durable, or delete a memory by id; forget with content removes matching MEMORY.md lines."
+    "MEMORY.md, which is always shown to you). search: find memories. search_archive: find past messages "
+    "word for word in the full transcript (a line of a pasted log, an exact name). update/promote/forget: "
+    "change, make durable, or delete a memory by id; forget with content removes matching MEMORY.md lines."
 )
 
 
@@ -83,6 +92,26 @@ class MemoryToolOps:
             f"{s.item.id} [{s.item.layer.value}/{s.item.type.value}, "
             f"{s.item.created_at:%Y-%m-%d}] {s.item.content[:500]}"
             for s in found
+        )
+
+    async def search_archive(self, query: str, *, k: int = 5, session_id: str = "") -> str:
+        words = query.split()
+        if not words:
+            raise ToolError("search_archive needs a 'query' (the exact words to find)")
+        memory = self._memory
+        hits = await asyncio.to_thread(
+            search_archive,
+            memory.archive.directory,
+            words,
+            session_id=session_id if memory.chat_scope else None,  # a chat sees only its own transcript
+            limit=max(1, min(20, k)),
+        )
+        if not hits:
+            return "No archived message holds all of those words."
+        return "\n\n".join(
+            f"[{h.message.timestamp.astimezone(memory.tz):%Y-%m-%d %H:%M}, {h.message.role.value}] "
+            + h.excerpt
+            for h in hits
         )
 
     async def update(self, item_id: str, content: str, *, session_id: str = "") -> str:
@@ -159,13 +188,18 @@ class MemoryTool:
         if action == "search":
             query = str(args.get("query") or content)
             return await self.ops.search(query, k=_int(args.get("k"), 5), session_id=sid)
+        if action == "search_archive":
+            query = str(args.get("query") or content)
+            return await self.ops.search_archive(query, k=_int(args.get("k"), 5), session_id=sid)
         if action == "update":
             return await self.ops.update(item_id, content, session_id=sid)
         if action == "promote":
             return await self.ops.promote(item_id, session_id=sid)
         if action == "forget":
             return await self.ops.forget(item_id, content, session_id=sid)
-        raise ToolError(f"unknown action {action!r}; use add, search, update, promote or forget")
+        raise ToolError(
+            f"unknown action {action!r}; use add, search, search_archive, update, promote or forget"
+        )
 
 
 def _append_line(text: str, line: str) -> str:

@@ -75,6 +75,7 @@ def test_schema_lists_every_action() -> None:
     assert MemoryTool.parameters["properties"]["action"]["enum"] == [
         "add",
         "search",
+        "search_archive",
         "update",
         "promote",
         "forget",

@@ -1,0 +1,220 @@
+"""What reaches the model, end to end: messages through the real dispatcher and pipeline, the real LLM
+client over HTTP to the fake server on 127.0.0.1, and the request the model received inspected.
+
+Each test is one defect seen by an outside tester of the memory (issue "Memory, end to end").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import tiktoken
+
+from bot.app import Core, build_core
+from bot.config import load_settings
+from bot.domain import InboundMessage
+from bot.memory.tool import MemoryTool
+from bot.tools import ToolContext
+from tests.fakes.llm_server import FakeLLMServer, FakeReply, RecordedRequest
+from tests.recording import RecordingChannel
+
+DAY = datetime(2024, 3, 4, 9, 0, tzinfo=UTC)
+
+
+class Chat:
+    """One chat with the bot: messages dated as their platform dated them, each answered before the next."""
+
+    def __init__(self, core: Core, llm: FakeLLMServer) -> None:
+        self.core, self.llm = core, llm
+        self.channel = RecordingChannel(core.dispatcher.submit)
+        core.dispatcher.attach(self.channel)
+
+    async def say(self, text: str, when: datetime) -> str:
+        before = len(self.channel.sent)
+        await self.core.dispatcher.submit(InboundMessage("test", "c1", "u1", text, timestamp=when))
+        return (await self.channel.wait_for(before + 1, timeout=30))[-1].text
+
+    def last_request(self) -> RecordedRequest:
+        return next(r for r in reversed(self.llm.requests) if "tools" in r.body)
+
+    def system_prompt(self) -> str:
+        return str(self.last_request().body["messages"][0]["content"])
+
+
+@asynccontextmanager
+async def chat(tmp_path: Path, **settings: Any) -> AsyncIterator[Chat]:
+    async with FakeLLMServer() as llm:
+        overrides: dict[str, Any] = {
+            "workspace": tmp_path / "ws",
+            "llm": {
+                "model": "gpt-4.1-mini",
+                "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test"},
+            },
+        }
+        for key, value in settings.items():
+            overrides[key] = {**overrides.get(key, {}), **value}
+        config = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+        async with build_core(config) as core:
+            yield Chat(core, llm)
+
+
+def section(prompt: str, title: str) -> str:
+    """The text under ``## title`` in a system prompt, up to the next ``## `` heading."""
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", prompt, re.S | re.M)
+    return match.group(1) if match else ""
+
+
+async def test_the_pack_fills_its_token_budget_not_a_count_of_items(tmp_path: Path) -> None:
+    async with chat(tmp_path) as bot:
+        for i in range(30):
+            await bot.say(
+                f"Note {i}: the greenhouse tomato row {i} got compost and basil seedlings today.", DAY
+            )
+        await bot.say("/new", DAY)
+        await bot.say("What did I do with the greenhouse tomato rows?", DAY + timedelta(days=1))
+        recall = bot.core.memory.last_recall("test:c1")
+    assert recall is not None
+    pack = recall["pack"]
+    assert isinstance(pack, dict)
+    assert len(pack["chosen"]) > 18  # more than the old 8 + 6 + 4 item slots
+    assert pack["stop"] in ("budget", "exhausted") and pack["tokens"] <= pack["hard_budget"]
+
+
+async def test_earlier_questions_do_not_crowd_out_what_was_said(tmp_path: Path) -> None:
+    async with chat(tmp_path) as bot:
+        await bot.say("Mel and her kids are painting a big mural of the ocean this summer.", DAY)
+        for i in range(12):
+            await bot.say(
+                f"What creative project do Mel and her kids do, try {i}?", DAY + timedelta(hours=i)
+            )
+        await bot.say("/new", DAY)
+        await bot.say("What creative project do Mel and her kids do?", DAY + timedelta(days=2))
+        pack = section(bot.system_prompt(), "Relevant Memory")
+    assert "- user: Mel and her kids are painting a big mural of the ocean this summer." in pack
+    asked = [line for line in pack.splitlines() if ", try " in line and "echo" not in line]
+    assert all(line.startswith("- user (asked): ") for line in asked)  # a question is shown as one
+
+
+async def test_notes_do_not_repeat_the_pack_or_the_session_and_are_capped_by_tokens(tmp_path: Path) -> None:
+    async with chat(tmp_path) as bot:
+        for i in range(40):
+            await bot.say(f"Today I repotted fern number {i} and watered the orchids near window {i}.", DAY)
+        await bot.say("I repotted the fern again and it looks happy.", DAY + timedelta(hours=1))
+        await bot.say("/new", DAY + timedelta(hours=1))
+        await bot.say("How is the fern doing after repotting?", DAY + timedelta(hours=2))
+        prompt = bot.system_prompt()
+    notes, pack = section(prompt, "Today's Notes"), section(prompt, "Relevant Memory")
+    note_lines = [line for line in notes.splitlines() if line.startswith("- [")]
+    pack_lines = {line.split(": ", 1)[1] for line in pack.splitlines() if line.startswith("- user: ")}
+    assert note_lines and pack_lines
+    assert not any(line.split(": ", 1)[1] in pack_lines for line in note_lines)  # one line, one place
+    assert len(note_lines) == len(set(note_lines))
+    enc = tiktoken.get_encoding("cl100k_base")
+    assert len(enc.encode(notes)) <= 600 + 20
+
+
+async def test_an_8k_model_with_an_8kb_memory_md_never_overflows(tmp_path: Path) -> None:
+    async with chat(tmp_path, llm={"model": "my-local-8k"}) as bot:
+        facts = "\n".join(
+            f"- Fact {i}: the operator noted detail number {i} about the household." for i in range(120)
+        )
+        await bot.core.memory.longterm.update(lambda _: facts[:8192])
+        for i in range(60):
+            await bot.say(f"Note {i}: shopping list item {i} is oat milk and the river walk was long.", DAY)
+        await bot.say("What is on my shopping list and how was the river walk?", DAY + timedelta(hours=1))
+        body = bot.last_request().body
+    enc = tiktoken.get_encoding("cl100k_base")
+    sent = sum(len(enc.encode(str(m.get("content") or ""))) + 4 for m in body["messages"])
+    sent += len(enc.encode(json.dumps(body.get("tools", []))))
+    assert sent + body["max_tokens"] <= 8192, (sent, body["max_tokens"])
+
+
+async def test_memory_is_dated_by_the_message_not_by_the_clock(tmp_path: Path) -> None:
+    sixty_days_ago = datetime.now(UTC) - timedelta(days=60)
+    async with chat(tmp_path) as bot:
+        await bot.say("I planted the cherry tree by the gate.", sixty_days_ago)
+        await bot.say("/new", sixty_days_ago)
+        await bot.say("When did I plant the cherry tree?", datetime.now(UTC))
+        prompt = bot.system_prompt()
+        notes_file = bot.core.memory.root / f"{sixty_days_ago:%Y-%m-%d}.md"
+        assert "cherry tree" in await asyncio.to_thread(notes_file.read_text)
+    assert f"#### {sixty_days_ago:%Y-%m-%d (%a)}\n- user: I planted the cherry tree" in prompt
+    assert "cherry tree" not in section(prompt, "Today's Notes")
+
+
+async def test_a_promoted_memory_gives_the_same_prompt_before_and_after_a_restart(tmp_path: Path) -> None:
+    asked, now = "What is my locker code?", DAY + timedelta(days=1)
+    async with chat(tmp_path) as bot:
+        await bot.say("Please remember that my locker code is 4711.", DAY)  # promoted at once
+        await bot.say("I really love the blue mountains trail.", DAY + timedelta(minutes=1))
+        await bot.say("/new", DAY)
+        running = await bot.core.memory.context(asked, session_id="test:c1", now=now)
+    async with chat(tmp_path) as bot:  # the same workspace, after a restart
+        restarted = await bot.core.memory.context(asked, session_id="test:c1", now=now)
+    assert running.text == restarted.text
+    # The promoted copy and its origin are one memory: the user's message, once.
+    assert running.text.count("- user: Please remember that my locker code is 4711.") == 1
+    assert "blue mountains" not in running.text  # a preference sharing no word with the question stays out
+
+
+async def test_a_changed_fact_shows_the_current_one_first(tmp_path: Path) -> None:
+    async with chat(tmp_path) as bot:
+        await bot.say("I live in Berlin, close to the Tiergarten.", DAY)
+        await bot.say("Big news: I live in Paris now, we moved last month.", DAY + timedelta(days=90))
+        await bot.say("/new", DAY + timedelta(days=90))
+        await bot.say("Where do I live?", DAY + timedelta(days=91))
+        pack = section(bot.system_prompt(), "Relevant Memory")
+    current, older = (
+        pack.index("I live in Paris now"),
+        pack.index("previously (2024-03-04): I live in Berlin"),
+    )
+    assert current < older
+
+
+async def test_the_assistants_mishearing_is_not_taken_for_the_users_words(tmp_path: Path) -> None:
+    async with chat(tmp_path) as bot:
+        await bot.say("My sister's name is Hanna, she turns 30 in May.", DAY)
+        bot.llm.script(FakeReply(text="How lovely! Anna turning 30 is a big birthday for your sister Anna."))
+        await bot.say("Any gift ideas for her?", DAY + timedelta(minutes=1))
+        await bot.say("/new", DAY)
+        await bot.say("What is my sister's name?", DAY + timedelta(days=3))
+        pack = section(bot.system_prompt(), "Relevant Memory")
+    assert "- user: My sister's name is Hanna" in pack
+    bot_line = next((line for line in pack.splitlines() if "Anna" in line), "")
+    assert bot_line == "" or bot_line.startswith("- assistant (you):")  # labelled as the bot's own words
+
+
+async def test_a_paraphrase_finds_the_fact(tmp_path: Path) -> None:
+    async with chat(tmp_path) as bot:
+        await bot.say("I work as a nurse at St. Mary's hospital.", DAY)
+        await bot.say("Can you suggest a good novel for the weekend?", DAY + timedelta(hours=1))
+        await bot.say("/new", DAY)
+        await bot.say("What is my job?", DAY + timedelta(days=5))
+        pack = section(bot.system_prompt(), "Relevant Memory")
+    assert "I work as a nurse at St. Mary's hospital." in pack
+
+
+async def test_a_long_pasted_log_is_retrievable_to_its_last_line_and_searchable_in_the_archive(
+    tmp_path: Path,
+) -> None:
+    lines = [f"2024-03-04T09:{i % 60:02d} worker-{i} INFO batch {i} processed fine" for i in range(900)]
+    lines.append("FATAL: disk quota exceeded on volume zeta-archive-7")
+    log = "\n".join(lines)
+    assert len(log) > 45_000
+    async with chat(tmp_path, sessions={"max_inbound_chars": 100_000}) as bot:
+        await bot.say(f"Here is the log from last night:\n{log}", DAY)
+        await bot.say("/new", DAY)
+        await bot.say("Why did the zeta-archive-7 volume fail?", DAY + timedelta(hours=3))
+        pack = section(bot.system_prompt(), "Relevant Memory")
+        found = await MemoryTool(bot.core.memory).run(
+            {"action": "search_archive", "query": "zeta-archive-7 FATAL"}, ToolContext("test:c1", "test", "t")
+        )
+    assert "FATAL: disk quota exceeded on volume zeta-archive-7" in pack
+    assert "FATAL: disk quota exceeded on volume zeta-archive-7" in found
