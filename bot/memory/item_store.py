@@ -2,13 +2,18 @@
 
 Layout under ``items/``: ``episodic/YYYY-MM-DD.jsonl`` (by creation day), ``semantic.jsonl``,
 ``procedural.jsonl``. Files are append-only logs of item versions: the last line for an id wins and a
-``deleted`` version is a tombstone. All live items are kept in memory (a few thousand small records), so
-retrieval never touches the disk; ``compact`` rewrites a log atomically when it holds mostly old versions.
+``deleted`` version is a tombstone. All live items are kept in memory, so retrieval never touches the
+disk; ``compact`` rewrites a log atomically when it holds mostly old versions.
+
+Every change is made in memory at once (no await between deciding and recording it, so concurrent
+chats never act on a stale view: an item is promoted once) and then written by a :class:`GroupWriter`,
+which commits the lines of all chats waiting at that moment with one fsync per file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -18,8 +23,9 @@ from typing import TypeVar
 
 import structlog
 
+from bot.memory.group_writer import GroupWriter
 from bot.memory.items import ItemType, Layer, MemoryItem, promoted_layer
-from bot.storage import append_bytes, atomic_write_text, ensure_private_dir
+from bot.storage import atomic_write_text, ensure_private_dir
 
 log = structlog.get_logger(__name__)
 
@@ -39,7 +45,7 @@ def retrievable(item: MemoryItem) -> bool:
 
 
 class ItemStore:
-    """The live set of items plus its on-disk logs. Writes are serialized by one lock."""
+    """The live set of items plus its on-disk logs (see the module doc)."""
 
     def __init__(self, root: Path) -> None:
         self._root = root
@@ -51,7 +57,7 @@ class ItemStore:
         self._by_subject: dict[str, set[str]] = defaultdict(set)
         self._by_day: dict[date, set[str]] = defaultdict(set)  # UTC day of creation
         self._listeners: list[ChangeListener] = []
-        self._lock = asyncio.Lock()
+        self._writer = GroupWriter()
         self.generation = 0  # bumped on every change
 
     @property
@@ -148,15 +154,18 @@ class ItemStore:
 
     async def add_many(self, items: Iterable[MemoryItem]) -> list[MemoryItem]:
         """Store new items; one that repeats a live item of its layer merges into it instead."""
-        async with self._lock:
-            stored: list[MemoryItem] = []
-            for item in items:
-                existing_id = self._by_fingerprint.get((item.layer, item.fingerprint))
-                existing = self._items.get(existing_id) if existing_id else None
-                stored.append(existing.merged_with(item, item.updated_at) if existing else item)
-                self._remember(stored[-1])
-            await self._append(stored)
-            return stored
+        stored = self._merge_in(items)
+        await self._write(stored)
+        return stored
+
+    def _merge_in(self, items: Iterable[MemoryItem]) -> list[MemoryItem]:
+        stored: list[MemoryItem] = []
+        for item in items:
+            existing_id = self._by_fingerprint.get((item.layer, item.fingerprint))
+            existing = self._items.get(existing_id) if existing_id else None
+            stored.append(existing.merged_with(item, item.updated_at) if existing else item)
+            self._remember(stored[-1])
+        return stored
 
     async def put(self, item: MemoryItem) -> MemoryItem:
         """Write a new version of an item as is (update, touch, tombstone)."""
@@ -165,11 +174,10 @@ class ItemStore:
 
     async def put_many(self, items: Iterable[MemoryItem]) -> None:
         """Write new versions of many items with one append per file (decay touches thousands)."""
-        async with self._lock:
-            batch = list(items)
-            for item in batch:
-                self._remember(item)
-            await self._append(batch)
+        batch = list(items)
+        for item in batch:
+            self._remember(item)
+        await self._write(batch)
 
     async def delete(self, item_id: str, now: datetime) -> MemoryItem | None:
         item = self._items.get(item_id)
@@ -222,26 +230,49 @@ class ItemStore:
             if tag.startswith(SUBJECT_TAG):
                 _file(self._by_subject, tag[len(SUBJECT_TAG) :], item.id, add=add)
 
-    async def _append(self, items: list[MemoryItem]) -> None:
+    async def _write(self, items: list[MemoryItem]) -> None:
+        """Queue the items' lines (one payload per file) and wait until they are durable."""
         groups: dict[Path, list[str]] = defaultdict(list)
         for item in items:
             groups[self.path_for(item)].append(json.dumps(item.to_dict(), ensure_ascii=False))
+        writes = []
         for path, lines in groups.items():
-            payload = ("\n".join(lines) + "\n").encode("utf-8")
-            await asyncio.to_thread(append_bytes, path, payload, whole_lines=True)
             self._lines[path] += len(lines)
+            writes.append(self._writer.append(path, ("\n".join(lines) + "\n").encode("utf-8")))
+        await asyncio.gather(*writes)
+
+    async def drain(self) -> None:
+        """Wait until every change made so far is on disk."""
+        await self._writer.drain()
 
     # -- lifecycle of items -----------------------------------------------------------------------
 
-    async def promote(self, now: datetime, threshold: float) -> list[MemoryItem]:
-        """Copy confident episodic items into their durable layer; the episodic item remembers the copy."""
-        promoted: list[MemoryItem] = []
-        for item in self.items(Layer.EPISODIC):
-            target = promoted_layer(item.type)
-            if target is None or item.promoted_to or item.confidence < threshold:
-                continue
-            copy = MemoryItem(
-                layer=target,
+    async def promote(
+        self, now: datetime, threshold: float, candidates: Iterable[MemoryItem] | None = None
+    ) -> list[MemoryItem]:
+        """Copy confident episodic items into their durable layer; the episodic item remembers the copy.
+
+        ``candidates`` limits the look to items just written (a turn's), instead of every episodic item
+        (maintenance). Deciding and recording happen without a pause, so two turns never promote the
+        same item twice; the copies and the marks are then written together.
+        """
+        pool = (
+            self.items(Layer.EPISODIC) if candidates is None else [self._items.get(i.id) for i in candidates]
+        )
+        due = [
+            item
+            for item in pool
+            if item is not None
+            and item.layer is Layer.EPISODIC
+            and not item.promoted_to
+            and item.confidence >= threshold
+            and promoted_layer(item.type) is not None
+        ]
+        if not due:
+            return []
+        copies = self._merge_in(
+            MemoryItem(
+                layer=promoted_layer(item.type) or Layer.SEMANTIC,
                 type=item.type,
                 title=item.title,
                 content=item.content,
@@ -254,10 +285,16 @@ class ItemStore:
                 last_accessed_at=now,
                 references=item.references,
             )
-            durable = await self.add(copy)
-            await self.put(item.with_changes(promoted_to=durable.id, updated_at=now))
-            promoted.append(durable)
-        return promoted
+            for item in due
+        )
+        marks = [
+            item.with_changes(promoted_to=copy.id, updated_at=now)
+            for item, copy in zip(due, copies, strict=True)
+        ]
+        for mark in marks:
+            self._remember(mark)
+        await self._write(copies + marks)
+        return copies
 
     async def decay(self, now: datetime, days: int) -> int:
         """Halve the salience of episodic items nobody used for ``days``; nothing is deleted.
@@ -283,22 +320,22 @@ class ItemStore:
         A log that another process (``membot memory import`` next to the running bot) appended to
         since we read it is left alone: rewriting it from our view would drop that process's items.
         """
-        async with self._lock:
-            live: dict[Path, list[MemoryItem]] = defaultdict(list)
-            for item in self._items.values():
-                live[self.path_for(item)].append(item)
-            rewritten = 0
-            for path, count in list(self._lines.items()):
-                keep = live.get(path, [])
-                if count < 8 or count < 2 * len(keep):
-                    continue
-                text = "".join(json.dumps(i.to_dict(), ensure_ascii=False) + "\n" for i in keep)
-                if await asyncio.to_thread(_rewrite_if_unchanged, path, count, text):
-                    self._lines[path] = len(keep)
-                    rewritten += 1
-                else:
-                    log.warning("memory_items_changed_elsewhere", file=path.name)
-            return rewritten
+        live: dict[Path, list[MemoryItem]] = defaultdict(list)
+        for item in self._items.values():
+            live[self.path_for(item)].append(item)
+        rewritten = 0
+        for path, count in list(self._lines.items()):
+            keep = live.get(path, [])
+            if count < 8 or count < 2 * len(keep):
+                continue
+            text = "".join(json.dumps(i.to_dict(), ensure_ascii=False) + "\n" for i in keep)
+            # Through the writer: after the lines queued so far, before any queued later.
+            if await self._writer.call(functools.partial(_rewrite_if_unchanged, path, count, text)):
+                self._lines[path] = len(keep) + self._lines[path] - count  # lines queued meanwhile stay
+                rewritten += 1
+            else:
+                log.warning("memory_items_changed_elsewhere", file=path.name)
+        return rewritten
 
 
 def _file(table: dict[K, set[str]], key: K, item_id: str, *, add: bool) -> None:

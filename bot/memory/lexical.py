@@ -62,6 +62,15 @@ class LexicalIndex:
                 if not posting:
                     del self._postings[term]
 
+    def terms(self, key: str) -> Frequencies:
+        """The term counts ``key`` was indexed with (empty if unknown)."""
+        return self._docs.get(key, {})
+
+    def idf(self, term: str) -> float:
+        df = len(self._postings.get(term, ()))
+        n = len(self._docs)
+        return math.log(1 + (n - df + 0.5) / (df + 0.5)) if df else 0.0
+
     def scores(self, terms: Iterable[str]) -> dict[str, float]:
         """BM25 of every document holding at least one of ``terms`` (each term counted once)."""
         n = len(self._docs)

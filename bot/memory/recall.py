@@ -7,7 +7,8 @@ the ranked items by the message they came from (a fact written by the memory too
 consolidation stands alone), scores each message by its best item, and shows it whole when it is not
 too long, or else the passages that matched. Then, best first:
 
-- a relevance floor (a share of the best match) keeps barely relevant filler out;
+- a relevance floor (a share of the best match that is not just the question asked again) keeps
+  barely relevant filler out;
 - messages already in the active session or shown elsewhere in the prompt are skipped;
 - the soft budget is filled; one more memory may cross it if the hard budget holds;
 - statements on a subject that holds one value (where the user lives, their job) are resolved to the
@@ -33,6 +34,7 @@ MessageKey = tuple[str, str]
 STANDALONE_SOURCES = frozenset({"tool", "consolidation"})
 GAP = "\n[…]\n"
 COUNT_CACHE = 20_000  # texts whose token count is remembered
+WHOLE_FIRST = 3  # this many best memories are never shortened
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,10 @@ class Candidate:
     @property
     def relevance(self) -> float:
         return self.hits[0].relevance
+
+    @property
+    def restates(self) -> bool:
+        return all(h.restates for h in self.hits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +131,8 @@ class Recaller:
 
     def realize(self, candidate: Candidate, *, brief_assistant: bool = False) -> Memory:
         """The candidate's memory. ``brief_assistant``: an answer of the assistant's shows at most a third
-        of ``max_message_tokens`` (the parts that matched), unless the query asks what it said."""
+        of ``max_message_tokens`` (the parts that matched): it costs less, and the user's own words are
+        what most questions are about."""
         return self._memory(candidate.key, list(candidate.hits), brief_assistant=brief_assistant)
 
     def count(self, text: str) -> int:
@@ -178,14 +185,25 @@ class Recaller:
         whole = "\n".join(p.content.strip() for p in parts)
         if len(parts) == 1 or self.count(whole) <= limit:
             return whole, True
-        # A long message: the passages that matched, in order, then their neighbours while they fit.
-        matched = {p.id for p in parts} & {h.item.id for h in hits}
-        for hit in hits:  # a typed sentence points at the passage that holds it
-            if hit.item.type is not ItemType.EPISODE:
-                matched |= {p.id for p in parts if hit.item.content.strip() in p.content}
-        index = [i for i, p in enumerate(parts) if p.id in matched] or [0]
+        # A long message: its best-matching passages while they fit ``limit`` (the best one always),
+        # then the passages around them, nearest first, while they fit.
+        position = {p.id: i for i, p in enumerate(parts)}
+        best: dict[int, float] = {}
+        for hit in hits:
+            at = position.get(hit.item.id)
+            if at is None and hit.item.type is not ItemType.EPISODE:  # a typed sentence: its passage
+                at = next((i for i, p in enumerate(parts) if hit.item.content.strip() in p.content), None)
+            if at is not None:
+                best[at] = max(best.get(at, 0.0), hit.score)
+        index: list[int] = []
+        budget = limit
+        for i in sorted(best, key=lambda i: (-best[i], i)) or [0]:
+            cost = self.count(parts[i].content)
+            if index and cost > budget:
+                continue
+            index.append(i)
+            budget -= cost
         chosen = set(index)
-        budget = limit - sum(self.count(parts[i].content) for i in chosen)
         for step in range(1, len(parts)):
             for i in index:
                 for j in (i - step, i + step):
@@ -224,7 +242,10 @@ class Recaller:
         standing for the older ones."""
         diag = diagnostics or RecallDiagnostics()
         diag.candidates = len(candidates)
-        top = max((c.relevance for c in candidates), default=0.0)
+        # The floor is a share of the best memory that says more than the question itself: the same
+        # question asked before (or repeated back) must not raise the bar and push the answer out.
+        informative = [c.relevance for c in candidates if not c.restates]
+        top = max(informative or [c.relevance for c in candidates], default=0.0)
         chosen: list[Memory] = []
         used = 0
         diag.stop = "exhausted"
@@ -238,7 +259,8 @@ class Recaller:
                 diag.below_floor += sum(1 for c in rest if c.relevance < floor * top)
                 diag.stop = "budget"
                 break
-            memory = self.realize(candidate, brief_assistant=brief_assistant)
+            # The best few are shown whole even when brief: the answer may be in what the assistant said.
+            memory = self.realize(candidate, brief_assistant=brief_assistant and len(chosen) >= WHOLE_FIRST)
             price = cost(memory)
             if used + price > hard:
                 diag.dropped_for_budget += 1

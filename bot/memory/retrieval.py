@@ -86,6 +86,10 @@ class Weights:
     question: float = 0.6  # relevance of a user message that only asked, relative to a statement
     subject: float = 0.6  # relevance a statement on the subject a query names gets at least (of the top)
     time_hint: float = 0.1  # bonus for items said in the period the query names ("in March")
+    hop: float = 0.3  # weight of the second hop (terms of the first hop's best results), 0: off
+    hop_docs: int = 5  # first-hop results the second hop's terms come from
+    hop_terms: int = 10  # terms the second hop adds
+    conversation: float = 0.0  # relevance an item gains from the conversation it was said in (0..1 share)
 
 
 def stem(token: str) -> str:
@@ -139,6 +143,7 @@ class ScoredItem:
     lexical: float = 0.0  # the words alone, 0..1 (the query's best match is 1)
     semantic: float = 0.0
     parts: dict[str, float] = field(default_factory=dict)
+    restates: bool = False  # a question or reply in little more than the query's words (asked before)
 
 
 def frequencies(item: MemoryItem) -> Frequencies:
@@ -213,6 +218,8 @@ class Retriever:
         w = self.weights
         tokens = tokenize(query)
         lexical = self._index.scores(tokens)
+        if w.hop > 0 and lexical:
+            lexical = self._with_second_hop(tokens, lexical, visible)
         top = max(lexical.values(), default=0.0)
         on_subject = {
             stated.id for subject in subjects_in_query(query) for stated in self._store.with_subject(subject)
@@ -222,12 +229,19 @@ class Retriever:
             candidates |= {key for key, value in similarities.items() if value > 0}
         in_period = time_hint(query, now, tz) if w.time_hint else None
         about_assistant = asks_about_assistant(query)
-        out: list[ScoredItem] = []
+        asked = set(tokens)
+        found: list[MemoryItem] = []
         for item_id in candidates:
             item = self._store.get(item_id)
-            if item is None or not retrievable(item) or (visible is not None and not visible(item)):
-                continue
+            if item is not None and retrievable(item) and (visible is None or visible(item)):
+                found.append(item)
+        talks = _conversation_scores(found, lexical, top) if w.conversation > 0 and top > 0 else {}
+        out: list[ScoredItem] = []
+        for item in found:
+            item_id = item.id
             lex = lexical.get(item_id, 0.0) / top if top > 0 else 0.0
+            if talks:  # said in a conversation that is about the query: an answer may not repeat its words
+                lex = (1 - w.conversation) * lex + w.conversation * talks.get(conversation_of(item), 0.0)
             if item_id in on_subject:  # the statement answers what the query names: relevant without a word
                 lex = max(lex, w.subject)
             sim = max(0.0, similarities.get(item_id, 0.0)) if similarities else 0.0
@@ -248,9 +262,73 @@ class Retriever:
             }
             if in_period is not None and in_period(item.created_at):
                 parts["time"] = w.time_hint
-            out.append(ScoredItem(item, sum(parts.values()), relevance, lex, sim, parts))
+            # A question (or the assistant's words) that is mostly the query's own words: asked before.
+            asks = QUESTION_TAG in item.tags or "assistant" in item.tags
+            restates = asks and _restates(asked, self._index.terms(item_id))
+            out.append(ScoredItem(item, sum(parts.values()), relevance, lex, sim, parts, restates))
         out.sort(key=lambda s: (-s.score, s.item.created_at, s.item.id))
         return out
+
+    def _with_second_hop(
+        self, tokens: Sequence[str], first: dict[str, float], visible: Callable[[MemoryItem], bool] | None
+    ) -> dict[str, float]:
+        """The first hop's scores plus a second hop's: BM25 of the terms that mark the first hop's best
+        results (the names, places and things they share), so an answer worded differently from the
+        question is still found through what surrounds it."""
+        w, index, asked = self.weights, self._index, set(tokens)
+        best = []
+        for item_id in sorted(first, key=lambda i: (-first[i], i)):
+            item = self._store.get(item_id)
+            if item is not None and (visible is None or visible(item)):
+                best.append(item_id)
+                if len(best) >= w.hop_docs:
+                    break
+        weight: dict[str, float] = {}
+        for item_id in best:
+            counts = index.terms(item_id)
+            length = sum(counts.values()) or 1
+            for term, tf in counts.items():
+                if term not in asked and not term.isdigit():
+                    weight[term] = weight.get(term, 0.0) + tf / length * index.idf(term)
+        terms = sorted(weight, key=lambda t: (-weight[t], t))[: w.hop_terms]
+        second = index.scores(terms) if terms else {}
+        top1, top2 = max(first.values()), max(second.values(), default=0.0)
+        if top2 <= 0:
+            return first
+        # Fused on the first hop's scale, by the better of the two: the second hop lifts what the first
+        # ranked low (up to ``hop`` of the best first-hop match), and never the top itself.
+        return {
+            key: max(first.get(key, 0.0), w.hop * top1 * second.get(key, 0.0) / top2)
+            for key in first.keys() | second.keys()
+        }
+
+
+def _restates(asked: set[str], terms: Mapping[str, int]) -> bool:
+    """Whether an item's words are mostly the query's own: it holds (nearly) all of them and not much else."""
+    if not asked or not terms:
+        return False
+    return len(asked & terms.keys()) >= 0.8 * len(asked) and len(terms) <= 2 * len(asked)
+
+
+def conversation_of(item: MemoryItem) -> str:
+    ref = item.references[0] if item.references else None
+    return ref.session_id if ref is not None else ""
+
+
+def _conversation_scores(
+    items: Sequence[MemoryItem], lexical: Mapping[str, float], top: float
+) -> dict[str, float]:
+    """How much each conversation is about the query, 0..1: its three best matches, the first counting
+    most, relative to the best conversation."""
+    best: dict[str, list[float]] = {}
+    for item in items:
+        best.setdefault(conversation_of(item), []).append(lexical.get(item.id, 0.0) / top)
+    raw = {
+        key: sum(s * w for s, w in zip(sorted(v, reverse=True)[:3], (1.0, 0.5, 0.25), strict=False))
+        for key, v in best.items()
+    }
+    peak = max(raw.values(), default=0.0)
+    return {key: value / peak for key, value in raw.items()} if peak > 0 else {}
 
 
 def _build(items: Sequence[MemoryItem]) -> LexicalIndex:

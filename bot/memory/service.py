@@ -227,9 +227,8 @@ class MemoryService:
         return stored
 
     async def _promote(self, candidates: Sequence[MemoryItem]) -> None:
-        threshold = self.settings.promotion_confidence
-        if any(i.layer is Layer.EPISODIC and i.confidence >= threshold for i in candidates):
-            await self.items.promote(self.now(), threshold)
+        """Promote what was just written, if confident enough (never a scan of every item)."""
+        await self.items.promote(self.now(), self.settings.promotion_confidence, candidates)
 
     async def maintain(self) -> dict[str, int]:
         """Promotion, decay and log compaction: in-memory scans plus a write only for what changed."""

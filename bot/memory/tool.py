@@ -128,8 +128,9 @@ class MemoryToolOps:
         if item.layer is not Layer.EPISODIC:
             return f"{item_id} is already {item.layer.value}."
         now = self._memory.now()
-        await self._memory.items.put(item.with_changes(confidence=max(item.confidence, 0.95), updated_at=now))
-        promoted = await self._memory.items.promote(now, self._memory.settings.promotion_confidence)
+        sure = item.with_changes(confidence=max(item.confidence, 0.95), updated_at=now)
+        await self._memory.items.put(sure)
+        promoted = await self._memory.items.promote(now, self._memory.settings.promotion_confidence, [sure])
         target = next((p for p in promoted if p.references == item.references), None)
         return (
             f"Promoted {item_id} to {target.layer.value} as {target.id}."

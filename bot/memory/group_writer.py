@@ -1,0 +1,99 @@
+"""GroupWriter: durable appends to line files, many callers' lines to one write and one fsync per file.
+
+The item logs take a few lines per answered turn from every chat at once. Appending and fsyncing each
+caller's lines under one lock made chats wait on each other's fsyncs (throughput capped at one append
+per fsync). Here each caller queues its lines and awaits them; one task writes everything queued so far
+— per file one write and one fsync — while the next callers queue behind it (group commit). Lines
+reach each file in the order they were queued, so "the last version of an item wins" holds on disk as
+it does in memory.
+
+A barrier (:meth:`call`) runs a blocking function between two groups, after everything queued before it
+is on disk and before anything queued after it: log compaction rewrites a file through it.
+
+    writer = GroupWriter()
+    await writer.append(path, b'{"id": "a"}\\n')       # returns once the line is durable
+    rewritten = await writer.call(lambda: rewrite(path))
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bot.storage import append_bytes
+
+T = TypeVar("T")
+
+
+class GroupWriter:
+    def __init__(self) -> None:
+        self._queue: list[tuple[Path | Callable[[], Any], bytes, asyncio.Future[Any]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def append(self, path: Path, payload: bytes) -> None:
+        """Append ``payload`` (whole lines) to ``path``; returns once it is fsynced."""
+        await self._enqueue(path, payload)
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run blocking ``fn`` in a thread once everything queued before is written (a barrier)."""
+        result: T = await self._enqueue(fn, b"")
+        return result
+
+    async def drain(self) -> None:
+        """Wait until everything queued so far is written."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+    def _enqueue(self, target: Path | Callable[[], Any], payload: bytes) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append((target, payload, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="memory-writer")
+        return future
+
+    async def _run(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            group: list[tuple[Path, bytes, asyncio.Future[Any]]] = []
+            for target, payload, future in batch:
+                if isinstance(target, Path):
+                    group.append((target, payload, future))
+                    continue
+                await self._write(group)  # everything before the barrier first
+                group = []
+                try:
+                    _settle(future, result=await asyncio.to_thread(target))
+                except Exception as exc:
+                    _settle(future, error=exc)
+            await self._write(group)
+
+    async def _write(self, group: list[tuple[Path, bytes, asyncio.Future[Any]]]) -> None:
+        if not group:
+            return
+        files: dict[Path, list[bytes]] = {}
+        for path, payload, _ in group:
+            files.setdefault(path, []).append(payload)
+        try:
+            await asyncio.to_thread(_append_all, files)
+        except Exception as exc:  # every caller of the group hears of it: none of them is durable
+            for _, _, future in group:
+                _settle(future, error=exc)
+            return
+        for _, _, future in group:
+            _settle(future, result=None)
+
+
+def _append_all(files: dict[Path, list[bytes]]) -> None:
+    for path, payloads in files.items():
+        append_bytes(path, b"".join(payloads), whole_lines=True)
+
+
+def _settle(future: asyncio.Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:
+    if future.done():  # the caller was cancelled: the write happened (or failed) all the same
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
