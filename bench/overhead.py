@@ -1,12 +1,19 @@
-"""Per-message overhead of dispatcher + pipeline + persistence, as a session grows.
+"""Per-message overhead of membot, as a session grows: through the real LLM client, and in process.
 
-The model answers instantly (an in-process stand-in for the LLM client: no HTTP, no encoding of the
-request), so what is timed is membot's own work per message: intake (durable inbox), the session lane,
-every pipeline system, saving the session, and handing the reply to the channel.
+The model answers instantly, so what is timed is membot's own work per message: intake (durable
+inbox), the session lane, every pipeline system, saving the session, and handing the reply to the
+channel; in the ``openai`` and ``anthropic`` columns also building the request, encoding it to JSON,
+the HTTP round trip through the real LLM client (httpx) to an instant model server in its own process
+(instant_llm.py) and decoding the answer: the figure users feel. The ``in-process`` column swaps the
+client for an in-process stand-in (no request, no JSON, no HTTP), isolating the bot's own systems.
 
-    python bench/overhead.py [--turns 200] [--sizes 10,1000,10000] [--memory]
+    python bench/overhead.py [--turns 200] [--sizes 10,1000,10000] [--memory on|off|both]
+                             [--columns in-process,openai,anthropic]
 
-Prints median and p99 per size and the ratio of the largest to the smallest median.
+Prints, per size (prior messages in the session when the run starts; each turn adds two, and with memory
+off nothing trims them) and client: median and p99 wall time per message, the bot process's CPU time
+per message, the size of the last request body, and the ratio of the largest to the smallest median. Targets (issue 19), 10 prior
+messages through the real client: median <= 5 ms with memory off, <= 8 ms with memory on.
 """
 
 from __future__ import annotations
@@ -17,19 +24,23 @@ import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+
+from harness import BenchChannel, bench_settings, cpu_seconds, percentile
+from instant_llm import InstantLLM
 
 from bot.app import build_core
-from bot.config import load_settings
-from bot.domain import InboundMessage, Message, OutboundMessage, Role, Usage
+from bot.domain import InboundMessage, Message, Role, Usage
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 from bot.logging import configure_logging
-from channels.base import Channel
+
+WARM_UP = 20
+COLUMNS = ("in-process", "openai", "anthropic")
 
 
 class InstantModel:
-    """Answers every request at once with a short reply (the zero-latency LLM)."""
+    """Answers every request at once with a short reply (the zero-latency LLM, in process)."""
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         return ChatResponse(content="ok, noted.", usage=Usage(input_tokens=10, output_tokens=3, calls=1))
@@ -40,31 +51,20 @@ class InstantModel:
         yield StreamEvent("done", response=response)
 
 
-class BenchChannel(Channel):
-    name: ClassVar[str] = "bench"
-
-    def __init__(self, submit: object) -> None:
-        super().__init__(submit)  # type: ignore[arg-type]
-        self.replies: asyncio.Queue[OutboundMessage] = asyncio.Queue()
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def send(self, message: OutboundMessage) -> None:
-        self.replies.put_nowait(message)
+@dataclass(frozen=True, slots=True)
+class Run:
+    samples: list[float]  # milliseconds per message, wall clock
+    cpu_ms: float  # this process's CPU time per message (the model server's excluded)
 
 
-async def measure(size: int, turns: int, memory: bool, root: Path) -> list[float]:
-    settings = load_settings(
-        env_file=None,
-        overrides={
-            "workspace": root / f"ws{size}",
-            "llm": {"openai": {"api_key": "sk-bench-not-used"}},
-            "memory": {"enabled": memory, "memory_window": 0 if not memory else 50},
-        },
-    )
-    async with build_core(settings, llm=InstantModel()) as core:
+async def measure(size: int, turns: int, *, memory: bool, column: str, llm: InstantLLM, root: Path) -> Run:
+    """``turns`` messages after ``WARM_UP``, into a session that starts with ``size`` prior messages."""
+    if column == "in-process":
+        settings = bench_settings(root, memory=memory)
+    else:
+        base = llm.anthropic_base_url if column == "anthropic" else llm.openai_base_url
+        settings = bench_settings(root, memory=memory, provider=column, base_url=base)
+    async with build_core(settings, llm=InstantModel() if column == "in-process" else None) as core:
         channel = BenchChannel(core.dispatcher.submit)
         core.dispatcher.attach(channel)
         session = await core.sessions.get_or_create("bench", "chat")
@@ -72,19 +72,19 @@ async def measure(size: int, turns: int, memory: bool, root: Path) -> list[float
             role = Role.USER if i % 2 == 0 else Role.ASSISTANT
             session.append(Message(role, f"message number {i} about topic {i % 17}"))
         await core.sessions.save(session)
+        replies = channel.inbox("chat")
         samples: list[float] = []
-        for i in range(turns + 20):
+        cpu = 0.0
+        for i in range(turns + WARM_UP):
+            if i == WARM_UP:
+                cpu = cpu_seconds()
             started = time.perf_counter()
-            await core.dispatcher.submit(InboundMessage("bench", "chat", "u", f"question {i}"))
-            await channel.replies.get()
-            if i >= 20:  # warm-up excluded
+            await channel.handle_inbound(InboundMessage("bench", "chat", "u", f"question {i}"))
+            await replies.get()
+            if i >= WARM_UP:
                 samples.append((time.perf_counter() - started) * 1000)
-    return samples
-
-
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        cpu = cpu_seconds() - cpu
+    return Run(samples, cpu * 1000 / turns)
 
 
 async def main() -> None:
@@ -93,20 +93,46 @@ async def main() -> None:
     )
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--sizes", default="10,1000,10000")
-    parser.add_argument("--memory", action="store_true", help="run the memory systems too")
+    parser.add_argument("--memory", choices=["on", "off", "both"], default="both")
+    parser.add_argument("--columns", default=",".join(COLUMNS), help="in-process, openai, anthropic")
     args = parser.parse_args()
     configure_logging(level="ERROR", fmt="json")
     sizes = [int(s) for s in args.sizes.split(",")]
-    medians: dict[int, float] = {}
-    print(f"per-message overhead, {args.turns} turns per size, memory {'on' if args.memory else 'off'}")
-    print(f"{'messages':>10} {'median ms':>10} {'p99 ms':>8}")
-    with tempfile.TemporaryDirectory() as tmp:
-        for size in sizes:
-            samples = await measure(size, args.turns, args.memory, Path(tmp))
-            medians[size] = statistics.median(samples)
-            print(f"{size:>10} {medians[size]:>10.3f} {p99(samples):>8.3f}")
-    largest, smallest = max(sizes), min(sizes)
-    print(f"ratio {largest}/{smallest} (median): {medians[largest] / medians[smallest]:.2f}")
+    columns = [c for c in args.columns.split(",") if c]
+    unknown = set(columns) - set(COLUMNS)
+    if unknown:
+        parser.error(f"unknown column(s) {', '.join(sorted(unknown))}; choose from {', '.join(COLUMNS)}")
+    memories = [False, True] if args.memory == "both" else [args.memory == "on"]
+    print(
+        f"per-message overhead in ms, {args.turns} turns per size after {WARM_UP} warm-up turns; "
+        "openai/anthropic: real client over HTTP to an instant model in another process;\n"
+        "cpu/msg: CPU time of the bot process per message; request KB: the last request's body"
+    )
+    with InstantLLM() as llm, tempfile.TemporaryDirectory() as tmp:
+        for memory in memories:
+            print(f"\nmemory {'on' if memory else 'off'}")
+            print(
+                f"{'messages':>8}  {'client':<10} {'median':>8} {'p99':>8} {'cpu/msg':>8} {'request KB':>10}"
+            )
+            medians: dict[tuple[str, int], float] = {}
+            for size in sizes:
+                for column in columns:
+                    root = Path(tmp) / f"{column}-{size}-{'on' if memory else 'off'}"
+                    run = await measure(size, args.turns, memory=memory, column=column, llm=llm, root=root)
+                    medians[column, size] = statistics.median(run.samples)
+                    request = "-"
+                    if column != "in-process":
+                        _, last_bytes = await asyncio.to_thread(llm.stats)
+                        request = f"{last_bytes / 1024:.1f}"
+                    print(
+                        f"{size:>8}  {column:<10} {medians[column, size]:>8.2f} "
+                        f"{percentile(run.samples, 0.99):>8.2f} {run.cpu_ms:>8.2f} {request:>10}",
+                        flush=True,
+                    )
+            largest, smallest = max(sizes), min(sizes)
+            ratios = ", ".join(f"{c} {medians[c, largest] / medians[c, smallest]:.2f}" for c in columns)
+            print(f"ratio {largest}/{smallest} (median): {ratios}")
+    print("\ntarget, 10 prior messages through the real client: median <= 5 ms memory off, <= 8 ms on")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Settings are loaded by the CLI and passed in; everything else is constructed here, in dependency order,
 and handed to its users. Long-lived resources (HTTP client, channels) enter one AsyncExitStack, so they
-are closed in reverse order whatever happens. Channel libraries are imported only when configured.
+are closed in reverse order whatever happens. Channel libraries, and aiohttp and prometheus_client for the
+ops endpoints, are imported only when configured, so start-up time and memory follow the configuration.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from zoneinfo import ZoneInfo
 import httpx
 import structlog
 
-from bot.admin import AdminServer
 from bot.catalog import ModelCatalog, load_catalog
 from bot.commands import CommandRouter
 from bot.compaction import CompactionService, MemoryRetirer
@@ -37,7 +37,6 @@ from bot.memory import MemoryService
 from bot.memory import operator as memory_operator
 from bot.memory.embeddings import build_embedder
 from bot.memory.tool import MemoryTool
-from bot.metrics import Metrics
 from bot.session_commands import SessionCommands
 from bot.sessions import JsonSessionStore, SessionService
 from bot.storage import ensure_private_dir, fix_private_tree
@@ -53,6 +52,7 @@ from pipeline.tool_loop import ToolLoopSystem
 from pipeline.usage import UsageSystem
 
 if TYPE_CHECKING:
+    from bot.metrics import Metrics
     from bot.pairing import PairingStore
 
 log = structlog.get_logger(__name__)
@@ -324,17 +324,23 @@ async def run_service(settings: Settings) -> int:
             "no channel is configured. Set MEMBOT_TELEGRAM__TOKEN (Telegram), MEMBOT_DISCORD__TOKEN "
             "(Discord) or MEMBOT_TERMINAL__ENABLED=true (terminal), or use `membot chat` for a terminal chat."
         )
-    metrics = Metrics()
     runner = ServiceRunner(settings.lifecycle)
+    metrics: Metrics | None = None
+    if settings.admin.enabled:  # only /metrics reads them; prometheus_client loads only then
+        from bot.metrics import Metrics
+
+        metrics = Metrics()
     async with build_core(settings, metrics=metrics) as core, contextlib.AsyncExitStack() as ops:
         stats = getattr(core.llm, "stats", None)
-        metrics.watch(
-            llm_stats=lambda: stats,
-            queued=core.dispatcher.total_queued,
-            running_turns=core.dispatcher.running_turns,
-            active_sessions=lambda: core.sessions.cached,
-        )
-        if settings.admin.enabled:
+        if metrics is not None:
+            from bot.admin import AdminServer  # aiohttp, for the ops endpoints only
+
+            metrics.watch(
+                llm_stats=lambda: stats,
+                queued=core.dispatcher.total_queued,
+                running_turns=core.dispatcher.running_turns,
+                active_sessions=lambda: core.sessions.cached,
+            )
             admin = AdminServer(
                 settings.admin, metrics, channels=runner.channel_health, llm_stats=lambda: stats
             )

@@ -27,13 +27,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
-import tiktoken
 
 from bot.domain import Message, Session
 from bot.storage import atomic_write_bytes, ensure_private_dir
+
+if TYPE_CHECKING:
+    import tiktoken
 
 log = structlog.get_logger(__name__)
 
@@ -106,6 +108,8 @@ def _load_offline(cache_dir: Path, name: str) -> tiktoken.Encoding:
     """
     if not (cache_dir / cache_key(name)).is_file():
         raise FileNotFoundError(f"{name} is not in the tiktoken cache {cache_dir}")
+    import tiktoken  # here, not at the top: only a counter that loads an encoding needs it
+
     previous = os.environ.get("TIKTOKEN_CACHE_DIR")
     os.environ["TIKTOKEN_CACHE_DIR"] = str(cache_dir)
     try:
@@ -118,6 +122,8 @@ def _load_offline(cache_dir: Path, name: str) -> tiktoken.Encoding:
 
 
 def _model_encoding(model: str) -> str | None:
+    import tiktoken
+
     try:
         return tiktoken.encoding_name_for_model(model)
     except KeyError:

@@ -30,7 +30,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import structlog
 from telegram import Bot, BotCommand, Message, Update
@@ -48,7 +48,9 @@ from channels.telegram_intake import PasteJoiner, normalize_command, remove_utf1
 from channels.telegram_media import extract_media
 from channels.telegram_outbound import ChatPacer, TelegramOutbox
 from channels.telegram_polling import UpdatePoller
-from channels.telegram_webhook import WebhookServer
+
+if TYPE_CHECKING:
+    from channels.telegram_webhook import WebhookServer
 
 log = structlog.get_logger(__name__)
 
@@ -219,6 +221,8 @@ class TelegramChannel(Channel):
         log.error("telegram_polling_ended", error=type(task.exception()).__name__)
 
     async def _start_webhook(self) -> None:
+        from channels.telegram_webhook import WebhookServer  # aiohttp's server: webhook mode only
+
         settings = self._settings
         assert settings.webhook_url is not None and settings.webhook_secret is not None
         self._webhook = WebhookServer(

@@ -9,9 +9,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from bot.catalog import load_catalog
 from bot.cli.root import app, console, fail, options, settings_from
-from bot.config import describe_settings, resolve_config_file
 from bot.errors import ConfigError
 
 
@@ -53,6 +51,8 @@ def chat(
 @app.command("config")
 def show_config(ctx: typer.Context) -> None:
     """Show the effective settings, where each value came from, with secrets masked."""
+    from bot.config import describe_settings, resolve_config_file
+
     settings = settings_from(ctx)
     config_file = resolve_config_file(options(ctx).config)
     table = Table(title=f"membot settings (config file: {config_file or 'none'})", expand=False)
@@ -67,6 +67,8 @@ def show_config(ctx: typer.Context) -> None:
 @app.command()
 def models(ctx: typer.Context) -> None:
     """List the model catalog: windows, abilities, prices and tiers."""
+    from bot.catalog import load_catalog
+
     settings = settings_from(ctx)
     try:
         catalog = load_catalog(settings.models_file)

@@ -15,17 +15,20 @@ import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import httpx
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from bot.catalog import ModelCatalog, load_catalog
 from bot.cli.root import app, console, options
-from bot.config import Settings, load_settings, resolve_config_file
 from bot.errors import ConfigError
+
+if TYPE_CHECKING:
+    import httpx
+
+    from bot.catalog import ModelCatalog
+    from bot.config import Settings
 
 Status = Literal["pass", "warn", "fail", "skip"]
 _MARK = {
@@ -102,6 +105,8 @@ def _print(checks: list[Check]) -> int:
 
 
 def _config(ctx: typer.Context) -> tuple[Settings | None, Check]:
+    from bot.config import load_settings, resolve_config_file
+
     opts = options(ctx)
     overrides: dict[str, Any] = {}
     if opts.workspace is not None:
@@ -167,6 +172,8 @@ def _user() -> str:
 
 
 def _catalog(settings: Settings) -> tuple[ModelCatalog | None, Check]:
+    from bot.catalog import load_catalog
+
     where = str(settings.models_file) if settings.models_file else "packaged models.json"
     try:
         catalog = load_catalog(settings.models_file)
@@ -200,6 +207,8 @@ def _llm_settings(settings: Settings, catalog: ModelCatalog) -> Check:
 
 
 async def _online(settings: Settings, catalog: ModelCatalog, *, probe_llm: bool) -> list[Check]:
+    import httpx
+
     async with httpx.AsyncClient(timeout=ONLINE_TIMEOUT) as http:
         probes: list[Awaitable[Check]] = [
             _llm_endpoint(http, settings, provider)
@@ -318,6 +327,8 @@ async def _probe(
     auth_statuses: tuple[int, ...] = (401, 403),
 ) -> Check:
     """One request; every httpx error becomes a fail line (secrets never appear: URLs are shown masked)."""
+    import httpx
+
     shown = shown_url or _public(url)
     try:
         response = await http.request(method, url, headers=headers)
@@ -337,5 +348,7 @@ async def _probe(
 
 
 def _public(url: str) -> str:
+    import httpx
+
     parsed = httpx.URL(url)
     return str(parsed.copy_with(query=None, fragment=None))

@@ -9,17 +9,16 @@ import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from bot.cli.root import app, console, fail, settings_from
-from bot.config import Settings
-from bot.memory import MemoryService
-from bot.memory import operator as ops
-from bot.sessions import JsonSessionStore
+
+if TYPE_CHECKING:
+    from bot.config import Settings
+    from bot.memory import MemoryService
 
 memory_app = typer.Typer(help="See, edit, search and import what membot remembers.", no_args_is_help=True)
 app.add_typer(memory_app, name="memory")
@@ -29,6 +28,8 @@ T = TypeVar("T")
 
 @asynccontextmanager
 async def _service(settings: Settings) -> AsyncIterator[MemoryService]:
+    from bot.memory import MemoryService
+
     service = MemoryService(settings.memory_dir, settings.memory, timezone=settings.timezone)
     await service.start()
     try:
@@ -54,6 +55,9 @@ def show(
     query: Annotated[str | None, typer.Option(help="Pretend the user just said this.")] = None,
 ) -> None:
     """Print the system prompt the model would see next, memory included."""
+    from bot.memory import operator as ops
+    from bot.sessions import JsonSessionStore
+
     settings = settings_from(ctx)
 
     async def work(service: MemoryService) -> str:
@@ -88,6 +92,8 @@ def edit(ctx: typer.Context) -> None:
 
 
 async def _path(service: MemoryService) -> Path:
+    from bot.memory import operator as ops
+
     return ops.memory_file(service)
 
 
@@ -102,6 +108,8 @@ def search(
     ] = None,
 ) -> None:
     """Search structured memory the way the bot does before answering."""
+    from bot.memory import operator as ops
+
     settings = settings_from(ctx)
     found = _run(settings, lambda service: ops.search(service, query, k=k, session_id=session))
     if not found:
@@ -131,6 +139,8 @@ def stats(
     ] = None,
 ) -> None:
     """Sizes, item counts per layer, and the last consolidation."""
+    from bot.memory import operator as ops
+
     figures = _run(settings_from(ctx), lambda service: ops.stats(service, session_id=session))
     table = Table("what", "value", show_header=False)
     table.add_row("MEMORY.md", f"{figures.memory_md_bytes:,} bytes")
@@ -155,6 +165,10 @@ def import_(
     """Replay past conversations through the normal memory write path; safe to run again."""
     if not file.is_file():
         fail(f"{file} does not exist")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from bot.memory import operator as ops
+
     settings = settings_from(ctx)
     columns = (TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:

@@ -5,13 +5,19 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 
-from bot.config import Settings, load_settings
 from bot.errors import ConfigError, MembotError
+
+if TYPE_CHECKING:
+    from bot.config import Settings
+
+# Import placement: `membot --help` must stay fast, so this package imports at module level only typer,
+# rich and light modules of ours. Settings (pydantic), httpx, memory (numpy, simplemma), channel
+# libraries and tiktoken are imported inside the commands that use them (tests/bot/test_imports.py).
 
 app = typer.Typer(
     name="membot",
@@ -64,6 +70,8 @@ def options(ctx: typer.Context) -> CliOptions:
 
 def settings_from(ctx: typer.Context) -> Settings:
     """Load settings with the global flags applied; a config problem ends the command with a clear message."""
+    from bot.config import load_settings
+
     opts = options(ctx)
     overrides: dict[str, Any] = {}
     if opts.workspace is not None:

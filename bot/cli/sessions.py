@@ -20,16 +20,14 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich import box
-from rich.progress import track
 from rich.table import Table
 
 from bot.cli.root import app, console, err_console, fail, settings_from
-from bot.config import Settings
 from bot.domain import Message, Session
-from bot.sessions import JsonSessionStore, encode_id, glob_escape
 from bot.storage import atomic_write_text
 
 if TYPE_CHECKING:
+    from bot.config import Settings
     from bot.memory.archive import TranscriptArchive
 
 sessions_app = typer.Typer(help="List, show, export and delete stored conversations.", no_args_is_help=True)
@@ -155,6 +153,8 @@ def delete(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Delete a session's files (stop membot first). The transcript archive and memory are kept."""
+    from bot.sessions import JsonSessionStore
+
     settings = settings_from(ctx)
     sid = _resolve(settings, session)
     if not yes and not typer.confirm(f"Delete session {sid}? This cannot be undone.", default=False):
@@ -182,6 +182,8 @@ def _archive(settings: Settings) -> TranscriptArchive:
 
 def _summarize(header_path: Path, settings: Settings) -> _Summary | None:
     """Counts from the header's commit point (no need to read the message log)."""
+    from bot.sessions import encode_id, glob_escape
+
     try:
         header = json.loads(header_path.read_bytes())
         sid = str(header["id"])
@@ -211,6 +213,8 @@ def _file_size(path: Path) -> int:
 
 def _resolve(settings: Settings, given: str) -> str:
     """An exact session id, or the one session whose id starts with ``given``."""
+    from bot.sessions import JsonSessionStore
+
     store = JsonSessionStore(settings.sessions_dir)
     if store.header_path(given).is_file():
         return given
@@ -224,6 +228,8 @@ def _resolve(settings: Settings, given: str) -> str:
 
 
 def _load(settings: Settings, sid: str) -> Session:
+    from bot.sessions import JsonSessionStore
+
     loaded = asyncio.run(JsonSessionStore(settings.sessions_dir).load(sid))
     if loaded is None:
         fail(f"session {sid} could not be read (a corrupt file is moved aside; see the log)")
@@ -232,6 +238,8 @@ def _load(settings: Settings, sid: str) -> Session:
 
 def _progress(items: Sequence[T], label: str, *, threshold: int = _PROGRESS_FROM) -> Iterable[T]:
     """``items``, with a progress bar on stderr when there are many (stdout stays clean for pipes)."""
+    from rich.progress import track
+
     if len(items) < threshold:
         return items
     return track(items, description=label, console=err_console, transient=True)

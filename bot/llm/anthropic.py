@@ -98,20 +98,22 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
         if not message.content.strip():
             result["content"] = "(empty)"  # whitespace-only text is rejected
         return [result]
-    blocks: list[dict[str, Any]] = [
+    # Runs for every message of every request: the common text-only message takes the short way.
+    text = [{"type": "text", "text": message.content}] if message.content.strip() else []
+    if not (message.images or message.tool_calls):
+        return text
+    images: list[dict[str, Any]] = [
         {
             "type": "image",
             "source": {"type": "base64", "media_type": image.media_type, "data": image.data_b64},
         }
         for image in message.images  # images before text, as Anthropic recommends
     ]
-    if message.content.strip():
-        blocks.append({"type": "text", "text": message.content})
-    blocks += [
+    calls = [
         {"type": "tool_use", "id": call.id, "name": call.name, "input": _arguments(call.arguments)}
         for call in message.tool_calls
     ]
-    return blocks
+    return images + text + calls
 
 
 def _arguments(text: str) -> dict[str, Any]:

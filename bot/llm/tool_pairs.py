@@ -28,7 +28,8 @@ def paired(messages: Iterable[Message]) -> list[Message]:
             else:
                 orphans.append(_orphan(message))
             continue
-        _settle(waiting, orphans, out)
+        if waiting or orphans:  # checked here, not in _settle: this loop runs per message per request
+            _settle(waiting, orphans, out)
         out.append(message)
         if message.role is Role.ASSISTANT and message.tool_calls:
             waiting = {call.id: call for call in message.tool_calls}

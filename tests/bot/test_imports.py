@@ -1,0 +1,75 @@
+"""What each entry point imports: heavy libraries load only where they are used (start-up time, memory).
+
+Each check runs a fresh interpreter and reads ``sys.modules`` at its end, so it is deterministic (no
+timing). bench/startup.py measures what this buys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Each costs from tens to hundreds of milliseconds to import, and several MiB of memory.
+HEAVY = (
+    "aiohttp",  # the ops endpoints and the Telegram webhook
+    "discord",
+    "httpx",
+    "numpy",  # under rank_bm25 (memory retrieval)
+    "prometheus_client",  # /metrics
+    "pydantic",  # settings
+    "rank_bm25",
+    "simplemma",
+    "structlog",
+    "telegram",
+    "tiktoken",
+)
+
+
+def loaded_after(code: str) -> list[str]:
+    """The HEAVY modules a fresh interpreter has loaded once ``code`` ran (even if it exited)."""
+    probe = (
+        "import atexit, json, sys\n"
+        f"heavy = {HEAVY!r}\n"
+        "atexit.register(lambda: print('LOADED ' + json.dumps(sorted(set(heavy) & set(sys.modules)))))\n"
+        + code
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+    )
+    marker = [line for line in done.stdout.splitlines() if line.startswith("LOADED ")]
+    assert marker, done.stderr
+    loaded: list[str] = json.loads(marker[-1].removeprefix("LOADED "))
+    return loaded
+
+
+def test_help_imports_none_of_the_heavy_libraries() -> None:
+    code = "sys.argv = ['membot', '--help']\nfrom bot.cli import main\nmain()\n"
+    assert loaded_after(code) == []
+
+
+@pytest.mark.parametrize("group", ["sessions", "memory", "pairing", "doctor", "config", "models"])
+def test_subcommand_help_imports_none_of_the_heavy_libraries(group: str) -> None:
+    code = f"sys.argv = ['membot', {group!r}, '--help']\nfrom bot.cli import main\nmain()\n"
+    # Typer itself checks a command's parameter values with pydantic (typer/_adapters.py).
+    assert [name for name in loaded_after(code) if name != "pydantic"] == []
+
+
+def test_the_composition_root_imports_no_channel_or_ops_library() -> None:
+    # Channel libraries load when a channel is configured, aiohttp and prometheus_client when the ops
+    # endpoints are enabled, tiktoken when the token counter loads an encoding.
+    loaded = loaded_after("import bot.app\n")
+    assert not {"aiohttp", "discord", "prometheus_client", "telegram", "tiktoken"} & set(loaded)
+
+
+def test_the_telegram_channel_loads_aiohttp_only_for_webhooks() -> None:
+    loaded = loaded_after("import channels.telegram\n")
+    assert "telegram" in loaded
+    assert not {"aiohttp", "discord", "prometheus_client"} & set(loaded)
