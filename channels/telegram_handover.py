@@ -11,7 +11,8 @@ need opposite treatment:
 - anything else: tried ``max_attempts`` times, then the update is logged and released, so one message
   that cannot be processed does not block every later one.
 
-When the channel stops, what was not handed over stays held and is taken in at the next start.
+When the channel stops, what was not handed over (not yet taken in, or not taken by ``submit`` before
+the joiner closed) stays held and is taken in at the next start.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import structlog
 
 from channels.outage import StorageOutage, is_storage_error
+from channels.telegram_intake import NotTaken
 from channels.telegram_journal import UpdateJournal
 
 log = structlog.get_logger(__name__)
@@ -82,8 +84,8 @@ class HandOver:
     async def _release_when_queued(self, update_id: int, queued: asyncio.Future[None]) -> None:
         try:
             await queued
-        except Exception as exc:
-            if is_storage_error(exc):
-                return  # storage refused it until the channel stopped: held for the next start
+        except NotTaken:
+            return  # the channel stopped first (storage still refusing, say): held for the next start
+        except Exception as exc:  # given up after the joiner's tries
             log.error("telegram_update_dropped", update_id=update_id, error=f"{type(exc).__name__}: {exc}")
         await self._journal.release([update_id])

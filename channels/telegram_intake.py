@@ -50,6 +50,10 @@ def remove_utf16_spans(text: str, spans: Iterable[tuple[int, int]]) -> str:
     return re.sub(r"[ \t]{2,}", " ", units.decode("utf-16-le")).strip()
 
 
+class NotTaken(Exception):
+    """The joiner stopped before ``submit`` took the message: it stays in the channel's journal."""
+
+
 class PasteJoiner:
     """Hands messages to ``submit``, joining those from one sender in one chat that arrive close together.
 
@@ -60,8 +64,8 @@ class PasteJoiner:
 
     When ``submit`` fails for lack of storage (a full disk), the message is submitted again with
     ``outage``'s backoff until it is taken, and the chat's later messages wait behind it; the outage is
-    logged once. Any other failure is tried ``max_attempts`` times and then given up (the future says
-    why). :meth:`close` stops retrying: what was not taken stays in the channel's journal.
+    logged once. Any other failure is tried ``max_attempts`` times and then given up (the future has
+    that error). After :meth:`close` a failed try is not repeated: the future gets :class:`NotTaken`.
     """
 
     def __init__(
@@ -143,7 +147,9 @@ class PasteJoiner:
                     self._outage.failed(exc)
                 else:
                     log.exception("telegram_submit_failed", chat_id=message.chat_id, attempt=attempt)
-                if self._closing.is_set() or (not storage and attempt >= self._max_attempts):
+                if self._closing.is_set():
+                    raise NotTaken(f"not taken before the channel stopped: {exc}") from exc
+                if not storage and attempt >= self._max_attempts:
                     raise
                 with contextlib.suppress(TimeoutError):  # close() cuts the pause short
                     await asyncio.wait_for(self._closing.wait(), self._outage.delay(attempt))
