@@ -24,7 +24,8 @@ At start-up the held updates a previous process accepted but never handed over a
 before anything new. Invariants:
 
 - Nothing lost: Telegram forgets an update only once it is held here; it leaves *held* only once the
-  dispatcher has it durably.
+  dispatcher has it durably (or, logged, once its processing failed three times for a reason other
+  than storage). Storage failures are retried with backoff for as long as they last.
 - Nothing duplicated: a redelivered update is found in *held* or *done* and skipped. One window is left,
   and it is small: a kill between the inbox's fsync and this file's (milliseconds per message; for a
   command, while its answer is sent) makes the next start hand that message over once more. Closing it
