@@ -6,6 +6,11 @@ thread are separate sessions). The library keeps the gateway alive (heartbeats, 
 the dispatcher in arrival order, answers slash commands (:mod:`channels.discord_commands`) and
 delivers replies in chunks under Discord's 2000-character limit without losing one silently.
 
+Discord never delivers a message again (a RESUME replays only events the client had not received, so
+there is nothing to deduplicate either). A message the dispatcher cannot store (a full disk) is
+therefore submitted again with bounded exponential backoff, the outage logged once, and the chat's
+later messages wait behind it; only stopping the channel during the outage gives it up (logged).
+
     channel = DiscordChannel(settings.discord, dispatcher.submit, pairing=store,
                              commands=router.commands, vision_supported=lambda: True,
                              state_dir=settings.workspace / "state")
@@ -39,6 +44,7 @@ from channels.base import Channel, InboundSink, PartialSink
 from channels.discord_commands import interaction_text, sync_commands
 from channels.discord_inbound import DiscordAccess, Place, addresses_bot, read_attachments, readable_text
 from channels.discord_outbound import DiscordOutbox, describe
+from channels.outage import StorageOutage, is_storage_error
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +65,8 @@ class DiscordChannel(Channel):
         state_dir: Path,
         clock: Callable[[], float] = time.monotonic,
         guild_ready_timeout: float = 2.0,
+        storage_retry_delay: float = 0.5,
+        storage_retry_max_delay: float = 30.0,
     ) -> None:
         super().__init__(submit)
         if settings.token is None:
@@ -78,6 +86,9 @@ class DiscordChannel(Channel):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._intake: dict[str, asyncio.Lock] = {}
         self._outbox = DiscordOutbox(settings, self.health, self._live_client, clock)
+        self._outage = StorageOutage(
+            "taking Discord messages in", first_delay=storage_retry_delay, max_delay=storage_retry_max_delay
+        )
 
     def _live_client(self) -> discord.Client:
         if self._client is None:
@@ -181,7 +192,7 @@ class DiscordChannel(Channel):
             if not text and not attachments:
                 return
             self._outbox.received(chat_id, str(message.id), message.author.id)
-            await self.handle_inbound(
+            await self._hand_over(
                 InboundMessage(
                     channel=self.name,
                     chat_id=chat_id,
@@ -232,7 +243,7 @@ class DiscordChannel(Channel):
                 self._outbox.awaiting_answer(key, interaction)
             except ChannelError:
                 pass  # logged; the reply is then posted in the channel instead
-            await self.handle_inbound(
+            await self._hand_over(
                 InboundMessage(
                     channel=self.name,
                     chat_id=place.channel_id,
@@ -244,6 +255,22 @@ class DiscordChannel(Channel):
                     is_group=not place.is_dm,
                 )
             )
+
+    async def _hand_over(self, message: InboundMessage) -> None:
+        """Submit, again and again while storage fails (see the module doc); called under the chat's lock."""
+        attempt = 0
+        while True:
+            try:
+                await self.handle_inbound(message)
+            except Exception as exc:
+                if not is_storage_error(exc) or self._client is None:
+                    raise  # on_error logs it: a bug, or the channel stopped during the outage
+                attempt += 1
+                self._outage.failed(exc)
+                await asyncio.sleep(self._outage.delay(attempt))
+                continue
+            self._outage.recovered()
+            return
 
     # -- outbound ---------------------------------------------------------------------------------
 

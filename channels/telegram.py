@@ -1,10 +1,12 @@
 """The Telegram channel: python-telegram-bot (PTB) driven by hand, next to the rest of membot's loop.
 
 Start-up follows PTB's advice for sharing a loop: ``initialize`` → ``start``, then our own long polling
-(:mod:`channels.telegram_polling`, which confirms an update only once it is queued) or our own webhook
-endpoint; ``stop`` runs the same steps in reverse. PTB's ``Updater`` and ``run_polling`` are not used:
-the ``Updater`` confirms updates as soon as it fetches them. A message takes this path:
+(:mod:`channels.telegram_polling`) or our own webhook endpoint (:mod:`channels.telegram_webhook`);
+``stop`` runs the same steps in reverse. PTB's ``Updater`` and ``run_polling`` are not used: the
+``Updater`` confirms updates as soon as it fetches them. A message takes this path:
 
+0. It is stored in the channel's update journal (:mod:`channels.telegram_journal`) and only then
+   confirmed to Telegram; an update the journal already has (a redelivery) stops here.
 1. Only new messages count: edits, channel posts and messages from bots are ignored.
 2. Access, deny by default: private chats need an allowlisted or paired user (strangers get a pairing
    code); groups must be allowlisted and, unless configured otherwise, mention or reply to the bot.
@@ -12,10 +14,11 @@ the ``Updater`` confirms updates as soon as it fetches them. A message takes thi
    photos and documents are fetched (:mod:`channels.telegram_media`).
 4. Messages a client split from one paste are joined (:class:`~channels.telegram_intake.PasteJoiner`)
    and handed to the dispatcher. Session ``telegram:<chat>``, or ``telegram:<chat>:<topic>`` in forums.
+5. Once ``Dispatcher.submit`` returned (the message is in the durable inbox), the update is released
+   from the journal. A submit that fails for lack of storage is retried with backoff, never dropped.
 
 Replies go out through :class:`~channels.telegram_outbound.TelegramOutbox`: Telegram HTML in chunks
-under 4096 UTF-16 units, plain-text fallback, 429/5xx retries, pacing, typing and streaming. Webhook
-mode uses :mod:`channels.telegram_webhook`, which acknowledges an update only once it is queued.
+under 4096 UTF-16 units, plain-text fallback, 429/5xx retries, pacing, typing and streaming.
 ``telegram.error`` never leaves the ``channels.telegram*`` modules: callers see ChannelError/ConfigError.
 """
 
@@ -44,7 +47,10 @@ from bot.errors import ChannelError, ConfigError
 from bot.pairing import PairingStore
 from bot.storage import atomic_write_text_async
 from channels.base import Allowlist, Channel, InboundSink, PartialSink
+from channels.outage import StorageOutage
+from channels.telegram_handover import HandOver
 from channels.telegram_intake import PasteJoiner, normalize_command, remove_utf16_spans
+from channels.telegram_journal import JOURNAL_FILE, UpdateJournal
 from channels.telegram_media import extract_media
 from channels.telegram_outbound import ChatPacer, TelegramOutbox
 from channels.telegram_polling import UpdatePoller
@@ -57,6 +63,7 @@ log = structlog.get_logger(__name__)
 COMMANDS_STATE_FILE = "telegram_commands.json"
 _ALLOWED_UPDATES = ["message"]
 _COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")
+_MAX_ATTEMPTS = 3  # an update whose intake fails this often for another reason than storage is dropped
 
 
 class TelegramChannel(Channel):
@@ -66,13 +73,15 @@ class TelegramChannel(Channel):
         settings: the ``[telegram]`` settings slice.
         submit: where normalized messages go (``Dispatcher.submit``); awaiting it means "queued".
         pairing: the shared pairing store (``workspace/pairing.json``).
-        state_dir: where the hash of the registered command menu is kept (the workspace).
+        state_dir: where the update journal and the hash of the registered command menu are kept
+            (``<workspace>/state``).
         commands: ``(name, description)`` pairs for Telegram's command menu (``CommandRouter.commands``).
         vision_supported: asked per photo, so a model switch takes effect at once.
         max_inbound_chars: longer inbound text is cut with a note (``sessions.max_inbound_chars``).
         max_retries, retry_base_delay: retries of 429s (rate limiter) and of timeouts/5xx (backoff).
         typing_interval, stream_interval: how often "typing…" is refreshed and a stream is edited.
         chat_interval, chat_burst: per-chat pacing (a burst, then one message per interval).
+        storage_retry_delay, storage_retry_max_delay: backoff while storage fails (doubling, bounded).
         monotonic: the clock for throttling and pacing.
     """
 
@@ -94,6 +103,8 @@ class TelegramChannel(Channel):
         stream_interval: float = 1.5,
         chat_interval: float = 1.0,
         chat_burst: int = 3,
+        storage_retry_delay: float = 0.5,
+        storage_retry_max_delay: float = 30.0,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(submit)
@@ -104,7 +115,19 @@ class TelegramChannel(Channel):
         self._vision = vision_supported
         self._users = Allowlist(settings.allowed_users)
         self._groups = Allowlist(settings.allowed_groups)
-        self._joiner = PasteJoiner(self.handle_inbound, settings.join_window, max_chars=max_inbound_chars)
+        self._new_outage = functools.partial(
+            StorageOutage, first_delay=storage_retry_delay, max_delay=storage_retry_max_delay, clock=monotonic
+        )
+        self._intake_outage = self._new_outage("taking Telegram messages in")
+        self._new_joiner = functools.partial(
+            PasteJoiner,
+            self.handle_inbound,
+            settings.join_window,
+            max_chars=max_inbound_chars,
+            outage=self._intake_outage,
+            max_attempts=_MAX_ATTEMPTS,
+        )
+        self._joiner = self._new_joiner()
         self._max_retries = max_retries
         self._new_outbox: Callable[[Bot], TelegramOutbox] = functools.partial(
             TelegramOutbox,
@@ -120,6 +143,9 @@ class TelegramChannel(Channel):
         self._webhook: WebhookServer | None = None
         self._poller: UpdatePoller | None = None
         self._polling: asyncio.Task[None] | None = None
+        self._journal: UpdateJournal | None = None
+        self._handover: HandOver | None = None
+        self._handing_over: asyncio.Task[None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -155,7 +181,17 @@ class TelegramChannel(Channel):
         try:
             await app.initialize()
             await self._sync_commands()
+            self._joiner = self._new_joiner()
+            journal = UpdateJournal(
+                self._state_dir / JOURNAL_FILE, outage=self._new_outage("the Telegram update journal")
+            )
+            await journal.load(app.bot.id)  # held updates of an earlier run are taken in first
+            self._journal = journal
             await app.start()
+            self._handover = HandOver(
+                journal, self._intake_update, outage=self._intake_outage, max_attempts=_MAX_ATTEMPTS
+            )
+            self._handing_over = asyncio.create_task(self._handover.run(), name="telegram-handover")
             if settings.mode == "webhook":
                 await self._start_webhook()
             else:
@@ -176,7 +212,10 @@ class TelegramChannel(Channel):
         log.info("telegram_started", bot=self.bot.username, mode=settings.mode)
 
     async def stop(self) -> None:
-        """Stop receiving, hand on what is waiting in the join window, then close PTB (reverse order)."""
+        """Stop receiving, hand on what is waiting in the join window, then close PTB (reverse order).
+
+        Updates not handed on by then (not yet taken in, or refused by storage) stay in the journal
+        and are taken in at the next start."""
         await self._shutdown()
         self.health.state = "stopped"
 
@@ -186,15 +225,23 @@ class TelegramChannel(Channel):
             await self._webhook.stop()
             self._webhook = None
         polling, self._polling = self._polling, None
-        if polling is not None:
-            polling.cancel()
-            with contextlib.suppress(BaseException):
-                await polling
+        for task in (polling, self._handing_over):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        self._handing_over = None
         if app is not None and app.running:
             await app.stop()
         await self._joiner.close()
+        if self._handover is not None:
+            await self._handover.drain()
+            self._handover = None
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            await journal.close()
         if self._poller is not None:
-            await self._poller.confirm()  # after close(): what was in a join window is queued now
+            await self._poller.confirm()  # what is in the journal is safe: let Telegram forget it
             self._poller = None
         if app is not None:
             await app.shutdown()  # a no-op when initialize() never finished...
@@ -202,13 +249,17 @@ class TelegramChannel(Channel):
 
     async def _start_polling(self) -> None:
         await self._out.call(lambda: self.bot.delete_webhook(), what="deleteWebhook")
+        journal = self._journal
+        assert journal is not None
         self._poller = UpdatePoller(
             lambda offset, timeout: self.bot.get_updates(
                 offset=offset, timeout=timeout, allowed_updates=_ALLOWED_UPDATES
             ),
-            self._on_polled_update,
+            lambda updates: journal.accept([u.to_dict() for u in updates]),
             timeout=self._settings.poll_timeout,
             on_error=self._on_poll_error,
+            room=journal.room,
+            storage_backoff=self._intake_outage.delay,
         )
         self._polling = asyncio.create_task(self._poller.run(), name="telegram-polling")
         self._polling.add_done_callback(self._on_polling_ended)
@@ -256,21 +307,23 @@ class TelegramChannel(Channel):
         if stored.get("hash") == digest:
             return
         await self._out.call(lambda: self.bot.set_my_commands(commands), what="setMyCommands")
-        await atomic_write_text_async(path, json.dumps({"hash": digest}) + "\n")
         log.info("telegram_commands_registered", count=len(commands))
+        try:
+            await atomic_write_text_async(path, json.dumps({"hash": digest}) + "\n")
+        except OSError as exc:  # only costs registering again at the next start
+            log.warning("telegram_commands_hash_not_saved", error=exc.strerror or str(exc))
 
     # -- inbound ------------------------------------------------------------------------------------
 
-    async def _on_polled_update(self, update: Update) -> asyncio.Future[None] | None:
-        """Polling: take the message in; the poller confirms it once the future says it is queued."""
-        return await self._intake(update.message) if update.message is not None else None
-
     async def _on_webhook_update(self, data: dict[str, Any]) -> None:
-        """Webhook: answer Telegram (confirm) only once the message is queued."""
+        """Webhook: returns (Telegram gets its 200) once the update is in the journal."""
+        if self._journal is None:
+            raise ChannelError("the Telegram channel is stopping")
+        await self._journal.accept([data])
+
+    async def _intake_update(self, data: dict[str, Any]) -> asyncio.Future[None] | None:
         update = Update.de_json(data, self.bot)
-        queued = await self._intake(update.message) if update.message is not None else None
-        if queued is not None:
-            await queued
+        return await self._intake(update.message) if update.message is not None else None
 
     def _on_poll_error(self, exc: TelegramError) -> None:
         """PTB keeps polling with backoff after this; we only make the trouble visible."""
@@ -407,6 +460,6 @@ class TelegramChannel(Channel):
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
+    except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

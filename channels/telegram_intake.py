@@ -10,6 +10,7 @@ the helpers convert before cutting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
 from collections.abc import Coroutine, Iterable
@@ -19,6 +20,7 @@ import structlog
 
 from bot.domain import InboundMessage
 from channels.base import InboundSink
+from channels.outage import StorageOutage, is_storage_error
 
 log = structlog.get_logger(__name__)
 
@@ -48,20 +50,42 @@ def remove_utf16_spans(text: str, spans: Iterable[tuple[int, int]]) -> str:
     return re.sub(r"[ \t]{2,}", " ", units.decode("utf-16-le")).strip()
 
 
+class NotTaken(Exception):
+    """The joiner stopped before ``submit`` took the message: it stays in the channel's journal."""
+
+
 class PasteJoiner:
     """Hands messages to ``submit``, joining those from one sender in one chat that arrive close together.
 
-    ``add`` returns a future that completes when the (joined) message was submitted, so a webhook can
-    acknowledge an update only after it is safely queued. Each new message restarts the sender's
-    window; ``window <= 0`` submits at once. Text longer than ``max_chars`` is truncated with a note.
+    ``add`` returns a future that completes when the (joined) message was submitted, so the channel can
+    release the update from its journal only once the dispatcher has it. Each new message restarts the
+    sender's window; ``window <= 0`` submits at once. Text longer than ``max_chars`` is truncated with a
+    note. Messages of one chat are submitted in order, one at a time.
+
+    When ``submit`` fails for lack of storage (a full disk), the message is submitted again with
+    ``outage``'s backoff until it is taken, and the chat's later messages wait behind it; the outage is
+    logged once. Any other failure is tried ``max_attempts`` times and then given up (the future has
+    that error). After :meth:`close` a failed try is not repeated: the future gets :class:`NotTaken`.
     """
 
-    def __init__(self, submit: InboundSink, window: float, *, max_chars: int) -> None:
+    def __init__(
+        self,
+        submit: InboundSink,
+        window: float,
+        *,
+        max_chars: int,
+        outage: StorageOutage | None = None,
+        max_attempts: int = 3,
+    ) -> None:
         self._submit = submit
         self._window = window
         self._max_chars = max_chars
+        self._outage = outage or StorageOutage("handing Telegram messages to the dispatcher")
+        self._max_attempts = max_attempts
         self._pending: dict[tuple[str, str], _Batch] = {}
+        self._chats: dict[str, asyncio.Lock] = {}  # submits of one chat, in order
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = asyncio.Event()
 
     def add(self, message: InboundMessage, *, alone: bool = False) -> asyncio.Future[None]:
         """Queue ``message`` for joining; ``alone`` (commands) submits it at once and by itself,
@@ -96,22 +120,47 @@ class PasteJoiner:
             await self._send(batch)
 
     async def _send(self, batch: _Batch) -> None:
-        first = batch.messages[0]
+        message = self._joined(batch.messages)
+        lock = self._chats.setdefault(message.chat_id, asyncio.Lock())
         try:
-            await self._submit(self._joined(batch.messages))
+            async with lock:
+                await self._submit_until_taken(message)
         except BaseException as exc:
             if not batch.done.done():
                 batch.done.set_exception(exc)
-                batch.done.exception()  # marked retrieved: a polling caller never awaits it
+                batch.done.exception()  # marked retrieved: the channel may be stopping and not await it
             if not isinstance(exc, Exception):
                 raise
-            log.exception("telegram_submit_failed", chat_id=first.chat_id)
         else:
             if not batch.done.done():
                 batch.done.set_result(None)
 
+    async def _submit_until_taken(self, message: InboundMessage) -> None:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self._submit(message)
+            except Exception as exc:
+                storage = is_storage_error(exc)
+                if storage:
+                    self._outage.failed(exc)
+                else:
+                    log.exception("telegram_submit_failed", chat_id=message.chat_id, attempt=attempt)
+                if self._closing.is_set():
+                    raise NotTaken(f"not taken before the channel stopped: {exc}") from exc
+                if not storage and attempt >= self._max_attempts:
+                    raise
+                with contextlib.suppress(TimeoutError):  # close() cuts the pause short
+                    await asyncio.wait_for(self._closing.wait(), self._outage.delay(attempt))
+                continue
+            self._outage.recovered()
+            return
+
     async def close(self) -> None:
-        """Submit everything still waiting (shutdown must not drop a paste in its join window)."""
+        """Submit everything still waiting, once (shutdown must not drop a paste in its join window);
+        stop retrying what storage refuses (it stays in the journal for the next start)."""
+        self._closing.set()
         for batch in self._pending.values():
             if batch.timer is not None:
                 batch.timer.cancel()

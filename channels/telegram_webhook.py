@@ -1,9 +1,11 @@
-"""The Telegram webhook endpoint: an aiohttp server that acknowledges an update only once it is queued.
+"""The Telegram webhook endpoint: an aiohttp server that acknowledges an update only once it is stored.
 
 PTB's own webhook server (tornado) answers Telegram before the update is processed, so a crash right
-after would lose the message. Here the handler awaits the channel's intake (which returns once the
-dispatcher durably queued the message) and only then answers 200; on failure it answers 500 and
-Telegram delivers the update again. Every request must carry the secret token set with setWebhook.
+after would lose the message. Here the handler awaits the channel's ``accept`` (which returns once the
+update is in the channel's journal on disk, see :mod:`channels.telegram_journal`) and only then answers
+200. When it could not be stored (a full disk, or the journal is full) the answer is 503, and on any
+other failure 500: Telegram then delivers the update again. Every request must carry the secret token
+set with setWebhook.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from urllib.parse import urlsplit
 
 import structlog
 from aiohttp import web
+
+from channels.outage import is_storage_error
 
 log = structlog.get_logger(__name__)
 
@@ -64,11 +68,13 @@ class WebhookServer:
             update = json.loads(await request.read())
         except ValueError:
             return web.Response(status=400, text="invalid JSON")
-        if not isinstance(update, dict):
+        if not isinstance(update, dict) or not isinstance(update.get("update_id"), int):
             return web.Response(status=400, text="invalid update")
         try:
             await self._handle(update)
-        except Exception:
+        except Exception as exc:
+            if is_storage_error(exc):  # logged once per outage where it happened
+                return web.Response(status=503, text="not stored; deliver again")
             log.exception("telegram_webhook_update_failed", update_id=update.get("update_id"))
-            return web.Response(status=500, text="not queued; deliver again")
+            return web.Response(status=500, text="not stored; deliver again")
         return web.Response(status=200)

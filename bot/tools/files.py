@@ -1,9 +1,10 @@
 """The ``files`` tool: read, write, append, list and search text files inside the workspace, and nowhere else.
 
 Confinement is checked on the resolved path (symbolic links followed), so ``..``, absolute paths and
-links that lead out are refused alike. The bot's own state (sessions, inbox, transcript archive) is off
-limits, ``memory/`` is read-only except ``memory/MEMORY.md``, whose writes go through the memory
-service's compare-and-swap so an operator's concurrent edit is merged, never overwritten.
+links that lead out are refused alike. The bot's own state (sessions, inbox, ``state/`` with the
+Telegram update journal, transcript archive) is off limits, ``memory/`` is read-only except
+``memory/MEMORY.md``, whose writes go through the memory service's compare-and-swap so an operator's
+concurrent edit is merged, never overwritten.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 from bot.storage import append_bytes, atomic_write_text, ensure_private_dir
 from bot.tools.base import ToolContext, ToolError, string_arg, untrusted
 
-DEFAULT_PROTECTED = ("sessions", "inbox", "memory/archive")
+DEFAULT_PROTECTED = ("sessions", "inbox", "state", "memory/archive")
 DEFAULT_READ_ONLY = ("memory",)
 MEMORY_FILE = PurePosixPath("memory/MEMORY.md")
 MAX_LIST = 200

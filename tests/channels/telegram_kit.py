@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from bot.config import TelegramSettings
 from bot.domain import InboundMessage, OutboundMessage
 from bot.pairing import PAIRING_FILE, PairingStore
+from bot.storage import append_line
 from channels.telegram import TelegramChannel
 from tests.fakes.telegram_server import FakeTelegramServer
 
@@ -42,9 +43,49 @@ class RecordingSink:
             await self.channel.send(out)
 
     async def wait_for(self, count: int, timeout: float = 10.0) -> list[InboundMessage]:
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(lambda: len(self.received) >= count)
+        await self.wait_until(lambda: len(self.received) >= count, timeout)
         return list(self.received)
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(predicate)
+
+    async def changed(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+
+class DurableSink(RecordingSink):
+    """The dispatcher's contract on real storage: ``submit`` returns once the message is appended and
+    fsynced to ``inbox/telegram.jsonl``; when that write fails it raises, and nothing is kept."""
+
+    def __init__(self, inbox: Path, reply: str | None = None) -> None:
+        super().__init__(reply)
+        self.inbox = inbox
+        self.attempts = 0
+
+    async def submit(self, message: InboundMessage) -> None:
+        self.attempts += 1
+        try:
+            await asyncio.to_thread(append_line, self.inbox / "telegram.jsonl", message.text)
+        finally:
+            await self.changed()
+        await super().submit(message)
+
+
+def break_folder(path: Path) -> Callable[[], None]:
+    """A real storage fault that holds as root too: a plain file where the folder ``path`` should be,
+    so every write below it fails with ENOTDIR. Returns the repair."""
+    path.mkdir(parents=True, exist_ok=True)
+    aside = path.with_name(path.name + ".aside")
+    path.rename(aside)
+    path.write_text("not a folder\n")
+
+    def repair() -> None:
+        path.unlink()
+        aside.rename(path)
+
+    return repair
 
 
 def settings_for(tg: FakeTelegramServer, **overrides: Any) -> TelegramSettings:
@@ -67,13 +108,15 @@ async def running_channel(
     sink: RecordingSink | None = None,
     **overrides: Any,
 ) -> AsyncIterator[tuple[TelegramChannel, RecordingSink]]:
-    """A started channel over the fake; ``vision``, ``max_inbound_chars``, ``chat_interval`` and
-    ``monotonic`` go to the channel, everything else is a TelegramSettings field."""
+    """A started channel over the fake; ``vision``, ``max_inbound_chars``, ``chat_interval``,
+    ``monotonic`` and ``state_dir`` (default: ``workspace``) go to the channel, everything else is a
+    TelegramSettings field. Storage retries back off from 0.02 s to at most 0.2 s."""
     sink = sink or RecordingSink()
     kwargs: dict[str, Any] = {
         "vision_supported": (lambda v: lambda: v)(overrides.pop("vision", False)),
         "max_inbound_chars": overrides.pop("max_inbound_chars", 16000),
         "chat_interval": overrides.pop("chat_interval", 0.01),
+        "state_dir": overrides.pop("state_dir", workspace),
     }
     if "monotonic" in overrides:
         kwargs["monotonic"] = overrides.pop("monotonic")
@@ -81,11 +124,12 @@ async def running_channel(
         settings_for(tg, **overrides),
         sink.submit,
         pairing=PairingStore(workspace / PAIRING_FILE),
-        state_dir=workspace,
         commands=COMMANDS,
         retry_base_delay=0.01,
         typing_interval=0.05,
         stream_interval=0.0,
+        storage_retry_delay=0.02,
+        storage_retry_max_delay=0.2,
         **kwargs,
     )
     sink.channel = channel

@@ -336,6 +336,9 @@ async def test_gateway_drop_and_reconnect_lose_no_message(tmp_path: Path) -> Non
         replies = await d.wait_for_bot_messages(w.dm, 3)
         assert replies[-1]["content"] == "echo: third"
         assert len(d.identifies) == 1 and d.resumes == 2  # resumed, never re-identified
+        # RESUME replays only what the client had not received (discord.py sends the last sequence it
+        # saw), so nothing is answered twice: no dedup needed on this side.
+        assert d.bot_texts(w.dm) == ["echo: first", "echo: sent while the bot was away", "echo: third"]
         history = json.dumps(w.llm.requests[-1].body["messages"])
         assert "first" in history and "sent while the bot was away" in history
 

@@ -47,8 +47,8 @@ async def settings_for(
 
 
 @contextlib.asynccontextmanager
-async def telegram_bot(settings: Settings) -> AsyncIterator[Core]:
-    """What bot/app.py does for Telegram, in the same order."""
+async def telegram_bot(settings: Settings, **channel: Any) -> AsyncIterator[Core]:
+    """What bot/app.py does for Telegram, in the same order; ``channel`` adds TelegramChannel arguments."""
     async with build_core(settings) as core:
         channel = TelegramChannel(
             settings.telegram,
@@ -59,6 +59,7 @@ async def telegram_bot(settings: Settings) -> AsyncIterator[Core]:
             vision_supported=lambda: core.catalog.get(settings.llm.model).supports_vision,
             max_inbound_chars=settings.sessions.max_inbound_chars,
             typing_interval=0.05,
+            **channel,
         )
         core.dispatcher.attach(channel)
         await channel.start()

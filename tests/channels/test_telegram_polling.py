@@ -1,24 +1,28 @@
-"""Long polling confirms an update only once it is queued: a kill, a crash or a failed hand-over never
-loses a Telegram message (channels/telegram_polling.py).
+"""Long polling confirms an update once it is stored, and never takes a redelivered update twice
+(channels/telegram_polling.py, channels/telegram_journal.py).
 
-Telegram forgets every update below the offset of the next ``getUpdates`` call; the fake server does
-the same, so "not confirmed" here means exactly what it means on the real Bot API.
+Telegram forgets every update below the offset of the next ``getUpdates`` call and sends every update
+above it again; the fake server does the same, so "confirmed" and "delivered again" here mean exactly
+what they mean on the real Bot API.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
 from bot.domain import InboundMessage
+from channels.telegram_journal import JOURNAL_FILE
 from tests.bot.test_lifecycle import membot_run
 from tests.channels.telegram_kit import RecordingSink, running_channel
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.fakes.telegram_server import FakeTelegramServer
 
 
-class FlakySink(RecordingSink):
-    """A dispatcher whose inbox write fails for some messages (disk full, say) a set number of times."""
+class BuggySink(RecordingSink):
+    """A dispatcher that fails on some messages for a reason other than storage (a bug), a set number
+    of times."""
 
     def __init__(self, failures: dict[str, int]) -> None:
         super().__init__()
@@ -28,7 +32,7 @@ class FlakySink(RecordingSink):
     async def submit(self, message: InboundMessage) -> None:
         self.attempts[message.text] = self.attempts.get(message.text, 0) + 1
         if self.attempts[message.text] <= self.failures.get(message.text, 0):
-            raise OSError(28, "No space left on device")
+            raise ValueError("cannot handle this message")
         await super().submit(message)
 
 
@@ -36,39 +40,73 @@ def offsets(tg: FakeTelegramServer) -> list[int | None]:
     return [c.params.get("offset") for c in tg.calls_to("getUpdates")]
 
 
-async def test_a_failed_hand_over_is_retried_before_the_update_is_confirmed(tmp_path: Path) -> None:
-    sink = FlakySink({"first": 2})
+def telegram_env(tg: FakeTelegramServer, users: str = '["42"]') -> dict[str, str]:
+    return {
+        "MEMBOT_TERMINAL__ENABLED": "false",
+        "MEMBOT_TELEGRAM__TOKEN": tg.token,
+        "MEMBOT_TELEGRAM__BASE_URL": tg.base_url,
+        "MEMBOT_TELEGRAM__BASE_FILE_URL": tg.base_file_url,
+        "MEMBOT_TELEGRAM__ALLOWED_USERS": users,
+        "MEMBOT_TELEGRAM__POLL_TIMEOUT": "1",
+    }
+
+
+async def test_an_update_is_confirmed_at_once_while_its_paste_waits_in_the_join_window(
+    tmp_path: Path,
+) -> None:
+    async with FakeTelegramServer() as tg:
+        async with running_channel(tg, tmp_path, join_window=30.0) as (_, sink):
+            tg.push_message("part one")
+            await tg.wait_for(lambda: 2 in offsets(tg))  # stored, so confirmed: Telegram may forget it
+            tg.push_message("part two")  # arrives in a later getUpdates, as from a real client
+            tg.push_message("another chat's question", chat_id=778, user_id=43)
+            await tg.wait_for(lambda: 4 in offsets(tg))  # the typing chat holds back nobody
+            assert sink.received == []  # both still wait in their join windows
+            polls = tg.calls_to("getUpdates")
+        # Only long polls while messages wait: no short polls to peek for newer updates.
+        assert {c.params["timeout"] for c in polls} == {1}
+        assert [m.text for m in sink.received] == ["part one\npart two"]  # handed on at stop
+        assert tg.calls_to("getUpdates")[-1].params.get("offset") == 4
+
+
+async def test_an_update_delivered_again_after_a_failed_confirmation_is_taken_once(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg:
+        # The call that would confirm update 1 fails, as after a network drop: Telegram keeps it.
+        tg.fail("getUpdates", 502, "Bad Gateway", times=1000, when=lambda p: p.get("offset") == 2)
+        async with running_channel(tg, tmp_path) as (_, sink):
+            tg.push_message("only once")
+            await sink.wait_for(1)
+            await tg.wait_for(lambda: 2 in offsets(tg))
+        tg.failures.clear()
+        async with running_channel(tg, tmp_path, sink):
+            tg.push_message("sentinel")  # updates are taken in order: once it is in, update 1 was decided
+            await sink.wait_for(2)
+            await tg.wait_for(lambda: 3 in offsets(tg))
+    assert [m.text for m in sink.received] == ["only once", "sentinel"]
+
+
+async def test_a_failed_hand_over_is_retried(tmp_path: Path) -> None:
+    sink = BuggySink({"first": 2})
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, sink) as _:
         tg.push_message("first")
         tg.push_message("second")
         received = await sink.wait_for(2)
-        await tg.wait_for(lambda: 3 in offsets(tg))
     assert sorted(m.text for m in received) == ["first", "second"]  # a retried one may come later
     assert sink.attempts["first"] == 3
-    assert offsets(tg).index(3) > offsets(tg).index(1)  # held at 1 while "first" kept failing
 
 
 async def test_an_update_that_always_fails_is_dropped_after_three_tries_and_the_rest_flows(
     tmp_path: Path,
 ) -> None:
-    sink = FlakySink({"poison": 100})
+    sink = BuggySink({"poison": 100})
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, sink) as _:
         tg.push_message("poison")
         tg.push_message("after")
         received = await sink.wait_for(1)
-        await tg.wait_for(lambda: 3 in offsets(tg))  # confirmed only once "poison" was given up
+        await sink.wait_until(lambda: sink.attempts.get("poison") == 3)
     assert [m.text for m in received] == ["after"]
-    assert sink.attempts["poison"] == 3
-
-
-async def test_a_split_paste_is_still_joined_while_its_first_part_holds_the_offset(tmp_path: Path) -> None:
-    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, join_window=0.6) as (_, sink):
-        tg.push_message("part one")
-        await tg.wait_for(lambda: 1 in offsets(tg))  # part one fetched, the offset held at it
-        tg.push_message("part two")  # arrives in a later getUpdates, as from a real client
-        [joined] = await sink.wait_for(1)
-        await tg.wait_for(lambda: 3 in offsets(tg))
-    assert joined.text == "part one\npart two"
+    journal = json.loads((tmp_path / JOURNAL_FILE).read_text())
+    assert journal["held"] == [] and sorted(journal["done"]) == [1, 2]  # given up, so not taken in again
 
 
 async def test_a_message_fetched_but_not_yet_queued_when_membot_is_killed_is_answered_after_restart(
@@ -77,24 +115,43 @@ async def test_a_message_fetched_but_not_yet_queued_when_membot_is_killed_is_ans
     workspace = tmp_path / "ws"
     async with FakeTelegramServer() as tg, FakeLLMServer() as llm:
         llm.script(FakeReply(text="here it is"))
-        telegram = {
-            "MEMBOT_TERMINAL__ENABLED": "false",
-            "MEMBOT_TELEGRAM__TOKEN": tg.token,
-            "MEMBOT_TELEGRAM__BASE_URL": tg.base_url,
-            "MEMBOT_TELEGRAM__BASE_FILE_URL": tg.base_file_url,
-            "MEMBOT_TELEGRAM__ALLOWED_USERS": '["42"]',
-            "MEMBOT_TELEGRAM__POLL_TIMEOUT": "1",
-        }
-        async with membot_run(workspace, llm, **telegram, MEMBOT_TELEGRAM__JOIN_WINDOW="30") as service:
-            before = len(offsets(tg))
+        async with membot_run(
+            workspace, llm, **telegram_env(tg), MEMBOT_TELEGRAM__JOIN_WINDOW="30"
+        ) as service:
             tg.push_message("where is my answer?")
-            # a poll that began after the one that fetched it: the message now sits in its join window
-            await tg.wait_for(lambda: len(offsets(tg)) >= before + 2, timeout=30)
+            # confirmed to Telegram, which forgets it: from now on only membot's journal has it
+            await tg.wait_for(lambda: 2 in offsets(tg), timeout=30)
             service.process.send_signal(signal.SIGKILL)
             await service.process.wait()
-        assert tg.sent_to(777) == [] and 2 not in offsets(tg)
-        async with membot_run(workspace, llm, **telegram, MEMBOT_TELEGRAM__JOIN_WINDOW="0") as service:
+        assert tg.sent_to(777) == []
+        async with membot_run(
+            workspace, llm, **telegram_env(tg), MEMBOT_TELEGRAM__JOIN_WINDOW="0"
+        ) as service:
             [reply] = await tg.wait_for_messages(1, timeout=30)
             assert service.process.returncode is None
     assert reply.text == "here it is"
     assert [r.body["messages"][-1]["content"] for r in llm.requests] == ["where is my answer?"]
+
+
+async def test_a_message_answered_while_another_chat_types_is_not_answered_again_after_a_kill(
+    tmp_path: Path,
+) -> None:
+    workspace = tmp_path / "ws"
+    async with FakeTelegramServer() as tg, FakeLLMServer() as llm:
+        env = telegram_env(tg, users='["42", "43"]')
+        llm.script(FakeReply(text="answer to the typist"))
+        async with membot_run(workspace, llm, **env, MEMBOT_TELEGRAM__JOIN_WINDOW="30") as service:
+            tg.push_message("still typing", chat_id=777, user_id=42)  # waits in its join window
+            tg.push_message("/help", chat_id=778, user_id=43)  # answered at once
+            await tg.wait_for_messages(1, chat_id=778, timeout=30)
+            polls = len(offsets(tg))
+            await tg.wait_for(lambda: len(offsets(tg)) >= polls + 2, timeout=30)  # a full poll later
+            service.process.send_signal(signal.SIGKILL)
+            await service.process.wait()
+        async with membot_run(workspace, llm, **env, MEMBOT_TELEGRAM__JOIN_WINDOW="0"):
+            [answer] = await tg.wait_for_messages(1, chat_id=777, timeout=30)
+            polls = len(offsets(tg))
+            await tg.wait_for(lambda: len(offsets(tg)) >= polls + 2, timeout=30)
+    assert answer.text == "answer to the typist"
+    assert len(tg.sent_to(778)) == 1  # Telegram's redelivery (or the journal) did not answer it twice
+    assert [r.body["messages"][-1]["content"] for r in llm.requests] == ["still typing"]

@@ -1,4 +1,4 @@
-"""Webhook mode: the secret is checked on every request and an update is acknowledged once queued."""
+"""Webhook mode: the secret is checked on every request and an update is acknowledged once stored."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.domain import InboundMessage
 from bot.errors import ConfigError
-from tests.channels.telegram_kit import RecordingSink, running_channel
+from tests.channels.telegram_kit import break_folder, running_channel
 from tests.fakes.telegram_server import FakeTelegramServer
 
 SECRET = "s3cret-token_for-tests"
@@ -46,32 +45,39 @@ async def test_webhook_accepts_the_right_secret_and_refuses_others(tmp_path: Pat
         assert sink.received == []
 
         assert await tg.post_webhook({"message": tg.user_message("right")}, secret=SECRET) == 200
-        # Acknowledged only after submit() returned: the message is already there.
-        assert [m.text for m in sink.received] == ["right"]
+        assert [m.text for m in await sink.wait_for(1)] == ["right"]
 
 
-class FailingSink(RecordingSink):
-    """A dispatcher that cannot queue the first message (as when the disk is full), then recovers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failures = 1
-
-    async def submit(self, message: InboundMessage) -> None:
-        if self.failures:
-            self.failures -= 1
-            raise OSError("disk full")
-        await super().submit(message)
-
-
-async def test_an_update_that_was_not_queued_is_not_acknowledged(tmp_path: Path) -> None:
+async def test_an_update_that_could_not_be_stored_is_not_acknowledged(tmp_path: Path) -> None:
     port = await asyncio.to_thread(free_port)
-    sink = FailingSink()
-    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, sink, **webhook_settings(port)) as _:
-        update = {"message": tg.user_message("important")}
-        assert await tg.post_webhook(update, secret=SECRET) == 500  # Telegram will deliver it again
+    state = tmp_path / "state"
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, state_dir=state, **webhook_settings(port)) as (_, sink),
+    ):
+        repair = break_folder(state)  # a real write failure, as on a full disk
+        update = {"update_id": 7, "message": tg.user_message("important")}
+        assert await tg.post_webhook(update, secret=SECRET) == 503  # Telegram will deliver it again
+        assert await tg.post_webhook(update, secret=SECRET) == 503
+        repair()
         assert await tg.post_webhook(update, secret=SECRET) == 200
-        assert [m.text for m in sink.received] == ["important"]
+        assert [m.text for m in await sink.wait_for(1)] == ["important"]
+
+
+async def test_an_update_delivered_again_is_acknowledged_but_taken_once(tmp_path: Path) -> None:
+    port = await asyncio.to_thread(free_port)
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, **webhook_settings(port)) as (_, sink),
+    ):
+        update = {"update_id": 7, "message": tg.user_message("once")}
+        assert await tg.post_webhook(update, secret=SECRET) == 200
+        await sink.wait_for(1)
+        # Telegram sends it again when our 200 got lost on the way; the answer must still be 200.
+        assert await tg.post_webhook(update, secret=SECRET) == 200
+        assert await tg.post_webhook({"message": tg.user_message("sentinel")}, secret=SECRET) == 200
+        received = await sink.wait_for(2)
+    assert [m.text for m in received] == ["once", "sentinel"]
 
 
 async def test_webhook_mode_needs_url_and_secret(tmp_path: Path) -> None:

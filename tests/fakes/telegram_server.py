@@ -256,7 +256,10 @@ class FakeTelegramServer:
         self.failures.append(Failure(method, status, description, retry_after, times, when))
 
     async def post_webhook(self, update: dict[str, Any], *, secret: str | None) -> int:
-        """Deliver an update to the registered webhook as Telegram does; returns the HTTP status."""
+        """Deliver an update to the registered webhook as Telegram does; returns the HTTP status.
+
+        An update that already carries its ``update_id`` keeps it: that is how Telegram delivers an
+        update again after an answer other than 2xx, or one that never arrived."""
         assert self.webhook is not None and self._session is not None, "no webhook registered"
         update = {"update_id": next(self._update_ids), **update}
         headers = {"Content-Type": "application/json"}

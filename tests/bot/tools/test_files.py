@@ -125,6 +125,7 @@ async def test_write_read_append_list_search(workspace: Path) -> None:
         ("~/.ssh/id_rsa", "absolute paths are not allowed"),
         ("notes/\x00x", "NUL"),
         ("sessions/cli:alice.json", "internal state"),
+        ("state/telegram_updates.json", "internal state"),  # other chats' messages, waiting to be handed on
     ],
 )
 async def test_paths_leading_out_are_refused(workspace: Path, path: str, reason: str) -> None:

@@ -1,0 +1,95 @@
+"""Storage outages as a channel sees them: retried with bounded backoff, logged once each.
+
+A full disk or a broken folder makes every write fail, and a channel retries what it could not store
+(it never confirms it to the platform meanwhile). Logging every retry would flood the log for the
+length of the outage, so :class:`StorageOutage` logs an error when an outage starts (with what to do)
+and one line when it ends (how long it lasted, how many tries failed); the retries in between log at
+debug level. The delay before the n-th retry doubles from ``first_delay`` up to ``max_delay``.
+
+    outage = StorageOutage("the Telegram update journal")
+    attempt = 0
+    while True:
+        try:
+            await write()
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            attempt += 1
+            outage.failed(exc)
+            await asyncio.sleep(outage.delay(attempt))
+            continue
+        outage.recovered()
+        break
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import structlog
+
+from bot.errors import StorageError
+
+log = structlog.get_logger(__name__)
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """A write that may work later (disk full, read-only or missing folder), not a bug in the data."""
+    return isinstance(exc, OSError | StorageError)
+
+
+class StorageOutage:
+    """Tracks one kind of storage write (``what``) through failures; see the module doc."""
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        first_delay: float = 0.5,
+        max_delay: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what = what
+        self._first = first_delay
+        self._max = max_delay
+        self._clock = clock
+        self._since: float | None = None
+        self._failures = 0
+
+    @property
+    def active(self) -> bool:
+        return self._since is not None
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt`` (1, 2, ...): doubling, at most ``max_delay``."""
+        return float(min(self._max, self._first * 2 ** max(0, attempt - 1)))
+
+    def failed(self, exc: BaseException) -> None:
+        self._failures += 1
+        if self._since is not None:
+            log.debug("storage_still_unavailable", what=self.what, error=_describe(exc))
+            return
+        self._since = self._clock()
+        log.error(
+            "storage_unavailable",
+            what=self.what,
+            error=_describe(exc),
+            path=getattr(exc, "filename", None),
+            hint="free disk space or fix the workspace's permissions; membot keeps retrying and "
+            "confirms nothing to the chat platform that it has not stored",
+        )
+
+    def recovered(self) -> None:
+        if self._since is None:
+            return
+        seconds = round(self._clock() - self._since, 3)
+        log.info("storage_recovered", what=self.what, seconds=seconds, failed_tries=self._failures)
+        self._since = None
+        self._failures = 0
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return f"{type(exc).__name__}: {exc}"
