@@ -54,6 +54,7 @@ def builtin_tools(
             allow=settings.shell_allow,
             timeout=settings.shell_timeout,
             max_output=settings.result_max_chars * 4,
+            protected=protected,  # the same rules as files: memory/ vanishes too in chat scope
         ),
     ]
     return tools

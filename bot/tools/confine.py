@@ -72,6 +72,11 @@ class Confinement:
         self._protected = [PurePosixPath(p) for p in (*BOT_STATE_PATHS, *protected)]
         self._read_only = [PurePosixPath(p) for p in read_only]
 
+    @property
+    def protected_prefixes(self) -> list[PurePosixPath]:
+        """The protected paths below the top level (``memory/archive``, ...)."""
+        return list(self._protected)
+
     def protected(self, rel: PurePosixPath) -> bool:
         """True when ``rel`` is, or lies inside, something the bot keeps."""
         parts = rel.parts
