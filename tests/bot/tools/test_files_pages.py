@@ -14,7 +14,7 @@ from bot.catalog import load_catalog
 from bot.config import LLMSettings, ToolSettings
 from bot.domain import InboundMessage, Message, Role, Session
 from bot.llm import LLMClient
-from bot.memory.longterm import LongTermMemory
+from bot.memory.longterm import Limits, LongTermMemory
 from bot.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
 from bot.tools.files import FilesTool
 from bot.tools.paging import CUT_MARKER
@@ -158,3 +158,18 @@ async def test_a_line_longer_than_a_page_is_shown_cut_and_blocks_a_whole_write(t
     assert "line 2 is longer than a page" in second and len(second) < 1500
     await run(files, action="read", path="wide.txt", offset=3)
     assert "read only part" in await refused(files, action="write", path="wide.txt", content="short\nend\n")
+
+
+async def test_the_files_tool_cannot_grow_memory_md_past_its_hard_limit(tmp_path: Path) -> None:
+    memory_md = tmp_path / "memory" / "MEMORY.md"
+    memory_md.parent.mkdir(parents=True)
+    memory_md.write_text("- likes tea\n")
+    files = FilesTool(
+        tmp_path, max_bytes=10_000_000, long_term=LongTermMemory(memory_md, limits=Limits(2048))
+    )
+    await run(files, action="read", path="memory/MEMORY.md")
+    for action in ("write", "append"):
+        assert "over its limit of 2048" in await refused(
+            files, action=action, path="memory/MEMORY.md", content="- " + "x" * 5_000_000
+        )
+    assert await asyncio.to_thread(memory_md.read_text) == "- likes tea\n"
