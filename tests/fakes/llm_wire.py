@@ -119,9 +119,7 @@ def openai_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[s
         "id": "chatcmpl-" + uuid.uuid4().hex[:8],
         "object": "chat.completion",
         "model": body["model"],
-        "choices": [
-            {"index": 0, "message": message, "finish_reason": openai_finish(reply)}
-        ],
+        "choices": [{"index": 0, "message": message, "finish_reason": openai_finish(reply)}],
         "usage": openai_usage(usage),
     }
 
