@@ -77,8 +77,7 @@ def show(
 def edit(ctx: typer.Context) -> None:
     """Edit MEMORY.md in $EDITOR; a running bot sees the change on the next message.
 
-    You edit a private copy. When the editor exits, the copy is put in place under the lock the bot
-    takes for its own writes; if the bot changed MEMORY.md meanwhile, its change is merged into yours.
+    You edit a copy, saved when the editor exits; what the bot wrote meanwhile is merged in.
     """
     settings = settings_from(ctx)
     path = _run(settings, lambda service: _path(service))
