@@ -128,7 +128,8 @@ class FilesTool:
             if rel == MEMORY_FILE:
                 return await self._write_memory(action, content, ctx)
             done = await asyncio.to_thread(self._write, rel, content, action == "append")
-            self._reads.forget(ctx.session_id, str(rel))
+            if action == "write":  # the model knows all of what it wrote; an append changes nothing seen
+                self._reads.forget(ctx.session_id, str(rel))
             return done
         if action == "list":
             return await asyncio.to_thread(self._list, rel)

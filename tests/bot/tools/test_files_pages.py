@@ -130,6 +130,7 @@ async def test_limit_and_offset_pick_lines_and_partial_plain_files_are_protected
     assert body_of(result) == "line 4\nline 5\n" and "lines 4-5 of 10" in result and "offset=6" in result
     assert "read only part of notes.md" in await refused(files, action="write", path="notes.md", content="x")
     assert "Appended" in await run(files, action="append", path="notes.md", content="line 11\n")
+    assert "read only part" in await refused(files, action="write", path="notes.md", content="line 4\n")
     whole = await run(files, action="read", path="notes.md")
     assert "page:" not in whole and "line 11" in whole
     assert "Wrote" in await run(files, action="write", path="notes.md", content="fresh\n")
