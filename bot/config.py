@@ -81,6 +81,12 @@ class MemorySettings(_Section):
     memory_window: int = Field(default=50, ge=0)
     keep_recent: int = Field(default=10, ge=1)
     max_memory_size: int = 8192
+    # The bot never grows MEMORY.md past this (its writes are refused; the operator's edits are not).
+    max_memory_hard_size: int = Field(default=65536, ge=1024)
+    # The longest single fact the model may store through the memory tool or a consolidation.
+    max_fact_chars: int = Field(default=1000, ge=50)
+    # MEMORY.replaced.md moves to MEMORY.replaced.1.md when it would pass this many bytes.
+    replaced_max_size: int = Field(default=1_048_576, ge=4096)
     inject_max_bytes: int = 8192
     recent_days: int = 7
     consolidation_timeout: float = 30.0

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import shutil
 import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -76,19 +78,43 @@ def show(
 
 @memory_app.command()
 def edit(ctx: typer.Context) -> None:
-    """Open MEMORY.md in $EDITOR; a running bot sees the change on the next message."""
+    """Edit MEMORY.md in $EDITOR; a running bot sees the change on the next message.
+
+    You edit a copy, saved when the editor exits; what the bot wrote meanwhile is merged in.
+    """
+    from bot.memory.longterm import Limits, LongTermMemory
+
     settings = settings_from(ctx)
     path = _run(settings, lambda service: _path(service))
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
-    if not path.exists():
-        path.touch(mode=0o600)
+    memory = LongTermMemory(path, limits=Limits.of(settings.memory))
+    start = path.read_text(encoding="utf-8") if path.exists() else ""
+    folder = Path(tempfile.mkdtemp(prefix="membot-edit-"))  # 0700, ours alone
+    copy = folder / path.name
+    copy.write_text(start, encoding="utf-8")
+    copy.chmod(0o600)
     try:
-        code = subprocess.call([*shlex.split(editor), str(path)])
+        code = subprocess.call([*shlex.split(editor), str(copy)])
     except (OSError, ValueError) as exc:
+        shutil.rmtree(folder, ignore_errors=True)
         fail(f"cannot start the editor {editor!r} ({exc}); set $EDITOR to one that is installed")
-    if path.exists():
-        path.chmod(0o600)  # editors that save by rename leave the umask's mode behind
-    raise typer.Exit(code)
+    edited = copy.read_text(encoding="utf-8") if copy.exists() else start
+    if code != 0:
+        if edited != start:
+            console.print(f"the editor exited with {code}: MEMORY.md left as it was; your text is in {copy}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise typer.Exit(code)
+    shutil.rmtree(folder, ignore_errors=True)
+    if edited == start:
+        console.print("no change")
+        return
+    merged = memory.apply_operator_edit(start, edited)
+    path.chmod(0o600)
+    if merged:
+        console.print("saved; the bot had changed MEMORY.md meanwhile and its change was merged into yours")
+    else:
+        console.print("saved")
 
 
 async def _path(service: MemoryService) -> Path:

@@ -34,13 +34,22 @@ class ChatRequest:
     model: str | None = None  # None: the client's configured primary model (and its fallbacks)
 
 
+# Why a model stops mid-answer at its output limit: OpenAI (and compatible servers), Anthropic.
+CUT_OFF_REASONS = frozenset({"length", "max_tokens", "model_context_window_exceeded"})
+
+
 @dataclass(slots=True)
 class ChatResponse:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = field(default_factory=Usage)
     model: str = ""
-    stop_reason: str = ""
+    stop_reason: str = ""  # as the provider said it: "stop", "length", "end_turn", "max_tokens", ...
+
+    @property
+    def cut_off(self) -> bool:
+        """True when the answer ended at the output limit, so it is incomplete."""
+        return self.stop_reason in CUT_OFF_REASONS
 
 
 StreamEventKind = Literal["text", "tool_call", "usage", "done"]

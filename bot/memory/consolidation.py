@@ -4,6 +4,11 @@ Consolidations run one at a time (an asyncio lock is the queue), so two sessions
 MEMORY.md; in chat scope each run names the chat's own MEMORY.md, and the queue stays shared. A
 deadline covers waiting in the queue and the model call; when it passes, or the model fails or answers
 garbage, a ``[raw-fallback]`` entry keeps the last messages verbatim instead.
+
+An answer is used whole or not at all, and MEMORY.md is replaced only from an answer that can be
+trusted to hold all of it (:func:`memory_problem`): not from one cut at the output limit (a tester saw
+160 facts become 106, once 5 MB become 8 bytes), not from a partial parse, not from anything but a
+string, not beyond the size limit, and not when it drops most lines without saying why.
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ from bot.llm.types import ChatRequest, ChatResponse
 from bot.memory.history import HistoryLog
 from bot.memory.items import ItemType
 from bot.memory.llm_json import as_text, parse_object
-from bot.memory.longterm import Conflict, LongTermMemory
+from bot.memory.longterm import Conflict, LongTermMemory, MemoryFull
 
 log = structlog.get_logger(__name__)
 
 MESSAGE_CHARS = 1500
-FIELDS = ("history_entry", "memory_update")
+FIELDS = ("history_entry", "memory_update", "memory_pruned")
+MAX_FACT_CHARS = 1000
 DURABLE_TYPES = {t.value for t in ItemType} - {ItemType.EPISODE.value}
 
 SYSTEM = (
@@ -37,10 +43,13 @@ SYSTEM = (
     '{"history_entry": "2-5 sentences: what happened, decisions, open tasks, exact names/numbers",\n'
     ' "memory_update": "the complete new MEMORY.md (markdown); return it unchanged if nothing durable '
     'was learned",\n'
+    ' "memory_pruned": "only if memory_update drops or rewrites more than half of the current lines: '
+    'why",\n'
     ' "items": [{"type": "preference|fact|decision|constraint|fix|failure|task_state", "content": "...", '
     '"confidence": 0.0-1.0}]}\n'
     "Keep every fact the operator wrote in MEMORY.md unless the conversation shows it is wrong."
 )
+MIN_LINES_TO_GUARD = 6  # below this, "most lines" is too few to judge
 
 
 class ChatModel(Protocol):
@@ -102,21 +111,62 @@ def build_prompt(memory_text: str, conversation: str, *, max_memory_size: int) -
     return "\n".join(parts)
 
 
-def parse_reply(text: str) -> tuple[str, str | None, list[DurableFact], int] | None:
-    """(history entry, memory update or None, durable facts, parse tier), or None when unusable."""
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A consolidation answer as read: ``tier`` is the parsing tier (3: fields picked out of a broken
+    answer); ``memory_update`` is None when absent, ``memory_type`` the JSON type it came as."""
+
+    history_entry: str
+    memory_update: str | None
+    facts: list[DurableFact]
+    tier: int
+    memory_type: str = "str"
+    memory_pruned: str = ""
+
+
+def parse_reply(text: str, *, max_fact_chars: int = MAX_FACT_CHARS) -> Reply | None:
+    """The answer's fields, or None when it holds nothing usable."""
     found = parse_object(text, FIELDS)
     if found is None:
         return None
     data, tier = found
     entry = as_text(data.get("history_entry")).strip()
     update = data.get("memory_update")
-    memory = as_text(update) if update is not None else None
+    memory = update if isinstance(update, str) else (None if update is None else as_text(update))
     if not entry and memory is None:
         return None
-    return entry, memory, _facts(data.get("items")), tier
+    return Reply(
+        entry,
+        memory,
+        _facts(data.get("items"), max_fact_chars),
+        tier,
+        memory_type=type(update).__name__,
+        memory_pruned=as_text(data.get("memory_pruned")).strip(),
+    )
 
 
-def _facts(raw: object) -> list[DurableFact]:
+def memory_problem(reply: Reply, current: str, *, max_bytes: int) -> str:
+    """Why ``reply.memory_update`` must not replace ``current`` ("" when it may)."""
+    update = reply.memory_update
+    if update is None or (reply.memory_type == "str" and not update.strip()):
+        return ""  # no update (a blank one is ignored too)
+    if reply.memory_type != "str":
+        return f"memory_update was a JSON {reply.memory_type}, not the text of the file"
+    if reply.tier == 3:
+        return "the answer was not valid JSON, so memory_update may be incomplete"
+    size, before = len(update.encode("utf-8")), len(current.encode("utf-8"))
+    if size > max_bytes and size > before:
+        return f"memory_update is {size} bytes, over the limit of {max_bytes} (memory.max_memory_hard_size)"
+    lines = [line for line in current.splitlines() if line.strip()]
+    kept = set(update.splitlines())
+    if len(lines) >= MIN_LINES_TO_GUARD and not reply.memory_pruned:
+        left = sum(line in kept for line in lines)
+        if left * 2 < len(lines):
+            return f"memory_update keeps {left} of {len(lines)} lines and gives no reason (memory_pruned)"
+    return ""
+
+
+def _facts(raw: object, max_chars: int) -> list[DurableFact]:
     out: list[DurableFact] = []
     if not isinstance(raw, list):
         return out
@@ -127,7 +177,7 @@ def _facts(raw: object) -> list[DurableFact]:
             as_text(entry.get("type")).strip().lower().replace(" ", "_"),
             as_text(entry.get("content")),
         )
-        if kind not in DURABLE_TYPES or not content.strip():
+        if kind not in DURABLE_TYPES or not content.strip() or len(content.strip()) > max_chars:
             continue
         try:
             confidence = min(1.0, max(0.0, float(entry.get("confidence", 0.8))))
@@ -149,6 +199,7 @@ class Consolidator:
         tz: ZoneInfo,
         clock: Callable[[], datetime],
         max_memory_size: int,
+        max_fact_chars: int = MAX_FACT_CHARS,
         model: str | None = None,
         max_output_tokens: int = 2048,
     ) -> None:
@@ -158,6 +209,7 @@ class Consolidator:
         self._tz = tz
         self._clock = clock
         self._max_memory_size = max_memory_size
+        self._max_fact_chars = max_fact_chars
         self._model = model
         self._max_output_tokens = max_output_tokens
         self._queue = asyncio.Lock()
@@ -181,7 +233,7 @@ class Consolidator:
             result.raw_fallback, result.reason = True, f"timed out after {timeout:g} s"
         except LLMError as exc:
             result.raw_fallback, result.reason = True, f"{type(exc).__name__}: {exc}"
-        except Conflict as exc:
+        except (Conflict, MemoryFull) as exc:
             result.raw_fallback, result.reason = True, str(exc)
         if result.raw_fallback:
             log.warning("consolidation_fallback", session_id=session_id, reason=result.reason)
@@ -217,16 +269,27 @@ class Consolidator:
             )
             async with asyncio.timeout_at(deadline):
                 response = await self._llm.chat(request)
-            parsed = parse_reply(response.content)
-            if parsed is None:
+            if response.cut_off:
+                result.raw_fallback = True
+                result.reason = (
+                    f"the model's answer was cut at the output limit ({self._max_output_tokens} tokens, "
+                    f"stop reason {response.stop_reason!r}); none of it was used"
+                )
+                return
+            reply = parse_reply(response.content, max_fact_chars=self._max_fact_chars)
+            if reply is None:
                 result.raw_fallback, result.reason = True, "the model's answer held no usable JSON"
                 return
-            entry, memory, facts, tier = parsed
-            result.parse_tier, result.facts = tier, facts
+            problem = memory_problem(reply, base.text, max_bytes=longterm.max_bytes)
+            if problem:  # MEMORY.md stays as it is; the messages are kept verbatim instead
+                result.raw_fallback, result.reason = True, f"memory_update refused: {problem}"
+                return
+            result.parse_tier, result.facts = reply.tier, reply.facts
             now = self._clock()
-            if entry:
-                result.history_entry = entry
-                await self._history.append(now, result.session_id, entry)
+            if reply.history_entry:
+                result.history_entry = reply.history_entry
+                await self._history.append(now, result.session_id, reply.history_entry)
+            memory = reply.memory_update
             if memory is not None and memory.strip() and memory.strip() != base.text.strip():
                 text = memory.rstrip("\n") + "\n"
                 _, result.memory_merged = await longterm.replace_from(base, text)

@@ -2,7 +2,10 @@
 
 Three tiers, each more forgiving: (1) strip code fences and parse; (2) parse the first balanced
 ``{…}`` block in the text; (3) pull named string fields out one by one. Models wrap JSON in prose,
-fences or half-finished objects often enough that all three earn their keep.
+fences or half-finished objects often enough that all three earn their keep. Tier 3 takes only strings
+whose closing quote is there: a string cut off mid-way is not a value. Its result is still a partial
+reading of a broken answer, so callers decide what they may trust from it (consolidation never
+replaces MEMORY.md from it).
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def first_balanced_block(text: str) -> str | None:
 
 
 def _extract_string(text: str, name: str) -> str | None:
-    match = re.search(rf'"{re.escape(name)}"\s*:\s*"((?:[^"\\]|\\.)*)"?', text, re.DOTALL)
+    match = re.search(rf'"{re.escape(name)}"\s*:\s*"((?:[^"\\]|\\.)*)"', text, re.DOTALL)
     if match is None:
         return None
     raw = match.group(1)

@@ -1,26 +1,49 @@
 """MEMORY.md: long-term facts the operator owns, read fresh on change and written by compare-and-swap.
 
 Operators edit the file with any editor while the bot runs. Every read returns the text and its content
-hash; a bot write names the hash it based its change on and is refused if the file moved meanwhile, so
-an operator's edit is never overwritten silently. :func:`merge_lines` re-applies the bot's change on top
-of the operator's version. Before each bot write the text it replaces is appended to
-``MEMORY.replaced.md`` beside it, so a consolidation that drops a fact it should have kept can be undone.
+hash. A bot write is a change applied to the newest text: under an advisory lock shared with
+``membot memory edit``, the file is read again, the change applied, and the result swapped in by
+:class:`~bot.memory.swap.FileSwapper`, which hands back any version an editor saved in the meantime (or
+wrote into the old file after the swap) so the change is merged into it and nothing the operator saved
+is overwritten. :func:`merge_lines` re-applies the bot's change on top of the operator's version.
+
+Each bot write first appends the lines it removes to ``MEMORY.replaced.md`` beside it, so a
+consolidation that drops a fact it should have kept can be undone (lines it only adds cost nothing
+there; it used to copy the whole file each time and reached 17 MB after 500 writes). Past
+``memory.replaced_max_size`` that file moves to ``MEMORY.replaced.1.md`` (the previous one goes, with a
+warning in the log). A bot write that would grow MEMORY.md past ``memory.max_memory_hard_size`` is
+refused (:class:`MemoryFull`); the operator's edits are never limited.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
-from bot.storage import append_bytes, atomic_write_text
+import structlog
 
-MAX_CAS_ATTEMPTS = 5
+from bot.config import MemorySettings
+from bot.memory.swap import FileSwapper, Version
+from bot.storage import append_bytes, fsync_dir
+from bot.tools.base import ToolError
+
+log = structlog.get_logger(__name__)
+
+MAX_CAS_SECONDS = 5.0
 REPLACED_NAME = "MEMORY.replaced.md"
+ROTATED_NAME = "MEMORY.replaced.1.md"
+DEFAULT_MAX_BYTES = 65_536
+DEFAULT_REPLACED_MAX_BYTES = 1_048_576
+_SETTLE_PAUSE = 0.005
 
 
 def content_hash(text: str) -> str:
@@ -37,6 +60,26 @@ class Conflict(Exception):
     """The file changed since it was read: the caller re-reads and re-merges."""
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """How large the bot may make MEMORY.md, and when MEMORY.replaced.md rotates (bytes)."""
+
+    max_bytes: int = DEFAULT_MAX_BYTES
+    replaced_max_bytes: int = DEFAULT_REPLACED_MAX_BYTES
+
+    @classmethod
+    def of(cls, settings: MemorySettings) -> Limits:
+        return cls(settings.max_memory_hard_size, settings.replaced_max_size)
+
+
+class MemoryFull(ToolError):
+    """A bot write would grow MEMORY.md past its limit; the message says what to do instead."""
+
+
+Change = Callable[[str], str]
+T = TypeVar("T")
+
+
 class LongTermMemory:
     """MEMORY.md with an mtime-checked cache and compare-and-swap writes.
 
@@ -44,12 +87,15 @@ class LongTermMemory:
 
         snap = await memory.read()
         await memory.write(new_text, expected=snap.hash)   # raises Conflict if someone edited it
-        await memory.update(lambda text: text + "- likes tea\n")   # read-modify-write with retries
+        await memory.update(lambda text: text + "- likes tea\\n")   # applied to the newest text
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, limits: Limits = Limits(), exchange: bool = True) -> None:
         self._path = path
         self._replaced = path.with_name(REPLACED_NAME)
+        self._max_bytes = limits.max_bytes
+        self._replaced_max = limits.replaced_max_bytes
+        self._files = FileSwapper(path, exchange=exchange)
         self._stamp: tuple[int, int, int] | None = None
         self._cached = Snapshot("", content_hash(""))
         self._lock = asyncio.Lock()
@@ -60,11 +106,18 @@ class LongTermMemory:
 
     @property
     def replaced_path(self) -> Path:
-        """Every version a bot write replaced, oldest first (append-only)."""
+        """The lines bot writes removed, oldest first (append-only; rotated to MEMORY.replaced.1.md)."""
         return self._replaced
+
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
 
     async def read(self) -> Snapshot:
         """The current text; re-read from disk only when its mtime, size or inode changed."""
+        if self._files.watching:  # an editor may have written into a version a bot write displaced
+            async with self._lock:
+                await asyncio.to_thread(self._locked, lambda: None)  # _locked rescues first
         return await asyncio.to_thread(self._read_sync)
 
     def _read_sync(self) -> Snapshot:
@@ -81,43 +134,151 @@ class LongTermMemory:
 
     async def write(self, text: str, *, expected: str) -> Snapshot:
         """Replace the file with ``text`` if it still has the content hash ``expected``."""
-        async with self._lock:
-            return await asyncio.to_thread(self._write_sync, text, expected)
 
-    def _write_sync(self, text: str, expected: str) -> Snapshot:
-        self._stamp = None  # never trust the cache for the check: re-read what is on disk now
-        current = self._read_sync()
-        if current.hash != expected:
-            raise Conflict(f"{self._path.name} changed since it was read")
-        if text != current.text:
-            if current.text.strip():
-                stamp = datetime.now(UTC).isoformat(timespec="seconds")
-                block = f"## {stamp} — replaced by the bot\n\n{current.text.rstrip()}\n\n"
-                append_bytes(self._replaced, block.encode("utf-8"), whole_lines=True)
-            atomic_write_text(self._path, text)
-        return self._read_sync()
+        def change(current: str) -> str:
+            if content_hash(current) != expected:
+                raise Conflict(f"{self._path.name} changed since it was read")
+            return text
 
-    async def update(self, change: Callable[[str], str]) -> Snapshot:
-        """Apply ``change`` to the current text with compare-and-swap, re-reading on conflict."""
-        for _ in range(MAX_CAS_ATTEMPTS):
-            snap = await self.read()
-            try:
-                return await self.write(change(snap.text), expected=snap.hash)
-            except Conflict:
-                continue
-        raise Conflict(f"{self._path.name} kept changing; gave up after {MAX_CAS_ATTEMPTS} attempts")
+        return await self._run(change)
+
+    async def update(self, change: Change) -> Snapshot:
+        """Apply ``change`` to the newest text (re-applied if an editor saves meanwhile)."""
+        return await self._run(change)
 
     async def replace_from(self, base: Snapshot, proposed: str) -> tuple[Snapshot, bool]:
-        """Write ``proposed`` (derived from ``base``); on conflict merge it into the newer text.
+        """Write ``proposed`` (derived from ``base``); if the file moved since, merge it into the newer text.
 
         Returns the snapshot written and whether a merge was needed. Lines the operator added or kept
         survive; lines the bot dropped from ``base`` are dropped; lines the bot added are appended.
         """
-        try:
-            return await self.write(proposed, expected=base.hash), False
-        except Conflict:
-            snap = await self.update(lambda theirs: merge_lines(base.text, proposed, theirs))
-            return snap, True
+
+        merged = False
+
+        def change(current: str) -> str:
+            nonlocal merged
+            merged = current != base.text
+            return merge_lines(base.text, proposed, current) if merged else proposed
+
+        return await self._run(change), merged
+
+    def apply_operator_edit(self, start: str, edited: str) -> bool:
+        """``membot memory edit``: put the operator's ``edited`` text (begun from ``start``) in place.
+
+        Blocking; takes the same lock as the bot. If the bot wrote meanwhile, its change is merged
+        into the operator's text (their version wins). Returns whether a merge was needed.
+        """
+
+        merged = False
+
+        def change(current: str) -> str:
+            nonlocal merged
+            merged = current != start
+            return merge_lines(start, current, edited) if merged else edited
+
+        self._locked(lambda: self._apply(change, writer="membot memory edit", limit=False))
+        return merged
+
+    # -- the write path (worker thread, under the asyncio lock and the file lock) -----------------------
+
+    async def _run(self, change: Change) -> Snapshot:
+        async with self._lock:
+            return await asyncio.to_thread(self._locked, lambda: self._apply(change))
+
+    def _locked(self, work: Callable[[], T]) -> T:
+        with self._files.lock():
+            self._rescue()
+            return work()
+
+    def _rescue(self) -> None:
+        """Merge in what an editor wrote into versions that lost their name to a bot write (swap.py)."""
+        edits = self._files.late_writes()
+        for i, (seen, now) in enumerate(edits):
+            try:
+                self._apply(functools.partial(merge_lines, seen, now), writer="a late edit", limit=False)
+            except Conflict:
+                self._files.defer(edits[i:])  # still being edited: the next read or write merges it
+                return
+            log.warning("memory_late_edit_merged", file=str(self._path), chars=len(now))
+
+    def _apply(self, change: Change, *, writer: str = "the bot", limit: bool = True) -> Snapshot:
+        """Apply ``change`` to the current text and swap the result in; start over if someone saves."""
+        deadline = time.monotonic() + MAX_CAS_SECONDS
+        logged: list[str] = []
+        while True:
+            found = self._settled_read(deadline)
+            base = found.text if found else ""
+            new = change(base)
+            if limit:
+                self._check_size(base, new)
+            if new == base:
+                break
+            logged = self._keep_removed(base, new, writer, logged)
+            if self._files.swap(new, based_on=found):
+                break
+            if time.monotonic() > deadline:
+                raise Conflict(f"{self._path.name} kept changing for {MAX_CAS_SECONDS:g} s; gave up")
+        self._stamp = None
+        return self._read_sync()
+
+    def _settled_read(self, deadline: float) -> Version | None:
+        """The current version, unless it shrank while another program is writing it: then wait.
+
+        An editor that saves by truncating and rewriting leaves the file empty or half-written for a
+        moment (much longer on a busy machine); a change based on that, swapped in and read back by
+        the editor, lost the operator's lines. So a file that shrank since we last saw it is not used
+        while the kernel says it is open for writing (or, where it cannot tell, until it stops
+        changing). A file that grew is used at once: what is still being appended lands in the
+        version our swap displaces, which is watched (see swap.py).
+        """
+        while True:
+            busy = self._files.being_written()
+            found = self._files.read()
+            size = found.stamp[1] if found is not None else 0
+            if busy is False or size >= len(self._cached.text.encode("utf-8")):
+                return found
+            time.sleep(_SETTLE_PAUSE)
+            if busy is None and self._files.read() == found:
+                return found  # stable: a deliberate cut, not a save in progress
+            if time.monotonic() > deadline:
+                raise Conflict(
+                    f"{self._path.name} shrank and has been open for writing by another program for "
+                    f"{MAX_CAS_SECONDS:g} s; not writing it meanwhile"
+                )
+
+    def _check_size(self, old: str, new: str) -> None:
+        size = len(new.encode("utf-8"))
+        if size > self._max_bytes and size > len(old.encode("utf-8")):
+            raise MemoryFull(
+                f"{self._path.name} would grow to {size} bytes, over its limit of {self._max_bytes} "
+                "(memory.max_memory_hard_size); keep facts short, merge or remove lines instead"
+            )
+
+    def _keep_removed(self, old: str, new: str, writer: str, logged: list[str]) -> list[str]:
+        """Append the lines ``new`` drops from ``old`` to MEMORY.replaced.md (rotating it when full).
+
+        ``logged`` is what an earlier attempt of the same write already kept; it is not kept twice.
+        """
+        remaining = set(new.splitlines())
+        removed = list(dict.fromkeys(ln for ln in old.splitlines() if ln.strip() and ln not in remaining))
+        if not removed or set(removed) <= set(logged):
+            return logged
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        block = f"## {stamp} — removed by {writer}\n\n" + "\n".join(removed) + "\n\n"
+        data = block.encode("utf-8")
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.getsize(self._replaced) + len(data) > self._replaced_max:
+                self._rotate()
+        append_bytes(self._replaced, data, whole_lines=True)
+        return [*logged, *removed]
+
+    def _rotate(self) -> None:
+        rotated = self._replaced.with_name(ROTATED_NAME)
+        with contextlib.suppress(FileNotFoundError):
+            dropped = os.path.getsize(rotated)
+            log.warning("memory_backup_rotated", dropped=str(rotated), bytes=dropped)
+        os.replace(self._replaced, rotated)
+        fsync_dir(self._replaced.parent)
 
 
 def merge_lines(base: str, ours: str, theirs: str) -> str:

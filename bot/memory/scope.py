@@ -16,7 +16,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from bot.memory.items import MemoryItem
-from bot.memory.longterm import LongTermMemory
+from bot.memory.longterm import Limits, LongTermMemory
 from bot.memory.notes import DailyNotes
 from bot.sessions import encode_id
 
@@ -42,9 +42,10 @@ class ChatFolders:
         await chats.longterm("telegram:42").update(lambda text: text + "- likes tea\\n")
     """
 
-    def __init__(self, root: Path, tz: ZoneInfo) -> None:
+    def __init__(self, root: Path, tz: ZoneInfo, *, limits: Limits = Limits()) -> None:
         self._root = root
         self._tz = tz
+        self._limits = limits
         self._longterm: dict[str, LongTermMemory] = {}
         self._notes: dict[str, DailyNotes] = {}
 
@@ -59,7 +60,8 @@ class ChatFolders:
     def longterm(self, session_id: str) -> LongTermMemory:
         found = self._longterm.get(session_id)
         if found is None:
-            found = self._longterm[session_id] = LongTermMemory(self.folder(session_id) / "MEMORY.md")
+            path = self.folder(session_id) / "MEMORY.md"
+            found = self._longterm[session_id] = LongTermMemory(path, limits=self._limits)
         return found
 
     def notes(self, session_id: str) -> DailyNotes:

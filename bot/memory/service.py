@@ -36,7 +36,7 @@ from bot.memory.extract import Utterance, extract
 from bot.memory.history import HistoryLog
 from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem, Reference, make_title
-from bot.memory.longterm import LongTermMemory
+from bot.memory.longterm import Limits, LongTermMemory
 from bot.memory.notes import DailyNotes, fold, not_yet_in, note_line
 from bot.memory.pack import (
     MemoryPack,
@@ -119,10 +119,11 @@ class MemoryService:
         self.tz = ZoneInfo(settings.timezone or timezone)
         self._clock = clock
         self._count = count_tokens
-        self.longterm = LongTermMemory(root / "MEMORY.md")
+        limits = Limits.of(settings)
+        self.longterm = LongTermMemory(root / "MEMORY.md", limits=limits)
         self.notes = DailyNotes(root, self.tz)
         self.chat_scope = settings.scope == "chat"
-        self.chats = ChatFolders(root / CHATS_DIR, self.tz)
+        self.chats = ChatFolders(root / CHATS_DIR, self.tz, limits=limits)
         self.history = HistoryLog(root)
         self.archive = TranscriptArchive(root / "archive")
         self.items = ItemStore(root / "items")
@@ -136,6 +137,7 @@ class MemoryService:
             tz=self.tz,
             clock=clock,
             max_memory_size=settings.max_memory_size,
+            max_fact_chars=settings.max_fact_chars,
             model=consolidation_model,
         )
         self._tasks: set[asyncio.Task[ConsolidationResult]] = set()

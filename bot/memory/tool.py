@@ -60,6 +60,7 @@ class MemoryToolOps:
         text = content.strip()
         if not text:
             raise ToolError("add needs non-empty 'content'")
+        self._check_length(text)
         if layer == LONG_TERM:
             line = f"- {' '.join(text.split())}"
             await self._memory.longterm_for(session_id).update(lambda old: _append_line(old, line))
@@ -118,6 +119,7 @@ class MemoryToolOps:
         item = self._get(item_id, session_id)
         if not content.strip():
             raise ToolError("update needs non-empty 'content'")
+        self._check_length(content.strip())
         now = self._memory.now()
         text = content.strip()
         await self._memory.items.put(item.with_changes(content=text, title=make_title(text), updated_at=now))
@@ -157,6 +159,15 @@ class MemoryToolOps:
 
         await self._memory.longterm_for(session_id).update(drop)
         return f"Removed {len(removed)} line(s) from MEMORY.md." if removed else "No MEMORY.md line matched."
+
+    def _check_length(self, text: str) -> None:
+        """A memory is one fact; a page of text (once a 5 MB "fact") is refused, not stored."""
+        limit = self._memory.settings.max_fact_chars
+        if len(text) > limit:
+            raise ToolError(
+                f"that memory is {len(text)} characters, over the {limit}-character limit for one fact; "
+                "store the essential fact in a sentence or two (split several facts into several adds)"
+            )
 
     def _get(self, item_id: str, session_id: str) -> MemoryItem:
         item = self._memory.items.get(item_id.strip())

@@ -35,7 +35,12 @@ def builtin_tools(
     protected = (*DEFAULT_PROTECTED, "memory") if private_memory else DEFAULT_PROTECTED
     tools: list[Tool] = [
         FilesTool(
-            workspace, max_bytes=settings.max_file_read_bytes, long_term=long_term, protected=protected
+            workspace,
+            max_bytes=settings.max_file_read_bytes,
+            long_term=long_term,
+            protected=protected,
+            # A page plus its wrapper and note stays under the loop's cut, so no view is ever cut.
+            page_chars=settings.result_max_chars - 1000,
         ),
         WebFetchTool(
             http,
@@ -49,6 +54,7 @@ def builtin_tools(
             allow=settings.shell_allow,
             timeout=settings.shell_timeout,
             max_output=settings.result_max_chars * 4,
+            protected=protected,  # the same rules as files: memory/ vanishes too in chat scope
         ),
     ]
     return tools

@@ -1,15 +1,17 @@
 """The ``files`` tool: read, write, append, list and search text files inside the workspace, and nowhere else.
 
 Confinement is checked on the resolved path (symbolic links followed), so ``..``, absolute paths and
-links that lead out are refused alike. The bot's own state (sessions, inbox, ``state/`` with the
-Telegram update journal, transcript archive) is off limits, ``memory/`` is read-only except
+links that lead out are refused alike. The bot's own state (sessions, inbox, pairing, usage, caches,
+locks: see :mod:`bot.tools.confine`) is off limits, ``memory/`` is read-only except
 ``memory/MEMORY.md``, whose writes go through the memory service's compare-and-swap so an operator's
-concurrent edit is merged, never overwritten.
+concurrent edit is merged, never overwritten. Long files are read a page at a time, and a whole-file
+write is refused unless the model has seen the whole file (:mod:`bot.tools.paging`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import stat
 from collections.abc import Callable, Collection
@@ -18,10 +20,12 @@ from typing import Any, Protocol, TypeVar
 
 from bot.storage import append_bytes, atomic_write_text, ensure_private_dir
 from bot.tools.base import ToolContext, ToolError, string_arg, untrusted
+from bot.tools.confine import MEMORY_FILE, READ_ONLY, Confinement, relative_path
+from bot.tools.paging import CUT_MARKER, PAGE_NOTE, ReadLog, footer, page_of
 
-DEFAULT_PROTECTED = ("sessions", "inbox", "state", "memory/archive")
-DEFAULT_READ_ONLY = ("memory",)
-MEMORY_FILE = PurePosixPath("memory/MEMORY.md")
+DEFAULT_PROTECTED: tuple[str, ...] = ()  # the bot's own state is always protected (bot.tools.confine)
+DEFAULT_READ_ONLY = READ_ONLY
+DEFAULT_PAGE_CHARS = 12_000
 MAX_LIST = 200
 MAX_MATCHES = 100
 MAX_SCANNED = 2000
@@ -36,6 +40,12 @@ _SCHEMA: dict[str, Any] = {
         },
         "content": {"type": "string", "description": "Text to write or append."},
         "query": {"type": "string", "description": "Text to look for (case-insensitive), for 'search'."},
+        "offset": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "For 'read': the line to start at (1 = first); long files come in pages.",
+        },
+        "limit": {"type": "integer", "minimum": 1, "description": "For 'read': at most this many lines."},
     },
     "required": ["action"],
 }
@@ -67,14 +77,17 @@ class LongTermFile(Protocol[S]):
 class FilesTool:
     """Text files in the workspace for the model: notes, drafts, lists it keeps between conversations.
 
-    ``protected`` (paths relative to the workspace) cannot be read, listed or written; ``read_only`` can
-    be read but not written. Reads and writes larger than ``max_bytes`` are refused.
+    ``protected`` (paths relative to the workspace) cannot be read, listed or written, in addition to
+    the bot's own state, which never can; ``read_only`` can be read but not written. Files larger than
+    ``max_bytes`` are refused; reads come in pages of at most ``page_chars`` characters (keep it under
+    the tool loop's ``result_max_chars`` so no page is ever cut).
     """
 
     name = "files"
     description = (
         "Read, write, append, list and search text files in your workspace folder. Paths are relative to "
-        "the workspace. memory/MEMORY.md holds long-term facts: read it before writing it."
+        "the workspace. Long files are read in pages (offset, limit). memory/MEMORY.md holds long-term "
+        "facts: read all of it before writing it; to add a fact, append."
     )
     parameters = _SCHEMA
 
@@ -86,28 +99,38 @@ class FilesTool:
         long_term: LongTermFile[Any] | None = None,
         protected: Collection[str] = DEFAULT_PROTECTED,
         read_only: Collection[str] = DEFAULT_READ_ONLY,
+        page_chars: int = DEFAULT_PAGE_CHARS,
     ) -> None:
         self._root = root
         self._max = max_bytes
+        self._page = max(200, page_chars)
         self._long_term = long_term
-        self._protected = [PurePosixPath(p) for p in protected]
-        self._read_only = [PurePosixPath(p) for p in read_only]
+        self._rules = Confinement(root, protected=protected, read_only=read_only)
         self._memory_seen: dict[str, Any] = {}  # session id -> MEMORY.md snapshot that session last read
+        self._reads = ReadLog()
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         action = string_arg(args, "action")
         rel = relative_path(string_arg(args, "path", default="."))
         if action == "read":
+            offset, limit = _int_arg(args, "offset") or 1, _int_arg(args, "limit")
             if rel == MEMORY_FILE and self._long_term is not None:
-                return await self._read_memory(ctx)
-            return await asyncio.to_thread(self._read, rel)
+                return await self._read_memory(ctx, offset, limit)
+            text = await asyncio.to_thread(self._read, rel)
+            return self._show(ctx, rel, text, offset, limit)
         if action in ("write", "append"):
             content = string_arg(args, "content")
             if len(content.encode("utf-8")) > self._max:
                 raise ToolError(f"content is larger than the {self._max}-byte limit; write it in parts")
+            _refuse_cut_views(content)
+            if action == "write" and self._reads.partial(ctx.session_id, str(rel)):
+                raise ToolError(_PARTIAL.format(path=rel))
             if rel == MEMORY_FILE:
                 return await self._write_memory(action, content, ctx)
-            return await asyncio.to_thread(self._write, rel, content, action == "append")
+            done = await asyncio.to_thread(self._write, rel, content, action == "append")
+            if action == "write":  # the model knows all of what it wrote; an append changes nothing seen
+                self._reads.forget(ctx.session_id, str(rel))
+            return done
         if action == "list":
             return await asyncio.to_thread(self._list, rel)
         if action == "search":
@@ -117,18 +140,15 @@ class FilesTool:
             return await asyncio.to_thread(self._search, rel, query)
         raise ToolError(f"unknown action {action!r}; use read, write, append, list or search")
 
-    # -- confinement ----------------------------------------------------------------------------------
+    def _show(self, ctx: ToolContext, rel: PurePosixPath, text: str, offset: int, limit: int | None) -> str:
+        """One page of ``text`` for the model, noting what it has now seen of this version."""
+        page = page_of(text, offset=offset, limit=limit, max_chars=self._page)
+        self._reads.saw(ctx.session_id, str(rel), _digest(text), page)
+        note = footer(page)
+        return untrusted(f"file {rel}", page.text) + (f"\n{note}" if note else "")
 
     def _locate(self, rel: PurePosixPath) -> Path:
-        """The real path of ``rel`` inside the workspace, or a ToolError saying why not."""
-        root = self._root.resolve()
-        real = (root / rel).resolve()
-        if real != root and not real.is_relative_to(root):
-            raise ToolError(f"{rel} leads outside the workspace through a symbolic link; refused")
-        inner = PurePosixPath(real.relative_to(root).as_posix())
-        if _under(inner, self._protected) or _under(rel, self._protected):
-            raise ToolError(f"{rel} belongs to the bot's internal state and cannot be used with this tool")
-        return real
+        return self._rules.locate(rel)
 
     # -- actions (run in a worker thread) -------------------------------------------------------------
 
@@ -153,13 +173,13 @@ class FilesTool:
             raise ToolError(f"{rel} is over the {self._max}-byte read limit")
         if b"\x00" in data[:8192]:
             raise ToolError(f"{rel} looks like a binary file; only text files can be read")
-        return untrusted(f"file {rel}", data.decode("utf-8", errors="replace"))
+        return data.decode("utf-8", errors="replace")
 
     def _write(self, rel: PurePosixPath, content: str, append: bool) -> str:
         if rel == PurePosixPath("."):
             raise ToolError("give a file path to write to")
         real, root = self._locate(rel), self._root.resolve()
-        if _under(PurePosixPath(real.relative_to(root).as_posix()), self._read_only):
+        if self._rules.read_only(self._rules.inner(real)):
             raise ToolError(f"{rel} is maintained by the bot's memory and is read-only here")
         if real.exists() or real.is_symlink():
             mode = os.lstat(real).st_mode
@@ -182,7 +202,7 @@ class FilesTool:
             raise ToolError(f"{rel} is not a folder; use action 'read'")
         lines: list[str] = []
         entries = sorted(os.scandir(real), key=lambda e: e.name)
-        shown = [e for e in entries if not _under(rel / e.name, self._protected)]
+        shown = [e for e in entries if not self._rules.protected(self._rules.inner(real) / e.name)]
         for entry in shown[:MAX_LIST]:
             if entry.is_symlink():
                 lines.append(f"{entry.name} (symbolic link)")
@@ -231,8 +251,10 @@ class FilesTool:
         found: list[Path] = []
         for folder, dirs, files in os.walk(real, followlinks=False):
             here = PurePosixPath(Path(folder).relative_to(root).as_posix())
-            dirs[:] = sorted(d for d in dirs if not _under(here / d, self._protected))
+            dirs[:] = sorted(d for d in dirs if not self._rules.protected(here / d))
             for name in sorted(files):
+                if self._rules.protected(here / name):
+                    continue
                 path = Path(folder) / name
                 info = os.lstat(path)
                 if stat.S_ISREG(info.st_mode) and info.st_size <= self._max:
@@ -243,32 +265,43 @@ class FilesTool:
 
     # -- MEMORY.md through compare-and-swap -----------------------------------------------------------
 
-    async def _read_memory(self, ctx: ToolContext) -> str:
+    async def _read_memory(self, ctx: ToolContext, offset: int, limit: int | None) -> str:
         assert self._long_term is not None
         snap = await self._long_term.read()
         self._remember(ctx.session_id, snap)
-        return untrusted(f"file {MEMORY_FILE}", snap.text)
+        page = page_of(snap.text, offset=offset, limit=limit, max_chars=self._page)
+        self._reads.saw(ctx.session_id, str(MEMORY_FILE), snap.hash, page)
+        note = footer(page)
+        return untrusted(f"file {MEMORY_FILE}", page.text) + (f"\n{note}" if note else "")
 
     async def _write_memory(self, action: str, content: str, ctx: ToolContext) -> str:
         if self._long_term is None:
-            if _under(MEMORY_FILE, self._protected):  # memory/ closed (chat scope): say that instead
+            if self._rules.protected(MEMORY_FILE):  # memory/ closed (chat scope): say that instead
                 raise ToolError(f"{MEMORY_FILE} belongs to the bot's internal state and cannot be written")
             raise ToolError("memory/MEMORY.md cannot be written: the memory service is not running")
+        sid, key = ctx.session_id, str(MEMORY_FILE)
         if action == "append":
             snap = await self._long_term.update(lambda text: _join(text, content))
-            self._remember(ctx.session_id, snap)
+            # The model has not seen what others wrote meanwhile: a later whole write needs a new read.
+            self._memory_seen.pop(sid, None)
+            self._reads.forget(sid, key)
             return f"Appended to {MEMORY_FILE} ({len(snap.text)} characters now)."
-        base = self._memory_seen.get(ctx.session_id)
+        base = self._memory_seen.get(sid)
         if base is None:
             raise ToolError(
                 f"read {MEMORY_FILE} first; a write replaces what you read and is merged with edits"
             )
         snap, merged = await self._long_term.replace_from(base, content)
-        self._remember(ctx.session_id, snap)
-        note = (
-            " It had been edited meanwhile, so your change was merged into the newer text." if merged else ""
-        )
-        return f"Wrote {MEMORY_FILE}.{note}"
+        if merged:  # the file now holds lines the model has not seen: it must read before replacing again
+            self._memory_seen.pop(sid, None)
+            self._reads.forget(sid, key)
+            return (
+                f"Wrote {MEMORY_FILE}. It had been edited meanwhile, so your change was merged into the "
+                "newer text; read it again before replacing it again."
+            )
+        self._remember(sid, snap)  # exactly the model's own text: it may replace it again
+        self._reads.forget(sid, key)
+        return f"Wrote {MEMORY_FILE}."
 
     def _remember(self, session_id: str, snap: Any) -> None:
         self._memory_seen.pop(session_id, None)
@@ -277,21 +310,39 @@ class FilesTool:
             self._memory_seen.pop(next(iter(self._memory_seen)))
 
 
-def relative_path(raw: str) -> PurePosixPath:
-    """Validate a model-supplied path without touching the disk: relative, no ``..``, no NUL."""
-    if "\x00" in raw:
-        raise ToolError("the path contains a NUL character")
-    text = raw.strip() or "."
-    if text.startswith(("/", "~", "\\")) or PurePosixPath(text).is_absolute():
-        raise ToolError(f"absolute paths are not allowed ({raw!r}); give a path relative to the workspace")
-    path = PurePosixPath(text)
-    if ".." in path.parts:
-        raise ToolError(f"'..' is not allowed in paths ({raw!r}); stay inside the workspace")
-    return path
+_PARTIAL = (
+    "you have read only part of {path} (it is long and came in pages), so writing the whole file "
+    "would delete what you have not seen. Read the remaining pages first (action 'read' with the "
+    "offset the last page named), or use action 'append' to add to it."
+)
 
 
-def _under(path: PurePosixPath, prefixes: list[PurePosixPath]) -> bool:
-    return any(path.parts[: len(p.parts)] == p.parts for p in prefixes)
+def _refuse_cut_views(content: str) -> None:
+    """Content copied from a shortened view would write the cut marker and drop what was cut."""
+    if CUT_MARKER.search(content) or PAGE_NOTE in content:
+        raise ToolError(
+            "the content contains a marker of a shortened view ('characters cut' or a page note), so it "
+            "is not the whole text; read the file in pages (offset, limit) and write only complete text"
+        )
+
+
+def _int_arg(args: dict[str, Any], key: str) -> int | None:
+    value = args.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ToolError(f"argument {key!r} must be a whole number")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ToolError(f"argument {key!r} must be a whole number") from None
+    if number < 1:
+        raise ToolError(f"argument {key!r} must be 1 or more")
+    return number
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _stat(real: Path, rel: PurePosixPath) -> os.stat_result:

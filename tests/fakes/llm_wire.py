@@ -27,7 +27,9 @@ class FakeReply:
     ``tool_calls``: ``(name, arguments)`` pairs, arguments as a JSON string (sent as-is, may be invalid
     for OpenAI) or a dict. ``status`` >= 400 sends ``error`` (or the API's standard error body) with
     ``headers``. ``delay`` waits before answering (cancelled when the client goes away).
-    ``malformed`` sends broken JSON (or a broken SSE chunk when streaming). ``stream_error_after=n``
+    ``malformed`` sends broken JSON (or a broken SSE chunk when streaming). ``cut_off`` reports the
+    answer as stopped at the output limit (OpenAI ``finish_reason: length``, Anthropic ``stop_reason:
+    max_tokens``), as the APIs do when ``max_tokens`` runs out mid-answer. ``stream_error_after=n``
     fails a streamed answer after ``n`` text pieces: Anthropic sends an ``error`` event of type
     ``stream_error``, OpenAI drops the connection. ``usage=(input, output)`` and ``cached_tokens`` set
     the reported token counts.
@@ -40,6 +42,7 @@ class FakeReply:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     malformed: bool = False
+    cut_off: bool = False
     stream_error_after: int | None = None
     stream_error: str = "overloaded_error"
     usage: tuple[int, int] | None = None
@@ -97,6 +100,14 @@ def anthropic_usage(usage: Usage3) -> dict[str, Any]:
     }
 
 
+def openai_finish(reply: FakeReply) -> str:
+    return "length" if reply.cut_off else "tool_calls" if reply.tool_calls else "stop"
+
+
+def anthropic_stop(reply: FakeReply) -> str:
+    return "max_tokens" if reply.cut_off else "tool_use" if reply.tool_calls else "end_turn"
+
+
 def openai_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
     if reply.tool_calls:
@@ -108,9 +119,7 @@ def openai_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[s
         "id": "chatcmpl-" + uuid.uuid4().hex[:8],
         "object": "chat.completion",
         "model": body["model"],
-        "choices": [
-            {"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tool_calls else "stop"}
-        ],
+        "choices": [{"index": 0, "message": message, "finish_reason": openai_finish(reply)}],
         "usage": openai_usage(usage),
     }
 
@@ -127,7 +136,7 @@ def anthropic_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dic
         "role": "assistant",
         "model": body["model"],
         "content": content,
-        "stop_reason": "tool_use" if reply.tool_calls else "end_turn",
+        "stop_reason": anthropic_stop(reply),
         "stop_sequence": None,
         "usage": anthropic_usage(usage),
     }
@@ -185,7 +194,7 @@ async def stream_openai(
         await sse.send(chunk({"tool_calls": [{**first, "function": {"name": name, "arguments": ""}}]}))
         for part in pieces(args_text(args)):
             await sse.send(chunk({"tool_calls": [{"index": index, "function": {"arguments": part}}]}))
-    await sse.send(chunk({}, "tool_calls" if reply.tool_calls else "stop"))
+    await sse.send(chunk({}, openai_finish(reply)))
     if (body.get("stream_options") or {}).get("include_usage"):
         await sse.send({**base, "choices": [], "usage": openai_usage(usage)})
     await sse.send("[DONE]")
@@ -233,7 +242,7 @@ async def stream_anthropic(
             )
         await sse.send({"type": "content_block_stop", "index": index}, "content_block_stop")
         index += 1
-    delta = {"stop_reason": "tool_use" if reply.tool_calls else "end_turn", "stop_sequence": None}
+    delta = {"stop_reason": anthropic_stop(reply), "stop_sequence": None}
     await sse.send(
         {"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage[1]}}, "message_delta"
     )

@@ -35,7 +35,8 @@ def exchange(clock: Clock, sid: str, user: str, answer: str = "Noted.") -> Excha
 
 
 def files_under(root: Path) -> set[Path]:
-    return {p.resolve() for p in root.rglob("*") if p.is_file()}
+    """Every file but the lock files beside each MEMORY.md (empty; they only coordinate writers)."""
+    return {p.resolve() for p in root.rglob("*") if p.is_file() and not p.name.endswith(".lock")}
 
 
 def chat_dir(memory: MemoryService, sid: str) -> Path:
@@ -175,7 +176,11 @@ async def test_chat_folders_and_files_are_private(
 
     chats = memory.root / "chats"
     assert chats.stat().st_mode & 0o777 == 0o700
-    assert {p.name for p in chat_dir(memory, A).iterdir()} == {"MEMORY.md", "2024-05-20.md"}
+    assert {p.name for p in chat_dir(memory, A).iterdir()} == {
+        ".MEMORY.md.lock",
+        "MEMORY.md",
+        "2024-05-20.md",
+    }
     for path in chats.rglob("*"):
         assert path.stat().st_mode & 0o777 == (0o700 if path.is_dir() else 0o600), path
 

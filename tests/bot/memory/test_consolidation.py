@@ -74,16 +74,22 @@ async def test_happy_path_writes_history_month_file_memory_and_archive(
 def test_each_parsing_tier(text: str, tier: int) -> None:
     parsed = parse_reply(text)
     assert parsed is not None
-    entry, memory, _, found_tier = parsed
-    assert found_tier == tier and memory == "m" and entry in {"fenced", "in prose {braces}", "cut off"}
+    assert parsed.tier == tier and parsed.memory_update == "m"
+    assert parsed.history_entry in {"fenced", "in prose {braces}", "cut off"}
 
 
-def test_non_string_values_are_coerced() -> None:
+def test_a_string_cut_before_its_closing_quote_is_not_a_value() -> None:
+    parsed = parse_reply('{"history_entry": "done", "memory_update": "- fact 1\\n- fact 2\\n- fa')
+    assert parsed is not None and parsed.history_entry == "done" and parsed.memory_update is None
+
+
+def test_non_string_values_are_coerced_but_marked() -> None:
     parsed = parse_reply(
         json.dumps({"history_entry": ["one.", "two."], "memory_update": {"k": 1}, "items": "x"})
     )
     assert parsed is not None
-    assert parsed[0] == "one.\ntwo." and parsed[1] == '{"k": 1}' and parsed[2] == []
+    assert parsed.history_entry == "one.\ntwo." and parsed.facts == []
+    assert parsed.memory_type == "dict"
 
 
 def test_format_marks_tools_and_skips_results(clock: Clock) -> None:
@@ -229,11 +235,12 @@ def test_durable_item_types_are_filtered() -> None:
                     {"type": "Task State", "content": "finish report", "confidence": "high"},
                     {"type": "episode", "content": "not durable"},
                     {"type": "fact", "content": "  "},
+                    {"type": "fact", "content": "x" * 5000},  # not a fact: a page
                 ],
             }
         )
     )
     assert parsed is not None
-    assert [(f.type, f.content, f.confidence) for f in parsed[2]] == [
+    assert [(f.type, f.content, f.confidence) for f in parsed.facts] == [
         (ItemType.TASK_STATE, "finish report", 0.8)
     ]

@@ -6,8 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
-from bot.memory.longterm import Conflict, LongTermMemory, content_hash, merge_lines
+from bot.memory import exchange
+from bot.memory.longterm import Conflict, Limits, LongTermMemory, content_hash, merge_lines
 
 
 async def test_operator_edit_is_seen_on_next_read(tmp_path: Path) -> None:
@@ -40,19 +42,20 @@ async def test_replace_from_merges_on_conflict(tmp_path: Path) -> None:
     assert merged and snap.text == "- a\n- operator line\n- c\n"
 
 
-async def test_every_version_a_bot_write_replaced_is_kept(tmp_path: Path) -> None:
+async def test_every_line_a_bot_write_removes_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "MEMORY.md"
     memory = LongTermMemory(path)
-    first = await memory.write("- likes tea\n", expected=content_hash(""))  # nothing replaced yet
+    await memory.write("- likes tea\n", expected=content_hash(""))  # nothing replaced yet
     assert not memory.replaced_path.exists()
     path.write_text("- likes tea\n- operator: born in Lyon\n")
     await memory.update(lambda text: "- likes coffee now\n")  # a careless consolidation
     kept = memory.replaced_path.read_text()
-    assert "- operator: born in Lyon" in kept and "replaced by the bot" in kept
-    assert first.text not in path.read_text()
-    await memory.update(lambda text: text + "- third\n")
-    versions = memory.replaced_path.read_text().split("## ")[1:]
-    assert len(versions) == 2 and "- likes coffee now" in versions[1]
+    assert "- operator: born in Lyon\n" in kept and "- likes tea\n" in kept and "removed by the bot" in kept
+    await memory.update(lambda text: text + "- third\n")  # removes nothing: nothing to keep
+    assert memory.replaced_path.read_text() == kept
+    await memory.update(lambda text: "- third\n")
+    blocks = memory.replaced_path.read_text().split("## ")[1:]
+    assert len(blocks) == 2 and blocks[1].endswith("\n\n- likes coffee now\n\n")
     assert oct(memory.replaced_path.stat().st_mode & 0o777) == "0o600"
 
 
@@ -70,3 +73,112 @@ def test_merge_keeps_operator_changes() -> None:
         merge_lines(base, ours, theirs)
         == "# Facts\n- likes green tea\n- allergic to nuts\n- lives in Milan\n"
     )
+
+
+def _operator_save(path: Path, style: str, line: str) -> None:
+    """An editor's save, the three ways editors do it."""
+    if style == "append":
+        with open(path, "a") as f:
+            f.write(line)
+    elif style == "rewrite":
+        text = path.read_text()
+        with open(path, "w") as f:
+            f.write(text + line)
+    else:
+        text = path.read_text()
+        tmp = path.with_name("MEMORY.md.swp")
+        tmp.write_text(text + line)
+        os.replace(tmp, path)
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "plain-rename"])
+@pytest.mark.parametrize("style", ["append", "rewrite", "rename"])
+async def test_a_save_between_the_bots_read_and_its_swap_is_merged(
+    tmp_path: Path, style: str, exchange: bool
+) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_text("- old fact\n- stale fact\n")
+    memory = LongTermMemory(path, exchange=exchange)
+    saved: list[str] = []
+
+    def consolidation(text: str) -> str:
+        if not saved:  # the operator saves right after the bot read the file
+            _operator_save(path, style, "- operator: born in Lyon\n")
+            saved.append(style)
+        return text.replace("- stale fact\n", "") + "- bot: moved to Porto\n"
+
+    snap = await memory.update(consolidation)
+
+    lines = snap.text.splitlines()
+    assert "- operator: born in Lyon" in lines and "- bot: moved to Porto" in lines
+    assert "- stale fact" not in lines and path.read_text() == snap.text
+    assert "- stale fact" in memory.replaced_path.read_text()
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "plain-rename"])
+async def test_a_late_write_into_the_displaced_version_is_merged_on_the_next_read(
+    tmp_path: Path, exchange: bool
+) -> None:
+    """An editor opened the file before the bot's swap and writes after it: into the old version."""
+    path = tmp_path / "MEMORY.md"
+    path.write_text("- likes tea\n")
+    memory = LongTermMemory(path, exchange=exchange)
+    with open(path, "a") as editor:  # the editor, another program, had the file open
+        await memory.update(lambda text: text + "- bot fact\n")
+        editor.write("- operator: allergic to nuts\n")
+    assert "allergic" not in path.read_text()  # it went into the version that lost its name
+
+    lines = (await memory.read()).text.splitlines()
+
+    assert lines == ["- likes tea", "- bot fact", "- operator: allergic to nuts"]
+    assert path.read_text().splitlines() == lines
+
+
+def test_exchange_if_checks_before_and_after(tmp_path: Path) -> None:
+    if not exchange.AVAILABLE:
+        pytest.skip("renameat2/statx are Linux-only")
+    path, tmp = tmp_path / "MEMORY.md", tmp_path / "new.tmp"
+    tmp.write_text("new")
+    assert exchange.exchange_if(str(tmp), path, None) is exchange.Outcome.MISSING
+    path.write_text("old")
+    stamp = _stamp(path)
+    assert exchange.exchange_if(str(tmp), path, None) is exchange.Outcome.MOVED
+    path.write_text("older but changed")
+    assert exchange.exchange_if(str(tmp), path, stamp) is exchange.Outcome.MOVED
+    assert path.read_text() == "older but changed" and tmp.read_text() == "new"
+    assert exchange.exchange_if(str(tmp), path, _stamp(path)) is exchange.Outcome.SWAPPED
+    assert path.read_text() == "new" and tmp.read_text() == "older but changed"
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    info = path.stat()
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+async def test_the_backup_of_removed_lines_stays_bounded_and_rotates(tmp_path: Path) -> None:
+    """It used to copy the whole file on every bot write: 17 MB after 500 writes."""
+    path = tmp_path / "MEMORY.md"
+    path.write_text("".join(f"- operator fact {i}: " + "x" * 60 + "\n" for i in range(100)))
+    memory = LongTermMemory(path, limits=Limits(replaced_max_bytes=8_000))
+    with capture_logs() as logs:
+        for i in range(300):  # each write adds one fact and drops the oldest line
+            await memory.update(
+                lambda text, i=i: "".join(text.splitlines(keepends=True)[1:]) + f"- bot fact {i}\n"
+            )
+    replaced, rotated = memory.replaced_path, memory.replaced_path.with_name("MEMORY.replaced.1.md")
+    assert replaced.stat().st_size <= 8_000 and rotated.stat().st_size <= 8_000
+    kept = rotated.read_text() + replaced.read_text()
+    assert "- bot fact 199\n" in kept and "- bot fact 150\n" in kept  # the newest removals are all there
+    assert "- operator fact 0:" not in path.read_text()
+    assert oct(rotated.stat().st_mode & 0o777) == "0o600"
+    dropped = [e for e in logs if e["event"] == "memory_backup_rotated"]
+    assert dropped and all(e["log_level"] == "warning" for e in dropped)  # an older part went: said so
+
+
+async def test_adding_lines_keeps_nothing_in_the_backup(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_text("- operator: " + "y" * 5000 + "\n")
+    memory = LongTermMemory(path)
+    for i in range(50):
+        await memory.update(lambda text, i=i: text + f"- bot fact {i}\n")
+    assert not memory.replaced_path.exists()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import pytest
 
 from bot.domain import Message, Role
 from bot.memory import Exchange, Layer, MemoryService
 from bot.memory.tool import MemoryTool
 from bot.tools.base import ToolContext, ToolError
-from tests.bot.memory.conftest import Clock
+from tests.bot.memory.conftest import Clock, make_memory
 
 CTX = ToolContext("cli:me", "cli", "turn1")
 
@@ -80,3 +83,33 @@ def test_schema_lists_every_action() -> None:
         "promote",
         "forget",
     ]
+
+
+@pytest.mark.parametrize("layer", ["semantic", "long_term"])
+async def test_a_5mb_fact_is_refused_not_stored(memory: MemoryService, layer: str) -> None:
+    tool = MemoryTool(memory)
+    huge = "The user said: " + "blah " * 1_000_000
+    with pytest.raises(ToolError, match="over the 1000-character limit"):
+        await tool.run({"action": "add", "content": huge, "layer": layer}, CTX)
+    assert not (memory.root / "MEMORY.md").exists() and memory.items.items(Layer.SEMANTIC) == []
+    saved = await tool.run({"action": "add", "content": "User's cat is called Miso"}, CTX)
+    with pytest.raises(ToolError, match="limit"):
+        await tool.run({"action": "update", "id": saved.split()[2], "content": huge}, CTX)
+
+
+async def test_memory_md_never_grows_past_its_hard_limit_through_the_bot(
+    tmp_path: Path, clock: Clock
+) -> None:
+    memory = await make_memory(tmp_path, clock, max_memory_hard_size=2048)
+    tool = MemoryTool(memory)
+    operator = "".join(f"- operator fact {i}\n" for i in range(150))  # the operator may go past it
+    await asyncio.to_thread((memory.root / "MEMORY.md").write_text, operator)
+    with pytest.raises(ToolError, match="over its limit of 2048"):
+        await tool.run({"action": "add", "content": "User lives in Porto", "layer": "long_term"}, CTX)
+    assert await asyncio.to_thread((memory.root / "MEMORY.md").read_text) == operator
+    # Shrinking is always allowed, and then adding again fits.
+    await tool.run({"action": "forget", "content": "operator fact 1"}, CTX)
+    assert "Saved" in await tool.run(
+        {"action": "add", "content": "User lives in Porto", "layer": "long_term"}, CTX
+    )
+    await memory.close()

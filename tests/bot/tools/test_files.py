@@ -135,6 +135,52 @@ async def test_paths_leading_out_are_refused(workspace: Path, path: str, reason:
     assert (workspace.parent / "outside" / "secret.txt").read_text() == "TOP SECRET"
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "pairing.json",
+        "./pairing.json",
+        "usage.json",
+        "state/discord.json",
+        "cache/tiktoken/abc",
+        "inbox/0001.json",
+        "outbox/0001.json",
+        "locks/workspace",
+        ".env",
+        ".membot.lock",
+        ".pairing.json.x1y2.tmp",
+        "membot.pid",
+        "anything-new.json",
+        "sessions",
+        "memory/archive/cli:alice.jsonl",
+    ],
+)
+async def test_the_bots_own_state_is_refused_even_before_it_exists(workspace: Path, path: str) -> None:
+    files = tool(workspace)
+    for action in ("read", "write", "append", "list"):
+        assert "internal state" in await refused(files, action=action, path=path, content="{}")
+    assert path == "sessions" or not (workspace / path).exists()
+
+
+async def test_the_bots_state_is_not_reachable_through_links_nor_listed(workspace: Path) -> None:
+    (workspace / "pairing.json").write_text('{"approved": []}')
+    (workspace / ".env").write_text("MEMBOT_LLM__OPENAI__API_KEY=sk-live-secret\n")
+    (workspace / "notes" / "access").symlink_to(workspace / "pairing.json")
+    (workspace / "notes" / "env").symlink_to(workspace / ".env")
+    files = tool(workspace)
+
+    for path in ("notes/access", "notes/env"):
+        assert "internal state" in await refused(files, action="read", path=path)
+        assert "internal state" in await refused(files, action="write", path=path, content="{}")
+    listing = await run(files, action="list", path=".")
+    assert "pairing" not in listing and ".env" not in listing
+    assert "No matches" in await run(files, action="search", path=".", query="sk-live")
+    assert (workspace / "pairing.json").read_text() == '{"approved": []}'
+    # The model's own files at the root are fine.
+    assert "Wrote" in await run(files, action="write", path="ideas.txt", content="x")
+    assert "Wrote" in await run(files, action="write", path="data/prices.json", content="{}")
+
+
 async def test_symlinks_leading_out_are_refused(workspace: Path) -> None:
     outside = workspace.parent / "outside"
     (workspace / "escape").symlink_to(outside)

@@ -1,9 +1,15 @@
-"""The shell tool: allow-listed programs only, no shell, inside the workspace, bounded, killed on stop."""
+"""The shell tool: allow-listed programs only, no shell, sandboxed to the workspace, bounded, killed on stop.
+
+The escapes an outside tester found each have a test here: glued options (``date -f/etc/passwd``,
+``date -f<ws>/.env``), symbolic links inside the workspace, and the bot's state (sessions, inbox,
+pairing) read or written through an allowed program.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +19,11 @@ from bot.tools import ToolContext, ToolError
 from bot.tools.shell import ShellTool
 
 CTX = ToolContext("test:chat", "test", "turn1")
+API_KEY = "sk-live-0123456789abcdef"
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap is not installed (.ci/run installs it)"
+)
+pytestmark = needs_bwrap
 
 
 @pytest.fixture
@@ -20,7 +31,18 @@ def workspace(tmp_path: Path) -> Path:
     root = tmp_path / "ws"
     root.mkdir()
     (root / "notes.txt").write_text("alpha\nTODO: beta\ngamma\n")
-    return root
+    (root / ".env").write_text(f"MEMBOT_LLM__OPENAI__API_KEY={API_KEY}\n")
+    (root / "sessions").mkdir()
+    (root / "sessions" / "telegram%3A42.json").write_text('{"text": "the other chat\'s secret"}\n')
+    (root / "inbox").mkdir()
+    (root / "inbox" / "0001.json").write_text('{"text": "queued secret"}\n')
+    (root / "pairing.json").write_text('{"version": 1, "pending": [], "approved": []}\n')
+    (root / "memory" / "archive").mkdir(parents=True)
+    (root / "memory" / "archive" / "x.jsonl").write_text("archived secret\n")
+    (root / "memory" / "MEMORY.md").write_text("- likes tea\n")
+    (root / "drafts").mkdir()
+    (tmp_path / "outside.txt").write_text("outside secret\n")
+    return root.resolve()
 
 
 def shell(workspace: Path, **kwargs: Any) -> ShellTool:
@@ -64,16 +86,103 @@ async def test_environment_carries_no_secrets(workspace: Path, monkeypatch: pyte
         ("rm -rf notes.txt", "'rm' is not allowed"),
         ("/bin/cat notes.txt", "is not allowed"),
         ("bash -c 'cat notes.txt'", "'bash' is not allowed"),
-        ("cat /etc/passwd", "leaves the workspace"),
-        ("cat ../secret", "leaves the workspace"),
-        ("cat ~/.ssh/id_rsa", "leaves the workspace"),
-        ("grep --file=/etc/passwd x", "leaves the workspace"),
         ("cat 'unclosed", "could not parse"),
         ("   ", "empty"),
     ],
 )
 async def test_refusals(workspace: Path, command: str, reason: str) -> None:
     assert reason in await refused(shell(workspace), command)
+
+
+def escapes(ws: Path) -> list[str]:
+    return [
+        "date -f/etc/passwd",  # a path glued to a short option
+        f"date -f{ws}/.env",  # ... to a secret inside the workspace
+        "date --file=/etc/passwd",
+        "grep -r root /etc",
+        "grep --file=/etc/passwd notes.txt",
+        "cat /etc/passwd",
+        f"cat {ws.parent}/outside.txt",
+        "cat ../outside.txt",
+        "cat .env",
+        f"cat {ws}/.env",
+        "cat sessions/telegram%3A42.json",  # one chat reading another's conversation
+        "cat inbox/0001.json",
+        "cat pairing.json",
+        "cat memory/archive/x.jsonl",
+        "grep -r secret .",
+        "grep -rs secret .. ../..",
+        "ls -la / ..",
+        "ls -la . sessions inbox memory",
+        "cat links/passwd links/env links/chat/telegram%3A42.json links/up/outside.txt",
+        "cat /proc/1/environ",
+    ]
+
+
+async def test_every_escape_the_tester_found_sees_nothing(workspace: Path) -> None:
+    links = workspace / "links"
+    links.mkdir()
+    (links / "passwd").symlink_to("/etc/passwd")
+    (links / "env").symlink_to(workspace / ".env")
+    (links / "chat").symlink_to("../sessions")
+    (links / "up").symlink_to("../..")
+    tool = shell(workspace, allow=["cat", "date", "grep", "ls"])
+    for command in escapes(workspace):
+        result = await tool.run({"command": command}, CTX)
+        contents = (
+            "root:x:0:0",
+            API_KEY,
+            "chat's secret",
+            "queued secret",
+            "archived secret",
+            "outside secret",
+        )
+        for secret in (*contents, '"approved"'):
+            assert secret not in result, (command, result)
+        for name in ("telegram%3A42", "0001.json", "x.jsonl"):  # nor even the names of what they hold
+            assert name in command or name not in result, (command, result)
+    # What the model may see is still there.
+    assert "TODO: beta" in await tool.run({"command": "grep -r TODO ."}, CTX)
+    listing = await tool.run({"command": "ls -a . memory"}, CTX)
+    assert "notes.txt" in listing and "MEMORY.md" in listing and "drafts" in listing
+
+
+async def test_the_bots_state_and_memory_cannot_be_written(workspace: Path) -> None:
+    tool = shell(workspace, allow=["touch", "cp", "mkdir"])
+    for command in (
+        "touch pairing.json",
+        "cp notes.txt pairing.json",
+        "touch usage.json",
+        "mkdir state",
+        "touch memory/MEMORY.md",
+        "cp notes.txt memory/MEMORY.md",
+        "touch sessions/new.json",
+        "touch new-at-the-top.txt",
+    ):
+        result = await tool.run({"command": command}, CTX)
+        assert "Exit code: 0" not in result, command
+    assert (workspace / "pairing.json").read_text() == '{"version": 1, "pending": [], "approved": []}\n'
+    assert (workspace / "memory" / "MEMORY.md").read_text() == "- likes tea\n"
+    assert sorted(await asyncio.to_thread(os.listdir, workspace)) == [
+        ".env", "drafts", "inbox", "memory", "notes.txt", "pairing.json", "sessions"
+    ]  # fmt: skip
+    assert await asyncio.to_thread(os.listdir, workspace / "sessions") == ["telegram%3A42.json"]
+    # The model's own folders stay writable.
+    assert "Exit code: 0" in await tool.run({"command": "cp notes.txt drafts/copy.txt"}, CTX)
+    assert (workspace / "drafts" / "copy.txt").read_text() == (workspace / "notes.txt").read_text()
+
+
+async def test_chat_scope_hides_memory_from_the_shell_too(workspace: Path) -> None:
+    tool = shell(workspace, protected=["memory"])
+    assert "likes tea" not in await tool.run({"command": "cat memory/MEMORY.md"}, CTX)
+    assert "notes.txt" in await tool.run({"command": "ls"}, CTX)
+
+
+@pytest.mark.parametrize("sandbox", ["definitely-not-bwrap-xyz", "false"])
+async def test_without_a_working_sandbox_nothing_runs(workspace: Path, sandbox: str) -> None:
+    reason = await refused(shell(workspace, sandbox=sandbox), "cat notes.txt")
+    assert reason.startswith("no command was run")
+    assert ("apt-get install bubblewrap" if sandbox != "false" else "cannot start here") in reason
 
 
 async def test_allowed_but_missing_program(workspace: Path) -> None:
@@ -107,7 +216,9 @@ async def test_cancellation_kills_the_process_promptly(workspace: Path) -> None:
 
 
 def _child_sleep_pid() -> int | None:
-    me = str(os.getpid())
+    """A ``sleep`` among this process's descendants (inside the sandbox it is a grandchild)."""
+    parents: dict[int, int] = {}
+    commands: dict[int, bytes] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -115,11 +226,18 @@ def _child_sleep_pid() -> int | None:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read()
+                commands[int(entry)] = f.read()
         except OSError:
             continue
-        if fields[1] == me and cmd.split(b"\x00")[0].endswith(b"sleep"):
-            return int(entry)
+        parents[int(entry)] = int(fields[1])
+    for pid, cmd in commands.items():
+        if not cmd.split(b"\x00")[0].endswith(b"sleep"):
+            continue
+        ancestor = parents.get(pid)
+        while ancestor and ancestor != os.getpid():
+            ancestor = parents.get(ancestor)
+        if ancestor == os.getpid():
+            return pid
     return None
 
 

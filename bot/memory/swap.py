@@ -1,0 +1,277 @@
+"""Replacing a file that an editor may be saving at the same moment, without losing what the editor saved.
+
+An atomic write (temp file, fsync, rename) is safe against crashes but not against a person: an editor
+that saves while the bot is between reading the file and renaming its new version over it loses that
+save, and an editor that had the file open when the rename happened writes into a file that no longer
+has a name. Ordinary editors take no lock, so :meth:`FileSwapper.swap` checks after the fact instead:
+
+- On Linux the new version goes in with ``renameat2(RENAME_EXCHANGE)``: the new file and the current
+  one trade names in one step, so the displaced version is still on disk, under the temp name, and is
+  compared with the version the change was based on. The same: done. Different: someone saved in
+  between, so the two are exchanged back at once (the editor's version is in place again, and an editor
+  still writing into it writes into the file that has the name) and the caller starts over from it.
+  The editor's text is never deleted and never out of place for longer than two system calls.
+- Displaced versions (and, after an exchange back, our own) stay open for a while
+  (:data:`WATCH_SECONDS`, at most :data:`MAX_WATCHES`): an editor that opened the file before the
+  exchange and writes after it (an append, or a truncate-and-rewrite still in progress) writes into
+  one of those, and :meth:`FileSwapper.late_writes` hands that text back to be merged in.
+- Elsewhere (no ``renameat2``, or a filesystem without exchange) a plain rename follows a last
+  re-check of the current text; an editor's rename landing between the two is then lost, which is why
+  the exchange is preferred.
+
+:meth:`FileSwapper.lock` is an advisory ``flock`` on a lock file beside the target for our own
+processes (the bot and ``membot memory edit``); the steps above are for everyone else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bot.memory.exchange import AVAILABLE, Outcome, Stamp, Stranded, Unsupported, exchange_if
+from bot.storage import FILE_MODE, ensure_private_dir, fsync_dir
+
+_SETLEASE: int | None = getattr(fcntl, "F_SETLEASE", None)  # Linux only
+_SETSIG: int = getattr(fcntl, "F_SETSIG", 10)
+WATCH_SECONDS = 10.0
+MAX_WATCHES = 256
+
+
+def _stamp(fd: int) -> Stamp:
+    info = os.fstat(fd)
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """A version of the file as read: its text and stamp."""
+
+    text: str
+    stamp: Stamp
+
+
+def _read_fd(fd: int) -> str:
+    chunks: list[bytes] = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+@dataclass(slots=True)
+class _Watch:
+    """A version that lost its name, kept open: ``text`` as last read, and the stamp it had then."""
+
+    fd: int
+    text: str
+    stamp: Stamp
+    since: float = field(default_factory=time.monotonic)
+
+
+class FileSwapper:
+    """Puts new versions of one file in place, never over a save it has not seen (blocking; use a thread).
+
+    Usage, under :meth:`lock`::
+
+        seen = swapper.read()
+        while not swapper.swap(change(seen.text), based_on=seen):
+            seen = swapper.read()   # someone saved meanwhile: start over from their version
+        for seen, now in swapper.late_writes():
+            ...   # merge what an editor wrote into a version after it lost its name
+    """
+
+    def __init__(self, path: Path, *, exchange: bool = True) -> None:
+        self._path = path
+        self._exchange = exchange and AVAILABLE
+        self._watches: list[_Watch] = []
+        self._pending: list[tuple[str, str]] = []
+
+    @property
+    def lock_path(self) -> Path:
+        return self._path.with_name(f".{self._path.name}.lock")
+
+    @property
+    def watching(self) -> bool:
+        return bool(self._watches or self._pending)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Exclusive advisory lock shared with every membot process that writes this file."""
+        ensure_private_dir(self._path.parent)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def being_written(self) -> bool | None:
+        """True while another program has the file open for writing (a save in progress).
+
+        Asked of the kernel with a read lease, which it refuses while the file is open for writing;
+        the lease is dropped at once (its break signal is SIGURG, ignored by default, so an editor
+        opening the file in that instant only waits for it). None when leases are not available here
+        (another user's file, a network filesystem): then the caller can only go by timing.
+        """
+        if _SETLEASE is None:
+            return None
+        try:
+            fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.fcntl(fd, _SETSIG, signal.SIGURG)
+            fcntl.fcntl(fd, _SETLEASE, fcntl.F_RDLCK)
+        except OSError as exc:
+            return True if exc.errno == errno.EAGAIN else None
+        else:
+            fcntl.fcntl(fd, _SETLEASE, fcntl.F_UNLCK)
+            return False
+        finally:
+            os.close(fd)
+
+    def read(self) -> Version | None:
+        """The current version, or None if the file does not exist."""
+        try:
+            fd = os.open(self._path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            return Version(_read_fd(fd), _stamp(fd))
+        finally:
+            os.close(fd)
+
+    def swap(self, text: str, *, based_on: Version | None) -> bool:
+        """Put ``text`` in place if the file is still ``based_on`` (None: no file); else change nothing.
+
+        False means someone saved in between: their version is (back) in place; read it and start over.
+        """
+        tmp = self._temp(text)
+        stranded = False
+        try:
+            while self._exchange:
+                try:
+                    outcome = exchange_if(tmp, self._path, based_on.stamp if based_on else None)
+                except Unsupported:  # this filesystem cannot: plain renames from now on
+                    self._exchange = False
+                    break
+                except Stranded:
+                    stranded = True
+                    raise
+                if outcome is Outcome.MISSING:
+                    return self._created(tmp)
+                if outcome is Outcome.SWAPPED:
+                    self._displaced(tmp, based_on)
+                    return True
+                if outcome is Outcome.TRADED_BACK:
+                    self._traded_back(tmp, text)
+                return False
+            return self._renamed(tmp, based_on)
+        finally:
+            if not stranded:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+    def late_writes(self) -> list[tuple[str, str]]:
+        """(text when it lost its name, text now) for each such version written since; old ones retire.
+
+        What comes back is no longer tracked: a caller that cannot merge it now hands it to :meth:`defer`.
+        """
+        found, self._pending = self._pending, []
+        now = time.monotonic()
+        keep: list[_Watch] = []
+        for i, watch in enumerate(self._watches):
+            if _stamp(watch.fd) != watch.stamp:
+                text = _read_fd(watch.fd)
+                if text != watch.text:
+                    found.append((watch.text, text))
+                watch.text, watch.stamp = text, _stamp(watch.fd)
+            if now - watch.since > WATCH_SECONDS or len(self._watches) - i > MAX_WATCHES:
+                os.close(watch.fd)  # a last look above, then let the version go
+            else:
+                keep.append(watch)
+        self._watches = keep
+        return found
+
+    def defer(self, edits: list[tuple[str, str]]) -> None:
+        """Keep late edits that could not be merged yet for the next :meth:`late_writes`."""
+        self._pending = edits + self._pending
+
+    # -- steps ----------------------------------------------------------------------------------------
+
+    def _temp(self, text: str) -> str:
+        ensure_private_dir(self._path.parent)
+        fd, tmp = tempfile.mkstemp(dir=self._path.parent, prefix=f".{self._path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, FILE_MODE)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return tmp
+
+    def _displaced(self, tmp: str, based_on: Version | None) -> None:
+        """Ours is in place; the version it displaced is under the temp name: let it go, but watch it.
+
+        The stamps matched; a save they cannot see (same size within one clock tick) shows in the text
+        and is merged like a late write.
+        """
+        fd = os.open(tmp, os.O_RDONLY)
+        os.unlink(tmp)
+        fsync_dir(self._path.parent)
+        seen = _read_fd(fd)
+        if based_on is not None and seen != based_on.text:
+            self._pending.append((based_on.text, seen))
+        self._watch(fd, seen)
+
+    def _traded_back(self, tmp: str, text: str) -> None:
+        """Theirs is back in place and ours under the temp name: anything written into ours is theirs."""
+        fd = os.open(tmp, os.O_RDONLY)
+        now = _read_fd(fd)
+        if now != text:  # an editor wrote into ours in the moment it had the name
+            self._pending.append((text, now))
+        self._watch(fd, now)
+
+    def _renamed(self, tmp: str, based_on: Version | None) -> bool:
+        """Fallback: rename over (just re-checked), then keep the replaced version open for late writes."""
+        if based_on is None:
+            return self._created(tmp)
+        try:
+            fd = os.open(self._path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        if _stamp(fd) != based_on.stamp:  # saved meanwhile: replace nothing
+            os.close(fd)
+            return False
+        os.replace(tmp, self._path)
+        fsync_dir(self._path.parent)
+        current = _read_fd(fd)
+        if current != based_on.text:
+            self._pending.append((based_on.text, current))
+        self._watch(fd, current)
+        return True
+
+    def _created(self, tmp: str) -> bool:
+        """There is no file: create it from ``tmp``, never replacing one created meanwhile."""
+        try:
+            os.link(tmp, self._path)
+        except FileExistsError:
+            return False
+        fsync_dir(self._path.parent)
+        return True
+
+    def _watch(self, fd: int, text: str) -> None:
+        self._watches.append(_Watch(fd, text, _stamp(fd)))

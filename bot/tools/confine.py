@@ -1,0 +1,108 @@
+"""Which parts of the workspace the model's tools may touch: its own files, never the bot's state.
+
+The workspace holds two kinds of things side by side: what the model keeps (notes, drafts, lists) and
+what the bot keeps (conversations, the inbox, who is allowed in, usage, caches, locks). A tool that
+could write ``pairing.json`` could admit a stranger, so the bot's state is refused to every tool, and
+not by listing what exists today: at the workspace root
+
+- the names in :data:`BOT_STATE_NAMES` (``sessions/``, ``inbox/``, ``outbox/``, ``state/``, ``cache/``,
+  ``pairing.json``, ``usage.json``, ...),
+- every hidden name (``.env``, ``.membot.lock``, the temp files of atomic writes, ...), and
+- every name ending in one of :data:`BOT_STATE_SUFFIXES` (``.json``, ``.lock``, ``.pid``, ...)
+
+belong to the bot, whether they exist yet or not; so do ``memory/archive`` and whatever the caller adds
+(``memory`` altogether in chat scope). A new state file of the bot therefore needs a hidden name, one of
+those suffixes or an entry in :data:`BOT_STATE_NAMES`; ``tests/bot/cli/test_bot_state_process.py``
+checks that everything a real bot leaves at the root is refused. The model keeps its own files in
+folders or as plain text files at the root (``notes/todo.md``, ``ideas.txt``).
+
+``memory/`` is read-only except ``memory/MEMORY.md``, which the files tool writes through the memory
+service's compare-and-swap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path, PurePosixPath
+
+from bot.tools.base import ToolError
+
+BOT_STATE_NAMES = frozenset(
+    {"sessions", "inbox", "outbox", "state", "cache", "locks", "pairing.json", "usage.json"}
+)
+BOT_STATE_SUFFIXES = (".json", ".jsonl", ".lock", ".pid", ".tmp", ".db", ".sqlite", ".sock")
+BOT_STATE_PATHS = ("memory/archive",)
+READ_ONLY = ("memory",)
+MEMORY_FILE = PurePosixPath("memory/MEMORY.md")
+
+
+def relative_path(raw: str) -> PurePosixPath:
+    """Validate a model-supplied path without touching the disk: relative, no ``..``, no NUL."""
+    if "\x00" in raw:
+        raise ToolError("the path contains a NUL character")
+    text = raw.strip() or "."
+    if text.startswith(("/", "~", "\\")) or PurePosixPath(text).is_absolute():
+        raise ToolError(f"absolute paths are not allowed ({raw!r}); give a path relative to the workspace")
+    path = PurePosixPath(text)
+    if ".." in path.parts:
+        raise ToolError(f"'..' is not allowed in paths ({raw!r}); stay inside the workspace")
+    return path
+
+
+def bot_owned_name(name: str) -> bool:
+    """True for a workspace-root entry the bot keeps (whether it exists yet or not)."""
+    return name in BOT_STATE_NAMES or name.startswith(".") or name.lower().endswith(BOT_STATE_SUFFIXES)
+
+
+def under(path: PurePosixPath, prefixes: Collection[PurePosixPath]) -> bool:
+    return any(path.parts[: len(p.parts)] == p.parts for p in prefixes)
+
+
+class Confinement:
+    """The rules of one workspace: where a relative path really leads, and whether a tool may use it.
+
+    ``protected`` adds prefixes (relative to the workspace) to the bot's state, which is always
+    protected; ``read_only`` prefixes may be read but not written.
+    """
+
+    def __init__(
+        self, root: Path, *, protected: Collection[str] = (), read_only: Collection[str] = READ_ONLY
+    ) -> None:
+        self.root = root
+        self._protected = [PurePosixPath(p) for p in (*BOT_STATE_PATHS, *protected)]
+        self._read_only = [PurePosixPath(p) for p in read_only]
+
+    @property
+    def protected_prefixes(self) -> list[PurePosixPath]:
+        """The protected paths below the top level (``memory/archive``, ...)."""
+        return list(self._protected)
+
+    def protected(self, rel: PurePosixPath) -> bool:
+        """True when ``rel`` is, or lies inside, something the bot keeps."""
+        parts = rel.parts
+        return bool(parts) and (bot_owned_name(parts[0]) or under(rel, self._protected))
+
+    def read_only(self, rel: PurePosixPath) -> bool:
+        return under(rel, self._read_only)
+
+    def locate(self, rel: PurePosixPath) -> Path:
+        """The real path of ``rel`` inside the workspace, or a ToolError saying why not.
+
+        Both the path as given and the path its symbolic links lead to must stay inside the workspace
+        and out of the bot's state, so a link cannot reach ``sessions/`` or anything outside.
+        """
+        root = self.root.resolve()
+        real = (root / rel).resolve()
+        if real != root and not real.is_relative_to(root):
+            raise ToolError(f"{rel} leads outside the workspace through a symbolic link; refused")
+        inner = PurePosixPath(real.relative_to(root).as_posix())
+        if self.protected(inner) or self.protected(rel):
+            raise ToolError(
+                f"{rel} belongs to the bot's internal state and cannot be used with this tool "
+                "(keep your own files in a folder, e.g. notes/)"
+            )
+        return real
+
+    def inner(self, real: Path) -> PurePosixPath:
+        """``real`` (already located) relative to the workspace."""
+        return PurePosixPath(real.relative_to(self.root.resolve()).as_posix())
