@@ -14,6 +14,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from bot.surrogates import utf8
+
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
@@ -55,7 +57,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, utf8(text))
 
 
 def append_bytes(
@@ -88,7 +90,7 @@ def append_bytes(
 
 def append_line(path: Path, line: str) -> None:
     """Append one text line (a newline is added) durably, on a line of its own."""
-    append_bytes(path, (line.rstrip("\n") + "\n").encode("utf-8"), whole_lines=True)
+    append_bytes(path, utf8(line.rstrip("\n") + "\n"), whole_lines=True)
 
 
 async def atomic_write_text_async(path: Path, text: str) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from bot.domain import Message, ToolCall, Usage
+from bot.surrogates import scrub
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +37,20 @@ class ChatRequest:
 
 @dataclass(slots=True)
 class ChatResponse:
+    """One model answer. Text and tool calls are scrubbed of lone surrogates as the answer is built
+    (bot/surrogates.py): a provider's JSON may carry them, and no session file could store them."""
+
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = field(default_factory=Usage)
     model: str = ""
     stop_reason: str = ""
+
+    def __post_init__(self) -> None:
+        self.content = scrub(self.content)
+        self.tool_calls = tuple(
+            ToolCall(scrub(c.id), scrub(c.name), scrub(c.arguments)) for c in self.tool_calls
+        )
 
 
 StreamEventKind = Literal["text", "tool_call", "usage", "done"]
@@ -53,3 +63,6 @@ class StreamEvent:
     kind: StreamEventKind
     text: str = ""
     response: ChatResponse | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", scrub(self.text))

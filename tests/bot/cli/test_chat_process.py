@@ -120,3 +120,25 @@ async def test_ctrl_c_stops_the_answer_then_quits_at_the_prompt_and_the_chat_con
             assert await chat.exit_code() == 0, chat.err
         sent = [m["content"] for m in llm.requests[-1].body["messages"] if m["role"] == "user"]
         assert sent[-3:] == ["think hard about this", "and now?", "still there?"]
+
+
+async def test_a_lone_surrogate_in_an_answer_does_not_break_the_chat(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        # "\ud800" travels as the JSON escape \ud800: valid JSON, but no UTF-8 file can hold it.
+        llm.script(FakeReply(text="broken \ud800 answer"))
+        async with membot_chat(tmp_path, llm) as chat:
+            await chat.type("hello")
+            await chat.wait_for("broken \ufffd answer")
+            await chat.type("still saving?")
+            await chat.wait_for("echo: still saving?\nyou › ")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+        session = await JsonSessionStore(tmp_path / "ws" / "sessions").load("cli:ana")
+        assert session is not None
+        assert [m.content for m in session.messages] == [
+            "hello",
+            "broken \ufffd answer",
+            "still saving?",
+            "echo: still saving?",
+        ]
