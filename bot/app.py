@@ -39,7 +39,7 @@ from bot.memory.tool import MemoryTool
 from bot.metrics import Metrics
 from bot.session_commands import SessionCommands
 from bot.sessions import JsonSessionStore, SessionService
-from bot.storage import ensure_private_dir, fix_private_tree
+from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
 from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry, builtin_tools
 from bot.usage import UsageLedger
@@ -104,12 +104,15 @@ def prepare_workspace(settings: Settings) -> None:
         for sub in (settings.sessions_dir, settings.memory_dir, settings.workspace / "inbox"):
             ensure_private_dir(sub)
         fixed = fix_private_tree(settings.workspace)
+        stale = remove_stale_temp_files(settings.workspace)
     except OSError as exc:
         raise ConfigError(
             f"cannot use workspace {settings.workspace}: {exc.strerror} (set --workspace or MEMBOT_WORKSPACE)"
         ) from None
     if fixed:
         log.warning("workspace_permissions_fixed", count=fixed, workspace=str(settings.workspace))
+    if stale:
+        log.info("stale_temp_files_removed", count=stale, workspace=str(settings.workspace))
 
 
 def secrets_of(settings: Settings) -> list[str]:

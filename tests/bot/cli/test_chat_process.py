@@ -142,3 +142,14 @@ async def test_a_lone_surrogate_in_an_answer_does_not_break_the_chat(tmp_path: P
             "still saving?",
             "echo: still saving?",
         ]
+
+
+async def test_a_line_longer_than_64_kib_is_answered(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm, membot_chat(tmp_path, llm) as chat:
+        await chat.type("x" * 100_000)  # a big paste on one line
+        await chat.wait_for("[message truncated: 100000 characters, limit 16000]")
+        await chat.type("and after it?")
+        await chat.wait_for("echo: and after it?")
+        assert chat.process.stdin is not None
+        chat.process.stdin.close()
+        assert await chat.exit_code() == 0, chat.err
