@@ -262,10 +262,9 @@ async def run_chat(settings: Settings) -> None:
     """``membot chat``: the terminal channel over the full pipeline until the user quits."""
     from channels.terminal import TerminalChannel, stdin_reader
 
-    configure_logging(
-        level="WARNING" if settings.log_level == "INFO" else settings.log_level,
-        fmt=settings.log_format,
-        secrets=secrets_of(settings),
+    # The terminal is the chat: log lines and tracebacks go to a file, the user sees plain replies.
+    await asyncio.to_thread(
+        configure_logging, level=settings.log_level, secrets=secrets_of(settings), file=settings.chat_log
     )
     async with build_core(settings) as core:
         channel = TerminalChannel(
@@ -293,7 +292,10 @@ async def run_chat(settings: Settings) -> None:
 
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGINT, on_interrupt)
-        sys.stdout.write(f"membot — model {settings.llm.model}; /help for commands, Ctrl-D to quit.\n")
+        sys.stdout.write(
+            f"membot — model {settings.llm.model}; /help for commands, Ctrl-D to quit. "
+            f"Log: {settings.chat_log}\n"
+        )
         await core.dispatcher.recover()
         await channel.start()
         try:

@@ -269,6 +269,11 @@ class Settings(BaseSettings):
         return self.workspace / "memory"
 
     @property
+    def chat_log(self) -> Path:
+        """Where ``membot chat`` logs (the terminal shows only the chat)."""
+        return self.workspace / "logs" / "chat.log"
+
+    @property
     def memory_timezone(self) -> str:
         return self.memory.timezone or self.timezone
 

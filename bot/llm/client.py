@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing
@@ -328,10 +329,18 @@ def _error_answer(target: _Target, response: httpx.Response, text: str) -> LLMEr
 def _where(provider: Provider, settings: ProviderSettings) -> str:
     if provider == "anthropic":
         official = settings.base_url is None or "api.anthropic.com" in settings.base_url
-        return "Anthropic" if official else f"the Anthropic-compatible server at {settings.base_url}"
+        return "Anthropic" if official else f"the Anthropic-compatible server at {_shown(settings.base_url)}"
     if openai.is_official(settings.base_url):
         return "OpenAI"
-    return f"the OpenAI-compatible server at {settings.base_url}"
+    return f"the OpenAI-compatible server at {_shown(settings.base_url)}"
+
+
+def _shown(base_url: str | None) -> str:
+    """A base URL as errors may show it: without the user:password a proxy URL can carry."""
+    try:
+        return str(httpx.URL(base_url or "").copy_with(username=None, password=None))
+    except httpx.InvalidURL:
+        return re.sub(r"//[^/]*@", "//", base_url or "")
 
 
 def _check_base_url(section: str, base_url: str | None) -> None:
@@ -345,7 +354,7 @@ def _check_base_url(section: str, base_url: str | None) -> None:
     if url is None or url.scheme not in ("http", "https") or not url.host:
         example = "http://localhost:11434/v1" if section == "openai" else "https://api.anthropic.com"
         raise ConfigError(
-            f"llm.{section}.base_url {base_url!r} is not an http(s) URL: set "
+            f"llm.{section}.base_url {_shown(base_url)!r} is not an http(s) URL: set "
             f"MEMBOT_LLM__{section.upper()}__BASE_URL to something like {example}"
         )
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 from bot.storage import append_bytes, atomic_write_text, ensure_private_dir
 from bot.tools.base import ToolContext, ToolError, string_arg, untrusted
 
-DEFAULT_PROTECTED = ("sessions", "inbox", "memory/archive")
+DEFAULT_PROTECTED = ("sessions", "inbox", "memory/archive", "logs")
 DEFAULT_READ_ONLY = ("memory",)
 MEMORY_FILE = PurePosixPath("memory/MEMORY.md")
 MAX_LIST = 200

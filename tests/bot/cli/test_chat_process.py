@@ -50,7 +50,7 @@ class Chat:
 
 
 @contextlib.asynccontextmanager
-async def membot_chat(home: Path, llm: FakeLLMServer) -> AsyncIterator[Chat]:
+async def membot_chat(home: Path, llm: FakeLLMServer, **settings: str) -> AsyncIterator[Chat]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
     env.update(
         HOME=str(home),
@@ -59,6 +59,7 @@ async def membot_chat(home: Path, llm: FakeLLMServer) -> AsyncIterator[Chat]:
         MEMBOT_LLM__OPENAI__API_KEY="sk-test-key-123456",
         MEMBOT_TERMINAL__USER="ana",
     )
+    env.update(settings)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -153,3 +154,40 @@ async def test_a_line_longer_than_64_kib_is_answered(tmp_path: Path) -> None:
         assert chat.process.stdin is not None
         chat.process.stdin.close()
         assert await chat.exit_code() == 0, chat.err
+
+
+async def test_an_unreachable_model_is_one_plain_line_and_the_details_go_to_the_log(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        unreachable = "http://bob:hunter2-secret@127.0.0.1:9/v1"  # a proxy password in the URL
+        async with membot_chat(
+            tmp_path, llm, MEMBOT_LLM__OPENAI__BASE_URL=unreachable, MEMBOT_LLM__MAX_RETRIES="0"
+        ) as chat:
+            await chat.type("hello?")
+            await chat.wait_for("send another message to try again.\nyou › ")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+    screen = chat.out + chat.err
+    [reply] = [line for line in screen.splitlines() if "membot ›" in line]
+    assert "the AI model cannot be reached right now" in reply
+    for internal in ("Traceback", "127.0.0.1:9", "hunter2", "MEMBOT_", "LLMUnavailable", "base_url"):
+        assert internal not in screen, internal
+    log = (tmp_path / "ws" / "logs" / "chat.log").read_text()
+    assert "Traceback" in log and "LLMUnavailable" in log and "127.0.0.1:9" in log
+    assert "hunter2" not in log
+
+
+async def test_a_key_the_provider_echoes_reaches_neither_the_chat_nor_the_log(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        echoed = {"error": {"message": "Incorrect API key provided: local-key-0123456789abc.", "type": "x"}}
+        llm.script(FakeReply(status=401, error=echoed))
+        async with membot_chat(tmp_path, llm, MEMBOT_LLM__OPENAI__API_KEY="local-key-0123456789abc") as chat:
+            await chat.type("hello?")
+            await chat.wait_for("send another message to try again.\nyou › ")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+    assert "refused the bot's access" in chat.out
+    assert "local-key" not in chat.out + chat.err and "MEMBOT_" not in chat.out
+    log = (tmp_path / "ws" / "logs" / "chat.log").read_text()
+    assert "LLMAuthError" in log and "local-key" not in log
