@@ -46,8 +46,10 @@ class LLMSettings(_Section):
     fallback_models: list[str] = Field(default_factory=list)
     openai: ProviderSettings = Field(default_factory=ProviderSettings)
     anthropic: ProviderSettings = Field(default_factory=ProviderSettings)
-    timeout: float = 60.0
+    timeout: float = 60.0  # one whole non-streamed answer
     connect_timeout: float = 10.0
+    first_byte_timeout: float = Field(default=30.0, gt=0)  # until a streamed answer starts
+    idle_timeout: float = Field(default=30.0, gt=0)  # silence allowed once an answer started
     max_retries: int = 3
     retry_base_delay: float = 0.5
     retry_max_delay: float = 20.0

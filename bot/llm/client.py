@@ -10,7 +10,14 @@ One call, step by step:
 2. Per model: the provider (``llm.provider`` for the primary, else the catalog), its key and base URL.
 3. Send. 408, 409, 429, 5xx, 529, timeouts and connection failures are retried (``retryable`` errors)
    up to ``llm.max_retries`` times with exponential backoff and jitter, or after the server's
-   ``retry-after-ms`` / ``retry-after``, never longer than ``llm.retry_max_delay``.
+   ``retry-after-ms`` / ``retry-after``, never longer than ``llm.retry_max_delay``. A timeout is
+   retried once only: a server that stayed silent twice is hung, and every further try would keep
+   the user waiting as long again.
+
+   Time limits of one try: a non-streamed answer must be complete within ``llm.timeout`` (its first
+   byte comes only when the model has written all of it); a streamed one must start within
+   ``llm.first_byte_timeout``; and once bytes flow, a silence longer than ``llm.idle_timeout`` ends
+   the try. So a hung server costs seconds, not the minutes a plain read timeout times the retries did.
 4. Retries exhausted on a retryable error: the next model of the chain. Auth and spend-limit errors,
    context overflows and malformed answers are raised at once, because another try cannot help.
 5. Success: usage and cost (from the catalog) are added to :class:`LLMStats`.
@@ -27,7 +34,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import httpx
 import structlog
@@ -44,6 +51,8 @@ from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 __all__ = ["HTTPX_ERRORS", "LLMClient", "LLMStats", "map_httpx_error"]
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 # Every exception httpx defines derives from one of these (tests/bot/llm/test_httpx_errors.py).
 HTTPX_ERRORS = (httpx.HTTPError, httpx.InvalidURL, httpx.CookieConflict, httpx.StreamError)
@@ -156,7 +165,7 @@ class LLMClient:
                     self._failed(model, exc)
                     if started or not exc.retryable:
                         raise
-                    if attempt < self._settings.max_retries:
+                    if self._may_retry(exc, attempt):
                         await self._backoff(attempt, exc)
                         continue
                     if position == len(chain) - 1:
@@ -172,6 +181,13 @@ class LLMClient:
         primary = self._settings.model
         return [primary, *dict.fromkeys(m for m in self._settings.fallback_models if m != primary)]
 
+    def _may_retry(self, exc: LLMError, attempt: int) -> bool:
+        """Whether try ``attempt`` (0-based) may be followed by another on the same model."""
+        limit = self._settings.max_retries
+        if isinstance(exc, LLMTimeout):
+            limit = min(limit, 1)
+        return exc.retryable and attempt < limit
+
     async def _with_retries(self, model: str, request: ChatRequest) -> ChatResponse:
         attempt = 0
         while True:
@@ -180,7 +196,7 @@ class LLMClient:
                 response = await self._send_once(model, request)
             except LLMError as exc:
                 self._failed(model, exc)
-                if not exc.retryable or attempt >= self._settings.max_retries:
+                if not self._may_retry(exc, attempt):
                     raise
                 await self._backoff(attempt, exc)
                 attempt += 1
@@ -221,6 +237,8 @@ class LLMClient:
         limit = request.max_output_tokens or self._settings.max_output_tokens
         temperature = request.temperature if request.temperature is not None else self._settings.temperature
         seconds = request.timeout or self._settings.timeout
+        # Our own limits (whole answer, first byte, idle) decide; httpx's per-read one is only a backstop.
+        backstop = max(seconds, self._settings.first_byte_timeout, self._settings.idle_timeout)
         build = anthropic.build_request if target.provider == "anthropic" else openai.build_request
         with _httpx_errors(target):
             return build(
@@ -230,7 +248,7 @@ class LLMClient:
                 api_key=key,
                 max_tokens=min(limit, target.info.max_output_tokens),
                 temperature=temperature,
-                timeout=httpx.Timeout(seconds, connect=min(seconds, self._settings.connect_timeout)),
+                timeout=httpx.Timeout(backstop, connect=min(seconds, self._settings.connect_timeout)),
                 stream=stream,
             )
 
@@ -242,29 +260,51 @@ class LLMClient:
             # httpx's timeouts are per read; this bounds the whole answer, so a trickle cannot hang a turn.
             async with asyncio.timeout(seconds):
                 with _httpx_errors(target):
-                    response = await self._http.send(http_request)
+                    response = await self._http.send(http_request, stream=True)
+                    try:
+                        body = await self._read_body(target, response)
+                    finally:
+                        await response.aclose()
         except TimeoutError as exc:
             if isinstance(exc, LLMError):
                 raise
             raise LLMTimeout(f"{target.where} did not answer within {seconds:g} s", model=model) from None
         if response.status_code >= 400:
-            raise _error_answer(target, response, response.text)
-        return _parse(target, response.content)
+            raise _error_answer(target, response, body.decode("utf-8", "replace"))
+        return _parse(target, body)
+
+    async def _read_body(self, target: _Target, response: httpx.Response) -> bytes:
+        chunks = _Quiet(response.aiter_bytes(), self._settings.idle_timeout, target)
+        return b"".join([chunk async for chunk in chunks])
+
+    async def _open_stream(self, target: _Target, request: ChatRequest) -> httpx.Response:
+        """Send a streaming request; the answer must start within ``first_byte_timeout``."""
+        http_request = self._build(target, request, stream=True)
+        seconds = min(self._settings.first_byte_timeout, request.timeout or float("inf"))
+        try:
+            async with asyncio.timeout(seconds) as window:
+                with _httpx_errors(target):
+                    return await self._http.send(http_request, stream=True)
+        except TimeoutError:
+            if not window.expired():
+                raise
+            raise LLMTimeout(
+                f"{target.where} did not start answering within {seconds:g} s (llm.first_byte_timeout)",
+                model=target.model,
+            ) from None
 
     async def _stream_once(self, model: str, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         target = self._target(model)
-        http_request = self._build(target, request, stream=True)
         started = time.monotonic()
-        with _httpx_errors(target):
-            response = await self._http.send(http_request, stream=True)
+        response = await self._open_stream(target, request)
         try:
             with _httpx_errors(target):
                 if response.status_code >= 400:
-                    text = (await response.aread()).decode("utf-8", "replace")
+                    text = (await self._read_body(target, response)).decode("utf-8", "replace")
                     raise _error_answer(target, response, text)
                 if "text/event-stream" not in response.headers.get("content-type", ""):
                     # The server ignored stream=true (some compatible servers do): a whole answer.
-                    final = _parse(target, await response.aread())
+                    final = _parse(target, await self._read_body(target, response))
                     for event in _replay(final):
                         yield event
                 else:
@@ -273,7 +313,8 @@ class LLMClient:
                         if target.provider == "anthropic"
                         else openai.StreamDecoder(model, target.where)
                     )
-                    async for sse in iter_sse(response.aiter_lines()):
+                    lines = _Quiet(response.aiter_lines(), self._settings.idle_timeout, target)
+                    async for sse in iter_sse(lines):
                         for event in decoder.feed(sse):
                             yield event
                         if decoder.done:
@@ -295,6 +336,35 @@ class LLMClient:
 
     def _failed(self, model: str, exc: LLMError) -> None:
         self.stats.failed(model, exc)
+
+
+class _Quiet(Generic[T]):
+    """The chunks of an answer that has started; a silence longer than ``idle`` seconds is LLMTimeout.
+
+    A plain iterator class rather than a generator, so nothing is left suspended when the reader
+    stops early (the response is closed by its owner).
+    """
+
+    def __init__(self, chunks: AsyncIterator[T], idle: float, target: _Target) -> None:
+        self._chunks = chunks
+        self._idle = idle
+        self._target = target
+
+    def __aiter__(self) -> _Quiet[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            async with asyncio.timeout(self._idle) as window:
+                return await anext(self._chunks)
+        except TimeoutError:
+            if not window.expired():
+                raise
+            raise LLMTimeout(
+                f"{self._target.where} went silent for {self._idle:g} s in the middle of an answer "
+                "(llm.idle_timeout)",
+                model=self._target.model,
+            ) from None
 
 
 def _replay(final: ChatResponse) -> Iterator[StreamEvent]:

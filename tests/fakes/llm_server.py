@@ -29,6 +29,7 @@ from tests.fakes.llm_wire import (
     FakeReply,
     anthropic_body,
     openai_body,
+    send_stalling,
     stream_anthropic,
     stream_openai,
     usage_of,
@@ -167,6 +168,8 @@ class FakeLLMServer:
             payload = (
                 openai_body(body, reply, usage) if api == "openai" else anthropic_body(body, reply, usage)
             )
+            if reply.stall_after is not None:
+                return await send_stalling(request, payload, reply)
             return web.json_response(payload, headers=reply.headers)
         finally:
             self.in_flight -= 1
