@@ -154,7 +154,11 @@ async def build_core(
         web_http = await stack.enter_async_context(
             httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=settings.tools.web_timeout)
         )
-        model = llm if llm is not None else LLMClient(settings.llm, catalog, http)
+        # Before anything that may call the model: the client reports every call (chat, compaction,
+        # consolidation) to the ledger, and the flush is pushed first so it runs after memory.close.
+        ledger = UsageLedger(settings.workspace / "usage.json", tz=ZoneInfo(settings.timezone))
+        stack.push_async_callback(ledger.flush)
+        model = llm if llm is not None else LLMClient(settings.llm, catalog, http, usage=ledger)
         sessions = SessionService(
             JsonSessionStore(settings.sessions_dir), cache_size=settings.sessions.cache_size
         )
@@ -191,9 +195,6 @@ async def build_core(
         auto = AutoCompactionSystem(
             compaction, settings.compaction, window=info.max_input_tokens, reserve_tokens=reserve
         )
-        ledger = UsageLedger(settings.workspace / "usage.json", tz=ZoneInfo(settings.timezone))
-        stack.push_async_callback(ledger.flush)
-
         tools = builtin_tools(
             settings.tools,
             workspace=settings.workspace,
@@ -217,7 +218,8 @@ async def build_core(
                 max_overflow_retries=settings.compaction.max_overflow_retries,
                 observer=metrics,
             ),
-            UsageSystem(counter, ledger),  # 90
+            # 90; an injected model does not report to the ledger, so then the turns are added here
+            UsageSystem(counter, ledger if llm is not None else None),
         ]
         if settings.memory.enabled:
             systems.append(MemoryPersistSystem(memory, settings.memory))  # 50

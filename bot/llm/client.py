@@ -1,8 +1,8 @@
 """The LLM client: I/O, retries, failover and usage over an injected ``httpx.AsyncClient``.
 
 Wire formats live in openai.py and anthropic.py (pure translators); what an error answer means lives in
-failures.py. This module is the only place httpx exceptions are caught: ``map_httpx_error`` turns each
-of them into membot's own (bot/errors.py), and a test proves the map is total.
+failures.py; base URLs are checked and shown in endpoints.py. Every httpx call here runs inside
+``httpx_errors`` (httpx_errors.py), the one place httpx exceptions become membot's own (bot/errors.py).
 
 One call, step by step:
 
@@ -20,7 +20,9 @@ One call, step by step:
    the try. So a hung server costs seconds, not the minutes a plain read timeout times the retries did.
 4. Retries exhausted on a retryable error: the next model of the chain. Auth and spend-limit errors,
    context overflows and malformed answers are raised at once, because another try cannot help.
-5. Success: usage and cost (from the catalog) are added to :class:`LLMStats`.
+5. Success: usage and cost (from the catalog) are added to :class:`LLMStats` and reported, with the
+   request's ``purpose``, to the ``usage`` observer (the daily ledger), so every call is counted:
+   chat turns, compaction summaries and memory consolidation alike.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import asyncio
 import contextlib
 import json
 import random
-import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing
@@ -41,21 +42,21 @@ import structlog
 
 from bot.catalog import ModelCatalog, ModelInfo
 from bot.config import LLMSettings, ProviderSettings
-from bot.errors import ConfigError, LLMAuthError, LLMBadResponse, LLMError, LLMTimeout, LLMUnavailable
+from bot.domain import Usage
+from bot.errors import LLMAuthError, LLMBadResponse, LLMError, LLMTimeout, LLMUnavailable
 from bot.llm import anthropic, openai
+from bot.llm.endpoints import check_base_url, where
 from bot.llm.failures import Provider, key_setting, status_error
+from bot.llm.httpx_errors import HTTPX_ERRORS, httpx_errors, map_httpx_error
 from bot.llm.sse import SSEvent, iter_sse
 from bot.llm.stats import LLMStats
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 
-__all__ = ["HTTPX_ERRORS", "LLMClient", "LLMStats", "map_httpx_error"]
+__all__ = ["HTTPX_ERRORS", "LLMClient", "LLMStats", "UsageObserver", "map_httpx_error"]
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-
-# Every exception httpx defines derives from one of these (tests/bot/llm/test_httpx_errors.py).
-HTTPX_ERRORS = (httpx.HTTPError, httpx.InvalidURL, httpx.CookieConflict, httpx.StreamError)
 
 
 class _Decoder(Protocol):
@@ -67,6 +68,12 @@ class _Decoder(Protocol):
     def feed(self, event: SSEvent) -> list[StreamEvent]: ...
 
     def finish(self) -> ChatResponse: ...
+
+
+class UsageObserver(Protocol):
+    """Told about every successful call (bot.usage.UsageLedger is one)."""
+
+    async def record(self, purpose: str, model: str, usage: Usage) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +99,9 @@ class LLMClient:
                 ...
 
     The HTTP client belongs to the caller (the composition root), so this class owns nothing to close.
-    ``sleep`` and ``rng`` are injectable so tests can check backoff without waiting for it. Errors are
-    always bot.errors LLM types; ``stats`` is read by the ops endpoints.
+    ``usage`` is told every successful call's usage and purpose. ``sleep`` and ``rng`` are injectable
+    so tests can check backoff without waiting for it. Errors are always bot.errors LLM types;
+    ``stats`` is read by the ops endpoints.
     """
 
     def __init__(
@@ -104,14 +112,16 @@ class LLMClient:
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
+        usage: UsageObserver | None = None,
     ) -> None:
         for name, section in (("openai", settings.openai), ("anthropic", settings.anthropic)):
-            _check_base_url(name, section.base_url)
+            check_base_url(name, section.base_url)
         self._settings = settings
         self._catalog = catalog
         self._http = http
         self._sleep = sleep
         self._rng = rng
+        self._usage = usage
         self.stats = LLMStats()
 
     @property
@@ -201,7 +211,7 @@ class LLMClient:
                 await self._backoff(attempt, exc)
                 attempt += 1
                 continue
-            self._succeeded(model, response, time.monotonic() - started)
+            await self._succeeded(model, request, response, time.monotonic() - started)
             return response
 
     async def _backoff(self, attempt: int, exc: LLMError) -> None:
@@ -224,7 +234,7 @@ class LLMClient:
         provider = self.provider_of(model)
         settings = self._settings.anthropic if provider == "anthropic" else self._settings.openai
         return _Target(
-            model, provider, self._catalog.get(model, provider), settings, _where(provider, settings)
+            model, provider, self._catalog.get(model, provider), settings, where(provider, settings)
         )
 
     def _build(self, target: _Target, request: ChatRequest, *, stream: bool) -> httpx.Request:
@@ -326,13 +336,20 @@ class LLMClient:
                     final = decoder.finish()
         finally:
             await response.aclose()
-        self._succeeded(model, final, time.monotonic() - started)
+        await self._succeeded(model, request, final, time.monotonic() - started)
         yield StreamEvent("done", response=final)
 
-    def _succeeded(self, model: str, response: ChatResponse, latency: float) -> None:
+    async def _succeeded(
+        self, model: str, request: ChatRequest, response: ChatResponse, latency: float
+    ) -> None:
         response.usage.cost_usd = self.info(model).cost(response.usage)
         response.model = response.model or model
-        self.stats.succeeded(model, response.usage, latency)
+        self.stats.succeeded(model, response.usage, latency, request.purpose)
+        if self._usage is not None:
+            try:
+                await self._usage.record(request.purpose, model, response.usage)
+            except Exception:  # the answer is here and paid for; a bookkeeping hiccup must not cost it
+                log.exception("usage_not_recorded", purpose=request.purpose, model=model)
 
     def _failed(self, model: str, exc: LLMError) -> None:
         self.stats.failed(model, exc)
@@ -396,74 +413,5 @@ def _error_answer(target: _Target, response: httpx.Response, text: str) -> LLMEr
     )
 
 
-def _where(provider: Provider, settings: ProviderSettings) -> str:
-    if provider == "anthropic":
-        official = settings.base_url is None or "api.anthropic.com" in settings.base_url
-        return "Anthropic" if official else f"the Anthropic-compatible server at {_shown(settings.base_url)}"
-    if openai.is_official(settings.base_url):
-        return "OpenAI"
-    return f"the OpenAI-compatible server at {_shown(settings.base_url)}"
-
-
-def _shown(base_url: str | None) -> str:
-    """A base URL as errors may show it: without the user:password a proxy URL can carry."""
-    try:
-        return str(httpx.URL(base_url or "").copy_with(username=None, password=None))
-    except httpx.InvalidURL:
-        return re.sub(r"//[^/]*@", "//", base_url or "")
-
-
-def _check_base_url(section: str, base_url: str | None) -> None:
-    """Fail at start-up, naming the setting, rather than on every call."""
-    if base_url is None:
-        return
-    try:
-        url = httpx.URL(base_url)
-    except httpx.InvalidURL:
-        url = None
-    if url is None or url.scheme not in ("http", "https") or not url.host:
-        example = "http://localhost:11434/v1" if section == "openai" else "https://api.anthropic.com"
-        raise ConfigError(
-            f"llm.{section}.base_url {_shown(base_url)!r} is not an http(s) URL: set "
-            f"MEMBOT_LLM__{section.upper()}__BASE_URL to something like {example}"
-        )
-
-
-@contextlib.contextmanager
-def _httpx_errors(target: _Target) -> Iterator[None]:
-    """Run httpx code; re-raise whatever it raises as a bot.errors LLM error (like httpcore's map)."""
-    try:
-        yield
-    except HTTPX_ERRORS as exc:
-        raise map_httpx_error(exc, model=target.model, provider=target.provider, where=target.where) from exc
-
-
-def map_httpx_error(exc: Exception, *, model: str, provider: Provider, where: str) -> LLMError:
-    """The LLM error for any exception httpx raises; the most specific httpx class wins.
-
-    Timeouts are LLMTimeout; network failures LLMUnavailable (both retried); a URL that cannot be
-    requested, a body that cannot be decoded, redirect loops and misuse of a stream are LLMBadResponse
-    (not retried: another try cannot help).
-    """
-    name = type(exc).__name__
-    if isinstance(exc, httpx.TimeoutException):
-        stage = {"ConnectTimeout": "connecting to", "PoolTimeout": "waiting for a connection to"}
-        return LLMTimeout(f"timed out {stage.get(name, 'waiting for')} {where} ({name})", model=model)
-    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
-        return LLMBadResponse(f"cannot build a request to {where}: {exc} (check the base_url)", model=model)
-    if isinstance(exc, httpx.DecodingError | httpx.TooManyRedirects):
-        return LLMBadResponse(f"{where} sent an answer that cannot be read ({name}: {exc})", model=model)
-    if isinstance(exc, httpx.ConnectError):
-        return LLMUnavailable(
-            f"cannot reach {where}: is it running and is the base_url right? ({exc})", model=model
-        )
-    if isinstance(exc, httpx.TransportError):
-        return LLMUnavailable(f"the connection to {where} failed ({name}: {exc})", model=model)
-    if isinstance(exc, httpx.HTTPStatusError):
-        response = exc.response
-        return status_error(
-            response.status_code, response.headers, response.text, model=model, provider=provider, where=where
-        )
-    if isinstance(exc, httpx.RequestError):
-        return LLMUnavailable(f"the request to {where} failed ({name}: {exc})", model=model)
-    return LLMBadResponse(f"talking to {where} failed unexpectedly ({name}: {exc})", model=model)
+def _httpx_errors(target: _Target) -> contextlib.AbstractContextManager[None]:
+    return httpx_errors(model=target.model, provider=target.provider, where=target.where)

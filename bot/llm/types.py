@@ -22,6 +22,10 @@ class ToolSpec:
     parameters: dict[str, Any]
 
 
+Purpose = Literal["chat", "compaction", "consolidation", "embedding"]
+"""Why a call is made; usage is counted per purpose, so /status shows what the bill is made of."""
+
+
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """One call to a chat model. ``system`` is separate because Anthropic wants it top-level."""
@@ -33,6 +37,7 @@ class ChatRequest:
     temperature: float | None = None
     timeout: float | None = None
     model: str | None = None  # None: the client's configured primary model (and its fallbacks)
+    purpose: Purpose = "chat"
 
 
 @dataclass(slots=True)

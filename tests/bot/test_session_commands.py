@@ -66,7 +66,8 @@ class Bot:
         turn_timeout: float = 600.0,
     ) -> None:
         self.root = root
-        self.llm = llm_client(server, catalog, http, model=MODEL)
+        self.ledger = UsageLedger(root / "usage.json", tz=ZoneInfo("UTC"))
+        self.llm = llm_client(server, catalog, http, model=MODEL, usage=self.ledger)
         self.sessions = SessionService(JsonSessionStore(root / "sessions"))
         self.memory = MemoryService(
             root / "memory",
@@ -86,14 +87,13 @@ class Bot:
         auto = AutoCompactionSystem(
             self.compaction, settings, window=info.max_input_tokens, reserve_tokens=200
         )
-        self.ledger = UsageLedger(root / "usage.json", tz=ZoneInfo("UTC"))
         tool_settings = ToolSettings(enabled=[t.name for t in tools])
         registry = ToolRegistry(tools, tool_settings)
         pipeline = Pipeline(
             [
                 auto,
                 ToolLoopSystem(self.llm, registry, tool_settings, on_overflow=auto.on_overflow),
-                UsageSystem(counter, self.ledger),
+                UsageSystem(counter, None),  # the client reports every call to the ledger
             ]
         )
         router = CommandRouter()
@@ -174,7 +174,8 @@ async def test_status_figures_match_the_real_usage(
     assert lines[0] == f"Model: GPT-4.1 mini ({MODEL}, balanced tier)"
     assert "Messages: 4" in lines
     assert f"This chat: 2,700 in / 70 out tokens · ${cost:.4f}" in lines
-    assert f"Today (all chats): 2,700 in / 70 out tokens · ${cost:.4f}" in lines
+    assert f"Today (all chats): 2,700 in / 70 out tokens · ${cost:.4f} · 2 calls" in lines
+    assert f"  by use: chat 2 calls ${cost:.4f}" in lines
     assert "Compactions: 0" in lines and "Queue: 0 waiting · idle" in lines
     context = next(line for line in lines if line.startswith("Context:"))
     used = await bot.compaction.counter.count_history(session)
@@ -184,6 +185,32 @@ async def test_status_figures_match_the_real_usage(
     assert lines[-1].startswith("Uptime: ")
     assert len(status) < 600  # readable on a phone
     assert len(server.requests) == 2  # commands never reach the model
+
+
+async def test_status_counts_every_model_call_by_purpose(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> None:
+    # A session of answers, a /compact (summary + consolidation of what it removed) and a /new
+    # (consolidation): every call the provider bills must be in today's figures.
+    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+        for text in ("first", "second", "third"):
+            await bot.say(text)
+        assert (await bot.say("/compact 2")).startswith("Compacted")
+        assert await bot.say("/new") == "Session cleared."
+        status = await bot.say("/status")
+        today, split = await bot.ledger.day(), await bot.ledger.purposes()
+
+    billed = len(server.requests)
+    assert today.calls == billed == 6
+    assert {name: u.calls for name, u in split.items()} == {"chat": 3, "compaction": 1, "consolidation": 2}
+    assert today.input_tokens == sum(u.input_tokens for u in split.values())
+    assert f"· {billed} calls" in status
+    assert "  by use: chat 3 calls $" in status and "· compaction 1 call $" in status
+    assert "· consolidation 2 calls $" in status
 
 
 async def test_status_of_a_new_chat_and_after_a_fallback(

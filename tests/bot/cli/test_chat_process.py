@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -191,3 +192,29 @@ async def test_a_key_the_provider_echoes_reaches_neither_the_chat_nor_the_log(tm
     assert "local-key" not in chat.out + chat.err and "MEMBOT_" not in chat.out
     log = (tmp_path / "ws" / "logs" / "chat.log").read_text()
     assert "LLMAuthError" in log and "local-key" not in log
+
+
+async def test_usage_counts_every_call_the_provider_bills(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        async with membot_chat(tmp_path, llm, MEMBOT_TIMEZONE="UTC") as chat:
+            for line in ("one", "two", "three"):
+                await chat.type(line)
+                await chat.wait_for(f"echo: {line}\nyou › ")
+            await chat.type("/compact 2")
+            await chat.wait_for("Compacted")
+            await chat.type("/new")
+            await chat.wait_for("Session cleared.")
+            await chat.type("/status")
+            await chat.wait_for("Uptime:")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+        billed = len(llm.requests)
+    [day] = json.loads((tmp_path / "ws" / "usage.json").read_text())["days"].values()
+    assert day["calls"] == billed
+    assert {k: v["calls"] for k, v in day["purposes"].items()} == {
+        "chat": 3,
+        "compaction": 1,
+        "consolidation": billed - 4,
+    }
+    assert f"· {billed} calls" in chat.out and "by use: chat 3 calls" in chat.out
