@@ -291,9 +291,10 @@ async def test_stop_during_a_slow_model_answer_returns_quickly_and_keeps_the_ses
         assert not bot.dispatcher.is_running(SID)
         assert await bot.on_disk() == [(Role.USER, "slow question")]
         assert await bot.say("/stop") == "Nothing is running."
-        assert await bot.say("again") == "echo: again"
+        # The unanswered question and the next one go to the model as one user turn (strict templates).
+        assert await bot.say("again") == "echo: slow question\n\nagain"
         sent = [m["content"] for m in server.requests[-1].body["messages"]]
-        assert sent == ["slow question", "again"]
+        assert sent == ["slow question\n\nagain"]
     assert [m.text for m in bot.channel.sent].count("too late") == 0
 
 
@@ -371,9 +372,9 @@ async def test_queued_messages_survive_stop_and_are_seen_by_the_next_turn(
         reply = await bot.say("/stop")
         assert reply.startswith("⏹ Stopped. 2 queued messages kept")
         assert [c for _, c in await bot.on_disk()] == ["first", "second", "third"]
-        assert await bot.say("fourth") == "echo: fourth"
+        assert await bot.say("fourth") == "echo: first\n\nsecond\n\nthird\n\nfourth"
         sent = [m["content"] for m in server.requests[-1].body["messages"]]
-        assert sent == ["first", "second", "third", "fourth"]
+        assert sent == ["first\n\nsecond\n\nthird\n\nfourth"]  # one user turn
         assert len([r for r in server.requests if r.body["model"] == MODEL]) == 2
 
 

@@ -139,7 +139,9 @@ async def test_system_messages_in_the_history(make_client: Any, server: FakeLLMS
     if api == "anthropic":
         assert body["system"] == "base\n\n[summary] they like tea"
     else:
-        assert [m["role"] for m in body["messages"]] == ["system", "system", "assistant", "user"]
+        # One system message (strict chat templates refuse a second), and a user turn first.
+        assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "user"]
+        assert body["messages"][0]["content"] == "base\n\n[summary] they like tea"
 
 
 @both
@@ -198,7 +200,9 @@ async def test_broken_tool_history_is_repaired_not_refused(make_client: Any, api
         Message(Role.TOOL, "rain again", tool_call_id="c2", name="w"),
         Message(Role.USER, "still there?"),
     )
-    assert (await llm.chat(ChatRequest(messages=history, tools=(WEATHER,)))).content == "echo: still there?"
+    answer = await llm.chat(ChatRequest(messages=history, tools=(WEATHER,)))
+    # The stray second result became user text, merged with the question after it.
+    assert answer.content.startswith("echo: ") and answer.content.endswith("still there?")
 
 
 # ---- streaming ------------------------------------------------------------------------------------
