@@ -85,6 +85,12 @@ def check_llm_configured(settings: Settings, catalog: ModelCatalog) -> None:
             "set MEMBOT_LLM__ANTHROPIC__API_KEY (or [llm.anthropic] api_key in the config file)."
         )
     if provider == "openai" and llm.openai.api_key is None and llm.openai.base_url is None:
+        if llm.anthropic.api_key is not None:
+            raise ConfigError(
+                f"an Anthropic API key is set, but the model is {llm.model!r}, which OpenAI serves, and "
+                "no OpenAI key is set: set MEMBOT_LLM__MODEL to a Claude model, e.g. claude-sonnet-4-5 "
+                "(`membot models` lists them), or set MEMBOT_LLM__OPENAI__API_KEY."
+            )
         raise ConfigError(
             "no LLM is configured. Set one of:\n"
             "  OpenAI:     MEMBOT_LLM__OPENAI__API_KEY=sk-...  (model: MEMBOT_LLM__MODEL)\n"
