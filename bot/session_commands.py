@@ -23,12 +23,16 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
+import structlog
+
 from bot.catalog import ModelInfo
 from bot.commands import CommandCall, SessionControl
 from bot.compaction import META_LAST, CompactionService, Retirer
 from bot.domain import Session, Usage
 from bot.sessions import SessionService
 from bot.usage import UsageLedger
+
+log = structlog.get_logger(__name__)
 
 COMPACT_DEFAULT = 10
 COMPACT_RANGE = (1, 100)
@@ -138,8 +142,9 @@ class SessionCommands:
             else:
                 assert self._memory_stats is not None
                 figures = await self._memory_stats()
-        except Exception as exc:  # a status line must not take /status down
-            return f"Memory: unavailable ({type(exc).__name__})"
+        except Exception:  # a status line must not take /status down; the operator gets the details
+            log.exception("status_memory_failed", session_id=sid)
+            return "Memory: unavailable right now (the details are in the log)"
         layers = ", ".join(f"{count} {layer}" for layer, count in figures.items.items()) or "none"
         notes = "note" if figures.today_notes == 1 else "notes"
         line = (

@@ -430,3 +430,17 @@ async def test_new_under_a_consolidation_timeout_still_clears_and_writes_the_raw
         "echo: and the door is blue",
     ]
     assert (tmp_path / "memory" / "MEMORY.md").read_text() == "- operator fact\n"
+
+
+async def test_status_says_memory_is_unavailable_in_plain_words(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> None:
+    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+        await asyncio.to_thread((tmp_path / "memory" / "MEMORY.md").mkdir)  # unreadable as a file
+        status = await bot.say("/status")
+    assert "Memory: unavailable right now (the details are in the log)" in status
+    assert "Error" not in status
