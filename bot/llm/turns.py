@@ -25,14 +25,14 @@ OPENING = "(the conversation so far continues)"
 
 def normalized(request: ChatRequest) -> tuple[str, list[Message]]:
     """``(system prompt, messages)`` in the shape described in the module doc."""
-    system = [request.system] if request.system.strip() else []
+    system = [request.system] if _says_something(request.system) else []
     out: list[Message] = []
     for message in paired(request.messages):
         if message.role is Role.SYSTEM:
-            if message.content.strip():
+            if _says_something(message.content):
                 system.append(message.content)
             continue
-        if message.role is Role.ASSISTANT and not message.tool_calls and not message.content.strip():
+        if message.role is Role.ASSISTANT and not message.tool_calls and not _says_something(message.content):
             continue  # says nothing; an empty assistant text is refused by some APIs
         last = out[-1] if out else None
         if last is not None and last.role is message.role and message.role is not Role.TOOL:
@@ -44,10 +44,14 @@ def normalized(request: ChatRequest) -> tuple[str, list[Message]]:
     return "\n\n".join(system), out
 
 
+def _says_something(text: str) -> bool:
+    return bool(text) and not text.isspace()  # as ``text.strip()``, without copying the text
+
+
 def _merged(first: Message, second: Message) -> Message:
     """One turn from two of the same role; an earlier assistant turn never has tool calls here,
     because ``paired`` puts a call's results right after it."""
-    text = "\n\n".join(part for part in (first.content, second.content) if part.strip())
+    text = "\n\n".join(part for part in (first.content, second.content) if _says_something(part))
     return Message(
         first.role,
         text,
