@@ -529,7 +529,9 @@ async def test_timeout_is_retried_then_reported(make_client: Any, server: FakeLL
     server.script(FakeReply(text="late", delay=30), FakeReply(text="late", delay=30))
     with pytest.raises(LLMTimeout, match=r"did not answer|timed out"):
         await llm.chat(ask("x", timeout=0.2))
-    assert len(sleeps.calls) == 1 and len(server.requests) == 2
+    # Two tries, counted by the client: on a loaded machine the second may give up before the fake
+    # has even read it, so the server's count is no measure.
+    assert len(sleeps.calls) == 1 and llm.stats.failures == 2 and len(server.requests) >= 1
 
 
 @both

@@ -42,7 +42,9 @@ async def test_a_stream_that_never_starts_fails_after_the_first_byte_limit_retri
     async with asyncio.timeout(10):
         with pytest.raises(LLMTimeout, match=r"did not start answering within 0\.3 s"):
             await streamed(llm, ask())
-    assert len(server.requests) == 2 and len(sleeps.calls) == 1  # max_retries=3, but a timeout once
+    # max_retries=3, but a timeout is tried twice only (counted by the client: on a loaded machine the
+    # second try can give up before the fake has read it).
+    assert llm.stats.failures == 2 and len(sleeps.calls) == 1
 
 
 @both
@@ -80,7 +82,7 @@ async def test_a_hung_non_streamed_call_is_bounded_by_timeout_and_retried_once(
     async with asyncio.timeout(10):
         with pytest.raises(LLMTimeout, match=r"did not answer within 0\.3 s"):
             await llm.chat(ask())
-    assert len(server.requests) == 2 and len(sleeps.calls) == 1
+    assert llm.stats.failures == 2 and len(sleeps.calls) == 1
 
 
 async def test_a_pause_shorter_than_the_idle_limit_does_not_cut_the_stream(
