@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -366,6 +367,7 @@ def load_settings(
 # ---- "where did this value come from" for `membot config` -------------------------------------------
 
 SECRET_MASK = "********"
+_URL_CREDENTIALS = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*://)[^/\s@]+@")
 
 
 def describe_settings(settings: Settings, config_file: Path | None = None) -> list[tuple[str, str, str]]:
@@ -420,4 +422,4 @@ def _show(path: tuple[str, ...], value: Any, settings: Settings) -> str:
         return SECRET_MASK if node.get_secret_value() else "(empty)"
     if value is None:
         return "(not set)"
-    return str(value)
+    return _URL_CREDENTIALS.sub(rf"\1{SECRET_MASK}@", str(value))  # a proxy's user:password in a URL

@@ -41,10 +41,14 @@ def test_run_without_channels_says_what_to_set(home: dict[str, str], tmp_path: P
 
 def test_config_masks_secrets_and_names_sources(home: dict[str, str], tmp_path: Path) -> None:
     (tmp_path / "membot.toml").write_text('[llm]\nmodel = "claude-haiku-4-5"\n')
-    env = {**home, "MEMBOT_LLM__ANTHROPIC__API_KEY": "sk-ant-supersecret-123456"}
+    env = {
+        **home,
+        "MEMBOT_LLM__ANTHROPIC__API_KEY": "sk-ant-supersecret-123456",
+        "MEMBOT_LLM__OPENAI__BASE_URL": "http://bob:proxypass99@proxy.local/v1",
+    }
     result = membot("--config", str(tmp_path / "membot.toml"), "config", env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "supersecret" not in result.stdout
+    assert "supersecret" not in result.stdout and "proxypass99" not in result.stdout
     assert "********" in result.stdout and "claude-haiku-4-5" in result.stdout
     assert "membot.toml" in result.stdout and "env" in result.stdout
 
