@@ -39,7 +39,7 @@ from bot.memory.embeddings import build_embedder
 from bot.memory.tool import MemoryTool
 from bot.session_commands import SessionCommands
 from bot.sessions import JsonSessionStore, SessionService
-from bot.storage import ensure_private_dir, fix_private_tree
+from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
 from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry, builtin_tools
 from bot.usage import UsageLedger
@@ -86,6 +86,12 @@ def check_llm_configured(settings: Settings, catalog: ModelCatalog) -> None:
             "set MEMBOT_LLM__ANTHROPIC__API_KEY (or [llm.anthropic] api_key in the config file)."
         )
     if provider == "openai" and llm.openai.api_key is None and llm.openai.base_url is None:
+        if llm.anthropic.api_key is not None:
+            raise ConfigError(
+                f"an Anthropic API key is set, but the model is {llm.model!r}, which OpenAI serves, and "
+                "no OpenAI key is set: set MEMBOT_LLM__MODEL to a Claude model, e.g. claude-sonnet-4-5 "
+                "(`membot models` lists them), or set MEMBOT_LLM__OPENAI__API_KEY."
+            )
         raise ConfigError(
             "no LLM is configured. Set one of:\n"
             "  OpenAI:     MEMBOT_LLM__OPENAI__API_KEY=sk-...  (model: MEMBOT_LLM__MODEL)\n"
@@ -105,12 +111,15 @@ def prepare_workspace(settings: Settings) -> None:
         for sub in (settings.sessions_dir, settings.memory_dir, settings.workspace / "inbox"):
             ensure_private_dir(sub)
         fixed = fix_private_tree(settings.workspace)
+        stale = remove_stale_temp_files(settings.workspace)
     except OSError as exc:
         raise ConfigError(
             f"cannot use workspace {settings.workspace}: {exc.strerror} (set --workspace or MEMBOT_WORKSPACE)"
         ) from None
     if fixed:
         log.warning("workspace_permissions_fixed", count=fixed, workspace=str(settings.workspace))
+    if stale:
+        log.info("stale_temp_files_removed", count=stale, workspace=str(settings.workspace))
 
 
 def secrets_of(settings: Settings) -> list[str]:
@@ -152,7 +161,11 @@ async def build_core(
         web_http = await stack.enter_async_context(
             httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=settings.tools.web_timeout)
         )
-        model = llm if llm is not None else LLMClient(settings.llm, catalog, http)
+        # Before anything that may call the model: the client reports every call (chat, compaction,
+        # consolidation) to the ledger, and the flush is pushed first so it runs after memory.close.
+        ledger = UsageLedger(settings.workspace / "usage.json", tz=ZoneInfo(settings.timezone))
+        stack.push_async_callback(ledger.flush)
+        model = llm if llm is not None else LLMClient(settings.llm, catalog, http, usage=ledger)
         sessions = SessionService(
             JsonSessionStore(settings.sessions_dir), cache_size=settings.sessions.cache_size
         )
@@ -190,9 +203,6 @@ async def build_core(
                 settings.compaction.summary_max_tokens,
             ),
         )
-        ledger = UsageLedger(settings.workspace / "usage.json", tz=ZoneInfo(settings.timezone))
-        stack.push_async_callback(ledger.flush)
-
         tools = builtin_tools(
             settings.tools,
             workspace=settings.workspace,
@@ -229,7 +239,8 @@ async def build_core(
                 max_overflow_retries=settings.compaction.max_overflow_retries,
                 observer=metrics,
             ),
-            UsageSystem(budget, ledger),  # 90
+            # 90; the client reports every model call to the ledger, an injected model does not
+            UsageSystem(budget, ledger if llm is not None else None),
         ]
         if settings.memory.enabled:
             systems.append(MemoryPersistSystem(memory, settings.memory))  # 50
@@ -272,10 +283,9 @@ async def run_chat(settings: Settings) -> None:
     """``membot chat``: the terminal channel over the full pipeline until the user quits."""
     from channels.terminal import TerminalChannel, stdin_reader
 
-    configure_logging(
-        level="WARNING" if settings.log_level == "INFO" else settings.log_level,
-        fmt=settings.log_format,
-        secrets=secrets_of(settings),
+    # The terminal is the chat: log lines and tracebacks go to a file, the user sees plain replies.
+    await asyncio.to_thread(
+        configure_logging, level=settings.log_level, secrets=secrets_of(settings), file=settings.chat_log
     )
     async with build_core(settings) as core:
         channel = TerminalChannel(
@@ -303,7 +313,10 @@ async def run_chat(settings: Settings) -> None:
 
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signal.SIGINT, on_interrupt)
-        sys.stdout.write(f"membot — model {settings.llm.model}; /help for commands, Ctrl-D to quit.\n")
+        sys.stdout.write(
+            f"membot — model {settings.llm.model}; /help for commands, Ctrl-D to quit. "
+            f"Log: {settings.chat_log}\n"
+        )
         await core.dispatcher.recover()
         await channel.start()
         try:

@@ -289,6 +289,7 @@ class CompactionService:
             max_output_tokens=s.summary_max_tokens,
             temperature=0.3,
             timeout=s.summary_timeout,
+            purpose="compaction",
         )
         try:
             async with asyncio.timeout(s.summary_timeout):

@@ -7,26 +7,67 @@ the defaults below. ``deploy/membot.example.toml`` documents every setting; keep
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
     EnvSettingsSource,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
+from bot.config_errors import ENV_PREFIX, explain_undecodable, explain_validation
 from bot.errors import ConfigError
 
-ENV_PREFIX = "MEMBOT_"
 DEFAULT_HOME = Path("~/.membot")
 DEFAULT_CONFIG_FILE = DEFAULT_HOME / "membot.toml"
+
+
+def _ids(value: Any) -> Any:
+    """User, chat, group and channel ids as strings, however they were written.
+
+    ``[12345]`` in TOML or ``'[12345]'`` in the environment (numbers), a single id, or a comma-separated
+    ``12345,67890`` all become ``["12345", ...]``; ids are compared as exact strings later.
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f'not a valid JSON list ({exc.msg}); write it like ["12345", "67890"]'
+                ) from None
+        else:
+            return [part.strip() for part in text.replace(",", " ").split() if part.strip()]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [str(value)]
+    if isinstance(value, list | tuple):
+        return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+    return value
+
+
+IdList = Annotated[list[str], NoDecode, BeforeValidator(_ids)]
+"""A list of ids; see :func:`_ids` for what is accepted."""
 
 
 class _Section(BaseModel):
@@ -46,8 +87,10 @@ class LLMSettings(_Section):
     fallback_models: list[str] = Field(default_factory=list)
     openai: ProviderSettings = Field(default_factory=ProviderSettings)
     anthropic: ProviderSettings = Field(default_factory=ProviderSettings)
-    timeout: float = 60.0
+    timeout: float = 60.0  # one whole non-streamed answer
     connect_timeout: float = 10.0
+    first_byte_timeout: float = Field(default=30.0, gt=0)  # until a streamed answer starts
+    idle_timeout: float = Field(default=30.0, gt=0)  # silence allowed once an answer started
     max_retries: int = 3
     retry_base_delay: float = 0.5
     retry_max_delay: float = 20.0
@@ -155,8 +198,8 @@ class TelegramGroupSettings(_Section):
 
 class TelegramSettings(_Section):
     token: SecretStr | None = None
-    allowed_users: list[str] = Field(default_factory=list)  # user ids; "*" opens the bot deliberately
-    allowed_groups: list[str] = Field(default_factory=list)
+    allowed_users: IdList = Field(default_factory=list)  # user ids; "*" opens the bot deliberately
+    allowed_groups: IdList = Field(default_factory=list)
     groups: dict[str, TelegramGroupSettings] = Field(default_factory=dict)
     require_mention: bool = True
     pairing: bool = True
@@ -175,9 +218,9 @@ class TelegramSettings(_Section):
 
 class DiscordSettings(_Section):
     token: SecretStr | None = None
-    allowed_users: list[str] = Field(default_factory=list)
-    allowed_guilds: list[str] = Field(default_factory=list)
-    allowed_channels: list[str] = Field(default_factory=list)
+    allowed_users: IdList = Field(default_factory=list)
+    allowed_guilds: IdList = Field(default_factory=list)
+    allowed_channels: IdList = Field(default_factory=list)
     require_mention: bool = True
     mention_overrides: dict[str, bool] = Field(default_factory=dict)  # guild or channel id -> require
     pairing: bool = True
@@ -273,6 +316,11 @@ class Settings(BaseSettings):
         return self.workspace / "memory"
 
     @property
+    def chat_log(self) -> Path:
+        """Where ``membot chat`` logs (the terminal shows only the chat)."""
+        return self.workspace / "logs" / "chat.log"
+
+    @property
     def memory_timezone(self) -> str:
         return self.memory.timezone or self.timezone
 
@@ -311,25 +359,19 @@ def load_settings(
     try:
         return cls(**(overrides or {}))
     except ValidationError as exc:
-        raise ConfigError(_explain_validation(exc, toml)) from None
-    except (OSError, ValueError) as exc:  # unreadable or malformed TOML / .env
+        raise ConfigError(explain_validation(exc, toml, Settings)) from None
+    except tomllib.TOMLDecodeError as exc:  # its message says where: "(at line 3, column 7)"
+        raise ConfigError(f"{toml} is not valid TOML: {exc}") from None
+    except SettingsError as exc:  # a value that should be JSON (a list, a table) is not
+        raise ConfigError(explain_undecodable(exc, env_file, Settings)) from None
+    except (OSError, ValueError) as exc:  # unreadable TOML / .env
         raise ConfigError(f"could not read configuration: {exc}") from None
-
-
-def _explain_validation(exc: ValidationError, toml: Path | None) -> str:
-    lines = ["invalid configuration:"]
-    for error in exc.errors():
-        path = [str(p) for p in error["loc"]]
-        dotted = ".".join(path)
-        env = ENV_PREFIX + "__".join(p.upper() for p in path)
-        where = f"set {env}" + (f" or `{dotted}` in {toml}" if toml else "")
-        lines.append(f"  - {dotted}: {error['msg']} ({where})")
-    return "\n".join(lines)
 
 
 # ---- "where did this value come from" for `membot config` -------------------------------------------
 
 SECRET_MASK = "********"
+_URL_CREDENTIALS = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*://)[^/\s@]+@")
 
 
 def describe_settings(settings: Settings, config_file: Path | None = None) -> list[tuple[str, str, str]]:
@@ -384,4 +426,4 @@ def _show(path: tuple[str, ...], value: Any, settings: Settings) -> str:
         return SECRET_MASK if node.get_secret_value() else "(empty)"
     if value is None:
         return "(not set)"
-    return str(value)
+    return _URL_CREDENTIALS.sub(rf"\1{SECRET_MASK}@", str(value))  # a proxy's user:password in a URL

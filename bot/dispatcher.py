@@ -24,6 +24,7 @@ import structlog
 from bot.commands import CommandRouter
 from bot.config import DispatcherSettings
 from bot.domain import ImagePart, InboundMessage, Message, OutboundMessage, Role, Session, utcnow
+from bot.errors import LLMError, plain_reason
 from bot.inbox import Inbox
 from bot.sessions import SessionService
 from channels.base import Channel
@@ -363,11 +364,15 @@ def _user_message(queued: _Queued) -> Message:
 
 
 def _reply_text(turn: Turn) -> tuple[str, bool]:
+    """The reply and whether it reports a failure. A failure is told in plain words chosen by its
+    type: its text names servers, settings and exception types, which belong in the log (where the
+    pipeline put it, secrets redacted), not in a chat."""
     notes = "\n\n".join(f"_{note}_" for note in turn.notes)
     if turn.reply:
         return (turn.reply + (f"\n\n{notes}" if notes else "")), False
     if turn.failures:
-        reason = turn.failures[-1].error
+        model_failure = next((f for f in turn.failures if issubclass(f.kind, LLMError)), None)
+        reason = plain_reason((model_failure or turn.failures[-1]).kind)
     elif turn.notes:
         reason = " ".join(turn.notes)
     else:

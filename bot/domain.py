@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
+from bot.surrogates import scrub
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -232,6 +234,11 @@ class InboundMessage:
     timestamp: datetime = field(default_factory=utcnow)
     attachments: tuple[Attachment, ...] = ()
     is_group: bool = False
+
+    def __post_init__(self) -> None:
+        # Platform JSON can carry lone surrogates, which no file can store: scrubbed once, here.
+        object.__setattr__(self, "text", scrub(self.text))
+        object.__setattr__(self, "sender_name", scrub(self.sender_name))
 
     @property
     def session_id(self) -> str:

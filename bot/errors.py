@@ -11,6 +11,9 @@ MembotError
     ├── LLMUnavailable   connection failures, 5xx, 529 overloaded
     ├── LLMContextOverflow  the prompt is larger than the model's window
     └── LLMBadResponse   the provider answered something we cannot use
+
+An error's message is for the operator (it names the setting or file at fault); :func:`plain_reason`
+says what a failure type means to a chat user.
 """
 
 from __future__ import annotations
@@ -87,3 +90,25 @@ class LLMContextOverflow(LLMError):
 
 class LLMBadResponse(LLMError):
     retryable = False
+
+
+_PLAIN_REASONS: tuple[tuple[type[MembotError], str], ...] = (
+    (LLMTimeout, "the AI model took too long to answer"),
+    (LLMRateLimited, "the AI model is busy right now"),
+    (LLMAuthError, "the AI model refused the bot's access; the operator needs to check its settings"),
+    (LLMContextOverflow, "this conversation is too long for the AI model; /compact or /new makes room"),
+    (LLMUnavailable, "the AI model cannot be reached right now"),
+    (LLMBadResponse, "the AI model sent an answer that could not be used"),
+)
+
+
+def plain_reason(kind: type[BaseException]) -> str:
+    """What a failure of this type means, in words for a chat user.
+
+    The error's own message is for the operator: it names servers, settings and keys' variables, so
+    it goes to the log and never into a chat.
+    """
+    return next(
+        (words for known, words in _PLAIN_REASONS if issubclass(kind, known)),
+        "something went wrong on my side; the details are in the log",
+    )

@@ -8,15 +8,21 @@ looks like an API key or bot token, including inside exception text.
 from __future__ import annotations
 
 import logging
+import logging.handlers
+import os
 import re
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Literal, TextIO
 
 import structlog
 from structlog.typing import EventDict, Processor
 
+from bot.storage import FILE_MODE, ensure_private_dir
+
 MASK = "***"
+LOG_FILE_BYTES = 5_000_000
 
 # Shapes of credentials that must never reach a log, even when they are not in our settings.
 _PATTERNS = [
@@ -25,7 +31,21 @@ _PATTERNS = [
     re.compile(r"\b[MN][A-Za-z\d_\-]{23,25}\.[A-Za-z\d_\-]{6}\.[A-Za-z\d_\-]{27,}\b"),  # Discord tokens
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-]{12,}"),
     re.compile(r"(?i)(x-api-key['\"]?\s*[:=]\s*['\"]?)[A-Za-z0-9._\-]{12,}"),
+    re.compile(r"\bAIza[0-9A-Za-z_\-]{30,}"),  # Google API keys
+    # A key a provider echoes back: "Incorrect API key provided: ...", "api_key=...", "?key=...".
+    re.compile(
+        r"(?i)((?<![a-z0-9])api[ _-]?key(?:\s+(?:provided|received|given))?['\"]?\s*[:=]\s*['\"]?)"
+        r"[^\s'\",;]{6,}"
+    ),
+    re.compile(r"(?i)([?&](?:api[_-]?)?key=)[^&\s'\"]+"),
+    # Credentials in a URL (https://user:password@host): the whole user-info part.
+    re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*://)[^/\s@'\"]+@"),
 ]
+
+
+def _masked(match: re.Match[str]) -> str:
+    kept = match.group(1) if match.groups() else ""
+    return kept + MASK + ("@" if match.group(0).endswith("@") else "")
 
 
 class SecretRedactor:
@@ -39,7 +59,7 @@ class SecretRedactor:
             if secret in text:
                 text = text.replace(secret, MASK)
         for pattern in _PATTERNS:
-            text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + MASK, text)
+            text = pattern.sub(_masked, text)
         return text
 
     def _value(self, value: Any) -> Any:
@@ -65,10 +85,16 @@ def configure_logging(
     fmt: Literal["auto", "console", "json"] = "auto",
     secrets: Iterable[str] = (),
     stream: TextIO | None = None,
+    file: Path | None = None,
 ) -> SecretRedactor:
-    """Set up structlog and the stdlib root logger (libraries log through it) once, at start-up."""
+    """Set up structlog and the stdlib root logger (libraries log through it) once, at start-up.
+
+    ``file``: log there (JSON lines, rotated at 5 MB, two old files kept, 0600 in a 0700 folder)
+    instead of to ``stream``. ``membot chat`` does this, so tracebacks never land in the chat on the
+    terminal. It touches the disk: call it off the event loop.
+    """
     out = stream or sys.stderr
-    use_console = fmt == "console" or (fmt == "auto" and out.isatty())
+    use_console = file is None and (fmt == "console" or (fmt == "auto" and out.isatty()))
     redactor = SecretRedactor(secrets)
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -96,13 +122,22 @@ def configure_logging(
         foreign_pre_chain=shared,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *tail],
     )
-    handler = logging.StreamHandler(out)
+    handler = _file_handler(file) if file is not None else logging.StreamHandler(out)
     handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
+        old.close()  # a log file is closed; a stream handler leaves its stream open
     root.addHandler(handler)
     root.setLevel(level)
     for noisy in ("httpx", "httpcore", "discord.gateway", "discord.client", "telegram.ext", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
     return redactor
+
+
+def _file_handler(path: Path) -> logging.Handler:
+    ensure_private_dir(path.parent)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE))  # created private
+    return logging.handlers.RotatingFileHandler(
+        path, maxBytes=LOG_FILE_BYTES, backupCount=2, encoding="utf-8", errors="backslashreplace"
+    )

@@ -24,6 +24,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
+import structlog
+
 from bot.catalog import ModelInfo
 from bot.commands import CommandCall, SessionControl
 from bot.compaction import META_LAST
@@ -31,6 +33,8 @@ from bot.context_budget import ContextBudget
 from bot.domain import Session, Usage
 from bot.sessions import SessionService
 from bot.usage import UsageLedger
+
+log = structlog.get_logger(__name__)
 
 COMPACT_DEFAULT = 10
 COMPACT_RANGE = (1, 100)
@@ -92,7 +96,11 @@ class SessionCommands:
         else:
             lines += await self._session_lines(session)
         if self._ledger is not None:
-            lines.append(f"Today (all chats): {_usage_line(await self._ledger.day())}")
+            today = await self._ledger.day()
+            lines.append(f"Today (all chats): {_usage_line(today)} · {_calls(today.calls)}")
+            split = _purposes_line(await self._ledger.purposes())
+            if split:
+                lines.append(f"  by use: {split}")
         if self._memory_stats is not None or self._memory_stats_for is not None:
             lines.append(await self._memory_line(sid))
         running = "answering now" if control.is_running(sid) else "idle"
@@ -126,8 +134,9 @@ class SessionCommands:
             else:
                 assert self._memory_stats is not None
                 figures = await self._memory_stats()
-        except Exception as exc:  # a status line must not take /status down
-            return f"Memory: unavailable ({type(exc).__name__})"
+        except Exception:  # a status line must not take /status down; the operator gets the details
+            log.exception("status_memory_failed", session_id=sid)
+            return "Memory: unavailable right now (the details are in the log)"
         layers = ", ".join(f"{count} {layer}" for layer, count in figures.items.items()) or "none"
         notes = "note" if figures.today_notes == 1 else "notes"
         line = (
@@ -197,6 +206,19 @@ def _parse_keep(args: str) -> int | None:
 
 def _usage_line(usage: Usage) -> str:
     return f"{usage.input_tokens:,} in / {usage.output_tokens:,} out tokens · ${usage.cost_usd:.4f}"
+
+
+_PURPOSE_ORDER = ("chat", "compaction", "consolidation", "embedding")
+
+
+def _purposes_line(purposes: Mapping[str, Usage]) -> str:
+    """ "chat 8 calls $0.0100 · compaction 1 call $0.0010": what today's total is made of."""
+    names = sorted(purposes, key=lambda n: (_PURPOSE_ORDER.index(n) if n in _PURPOSE_ORDER else 99, n))
+    return " · ".join(f"{n} {_calls(purposes[n].calls)} ${purposes[n].cost_usd:.4f}" for n in names)
+
+
+def _calls(count: int) -> str:
+    return f"{count:,} call" if count == 1 else f"{count:,} calls"
 
 
 def _tokens(value: int) -> str:

@@ -32,6 +32,7 @@ import structlog
 from bot.domain import Message, Session, SessionState, Usage, session_id, utcnow
 from bot.errors import StorageError
 from bot.storage import append_bytes, atomic_write_bytes, ensure_private_dir
+from bot.surrogates import utf8
 
 log = structlog.get_logger(__name__)
 
@@ -172,7 +173,7 @@ class JsonSessionStore:
         start = 0 if rewrite else session.persisted_count
         new = session.messages[start:]
         lines = b"".join(
-            json.dumps(m.to_dict(), ensure_ascii=False, separators=(",", ":")).encode() + b"\n" for m in new
+            utf8(json.dumps(m.to_dict(), ensure_ascii=False, separators=(",", ":"))) + b"\n" for m in new
         )
         generation = session.log_generation + 1 if rewrite else session.log_generation
         log_bytes = len(lines) if rewrite else session.log_bytes + len(lines)
@@ -186,7 +187,7 @@ class JsonSessionStore:
                 atomic_write_bytes(self._log_path(sid, plan.generation), plan.lines)
             elif plan.lines:
                 append_bytes(self._log_path(sid, plan.generation), plan.lines, truncate_to=old_bytes)
-            atomic_write_bytes(self.header_path(sid), json.dumps(plan.header, ensure_ascii=False).encode())
+            atomic_write_bytes(self.header_path(sid), utf8(json.dumps(plan.header, ensure_ascii=False)))
         except OSError as exc:
             raise StorageError(f"cannot save session {sid!r} under {self._dir}: {exc.strerror}") from exc
         if plan.rewrite and old_generation and old_generation != plan.generation:

@@ -11,11 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
+import stat
 import tempfile
+import time
 from pathlib import Path
+
+from bot.surrogates import utf8
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+TEMP_SUFFIX = ".tmp"
+# What atomic_write_bytes' temp files are called: "." + target name + "." + mkstemp's 8 characters.
+_TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -39,7 +47,7 @@ def fsync_dir(path: Path) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves either the old or the new content."""
     ensure_private_dir(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:40]}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:40]}.", suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -55,7 +63,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, utf8(text))
 
 
 def append_bytes(
@@ -88,7 +96,7 @@ def append_bytes(
 
 def append_line(path: Path, line: str) -> None:
     """Append one text line (a newline is added) durably, on a line of its own."""
-    append_bytes(path, (line.rstrip("\n") + "\n").encode("utf-8"), whole_lines=True)
+    append_bytes(path, utf8(line.rstrip("\n") + "\n"), whole_lines=True)
 
 
 async def atomic_write_text_async(path: Path, text: str) -> None:
@@ -111,3 +119,29 @@ def fix_private_tree(root: Path) -> int:
                 changed += 1
         dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
     return changed
+
+
+def remove_stale_temp_files(root: Path, *, older_than: float = 60.0) -> int:
+    """Delete the temp files of writes a kill interrupted under ``root``; return how many.
+
+    Only names :func:`atomic_write_bytes` makes are touched, and only when untouched for
+    ``older_than`` seconds: a write in progress (another membot command on the same workspace) is
+    never that old, because a temp file lives for the milliseconds of one write. Links are not followed.
+    """
+    removed = 0
+    if not root.is_dir():
+        return 0
+    cutoff = time.time() - older_than
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            if not _TEMP_NAME.match(name):
+                continue
+            path = Path(dirpath) / name
+            with contextlib.suppress(FileNotFoundError):
+                info = path.lstat()
+                if not stat.S_ISREG(info.st_mode) or info.st_mtime > cutoff:
+                    continue
+                path.unlink()
+                removed += 1
+        dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
+    return removed

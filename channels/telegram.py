@@ -46,6 +46,7 @@ from bot.domain import InboundMessage, OutboundMessage
 from bot.errors import ChannelError, ConfigError
 from bot.pairing import PairingStore
 from bot.storage import atomic_write_text_async
+from bot.surrogates import scrub
 from channels.base import Allowlist, Channel, InboundSink, PartialSink
 from channels.outage import StorageOutage
 from channels.telegram_handover import HandOver
@@ -380,7 +381,7 @@ class TelegramChannel(Channel):
 
     def _without_mention(self, message: Message) -> tuple[str, bool]:
         """The message text with this bot's @mention / text_mention cut out, and whether it had one."""
-        text = message.text or message.caption or ""
+        text = scrub(message.text or message.caption or "")  # U+FFFD is one UTF-16 unit too: offsets fit
         entities = message.entities if message.text else message.caption_entities
         me = self.bot
         spans: list[tuple[int, int]] = []

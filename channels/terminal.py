@@ -88,7 +88,7 @@ class TerminalChannel(Channel):
 
     async def _read_loop(self) -> None:
         while True:
-            raw = await self._reader.readline()
+            raw = await self._read_line()
             if not raw:
                 break
             text = raw.decode("utf-8", errors="replace").strip()
@@ -102,6 +102,21 @@ class TerminalChannel(Channel):
                 InboundMessage(channel=self.name, chat_id=self._user, sender_id=self._user, text=text)
             )
         self._closed.set()
+
+    async def _read_line(self) -> bytes:
+        """One whole input line, however long (``readline`` gives up past the reader's 64 KiB limit
+        and loses the line); b"" at the end of input. The dispatcher truncates an oversized message
+        with a note, so a huge paste is answered, not dropped."""
+        parts: list[bytes] = []
+        while True:
+            try:
+                parts.append(await self._reader.readuntil(b"\n"))
+            except asyncio.IncompleteReadError as end:  # input ended without a final newline
+                parts.append(end.partial)
+            except asyncio.LimitOverrunError as over:  # no newline within the limit yet: take a piece
+                parts.append(await self._reader.readexactly(over.consumed))
+                continue
+            return b"".join(parts)
 
     async def send(self, message: OutboundMessage) -> None:
         self._waiting = max(0, self._waiting - 1)

@@ -50,8 +50,12 @@ class System(Protocol):
 
 @dataclass(slots=True)
 class SystemFailure:
+    """A system that raised: ``error`` (type and message) is for the log, ``kind`` lets the reply to
+    the user say in plain words what went wrong without showing operator details."""
+
     system: str
     error: str
+    kind: type[Exception] = Exception
 
 
 @dataclass

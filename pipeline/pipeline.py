@@ -63,4 +63,4 @@ class Pipeline:
             raise
         except Exception as exc:
             log.exception("system_failed", system=system.name)
-            turn.failures.append(SystemFailure(system.name, f"{type(exc).__name__}: {exc}"))
+            turn.failures.append(SystemFailure(system.name, f"{type(exc).__name__}: {exc}", type(exc)))

@@ -10,7 +10,7 @@ import httpx
 from bot.catalog import ModelCatalog
 from bot.config import LLMSettings
 from bot.domain import Message, Role, Session, ToolCall
-from bot.llm import LLMClient
+from bot.llm import LLMClient, UsageObserver
 from tests.fakes.llm_server import FakeLLMServer
 
 
@@ -31,7 +31,12 @@ class RecordingRetirer:
 
 
 def llm_client(
-    server: FakeLLMServer, catalog: ModelCatalog, http: httpx.AsyncClient, **settings: Any
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    *,
+    usage: UsageObserver | None = None,
+    **settings: Any,
 ) -> LLMClient:
     values: dict[str, Any] = {
         "model": "gpt-4.1",
@@ -40,7 +45,7 @@ def llm_client(
         "max_retries": 0,
     }
     values.update(settings)
-    return LLMClient(LLMSettings.model_validate(values), catalog, http)
+    return LLMClient(LLMSettings.model_validate(values), catalog, http, usage=usage)
 
 
 def conversation(n: int, *, words: int = 8) -> list[Message]:

@@ -46,6 +46,11 @@ def chat(
         asyncio.run(run_chat(settings))
     except ConfigError as exc:
         fail(str(exc))
+    except Exception as exc:  # the traceback goes to the chat log, one line to the terminal
+        import structlog
+
+        structlog.get_logger(__name__).exception("chat_crashed")
+        fail(f"membot chat stopped ({type(exc).__name__}); the details are in {settings.chat_log}", 1)
 
 
 @app.command("config")

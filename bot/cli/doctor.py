@@ -2,15 +2,17 @@
 
 Each check prints one pass/warn/fail/skip line, and a fix hint when it did not pass. Offline checks: the
 configuration, the workspace and its permissions, models.json, the LLM settings. Online checks (skipped
-with ``--offline``): the LLM endpoint answers its cheap model listing with the configured key, and each
-configured channel token is accepted (Telegram ``getMe``, Discord ``GET /users/@me``). Nothing is sent
-to any chat and no tokens are spent. Exit status 1 when any check failed.
+with ``--offline``): the LLM endpoint answers its cheap model listing (``GET /v1/models``) with the
+configured key and lists the configured model and fallbacks, and each configured channel token is
+accepted (Telegram ``getMe``, Discord ``GET /users/@me``). Nothing is sent to any chat and no tokens
+are spent. Exit status 1 when any check failed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 
     from bot.catalog import ModelCatalog
     from bot.config import Settings
+    from bot.llm.failures import Provider
 
 Status = Literal["pass", "warn", "fail", "skip"]
 _MARK = {
@@ -61,7 +64,7 @@ def doctor(
         bool, typer.Option("--offline", help="Skip the checks that need the network.")
     ] = False,
 ) -> None:
-    """Check config, workspace, models.json and (online) the LLM endpoint and channel tokens."""
+    """Check config, workspace, models.json and (online) the LLM endpoint, its model and channel tokens."""
     checks: list[Check] = []
     settings, check = _config(ctx)
     checks.append(check)
@@ -211,32 +214,35 @@ async def _online(settings: Settings, catalog: ModelCatalog, *, probe_llm: bool)
 
     async with httpx.AsyncClient(timeout=ONLINE_TIMEOUT) as http:
         probes: list[Awaitable[Check]] = [
-            _llm_endpoint(http, settings, provider)
-            for provider in (_providers(settings, catalog) if probe_llm else [])
+            _llm_endpoint(http, settings, provider, models)
+            for provider, models in (_providers(settings, catalog) if probe_llm else {}).items()
         ]
         probes.append(_telegram(http, settings))
         probes.append(_discord(http, settings))
         return list(await asyncio.gather(*probes))
 
 
-def _providers(settings: Settings, catalog: ModelCatalog) -> list[str]:
-    """Every provider the model and its fallbacks use, in order."""
-    seen: list[str] = []
+def _providers(settings: Settings, catalog: ModelCatalog) -> dict[str, list[str]]:
+    """Every provider the model and its fallbacks use, in order, with the model ids each must serve."""
+    seen: dict[str, list[str]] = {}
     for model in [settings.llm.model, *settings.llm.fallback_models]:
         if model == settings.llm.model and settings.llm.provider:
-            provider: str = settings.llm.provider
+            provider: Provider = settings.llm.provider
         else:
             provider = catalog.get(model).provider if model in catalog else settings.llm.provider or "openai"
-        if provider not in seen:
-            seen.append(provider)
+        wire_id = catalog.get(model, provider).id
+        if wire_id not in seen.setdefault(provider, []):
+            seen[provider].append(wire_id)
     return seen
 
 
-async def _llm_endpoint(http: httpx.AsyncClient, settings: Settings, provider: str) -> Check:
+async def _llm_endpoint(
+    http: httpx.AsyncClient, settings: Settings, provider: str, models: list[str]
+) -> Check:
     name = f"llm {provider}"
     if provider == "anthropic":
         conf = settings.llm.anthropic
-        url = (conf.base_url or ANTHROPIC_API).rstrip("/") + "/v1/models"
+        url = (conf.base_url or ANTHROPIC_API).rstrip("/") + "/v1/models?limit=1000"
         headers = {"anthropic-version": ANTHROPIC_VERSION}
         if conf.api_key:
             headers["x-api-key"] = conf.api_key.get_secret_value()
@@ -254,15 +260,42 @@ async def _llm_endpoint(http: httpx.AsyncClient, settings: Settings, provider: s
         "GET",
         url,
         headers,
-        ok=lambda body: f"{_public(url)} answered ({_count_models(body)})",
+        ok=lambda body: _served(name, _public(url), body, models),
         auth_hint=f"the key was rejected: check {key_setting}",
         reach_hint=f"check {url_setting} and that the server is running and reachable",
     )
 
 
-def _count_models(body: Any) -> str:
+def _served(name: str, shown: str, body: Any, models: list[str]) -> Check:
+    """Pass when the listing has every model we will ask for; a model it lacks fails every message."""
     data = body.get("data") if isinstance(body, dict) else None
-    return f"{len(data)} models listed" if isinstance(data, list) else "model list received"
+    listed = [str(m.get("id")) for m in data if isinstance(m, dict)] if isinstance(data, list) else None
+    if listed is None:
+        return Check(
+            name, "warn", f"{shown} answered without a model list", "check MEMBOT_LLM__MODEL by hand"
+        )
+    missing = [m for m in models if not any(_same_model(m, listed_id) for listed_id in listed)]
+    if not missing:
+        return Check(
+            name, "pass", f"{shown} answered ({len(listed)} models listed, {', '.join(models)} among them)"
+        )
+    more = isinstance(body, dict) and body.get("has_more") is True  # a partial listing proves nothing
+    examples = ", ".join(listed[:8]) + (", ..." if len(listed) > 8 else "")
+    return Check(
+        name,
+        "warn" if more else "fail",
+        f"{shown} answered, but does not list {', '.join(missing)} ({len(listed)} models listed)",
+        "set MEMBOT_LLM__MODEL (and MEMBOT_LLM__FALLBACK_MODELS) to a model the server lists"
+        + (f": {examples}" if examples else "")
+        + "; on Ollama, `ollama pull <model>` first",
+    )
+
+
+def _same_model(wanted: str, listed: str) -> bool:
+    """``llama3.1`` is Ollama's ``llama3.1:latest``; ``claude-sonnet-4-5`` names its dated snapshot."""
+    if listed in (wanted, f"{wanted}:latest"):
+        return True
+    return listed.startswith(wanted) and re.fullmatch(r"-\d[\d-]*", listed[len(wanted) :]) is not None
 
 
 async def _telegram(http: httpx.AsyncClient, settings: Settings) -> Check:
@@ -320,7 +353,7 @@ async def _probe(
     url: str,
     headers: dict[str, str],
     *,
-    ok: Callable[[Any], str],
+    ok: Callable[[Any], str | Check],
     auth_hint: str,
     reach_hint: str,
     shown_url: str | None = None,
@@ -344,7 +377,8 @@ async def _probe(
         body: Any = response.json()
     except ValueError:
         body = None
-    return Check(name, "pass", ok(body))
+    verdict = ok(body)
+    return verdict if isinstance(verdict, Check) else Check(name, "pass", verdict)
 
 
 def _public(url: str) -> str:

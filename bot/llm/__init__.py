@@ -1,7 +1,16 @@
 """Talking to language models over HTTP (OpenAI-compatible and Anthropic), with no vendor SDK."""
 
-from bot.llm.client import LLMClient
+from bot.llm.client import LLMClient, UsageObserver
 from bot.llm.stats import LLMStats
-from bot.llm.types import ChatRequest, ChatResponse, StreamEvent, ToolSpec
+from bot.llm.types import ChatRequest, ChatResponse, Purpose, StreamEvent, ToolSpec
 
-__all__ = ["ChatRequest", "ChatResponse", "LLMClient", "LLMStats", "StreamEvent", "ToolSpec"]
+__all__ = [
+    "ChatRequest",
+    "ChatResponse",
+    "LLMClient",
+    "LLMStats",
+    "Purpose",
+    "StreamEvent",
+    "ToolSpec",
+    "UsageObserver",
+]

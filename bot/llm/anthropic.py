@@ -1,9 +1,9 @@
 """Anthropic Messages wire format. Pure translation, no I/O (openai.py has the same three parts).
 
-What differs from OpenAI: the system prompt is a top-level field (system messages found in the history
-are merged into it); turns alternate user/assistant and start with the user; tool results travel as
-``tool_result`` blocks at the front of the next user message; ``tool_use.input`` is an object, not a
-JSON string; ``max_tokens`` is required; temperature stops at 1.
+What differs from OpenAI: the system prompt is a top-level field; turns alternate user/assistant and
+start with the user; tool results travel as ``tool_result`` blocks at the front of the next user
+message; ``tool_use.input`` is an object, not a JSON string; ``max_tokens`` is required; temperature
+stops at 1.
 """
 
 from __future__ import annotations
@@ -18,13 +18,11 @@ from bot.domain import Message, Role, ToolCall, Usage
 from bot.errors import LLMBadResponse
 from bot.llm.failures import stream_error
 from bot.llm.sse import SSEvent
-from bot.llm.tool_pairs import paired
+from bot.llm.turns import OPENING, normalized
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
-# Stands in where the API needs a user turn the history lacks (it must start with one).
-_OPENING = "(the conversation so far continues)"
 
 
 def build_request(
@@ -64,17 +62,15 @@ def build_request(
 
 
 def messages(request: ChatRequest) -> tuple[str, list[dict[str, Any]]]:
-    """``(system, messages)``: system text merged top-level; alternating turns that start with the user.
+    """``(system, messages)``: system text top-level; alternating turns that start with the user.
 
-    Consecutive messages of one role are merged into one turn (the API requires alternation), so the
-    results of one assistant message's tool calls land together in a single user turn, before any text.
+    The history comes normalized (bot/llm/turns.py). Tool results travel in user turns here, so
+    they are merged with the user text after them: the results of one assistant message's tool calls
+    land together in a single user turn, before any text.
     """
-    system_parts = [request.system] if request.system else []
+    system, history = normalized(request)
     turns: list[dict[str, Any]] = []
-    for message in paired(request.messages):
-        if message.role is Role.SYSTEM:
-            system_parts.append(message.content)
-            continue
+    for message in history:
         role = "assistant" if message.role is Role.ASSISTANT else "user"
         blocks = _blocks(message)
         if not blocks:
@@ -84,8 +80,8 @@ def messages(request: ChatRequest) -> tuple[str, list[dict[str, Any]]]:
         else:
             turns.append({"role": role, "content": blocks})
     if not turns or turns[0]["role"] != "user":
-        turns.insert(0, {"role": "user", "content": [{"type": "text", "text": _OPENING}]})
-    return "\n\n".join(p for p in system_parts if p.strip()), turns
+        turns.insert(0, {"role": "user", "content": [{"type": "text", "text": OPENING}]})
+    return system, turns
 
 
 def _blocks(message: Message) -> list[dict[str, Any]]:

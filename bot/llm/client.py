@@ -1,8 +1,8 @@
 """The LLM client: I/O, retries, failover and usage over an injected ``httpx.AsyncClient``.
 
 Wire formats live in openai.py and anthropic.py (pure translators); what an error answer means lives in
-failures.py. This module is the only place httpx exceptions are caught: ``map_httpx_error`` turns each
-of them into membot's own (bot/errors.py), and a test proves the map is total.
+failures.py; base URLs are checked and shown in endpoints.py. Every httpx call here runs inside
+``httpx_errors`` (httpx_errors.py), the one place httpx exceptions become membot's own (bot/errors.py).
 
 One call, step by step:
 
@@ -10,10 +10,19 @@ One call, step by step:
 2. Per model: the provider (``llm.provider`` for the primary, else the catalog), its key and base URL.
 3. Send. 408, 409, 429, 5xx, 529, timeouts and connection failures are retried (``retryable`` errors)
    up to ``llm.max_retries`` times with exponential backoff and jitter, or after the server's
-   ``retry-after-ms`` / ``retry-after``, never longer than ``llm.retry_max_delay``.
+   ``retry-after-ms`` / ``retry-after``, never longer than ``llm.retry_max_delay``. A timeout is
+   retried once only: a server that stayed silent twice is hung, and every further try would keep
+   the user waiting as long again.
+
+   Time limits of one try: a non-streamed answer must be complete within ``llm.timeout`` (its first
+   byte comes only when the model has written all of it); a streamed one must start within
+   ``llm.first_byte_timeout``; and once bytes flow, a silence longer than ``llm.idle_timeout`` ends
+   the try. So a hung server costs seconds, not the minutes a plain read timeout times the retries did.
 4. Retries exhausted on a retryable error: the next model of the chain. Auth and spend-limit errors,
    context overflows and malformed answers are raised at once, because another try cannot help.
-5. Success: usage and cost (from the catalog) are added to :class:`LLMStats`.
+5. Success: usage and cost (from the catalog) are added to :class:`LLMStats` and reported, with the
+   request's ``purpose``, to the ``usage`` observer (the daily ledger), so every call is counted:
+   chat turns, compaction summaries and memory consolidation alike.
 """
 
 from __future__ import annotations
@@ -26,26 +35,28 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import httpx
 import structlog
 
 from bot.catalog import ModelCatalog, ModelInfo
 from bot.config import LLMSettings, ProviderSettings
-from bot.errors import ConfigError, LLMAuthError, LLMBadResponse, LLMError, LLMTimeout, LLMUnavailable
+from bot.domain import Usage
+from bot.errors import LLMAuthError, LLMBadResponse, LLMError, LLMTimeout, LLMUnavailable
 from bot.llm import anthropic, openai
+from bot.llm.endpoints import check_base_url, where
 from bot.llm.failures import Provider, key_setting, status_error
+from bot.llm.httpx_errors import HTTPX_ERRORS, httpx_errors, map_httpx_error
 from bot.llm.sse import SSEvent, iter_sse
 from bot.llm.stats import LLMStats
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 
-__all__ = ["HTTPX_ERRORS", "LLMClient", "LLMStats", "map_httpx_error"]
+__all__ = ["HTTPX_ERRORS", "LLMClient", "LLMStats", "UsageObserver", "map_httpx_error"]
 
 log = structlog.get_logger(__name__)
 
-# Every exception httpx defines derives from one of these (tests/bot/llm/test_httpx_errors.py).
-HTTPX_ERRORS = (httpx.HTTPError, httpx.InvalidURL, httpx.CookieConflict, httpx.StreamError)
+T = TypeVar("T")
 
 
 class _Decoder(Protocol):
@@ -57,6 +68,12 @@ class _Decoder(Protocol):
     def feed(self, event: SSEvent) -> list[StreamEvent]: ...
 
     def finish(self) -> ChatResponse: ...
+
+
+class UsageObserver(Protocol):
+    """Told about every successful call (bot.usage.UsageLedger is one)."""
+
+    async def record(self, purpose: str, model: str, usage: Usage) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +99,9 @@ class LLMClient:
                 ...
 
     The HTTP client belongs to the caller (the composition root), so this class owns nothing to close.
-    ``sleep`` and ``rng`` are injectable so tests can check backoff without waiting for it. Errors are
-    always bot.errors LLM types; ``stats`` is read by the ops endpoints.
+    ``usage`` is told every successful call's usage and purpose. ``sleep`` and ``rng`` are injectable
+    so tests can check backoff without waiting for it. Errors are always bot.errors LLM types;
+    ``stats`` is read by the ops endpoints.
     """
 
     def __init__(
@@ -94,14 +112,16 @@ class LLMClient:
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
+        usage: UsageObserver | None = None,
     ) -> None:
         for name, section in (("openai", settings.openai), ("anthropic", settings.anthropic)):
-            _check_base_url(name, section.base_url)
+            check_base_url(name, section.base_url)
         self._settings = settings
         self._catalog = catalog
         self._http = http
         self._sleep = sleep
         self._rng = rng
+        self._usage = usage
         self.stats = LLMStats()
 
     @property
@@ -155,7 +175,7 @@ class LLMClient:
                     self._failed(model, exc)
                     if started or not exc.retryable:
                         raise
-                    if attempt < self._settings.max_retries:
+                    if self._may_retry(exc, attempt):
                         await self._backoff(attempt, exc)
                         continue
                     if position == len(chain) - 1:
@@ -171,6 +191,13 @@ class LLMClient:
         primary = self._settings.model
         return [primary, *dict.fromkeys(m for m in self._settings.fallback_models if m != primary)]
 
+    def _may_retry(self, exc: LLMError, attempt: int) -> bool:
+        """Whether try ``attempt`` (0-based) may be followed by another on the same model."""
+        limit = self._settings.max_retries
+        if isinstance(exc, LLMTimeout):
+            limit = min(limit, 1)
+        return exc.retryable and attempt < limit
+
     async def _with_retries(self, model: str, request: ChatRequest) -> ChatResponse:
         attempt = 0
         while True:
@@ -179,12 +206,12 @@ class LLMClient:
                 response = await self._send_once(model, request)
             except LLMError as exc:
                 self._failed(model, exc)
-                if not exc.retryable or attempt >= self._settings.max_retries:
+                if not self._may_retry(exc, attempt):
                     raise
                 await self._backoff(attempt, exc)
                 attempt += 1
                 continue
-            self._succeeded(model, response, time.monotonic() - started)
+            await self._succeeded(model, request, response, time.monotonic() - started)
             return response
 
     async def _backoff(self, attempt: int, exc: LLMError) -> None:
@@ -207,7 +234,7 @@ class LLMClient:
         provider = self.provider_of(model)
         settings = self._settings.anthropic if provider == "anthropic" else self._settings.openai
         return _Target(
-            model, provider, self._catalog.get(model, provider), settings, _where(provider, settings)
+            model, provider, self._catalog.get(model, provider), settings, where(provider, settings)
         )
 
     def _build(self, target: _Target, request: ChatRequest, *, stream: bool) -> httpx.Request:
@@ -220,6 +247,8 @@ class LLMClient:
         limit = request.max_output_tokens or self._settings.max_output_tokens
         temperature = request.temperature if request.temperature is not None else self._settings.temperature
         seconds = request.timeout or self._settings.timeout
+        # Our own limits (whole answer, first byte, idle) decide; httpx's per-read one is only a backstop.
+        backstop = max(seconds, self._settings.first_byte_timeout, self._settings.idle_timeout)
         build = anthropic.build_request if target.provider == "anthropic" else openai.build_request
         with _httpx_errors(target):
             return build(
@@ -229,7 +258,7 @@ class LLMClient:
                 api_key=key,
                 max_tokens=min(limit, target.info.max_output_tokens),
                 temperature=temperature,
-                timeout=httpx.Timeout(seconds, connect=min(seconds, self._settings.connect_timeout)),
+                timeout=httpx.Timeout(backstop, connect=min(seconds, self._settings.connect_timeout)),
                 stream=stream,
             )
 
@@ -241,29 +270,51 @@ class LLMClient:
             # httpx's timeouts are per read; this bounds the whole answer, so a trickle cannot hang a turn.
             async with asyncio.timeout(seconds):
                 with _httpx_errors(target):
-                    response = await self._http.send(http_request)
+                    response = await self._http.send(http_request, stream=True)
+                    try:
+                        body = await self._read_body(target, response)
+                    finally:
+                        await response.aclose()
         except TimeoutError as exc:
             if isinstance(exc, LLMError):
                 raise
             raise LLMTimeout(f"{target.where} did not answer within {seconds:g} s", model=model) from None
         if response.status_code >= 400:
-            raise _error_answer(target, response, response.text)
-        return _parse(target, response.content)
+            raise _error_answer(target, response, body.decode("utf-8", "replace"))
+        return _parse(target, body)
+
+    async def _read_body(self, target: _Target, response: httpx.Response) -> bytes:
+        chunks = _Quiet(response.aiter_bytes(), self._settings.idle_timeout, target)
+        return b"".join([chunk async for chunk in chunks])
+
+    async def _open_stream(self, target: _Target, request: ChatRequest) -> httpx.Response:
+        """Send a streaming request; the answer must start within ``first_byte_timeout``."""
+        http_request = self._build(target, request, stream=True)
+        seconds = min(self._settings.first_byte_timeout, request.timeout or float("inf"))
+        try:
+            async with asyncio.timeout(seconds) as window:
+                with _httpx_errors(target):
+                    return await self._http.send(http_request, stream=True)
+        except TimeoutError:
+            if not window.expired():
+                raise
+            raise LLMTimeout(
+                f"{target.where} did not start answering within {seconds:g} s (llm.first_byte_timeout)",
+                model=target.model,
+            ) from None
 
     async def _stream_once(self, model: str, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         target = self._target(model)
-        http_request = self._build(target, request, stream=True)
         started = time.monotonic()
-        with _httpx_errors(target):
-            response = await self._http.send(http_request, stream=True)
+        response = await self._open_stream(target, request)
         try:
             with _httpx_errors(target):
                 if response.status_code >= 400:
-                    text = (await response.aread()).decode("utf-8", "replace")
+                    text = (await self._read_body(target, response)).decode("utf-8", "replace")
                     raise _error_answer(target, response, text)
                 if "text/event-stream" not in response.headers.get("content-type", ""):
                     # The server ignored stream=true (some compatible servers do): a whole answer.
-                    final = _parse(target, await response.aread())
+                    final = _parse(target, await self._read_body(target, response))
                     for event in _replay(final):
                         yield event
                 else:
@@ -272,7 +323,8 @@ class LLMClient:
                         if target.provider == "anthropic"
                         else openai.StreamDecoder(model, target.where)
                     )
-                    async for sse in iter_sse(response.aiter_lines()):
+                    lines = _Quiet(response.aiter_lines(), self._settings.idle_timeout, target)
+                    async for sse in iter_sse(lines):
                         for event in decoder.feed(sse):
                             yield event
                         if decoder.done:
@@ -284,16 +336,52 @@ class LLMClient:
                     final = decoder.finish()
         finally:
             await response.aclose()
-        self._succeeded(model, final, time.monotonic() - started)
+        await self._succeeded(model, request, final, time.monotonic() - started)
         yield StreamEvent("done", response=final)
 
-    def _succeeded(self, model: str, response: ChatResponse, latency: float) -> None:
+    async def _succeeded(
+        self, model: str, request: ChatRequest, response: ChatResponse, latency: float
+    ) -> None:
         response.usage.cost_usd = self.info(model).cost(response.usage)
         response.model = response.model or model
-        self.stats.succeeded(model, response.usage, latency)
+        self.stats.succeeded(model, response.usage, latency, request.purpose)
+        if self._usage is not None:
+            try:
+                await self._usage.record(request.purpose, model, response.usage)
+            except Exception:  # the answer is here and paid for; a bookkeeping hiccup must not cost it
+                log.exception("usage_not_recorded", purpose=request.purpose, model=model)
 
     def _failed(self, model: str, exc: LLMError) -> None:
         self.stats.failed(model, exc)
+
+
+class _Quiet(Generic[T]):
+    """The chunks of an answer that has started; a silence longer than ``idle`` seconds is LLMTimeout.
+
+    A plain iterator class rather than a generator, so nothing is left suspended when the reader
+    stops early (the response is closed by its owner).
+    """
+
+    def __init__(self, chunks: AsyncIterator[T], idle: float, target: _Target) -> None:
+        self._chunks = chunks
+        self._idle = idle
+        self._target = target
+
+    def __aiter__(self) -> _Quiet[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            async with asyncio.timeout(self._idle) as window:
+                return await anext(self._chunks)
+        except TimeoutError:
+            if not window.expired():
+                raise
+            raise LLMTimeout(
+                f"{self._target.where} went silent for {self._idle:g} s in the middle of an answer "
+                "(llm.idle_timeout)",
+                model=self._target.model,
+            ) from None
 
 
 def _replay(final: ChatResponse) -> Iterator[StreamEvent]:
@@ -325,66 +413,5 @@ def _error_answer(target: _Target, response: httpx.Response, text: str) -> LLMEr
     )
 
 
-def _where(provider: Provider, settings: ProviderSettings) -> str:
-    if provider == "anthropic":
-        official = settings.base_url is None or "api.anthropic.com" in settings.base_url
-        return "Anthropic" if official else f"the Anthropic-compatible server at {settings.base_url}"
-    if openai.is_official(settings.base_url):
-        return "OpenAI"
-    return f"the OpenAI-compatible server at {settings.base_url}"
-
-
-def _check_base_url(section: str, base_url: str | None) -> None:
-    """Fail at start-up, naming the setting, rather than on every call."""
-    if base_url is None:
-        return
-    try:
-        url = httpx.URL(base_url)
-    except httpx.InvalidURL:
-        url = None
-    if url is None or url.scheme not in ("http", "https") or not url.host:
-        example = "http://localhost:11434/v1" if section == "openai" else "https://api.anthropic.com"
-        raise ConfigError(
-            f"llm.{section}.base_url {base_url!r} is not an http(s) URL: set "
-            f"MEMBOT_LLM__{section.upper()}__BASE_URL to something like {example}"
-        )
-
-
-@contextlib.contextmanager
-def _httpx_errors(target: _Target) -> Iterator[None]:
-    """Run httpx code; re-raise whatever it raises as a bot.errors LLM error (like httpcore's map)."""
-    try:
-        yield
-    except HTTPX_ERRORS as exc:
-        raise map_httpx_error(exc, model=target.model, provider=target.provider, where=target.where) from exc
-
-
-def map_httpx_error(exc: Exception, *, model: str, provider: Provider, where: str) -> LLMError:
-    """The LLM error for any exception httpx raises; the most specific httpx class wins.
-
-    Timeouts are LLMTimeout; network failures LLMUnavailable (both retried); a URL that cannot be
-    requested, a body that cannot be decoded, redirect loops and misuse of a stream are LLMBadResponse
-    (not retried: another try cannot help).
-    """
-    name = type(exc).__name__
-    if isinstance(exc, httpx.TimeoutException):
-        stage = {"ConnectTimeout": "connecting to", "PoolTimeout": "waiting for a connection to"}
-        return LLMTimeout(f"timed out {stage.get(name, 'waiting for')} {where} ({name})", model=model)
-    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
-        return LLMBadResponse(f"cannot build a request to {where}: {exc} (check the base_url)", model=model)
-    if isinstance(exc, httpx.DecodingError | httpx.TooManyRedirects):
-        return LLMBadResponse(f"{where} sent an answer that cannot be read ({name}: {exc})", model=model)
-    if isinstance(exc, httpx.ConnectError):
-        return LLMUnavailable(
-            f"cannot reach {where}: is it running and is the base_url right? ({exc})", model=model
-        )
-    if isinstance(exc, httpx.TransportError):
-        return LLMUnavailable(f"the connection to {where} failed ({name}: {exc})", model=model)
-    if isinstance(exc, httpx.HTTPStatusError):
-        response = exc.response
-        return status_error(
-            response.status_code, response.headers, response.text, model=model, provider=provider, where=where
-        )
-    if isinstance(exc, httpx.RequestError):
-        return LLMUnavailable(f"the request to {where} failed ({name}: {exc})", model=model)
-    return LLMBadResponse(f"talking to {where} failed unexpectedly ({name}: {exc})", model=model)
+def _httpx_errors(target: _Target) -> contextlib.AbstractContextManager[None]:
+    return httpx_errors(model=target.model, provider=target.provider, where=target.where)

@@ -17,7 +17,7 @@ from bot.domain import Message, Role, ToolCall, Usage
 from bot.errors import LLMBadResponse
 from bot.llm.failures import stream_error
 from bot.llm.sse import SSEvent
-from bot.llm.tool_pairs import paired
+from bot.llm.turns import normalized
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -66,11 +66,12 @@ def build_request(
 
 
 def messages(request: ChatRequest) -> list[dict[str, Any]]:
-    """The ``messages`` array: the system prompt first, then the history with tool calls paired."""
+    """The ``messages`` array: one system message, then alternating turns (bot/llm/turns.py)."""
+    system, history = normalized(request)
     out: list[dict[str, Any]] = []
-    if request.system:
-        out.append({"role": "system", "content": request.system})
-    for message in paired(request.messages):
+    if system:
+        out.append({"role": "system", "content": system})
+    for message in history:
         item = _message(message)
         if item is not None:
             out.append(item)

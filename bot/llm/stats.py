@@ -37,9 +37,10 @@ class LLMStats:
     ``calls`` counts successful calls; ``failures`` every failed attempt (each retry counts);
     ``retries`` the backoff waits; ``failovers`` the switches to the next model of the chain.
     ``last_ok`` is ``None`` until the first attempt, then whether the latest attempt succeeded;
-    ``last_error`` is the latest failure (cleared by a success). ``by_model`` adds up tokens and cost
-    per model id; ``failures_by`` counts failed attempts per (model id, reason), so an operator sees
-    which provider is the trouble and whether it is rate limits, timeouts or outages.
+    ``last_error`` is the latest failure (cleared by a success). ``by_model`` and ``by_purpose`` add
+    up tokens and cost per model id and per purpose (chat, compaction, consolidation);
+    ``failures_by`` counts failed attempts per (model id, reason), so an operator sees which provider
+    is the trouble and whether it is rate limits, timeouts or outages.
     """
 
     calls: int = 0
@@ -52,13 +53,15 @@ class LLMStats:
     last_model: str | None = None
     last_latency: float | None = None  # seconds, latest successful call
     by_model: dict[str, Usage] = field(default_factory=dict)
+    by_purpose: dict[str, Usage] = field(default_factory=dict)
     failures_by: dict[tuple[str, str], int] = field(default_factory=dict)
 
-    def succeeded(self, model: str, usage: Usage, latency: float) -> None:
+    def succeeded(self, model: str, usage: Usage, latency: float, purpose: str = "chat") -> None:
         self.calls += 1
         self.last_ok, self.last_error, self.last_model = True, None, model
         self.last_call_at, self.last_latency = datetime.now(UTC), latency
         self.by_model.setdefault(model, Usage()).add(usage)
+        self.by_purpose.setdefault(purpose, Usage()).add(usage)
 
     def failed(self, model: str, error: Exception) -> None:
         self.failures += 1

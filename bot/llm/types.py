@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from bot.domain import Message, ToolCall, Usage
+from bot.surrogates import scrub
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,10 @@ class ToolSpec:
     name: str
     description: str
     parameters: dict[str, Any]
+
+
+Purpose = Literal["chat", "compaction", "consolidation", "embedding"]
+"""Why a call is made; usage is counted per purpose, so /status shows what the bill is made of."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +37,7 @@ class ChatRequest:
     temperature: float | None = None
     timeout: float | None = None
     model: str | None = None  # None: the client's configured primary model (and its fallbacks)
+    purpose: Purpose = "chat"
 
 
 # Why a model stops mid-answer at its output limit: OpenAI (and compatible servers), Anthropic.
@@ -40,6 +46,9 @@ CUT_OFF_REASONS = frozenset({"length", "max_tokens", "model_context_window_excee
 
 @dataclass(slots=True)
 class ChatResponse:
+    """One model answer. Text and tool calls are scrubbed of lone surrogates as the answer is built
+    (bot/surrogates.py): a provider's JSON may carry them, and no session file could store them."""
+
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = field(default_factory=Usage)
@@ -50,6 +59,12 @@ class ChatResponse:
     def cut_off(self) -> bool:
         """True when the answer ended at the output limit, so it is incomplete."""
         return self.stop_reason in CUT_OFF_REASONS
+
+    def __post_init__(self) -> None:
+        self.content = scrub(self.content)
+        self.tool_calls = tuple(
+            ToolCall(scrub(c.id), scrub(c.name), scrub(c.arguments)) for c in self.tool_calls
+        )
 
 
 StreamEventKind = Literal["text", "tool_call", "usage", "done"]
@@ -62,3 +77,6 @@ class StreamEvent:
     kind: StreamEventKind
     text: str = ""
     response: ChatResponse | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", scrub(self.text))

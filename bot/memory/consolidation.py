@@ -266,6 +266,7 @@ class Consolidator:
                 max_output_tokens=self._max_output_tokens,
                 temperature=0.2,
                 timeout=remaining,
+                purpose="consolidation",
             )
             async with asyncio.timeout_at(deadline):
                 response = await self._llm.chat(request)

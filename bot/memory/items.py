@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -171,14 +171,21 @@ class MemoryItem:
             source=str(data.get("source") or "heuristic"),
             confidence=float(data.get("confidence", 0.5)),
             salience=float(data.get("salience", 0.5)),
-            created_at=datetime.fromisoformat(data["created_at"]),
-            updated_at=datetime.fromisoformat(data["updated_at"]),
-            last_accessed_at=datetime.fromisoformat(data.get("last_accessed_at") or data["updated_at"]),
+            created_at=_utc(data["created_at"]),
+            updated_at=_utc(data["updated_at"]),
+            last_accessed_at=_utc(data.get("last_accessed_at") or data["updated_at"]),
             references=tuple(Reference.from_dict(r) for r in data.get("references") or ()),
             fingerprint=str(data.get("fingerprint") or ""),
             promoted_to=data.get("promoted_to"),
             deleted=bool(data.get("deleted", False)),
         )
+
+
+def _utc(text: str) -> datetime:
+    """A stored time; one written without a zone (by hand, by an older tool) is taken as UTC, since a
+    single naive time among aware ones would make every comparison in retrieval raise."""
+    when = datetime.fromisoformat(text)
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def make_title(content: str, limit: int = 60) -> str:

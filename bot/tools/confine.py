@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 from bot.tools.base import ToolError
 
 BOT_STATE_NAMES = frozenset(
-    {"sessions", "inbox", "outbox", "state", "cache", "locks", "pairing.json", "usage.json"}
+    {"sessions", "inbox", "outbox", "state", "cache", "locks", "logs", "pairing.json", "usage.json"}
 )
 BOT_STATE_SUFFIXES = (".json", ".jsonl", ".lock", ".pid", ".tmp", ".db", ".sqlite", ".sock")
 BOT_STATE_PATHS = ("memory/archive",)

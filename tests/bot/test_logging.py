@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from pathlib import Path
 
 import structlog
 
@@ -51,3 +52,38 @@ def test_redactor_handles_nested_values() -> None:
     )
     assert event["data"] == {"list": ["***", 3]}
     assert event["err"] == "ValueError: ***"
+
+
+def test_echoed_keys_and_url_credentials_are_masked_but_setting_names_stay() -> None:
+    r = SecretRedactor()
+    assert r.redact("Incorrect API key provided: zz-9f8e7d6c5b4a.") == "Incorrect API key provided: ***"
+    assert r.redact("Received API Key = abcd1234efgh, hash x") == "Received API Key = ***, hash x"
+    assert r.redact("GET /v1/models?key=AIzaSyA-1234567890abcdefghijklmnopq&alt=json") == (
+        "GET /v1/models?key=***&alt=json"
+    )
+    assert (
+        r.redact("cannot reach http://bob:hunter2@10.0.0.1/v1 now")
+        == "cannot reach http://***@10.0.0.1/v1 now"
+    )
+    assert r.redact("MEMBOT_LLM__OPENAI__API_KEY=local-key-1234") == "MEMBOT_LLM__OPENAI__API_KEY=***"
+    for plain in (
+        "the API key was rejected: check MEMBOT_LLM__OPENAI__API_KEY",
+        "write to bob@example.com or see http://example.com/a@b",
+    ):
+        assert r.redact(plain) == plain
+
+
+def test_a_log_file_is_private_and_gets_the_tracebacks(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "chat.log"
+    configure_logging(level="INFO", secrets=["s3cret-value"], file=path)
+    try:
+        try:
+            raise ValueError("bad s3cret-value")
+        except ValueError:
+            structlog.get_logger("t").exception("boom")
+    finally:
+        configure_logging(level="DEBUG", fmt="json")
+    [record] = [json.loads(line) for line in path.read_text().splitlines()]
+    assert record["event"] == "boom" and "Traceback" in record["exception"]
+    assert "s3cret-value" not in path.read_text()
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(path.parent.stat().st_mode & 0o777) == "0o700"

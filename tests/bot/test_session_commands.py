@@ -67,7 +67,8 @@ class Bot:
         turn_timeout: float = 600.0,
     ) -> None:
         self.root = root
-        self.llm = llm_client(server, catalog, http, model=MODEL)
+        self.ledger = UsageLedger(root / "usage.json", tz=ZoneInfo("UTC"))
+        self.llm = llm_client(server, catalog, http, model=MODEL, usage=self.ledger)
         self.sessions = SessionService(JsonSessionStore(root / "sessions"))
         self.memory = MemoryService(
             root / "memory",
@@ -93,14 +94,13 @@ class Bot:
             max_output_tokens=info.max_output_tokens,
             memory_cap=200,
         )
-        self.ledger = UsageLedger(root / "usage.json", tz=ZoneInfo("UTC"))
         tool_settings = ToolSettings(enabled=[t.name for t in tools])
         registry = ToolRegistry(tools, tool_settings)
         pipeline = Pipeline(
             [
                 AutoCompactionSystem(self.budget),
                 ToolLoopSystem(self.llm, registry, tool_settings, budget=self.budget),
-                UsageSystem(self.budget, self.ledger),
+                UsageSystem(self.budget, None),  # the client reports every call to the ledger
             ]
         )
         router = CommandRouter()
@@ -179,7 +179,8 @@ async def test_status_figures_match_the_real_usage(
     assert lines[0] == f"Model: GPT-4.1 mini ({MODEL}, balanced tier)"
     assert "Messages: 4" in lines
     assert f"This chat: 2,700 in / 70 out tokens · ${cost:.4f}" in lines
-    assert f"Today (all chats): 2,700 in / 70 out tokens · ${cost:.4f}" in lines
+    assert f"Today (all chats): 2,700 in / 70 out tokens · ${cost:.4f} · 2 calls" in lines
+    assert f"  by use: chat 2 calls ${cost:.4f}" in lines
     assert "Compactions: 0" in lines and "Queue: 0 waiting · idle" in lines
     context = next(line for line in lines if line.startswith("Context:"))
     used = await bot.compaction.counter.count_history(session)
@@ -189,6 +190,32 @@ async def test_status_figures_match_the_real_usage(
     assert lines[-1].startswith("Uptime: ")
     assert len(status) < 600  # readable on a phone
     assert len(server.requests) == 2  # commands never reach the model
+
+
+async def test_status_counts_every_model_call_by_purpose(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> None:
+    # A session of answers, a /compact (summary + consolidation of what it removed) and a /new
+    # (consolidation): every call the provider bills must be in today's figures.
+    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+        for text in ("first", "second", "third"):
+            await bot.say(text)
+        assert (await bot.say("/compact 2")).startswith("Compacted")
+        assert await bot.say("/new") == "Session cleared."
+        status = await bot.say("/status")
+        today, split = await bot.ledger.day(), await bot.ledger.purposes()
+
+    billed = len(server.requests)
+    assert today.calls == billed == 6
+    assert {name: u.calls for name, u in split.items()} == {"chat": 3, "compaction": 1, "consolidation": 2}
+    assert today.input_tokens == sum(u.input_tokens for u in split.values())
+    assert f"· {billed} calls" in status
+    assert "  by use: chat 3 calls $" in status and "· compaction 1 call $" in status
+    assert "· consolidation 2 calls $" in status
 
 
 async def test_status_of_a_new_chat_and_after_a_fallback(
@@ -269,9 +296,10 @@ async def test_stop_during_a_slow_model_answer_returns_quickly_and_keeps_the_ses
         assert not bot.dispatcher.is_running(SID)
         assert await bot.on_disk() == [(Role.USER, "slow question")]
         assert await bot.say("/stop") == "Nothing is running."
-        assert await bot.say("again") == "echo: again"
+        # The unanswered question and the next one go to the model as one user turn (strict templates).
+        assert await bot.say("again") == "echo: slow question\n\nagain"
         sent = [m["content"] for m in server.requests[-1].body["messages"]]
-        assert sent == ["slow question", "again"]
+        assert sent == ["slow question\n\nagain"]
     assert [m.text for m in bot.channel.sent].count("too late") == 0
 
 
@@ -349,9 +377,9 @@ async def test_queued_messages_survive_stop_and_are_seen_by_the_next_turn(
         reply = await bot.say("/stop")
         assert reply.startswith("⏹ Stopped. 2 queued messages kept")
         assert [c for _, c in await bot.on_disk()] == ["first", "second", "third"]
-        assert await bot.say("fourth") == "echo: fourth"
+        assert await bot.say("fourth") == "echo: first\n\nsecond\n\nthird\n\nfourth"
         sent = [m["content"] for m in server.requests[-1].body["messages"]]
-        assert sent == ["first", "second", "third", "fourth"]
+        assert sent == ["first\n\nsecond\n\nthird\n\nfourth"]  # one user turn
         assert len([r for r in server.requests if r.body["model"] == MODEL]) == 2
 
 
@@ -407,3 +435,17 @@ async def test_new_under_a_consolidation_timeout_still_clears_and_writes_the_raw
         "echo: and the door is blue",
     ]
     assert (tmp_path / "memory" / "MEMORY.md").read_text() == "- operator fact\n"
+
+
+async def test_status_says_memory_is_unavailable_in_plain_words(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> None:
+    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+        await asyncio.to_thread((tmp_path / "memory" / "MEMORY.md").mkdir)  # unreadable as a file
+        status = await bot.say("/status")
+    assert "Memory: unavailable right now (the details are in the log)" in status
+    assert "Error" not in status

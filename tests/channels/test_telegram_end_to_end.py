@@ -121,3 +121,13 @@ async def test_a_stranger_never_reaches_the_model(tmp_path: Path) -> None:
         assert all("membot pairing approve" in r.text for r in replies)
         assert llm.requests == []
         assert not (tmp_path / "ws" / "sessions" / "telegram:99.json").exists()
+
+
+async def test_a_message_with_a_lone_surrogate_is_answered_not_dropped(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        async with telegram_bot(await settings_for(tmp_path / "ws", llm, tg)):
+            # The Bot API's JSON escapes it as \ud800; PTB decodes it into a str no codec can encode.
+            tg.push_message("half an emoji \ud83d here", first_name="Al\udc00ice")
+            [reply] = await tg.wait_for_messages(1)
+        assert reply.text == "echo: half an emoji \ufffd here"
+        assert "\ufffd" in llm.requests[-1].body["messages"][-1]["content"]

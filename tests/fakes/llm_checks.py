@@ -2,7 +2,8 @@
 
 Each check returns ``None`` for a request the real API would accept, else the error message it would
 give. They are strict on purpose: a translator that builds a wrong shape must fail a test here, not in
-production.
+production. ``check_openai(body, strict_template=True)`` adds what strict chat templates of local
+servers demand (:func:`check_strict_template`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 _REASONING_PREFIXES = ("gpt-5", "o1", "o3", "o4")
 
 
-def check_openai(body: Any) -> str | None:
+def check_openai(body: Any, *, strict_template: bool = False) -> str | None:
     if not isinstance(body, dict):
         return "We could not parse the JSON body of your request."
     if not isinstance(body.get("model"), str) or not body["model"]:
@@ -37,7 +38,24 @@ def check_openai(body: Any) -> str | None:
             return f"tools[{i}]: expected {{'type': 'function', 'function': {{'name': ...}}}}"
         if not isinstance(function.get("parameters", {}), dict):
             return f"tools[{i}].function.parameters must be an object"
-    return _check_openai_messages(messages)
+    return _check_openai_messages(messages) or (check_strict_template(messages) if strict_template else None)
+
+
+def check_strict_template(messages: list[Any]) -> str | None:
+    """What strict chat templates (Llama, Mistral, Gemma ... served by Ollama, vLLM, llama.cpp or LM
+    Studio) refuse: a system message anywhere but first, a first turn that is not the user's, or two
+    user or two assistant messages in a row (tool results may follow each other)."""
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role in ("system", "developer") and i > 0:
+            return f"messages[{i}]: System message must be at the beginning."
+    turns = [m.get("role") for m in messages if m.get("role") not in ("system", "developer")]
+    if turns and turns[0] != "user":
+        return "Conversation roles must alternate user/assistant/user/assistant/... (starting with user)"
+    for i in range(1, len(turns)):
+        if turns[i] == turns[i - 1] and turns[i] != "tool":
+            return "Conversation roles must alternate user/assistant/user/assistant/..."
+    return None
 
 
 def _check_openai_messages(messages: list[Any]) -> str | None:

@@ -29,6 +29,7 @@ from tests.fakes.llm_wire import (
     FakeReply,
     anthropic_body,
     openai_body,
+    send_stalling,
     stream_anthropic,
     stream_openai,
     usage_of,
@@ -53,10 +54,22 @@ class FakeLLMServer:
 
     ``anthropic_api_key`` / ``openai_api_key``: when set, requests must carry exactly that key (401
     otherwise). Anthropic always requires some ``x-api-key`` and ``anthropic-version: 2023-06-01``;
-    OpenAI accepts a missing key (like Ollama) unless ``openai_api_key`` is set.
+    OpenAI accepts a missing key (like Ollama) unless ``openai_api_key`` is set. ``strict_template``:
+    the OpenAI endpoint also refuses what strict chat templates of local servers refuse (a second
+    system message, two user messages in a row), with their 400. ``models``: what ``GET /v1/models``
+    lists.
     """
 
-    def __init__(self, *, openai_api_key: str | None = None, anthropic_api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        openai_api_key: str | None = None,
+        anthropic_api_key: str | None = None,
+        strict_template: bool = False,
+        models: tuple[str, ...] = ("gpt-4.1-mini",),
+    ) -> None:
+        self.strict_template = strict_template
+        self.models = models
         self.requests: list[RecordedRequest] = []
         self.responder: Responder | None = None
         self.in_flight = 0
@@ -102,7 +115,8 @@ class FakeLLMServer:
     # -- handlers ---------------------------------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "gpt-4.1-mini", "object": "model"}]})
+        data = [{"id": model, "object": "model"} for model in self.models]
+        return web.json_response({"object": "list", "data": data})
 
     async def _openai(self, request: web.Request) -> web.StreamResponse:
         body = await _body(request)
@@ -114,7 +128,7 @@ class FakeLLMServer:
             message = "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys."
             error = {"message": message, "type": "invalid_request_error", "code": "invalid_api_key"}
             return web.json_response({"error": error}, status=401)
-        problem = check_openai(body)
+        problem = check_openai(body, strict_template=self.strict_template)
         if problem:
             error = {"message": problem, "type": "invalid_request_error", "param": None, "code": None}
             return web.json_response({"error": error}, status=400)
@@ -167,6 +181,8 @@ class FakeLLMServer:
             payload = (
                 openai_body(body, reply, usage) if api == "openai" else anthropic_body(body, reply, usage)
             )
+            if reply.stall_after is not None:
+                return await send_stalling(request, payload, reply)
             return web.json_response(payload, headers=reply.headers)
         finally:
             self.in_flight -= 1

@@ -27,6 +27,8 @@ class FakeReply:
     ``tool_calls``: ``(name, arguments)`` pairs, arguments as a JSON string (sent as-is, may be invalid
     for OpenAI) or a dict. ``status`` >= 400 sends ``error`` (or the API's standard error body) with
     ``headers``. ``delay`` waits before answering (cancelled when the client goes away).
+    ``stall_after=n`` hangs (for ``stall`` seconds) once the answer has started: after ``n`` SSE
+    events when streaming, else after the headers and the first ``n`` bytes of the JSON body.
     ``malformed`` sends broken JSON (or a broken SSE chunk when streaming). ``cut_off`` reports the
     answer as stopped at the output limit (OpenAI ``finish_reason: length``, Anthropic ``stop_reason:
     max_tokens``), as the APIs do when ``max_tokens`` runs out mid-answer. ``stream_error_after=n``
@@ -47,6 +49,8 @@ class FakeReply:
     stream_error: str = "overloaded_error"
     usage: tuple[int, int] | None = None
     cached_tokens: int = 0
+    stall_after: int | None = None
+    stall: float = 60.0
 
 
 def tokens(text: str) -> int:
@@ -151,14 +155,34 @@ def pieces(text: str, parts: int = 3) -> list[str]:
 
 
 class _Sse:
-    def __init__(self, response: web.StreamResponse) -> None:
+    def __init__(self, response: web.StreamResponse, reply: FakeReply) -> None:
         self._response = response
+        self._reply = reply
+        self._sent = 0
 
     async def send(self, data: dict[str, Any] | str, event: str | None = None) -> None:
+        if self._sent == self._reply.stall_after:
+            await asyncio.sleep(self._reply.stall)  # a server hung mid-answer
+        self._sent += 1
         text = data if isinstance(data, str) else json.dumps(data)
         prefix = f"event: {event}\n" if event else ""
         await self._response.write(f"{prefix}data: {text}\n\n".encode())
         await asyncio.sleep(0)  # let the chunks travel separately, as over a real network
+
+
+async def send_stalling(
+    request: web.Request, payload: dict[str, Any], reply: FakeReply
+) -> web.StreamResponse:
+    """A JSON answer whose body stops after ``reply.stall_after`` bytes, for ``reply.stall`` seconds."""
+    assert reply.stall_after is not None
+    body = json.dumps(payload).encode()
+    response = web.StreamResponse(headers={"content-type": "application/json", **reply.headers})
+    await response.prepare(request)
+    await response.write(body[: reply.stall_after])
+    await asyncio.sleep(reply.stall)
+    await response.write(body[reply.stall_after :])
+    await response.write_eof()
+    return response
 
 
 async def _open(request: web.Request, reply: FakeReply) -> tuple[web.StreamResponse, _Sse]:
@@ -166,7 +190,7 @@ async def _open(request: web.Request, reply: FakeReply) -> tuple[web.StreamRespo
         headers={"content-type": "text/event-stream", "cache-control": "no-cache", **reply.headers}
     )
     await response.prepare(request)
-    return response, _Sse(response)
+    return response, _Sse(response, reply)
 
 
 async def stream_openai(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -50,7 +51,7 @@ class Chat:
 
 
 @contextlib.asynccontextmanager
-async def membot_chat(home: Path, llm: FakeLLMServer) -> AsyncIterator[Chat]:
+async def membot_chat(home: Path, llm: FakeLLMServer, **settings: str) -> AsyncIterator[Chat]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
     env.update(
         HOME=str(home),
@@ -59,6 +60,7 @@ async def membot_chat(home: Path, llm: FakeLLMServer) -> AsyncIterator[Chat]:
         MEMBOT_LLM__OPENAI__API_KEY="sk-test-key-123456",
         MEMBOT_TERMINAL__USER="ana",
     )
+    env.update(settings)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -89,7 +91,8 @@ async def wait_in_flight(llm: FakeLLMServer) -> None:
 async def test_ctrl_c_stops_the_answer_then_quits_at_the_prompt_and_the_chat_continues_later(
     tmp_path: Path,
 ) -> None:
-    async with FakeLLMServer() as llm:
+    # Strict chat templates (local servers) refuse the two user messages in a row a stop leaves behind.
+    async with FakeLLMServer(strict_template=True) as llm:
         llm.script(FakeReply(text="a very slow answer", delay=30))
         async with membot_chat(tmp_path, llm) as chat:
             await chat.type("think hard about this")
@@ -98,7 +101,8 @@ async def test_ctrl_c_stops_the_answer_then_quits_at_the_prompt_and_the_chat_con
             await chat.wait_for("[stopped]")
             assert chat.process.returncode is None  # still chatting
             await chat.type("and now?")
-            await chat.wait_for("echo: and now?\nyou › ")  # the whole reply, not just its streamed start
+            # The unanswered question and this one reach the model as one user turn.
+            await chat.wait_for("echo: think hard about this\n\nand now?\nyou › ")  # the whole reply
             chat.process.send_signal(signal.SIGINT)  # Ctrl-C at the prompt quits
             assert await chat.exit_code() == 0, chat.err
         assert "a very slow answer" not in chat.out
@@ -119,4 +123,120 @@ async def test_ctrl_c_stops_the_answer_then_quits_at_the_prompt_and_the_chat_con
             chat.process.stdin.close()  # Ctrl-D
             assert await chat.exit_code() == 0, chat.err
         sent = [m["content"] for m in llm.requests[-1].body["messages"] if m["role"] == "user"]
-        assert sent[-3:] == ["think hard about this", "and now?", "still there?"]
+        assert sent[-2:] == ["think hard about this\n\nand now?", "still there?"]
+
+
+async def test_a_lone_surrogate_in_an_answer_does_not_break_the_chat(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        # "\ud800" travels as the JSON escape \ud800: valid JSON, but no UTF-8 file can hold it.
+        llm.script(FakeReply(text="broken \ud800 answer"))
+        async with membot_chat(tmp_path, llm) as chat:
+            await chat.type("hello")
+            await chat.wait_for("broken \ufffd answer")
+            await chat.type("still saving?")
+            await chat.wait_for("echo: still saving?\nyou › ")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+        session = await JsonSessionStore(tmp_path / "ws" / "sessions").load("cli:ana")
+        assert session is not None
+        assert [m.content for m in session.messages] == [
+            "hello",
+            "broken \ufffd answer",
+            "still saving?",
+            "echo: still saving?",
+        ]
+
+
+async def test_a_line_longer_than_64_kib_is_answered(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm, membot_chat(tmp_path, llm) as chat:
+        await chat.type("x" * 100_000)  # a big paste on one line
+        await chat.wait_for("[message truncated: 100000 characters, limit 16000]")
+        await chat.type("and after it?")
+        await chat.wait_for("echo: and after it?")
+        assert chat.process.stdin is not None
+        chat.process.stdin.close()
+        assert await chat.exit_code() == 0, chat.err
+
+
+async def test_an_unreachable_model_is_one_plain_line_and_the_details_go_to_the_log(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        unreachable = "http://bob:hunter2-secret@127.0.0.1:9/v1"  # a proxy password in the URL
+        async with membot_chat(
+            tmp_path, llm, MEMBOT_LLM__OPENAI__BASE_URL=unreachable, MEMBOT_LLM__MAX_RETRIES="0"
+        ) as chat:
+            await chat.type("hello?")
+            await chat.wait_for("send another message to try again.\nyou › ")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+    screen = chat.out + chat.err
+    [reply] = [line for line in screen.splitlines() if "membot ›" in line]
+    assert "the AI model cannot be reached right now" in reply
+    for internal in ("Traceback", "127.0.0.1:9", "hunter2", "MEMBOT_", "LLMUnavailable", "base_url"):
+        assert internal not in screen, internal
+    log = (tmp_path / "ws" / "logs" / "chat.log").read_text()
+    assert "Traceback" in log and "LLMUnavailable" in log and "127.0.0.1:9" in log
+    assert "hunter2" not in log
+
+
+async def test_a_key_the_provider_echoes_reaches_neither_the_chat_nor_the_log(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        echoed = {"error": {"message": "Incorrect API key provided: local-key-0123456789abc.", "type": "x"}}
+        llm.script(FakeReply(status=401, error=echoed))
+        async with membot_chat(tmp_path, llm, MEMBOT_LLM__OPENAI__API_KEY="local-key-0123456789abc") as chat:
+            await chat.type("hello?")
+            await chat.wait_for("send another message to try again.\nyou › ")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+    assert "refused the bot's access" in chat.out
+    assert "local-key" not in chat.out + chat.err and "MEMBOT_" not in chat.out
+    log = (tmp_path / "ws" / "logs" / "chat.log").read_text()
+    assert "LLMAuthError" in log and "local-key" not in log
+
+
+async def test_usage_counts_every_call_the_provider_bills(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        async with membot_chat(tmp_path, llm, MEMBOT_TIMEZONE="UTC") as chat:
+            for line in ("one", "two", "three"):
+                await chat.type(line)
+                await chat.wait_for(f"echo: {line}\nyou › ")
+            await chat.type("/compact 2")
+            await chat.wait_for("Compacted")
+            await chat.type("/new")
+            await chat.wait_for("Session cleared.")
+            await chat.type("/status")
+            await chat.wait_for("Uptime:")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+        billed = len(llm.requests)
+    [day] = json.loads((tmp_path / "ws" / "usage.json").read_text())["days"].values()
+    assert day["calls"] == billed
+    assert {k: v["calls"] for k, v in day["purposes"].items()} == {
+        "chat": 3,
+        "compaction": 1,
+        "consolidation": billed - 4,
+    }
+    assert f"· {billed} calls" in chat.out and "by use: chat 3 calls" in chat.out
+
+
+async def test_after_compact_a_strict_chat_template_still_accepts_every_request(tmp_path: Path) -> None:
+    async with FakeLLMServer(strict_template=True) as llm:
+        async with membot_chat(tmp_path, llm) as chat:
+            for line in ("one", "two", "three"):
+                await chat.type(line)
+                await chat.wait_for(f"echo: {line}\nyou › ")
+            await chat.type("/compact 1")
+            await chat.wait_for("Compacted")
+            await chat.type("after the summary")
+            await chat.wait_for("echo: after the summary\nyou › ")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+        assert "Sorry" not in chat.out
+        last = llm.requests[-1].body["messages"]
+        assert [m["role"] for m in last][:2] == ["system", "user"]
+        assert sum(m["role"] == "system" for m in last) == 1
+        assert "[Conversation summary]" in last[0]["content"]  # folded into the one system prompt

@@ -41,10 +41,14 @@ def test_run_without_channels_says_what_to_set(home: dict[str, str], tmp_path: P
 
 def test_config_masks_secrets_and_names_sources(home: dict[str, str], tmp_path: Path) -> None:
     (tmp_path / "membot.toml").write_text('[llm]\nmodel = "claude-haiku-4-5"\n')
-    env = {**home, "MEMBOT_LLM__ANTHROPIC__API_KEY": "sk-ant-supersecret-123456"}
+    env = {
+        **home,
+        "MEMBOT_LLM__ANTHROPIC__API_KEY": "sk-ant-supersecret-123456",
+        "MEMBOT_LLM__OPENAI__BASE_URL": "http://bob:proxypass99@proxy.local/v1",
+    }
     result = membot("--config", str(tmp_path / "membot.toml"), "config", env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "supersecret" not in result.stdout
+    assert "supersecret" not in result.stdout and "proxypass99" not in result.stdout
     assert "********" in result.stdout and "claude-haiku-4-5" in result.stdout
     assert "membot.toml" in result.stdout and "env" in result.stdout
 
@@ -60,3 +64,65 @@ def test_models_lists_the_catalog(home: dict[str, str], tmp_path: Path) -> None:
     assert result.returncode == 0
     assert "claude-sonnet-4-5" in result.stdout and "gpt-4.1-mini *" in result.stdout
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_a_misspelled_key_gets_a_did_you_mean(home: dict[str, str], tmp_path: Path) -> None:
+    toml = tmp_path / "membot.toml"
+    toml.write_text('[llm]\nmodle = "gpt-4.1"\n[telegram]\nalowed_users = ["1"]\n')
+    result = membot("--config", str(toml), "config", env=home, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    err = one_line(result.stderr)
+    assert "llm.modle: unknown setting; did you mean `llm.model`?" in err
+    assert "telegram.alowed_users: unknown setting; did you mean `telegram.allowed_users`?" in err
+    assert str(toml) in err
+
+    result = membot("config", env={**home, "MEMBOT_LLM__MODLE": "gpt-4.1"}, cwd=tmp_path)
+    assert "did you mean `llm.model`?" in one_line(result.stderr) and "MEMBOT_LLM__MODLE" in result.stderr
+
+
+def test_a_toml_syntax_error_names_the_file_and_line(home: dict[str, str], tmp_path: Path) -> None:
+    toml = tmp_path / "membot.toml"
+    toml.write_text('[llm]\nmodel = "gpt-4.1"\ntimeout = = 5\n')
+    result = membot("--config", str(toml), "config", env=home, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    err = one_line(result.stderr)
+    assert f"{toml} is not valid TOML" in err and "line 3" in err
+
+
+def test_a_malformed_json_list_names_its_variable(home: dict[str, str], tmp_path: Path) -> None:
+    env = {**home, "MEMBOT_LLM__FALLBACK_MODELS": '["gpt-4.1-mini",'}
+    result = membot("config", env=env, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    err = one_line(result.stderr)
+    assert "MEMBOT_LLM__FALLBACK_MODELS is not valid JSON" in err and "lists are JSON" in err
+
+
+def test_numeric_user_ids_are_accepted_from_toml_and_env(home: dict[str, str], tmp_path: Path) -> None:
+    toml = tmp_path / "membot.toml"
+    toml.write_text("[telegram]\nallowed_users = [12345, 67890]\nallowed_groups = [-100123]\n")
+    env = {**home, "MEMBOT_DISCORD__ALLOWED_USERS": "[111, 222]", "MEMBOT_DISCORD__ALLOWED_GUILDS": "333"}
+    result = membot("--config", str(toml), "config", env={**env, "COLUMNS": "200"}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in result.stdout.splitlines()
+        if line.count("│") >= 3
+    }
+    assert rows["telegram.allowed_users"] == "['12345', '67890']"
+    assert rows["telegram.allowed_groups"] == "['-100123']"
+    assert rows["discord.allowed_users"] == "['111', '222']" and rows["discord.allowed_guilds"] == "['333']"
+
+
+def test_an_anthropic_key_with_the_default_openai_model_says_to_pick_a_claude_model(
+    home: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**home, "MEMBOT_LLM__ANTHROPIC__API_KEY": "sk-ant-test-123456"}
+    result = membot("chat", env=env, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    err = one_line(result.stderr)
+    assert "an Anthropic API key is set" in err and "gpt-4.1-mini" in err
+    assert "set MEMBOT_LLM__MODEL to a Claude model" in err

@@ -78,7 +78,8 @@ async def test_everything_passes_against_the_fake_services(tmp_path: Path) -> No
 
 
 async def test_anthropic_endpoint_is_checked_with_its_own_api(tmp_path: Path) -> None:
-    async with FakeLLMServer() as llm:
+    # Anthropic lists dated snapshots; the alias in the catalog names the newest one.
+    async with FakeLLMServer(models=("claude-sonnet-4-5-20250929",)) as llm:
         code, out = await doctor(
             tmp_path,
             MEMBOT_LLM__MODEL="claude-sonnet-4-5",
@@ -139,3 +140,20 @@ async def test_offline_reports_catalog_workspace_and_llm_settings_problems(tmp_p
     llm = line(out, "llm settings")
     assert llm.startswith("✗ fail") and "MEMBOT_LLM__OPENAI__API_KEY" in llm
     assert line(out, "online").startswith("- skip")
+
+
+async def test_a_model_the_server_does_not_list_fails_with_the_ones_it_does(tmp_path: Path) -> None:
+    async with FakeLLMServer(models=("llama3.1:latest", "qwen2.5:7b")) as llm:
+        code, out = await doctor(
+            tmp_path, MEMBOT_LLM__OPENAI__BASE_URL=llm.openai_base_url, MEMBOT_LLM__MODEL="llama3.2"
+        )
+        assert code == 1
+        llm_line = line(out, "llm openai")
+        assert llm_line.startswith("✗ fail") and "does not list llama3.2" in llm_line
+        assert "MEMBOT_LLM__MODEL" in llm_line and "llama3.1:latest, qwen2.5:7b" in llm_line
+
+        code, out = await doctor(
+            tmp_path, MEMBOT_LLM__OPENAI__BASE_URL=llm.openai_base_url, MEMBOT_LLM__MODEL="llama3.1"
+        )
+        assert code == 0, out  # Ollama's "llama3.1:latest" is what "llama3.1" means
+        assert line(out, "llm openai").startswith("✓ pass")

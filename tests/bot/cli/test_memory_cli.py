@@ -97,3 +97,21 @@ def test_edit_with_a_missing_editor_says_how_to_fix_it(tmp_path: Path) -> None:
     result = membot("memory", "edit", workspace=tmp_path / "ws", editor="no-such-editor-here")
     assert result.returncode == 2
     assert "set $EDITOR" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_item_with_a_naive_timestamp_does_not_break_retrieval(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "memory" / "items").mkdir(parents=True)
+    base = {"layer": "semantic", "type": "fact", "references": [], "tags": []}
+    items = [
+        # Written by hand (or an older tool): timestamps without a zone.
+        {**base, "id": "naive1", "title": "boat", "content": "User owns a red sailing boat",
+         "created_at": "2024-03-01T10:00:00", "updated_at": "2024-03-01T10:00:00"},
+        {**base, "id": "aware1", "title": "boat name", "content": "The sailing boat is named Gull",
+         "created_at": "2024-03-02T10:00:00+00:00", "updated_at": "2024-03-02T10:00:00+00:00"},
+    ]  # fmt: skip
+    lines = "".join(json.dumps(i) + "\n" for i in items)
+    (ws / "memory" / "items" / "semantic.jsonl").write_text(lines)
+    found = membot("memory", "search", "sailing boat", workspace=ws)
+    assert found.returncode == 0, found.stderr
+    assert "red sailing boat" in found.stdout and "named Gull" in found.stdout

@@ -139,7 +139,9 @@ async def test_system_messages_in_the_history(make_client: Any, server: FakeLLMS
     if api == "anthropic":
         assert body["system"] == "base\n\n[summary] they like tea"
     else:
-        assert [m["role"] for m in body["messages"]] == ["system", "system", "assistant", "user"]
+        # One system message (strict chat templates refuse a second), and a user turn first.
+        assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "user"]
+        assert body["messages"][0]["content"] == "base\n\n[summary] they like tea"
 
 
 @both
@@ -198,7 +200,9 @@ async def test_broken_tool_history_is_repaired_not_refused(make_client: Any, api
         Message(Role.TOOL, "rain again", tool_call_id="c2", name="w"),
         Message(Role.USER, "still there?"),
     )
-    assert (await llm.chat(ChatRequest(messages=history, tools=(WEATHER,)))).content == "echo: still there?"
+    answer = await llm.chat(ChatRequest(messages=history, tools=(WEATHER,)))
+    # The stray second result became user text, merged with the question after it.
+    assert answer.content.startswith("echo: ") and answer.content.endswith("still there?")
 
 
 # ---- streaming ------------------------------------------------------------------------------------
@@ -525,7 +529,9 @@ async def test_timeout_is_retried_then_reported(make_client: Any, server: FakeLL
     server.script(FakeReply(text="late", delay=30), FakeReply(text="late", delay=30))
     with pytest.raises(LLMTimeout, match=r"did not answer|timed out"):
         await llm.chat(ask("x", timeout=0.2))
-    assert len(sleeps.calls) == 1 and len(server.requests) == 2
+    # Two tries, counted by the client: on a loaded machine the second may give up before the fake
+    # has even read it, so the server's count is no measure.
+    assert len(sleeps.calls) == 1 and llm.stats.failures == 2 and len(server.requests) >= 1
 
 
 @both

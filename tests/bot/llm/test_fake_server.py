@@ -144,3 +144,37 @@ async def test_responder_answers_when_nothing_is_scripted(server: FakeLLMServer)
     assert first.json()["choices"][0]["message"]["content"] == "scripted first"
     assert second.json()["content"][0]["text"] == "anthropic:1"
     assert [r.api for r in server.requests] == ["openai", "anthropic"] and server.scripted == 0
+
+
+SYSTEM = {"role": "system", "content": "be brief"}
+TOOL_RESULT = {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [SYSTEM, user("a"), user("b")],  # after /stop: a question without an answer, then the next
+        [SYSTEM, {"role": "system", "content": "[summary]"}, user("a")],  # after /compact
+        [SYSTEM, user("a"), assistant("x"), assistant("y")],
+        [SYSTEM, assistant("hello"), user("a")],
+    ],
+)
+async def test_strict_template_mode_refuses_what_strict_chat_templates_refuse(messages: Any) -> None:
+    async with FakeLLMServer(strict_template=True) as strict:
+        response = await post(strict, "openai", gpt(messages))
+        assert response.status_code == 400, response.text
+    async with FakeLLMServer() as lenient:  # OpenAI itself accepts all of them
+        assert (await post(lenient, "openai", gpt(messages))).status_code == 200
+
+
+async def test_strict_template_mode_accepts_alternation_with_tool_results() -> None:
+    messages = [
+        SYSTEM,
+        user("a"),
+        assistant(None, tool_calls=[CALL]),
+        TOOL_RESULT,
+        assistant("done"),
+        user("b"),
+    ]
+    async with FakeLLMServer(strict_template=True) as strict:
+        assert (await post(strict, "openai", gpt(messages))).status_code == 200

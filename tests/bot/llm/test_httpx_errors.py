@@ -1,7 +1,7 @@
 """STYLE 10: every exception httpx can raise is mapped to a bot.errors LLM error, and the map is total.
 
 A new exception class in an httpx upgrade fails ``test_every_httpx_exception_is_classified`` until it
-is given a meaning here and in ``bot/llm/client.py``.
+is given a meaning here and in ``bot/llm/httpx_errors.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from bot.config import LLMSettings
 from bot.domain import Message, Role
 from bot.errors import LLMAuthError, LLMBadResponse, LLMError, LLMTimeout, LLMUnavailable
 from bot.llm import ChatRequest, LLMClient
-from bot.llm.client import HTTPX_ERRORS, map_httpx_error
+from bot.llm.httpx_errors import HTTPX_ERRORS, map_httpx_error
 
 REQUEST = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
 

@@ -14,6 +14,7 @@ from bot.errors import LLMBadResponse, LLMRateLimited, LLMUnavailable
 from bot.llm import ChatRequest, ToolSpec, anthropic, openai
 from bot.llm.sse import SSEvent
 from bot.llm.tool_pairs import MISSING_RESULT, paired
+from bot.llm.turns import OPENING, normalized
 
 TIMEOUT = httpx.Timeout(5.0)
 TOOL = ToolSpec("files", "Read a file", {"type": "object", "properties": {"path": {"type": "string"}}})
@@ -58,12 +59,13 @@ def test_openai_request(catalog: ModelCatalog) -> None:
     assert data["stream"] is True and data["stream_options"] == {"include_usage": True}
     assert data["tools"][0]["function"]["name"] == "files"
     roles = [m["role"] for m in data["messages"]]
-    assert roles == ["system", "system", "user", "assistant", "tool", "tool", "user"]
-    assistant = data["messages"][3]
+    assert roles == ["system", "user", "assistant", "tool", "tool", "user"]
+    assert data["messages"][0]["content"] == "base\n\n[summary] earlier"
+    assistant = data["messages"][2]
     assert assistant["content"] is None
     assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == ['{"path": "a"}', "{bad json"]
-    assert data["messages"][5] == {"role": "tool", "tool_call_id": "t2", "content": ""}
-    assert data["messages"][6]["content"] == [
+    assert data["messages"][4] == {"role": "tool", "tool_call_id": "t2", "content": ""}
+    assert data["messages"][5]["content"] == [
         {"type": "text", "text": "thanks"},
         {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/"}},
     ]
@@ -86,7 +88,7 @@ def test_openai_drops_empty_assistant_turns() -> None:
     request = ChatRequest(
         messages=(Message(Role.USER, "a"), Message(Role.ASSISTANT, ""), Message(Role.USER, "b"))
     )
-    assert [m["role"] for m in openai.messages(request)] == ["user", "user"]
+    assert openai.messages(request) == [{"role": "user", "content": "a\n\nb"}]
 
 
 def test_openai_parse_response_with_tool_calls_and_cached_usage() -> None:
@@ -367,3 +369,33 @@ def test_paired_answers_interrupted_calls_and_keeps_orphan_results_as_text() -> 
     assert out[0].content == "[earlier result of web_fetch]\nstale"
     assert out[4].content == MISSING_RESULT and out[8].content == MISSING_RESULT
     assert out[5].content.endswith("B again") and out[6].content == "and?"
+
+
+# ---- one system prompt, alternating turns (strict chat templates) ----------------------------------
+
+
+def test_history_is_normalized_for_strict_templates_and_tool_pairs_are_kept() -> None:
+    calls = (ToolCall("c1", "files", "{}"),)
+    history = (
+        Message(Role.ASSISTANT, "welcome back"),  # the history starts with the model after compaction
+        Message(Role.SYSTEM, "[summary] likes tea"),
+        Message(Role.USER, "first question"),  # stopped before it was answered
+        Message(Role.USER, "second", images=(ImagePart("image/png", "AAAA"),)),
+        Message(Role.ASSISTANT, "let me look"),
+        Message(Role.ASSISTANT, "", tool_calls=calls),
+        Message(Role.TOOL, "r1", tool_call_id="c1", name="files"),
+        Message(Role.ASSISTANT, ""),
+        Message(Role.USER, "third"),
+    )
+    system, out = normalized(ChatRequest(messages=history, system="base"))
+    assert system == "base\n\n[summary] likes tea"
+    assert [(m.role, m.content) for m in out] == [
+        (Role.USER, OPENING),
+        (Role.ASSISTANT, "welcome back"),
+        (Role.USER, "first question\n\nsecond"),
+        (Role.ASSISTANT, "let me look"),
+        (Role.TOOL, "r1"),
+        (Role.USER, "third"),
+    ]
+    assert out[2].images == (ImagePart("image/png", "AAAA"),)
+    assert out[3].tool_calls == calls  # the text and the call it led to are one assistant turn

@@ -1,0 +1,93 @@
+"""Why a configuration was refused, said so that the operator can fix it.
+
+pydantic reports a location and a message; these name the environment variable or the file to
+change, suggest the setting a misspelled key probably meant, and find the variable behind a JSON
+value that does not parse (pydantic-settings names only its top-level table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import NoDecode, SettingsError
+
+ENV_PREFIX = "MEMBOT_"
+
+
+def explain_validation(exc: ValidationError, toml: Path | None, root: type[BaseModel]) -> str:
+    """Every bad field, with the variable or file line to fix; an unknown key gets a "did you mean"."""
+    lines = ["invalid configuration:"]
+    for error in exc.errors():
+        path = [str(p) for p in error["loc"]]
+        dotted = ".".join(path)
+        env = ENV_PREFIX + "__".join(p.upper() for p in path)
+        if error["type"] == "extra_forbidden":
+            import difflib  # only on this error path: start-up stays lean
+
+            where = f"remove it from {toml} or unset {env}" if toml else f"unset {env}"
+            guess = difflib.get_close_matches(path[-1], _known_keys(root, path[:-1]), n=1, cutoff=0.6)
+            hint = f"; did you mean `{'.'.join([*path[:-1], guess[0]])}`?" if guess else ""
+            lines.append(f"  - {dotted}: unknown setting{hint} ({where})")
+            continue
+        where = f"set {env}" + (f" or `{dotted}` in {toml}" if toml else "")
+        lines.append(f"  - {dotted}: {error['msg']} ({where})")
+    return "\n".join(lines)
+
+
+def _known_keys(root: type[BaseModel], path: list[str]) -> list[str]:
+    """The setting names valid at ``path`` (a table of the tree), for "did you mean"."""
+    model: Any = root
+    for key in path:
+        field = (
+            model.model_fields.get(key) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        )
+        if field is None:  # a key of a dict-valued table such as telegram.groups."<id>"
+            model = get_args(model)[-1] if get_origin(model) is dict else None
+            continue
+        model = field.annotation
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
+
+
+def explain_undecodable(exc: SettingsError, env_file: Path | None, root: type[BaseModel]) -> str:
+    """Name the variable whose value is not the JSON its setting needs (pydantic-settings names
+    only the top-level field)."""
+    values = {k: v for k, v in os.environ.items() if k.upper().startswith(ENV_PREFIX)}
+    if env_file is not None and env_file.is_file():
+        from dotenv import dotenv_values
+
+        from_file = dotenv_values(env_file).items()
+        values = {
+            **{k: v for k, v in from_file if v is not None and k.upper().startswith(ENV_PREFIX)},
+            **values,
+        }
+    bad = []
+    for name, value in sorted(values.items()):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as error:
+            if value.strip()[:1] in ("[", "{") or _is_container(root, name):
+                bad.append(f"{name} is not valid JSON ({error.msg} at position {error.pos})")
+    if not bad:
+        return f"could not read configuration: {exc}"
+    example = 'e.g. MEMBOT_LLM__FALLBACK_MODELS=\'["gpt-4.1-mini", "claude-haiku-4-5"]\''
+    return "invalid configuration:\n" + "\n".join(f"  - {b}" for b in bad) + f"\n  lists are JSON, {example}"
+
+
+def _is_container(root: type[BaseModel], env_name: str) -> bool:
+    """Whether the setting a ``MEMBOT_...`` variable names holds a list or a table."""
+    model: Any = root
+    metadata: list[Any] = []
+    for key in env_name[len(ENV_PREFIX) :].lower().split("__"):
+        field = (
+            model.model_fields.get(key) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        )
+        if field is None:
+            return False
+        model, metadata = field.annotation, field.metadata
+    return get_origin(model) in (list, dict) and NoDecode not in metadata  # NoDecode: read as text

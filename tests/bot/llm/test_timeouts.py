@@ -1,0 +1,95 @@
+"""A hung model server costs seconds, not minutes: first-byte and idle limits, timeouts retried once.
+
+Each test runs against the fake server scripted to hang (``delay``: before the answer starts;
+``stall_after``: in the middle of it) for a minute; a guard fails the test if the client waits that out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from bot.domain import Message, Role
+from bot.errors import LLMTimeout
+from bot.llm import ChatRequest, ChatResponse, LLMClient
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+
+both = pytest.mark.parametrize("api", ["openai", "anthropic"])
+HUNG = 60.0  # how long the fake hangs; every test must finish long before
+FAST = {"first_byte_timeout": 0.3, "idle_timeout": 0.3, "max_retries": 3}
+
+
+def ask(text: str = "hi") -> ChatRequest:
+    return ChatRequest(messages=(Message(Role.USER, text),))
+
+
+async def streamed(llm: LLMClient, request: ChatRequest) -> tuple[str, ChatResponse | None]:
+    text, final = "", None
+    async for event in llm.stream(request):
+        text += event.text if event.kind == "text" else ""
+        final = event.response or final
+    return text, final
+
+
+@both
+async def test_a_stream_that_never_starts_fails_after_the_first_byte_limit_retried_once(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    llm, sleeps = make_client(api, **FAST)
+    server.script(*[FakeReply(text="late", delay=HUNG)] * 4)
+    async with asyncio.timeout(10):
+        with pytest.raises(LLMTimeout, match=r"did not start answering within 0\.3 s"):
+            await streamed(llm, ask())
+    # max_retries=3, but a timeout is tried twice only (counted by the client: on a loaded machine the
+    # second try can give up before the fake has read it).
+    assert llm.stats.failures == 2 and len(sleeps.calls) == 1
+
+
+@both
+async def test_a_stream_that_goes_silent_midway_fails_after_the_idle_limit(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    llm, _ = make_client(api, **FAST)
+    server.script(FakeReply(text="the first words and then nothing", stall_after=4, stall=HUNG))
+    shown = ""
+    async with asyncio.timeout(10):
+        with pytest.raises(LLMTimeout, match=r"went silent for 0\.3 s"):
+            async for event in llm.stream(ask()):
+                shown += event.text
+    assert shown  # part of the answer was shown, so it is not tried again
+    assert len(server.requests) == 1
+
+
+@both
+async def test_a_body_that_stalls_is_cut_by_the_idle_limit_and_the_retry_answers(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    llm, _ = make_client(api, **FAST)
+    server.script(FakeReply(text="never whole", stall_after=20, stall=HUNG), FakeReply(text="second try"))
+    async with asyncio.timeout(10):
+        response = await llm.chat(ask())
+    assert response.content == "second try" and len(server.requests) == 2
+    assert llm.stats.failures_by == {(llm.model, "timeout"): 1}
+
+
+async def test_a_hung_non_streamed_call_is_bounded_by_timeout_and_retried_once(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    llm, sleeps = make_client("openai", timeout=0.3, max_retries=3)
+    server.script(*[FakeReply(text="late", delay=HUNG)] * 4)
+    async with asyncio.timeout(10):
+        with pytest.raises(LLMTimeout, match=r"did not answer within 0\.3 s"):
+            await llm.chat(ask())
+    assert llm.stats.failures == 2 and len(sleeps.calls) == 1
+
+
+async def test_a_pause_shorter_than_the_idle_limit_does_not_cut_the_stream(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    llm, _ = make_client("openai", first_byte_timeout=1.0, idle_timeout=1.0)
+    server.script(FakeReply(text="slow and steady wins", stall_after=2, stall=0.4))
+    async with asyncio.timeout(10):
+        text, final = await streamed(llm, ask())
+    assert text == "slow and steady wins" and final is not None

@@ -1,0 +1,44 @@
+"""The usage ledger: daily totals split by purpose, kept across restarts, older files still read."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from bot.domain import Usage
+from bot.usage import UsageLedger
+
+NOON = datetime(2025, 3, 4, 12, tzinfo=UTC)
+
+
+def ledger(path: Path) -> UsageLedger:
+    return UsageLedger(path, tz=ZoneInfo("UTC"), clock=lambda: NOON, flush_interval=3600)
+
+
+async def test_calls_are_split_by_purpose_and_survive_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "usage.json"
+    first = ledger(path)
+    await first.record("chat", "gpt-4.1-mini", Usage(100, 10, cost_usd=0.01, calls=1))
+    await first.record("compaction", "gpt-4.1-mini", Usage(50, 5, cost_usd=0.002, calls=1))
+    await first.record("chat", "gpt-4.1-mini", Usage(120, 12, cost_usd=0.012, calls=1))
+    await first.flush()
+
+    again = ledger(path)
+    total, split = await again.day(), await again.purposes()
+    assert (total.input_tokens, total.calls) == (270, 3)
+    assert {k: (u.input_tokens, u.calls) for k, u in split.items()} == {
+        "chat": (220, 2),
+        "compaction": (50, 1),
+    }
+
+
+async def test_a_ledger_written_before_purposes_counts_as_chat(tmp_path: Path) -> None:
+    path = tmp_path / "usage.json"
+    old_day = {"input_tokens": 10, "output_tokens": 2, "cached_tokens": 0, "cost_usd": 0.1, "calls": 1}
+    path.write_text(json.dumps({"version": 1, "days": {"2025-03-04": old_day}}))
+    book = ledger(path)
+    await book.record("consolidation", "m", Usage(5, 1, calls=1))
+    assert (await book.day()).calls == 2
+    assert {k: u.calls for k, u in (await book.purposes()).items()} == {"chat": 1, "consolidation": 1}
