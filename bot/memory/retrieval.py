@@ -295,10 +295,9 @@ class Retriever:
         top1, top2 = max(first.values()), max(second.values(), default=0.0)
         if top2 <= 0:
             return first
-        # Fused on the first hop's scale, by the better of the two: the second hop lifts what the first
-        # ranked low (up to ``hop`` of the best first-hop match), and never the top itself.
+        # Fused on the first hop's scale: a second-hop match adds up to ``hop`` of the best first-hop one.
         return {
-            key: max(first.get(key, 0.0), w.hop * top1 * second.get(key, 0.0) / top2)
+            key: first.get(key, 0.0) + w.hop * top1 * second.get(key, 0.0) / top2
             for key in first.keys() | second.keys()
         }
 
