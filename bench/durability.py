@@ -117,6 +117,7 @@ async def measure(turns: int, memory: bool, root: Path) -> tuple[Counter[str], i
     calls.install()
     async with build_core(settings, llm=InstantModel()) as core:
         channel = BenchChannel(core.dispatcher.submit)
+        await core.dispatcher.recover()  # as `membot run` does: the inbox is loaded before messages come
         core.dispatcher.attach(channel)
 
         async def one(i: int) -> None:

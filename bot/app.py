@@ -271,7 +271,7 @@ async def run_chat(settings: Settings) -> None:
             reader=await stdin_reader(),
             writer=sys.stdout,
         )
-        core.dispatcher.attach(channel)
+        core.dispatcher.attach(channel, ready=False)
         loop = asyncio.get_running_loop()
 
         stopping: set[asyncio.Task[int | None]] = set()
@@ -293,6 +293,7 @@ async def run_chat(settings: Settings) -> None:
         sys.stdout.write(f"membot — model {settings.llm.model}; /help for commands, Ctrl-D to quit.\n")
         await core.dispatcher.recover()
         await channel.start()
+        core.dispatcher.ready(channel.name)
         try:
             await channel.wait_closed()
         finally:
@@ -388,7 +389,8 @@ async def _start_channel(name: str, core: Core) -> Channel:
         )
     else:
         raise ConfigError(f"channel {name!r} is not available in this build")
-    core.dispatcher.attach(channel)
+    core.dispatcher.attach(channel, ready=False)
     await channel.start()
+    core.dispatcher.ready(name)  # its chats' recovered and new messages are answered from now on
     core.channels.append(channel)
     return channel

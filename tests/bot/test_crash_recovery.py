@@ -87,7 +87,9 @@ async def test_an_answer_saved_but_not_sent_is_delivered_once_after_restart(tmp_
             await wait_answer(tg, 777, "echo: remember the milk")
             await stop(service)
         assert [m.text for m in tg.sent_to(777)] == ["echo: remember the milk"]
-        assert not [r for r in llm.requests[requests:] if r.body["messages"][-1]["content"] == "remember the milk"]
+        assert not [
+            r for r in llm.requests[requests:] if r.body["messages"][-1]["content"] == "remember the milk"
+        ]
     assert await asyncio.to_thread(stored, workspace, "telegram:777") == [
         ("user", "remember the milk"),
         ("assistant", "echo: remember the milk"),

@@ -18,6 +18,7 @@ import pytest
 from bot.config import LifecycleSettings
 from bot.domain import OutboundMessage
 from bot.errors import ChannelError
+from bot.inbox import Inbox
 from bot.lifecycle import EXIT_CHANNEL_FAILED, EXIT_OK, ServiceRunner
 from channels.base import Channel
 from tests.bot.membot_service import membot_run, session_headers_parse, stored, wait_in_flight
@@ -93,12 +94,12 @@ async def test_shutdown_drains_then_flushes_then_stops_channels_in_reverse() -> 
     task = asyncio.create_task(
         runner.run(["a", "b"], start_channel=starter(log), dispatcher=dispatcher, flushers=[flush])
     )
-    while "recover" not in log:
+    while "start b" not in log:
         await asyncio.sleep(0)
     assert {n: h.state for n, h in runner.channel_health().items()} == {"a": "running", "b": "running"}
     runner.request_stop()
     assert await task == EXIT_OK
-    assert log == ["start a", "start b", "recover", "close 7", "flush memory", "stop b", "stop a"]
+    assert log == ["recover", "start a", "start b", "close 7", "flush memory", "stop b", "stop a"]
 
 
 async def test_a_failing_channel_stops_the_service_when_asked(caplog: pytest.LogCaptureFixture) -> None:
@@ -110,7 +111,7 @@ async def test_a_failing_channel_stops_the_service_when_asked(caplog: pytest.Log
         dispatcher=RecordingDispatcher(log),
     )
     assert code == EXIT_CHANNEL_FAILED
-    assert log == ["start a", "start b", "stop a"]  # c never started, a stopped again, no recover
+    assert log == ["recover", "start a", "start b", "stop a"]  # c never started, a stopped again
     assert runner.channel_health()["b"].state == "failed"
     assert runner.channel_health()["b"].error == "telegram rejected the token"
 
@@ -125,7 +126,7 @@ async def test_a_failing_channel_runs_degraded_when_allowed() -> None:
             dispatcher=RecordingDispatcher(log),
         )
     )
-    while "recover" not in log:
+    while "start b" not in log:
         await asyncio.sleep(0)
     health = runner.channel_health()
     assert (health["a"].state, health["a"].error, health["b"].state) == (
@@ -154,7 +155,7 @@ async def test_first_signal_drains_second_exits_at_once() -> None:
     dispatcher = RecordingDispatcher(log)
     dispatcher.release.clear()  # a turn that will not finish by itself
     task = asyncio.create_task(runner.run(["a"], start_channel=starter(log), dispatcher=dispatcher))
-    while "recover" not in log:
+    while "start a" not in log:
         await asyncio.sleep(0)
     os.kill(os.getpid(), signal.SIGUSR1)
     await dispatcher.closing.wait()
@@ -190,7 +191,7 @@ async def test_sigterm_mid_turn_lets_the_turn_finish_and_exits_cleanly(tmp_path:
         assert event in service.stderr
     messages = await asyncio.to_thread(stored, workspace)
     assert messages == [("user", "please think about this"), ("assistant", "a considered answer")]
-    assert not list((workspace / "inbox").glob("*.jsonl")), "the inbox still holds the answered message"
+    assert await Inbox(workspace / "inbox").load_pending() == [], "the inbox still holds the answered message"
 
 
 async def test_a_turn_over_the_grace_period_is_cancelled_and_the_message_kept(tmp_path: Path) -> None:
@@ -219,7 +220,8 @@ async def test_a_second_signal_exits_at_once_without_corrupting_files(tmp_path: 
             code, _ = await service.finish(timeout=10)
     assert code == 128 + signal.SIGTERM
     assert "exiting now" in service.stderr
-    assert await asyncio.to_thread(stored, workspace) == [("user", "hold on")]
+    pending = await Inbox(workspace / "inbox").load_pending()
+    assert [e.message.text for e in pending] == ["hold on"]  # answered after the next start
     session_headers_parse(workspace)
 
 
