@@ -43,6 +43,7 @@ from bot.storage import ensure_private_dir, fix_private_tree
 from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry, builtin_tools
 from bot.usage import UsageLedger
+from bot.workspace_lock import WorkspaceLock
 from channels.base import Channel
 from pipeline import Pipeline, System
 from pipeline.compaction import AutoCompactionSystem
@@ -112,6 +113,15 @@ def prepare_workspace(settings: Settings) -> None:
         log.warning("workspace_permissions_fixed", count=fixed, workspace=str(settings.workspace))
 
 
+def _lock_workspace(settings: Settings) -> WorkspaceLock:
+    try:
+        return WorkspaceLock.acquire(settings.workspace)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot use workspace {settings.workspace}: {exc.strerror} (set --workspace or MEMBOT_WORKSPACE)"
+        ) from None
+
+
 def secrets_of(settings: Settings) -> list[str]:
     values = [
         settings.llm.openai.api_key,
@@ -139,11 +149,14 @@ async def build_core(
     """
     catalog = await asyncio.to_thread(load_catalog, settings.models_file)
     check_llm_configured(settings, catalog)
-    await asyncio.to_thread(prepare_workspace, settings)
     primary = settings.llm.model
     provider = settings.llm.provider or catalog.get(primary).provider
     info = catalog.get(primary, provider)
     async with contextlib.AsyncExitStack() as stack:
+        # First of all: this process owns the workspace (bot/workspace_lock.py); released last.
+        lock = await asyncio.to_thread(_lock_workspace, settings)
+        stack.push_async_callback(asyncio.to_thread, lock.release)
+        await asyncio.to_thread(prepare_workspace, settings)
         if http is None:
             timeout = httpx.Timeout(settings.llm.timeout, connect=settings.llm.connect_timeout)
             http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))

@@ -20,6 +20,7 @@ from bot.config import Settings
 from bot.memory import MemoryService
 from bot.memory import operator as ops
 from bot.sessions import JsonSessionStore
+from bot.workspace_lock import WorkspaceLock
 
 memory_app = typer.Typer(help="See, edit, search and import what membot remembers.", no_args_is_help=True)
 app.add_typer(memory_app, name="memory")
@@ -164,7 +165,10 @@ def import_(
             progress.update(task, completed=done, total=total)
 
         try:
-            report = _run(settings, lambda service: ops.import_conversations(service, file, progress=advance))
+            with WorkspaceLock.hold(settings.workspace):  # the bot appends to the same item files
+                report = _run(
+                    settings, lambda service: ops.import_conversations(service, file, progress=advance)
+                )
         except (ValueError, KeyError, TypeError) as exc:
             fail(f"{file} is not a conversation export this command understands ({exc})")
     console.print(f"imported {report.sessions} sessions, {report.turns} turns, {report.items} memory items")

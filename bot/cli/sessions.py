@@ -28,6 +28,7 @@ from bot.config import Settings
 from bot.domain import Message, Session
 from bot.sessions import JsonSessionStore, encode_id, glob_escape
 from bot.storage import atomic_write_text
+from bot.workspace_lock import WorkspaceLock
 
 if TYPE_CHECKING:
     from bot.memory.archive import TranscriptArchive
@@ -159,7 +160,8 @@ def delete(
     sid = _resolve(settings, session)
     if not yes and not typer.confirm(f"Delete session {sid}? This cannot be undone.", default=False):
         raise typer.Exit(1)
-    removed = asyncio.run(JsonSessionStore(settings.sessions_dir).delete(sid))
+    with WorkspaceLock.hold(settings.workspace):  # a running bot would save the session right back
+        removed = asyncio.run(JsonSessionStore(settings.sessions_dir).delete(sid))
     if not removed:
         fail(f"session {sid} was already gone")
     console.print(
