@@ -183,14 +183,11 @@ def _archive(settings: Settings) -> TranscriptArchive:
 
 
 def _summarize(header_path: Path, settings: Settings) -> _Summary | None:
-    """Counts from the header's commit point (no need to read the message log)."""
-    try:
-        header = json.loads(header_path.read_bytes())
-        sid = str(header["id"])
-        count = int(header.get("log_count", 0))
-        updated = datetime.fromisoformat(header["updated_at"]) if header.get("updated_at") else None
-    except (OSError, ValueError, KeyError, TypeError):
+    """Counts from the header and what was appended since the log was last rewritten."""
+    peek = JsonSessionStore(settings.sessions_dir).peek(header_path)
+    if peek is None:
         return None
+    sid = peek.id
     name = encode_id(sid)
     size = sum(
         _file_size(p) for p in header_path.parent.glob(f"{glob_escape(name)}.*") if ".corrupt-" not in p.name
@@ -201,7 +198,7 @@ def _summarize(header_path: Path, settings: Settings) -> _Summary | None:
         size += _file_size(archive)
         with archive.open("rb") as f:
             archived = sum(1 for line in f if line.strip())
-    return _Summary(sid, count, archived, size, updated)
+    return _Summary(sid, peek.messages, archived, size, peek.updated_at)
 
 
 def _file_size(path: Path) -> int:

@@ -57,7 +57,7 @@ async def test_a_second_bot_is_refused_and_read_only_commands_work_beside_it(tmp
                 membot("--help", env=env),
             )
             for result in readers:
-                assert result.returncode == 0, result.args[3:] + [result.stdout, result.stderr]
+                assert result.returncode == 0, [*result.args[3:], result.stdout, result.stderr]
                 assert "in use" not in result.stderr
             assert "hello there" in readers[1].stdout
             await service.kill()  # kill -9: the kernel drops the lock with the process
