@@ -25,6 +25,7 @@ import asyncio
 import base64
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -62,8 +63,9 @@ class _Journal:
 class Inbox:
     """See the module doc. Call :meth:`load_pending` once at start-up, before messages arrive."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, clock: Callable[[], datetime] = utcnow) -> None:
         self._dir = directory
+        self._clock = clock
         self._journals: dict[str, _Journal] = {}
         self._loaded = False
 
@@ -73,7 +75,7 @@ class Inbox:
         The entry is registered at once, so arrival order is fixed by the caller's order, not by which
         disk write finishes first; the writes of one session are serialized.
         """
-        entry = InboxEntry(new_id(), message, utcnow())
+        entry = InboxEntry(new_id(), message, self._clock())
         line = json.dumps(
             {"entry": entry.entry_id, "at": entry.accepted_at.isoformat(), "message": _encode(message)},
             ensure_ascii=False,
