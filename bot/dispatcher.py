@@ -19,7 +19,6 @@ once its channel is :meth:`~Dispatcher.ready`, so answers never go to a channel 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import time
@@ -30,10 +29,10 @@ from typing import Protocol
 
 import structlog
 
-from bot import recovery
+from bot import intake, recovery
 from bot.commands import CommandRouter
 from bot.config import DispatcherSettings
-from bot.domain import ImagePart, InboundMessage, Message, OutboundMessage, Role
+from bot.domain import InboundMessage, OutboundMessage
 from bot.errors import StorageError
 from bot.inbox import Inbox
 from bot.outbox import PendingReply
@@ -42,8 +41,6 @@ from channels.base import Channel
 from pipeline import Pipeline, Turn
 
 log = structlog.get_logger(__name__)
-
-_DEDUP_WINDOW = 100  # recent session messages searched for a redelivered platform message
 
 
 class TurnObserver(Protocol):
@@ -69,7 +66,6 @@ class _Lane:
     worker: asyncio.Task[None] | None = None
     turn: asyncio.Task[None] | None = None
     batch: list[_Queued] = field(default_factory=list)  # what the running turn answers
-    stopping: bool = False  # /stop cancelled the turn (not a shutdown)
     overflow_noticed: bool = False
 
 
@@ -119,10 +115,6 @@ class Dispatcher:
             if lane.channel == name and lane.queue:
                 self._start_worker(sid, lane)
 
-    @property
-    def channels(self) -> dict[str, Channel]:
-        return dict(self._channels)
-
     # -- intake -----------------------------------------------------------------------------------
 
     async def submit(self, message: InboundMessage) -> None:
@@ -131,7 +123,7 @@ class Dispatcher:
         Returns once the message is in the inbox on disk: then the channel may confirm it to the
         platform. A platform message already accepted (a redelivery after a crash) is ignored.
         """
-        message = self._bounded(message)
+        message = intake.bounded(message, self._max_chars)
         call = self._commands.parse(message)
         if call is not None:
             if not self._accepting:
@@ -172,10 +164,7 @@ class Dispatcher:
             session = await self._sessions.get(message.session_id)
         except StorageError:
             return False
-        if session is None:
-            return False
-        recent = session.messages[-_DEDUP_WINDOW:]
-        return any(m.role is Role.USER and m.meta.get("message_id") == message.message_id for m in recent)
+        return session is not None and intake.already_taken(session.messages, message.message_id)
 
     async def recover(self) -> int:
         """Queue the work that finishes what a previous run accepted (bot/recovery.py); returns how
@@ -195,12 +184,6 @@ class Dispatcher:
             if lane.channel in self._ready:
                 self._start_worker(sid, lane)
         return sum(len(w) for w in planned.values())
-
-    def _bounded(self, message: InboundMessage) -> InboundMessage:
-        if len(message.text) <= self._max_chars:
-            return message
-        note = f"\n\n[message truncated: {len(message.text)} characters, limit {self._max_chars}]"
-        return dataclasses.replace(message, text=message.text[: self._max_chars] + note)
 
     def _lane(self, sid: str, channel: str, chat_id: str) -> _Lane:
         lane = self._lanes.get(sid)
@@ -285,7 +268,7 @@ class Dispatcher:
             try:
                 for queued in batch:
                     if not queued.in_session:
-                        session.append(_user_message(queued))
+                        session.append(intake.user_message(queued.message, queued.entries))
                 turn = Turn(
                     session=session,
                     inbound=tuple(q.message for q in batch),
@@ -376,30 +359,23 @@ class Dispatcher:
         kept = [q for q in lane.queue if isinstance(q, _Queued)]
         lane.queue = deque(q for q in lane.queue if not isinstance(q, _Queued))
         stopped = list(lane.batch)
-        lane.stopping = True
         turn = lane.turn
         turn.cancel()
-        try:
-            await asyncio.wait({turn}, timeout=5)
-            async with lane.lock, self._sessions.lease(lane.channel, lane.chat_id) as session:
-                if kept:
-                    for queued in kept:
-                        if not queued.in_session:
-                            session.append(_user_message(queued))
-                    await self._sessions.save(session)
-                if self._inbox is not None:  # the user asked: these need no answer any more
-                    await self._inbox.finish(sid, {e for q in stopped + kept for e in q.entries})
-        finally:
-            lane.stopping = False
+        await asyncio.wait({turn}, timeout=5)
+        async with lane.lock, self._sessions.lease(lane.channel, lane.chat_id) as session:
+            if kept:
+                for queued in kept:
+                    if not queued.in_session:
+                        session.append(intake.user_message(queued.message, queued.entries))
+                await self._sessions.save(session)
+            if self._inbox is not None:  # the user asked: these need no answer any more
+                await self._inbox.finish(sid, {e for q in stopped + kept for e in q.entries})
         return len(kept)
 
     @contextlib.asynccontextmanager
     async def exclusive(self, sid: str) -> AsyncIterator[None]:
-        lane = self._lanes.get(sid)
-        if lane is None:
-            channel, _, chat = sid.partition(":")
-            lane = self._lanes[sid] = _Lane(channel, chat)
-        async with lane.lock:
+        channel, _, chat = sid.partition(":")
+        async with self._lane(sid, channel, chat).lock:
             yield
 
     # -- shutdown ---------------------------------------------------------------------------------
@@ -423,36 +399,6 @@ class Dispatcher:
         for session in self._sessions.cached_sessions():
             if session.rewrite_needed or session.persisted_count != len(session.messages):
                 await self._sessions.save(session)
-
-
-def _user_message(queued: _Queued) -> Message:
-    inbound = queued.message
-    parts = [inbound.text] if inbound.text else []
-    images: list[ImagePart] = []
-    for attachment in inbound.attachments:
-        if attachment.kind == "image" and attachment.data:
-            images.append(ImagePart(attachment.mime_type, base64.b64encode(attachment.data).decode("ascii")))
-            parts.append(f"[image: {attachment.name}]")
-        elif attachment.kind == "text":
-            body = attachment.data.decode("utf-8", errors="replace")
-            parts.append(f"[file {attachment.name}]\n{body}")
-        else:
-            size = f"{attachment.mime_type}, {attachment.size} bytes"
-            parts.append(f"[file {attachment.name} ({size}) received]")
-    meta: dict[str, object] = {"sender_id": inbound.sender_id}
-    if inbound.sender_name:
-        meta["sender_name"] = inbound.sender_name
-    if inbound.message_id:
-        meta["message_id"] = inbound.message_id
-    if queued.entries:
-        meta[recovery.INBOX_META] = ",".join(queued.entries)
-    return Message(
-        role=Role.USER,
-        content="\n\n".join(parts),
-        timestamp=inbound.timestamp,
-        images=tuple(images),
-        meta=meta,
-    )
 
 
 def _reply_text(turn: Turn) -> tuple[str, bool]:

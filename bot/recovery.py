@@ -19,15 +19,14 @@ from datetime import UTC, datetime, timedelta
 
 import structlog
 
-from bot.domain import InboundMessage, Message, Role, utcnow
+from bot import intake
+from bot.domain import InboundMessage, Message, utcnow
 from bot.errors import StorageError
 from bot.inbox import Inbox, InboxEntry
 from bot.outbox import PendingReply
 from bot.sessions import SessionService
 
 log = structlog.get_logger(__name__)
-
-INBOX_META = "inbox"  # user message meta: the inbox entries it came from, comma-separated
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +113,7 @@ def plan(
         seen.add(reply.id)
         work.append(reply)
         covered.update(reply.entries)
-    in_session = entries_in(messages)
+    in_session = intake.entries_in(messages)
     for entry in entries:
         if entry.entry_id in covered:
             continue
@@ -123,16 +122,6 @@ def plan(
         else:
             work.append(Answer(entry.message, entry.entry_id, entry.entry_id in in_session))
     return work
-
-
-def entries_in(messages: Iterable[Message]) -> set[str]:
-    """Inbox entry ids the session's user messages came from."""
-    found: set[str] = set()
-    for message in messages:
-        tag = message.meta.get(INBOX_META) if message.role is Role.USER else None
-        if isinstance(tag, str) and tag:
-            found.update(tag.split(","))
-    return found
 
 
 def skipped(entry: InboxEntry) -> PendingReply:

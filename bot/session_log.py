@@ -1,4 +1,4 @@
-"""The line format of a session's message log: each save appends one group, closed by its state record.
+"""A session's on-disk format: the header's fields, and the log where each save appends a group.
 
 A save writes one *group* of JSON lines with a single append and fsync: the new messages, the answers
 waiting to be sent (:class:`~bot.outbox.PendingReply`) and last a ``state`` record carrying the
@@ -23,13 +23,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from bot.domain import Message, Role
+from bot.domain import Message, Role, Session, SessionState, Usage
 from bot.outbox import RECORD as REPLY_RECORD
 from bot.outbox import PendingReply
 
 STATE_RECORD = "state"
+HEADER_VERSION = 1
 
 
 @dataclass(slots=True)
@@ -119,3 +121,37 @@ def _commit_after(data: bytes, start: int) -> bool:
 
 def _dump(data: dict[str, Any]) -> bytes:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def header_fields(session: Session, *, generation: int, count: int, log_bytes: int) -> dict[str, Any]:
+    """The header file's content: the session's fields and the log it names, as of a rewrite."""
+    return {
+        "version": HEADER_VERSION,
+        **session.summary(),
+        "log_generation": generation,
+        "log_count": count,
+        "log_bytes": log_bytes,
+    }
+
+
+def session_from_header(header: dict[str, Any]) -> Session:
+    """The session a header describes, without its messages (they are in the log)."""
+    session = Session(
+        id=str(header["id"]),
+        channel=str(header["channel"]),
+        chat_id=str(header["chat_id"]),
+        created_at=datetime.fromisoformat(header["created_at"]),
+        log_generation=int(header.get("log_generation", 0)),
+        log_bytes=int(header.get("log_bytes", 0)),
+    )
+    apply_state(session, header)
+    return session
+
+
+def apply_state(session: Session, state: dict[str, Any]) -> None:
+    """Set what a save may change (a state record of the log, or the header) on ``session``."""
+    session.metadata = dict(state.get("metadata") or {})
+    session.state = SessionState(state.get("state", "active"))
+    session.updated_at = datetime.fromisoformat(state["updated_at"])
+    session.usage = Usage.from_dict(state.get("usage") or {})
+    session.compactions = int(state.get("compactions", 0))

@@ -31,17 +31,23 @@ from typing import Any, Protocol
 
 import structlog
 
-from bot.domain import Session, SessionState, Usage, session_id, utcnow
+from bot.domain import Session, session_id, utcnow
 from bot.errors import StorageError
 from bot.outbox import PendingReply
-from bot.session_log import LogContent, encode_group, read_log
+from bot.session_log import (
+    LogContent,
+    apply_state,
+    encode_group,
+    header_fields,
+    read_log,
+    session_from_header,
+)
 from bot.storage import append_bytes, atomic_write_bytes, ensure_private_dir
 
 log = structlog.get_logger(__name__)
 
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
 _MAX_NAME = 120
-HEADER_VERSION = 1
 
 
 def encode_id(sid: str) -> str:
@@ -136,11 +142,11 @@ class JsonSessionStore:
                 raise ValueError("session header is not a JSON object")
             if header.get("id") != sid:
                 raise ValueError(f"file belongs to session {header.get('id')!r}")
-            session = _session_from_header(header)
+            session = session_from_header(header)
             content = self._read_log(sid, session)
             session.messages = content.messages
             if content.state is not None:
-                _apply_state(session, content.state)
+                apply_state(session, content.state)
             session.log_bytes = content.end
         except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
             self._move_aside(sid, header_path, reason=f"{type(exc).__name__}: {exc}")
@@ -161,7 +167,7 @@ class JsonSessionStore:
     def _replies_sync(self, sid: str) -> list[PendingReply]:
         try:
             header = json.loads(self.header_path(sid).read_bytes())
-            content = self._read_log(sid, _session_from_header(header))
+            content = self._read_log(sid, session_from_header(header))
         except FileNotFoundError:
             return []
         except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
@@ -174,7 +180,7 @@ class JsonSessionStore:
         only the part of its log written since the last rewrite; ``None`` if it cannot be read."""
         try:
             header = json.loads(header_path.read_bytes())
-            session = _session_from_header(header)
+            session = session_from_header(header)
             count, updated = int(header.get("log_count", 0)), session.updated_at
             if session.log_generation:
                 with self._log_path(session.id, session.log_generation).open("rb") as f:
@@ -224,7 +230,7 @@ class JsonSessionStore:
         if not rewrite:
             return _SavePlan(False, data, None, session.log_generation, session.log_bytes + len(data), count)
         generation = session.log_generation + 1
-        header = _header(session, generation=generation, count=count, log_bytes=len(data))
+        header = header_fields(session, generation=generation, count=count, log_bytes=len(data))
         return _SavePlan(True, data, header, generation, len(data), count)
 
     def _write(self, sid: str, plan: _SavePlan, old_generation: int, old_bytes: int) -> None:
@@ -274,38 +280,6 @@ class JsonSessionStore:
 
 def glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
-
-
-def _header(session: Session, *, generation: int, count: int, log_bytes: int) -> dict[str, Any]:
-    return {
-        "version": HEADER_VERSION,
-        **session.summary(),
-        "log_generation": generation,
-        "log_count": count,
-        "log_bytes": log_bytes,
-    }
-
-
-def _session_from_header(header: dict[str, Any]) -> Session:
-    session = Session(
-        id=str(header["id"]),
-        channel=str(header["channel"]),
-        chat_id=str(header["chat_id"]),
-        created_at=datetime.fromisoformat(header["created_at"]),
-        log_generation=int(header.get("log_generation", 0)),
-        log_bytes=int(header.get("log_bytes", 0)),
-    )
-    _apply_state(session, header)
-    return session
-
-
-def _apply_state(session: Session, state: dict[str, Any]) -> None:
-    """Set what a save may change (a state record of the log, or the header) on ``session``."""
-    session.metadata = dict(state.get("metadata") or {})
-    session.state = SessionState(state.get("state", "active"))
-    session.updated_at = datetime.fromisoformat(state["updated_at"])
-    session.usage = Usage.from_dict(state.get("usage") or {})
-    session.compactions = int(state.get("compactions", 0))
 
 
 class SessionService:
