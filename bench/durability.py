@@ -125,9 +125,8 @@ async def measure(turns: int, memory: bool, root: Path) -> tuple[Counter[str], i
                 InboundMessage("bench", "chat", "u", f"question {i}", message_id=str(i))
             )
             await channel.replies.get()
-            # The turn's bookkeeping after the send belongs to this message too; the dispatcher has no
-            # event for "lane idle", so poll.
-            while core.dispatcher.running_turns():  # noqa: ASYNC110
+            # The done mark after the send belongs to this message too; there is no event for it.
+            while core.inbox.pending_ids("bench:chat"):  # noqa: ASYNC110
                 await asyncio.sleep(0.001)
 
         for i in range(5):  # the conversation exists: its first save (new files) is not counted

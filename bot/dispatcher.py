@@ -66,6 +66,7 @@ class _Lane:
     worker: asyncio.Task[None] | None = None
     turn: asyncio.Task[None] | None = None
     batch: list[_Queued] = field(default_factory=list)  # what the running turn answers
+    sent: bool = False  # the running turn's answer went out; only its bookkeeping is left
     overflow_noticed: bool = False
 
 
@@ -243,7 +244,7 @@ class Dispatcher:
                     if self._settings.mode != "collect":
                         break
                 lane.overflow_noticed = False
-                lane.batch = batch
+                lane.batch, lane.sent = batch, False
                 lane.turn = asyncio.create_task(self._run_turn(lane, batch), name=f"turn:{sid}")
                 try:
                     await lane.turn
@@ -301,16 +302,18 @@ class Dispatcher:
                 await self._sessions.save(session, replies=[reply] if entries else [])
                 self.turns_completed += 1
                 log.info("turn_finished", outcome=outcome, failures=len(turn.failures))
-                await self._deliver(reply)
+                await self._deliver(reply, lane)
             finally:
                 if self._observer is not None:
                     self._observer.turn_finished(lane.channel, outcome, time.perf_counter() - started)
                 structlog.contextvars.unbind_contextvars("session_id", "channel", "turn_id")
 
-    async def _deliver(self, reply: PendingReply) -> None:
+    async def _deliver(self, reply: PendingReply, lane: _Lane | None = None) -> None:
         """Send a saved answer. Confirmed: its inbox entries are done. Failed for good: it is kept in
         the inbox and sent again on the next start."""
         sent = await self._send_out(reply.outbound())
+        if lane is not None:
+            lane.sent = True  # for /status and /stop the turn is over; the done mark is bookkeeping
         if self._inbox is None or not reply.entries:
             return
         sid = f"{reply.channel}:{reply.chat_id}"
@@ -340,7 +343,7 @@ class Dispatcher:
 
     def is_running(self, sid: str) -> bool:
         lane = self._lanes.get(sid)
-        return bool(lane and lane.turn and not lane.turn.done())
+        return bool(lane and lane.turn and not lane.turn.done() and not lane.sent)
 
     def queue_depth(self, sid: str) -> int:
         lane = self._lanes.get(sid)

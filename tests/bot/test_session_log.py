@@ -71,9 +71,7 @@ async def test_a_saved_reply_round_trips_and_does_not_repeat_the_answer_text(tmp
 
 
 def test_logs_written_before_state_records_still_load() -> None:
-    old = b"".join(
-        json.dumps(Message(Role.USER, f"m{i}").to_dict()).encode() + b"\n" for i in range(3)
-    )
+    old = b"".join(json.dumps(Message(Role.USER, f"m{i}").to_dict()).encode() + b"\n" for i in range(3))
     content = read_log(old + b'{"id": "torn', committed=len(old))
     assert [m.content for m in content.messages] == ["m0", "m1", "m2"]
     assert content.end == len(old) and content.state is None
