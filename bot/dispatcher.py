@@ -353,7 +353,8 @@ class Dispatcher:
         return sum(len(lane.queue) for lane in self._lanes.values())
 
     def running_turns(self) -> int:
-        return sum(1 for sid in self._lanes if self.is_running(sid))
+        """Turns not finished yet, bookkeeping after the send included (the metrics gauge)."""
+        return sum(1 for lane in self._lanes.values() if lane.turn is not None and not lane.turn.done())
 
     async def stop(self, sid: str) -> int | None:
         lane = self._lanes.get(sid)
