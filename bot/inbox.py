@@ -105,8 +105,11 @@ class Inbox:
             await asyncio.to_thread(append_line, self._path(sid), line)
             for entry_id in entry_ids:
                 journal.pending.pop(entry_id, None)
-            if reply is not None:
-                journal.replies.pop(reply, None)
+            journal.replies = {  # a kept answer is needed only while one of its entries is pending
+                key: kept
+                for key, kept in journal.replies.items()
+                if key != reply and not set(kept[0].entries).isdisjoint(journal.pending)
+            }
             journal.finished_lines += 1 + len(entry_ids)
             if not self._loaded:
                 return  # lines of an earlier run may still be unread: never cut them away
@@ -125,6 +128,8 @@ class Inbox:
         journal = self._journal(sid)
         line = json.dumps({"reply": reply.to_record()}, ensure_ascii=False)
         async with journal.lock:
+            if reply.id in journal.replies:
+                return
             await asyncio.to_thread(append_line, self._path(sid), line)
             journal.replies[reply.id] = (reply, line)
 
