@@ -43,6 +43,7 @@ from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_
 from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry, builtin_tools
 from bot.usage import UsageLedger
+from bot.workspace_lock import WorkspaceLock
 from channels.base import Channel
 from pipeline import Pipeline, System
 from pipeline.compaction import AutoCompactionSystem
@@ -122,6 +123,15 @@ def prepare_workspace(settings: Settings) -> None:
         log.info("stale_temp_files_removed", count=stale, workspace=str(settings.workspace))
 
 
+def _lock_workspace(settings: Settings) -> WorkspaceLock:
+    try:
+        return WorkspaceLock.acquire(settings.workspace)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot use workspace {settings.workspace}: {exc.strerror} (set --workspace or MEMBOT_WORKSPACE)"
+        ) from None
+
+
 def secrets_of(settings: Settings) -> list[str]:
     values = [
         settings.llm.openai.api_key,
@@ -149,11 +159,14 @@ async def build_core(
     """
     catalog = await asyncio.to_thread(load_catalog, settings.models_file)
     check_llm_configured(settings, catalog)
-    await asyncio.to_thread(prepare_workspace, settings)
     primary = settings.llm.model
     provider = settings.llm.provider or catalog.get(primary).provider
     info = catalog.get(primary, provider)
     async with contextlib.AsyncExitStack() as stack:
+        # First of all: this process owns the workspace (bot/workspace_lock.py); released last.
+        lock = await asyncio.to_thread(_lock_workspace, settings)
+        stack.push_async_callback(asyncio.to_thread, lock.release)
+        await asyncio.to_thread(prepare_workspace, settings)
         if http is None:
             timeout = httpx.Timeout(settings.llm.timeout, connect=settings.llm.connect_timeout)
             http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
@@ -294,7 +307,7 @@ async def run_chat(settings: Settings) -> None:
             reader=await stdin_reader(),
             writer=sys.stdout,
         )
-        core.dispatcher.attach(channel)
+        core.dispatcher.attach(channel, ready=False)
         loop = asyncio.get_running_loop()
 
         stopping: set[asyncio.Task[int | None]] = set()
@@ -319,6 +332,7 @@ async def run_chat(settings: Settings) -> None:
         )
         await core.dispatcher.recover()
         await channel.start()
+        core.dispatcher.ready(channel.name)
         try:
             await channel.wait_closed()
         finally:
@@ -420,7 +434,8 @@ async def _start_channel(name: str, core: Core) -> Channel:
         )
     else:
         raise ConfigError(f"channel {name!r} is not available in this build")
-    core.dispatcher.attach(channel)
+    core.dispatcher.attach(channel, ready=False)
     await channel.start()
+    core.dispatcher.ready(name)  # its chats' recovered and new messages are answered from now on
     core.channels.append(channel)
     return channel

@@ -107,6 +107,7 @@ class DispatcherSettings(_Section):
     mode: Literal["collect", "per_message"] = "collect"
     queue_limit: int = Field(default=20, ge=1)
     turn_timeout: float = 900.0
+    recover_max_age: float = Field(default=21600.0, ge=0)  # seconds; 0: answer recovered messages of any age
 
 
 class CompactionSettings(_Section):

@@ -1,31 +1,41 @@
-"""Routes inbound messages to sessions: one turn at a time per session, nothing dropped.
+"""Routes inbound messages to sessions: one turn at a time per session, nothing dropped, nothing twice.
 
 For every session (``<channel>:<chat>``) there is a lane: a queue and at most one running turn.
 Messages that arrive during a turn wait in order; when the turn ends, the queued messages are taken
 together as the next turn's input (``collect`` mode) or one by one (``per_message``). Commands skip the
 queue and are answered at once, even while a slow turn runs. Different sessions run concurrently.
+
+The durable path of a message (three fsyncs when it is answered):
+
+1. ``submit`` appends it to the inbox and returns; only then may the channel confirm it to the platform;
+2. the turn's messages and its answer are saved in one append of the session log (bot/outbox.py);
+3. once the channel confirmed the send, the inbox marks the message done.
+
+A kill at any point leaves the message pending in the inbox, and :meth:`Dispatcher.recover` finishes
+it on the next start (bot/recovery.py). ``recover`` runs before any channel starts; a chat's turns run
+once its channel is :meth:`~Dispatcher.ready`, so answers never go to a channel that cannot send yet.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Protocol
 
 import structlog
 
+from bot import intake, recovery
 from bot.commands import CommandRouter
 from bot.config import DispatcherSettings
-from bot.domain import ImagePart, InboundMessage, Message, OutboundMessage, Role, Session, utcnow
-from bot.errors import LLMError, plain_reason
+from bot.domain import InboundMessage, OutboundMessage
+from bot.errors import LLMError, StorageError, plain_reason
 from bot.inbox import Inbox
+from bot.outbox import PendingReply
 from bot.sessions import SessionService
 from channels.base import Channel
 from pipeline import Pipeline, Turn
@@ -43,16 +53,20 @@ class TurnObserver(Protocol):
 class _Queued:
     message: InboundMessage
     entries: list[str] = field(default_factory=list)  # inbox entry ids folded into this message
+    in_session: bool = False  # recovered after a turn that saved it: the session holds it already
 
 
 @dataclass(slots=True)
 class _Lane:
     channel: str
     chat_id: str
-    queue: deque[_Queued] = field(default_factory=deque)
+    queue: deque[_Queued | PendingReply] = field(default_factory=deque)  # replies: answers to resend
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    intake: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps arrival order through dedup
     worker: asyncio.Task[None] | None = None
     turn: asyncio.Task[None] | None = None
+    batch: list[_Queued] = field(default_factory=list)  # what the running turn answers
+    sent: bool = False  # the running turn's answer went out; only its bookkeeping is left
     overflow_noticed: bool = False
 
 
@@ -81,29 +95,41 @@ class Dispatcher:
         self._max_chars = max_inbound_chars
         self._observer = observer
         self._channels: dict[str, Channel] = {}
+        self._ready: set[str] = set()
         self._lanes: dict[str, _Lane] = {}
         self._accepting = True
         self.turns_completed = 0  # finished turns since start (tests and operators wait on it)
 
     # -- wiring -----------------------------------------------------------------------------------
 
-    def attach(self, channel: Channel) -> None:
+    def attach(self, channel: Channel, *, ready: bool = True) -> None:
+        """Route replies for ``channel.name`` to ``channel``; with ``ready=False`` its chats' turns wait
+        for :meth:`ready` (call that once the channel started and can send)."""
         self._channels[channel.name] = channel
+        if ready:
+            self.ready(channel.name)
 
-    @property
-    def channels(self) -> dict[str, Channel]:
-        return dict(self._channels)
+    def ready(self, name: str) -> None:
+        """Run the turns of ``name``'s chats from now on, recovered work first."""
+        self._ready.add(name)
+        for sid, lane in self._lanes.items():
+            if lane.channel == name and lane.queue:
+                self._start_worker(sid, lane)
 
     # -- intake -----------------------------------------------------------------------------------
 
     async def submit(self, message: InboundMessage) -> None:
-        """Accept a message: answer a command at once, otherwise queue it (durably) for its session."""
-        if not self._accepting:
-            await self._send(message, "I'm restarting — please send that again in a minute.", error=True)
-            return
-        message = self._bounded(message)
+        """Accept a message: answer a command at once, otherwise queue it (durably) for its session.
+
+        Returns once the message is in the inbox on disk: then the channel may confirm it to the
+        platform. A platform message already accepted (a redelivery after a crash) is ignored.
+        """
+        message = intake.bounded(message, self._max_chars)
         call = self._commands.parse(message)
         if call is not None:
+            if not self._accepting:
+                await self._send(message, "I'm restarting — please send that command again in a minute.")
+                return
             try:
                 reply = await self._commands.handle(call, self)
             except Exception:
@@ -111,48 +137,71 @@ class Dispatcher:
                 reply = f"/{call.name} failed; the details are in the log."
             await self._send(message, reply)
             return
-        entry_id, durable = self._inbox.add(message) if self._inbox else (None, None)
-        notice = self._enqueue(_Queued(message, [entry_id] if entry_id else []))  # order fixed here
+        lane = self._lane(message.session_id, message.channel, message.chat_id)
+        async with lane.intake:  # one at a time per session, so the order of arrival is kept
+            if await self._seen(message):
+                log.info(
+                    "duplicate_message_ignored", session_id=message.session_id, message_id=message.message_id
+                )
+                return
+            entry_id, durable = self._inbox.add(message) if self._inbox else (None, None)
+            queued = _Queued(message, [entry_id] if entry_id else [])
+            notice = self._enqueue(message.session_id, lane, queued) if self._accepting else None
         if durable is not None:
             await durable
-        if notice is not None:
+        if not self._accepting:
+            # Shutting down: the inbox keeps it and the next start answers it.
+            await self._send(message, "I'm restarting — I'll answer this as soon as I'm back.")
+        elif notice is not None:
             await notice
 
+    async def _seen(self, message: InboundMessage) -> bool:
+        """Whether this platform message was accepted before (still pending, or already answered)."""
+        if message.message_id is None:
+            return False
+        if self._inbox is not None and self._inbox.holds(message.session_id, message.message_id):
+            return True
+        try:
+            session = await self._sessions.get(message.session_id)
+        except StorageError:
+            return False
+        return session is not None and intake.already_taken(session.messages, message.message_id)
+
     async def recover(self) -> int:
-        """Queue again what a previous run accepted but never took into a session."""
+        """Queue the work that finishes what a previous run accepted (bot/recovery.py); returns how
+        many messages that is. Call it before any channel takes messages; each chat's work runs once
+        its channel is ready, before anything that arrives later."""
         if self._inbox is None:
             return 0
-        entries = await self._inbox.load_pending()
-        count = 0
-        for entry in entries:
-            session = await self._sessions.get(entry.message.session_id)
-            if session and any(m.meta.get("inbox") == entry.entry_id for m in session.messages[-200:]):
-                await self._inbox.ack(entry.message.session_id, {entry.entry_id})
-                continue
-            notice = self._enqueue(_Queued(entry.message, [entry.entry_id]))
-            if notice is not None:
-                await notice
-            count += 1
-        if count:
-            log.info("inbox_recovered", messages=count)
-        return count
+        planned = await recovery.recover(self._inbox, self._sessions, max_age=self._settings.recover_max_age)
+        for sid, work in planned.items():
+            first = work[0]
+            lane = self._lane(sid, first.channel, first.chat_id)
+            for item in work:
+                if isinstance(item, recovery.Answer):
+                    lane.queue.append(_Queued(item.message, [item.entry_id], in_session=item.in_session))
+                else:
+                    lane.queue.append(item)
+            if lane.channel in self._ready:
+                self._start_worker(sid, lane)
+        return sum(len(w) for w in planned.values())
 
-    def _bounded(self, message: InboundMessage) -> InboundMessage:
-        if len(message.text) <= self._max_chars:
-            return message
-        note = f"\n\n[message truncated: {len(message.text)} characters, limit {self._max_chars}]"
-        return dataclasses.replace(message, text=message.text[: self._max_chars] + note)
-
-    def _enqueue(self, queued: _Queued) -> Awaitable[None] | None:
-        """Queue without awaiting (so arrival order is kept); returns the overflow notice to await."""
-        sid = queued.message.session_id
+    def _lane(self, sid: str, channel: str, chat_id: str) -> _Lane:
         lane = self._lanes.get(sid)
         if lane is None:
-            lane = self._lanes[sid] = _Lane(queued.message.channel, queued.message.chat_id)
+            lane = self._lanes[sid] = _Lane(channel, chat_id)
+        return lane
+
+    def _enqueue(self, sid: str, lane: _Lane, queued: _Queued) -> Awaitable[None] | None:
+        """Queue without awaiting (so arrival order is kept); returns the overflow notice to await."""
         notice: Awaitable[None] | None = None
-        if len(lane.queue) >= self._settings.queue_limit:
+        last = lane.queue[-1] if lane.queue else None
+        if (
+            len(lane.queue) >= self._settings.queue_limit
+            and isinstance(last, _Queued)
+            and not last.in_session
+        ):
             # Never drop: fold the overflow into the newest queued message and tell the user once.
-            last = lane.queue[-1]
             merged = dataclasses.replace(
                 last.message,
                 text=f"{last.message.text}\n\n{queued.message.text}",
@@ -168,9 +217,13 @@ class Dispatcher:
                 )
         else:
             lane.queue.append(queued)
+        if lane.channel in self._ready:
+            self._start_worker(sid, lane)
+        return notice
+
+    def _start_worker(self, sid: str, lane: _Lane) -> None:
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._work(sid, lane), name=f"lane:{sid}")
-        return notice
 
     # -- turns ------------------------------------------------------------------------------------
 
@@ -179,12 +232,19 @@ class Dispatcher:
             async with lane.lock:
                 if not lane.queue:
                     break
-                if self._settings.mode == "collect":
-                    batch = list(lane.queue)
-                    lane.queue.clear()
-                else:
-                    batch = [lane.queue.popleft()]
+                head = lane.queue[0]
+                if isinstance(head, PendingReply):  # a saved answer from before a restart
+                    lane.queue.popleft()
+                    await self._deliver(head)
+                    continue
+                batch: list[_Queued] = []
+                while lane.queue and isinstance(queued := lane.queue[0], _Queued):
+                    lane.queue.popleft()
+                    batch.append(queued)
+                    if self._settings.mode != "collect":
+                        break
                 lane.overflow_noticed = False
+                lane.batch, lane.sent = batch, False
                 lane.turn = asyncio.create_task(self._run_turn(lane, batch), name=f"turn:{sid}")
                 try:
                     await lane.turn
@@ -203,15 +263,18 @@ class Dispatcher:
         outcome = "ok"
         first = batch[0].message
         channel = self._channels.get(lane.channel)
+        entries = tuple(e for q in batch for e in q.entries)
         async with self._sessions.lease(lane.channel, lane.chat_id) as session:
             structlog.contextvars.bind_contextvars(session_id=session.id, channel=lane.channel)
             try:
-                await self._take_into_session(session, batch)
+                for queued in batch:
+                    if not queued.in_session:
+                        session.append(intake.user_message(queued.message, queued.entries))
                 turn = Turn(
                     session=session,
                     inbound=tuple(q.message for q in batch),
                     on_partial=channel.partial_sink(lane.chat_id) if channel else None,
-                    now=turn_time(q.message for q in batch),
+                    now=intake.turn_time(q.message for q in batch),
                 )
                 structlog.contextvars.bind_contextvars(turn_id=turn.id)
                 log.info("turn_started", messages=len(batch))
@@ -226,44 +289,62 @@ class Dispatcher:
                     log.warning("turn_timed_out", seconds=self._settings.turn_timeout)
                 except asyncio.CancelledError:
                     outcome = "stopped"
+                    # The question (and what the turn did) is kept; unless /stop asked for it, the
+                    # inbox entries stay pending and the next start answers them.
                     await asyncio.shield(self._sessions.save(session))
                     raise
-                await self._sessions.save(session)
-                self.turns_completed += 1
                 text, is_error = _reply_text(turn)
                 if is_error and outcome == "ok":
                     outcome = "error"
+                reply = PendingReply(
+                    lane.channel, lane.chat_id, text, entries, reply_to=first.message_id, is_error=is_error
+                )
+                # The answer is on disk before it is sent: a crash from here on resends, never re-asks.
+                await self._sessions.save(session, replies=[reply] if entries else [])
+                self.turns_completed += 1
                 log.info("turn_finished", outcome=outcome, failures=len(turn.failures))
-                await self._send(first, text, error=is_error)
+                await self._deliver(reply, lane)
             finally:
                 if self._observer is not None:
                     self._observer.turn_finished(lane.channel, outcome, time.perf_counter() - started)
                 structlog.contextvars.unbind_contextvars("session_id", "channel", "turn_id")
 
-    async def _take_into_session(self, session: Session, batch: list[_Queued]) -> None:
-        """Write the user's messages into the session and save, then release them from the inbox."""
-        for queued in batch:
-            session.append(_user_message(queued))
-        await self._sessions.save(session)
-        if self._inbox is not None:
-            await self._inbox.ack(session.id, {e for q in batch for e in q.entries})
+    async def _deliver(self, reply: PendingReply, lane: _Lane | None = None) -> None:
+        """Send a saved answer. Confirmed: its inbox entries are done. Failed for good: it is kept in
+        the inbox and sent again on the next start."""
+        sent = await self._send_out(reply.outbound())
+        if lane is not None:
+            lane.sent = True  # for /status and /stop the turn is over; the done mark is bookkeeping
+        if self._inbox is None or not reply.entries:
+            return
+        sid = f"{reply.channel}:{reply.chat_id}"
+        if sent:
+            await self._inbox.finish(sid, set(reply.entries), reply=reply.id)
+        else:
+            await self._inbox.keep(reply)
 
     async def _send(self, to: InboundMessage, text: str, *, error: bool = False) -> None:
-        channel = self._channels.get(to.channel)
+        await self._send_out(
+            OutboundMessage(to.channel, to.chat_id, text, reply_to=to.message_id, is_error=error)
+        )
+
+    async def _send_out(self, out: OutboundMessage) -> bool:
+        channel = self._channels.get(out.channel)
         if channel is None:
-            log.error("reply_without_channel", channel=to.channel, chat_id=to.chat_id)
-            return
-        out = OutboundMessage(to.channel, to.chat_id, text, reply_to=to.message_id, is_error=error)
+            log.error("reply_without_channel", channel=out.channel, chat_id=out.chat_id)
+            return False
         try:
             await channel.send(out)
         except Exception:
-            log.exception("reply_failed", channel=to.channel, chat_id=to.chat_id)
+            log.exception("reply_failed", channel=out.channel, chat_id=out.chat_id)
+            return False
+        return True
 
     # -- SessionControl (used by commands) ----------------------------------------------------------
 
     def is_running(self, sid: str) -> bool:
         lane = self._lanes.get(sid)
-        return bool(lane and lane.turn and not lane.turn.done())
+        return bool(lane and lane.turn and not lane.turn.done() and not lane.sent)
 
     def queue_depth(self, sid: str) -> int:
         lane = self._lanes.get(sid)
@@ -273,29 +354,33 @@ class Dispatcher:
         return sum(len(lane.queue) for lane in self._lanes.values())
 
     def running_turns(self) -> int:
-        return sum(1 for sid in self._lanes if self.is_running(sid))
+        """Turns not finished yet, bookkeeping after the send included (the metrics gauge)."""
+        return sum(1 for lane in self._lanes.values() if lane.turn is not None and not lane.turn.done())
 
     async def stop(self, sid: str) -> int | None:
         lane = self._lanes.get(sid)
         if lane is None or lane.turn is None or lane.turn.done():
             return None
-        kept = list(lane.queue)
-        lane.queue.clear()
+        kept = [q for q in lane.queue if isinstance(q, _Queued)]
+        lane.queue = deque(q for q in lane.queue if not isinstance(q, _Queued))
+        stopped = list(lane.batch)
         turn = lane.turn
         turn.cancel()
         await asyncio.wait({turn}, timeout=5)
-        if kept:
-            async with lane.lock, self._sessions.lease(lane.channel, lane.chat_id) as session:
-                await self._take_into_session(session, kept)
+        async with lane.lock, self._sessions.lease(lane.channel, lane.chat_id) as session:
+            if kept:
+                for queued in kept:
+                    if not queued.in_session:
+                        session.append(intake.user_message(queued.message, queued.entries))
+                await self._sessions.save(session)
+            if self._inbox is not None:  # the user asked: these need no answer any more
+                await self._inbox.finish(sid, {e for q in stopped + kept for e in q.entries})
         return len(kept)
 
     @contextlib.asynccontextmanager
     async def exclusive(self, sid: str) -> AsyncIterator[None]:
-        lane = self._lanes.get(sid)
-        if lane is None:
-            channel, _, chat = sid.partition(":")
-            lane = self._lanes[sid] = _Lane(channel, chat)
-        async with lane.lock:
+        channel, _, chat = sid.partition(":")
+        async with self._lane(sid, channel, chat).lock:
             yield
 
     # -- shutdown ---------------------------------------------------------------------------------
@@ -303,12 +388,13 @@ class Dispatcher:
     async def close(self, grace: float) -> None:
         """Stop taking messages, let running turns finish for ``grace`` seconds, then cancel the rest.
 
-        Queued messages that never ran stay in the inbox and are answered after the next start.
+        Messages that arrive meanwhile are kept in the inbox but not queued; they, the queued ones that
+        never ran and the turns cut short stay pending and are finished after the next start.
         """
         self._accepting = False
         workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
         for lane in self._lanes.values():
-            lane.queue.clear()  # still in the inbox: recovered on the next start
+            lane.queue.clear()  # still pending in the inbox: finished on the next start
         if workers:
             _, pending = await asyncio.wait(workers, timeout=grace)
             for task in pending:
@@ -318,49 +404,6 @@ class Dispatcher:
         for session in self._sessions.cached_sessions():
             if session.rewrite_needed or session.persisted_count != len(session.messages):
                 await self._sessions.save(session)
-
-
-def turn_time(messages: Iterable[InboundMessage]) -> datetime:
-    """When a turn happens: the date of its newest message, as its platform dated it, so memory files
-    and recalls what was said at the time it was said. A date ahead of our clock (a skewed sender) is
-    taken as now; a date without a zone is read as UTC."""
-    now = utcnow()
-    newest = max((_aware(m.timestamp) for m in messages), default=now)
-    return min(newest, now)
-
-
-def _aware(when: datetime) -> datetime:
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
-def _user_message(queued: _Queued) -> Message:
-    inbound = queued.message
-    parts = [inbound.text] if inbound.text else []
-    images: list[ImagePart] = []
-    for attachment in inbound.attachments:
-        if attachment.kind == "image" and attachment.data:
-            images.append(ImagePart(attachment.mime_type, base64.b64encode(attachment.data).decode("ascii")))
-            parts.append(f"[image: {attachment.name}]")
-        elif attachment.kind == "text":
-            body = attachment.data.decode("utf-8", errors="replace")
-            parts.append(f"[file {attachment.name}]\n{body}")
-        else:
-            size = f"{attachment.mime_type}, {attachment.size} bytes"
-            parts.append(f"[file {attachment.name} ({size}) received]")
-    meta: dict[str, object] = {"sender_id": inbound.sender_id}
-    if inbound.sender_name:
-        meta["sender_name"] = inbound.sender_name
-    if inbound.message_id:
-        meta["message_id"] = inbound.message_id
-    if queued.entries:
-        meta["inbox"] = queued.entries[0] if len(queued.entries) == 1 else ",".join(queued.entries)
-    return Message(
-        role=Role.USER,
-        content="\n\n".join(parts),
-        timestamp=inbound.timestamp,
-        images=tuple(images),
-        meta=meta,
-    )
 
 
 def _reply_text(turn: Turn) -> tuple[str, bool]:

@@ -1,10 +1,22 @@
-"""A durable record of accepted messages that no turn has taken yet.
+"""The inbox: a durable journal of accepted messages, kept until each one's answer was delivered.
 
 Channels acknowledge a platform message (advance the Telegram offset, answer the webhook) once
-``Dispatcher.submit`` returns; by then the message is in this inbox on disk. When a turn takes it into
-the session and the session is saved, the entry is acknowledged and dropped. After a crash or kill,
-whatever is still here is fed to the dispatcher again at start-up, so an acknowledged message is never
-lost.
+``Dispatcher.submit`` returns; by then its *accept* line is on disk here. The entry stays pending while
+the turn runs, while its answer is saved and sent, and is marked *done* only once the channel
+confirmed the send (or the user stopped the turn, or a stale message was acknowledged as skipped). So
+a kill at any point, even mid-turn, leaves the message pending, and the next start answers it.
+
+One file per session, ``inbox/<session>.jsonl``, appended and fsynced line by line:
+
+- ``{"entry": id, "at": accepted, "message": {...}}``: accepted;
+- ``{"done": [ids], "reply": id | null}``: finished;
+- ``{"reply": {...}}``: an answer whose send failed for good, kept for the next start (bot/outbox.py).
+
+When nothing of a session is pending any more the file is cut to zero length without an fsync: should
+the cut be lost in a crash, the accept lines come back together with their done lines, so nothing is
+answered twice. A file that has gathered many finished lines while something is still pending (a chat
+that never pauses) is rewritten atomically with only what is pending. Damaged lines (a torn append)
+cost only themselves.
 """
 
 from __future__ import annotations
@@ -12,99 +24,188 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from dataclasses import dataclass
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from bot.domain import Attachment, InboundMessage, new_id
+from bot.domain import Attachment, InboundMessage, new_id, utcnow
+from bot.outbox import PendingReply
 from bot.sessions import encode_id
 from bot.storage import append_line, atomic_write_text
 
 log = structlog.get_logger(__name__)
+
+COMPACT_AFTER = 64  # finished lines a file may gather while something is pending, before a rewrite
 
 
 @dataclass(frozen=True, slots=True)
 class InboxEntry:
     entry_id: str
     message: InboundMessage
+    accepted_at: datetime
+
+
+@dataclass(slots=True)
+class _Journal:
+    """What one session's file holds, in memory."""
+
+    pending: dict[str, tuple[InboxEntry, str]] = field(default_factory=dict)  # id -> (entry, its line)
+    replies: dict[str, tuple[PendingReply, str]] = field(default_factory=dict)  # failed sends
+    finished_lines: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Inbox:
-    def __init__(self, directory: Path) -> None:
+    """See the module doc. Call :meth:`load_pending` once at start-up, before messages arrive."""
+
+    def __init__(self, directory: Path, *, clock: Callable[[], datetime] = utcnow) -> None:
         self._dir = directory
-        self._pending: dict[str, list[tuple[str, str]]] = {}  # session id -> [(entry id, json line)]
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._clock = clock
+        self._journals: dict[str, _Journal] = {}
+        self._loaded = False
 
     def add(self, message: InboundMessage) -> tuple[str, asyncio.Task[None]]:
         """Record ``message``; returns its entry id and the task that makes it durable.
 
         The entry is registered at once, so arrival order is fixed by the caller's order, not by which
-        disk write finishes first; writes and acknowledgements of one session are serialized.
+        disk write finishes first; the writes of one session are serialized.
         """
-        entry_id = new_id()
-        sid = message.session_id
-        line = json.dumps({"entry": entry_id, "message": _encode(message)}, ensure_ascii=False)
-        self._pending.setdefault(sid, []).append((entry_id, line))
-        return entry_id, asyncio.create_task(self._append(sid, line))
+        entry = InboxEntry(new_id(), message, self._clock())
+        line = json.dumps(
+            {"entry": entry.entry_id, "at": entry.accepted_at.isoformat(), "message": _encode(message)},
+            ensure_ascii=False,
+        )
+        journal = self._journal(message.session_id)
+        journal.pending[entry.entry_id] = (entry, line)
+        return entry.entry_id, asyncio.create_task(self._append(message.session_id, journal, line))
 
-    async def _append(self, sid: str, line: str) -> None:
-        async with self._lock(sid):
+    def holds(self, sid: str, message_id: str) -> bool:
+        """Whether a pending entry of ``sid`` is the platform message ``message_id`` (a redelivery)."""
+        journal = self._journals.get(sid)
+        return journal is not None and any(
+            entry.message.message_id == message_id for entry, _ in journal.pending.values()
+        )
+
+    async def _append(self, sid: str, journal: _Journal, line: str) -> None:
+        async with journal.lock:
             await asyncio.to_thread(append_line, self._path(sid), line)
 
-    def _lock(self, sid: str) -> asyncio.Lock:
-        lock = self._locks.get(sid)
-        if lock is None:
-            lock = self._locks[sid] = asyncio.Lock()
-        return lock
+    async def finish(self, sid: str, entry_ids: set[str], *, reply: str | None = None) -> None:
+        """Mark entries done (durably): their answer was delivered, or they need none any more."""
+        if not entry_ids:
+            return
+        journal = self._journal(sid)
+        async with journal.lock:
+            line = json.dumps({"done": sorted(entry_ids), "reply": reply})
+            await asyncio.to_thread(append_line, self._path(sid), line)
+            for entry_id in entry_ids:
+                journal.pending.pop(entry_id, None)
+            journal.replies = {  # a kept answer is needed only while one of its entries is pending
+                key: kept
+                for key, kept in journal.replies.items()
+                if key != reply and not set(kept[0].entries).isdisjoint(journal.pending)
+            }
+            journal.finished_lines += 1 + len(entry_ids)
+            if not self._loaded:
+                return  # lines of an earlier run may still be unread: never cut them away
+            if not journal.pending and not journal.replies:
+                await asyncio.to_thread(os.truncate, self._path(sid), 0)
+                journal.finished_lines = 0
+            elif journal.finished_lines > COMPACT_AFTER:
+                lines = [line for _, line in journal.pending.values()]
+                lines += [line for _, line in journal.replies.values()]
+                await asyncio.to_thread(atomic_write_text, self._path(sid), "".join(f"{x}\n" for x in lines))
+                journal.finished_lines = 0
 
-    async def ack(self, sid: str, entry_ids: set[str]) -> None:
-        """Drop entries whose messages are now saved in the session."""
-        async with self._lock(sid):
-            pending = self._pending.get(sid, [])
-            remaining = [(e, line) for e, line in pending if e not in entry_ids]
-            if len(remaining) == len(pending):
+    async def keep(self, reply: PendingReply) -> None:
+        """Keep an answer that could not be sent, so the next start sends it (see bot/outbox.py)."""
+        sid = f"{reply.channel}:{reply.chat_id}"
+        journal = self._journal(sid)
+        line = json.dumps({"reply": reply.to_record()}, ensure_ascii=False)
+        async with journal.lock:
+            if reply.id in journal.replies:
                 return
-            if remaining:
-                self._pending[sid] = remaining
-                text = "".join(line + "\n" for _, line in remaining)
-                await asyncio.to_thread(atomic_write_text, self._path(sid), text)
-            else:
-                self._pending.pop(sid, None)
-                await asyncio.to_thread(self._path(sid).unlink, missing_ok=True)
+            await asyncio.to_thread(append_line, self._path(sid), line)
+            journal.replies[reply.id] = (reply, line)
+
+    def kept_replies(self, sid: str) -> list[PendingReply]:
+        journal = self._journals.get(sid)
+        return [reply for reply, _ in journal.replies.values()] if journal else []
+
+    def pending_ids(self, sid: str) -> list[str]:
+        journal = self._journals.get(sid)
+        return list(journal.pending) if journal else []
 
     async def load_pending(self) -> list[InboxEntry]:
-        """Entries left by a previous run, oldest first per session; unreadable lines are logged."""
-        return await asyncio.to_thread(self._load_sync)
+        """Entries a previous run accepted and never finished, oldest first per session."""
+        entries = await asyncio.to_thread(self._load_sync)
+        self._loaded = True
+        return entries
 
     def _load_sync(self) -> list[InboxEntry]:
-        entries: list[InboxEntry] = []
+        found: list[InboxEntry] = []
         if not self._dir.is_dir():
-            return entries
+            return found
         for path in sorted(self._dir.glob("*.jsonl")):
             try:
                 raws = path.read_bytes().splitlines()
             except OSError as exc:
                 log.error("inbox_unreadable", path=str(path), error=exc.strerror)
                 continue
+            accepted: dict[str, tuple[InboxEntry, str]] = {}
+            replies: dict[str, tuple[PendingReply, str]] = {}
+            done: set[str] = set()
+            delivered: set[str] = set()
             for raw in raws:
                 if not raw.strip():
                     continue
                 try:  # line by line, so one damaged line (bad UTF-8, torn) costs only itself
                     line = raw.decode("utf-8")
                     data = json.loads(line)
-                    entry = InboxEntry(str(data["entry"]), _decode(data["message"]))
-                except (ValueError, KeyError, TypeError) as exc:
+                    if "done" in data:
+                        done.update(str(e) for e in data["done"])
+                        if data.get("reply"):
+                            delivered.add(str(data["reply"]))
+                    elif "entry" in data:
+                        message = _decode(data["message"])
+                        at = datetime.fromisoformat(data["at"]) if "at" in data else message.timestamp
+                        entry = InboxEntry(str(data["entry"]), message, at)
+                        accepted.setdefault(entry.entry_id, (entry, line))
+                    else:
+                        reply = PendingReply.from_record(data["reply"])
+                        replies[reply.id] = (reply, line)
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
                     log.error("inbox_entry_unreadable", path=str(path), error=str(exc))
-                    continue
-                entries.append(entry)
-                self._pending.setdefault(entry.message.session_id, []).append((entry.entry_id, line))
-        return entries
+            pending = {e: v for e, v in accepted.items() if e not in done}
+            kept = {r: v for r, v in replies.items() if r not in delivered and set(v[0].entries) - done}
+            if not pending and not kept:
+                continue
+            sid = next(iter(pending.values()))[0].message.session_id if pending else _sid(kept)
+            journal = self._journal(sid)
+            journal.pending = {**pending, **journal.pending}
+            journal.replies = {**kept, **journal.replies}
+            journal.finished_lines = len(raws) - len(pending) - len(kept)
+            found.extend(entry for entry, _ in pending.values())
+        return found
+
+    def _journal(self, sid: str) -> _Journal:
+        journal = self._journals.get(sid)
+        if journal is None:
+            journal = self._journals[sid] = _Journal()
+        return journal
 
     def _path(self, sid: str) -> Path:
         return self._dir / f"{encode_id(sid)}.jsonl"
+
+
+def _sid(replies: dict[str, tuple[PendingReply, str]]) -> str:
+    reply = next(iter(replies.values()))[0]
+    return f"{reply.channel}:{reply.chat_id}"
 
 
 def _encode(message: InboundMessage) -> dict[str, Any]:

@@ -1,23 +1,29 @@
 """Running membot as a service: start channels in order, serve until a signal, then shut down gracefully.
 
 Start-up (the steps before this runner are done by ``bot.app.build_core``: config validated, workspace
-checked and its permissions fixed, models.json loaded): channels start one by one, in order. A channel
-that fails to start is logged with its name and the reason; ``lifecycle.on_channel_failure`` decides
-what follows: ``"stop"`` stops what already started and exits non-zero, ``"degraded"`` keeps serving with
-the rest while ``/healthz`` reports the failed channel (503). With no channel up at all, it always stops.
+locked, checked and its permissions fixed, models.json loaded): first the dispatcher loads what the
+inbox still holds from the previous run (before any channel can accept a message, so nothing new can
+overtake or overwrite it), then channels start one by one, in order; each chat's recovered work runs as
+soon as its own channel is up, not after the slowest one. A channel that fails to start is logged with
+its name and the reason; ``lifecycle.on_channel_failure`` decides what follows: ``"stop"`` stops what
+already started and exits non-zero, ``"degraded"`` keeps serving with the rest while ``/healthz``
+reports the failed channel (503). With no channel up at all, it always stops.
 
 Shutdown on the first SIGTERM or SIGINT, in this order:
 
-1. the dispatcher stops taking messages (senders are told to retry in a minute) and running turns get
-   ``lifecycle.grace_period`` seconds to finish; the rest are cancelled, saving what they have;
-   queued messages that never ran stay in the durable inbox and are answered after the next start;
+1. the dispatcher stops starting turns and running turns get ``lifecycle.grace_period`` seconds to
+   finish; the rest are cancelled, saving what they have. Messages that arrive meanwhile are still
+   accepted into the durable inbox (senders are told the answer comes after the restart); they, the
+   queued ones and the turns cut short are answered after the next start;
 2. every session still dirty in memory is saved, then the flush callables run (pending memory writes);
 3. channels stop, in reverse start order (so replies of finishing turns could still go out in step 1);
 4. the process exits 0.
 
 A second signal exits at once with ``128 + signal``. That cannot corrupt a file: every write of user
 data is atomic (temp file, fsync, rename) or an append whose torn tail readers ignore (bot/storage.py),
-so dying in the middle of one leaves the previous state. It is ``os._exit``: no more Python code runs.
+so dying in the middle of one leaves the previous state; and nothing accepted is lost, as after a kill:
+the inbox keeps every message until its answer was delivered. It is ``os._exit``: no more Python code
+runs.
 """
 
 from __future__ import annotations
@@ -97,10 +103,10 @@ class ServiceRunner:
             with contextlib.suppress(NotImplementedError):  # not on Windows' proactor loop
                 loop.add_signal_handler(sig, self._on_signal, sig)
         try:
+            await dispatcher.recover()
             if not await self._start_all(channels, start_channel):
                 await self._stop_channels()
                 return EXIT_CHANNEL_FAILED
-            await dispatcher.recover()
             log.info("membot_started", channels=[c.name for c in self._started])
             await self._stop.wait()
             log.info("membot_stopping", grace_period=self._settings.grace_period)

@@ -2,15 +2,17 @@
 
 Layout under ``sessions/``, for a session id encoded to ``<name>`` (see :func:`encode_id`):
 
-- ``<name>.json``: the header (id, state, usage, metadata, timestamps) and the commit point: it names
-  the message log and how many messages / bytes of it are committed. Always replaced atomically.
-- ``<name>.<generation>.jsonl``: the message log, one JSON message per line. A save appends only the
-  new messages, so its cost does not grow with the conversation; a rewrite (compaction, /new) writes a
-  new generation atomically and then switches the header to it.
+- ``<name>.<generation>.jsonl``: the message log. A save appends one group of lines (the new
+  messages, answers waiting to be sent, and a ``state`` record with usage and metadata that commits
+  the group; see ``bot/session_log.py``) with one fsync, so its cost does not grow with the
+  conversation. A rewrite (the first save, compaction, /new) writes a new generation atomically.
+- ``<name>.json``: the header (id, state, usage, metadata, timestamps) naming the current log
+  generation and its length at the rewrite. Replaced atomically, and only when the log is rewritten:
+  what changes on an ordinary turn travels in the log's state records.
 
-A crash between the append and the header write leaves extra bytes after the committed length; they
-are ignored on load and cut off by the next append. A header or log that cannot be read is moved aside
-as ``*.corrupt-<timestamp>`` and a fresh session starts, so one bad file never takes the service down.
+A crash during an append leaves a group without its state record; it is not part of the session, and
+the next append cuts it off. A header or log that cannot be read is moved aside as
+``*.corrupt-<timestamp>`` and a fresh session starts, so one bad file never takes the service down.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import hashlib
 import json
 import os
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -29,8 +31,17 @@ from typing import Any, Protocol
 
 import structlog
 
-from bot.domain import Message, Session, SessionState, Usage, session_id, utcnow
+from bot.domain import Session, session_id, utcnow
 from bot.errors import StorageError
+from bot.outbox import PendingReply
+from bot.session_log import (
+    LogContent,
+    apply_state,
+    encode_group,
+    header_fields,
+    read_log,
+    session_from_header,
+)
 from bot.storage import append_bytes, atomic_write_bytes, ensure_private_dir
 from bot.surrogates import utf8
 
@@ -38,7 +49,6 @@ log = structlog.get_logger(__name__)
 
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
 _MAX_NAME = 120
-HEADER_VERSION = 1
 
 
 def encode_id(sid: str) -> str:
@@ -70,7 +80,9 @@ class SessionStore(Protocol):
 
     async def load(self, sid: str) -> Session | None: ...
 
-    async def save(self, session: Session) -> None: ...
+    async def save(self, session: Session, *, replies: Sequence[PendingReply] = ()) -> None: ...
+
+    async def replies(self, sid: str) -> list[PendingReply]: ...
 
     async def delete(self, sid: str) -> bool: ...
 
@@ -80,10 +92,20 @@ class SessionStore(Protocol):
 @dataclass(frozen=True, slots=True)
 class _SavePlan:
     rewrite: bool
-    lines: bytes
-    header: dict[str, Any]
+    data: bytes
+    header: dict[str, Any] | None  # written only with a rewrite
     generation: int
+    log_bytes: int
     count: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPeek:
+    """A session's id, size and last activity, for listings (``membot sessions list``)."""
+
+    id: str
+    messages: int
+    updated_at: datetime | None
 
 
 class JsonSessionStore:
@@ -121,25 +143,56 @@ class JsonSessionStore:
                 raise ValueError("session header is not a JSON object")
             if header.get("id") != sid:
                 raise ValueError(f"file belongs to session {header.get('id')!r}")
-            session = _session_from_header(header)
-            session.messages = self._read_log(sid, session)
+            session = session_from_header(header)
+            content = self._read_log(sid, session)
+            session.messages = content.messages
+            if content.state is not None:
+                apply_state(session, content.state)
+            session.log_bytes = content.end
         except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
             self._move_aside(sid, header_path, reason=f"{type(exc).__name__}: {exc}")
             return None
         session.persisted_count = len(session.messages)
         return session
 
-    def _read_log(self, sid: str, session: Session) -> list[Message]:
+    def _read_log(self, sid: str, session: Session) -> LogContent:
         if session.log_generation == 0:
+            return LogContent()
+        data = self._log_path(sid, session.log_generation).read_bytes()
+        return read_log(data, committed=session.log_bytes)
+
+    async def replies(self, sid: str) -> list[PendingReply]:
+        """The answers saved in the session's current log, oldest first (recovery sends the unsent ones)."""
+        return await asyncio.to_thread(self._replies_sync, sid)
+
+    def _replies_sync(self, sid: str) -> list[PendingReply]:
+        try:
+            header = json.loads(self.header_path(sid).read_bytes())
+            content = self._read_log(sid, session_from_header(header))
+        except FileNotFoundError:
             return []
-        path = self._log_path(sid, session.log_generation)
-        with path.open("rb") as f:
-            data = f.read(session.log_bytes)
-        if len(data) != session.log_bytes:
-            raise ValueError(f"message log {path.name} is shorter than its header says")
-        lines = data.splitlines()
-        messages = [Message.from_dict(json.loads(line)) for line in lines if line.strip()]
-        return messages
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+            log.error("session_replies_unreadable", session_id=sid, error=f"{type(exc).__name__}: {exc}")
+            return []
+        return list(content.replies.values())
+
+    def peek(self, header_path: Path) -> SessionPeek | None:
+        """Id, message count and last activity of the session whose header is ``header_path``, reading
+        only the part of its log written since the last rewrite; ``None`` if it cannot be read."""
+        try:
+            header = json.loads(header_path.read_bytes())
+            session = session_from_header(header)
+            count, updated = int(header.get("log_count", 0)), session.updated_at
+            if session.log_generation:
+                with self._log_path(session.id, session.log_generation).open("rb") as f:
+                    f.seek(session.log_bytes)
+                    tail = read_log(f.read(), committed=0)
+                count += len(tail.messages)
+                if tail.state is not None and tail.state.get("updated_at"):
+                    updated = datetime.fromisoformat(tail.state["updated_at"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return SessionPeek(session.id, count, updated)
 
     def _move_aside(self, sid: str, header_path: Path, *, reason: str) -> None:
         stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
@@ -155,15 +208,17 @@ class JsonSessionStore:
 
     # -- save -------------------------------------------------------------------------------------
 
-    async def save(self, session: Session) -> None:
-        plan = self._plan(session)
+    async def save(self, session: Session, *, replies: Sequence[PendingReply] = ()) -> None:
+        """Persist what changed since the last save, with ``replies`` (answers about to be sent) in the
+        same group: one append and one fsync, or a rewrite when older messages changed."""
+        plan = self._plan(session, replies)
         await asyncio.to_thread(self._write, session.id, plan, session.log_generation, session.log_bytes)
         session.log_generation = plan.generation
-        session.log_bytes = int(plan.header["log_bytes"])
+        session.log_bytes = plan.log_bytes
         session.persisted_count = plan.count
         session.rewrite_needed = False
 
-    def _plan(self, session: Session) -> _SavePlan:
+    def _plan(self, session: Session, replies: Sequence[PendingReply]) -> _SavePlan:
         """Snapshot what must be written (on the loop, so the session may change right after)."""
         rewrite = (
             session.rewrite_needed
@@ -171,23 +226,23 @@ class JsonSessionStore:
             or session.persisted_count > len(session.messages)
         )
         start = 0 if rewrite else session.persisted_count
-        new = session.messages[start:]
-        lines = b"".join(
-            utf8(json.dumps(m.to_dict(), ensure_ascii=False, separators=(",", ":"))) + b"\n" for m in new
-        )
-        generation = session.log_generation + 1 if rewrite else session.log_generation
-        log_bytes = len(lines) if rewrite else session.log_bytes + len(lines)
-        header = _header(session, generation=generation, count=len(session.messages), log_bytes=log_bytes)
-        return _SavePlan(rewrite, lines, header, generation, len(session.messages))
+        data = encode_group(session.messages[start:], replies, session.summary())
+        count = len(session.messages)
+        if not rewrite:
+            return _SavePlan(False, data, None, session.log_generation, session.log_bytes + len(data), count)
+        generation = session.log_generation + 1
+        header = header_fields(session, generation=generation, count=count, log_bytes=len(data))
+        return _SavePlan(True, data, header, generation, len(data), count)
 
     def _write(self, sid: str, plan: _SavePlan, old_generation: int, old_bytes: int) -> None:
         ensure_private_dir(self._dir)
         try:
-            if plan.rewrite:
-                atomic_write_bytes(self._log_path(sid, plan.generation), plan.lines)
-            elif plan.lines:
-                append_bytes(self._log_path(sid, plan.generation), plan.lines, truncate_to=old_bytes)
-            atomic_write_bytes(self.header_path(sid), utf8(json.dumps(plan.header, ensure_ascii=False)))
+            if plan.header is None:
+                append_bytes(self._log_path(sid, plan.generation), plan.data, truncate_to=old_bytes)
+            else:
+                atomic_write_bytes(self._log_path(sid, plan.generation), plan.data)
+                header = utf8(json.dumps(plan.header, ensure_ascii=False))
+                atomic_write_bytes(self.header_path(sid), header)
         except OSError as exc:
             raise StorageError(f"cannot save session {sid!r} under {self._dir}: {exc.strerror}") from exc
         if plan.rewrite and old_generation and old_generation != plan.generation:
@@ -226,32 +281,6 @@ class JsonSessionStore:
 
 def glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
-
-
-def _header(session: Session, *, generation: int, count: int, log_bytes: int) -> dict[str, Any]:
-    return {
-        "version": HEADER_VERSION,
-        **session.summary(),
-        "log_generation": generation,
-        "log_count": count,
-        "log_bytes": log_bytes,
-    }
-
-
-def _session_from_header(header: dict[str, Any]) -> Session:
-    return Session(
-        id=str(header["id"]),
-        channel=str(header["channel"]),
-        chat_id=str(header["chat_id"]),
-        metadata=dict(header.get("metadata") or {}),
-        state=SessionState(header.get("state", "active")),
-        created_at=datetime.fromisoformat(header["created_at"]),
-        updated_at=datetime.fromisoformat(header["updated_at"]),
-        usage=Usage.from_dict(header.get("usage") or {}),
-        compactions=int(header.get("compactions", 0)),
-        log_generation=int(header.get("log_generation", 0)),
-        log_bytes=int(header.get("log_bytes", 0)),
-    )
 
 
 class SessionService:
@@ -319,9 +348,10 @@ class SessionService:
                 del self._leases[session.id]
                 self._evict()
 
-    async def save(self, session: Session) -> None:
+    async def save(self, session: Session, *, replies: Sequence[PendingReply] = ()) -> None:
+        """Save ``session``; ``replies`` are stored in the same write (see bot/outbox.py)."""
         async with self._lock(session.id):
-            await self._store.save(session)
+            await self._store.save(session, replies=replies)
         if session.id not in self._cache:
             self._remember(session)
 
@@ -340,6 +370,9 @@ class SessionService:
 
     async def list_ids(self) -> list[str]:
         return await self._store.list_ids()
+
+    async def replies(self, sid: str) -> list[PendingReply]:
+        return await self._store.replies(sid)
 
     def cached_sessions(self) -> list[Session]:
         return list(self._cache.values())

@@ -74,10 +74,16 @@ def append_bytes(
     ``truncate_to`` first cuts the file back to a known-good length, discarding a torn tail left by a
     crash during an earlier append. ``whole_lines`` starts ``data`` on a line of its own when the file
     does not end with a newline (a torn line, or an operator's edit), so that line cannot swallow the
-    first record appended after it.
+    first record appended after it. A file this call creates gets its folder fsynced too, so the new
+    name survives a power cut along with the data (once per file: later appends need one fsync).
     """
     ensure_private_dir(path.parent)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        created = True
+    except FileExistsError:
+        fd = os.open(path, os.O_RDWR)
+        created = False
     try:
         if truncate_to is not None and os.fstat(fd).st_size != truncate_to:
             os.ftruncate(fd, truncate_to)
@@ -89,9 +95,11 @@ def append_bytes(
             written = os.write(fd, view)
             view = view[written:]
         os.fsync(fd)
-        return end + len(data)
     finally:
         os.close(fd)
+    if created:
+        fsync_dir(path.parent)
+    return end + len(data)
 
 
 def append_line(path: Path, line: str) -> None:

@@ -194,6 +194,7 @@ def import_(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from bot.memory import operator as ops
+    from bot.workspace_lock import WorkspaceLock
 
     settings = settings_from(ctx)
     columns = (TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -204,7 +205,10 @@ def import_(
             progress.update(task, completed=done, total=total)
 
         try:
-            report = _run(settings, lambda service: ops.import_conversations(service, file, progress=advance))
+            with WorkspaceLock.hold(settings.workspace):  # the bot appends to the same item files
+                report = _run(
+                    settings, lambda service: ops.import_conversations(service, file, progress=advance)
+                )
         except (ValueError, KeyError, TypeError) as exc:
             fail(f"{file} is not a conversation export this command understands ({exc})")
     console.print(f"imported {report.sessions} sessions, {report.turns} turns, {report.items} memory items")

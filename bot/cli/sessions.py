@@ -25,6 +25,7 @@ from rich.table import Table
 from bot.cli.root import app, console, err_console, fail, settings_from
 from bot.domain import Message, Session
 from bot.storage import atomic_write_text
+from bot.workspace_lock import WorkspaceLock
 
 if TYPE_CHECKING:
     from bot.config import Settings
@@ -159,7 +160,8 @@ def delete(
     sid = _resolve(settings, session)
     if not yes and not typer.confirm(f"Delete session {sid}? This cannot be undone.", default=False):
         raise typer.Exit(1)
-    removed = asyncio.run(JsonSessionStore(settings.sessions_dir).delete(sid))
+    with WorkspaceLock.hold(settings.workspace):  # a running bot would save the session right back
+        removed = asyncio.run(JsonSessionStore(settings.sessions_dir).delete(sid))
     if not removed:
         fail(f"session {sid} was already gone")
     console.print(
@@ -181,16 +183,13 @@ def _archive(settings: Settings) -> TranscriptArchive:
 
 
 def _summarize(header_path: Path, settings: Settings) -> _Summary | None:
-    """Counts from the header's commit point (no need to read the message log)."""
-    from bot.sessions import encode_id, glob_escape
+    """Counts from the header and what was appended since the log was last rewritten."""
+    from bot.sessions import JsonSessionStore, encode_id, glob_escape
 
-    try:
-        header = json.loads(header_path.read_bytes())
-        sid = str(header["id"])
-        count = int(header.get("log_count", 0))
-        updated = datetime.fromisoformat(header["updated_at"]) if header.get("updated_at") else None
-    except (OSError, ValueError, KeyError, TypeError):
+    peek = JsonSessionStore(settings.sessions_dir).peek(header_path)
+    if peek is None:
         return None
+    sid = peek.id
     name = encode_id(sid)
     size = sum(
         _file_size(p) for p in header_path.parent.glob(f"{glob_escape(name)}.*") if ".corrupt-" not in p.name
@@ -201,7 +200,7 @@ def _summarize(header_path: Path, settings: Settings) -> _Summary | None:
         size += _file_size(archive)
         with archive.open("rb") as f:
             archived = sum(1 for line in f if line.strip())
-    return _Summary(sid, count, archived, size, updated)
+    return _Summary(sid, peek.messages, archived, size, peek.updated_at)
 
 
 def _file_size(path: Path) -> int:

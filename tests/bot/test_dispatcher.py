@@ -185,27 +185,27 @@ async def test_no_reply_becomes_an_honest_error(tmp_path: Path) -> None:
 
 async def test_accepted_messages_survive_a_crash(tmp_path: Path) -> None:
     model = ModelSystem()
-    model.gate = asyncio.Event()
-    dispatcher, channel, _ = build(tmp_path, model)
-    await dispatcher.submit(msg("answered later"))
+    model.gate = asyncio.Event()  # the first "process" never finishes its turn
+    dispatcher, _, _ = build(tmp_path, model)
+    await dispatcher.submit(msg("asked before the crash"))
     await asyncio.sleep(0.01)
     await dispatcher.submit(msg("accepted, then the process died"))
     # "Crash": a new process with fresh objects over the same workspace.
     model2 = ModelSystem()
     dispatcher2, channel2, sessions2 = build(tmp_path, model2)
-    recovered = await dispatcher2.recover()
-    assert recovered == 1
+    assert await dispatcher2.recover() == 2  # the one in flight too: it was never answered
     await channel2.wait_for(1)
-    assert model2.seen == ["accepted, then the process died"]
+    assert model2.seen == ["asked before the crash\n\naccepted, then the process died"]
     session = await sessions2.get("test:c1")
     assert session is not None
     assert [m.content for m in session.messages if m.role is Role.USER] == [
-        "answered later",
+        "asked before the crash",
         "accepted, then the process died",
     ]
-    assert await Inbox(tmp_path / "inbox").load_pending() == []
-    model.gate.set()
-    await channel.wait_for(1)
+    async with asyncio.timeout(10):
+        while await Inbox(tmp_path / "inbox").load_pending():  # the done mark follows the send
+            await asyncio.sleep(0.01)
+    await dispatcher.close(0)  # end the first "process" (its late save goes nowhere we look)
 
 
 async def test_a_torn_inbox_line_does_not_swallow_the_next_message(tmp_path: Path) -> None:

@@ -7,13 +7,8 @@ the second runs the real ``membot run`` as a subprocess against the fake LLM and
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import signal
-import socket
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -23,9 +18,10 @@ import pytest
 from bot.config import LifecycleSettings
 from bot.domain import OutboundMessage
 from bot.errors import ChannelError
+from bot.inbox import Inbox
 from bot.lifecycle import EXIT_CHANNEL_FAILED, EXIT_OK, ServiceRunner
-from bot.sessions import JsonSessionStore
 from channels.base import Channel
+from tests.bot.membot_service import membot_run, session_headers_parse, stored, wait_in_flight
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.fakes.telegram_server import FakeTelegramServer
 
@@ -98,12 +94,12 @@ async def test_shutdown_drains_then_flushes_then_stops_channels_in_reverse() -> 
     task = asyncio.create_task(
         runner.run(["a", "b"], start_channel=starter(log), dispatcher=dispatcher, flushers=[flush])
     )
-    while "recover" not in log:
+    while "start b" not in log:
         await asyncio.sleep(0)
     assert {n: h.state for n, h in runner.channel_health().items()} == {"a": "running", "b": "running"}
     runner.request_stop()
     assert await task == EXIT_OK
-    assert log == ["start a", "start b", "recover", "close 7", "flush memory", "stop b", "stop a"]
+    assert log == ["recover", "start a", "start b", "close 7", "flush memory", "stop b", "stop a"]
 
 
 async def test_a_failing_channel_stops_the_service_when_asked(caplog: pytest.LogCaptureFixture) -> None:
@@ -115,7 +111,7 @@ async def test_a_failing_channel_stops_the_service_when_asked(caplog: pytest.Log
         dispatcher=RecordingDispatcher(log),
     )
     assert code == EXIT_CHANNEL_FAILED
-    assert log == ["start a", "start b", "stop a"]  # c never started, a stopped again, no recover
+    assert log == ["recover", "start a", "start b", "stop a"]  # c never started, a stopped again
     assert runner.channel_health()["b"].state == "failed"
     assert runner.channel_health()["b"].error == "telegram rejected the token"
 
@@ -130,7 +126,7 @@ async def test_a_failing_channel_runs_degraded_when_allowed() -> None:
             dispatcher=RecordingDispatcher(log),
         )
     )
-    while "recover" not in log:
+    while "start b" not in log:
         await asyncio.sleep(0)
     health = runner.channel_health()
     assert (health["a"].state, health["a"].error, health["b"].state) == (
@@ -159,7 +155,7 @@ async def test_first_signal_drains_second_exits_at_once() -> None:
     dispatcher = RecordingDispatcher(log)
     dispatcher.release.clear()  # a turn that will not finish by itself
     task = asyncio.create_task(runner.run(["a"], start_channel=starter(log), dispatcher=dispatcher))
-    while "recover" not in log:
+    while "start a" not in log:
         await asyncio.sleep(0)
     os.kill(os.getpid(), signal.SIGUSR1)
     await dispatcher.closing.wait()
@@ -173,100 +169,6 @@ async def test_first_signal_drains_second_exits_at_once() -> None:
 
 
 # ---- a real `membot run` subprocess -----------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Service:
-    """A running ``membot run`` whose terminal channel reads our pipe and whose stderr we collect."""
-
-    def __init__(self, process: asyncio.subprocess.Process, admin_port: int) -> None:
-        self.process = process
-        self.admin_port = admin_port
-        self.stderr = ""
-        self._reader = asyncio.create_task(self._collect())
-
-    async def _collect(self) -> None:
-        assert self.process.stderr is not None
-        async for line in self.process.stderr:
-            self.stderr += line.decode("utf-8", "replace")
-
-    async def wait_log(self, event: str, timeout: float = 30) -> None:
-        async with asyncio.timeout(timeout):
-            while f'"event": "{event}"' not in self.stderr:
-                if self.process.returncode is not None:
-                    raise AssertionError(f"membot exited early:\n{self.stderr}")
-                await asyncio.sleep(0.05)
-
-    async def say(self, text: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write((text + "\n").encode())
-        await self.process.stdin.drain()
-
-    async def finish(self, timeout: float = 60) -> tuple[int, str]:
-        async with asyncio.timeout(timeout):
-            assert self.process.stdout is not None
-            out = await self.process.stdout.read()
-            code = await self.process.wait()
-            await self._reader
-        return code, out.decode("utf-8", "replace")
-
-
-@contextlib.asynccontextmanager
-async def membot_run(workspace: Path, llm: FakeLLMServer, **env: str) -> AsyncIterator[Service]:
-    port = free_port()
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
-    clean.update(
-        HOME=str(workspace.parent),
-        MEMBOT_WORKSPACE=str(workspace),
-        MEMBOT_LOG_FORMAT="json",
-        MEMBOT_LLM__OPENAI__BASE_URL=llm.openai_base_url,
-        MEMBOT_LLM__OPENAI__API_KEY="sk-test-key-123456",
-        MEMBOT_TERMINAL__USER="ops",
-        MEMBOT_ADMIN__ENABLED="true",
-        MEMBOT_ADMIN__PORT=str(port),
-    )
-    clean.update({"MEMBOT_TERMINAL__ENABLED": "true", **env})
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bot",
-        "run",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=clean,
-        cwd=workspace.parent,
-    )
-    service = Service(process, port)
-    try:
-        with contextlib.suppress(AssertionError):  # exited early: the test looks at why
-            await service.wait_log("membot_started")
-        if "not available in this build" in service.stderr:
-            pytest.skip("this channel is not wired into bot/app.py yet")
-        assert process.returncode is None, service.stderr
-        yield service
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-
-
-async def wait_in_flight(llm: FakeLLMServer) -> None:
-    async with asyncio.timeout(30):
-        while llm.in_flight == 0:
-            await asyncio.sleep(0.02)
-
-
-def stored(workspace: Path, sid: str = "cli:ops") -> list[tuple[str, str]]:
-    """The session as a fresh process would load it (proves the files are intact)."""
-    session = asyncio.run(JsonSessionStore(workspace / "sessions").load(sid))
-    assert session is not None
-    return [(m.role.value, m.content) for m in session.messages]
 
 
 async def test_sigterm_mid_turn_lets_the_turn_finish_and_exits_cleanly(tmp_path: Path) -> None:
@@ -289,7 +191,7 @@ async def test_sigterm_mid_turn_lets_the_turn_finish_and_exits_cleanly(tmp_path:
         assert event in service.stderr
     messages = await asyncio.to_thread(stored, workspace)
     assert messages == [("user", "please think about this"), ("assistant", "a considered answer")]
-    assert not list((workspace / "inbox").glob("*.jsonl")), "the inbox still holds the answered message"
+    assert await Inbox(workspace / "inbox").load_pending() == [], "the inbox still holds the answered message"
 
 
 async def test_a_turn_over_the_grace_period_is_cancelled_and_the_message_kept(tmp_path: Path) -> None:
@@ -318,10 +220,9 @@ async def test_a_second_signal_exits_at_once_without_corrupting_files(tmp_path: 
             code, _ = await service.finish(timeout=10)
     assert code == 128 + signal.SIGTERM
     assert "exiting now" in service.stderr
-    assert await asyncio.to_thread(stored, workspace) == [("user", "hold on")]
-    for path in (workspace / "sessions").iterdir():
-        if path.suffix == ".json":
-            json.loads(path.read_text())
+    pending = await Inbox(workspace / "inbox").load_pending()
+    assert [e.message.text for e in pending] == ["hold on"]  # answered after the next start
+    session_headers_parse(workspace)
 
 
 async def test_sigterm_mid_turn_on_telegram_with_the_terminal_off(tmp_path: Path) -> None:

@@ -40,12 +40,20 @@ async def test_round_trip_keeps_everything(tmp_path: Path) -> None:
 async def test_saves_append_and_rewrites_switch_generation(tmp_path: Path) -> None:
     sessions = service(tmp_path)
     session = await sessions.get_or_create("cli", "me")
+    header = tmp_path / "sessions" / "cli:me.json"
     for i in range(5):
         session.append(Message(Role.USER, f"m{i}"))
+        session.usage.calls += 1
         await sessions.save(session)
+        if i == 0:
+            first_header = header.read_bytes()
     log_files = sorted(p.name for p in (tmp_path / "sessions").glob("*.jsonl"))
     assert log_files == ["cli:me.1.jsonl"]
-    assert len((tmp_path / "sessions" / "cli:me.1.jsonl").read_text().splitlines()) == 5
+    lines = [json.loads(x) for x in (tmp_path / "sessions" / "cli:me.1.jsonl").read_text().splitlines()]
+    assert [x["content"] for x in lines if "role" in x] == [f"m{i}" for i in range(5)]
+    assert header.read_bytes() == first_header  # appends carry the state; the header is not replaced
+    appended = await service(tmp_path).get("cli:me")
+    assert appended is not None and appended.usage.calls == 5
 
     session.replace_messages(session.messages[-2:])
     await sessions.save(session)

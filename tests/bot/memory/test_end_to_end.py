@@ -91,9 +91,7 @@ async def test_earlier_questions_do_not_crowd_out_what_was_said(tmp_path: Path) 
     async with chat(tmp_path) as bot:
         await bot.say("Mel and her kids are painting a big mural of the ocean this summer.", DAY)
         for i in range(12):
-            await bot.say(
-                f"What creative project do Mel and her kids do, try {i}?", DAY + timedelta(hours=i)
-            )
+            await bot.say(f"What creative project do Mel and her kids do, try {i}?", DAY + timedelta(hours=i))
         await bot.say("/new", DAY)
         await bot.say("What creative project do Mel and her kids do?", DAY + timedelta(days=2))
         pack = section(bot.system_prompt(), "Relevant Memory")

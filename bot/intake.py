@@ -1,0 +1,86 @@
+"""What an accepted message becomes in a session, and how the session remembers where it came from.
+
+Each inbound message turns into one user :class:`~bot.domain.Message` whose ``meta`` keeps the
+platform's message id and the inbox entries it came from. Recovery reads the entries back to tell a
+question the session already holds from one it never saw (bot/recovery.py); intake reads the message
+ids to recognize a platform's redelivery of a message it already took.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+
+from bot.domain import ImagePart, InboundMessage, Message, Role, utcnow
+
+INBOX_META = "inbox"  # user message meta: the inbox entries it came from, comma-separated
+DEDUP_WINDOW = 100  # recent session messages searched for a redelivered platform message
+
+
+def user_message(inbound: InboundMessage, entries: Sequence[str] = ()) -> Message:
+    """The session's user message for ``inbound`` (attachments described or passed as images)."""
+    parts = [inbound.text] if inbound.text else []
+    images: list[ImagePart] = []
+    for attachment in inbound.attachments:
+        if attachment.kind == "image" and attachment.data:
+            images.append(ImagePart(attachment.mime_type, base64.b64encode(attachment.data).decode("ascii")))
+            parts.append(f"[image: {attachment.name}]")
+        elif attachment.kind == "text":
+            body = attachment.data.decode("utf-8", errors="replace")
+            parts.append(f"[file {attachment.name}]\n{body}")
+        else:
+            size = f"{attachment.mime_type}, {attachment.size} bytes"
+            parts.append(f"[file {attachment.name} ({size}) received]")
+    meta: dict[str, object] = {"sender_id": inbound.sender_id}
+    if inbound.sender_name:
+        meta["sender_name"] = inbound.sender_name
+    if inbound.message_id:
+        meta["message_id"] = inbound.message_id
+    if entries:
+        meta[INBOX_META] = ",".join(entries)
+    return Message(
+        role=Role.USER,
+        content="\n\n".join(parts),
+        timestamp=inbound.timestamp,
+        images=tuple(images),
+        meta=meta,
+    )
+
+
+def bounded(message: InboundMessage, max_chars: int) -> InboundMessage:
+    """``message`` with its text cut to ``max_chars`` and a note saying so."""
+    if len(message.text) <= max_chars:
+        return message
+    note = f"\n\n[message truncated: {len(message.text)} characters, limit {max_chars}]"
+    return dataclasses.replace(message, text=message.text[:max_chars] + note)
+
+
+def entries_in(messages: Iterable[Message]) -> set[str]:
+    """Inbox entry ids the session's user messages came from."""
+    found: set[str] = set()
+    for message in messages:
+        tag = message.meta.get(INBOX_META) if message.role is Role.USER else None
+        if isinstance(tag, str) and tag:
+            found.update(tag.split(","))
+    return found
+
+
+def already_taken(messages: Sequence[Message], message_id: str) -> bool:
+    """Whether a recent user message of the session is the platform message ``message_id``."""
+    recent = messages[-DEDUP_WINDOW:]
+    return any(m.role is Role.USER and m.meta.get("message_id") == message_id for m in recent)
+
+
+def turn_time(messages: Iterable[InboundMessage]) -> datetime:
+    """When a turn happens: the date of its newest message, as its platform dated it, so memory files
+    and recalls what was said at the time it was said. A date ahead of our clock (a skewed sender) is
+    taken as now; a date without a zone is read as UTC."""
+    now = utcnow()
+    newest = max((_aware(m.timestamp) for m in messages), default=now)
+    return min(newest, now)
+
+
+def _aware(when: datetime) -> datetime:
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)

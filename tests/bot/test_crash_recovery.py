@@ -1,0 +1,160 @@
+"""The durable path of a message, proven on the real ``membot run`` process with protocol fakes.
+
+A message Telegram handed over is answered exactly once whatever happens to the process: killed in
+the middle of a turn, killed with the answer saved but not yet sent, stopped past its grace period,
+stopped while new messages arrive, or restarted while another channel cannot start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+from tests.bot.membot_service import membot_run, stored, telegram_env, wait_in_flight
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.fakes.telegram_server import FakeTelegramServer
+
+
+def answers(tg: FakeTelegramServer, chat: int, text: str) -> list[str]:
+    return [m.text for m in tg.sent_to(chat) if text in m.text]
+
+
+async def wait_answer(tg: FakeTelegramServer, chat: int, text: str, timeout: float = 30) -> None:
+    await tg.wait_for(lambda: bool(answers(tg, chat, text)), timeout=timeout)
+
+
+async def stop(service: object) -> None:
+    process = service.process  # type: ignore[attr-defined]
+    process.send_signal(signal.SIGTERM)
+    code, _ = await service.finish()  # type: ignore[attr-defined]
+    assert code == 0, service.stderr  # type: ignore[attr-defined]
+
+
+async def test_a_turn_killed_mid_answer_is_answered_once_after_restart(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        llm.script(FakeReply(text="never finished", delay=60))
+        async with membot_run(workspace, llm, **telegram_env(tg)) as service:
+            tg.push_message("what is the capital of France?", chat_id=777, user_id=42)
+            await wait_in_flight(llm)
+            await service.kill()
+        llm.script(FakeReply(text="Paris."))
+        async with membot_run(workspace, llm, **telegram_env(tg)) as service:
+            await wait_answer(tg, 777, "Paris.")
+            await stop(service)
+        assert [m.text for m in tg.sent_to(777)] == ["Paris."]
+    assert await asyncio.to_thread(stored, workspace, "telegram:777") == [
+        ("user", "what is the capital of France?"),
+        ("assistant", "Paris."),
+    ]
+
+
+async def test_a_turn_cut_by_the_grace_period_is_answered_after_restart(tmp_path: Path) -> None:
+    """The stopped turn saved the question; the next start answers it without adding it again."""
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        llm.script(FakeReply(text="too late", delay=60))
+        env = telegram_env(tg, MEMBOT_LIFECYCLE__GRACE_PERIOD="0.2")
+        async with membot_run(workspace, llm, **env) as service:
+            tg.push_message("a slow question", chat_id=777, user_id=42)
+            await wait_in_flight(llm)
+            await stop(service)
+        assert await asyncio.to_thread(stored, workspace, "telegram:777") == [("user", "a slow question")]
+        llm.script(FakeReply(text="the considered answer"))
+        async with membot_run(workspace, llm, **env) as service:
+            await wait_answer(tg, 777, "the considered answer")
+            await stop(service)
+        assert [m.text for m in tg.sent_to(777)] == ["the considered answer"]
+        assert llm.requests[-1].body["messages"][-1]["content"] == "a slow question"
+    assert await asyncio.to_thread(stored, workspace, "telegram:777") == [
+        ("user", "a slow question"),
+        ("assistant", "the considered answer"),
+    ]
+
+
+async def test_an_answer_saved_but_not_sent_is_delivered_once_after_restart(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        tg.fail("sendMessage", 502, "Bad Gateway", times=1000)  # Telegram down: the channel retries
+        async with membot_run(workspace, llm, **telegram_env(tg)) as service:
+            tg.push_message("remember the milk", chat_id=777, user_id=42)
+            await tg.wait_for(lambda: bool(tg.calls_to("sendMessage")), timeout=30)
+            await service.kill()  # the answer is saved; its send never succeeded
+        tg.failures.clear()
+        requests = len(llm.requests)
+        async with membot_run(workspace, llm, **telegram_env(tg)) as service:
+            await wait_answer(tg, 777, "echo: remember the milk")
+            await stop(service)
+        assert [m.text for m in tg.sent_to(777)] == ["echo: remember the milk"]
+        assert not [
+            r for r in llm.requests[requests:] if r.body["messages"][-1]["content"] == "remember the milk"
+        ]
+    assert await asyncio.to_thread(stored, workspace, "telegram:777") == [
+        ("user", "remember the milk"),
+        ("assistant", "echo: remember the milk"),
+    ]
+
+
+async def test_pending_messages_are_answered_while_another_channel_still_starts(tmp_path: Path) -> None:
+    """Discord unreachable (its start waits for its timeout): Telegram's pending and new messages are
+    answered meanwhile, and the new one does not push the pending one out of the inbox."""
+    workspace = tmp_path / "ws"
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # hold the connection open until the client gives up
+        writer.close()
+
+    black_hole = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = black_hole.sockets[0].getsockname()[1]
+    async with black_hole, FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        llm.script(FakeReply(text="never finished", delay=60))
+        async with membot_run(workspace, llm, **telegram_env(tg)) as service:
+            tg.push_message("the pending question", chat_id=777, user_id=42)
+            await wait_in_flight(llm)
+            await service.kill()
+        discord = {
+            "MEMBOT_DISCORD__TOKEN": "fake.discord.token",
+            "MEMBOT_DISCORD__API_BASE": f"http://127.0.0.1:{port}/api/v10",
+            "MEMBOT_DISCORD__GATEWAY_URL": f"ws://127.0.0.1:{port}/",
+            "MEMBOT_DISCORD__START_TIMEOUT": "120",
+        }
+        env = telegram_env(tg, **discord)
+        async with membot_run(workspace, llm, ready="telegram_started", **env) as service:
+            tg.push_message("a new question", chat_id=777, user_id=42)
+            await wait_answer(tg, 777, "echo: the pending question")
+            await wait_answer(tg, 777, "echo: a new question")
+            assert not service.logged("membot_started")  # Discord is still starting
+            await service.kill()
+        assert len(tg.sent_to(777)) == 2
+    messages = await asyncio.to_thread(stored, workspace, "telegram:777")
+    assert sorted(text for role, text in messages if role == "user") == [
+        "a new question",
+        "the pending question",
+    ]
+
+
+async def test_a_message_arriving_during_shutdown_is_kept_and_answered_after_restart(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        llm.script(FakeReply(text="the slow answer", delay=8))
+        env = telegram_env(tg, MEMBOT_LIFECYCLE__GRACE_PERIOD="60")
+        async with membot_run(workspace, llm, **env) as service:
+            tg.push_message("a slow question", chat_id=777, user_id=42)
+            await wait_in_flight(llm)
+            service.process.send_signal(signal.SIGTERM)
+            await service.wait_log("membot_stopping")
+            tg.push_message("sent during the shutdown", chat_id=778, user_id=42)
+            await tg.wait_for(lambda: bool(tg.sent_to(778)), timeout=30)  # told we are restarting
+            code, _ = await service.finish()
+        assert code == 0, service.stderr
+        assert answers(tg, 777, "the slow answer")
+        assert not answers(tg, 778, "echo:")
+        async with membot_run(workspace, llm, **env) as service:
+            await wait_answer(tg, 778, "echo: sent during the shutdown")
+            await stop(service)
+        assert len(answers(tg, 778, "echo: sent during the shutdown")) == 1
+    assert await asyncio.to_thread(stored, workspace, "telegram:778") == [
+        ("user", "sent during the shutdown"),
+        ("assistant", "echo: sent during the shutdown"),
+    ]

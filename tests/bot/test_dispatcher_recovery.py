@@ -1,0 +1,215 @@
+"""The dispatcher's side of the durable path, in-process: outbox, /stop, redeliveries, stale messages,
+readiness, shutdown intake, and the inbox journal that records it all.
+
+A "restart" is a second dispatcher built over the same workspace, as a new process would build it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+
+from bot.commands import CommandRouter
+from bot.config import DispatcherSettings
+from bot.dispatcher import Dispatcher
+from bot.domain import InboundMessage, OutboundMessage, Role, utcnow
+from bot.errors import ChannelError
+from bot.inbox import COMPACT_AFTER, Inbox
+from bot.sessions import JsonSessionStore, SessionService
+from channels.base import InboundSink
+from pipeline import Pipeline
+from tests.bot.test_dispatcher import ModelSystem
+from tests.recording import RecordingChannel
+
+
+class DownChannel(RecordingChannel):
+    """A channel whose platform refuses every send (after its own retries), as a real one raises."""
+
+    def __init__(self, submit: InboundSink) -> None:
+        super().__init__(submit)
+        self.attempts: list[OutboundMessage] = []
+
+    async def send(self, message: OutboundMessage) -> None:
+        self.attempts.append(message)
+        raise ChannelError("could not deliver a reply: Bad Gateway")
+
+
+def build(
+    tmp_path: Path,
+    model: ModelSystem,
+    channel_type: type[RecordingChannel] = RecordingChannel,
+    **settings: object,
+) -> tuple[Dispatcher, RecordingChannel, SessionService]:
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    dispatcher = Dispatcher(
+        Pipeline([model]),
+        sessions,
+        CommandRouter(),
+        DispatcherSettings(**settings),  # type: ignore[arg-type]
+        inbox=Inbox(tmp_path / "inbox"),
+    )
+    channel = channel_type(dispatcher.submit)
+    return dispatcher, channel, sessions
+
+
+async def started(
+    tmp_path: Path, model: ModelSystem, **settings: object
+) -> tuple[Dispatcher, RecordingChannel, SessionService]:
+    """Built, recovered and attached, in the order `membot run` does it."""
+    dispatcher, channel, sessions = build(tmp_path, model, **settings)
+    await dispatcher.recover()
+    dispatcher.attach(channel)
+    return dispatcher, channel, sessions
+
+
+def msg(text: str, *, message_id: str | None = None, chat: str = "c1") -> InboundMessage:
+    return InboundMessage(channel="test", chat_id=chat, sender_id="u1", text=text, message_id=message_id)
+
+
+async def settled(tmp_path: Path, *, kept: int = 0) -> None:
+    """Until the inbox on disk holds nothing pending but ``kept`` answers that could not be sent."""
+    async with asyncio.timeout(10):
+        while True:
+            inbox = Inbox(tmp_path / "inbox")
+            entries = await inbox.load_pending()
+            replies = {r.id for e in entries for r in inbox.kept_replies(e.message.session_id)}
+            if len(replies) == kept and (kept or not entries):
+                return
+            await asyncio.sleep(0.01)
+
+
+async def pending(tmp_path: Path) -> list[str]:
+    return [e.message.text for e in await Inbox(tmp_path / "inbox").load_pending()]
+
+
+async def test_an_answer_the_platform_refused_is_sent_on_the_next_start_without_asking_again(
+    tmp_path: Path,
+) -> None:
+    model = ModelSystem()
+    dispatcher, down, _ = build(tmp_path, model, DownChannel)
+    await dispatcher.recover()
+    dispatcher.attach(down)
+    await dispatcher.submit(msg("hello"))
+    await settled(tmp_path, kept=1)
+    assert await pending(tmp_path) == ["hello"]  # not delivered: still pending
+    model2 = ModelSystem()
+    _, channel, sessions = await started(tmp_path, model2)
+    [sent] = await channel.wait_for(1)
+    assert sent.text == "answer to hello"
+    assert model2.seen == []  # the saved answer went out; the model was not asked again
+    await settled(tmp_path)
+    session = await sessions.get("test:c1")
+    assert session is not None and [m.content for m in session.messages] == ["hello", "answer to hello"]
+
+
+async def test_stop_finishes_the_stopped_and_kept_messages(tmp_path: Path) -> None:
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, _ = await started(tmp_path, model)
+    await dispatcher.submit(msg("hang"))
+    await asyncio.sleep(0.01)
+    await dispatcher.submit(msg("queued"))
+    await dispatcher.submit(msg("/stop"))
+    await channel.wait_for(1)
+    assert await pending(tmp_path) == []  # the user asked: nothing to answer after a restart
+    model.gate.set()
+
+
+async def test_a_redelivered_platform_message_is_answered_once(tmp_path: Path) -> None:
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, _ = await started(tmp_path, model)
+    await dispatcher.submit(msg("hi", message_id="101"))
+    await dispatcher.submit(msg("hi", message_id="101"))  # still pending
+    model.gate.set()
+    await channel.wait_for(1)
+    await settled(tmp_path)
+    await dispatcher.submit(msg("hi", message_id="101"))  # answered already
+    await dispatcher.submit(msg("new", message_id="102"))
+    await channel.wait_for(2)
+    await settled(tmp_path)
+    # After a restart, Telegram sends the unconfirmed updates again.
+    model2 = ModelSystem()
+    dispatcher2, channel2, _ = await started(tmp_path, model2)
+    await dispatcher2.submit(msg("new", message_id="102"))
+    await asyncio.sleep(0.05)
+    assert [m.text for m in channel.sent] == ["answer to hi", "answer to new"]
+    assert model.seen == ["hi", "new"] and model2.seen == [] and channel2.sent == []
+
+
+async def test_a_long_stale_message_is_acknowledged_as_skipped_not_answered(tmp_path: Path) -> None:
+    earlier = Inbox(tmp_path / "inbox", clock=lambda: utcnow() - timedelta(hours=7))
+    await earlier.load_pending()
+    _, written = earlier.add(msg("what is the weather now?"))  # accepted 7 h ago, then the crash
+    await written
+    model = ModelSystem()
+    _, channel, _ = await started(tmp_path, model, recover_max_age=6 * 3600)
+    [sent] = await channel.wait_for(1)
+    assert "did not answer your message" in sent.text and "what is the weather now?" in sent.text
+    assert model.seen == []
+    await settled(tmp_path)
+    assert await pending(tmp_path) == []
+
+
+async def test_recovered_work_waits_for_its_channel_and_comes_before_new_messages(tmp_path: Path) -> None:
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, _, _ = await started(tmp_path, model)
+    await dispatcher.submit(msg("from before"))  # in flight when the process "dies"
+    model2 = ModelSystem()
+    dispatcher2, channel2, _ = build(tmp_path, model2, mode="per_message")
+    await dispatcher2.recover()
+    dispatcher2.attach(channel2, ready=False)
+    await dispatcher2.submit(msg("after the restart"))
+    await asyncio.sleep(0.05)
+    assert channel2.sent == [] and model2.seen == []  # the channel is not up yet
+    dispatcher2.ready("test")
+    await channel2.wait_for(2)
+    assert model2.seen == ["from before", "after the restart"]
+    await dispatcher.close(0)
+
+
+async def test_messages_arriving_during_shutdown_are_kept_for_the_next_start(tmp_path: Path) -> None:
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, _ = await started(tmp_path, model)
+    await dispatcher.submit(msg("running"))
+    closing = asyncio.create_task(dispatcher.close(5))
+    await asyncio.sleep(0.01)
+    await dispatcher.submit(msg("during the shutdown", chat="c2"))
+    model.gate.set()
+    await closing
+    assert any("I'll answer this as soon as I'm back" in m.text for m in channel.sent)
+    assert await pending(tmp_path) == ["during the shutdown"]
+    model2 = ModelSystem()
+    _, channel2, sessions2 = await started(tmp_path, model2)
+    [sent] = await channel2.wait_for(1)
+    assert sent.text == "answer to during the shutdown" and sent.chat_id == "c2"
+    session = await sessions2.get("test:c2")
+    assert session is not None and [m.role for m in session.messages] == [Role.USER, Role.ASSISTANT]
+
+
+async def test_the_inbox_file_is_emptied_when_nothing_is_pending_and_compacted_when_busy(
+    tmp_path: Path,
+) -> None:
+    inbox = Inbox(tmp_path / "inbox")
+    await inbox.load_pending()
+    path = tmp_path / "inbox" / "test:c1.jsonl"
+    ids = []
+    for i in range(3):
+        entry_id, written = inbox.add(msg(f"m{i}"))
+        await written
+        ids.append(entry_id)
+    await inbox.finish("test:c1", {ids[0]}, reply="r0")
+    assert [e.message.text for e in await Inbox(tmp_path / "inbox").load_pending()] == ["m1", "m2"]
+    await inbox.finish("test:c1", set(ids[1:]))
+    assert path.stat().st_size == 0  # nothing pending: cut, kept as an empty file
+    keep_id, written = inbox.add(msg("a chat that never pauses"))
+    await written
+    for i in range(COMPACT_AFTER):
+        entry_id, written = inbox.add(msg(f"busy {i}"))
+        await written
+        await inbox.finish("test:c1", {entry_id})
+    assert len(path.read_text().splitlines()) < COMPACT_AFTER  # rewritten with what is pending
+    assert [e.entry_id for e in await Inbox(tmp_path / "inbox").load_pending()] == [keep_id]
