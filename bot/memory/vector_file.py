@@ -103,10 +103,13 @@ def read(path: Path, model_id: str, start: int = HEADER_BYTES) -> tuple[int, Rec
         raw = np.fromfile(f, dtype=rtype, count=whole - first)
     torn = stat.st_size - end
     rows = raw["vec"].astype(np.float32)
-    norms = np.linalg.norm(rows, axis=1)
-    good = np.isfinite(norms) & (np.abs(norms - 1.0) < 0.05) & _valid_keys(raw["key"])
-    keys = [k.decode("ascii") for k in raw["key"][good].tolist()]
-    return dim, Records(keys, rows[good], end, stat.st_ino, int(len(raw) - good.sum()), torn)
+    squares = np.einsum("ij,ij->i", rows, rows)  # several times faster than linalg.norm here
+    good = np.isfinite(squares) & (np.abs(squares - 1.0) < 0.1) & _valid_keys(raw["key"])
+    skipped = len(raw) - int(good.sum())
+    if skipped:
+        rows, raw = rows[good], raw[good]
+    keys = [k.decode("ascii") for k in raw["key"].tolist()]
+    return dim, Records(keys, rows, end, stat.st_ino, skipped, torn)
 
 
 def _valid_keys(keys: NDArray[np.bytes_]) -> NDArray[np.bool_]:

@@ -50,12 +50,26 @@ Progress = Callable[[int, int], None]  # (done, total)
 
 
 class _Matrix:
-    """Unit rows (float32, as scored) with a key per row; grows by doubling, a repeated key overwrites."""
+    """Unit rows (float32, as scored) with a key per row; a repeated key overwrites its row.
 
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-        self.rows: dict[str, int] = {}
+    Built from a file's records in a thread, adopting their array (100,000 rows are ~150 MB), then
+    grown by :meth:`add`. Room is made ahead with :meth:`reserve`, also in a thread, so the event loop
+    never copies the matrix; a scoring thread that holds the old array keeps a valid view of it.
+    """
+
+    def __init__(self, keys: list[str] | None = None, vectors: NDArray[np.float32] | None = None) -> None:
+        keys = keys or []
+        self.rows: dict[str, int] = dict(zip(keys, range(len(keys)), strict=True))  # last one wins
         self._data: NDArray[np.float32] | None = None
+        if vectors is None or not keys:
+            self.keys: list[str] = []
+            return
+        if len(self.rows) != len(keys):
+            picked = np.fromiter(self.rows.values(), dtype=np.int64, count=len(self.rows))
+            keys, vectors = list(self.rows), vectors[picked]
+            self.rows = dict(zip(keys, range(len(keys)), strict=True))
+        self.keys = list(keys)
+        self._data = np.ascontiguousarray(vectors, dtype=np.float32)  # full: the first add grows it
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -68,23 +82,34 @@ class _Matrix:
         assert self._data is not None
         return self._data[: len(self.keys)]
 
+    def reserve(self, extra: int, dim: int) -> None:
+        """Make room for ``extra`` more rows of ``dim`` (blocking: the copy of a large matrix)."""
+        if self._data is None or self._data.shape[1] != dim:
+            self.keys, self.rows = [], {}
+            self._data = np.empty((_capacity(extra), dim), dtype=np.float32)
+        elif len(self.keys) + extra > len(self._data):
+            grown = np.empty((_capacity(len(self.keys) + extra), dim), dtype=np.float32)
+            grown[: len(self.keys)] = self._data[: len(self.keys)]
+            self._data = grown
+
     def add(self, keys: list[str], vectors: NDArray[np.float32]) -> None:
         if not keys:
             return
-        if self._data is None or self._data.shape[1] != vectors.shape[1]:
-            self.keys, self.rows = [], {}
-            self._data = np.empty((max(1024, len(keys)), vectors.shape[1]), dtype=np.float32)
+        self.reserve(len(keys), vectors.shape[1])  # a no-op when the caller reserved already
+        assert self._data is not None
         for key, vector in zip(keys, vectors, strict=True):
             row = self.rows.get(key)
             if row is None:
                 row = len(self.keys)
-                if row == len(self._data):  # grow into a new array: a scoring thread may hold the old one
-                    grown = np.empty((2 * row, self._data.shape[1]), dtype=np.float32)
-                    grown[:row] = self._data
-                    self._data = grown
+                self._data[row] = vector  # the row first, then the key: a reader never sees a blank row
                 self.keys.append(key)
                 self.rows[key] = row
-            self._data[row] = vector
+            else:
+                self._data[row] = vector
+
+
+def _capacity(rows: int) -> int:
+    return max(1024, rows + rows // 4)
 
 
 class VectorStore:
@@ -141,21 +166,25 @@ class VectorStore:
             return
         if loaded is None:
             return
-        self._replace(loaded)
-        if loaded.skipped or loaded.torn:
+        records, matrix = loaded
+        self._replace(records, matrix)
+        if records.skipped or records.torn:
             log.warning(
-                "vectors_damaged", file=self.path.name, skipped_records=loaded.skipped, torn_bytes=loaded.torn
+                "vectors_damaged",
+                file=self.path.name,
+                skipped_records=records.skipped,
+                torn_bytes=records.torn,
             )
         log.info("vectors_loaded", model=self.model_id, count=len(self._matrix))
 
-    def _read(self) -> vector_file.Records | None:
+    def _read(self) -> tuple[vector_file.Records, _Matrix] | None:
         if not self.path.exists():
             return None
-        return vector_file.read(self.path, self.model_id)[1]
+        records = vector_file.read(self.path, self.model_id)[1]
+        return records, _Matrix(records.keys, records.vectors)
 
-    def _replace(self, records: vector_file.Records) -> None:
-        self._matrix = _Matrix()
-        self._matrix.add(records.keys, records.vectors)
+    def _replace(self, records: vector_file.Records, matrix: _Matrix) -> None:
+        self._matrix = matrix
         self._end, self._inode = records.end, records.inode
         self._queries.clear()
 
@@ -276,11 +305,14 @@ class VectorStore:
             done = await asyncio.to_thread(
                 vector_file.append, self.path, self.model_id, keys, halves, self._end, self._inode
             )
-            if done.others is not None:
-                if done.replaced:
-                    self._replace(done.others)
-                else:
-                    self._matrix.add(done.others.keys, done.others.vectors)
+            others = done.others
+            if others is not None and done.replaced:
+                rebuilt = await asyncio.to_thread(_Matrix, others.keys, others.vectors)
+                self._replace(others, rebuilt)
+            elif others is not None:
+                await asyncio.to_thread(self._matrix.reserve, len(others.keys), halves.shape[1])
+                self._matrix.add(others.keys, others.vectors)
+            await asyncio.to_thread(self._matrix.reserve, len(keys), halves.shape[1])
             self._matrix.add(keys, halves.astype(np.float32))  # as a reload will read them back
             self._end, self._inode = done.end, done.inode
 
@@ -289,7 +321,8 @@ class VectorStore:
         end, inode = await asyncio.to_thread(
             vector_file.rewrite, self.path, self.model_id, vectors.shape[1], keys, vectors
         )
-        self._replace(vector_file.Records(keys, vectors.astype(np.float32), end, inode))
+        rows = vectors.astype(np.float32)
+        self._replace(vector_file.Records(keys, rows, end, inode), _Matrix(keys, rows))
 
     async def compact(self, live: Collection[str]) -> int:
         """Drop the vectors of fingerprints not in ``live`` once they are at least half the file.
