@@ -136,16 +136,18 @@ class OnnxEmbedder:
     """all-MiniLM-L6-v2 (int8) on onnxruntime: mean-pooled, L2-normalized 384-d vectors.
 
     Loaded on first use (about 0.2 s), in the calling thread; :meth:`embed` runs the model in a worker
-    thread so the event loop never waits on it. ``threads`` caps onnxruntime's intra-op threads (the
-    machine's cores by default). ``model_path`` replaces the packaged file with a copy of it elsewhere
-    (checked by hash all the same). Safe to call from several threads at once.
+    thread so the event loop never waits on it. ``threads`` is onnxruntime's intra-op threads: 1 by
+    default, so a query runs beside a background batch instead of queueing for its thread pool, and a
+    2-core machine keeps a core for the bot (``None``: one per core). ``model_path`` replaces the
+    packaged file with a copy of it elsewhere (checked by hash all the same). Safe to call from several
+    threads at once.
     """
 
     model_id = MINILM_INT8_ID
     dimension = 384
 
     def __init__(
-        self, *, threads: int | None = None, max_tokens: int = MAX_TOKENS, model_path: Path | None = None
+        self, *, threads: int | None = 1, max_tokens: int = MAX_TOKENS, model_path: Path | None = None
     ) -> None:
         self._model_path = model_path
         self._threads = threads

@@ -203,6 +203,8 @@ class VectorStore:
         with contextlib.suppress(asyncio.CancelledError):
             await self._worker
         self._worker = None
+        async with self._progress:  # anyone still in drain() stops waiting
+            self._progress.notify_all()
         if self._queue:
             log.info("vectors_left_queued", count=len(self._queue))
 
