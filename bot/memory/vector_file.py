@@ -156,8 +156,8 @@ def append(
     dim = vectors.shape[1]
     with locked(path.parent):
         size, inode = _stat(path)
-        if size < HEADER_BYTES:  # new, or a crash while its header was written
-            append_bytes(path, header(model_id, dim), truncate_to=0)
+        if size < HEADER_BYTES or (size == HEADER_BYTES and read_header(path, model_id) != dim):
+            append_bytes(path, header(model_id, dim), truncate_to=0)  # new, or torn while being made
             size, inode = _stat(path)
         if read_header(path, model_id) != dim:
             raise VectorFileError(f"{path.name} holds vectors of another dimension than {dim}")

@@ -231,6 +231,17 @@ async def test_the_same_model_id_with_another_dimension_starts_over(tmp_path: Pa
     assert await asyncio.to_thread(vector_file.read_header, store.path, "words-v1") == 16
 
 
+async def test_an_empty_file_of_another_dimension_is_started_again(tmp_path: Path) -> None:
+    store = await filled(tmp_path / "vectors", WordsEmbedder(dim=32), ITEMS)
+    await store.reset()  # header only, 32 dimensions
+    await store.close()
+    other = VectorStore(tmp_path / "vectors", WordsEmbedder(dim=16))
+    await other.start()
+    other.submit(ITEMS)
+    assert await other.drain() == 0 and other.count == 3
+    await other.close()
+
+
 async def test_the_queue_never_blocks_the_caller(tmp_path: Path) -> None:
     embedder = WordsEmbedder()
     store = await filled(tmp_path / "vectors", embedder, ITEMS[:1])
