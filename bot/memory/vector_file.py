@@ -35,6 +35,7 @@ KEY_BYTES = 32
 MAGIC = b"membot-vectors 1\n"
 SUFFIX = ".vec"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_KEY = re.compile(rf"[\x21-\x7e]{{1,{KEY_BYTES}}}")
 
 
 class VectorFileError(ValueError):
@@ -110,6 +111,11 @@ def read(path: Path, model_id: str, start: int = HEADER_BYTES) -> tuple[int, Rec
         rows, raw = rows[good], raw[good]
     keys = [k.decode("ascii") for k in raw["key"].tolist()]
     return dim, Records(keys, rows, end, stat.st_ino, skipped, torn)
+
+
+def valid_key(key: str) -> bool:
+    """Whether ``key`` fits a record (1-32 printable ASCII characters, no spaces): fingerprints do."""
+    return bool(_KEY.fullmatch(key))
 
 
 def _valid_keys(keys: NDArray[np.bytes_]) -> NDArray[np.bool_]:

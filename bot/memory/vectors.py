@@ -230,7 +230,7 @@ class VectorStore:
             key = item.fingerprint
             if item.deleted or key in self._matrix.rows or key in self._queue or not item.content.strip():
                 continue
-            if not key.isascii() or len(key) > vector_file.KEY_BYTES:
+            if not vector_file.valid_key(key):
                 log.warning("vectors_bad_fingerprint", item_id=item.id)
                 continue
             self._queue[key] = item.content[:EMBED_CHARS]
