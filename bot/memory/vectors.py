@@ -408,7 +408,9 @@ class VectorStore:
 
         def score() -> NDArray[np.float32]:
             chosen = rows if picked is None else rows[picked]
-            return np.asarray(chosen @ q, dtype=np.float32)
+            # einsum, not ``@``: OpenBLAS's threaded matrix-vector product is slower here (0.1 against
+            # 1.3 ms for 2,000 rows, 11 against 19 ms for 100,000 on 2 cores: its thread hand-offs cost).
+            return np.asarray(np.einsum("ij,j->i", chosen, q), dtype=np.float32)
 
         if len(keys) > THREAD_SCORING_ROWS:  # ~10 ms of numpy: keep it off the event loop
             return keys, await asyncio.to_thread(score)
