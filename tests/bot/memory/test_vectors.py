@@ -1,0 +1,424 @@
+"""VectorStore: vectors embedded once in the background, persisted, reloaded without recomputation."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+from structlog.testing import capture_logs
+
+from bot.errors import LLMUnavailable
+from bot.memory import vector_file
+from bot.memory.items import ItemType, Layer, MemoryItem
+from bot.memory.vectors import VectorStore
+
+NOW = datetime(2024, 5, 20, 9, 30, tzinfo=UTC)
+SYNONYMS = {"automobile": "car", "vehicle": "car", "puppy": "dog"}
+
+
+class WordsEmbedder:
+    """An honest Embedder: bag of words hashed into ``dim`` dimensions, with a few synonyms folded.
+
+    It records every call, can fail the next ``fail`` calls like an endpoint that is down, and holds
+    any call that contains a text in ``slow`` until ``release`` is set (a model busy with a big batch).
+    """
+
+    def __init__(self, model_id: str = "words-v1", dim: int = 32) -> None:
+        self.model_id = model_id
+        self.dim = dim
+        self.calls: list[list[str]] = []
+        self.fail = 0
+        self.slow: set[str] = set()
+        self.release = asyncio.Event()
+        self.entered_slow = asyncio.Event()
+        self.succeeded = asyncio.Event()
+
+    def vector(self, text: str) -> list[float]:
+        out = [0.0] * self.dim
+        for raw in text.lower().split():
+            word = SYNONYMS.get(raw.strip(".,?!"), raw.strip(".,?!"))
+            out[int(hashlib.md5(word.encode()).hexdigest(), 16) % self.dim] += 1.0
+        return out
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        if self.fail:
+            self.fail -= 1
+            raise LLMUnavailable("embeddings endpoint unreachable: ConnectError")
+        if self.slow & set(texts):
+            self.entered_slow.set()
+            await self.release.wait()
+        self.succeeded.set()
+        return np.array([self.vector(t) for t in texts], dtype=np.float32)
+
+    @property
+    def texts_embedded(self) -> int:
+        return sum(len(c) for c in self.calls)
+
+
+def item(content: str, **changes: object) -> MemoryItem:
+    fields: dict[str, object] = {
+        "layer": Layer.EPISODIC,
+        "type": ItemType.EPISODE,
+        "title": content[:20],
+        "content": content,
+        "created_at": NOW,
+        "updated_at": NOW,
+        "last_accessed_at": NOW,
+    }
+    fields.update(changes)
+    return MemoryItem(**fields)  # type: ignore[arg-type]
+
+
+ITEMS = [
+    item("my automobile needs new tires"),
+    item("we adopted a puppy named Biscuit"),
+    item("the dentist appointment is on Friday"),
+]
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[VectorStore]:
+    vectors = VectorStore(tmp_path / "vectors", WordsEmbedder())
+    await vectors.start()
+    yield vectors
+    await vectors.close()
+
+
+async def filled(folder: Path, embedder: WordsEmbedder, items: Sequence[MemoryItem]) -> VectorStore:
+    store = VectorStore(folder, embedder)
+    await store.start()
+    store.submit(items)
+    assert await store.drain() == 0
+    return store
+
+
+async def test_vectors_persist_and_load_without_embedding_again(tmp_path: Path) -> None:
+    first = await filled(tmp_path / "vectors", WordsEmbedder(), ITEMS)
+    before = await first.similarities("car service")
+    await first.close()
+
+    embedder = WordsEmbedder()
+    second = VectorStore(tmp_path / "vectors", embedder)
+    await second.start()
+    assert second.count == 3 and embedder.calls == []
+    assert second.submit(ITEMS) == 0 and second.pending == 0  # nothing to recompute
+    after = await second.similarities("car service")
+    assert embedder.calls == [["car service"]]  # only the query
+    assert after == pytest.approx(before)
+    assert max(after, key=after.__getitem__) == ITEMS[0].fingerprint
+    await second.close()
+
+
+async def test_nearest_ranks_by_meaning_within_the_given_fingerprints(store: VectorStore) -> None:
+    store.submit(ITEMS)
+    await store.drain()
+    best = await store.nearest("the puppy Biscuit", k=2)
+    assert best[0][0] == ITEMS[1].fingerprint and len(best) == 2
+    assert best[0][1] >= best[1][1]
+    among = [ITEMS[0].fingerprint, ITEMS[2].fingerprint, "no-such-fingerprint"]
+    assert {f for f, _ in await store.nearest("the puppy Biscuit", k=5, fingerprints=among)} == set(among[:2])
+    scores = await store.similarities("automobile", [ITEMS[0].fingerprint])
+    assert list(scores) == [ITEMS[0].fingerprint] and scores[ITEMS[0].fingerprint] > 0.3
+    assert await store.nearest("the puppy Biscuit", k=0) == []
+
+
+async def test_submit_skips_what_needs_no_vector(store: VectorStore) -> None:
+    gone = item("forgotten words", deleted=True)
+    blank = item("   ")
+    odd = item("an item whose fingerprint was edited by hand", fingerprint="not a hash")
+    assert store.submit([*ITEMS, ITEMS[0], gone, blank, odd]) == 3
+    assert store.pending == 3
+    await store.drain()
+    assert store.submit(ITEMS) == 0 and store.count == 3
+
+
+async def test_a_torn_tail_costs_only_the_torn_record(tmp_path: Path) -> None:
+    folder = tmp_path / "vectors"
+    store = await filled(folder, WordsEmbedder(), ITEMS[:2])
+    store.submit(ITEMS[2:])
+    await store.drain()
+    await store.close()
+    path = store.path
+    size = path.stat().st_size
+    with path.open("r+b") as f:  # a kill in the middle of the last append
+        f.truncate(size - 20)
+
+    embedder = WordsEmbedder()
+    with capture_logs() as logs:
+        reloaded = VectorStore(folder, embedder)
+        await reloaded.start()
+    assert reloaded.count == 2 and ITEMS[2].fingerprint not in reloaded
+    assert any(e["event"] == "vectors_damaged" and e["torn_bytes"] > 0 for e in logs)
+    assert reloaded.submit(ITEMS) == 1  # only the torn record is embedded again
+    await reloaded.drain()
+    await reloaded.close()
+    assert path.stat().st_size == size  # the torn bytes were cut before the append
+
+    again = VectorStore(folder, WordsEmbedder())
+    await again.start()
+    assert again.count == 3
+    await again.close()
+
+
+async def test_a_damaged_record_is_skipped_and_the_rest_load(tmp_path: Path) -> None:
+    folder = tmp_path / "vectors"
+    store = await filled(folder, WordsEmbedder(), ITEMS)
+    await store.close()
+    record = vector_file.record_dtype(32).itemsize
+    with store.path.open("r+b") as f:  # bit rot in the middle record's vector
+        f.seek(vector_file.HEADER_BYTES + record + vector_file.KEY_BYTES)
+        f.write(b"\xff" * 8)
+    reloaded = VectorStore(folder, WordsEmbedder())
+    await reloaded.start()
+    assert reloaded.count == 2 and ITEMS[1].fingerprint not in reloaded
+    await reloaded.close()
+
+
+async def test_an_unreadable_file_is_set_aside_not_deleted(tmp_path: Path) -> None:
+    folder = tmp_path / "vectors"
+    folder.mkdir()
+    path = vector_file.file_for(folder, "words-v1")
+    path.write_bytes(b"not a vector file at all")
+    store = VectorStore(folder, WordsEmbedder())
+    with capture_logs() as logs:
+        await store.start()
+    assert store.count == 0 and any(e["event"] == "vectors_unreadable" for e in logs)
+    assert (folder / (path.name + ".unreadable")).read_bytes() == b"not a vector file at all"
+    store.submit(ITEMS)
+    assert await store.drain() == 0 and store.count == 3
+    await store.close()
+
+
+async def test_a_new_model_starts_its_own_file_and_the_old_one_stays(tmp_path: Path) -> None:
+    folder = tmp_path / "vectors"
+    await (await filled(folder, WordsEmbedder("words-v1"), ITEMS)).close()
+
+    v2 = WordsEmbedder("words-v2", dim=16)
+    store = VectorStore(folder, v2)
+    await store.start()
+    assert store.count == 0
+    assert store.submit(ITEMS) == 3  # a model change re-embeds everything, once
+    await store.drain()
+    await store.close()
+    assert v2.texts_embedded == 3
+
+    v1 = WordsEmbedder("words-v1")
+    back = VectorStore(folder, v1)
+    await back.start()
+    assert back.count == 3 and back.submit(ITEMS) == 0 and v1.calls == []
+    await back.close()
+    assert len(list(folder.glob("*.vec"))) == 2
+
+
+async def test_the_same_model_id_with_another_dimension_starts_over(tmp_path: Path) -> None:
+    folder = tmp_path / "vectors"
+    await (await filled(folder, WordsEmbedder(dim=32), ITEMS)).close()
+    store = VectorStore(folder, WordsEmbedder(dim=16))
+    await store.start()
+    store.submit([item("a brand new memory")])
+    with capture_logs() as logs:
+        await store.drain()
+    assert any(e["event"] == "vectors_dimension_changed" for e in logs)
+    assert store.count == 1 and store.submit(ITEMS) == 3
+    await store.drain()
+    await store.close()
+    assert await asyncio.to_thread(vector_file.read_header, store.path, "words-v1") == 16
+
+
+async def test_an_empty_file_of_another_dimension_is_started_again(tmp_path: Path) -> None:
+    store = await filled(tmp_path / "vectors", WordsEmbedder(dim=32), ITEMS)
+    await store.reset()  # header only, 32 dimensions
+    await store.close()
+    other = VectorStore(tmp_path / "vectors", WordsEmbedder(dim=16))
+    await other.start()
+    other.submit(ITEMS)
+    assert await other.drain() == 0 and other.count == 3
+    await other.close()
+
+
+async def test_the_queue_never_blocks_the_caller(tmp_path: Path) -> None:
+    embedder = WordsEmbedder()
+    store = await filled(tmp_path / "vectors", embedder, ITEMS[:1])
+    late = [item("a long text the model chews on for a while"), item("and another one")]
+    embedder.slow = {late[0].content}
+
+    assert store.submit(late) == 2  # returns at once, the model is still busy
+    assert store.pending == 2 and store.count == 1
+    await embedder.entered_slow.wait()  # the worker has taken the batch and is stuck in the model
+    scores = await store.similarities("automobile")  # a reply's retrieval goes on meanwhile
+    assert list(scores) == [ITEMS[0].fingerprint]
+
+    embedder.release.set()
+    assert await store.drain() == 0 and store.count == 3
+    await store.close()
+
+
+async def test_close_is_bounded_while_the_model_is_stuck(tmp_path: Path) -> None:
+    embedder = WordsEmbedder()
+    store = VectorStore(tmp_path / "vectors", embedder)
+    await store.start()
+    stuck = item("this one never finishes")
+    embedder.slow = {stuck.content}
+    store.submit([stuck])
+    await store.close(timeout=0.05)
+    assert store.pending == 1  # left for the next start's submit, not lost: it has no vector on disk
+
+
+async def test_close_drains_the_queue(tmp_path: Path) -> None:
+    store = VectorStore(tmp_path / "vectors", WordsEmbedder())
+    await store.start()
+    store.submit(ITEMS)
+    await store.close()
+    reloaded = VectorStore(tmp_path / "vectors", WordsEmbedder())
+    await reloaded.start()
+    assert reloaded.count == 3
+    await reloaded.close()
+
+
+async def test_a_failing_embedder_is_logged_once_and_retried(tmp_path: Path) -> None:
+    embedder = WordsEmbedder()
+    store = VectorStore(tmp_path / "vectors", embedder, retry_after=0.001)
+    await store.start()
+    embedder.fail = 3
+    with capture_logs() as logs:
+        store.submit(ITEMS)
+        assert await store.drain() == 3  # stops waiting at the first failure
+        assert store.last_error and "unreachable" in store.last_error
+        await embedder.succeeded.wait()
+        await store.drain()
+    assert store.count == 3 and store.pending == 0 and store.last_error is None
+    events = [e["event"] for e in logs]
+    assert events.count("vectors_embedding_failed") == 1
+    assert events.count("vectors_embedding_recovered") == 1
+    await store.close()
+
+
+async def test_a_query_while_the_endpoint_is_down_gets_no_scores_not_an_error(store: VectorStore) -> None:
+    store.submit(ITEMS)
+    await store.drain()
+    store.embedder.fail = 2  # type: ignore[attr-defined]
+    assert await store.similarities("anything new") == {}
+    assert await store.nearest("anything new", k=3) == []
+    assert len(await store.similarities("car")) == 3
+
+
+async def test_two_writers_share_one_file(tmp_path: Path) -> None:
+    folder = tmp_path / "vectors"
+    bot = await filled(folder, WordsEmbedder(), ITEMS[:1])
+    importer = await filled(folder, WordsEmbedder(), ITEMS[1:2])  # `membot memory import` next to the bot
+    assert importer.count == 2  # it loaded the bot's vector
+    bot.submit(ITEMS[2:])
+    await bot.drain()
+    assert bot.count == 3  # and the bot picked up the importer's on its next append
+    await bot.close()
+    await importer.close()
+    reloaded = VectorStore(folder, WordsEmbedder())
+    await reloaded.start()
+    assert reloaded.count == 3
+    await reloaded.close()
+
+
+async def test_compact_drops_vectors_of_forgotten_items(tmp_path: Path) -> None:
+    folder = tmp_path / "vectors"
+    store = await filled(folder, WordsEmbedder(), ITEMS)
+    assert await store.compact({i.fingerprint for i in ITEMS}) == 0  # nothing dead
+    assert await store.compact({ITEMS[0].fingerprint}) == 2
+    assert store.count == 1
+    other = VectorStore(folder, WordsEmbedder())
+    await other.start()
+    assert other.count == 1
+    store.submit([item("written after the compaction")])
+    await store.drain()
+    other.submit([item("written by the other process")])
+    await other.drain()
+    assert other.count == 3  # it noticed the rewrite and re-read the file before appending
+    await store.close()
+    await other.close()
+
+
+async def test_reset_forgets_this_models_vectors(store: VectorStore) -> None:
+    store.submit(ITEMS)
+    await store.drain()
+    await store.reset()
+    assert store.count == 0 and store.submit(ITEMS) == 3
+
+
+async def test_startup_with_many_vectors_does_not_embed(tmp_path: Path) -> None:
+    folder = tmp_path / "vectors"
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((5000, 32)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    keys = [f"{i:024x}" for i in range(5000)]
+    path = vector_file.file_for(folder, "words-v1")
+    await asyncio.to_thread(vector_file.rewrite, path, "words-v1", 32, keys, rows.astype(np.float16))
+    embedder = WordsEmbedder()
+    store = VectorStore(folder, embedder)
+    await store.start()
+    assert store.count == 5000 and embedder.calls == []
+    top = await store.nearest("car", k=10)
+    assert len(top) == 10 and [s for _, s in top] == sorted((s for _, s in top), reverse=True)
+    await store.close()
+
+
+WRITER = """
+import sys
+from pathlib import Path
+import numpy as np
+from bot.memory import vector_file
+
+path = Path(sys.argv[1])
+rng = np.random.default_rng(1)
+end = inode = 0
+for batch in range(100000):
+    rows = rng.standard_normal((256, 32)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    keys = [f"{batch:012x}{i:012x}" for i in range(256)]
+    done = vector_file.append(path, "words-v1", keys, rows.astype(np.float16), end, inode)
+    end, inode = done.end, done.inode
+    print(batch, flush=True)  # acknowledged: durable on disk
+"""
+
+
+def test_a_writer_killed_mid_append_loses_nothing_it_acknowledged(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    folder = tmp_path / "vectors"
+    path = vector_file.file_for(folder, "words-v1")
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
+    )
+    assert child.stdout is not None
+    acknowledged = [child.stdout.readline() for _ in range(20)]
+    os.kill(child.pid, signal.SIGKILL)  # while it keeps appending
+    child.wait()
+    child.stdout.close()
+    assert all(line.strip() for line in acknowledged)
+
+    async def reload() -> int:
+        store = VectorStore(folder, WordsEmbedder())
+        await store.start()
+        store.submit(ITEMS)
+        assert await store.drain() == 0  # appending after the kill works (a torn tail is cut first)
+        await store.close()
+        again = VectorStore(folder, WordsEmbedder())
+        await again.start()
+        assert all(i.fingerprint in again for i in ITEMS)
+        await again.close()
+        return again.count
+
+    count = asyncio.run(reload())
+    assert count >= 20 * 256 + len(ITEMS)
+    record = vector_file.record_dtype(32).itemsize
+    assert (path.stat().st_size - vector_file.HEADER_BYTES) % record == 0
