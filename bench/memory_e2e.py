@@ -172,7 +172,9 @@ def locate(turn_text: str, places: list[tuple[str, str]]) -> tuple[str, float]:
     return ("split" if share == 1.0 else "missing"), share
 
 
-async def run_question(q: dict[str, Any], counter: TokenCounter, dump: Path | None = None) -> dict[str, Any]:
+async def run_question(
+    q: dict[str, Any], counter: TokenCounter, dump: Path | None = None, memory: dict[str, Any] | None = None
+) -> dict[str, Any]:
     script = Script()
     fed_ms: list[float] = []
     with tempfile.TemporaryDirectory(prefix="membot-e2e-") as tmp:
@@ -183,6 +185,7 @@ async def run_question(q: dict[str, Any], counter: TokenCounter, dump: Path | No
                 overrides={
                     "workspace": Path(tmp) / "ws",
                     "llm": {"openai": {"base_url": server.openai_base_url, "api_key": "sk-bench"}},
+                    **({"memory": memory} if memory else {}),
                 },
             )
             async with build_core(settings) as core:
@@ -210,6 +213,8 @@ async def run_question(q: dict[str, Any], counter: TokenCounter, dump: Path | No
                         InboundMessage("bench", "chat", "user", "/new", timestamp=start)
                     )
                     await channel.replies.get()
+                if core.memory.vectors is not None:  # days later, everything said was embedded
+                    await core.memory.vectors.drain()
                 asked = parse_date(str(q["question_date"]), UTC)
                 script.next_answer = NO_ANSWER
                 before = len(script.chat_requests)
@@ -243,9 +248,9 @@ async def run_question(q: dict[str, Any], counter: TokenCounter, dump: Path | No
     }
 
 
-def _worker(job: tuple[dict[str, Any], Path | None]) -> dict[str, Any]:
-    q, dump = job
-    return asyncio.run(run_question(q, _worker_counter(), dump))
+def _worker(job: tuple[dict[str, Any], Path | None, dict[str, Any]]) -> dict[str, Any]:
+    q, dump, memory = job
+    return asyncio.run(run_question(q, _worker_counter(), dump, memory))
 
 
 _COUNTER: TokenCounter | None = None
@@ -325,6 +330,9 @@ def main() -> None:
     parser.add_argument(
         "--dump", type=Path, default=None, help="write each question's prompt to DIR/<id>.txt"
     )
+    parser.add_argument(
+        "--embeddings", choices=["default", "none", "local"], default="default", help="memory.embeddings"
+    )
     args = parser.parse_args()
     try:
         only = set(args.only.split(",")) if args.only else None
@@ -347,7 +355,8 @@ def main() -> None:
         try:
             if args.dump is not None:
                 args.dump.mkdir(parents=True, exist_ok=True)
-            for result in run(_worker, [(q, args.dump) for q in questions]):
+            memory = {} if args.embeddings == "default" else {"embeddings": args.embeddings}
+            for result in run(_worker, [(q, args.dump, memory) for q in questions]):
                 results.append(result)
                 if out is not None:
                     out.write(json.dumps({k: v for k, v in result.items() if k != "fed_ms"}) + "\n")
@@ -359,7 +368,7 @@ def main() -> None:
                 pool.join()
             if out is not None:
                 out.close()
-    print(f"{len(results)} questions from {args.data.name}; default settings, lexical memory, fake model")
+    print(f"{len(results)} questions from {args.data.name}; default settings, embeddings {args.embeddings}")
     report(results, time.perf_counter() - started)
 
 

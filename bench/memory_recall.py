@@ -105,6 +105,8 @@ async def run_question(
         if sessions:
             clock.now = sessions[-1].started
         await import_sessions(service, sessions)
+        if service.vectors is not None:  # a bot that lived until the question had embedded everything
+            await service.vectors.drain()
         if q.get("question_date"):
             clock.now = parse_date(str(q["question_date"]), UTC)
         if maintain:  # what a bot that lived until the question date would have done to its items
@@ -158,7 +160,7 @@ async def main() -> None:
         "--embeddings",
         choices=["none", "local"],
         default="none",
-        help="fuse a local sentence-transformers signal (needs pip install 'membot[embeddings]')",
+        help="fuse the local embedding model's signal (all-MiniLM-L6-v2 int8, bundled)",
     )
     parser.add_argument(
         "--maintain",
@@ -177,9 +179,9 @@ async def main() -> None:
     settings = MemorySettings(embeddings=args.embeddings)
     embedder = None
     if args.embeddings == "local":
-        from bot.memory.embeddings import LocalEmbedder
+        from bot.memory.embeddings import build_embedder
 
-        embedder = LocalEmbedder(settings.embeddings_local_model)  # loaded once, shared by every question
+        embedder = build_embedder(settings, None)  # loaded once, shared by every question
     session_rows: dict[str, list[dict[str, float]]] = defaultdict(list)
     turn_rows: dict[str, list[dict[str, float]]] = defaultdict(list)
     cold_ms: list[float] = []

@@ -254,9 +254,12 @@ class LocalEmbedder:
         return await asyncio.to_thread(self.encode, list(texts))
 
 
-def build_embedder(settings: MemorySettings, http: httpx.AsyncClient) -> Embedder | None:
-    """The embedder ``memory.embeddings`` asks for, or ``None`` (lexical retrieval only)."""
+def build_embedder(settings: MemorySettings, http: httpx.AsyncClient | None = None) -> Embedder | None:
+    """The embedder ``memory.embeddings`` asks for, or ``None`` (lexical retrieval only); an endpoint
+    (``openai``) is reached through ``http``."""
     if settings.embeddings == "openai":
+        if http is None:
+            raise ConfigError("memory.embeddings = 'openai' needs an HTTP client (build it in bot/app.py)")
         if not settings.embeddings_base_url:
             raise ConfigError(
                 "memory.embeddings = 'openai' needs memory.embeddings_base_url "

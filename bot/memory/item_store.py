@@ -136,6 +136,11 @@ class ItemStore:
             day += timedelta(days=1)
         return sorted(found, key=lambda i: (i.created_at, i.id))
 
+    def with_fingerprint(self, fingerprint: str) -> list[MemoryItem]:
+        """The live, retrievable items saying exactly this (at most one per layer)."""
+        found = (self._items.get(self._by_fingerprint.get((layer, fingerprint), "")) for layer in Layer)
+        return [i for i in found if i is not None and retrievable(i)]
+
     def with_subject(self, subject: str) -> list[MemoryItem]:
         """Live, retrievable items stating ``subject`` (a ``subject:`` tag), oldest first."""
         found = [self._items[i] for i in self._by_subject.get(subject, ()) if i in self._items]

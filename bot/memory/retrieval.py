@@ -225,8 +225,10 @@ class Retriever:
             stated.id for subject in subjects_in_query(query) for stated in self._store.with_subject(subject)
         }
         candidates = set(lexical) | on_subject
+        top_sim = 0.0
         if similarities:
             candidates |= {key for key, value in similarities.items() if value > 0}
+            top_sim = max(similarities.values(), default=0.0)
         in_period = time_hint(query, now, tz) if w.time_hint else None
         about_assistant = asks_about_assistant(query)
         asked = set(tokens)
@@ -244,7 +246,8 @@ class Retriever:
                 lex = (1 - w.conversation) * lex + w.conversation * talks.get(conversation_of(item), 0.0)
             if item_id in on_subject:  # the statement answers what the query names: relevant without a word
                 lex = max(lex, w.subject)
-            sim = max(0.0, similarities.get(item_id, 0.0)) if similarities else 0.0
+            # Meaning, on the words' scale: the query's nearest item in meaning is 1.
+            sim = max(0.0, similarities.get(item_id, 0.0)) / top_sim if similarities and top_sim > 0 else 0.0
             relevance = (1 - w.embedding_share) * lex + w.embedding_share * sim if similarities else lex
             if "assistant" in item.tags and not about_assistant:
                 relevance *= w.assistant

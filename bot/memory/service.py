@@ -31,7 +31,7 @@ from bot.config import MemorySettings
 from bot.domain import Message, Role, Session, utcnow
 from bot.memory.archive import TranscriptArchive
 from bot.memory.consolidation import ChatModel, ConsolidationResult, Consolidator
-from bot.memory.embeddings import Embedder, EmbeddingCache
+from bot.memory.embeddings import Embedder
 from bot.memory.extract import Utterance, extract
 from bot.memory.history import HistoryLog
 from bot.memory.item_store import ItemStore
@@ -58,11 +58,14 @@ from bot.memory.prompt import (
 from bot.memory.recall import Candidate, Memory, Recaller
 from bot.memory.retrieval import Retriever, ScoredItem, asks_about_assistant, diversify, load_lemmas, tokenize
 from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to
+from bot.memory.vectors import VECTORS_DIR, VectorStore
 from bot.storage import append_bytes, ensure_private_dir, fix_private_tree
 
 log = structlog.get_logger(__name__)
 
 RECALLS_KEPT = 1024  # sessions whose last retrieval /status can report
+SEMANTIC_CANDIDATES = 100  # items the embedding signal brings in, beyond what the words found
+EMBED_ASSISTANT_CHARS = 400  # the model's longer answers are not embedded: ~10x a user message's cost
 INFORMATIVE_TOKENS = 2  # a note line says something: "thanks a lot!" and "ok, great" stay out
 ACKNOWLEDGEMENTS = "thanks thank ok okay great cool sure sound good nice perfect awesome yes lot"
 NOTE_USER_CHARS = 300
@@ -129,7 +132,9 @@ class MemoryService:
         self.items = ItemStore(root / "items")
         self.retriever = Retriever(self.items)
         self.recaller = Recaller(self.items, count_tokens, max_message_tokens=settings.max_message_tokens)
-        self.embeddings = EmbeddingCache(embedder) if embedder is not None else None
+        self.vectors = VectorStore(root / VECTORS_DIR, embedder) if embedder is not None else None
+        if self.vectors is not None:
+            self.items.subscribe(self._embed_later)
         self.consolidator = Consolidator(
             llm,
             self.longterm,
@@ -170,6 +175,11 @@ class MemoryService:
         await self.items.load()
         await asyncio.to_thread(load_lemmas)
         await self.retriever.ready()
+        if self.vectors is not None:
+            await self.vectors.start()
+            # What has no vector yet (a new model, items imported beside the bot) is embedded in the
+            # background; the bot answers meanwhile with what it has.
+            self.vectors.submit(i for i in self.items.items() if embeddable(i))
 
     def _prepare(self) -> int:
         for folder in (
@@ -187,6 +197,8 @@ class MemoryService:
         bot also writes which items were recalled since the last maintenance."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.vectors is not None:
+            await self.vectors.close()
         if self._maintain_every is not None:
             try:
                 await self.items.flush_touches()
@@ -364,12 +376,28 @@ class MemoryService:
             chat = session_id
             visible = lambda i: belongs_to(i, chat)  # noqa: E731
         similarities = None
-        if self.embeddings is not None:
-            items = [i for i in self.items.items() if visible is None or visible(i)]
-            similarities = await self.embeddings.similarities(query, items)
+        if self.vectors is not None:
+            similarities = await self._similarities(query, visible)
         return self.retriever.rank(
             query, now or self.now(), visible=visible, similarities=similarities, tz=self.tz
         )
+
+    def _embed_later(self, old: MemoryItem | None, new: MemoryItem | None) -> None:
+        """Every new or changed item is queued for its vector (the store skips what it has)."""
+        if self.vectors is not None and new is not None and embeddable(new):
+            self.vectors.submit([new])
+
+    async def _similarities(
+        self, query: str, visible: Callable[[MemoryItem], bool] | None
+    ) -> dict[str, float]:
+        """Cosine similarity of the query with the items nearest to it in meaning, by item id."""
+        assert self.vectors is not None
+        out: dict[str, float] = {}
+        for fingerprint, score in await self.vectors.nearest(query, SEMANTIC_CANDIDATES):
+            for item in self.items.with_fingerprint(fingerprint):
+                if visible is None or visible(item):
+                    out[item.id] = score
+        return out
 
     async def _touch(self, chosen: Sequence[ScoredItem]) -> None:
         """Remember use in memory only; the next write of the item persists it (no write per query)."""
@@ -406,7 +434,7 @@ class MemoryService:
         recall.diagnostics.skipped_shown = skipped
         pack = assemble(recall, hard=hard, count=self._count, tz=self.tz, query=query)
         pack.diagnostics.soft_budget = soft
-        pack.diagnostics.embeddings = self.embeddings is not None
+        pack.diagnostics.embeddings = self.vectors is not None
         await self._touch(pack.items)
         pack.diagnostics.ms = round((time.perf_counter() - started) * 1000, 2)
         return pack
@@ -532,6 +560,12 @@ class MemoryService:
         s = self.settings
         files = s.inject_max_bytes // 3 * (2 if self.chat_scope else 1)
         return files + s.pack_hard_tokens + s.notes_max_tokens + 64
+
+
+def embeddable(item: MemoryItem) -> bool:
+    """Whether an item gets a vector: everything but the assistant's long answers (lexical retrieval
+    still finds those; embedding them would cost most of the embedding time)."""
+    return "assistant" not in item.tags or len(item.content) <= EMBED_ASSISTANT_CHARS
 
 
 @functools.cache

@@ -44,7 +44,7 @@ log = structlog.get_logger(__name__)
 VECTORS_DIR = "vectors"  # under the memory folder
 BATCH = 64  # texts per embedder call
 THREAD_SCORING_ROWS = 20_000  # above this many rows a query is scored in a worker thread
-QUERY_CACHE = 16  # recent query vectors kept (similarities then nearest for one query embed once)
+QUERY_CACHE = 256  # recent query vectors kept: a message is the query, then an item to embed
 
 Progress = Callable[[int, int], None]  # (done, total)
 
@@ -263,7 +263,7 @@ class VectorStore:
             while self._queue:
                 batch = list(islice(self._queue.items(), self._batch))
                 try:
-                    vectors = _unit(await self.embedder.embed([text for _, text in batch]))
+                    vectors = await self._embed([text for _, text in batch])
                     if len(vectors) != len(batch):
                         raise ValueError(f"asked for {len(batch)} embeddings, got {len(vectors)}")
                     await self._store([key for key, _ in batch], vectors)
@@ -278,6 +278,17 @@ class VectorStore:
                     self._failures, self.last_error = 0, None
                 async with self._progress:
                     self._progress.notify_all()
+
+    async def _embed(self, texts: list[str]) -> NDArray[np.float32]:
+        """Unit vectors for ``texts``; one the bot just asked with (a user's message is both the query and
+        then an item) is taken from the query cache instead of being embedded twice."""
+        known = {i: self._queries[t.strip()] for i, t in enumerate(texts) if t.strip() in self._queries}
+        rest = [t for i, t in enumerate(texts) if i not in known]
+        fresh = _unit(await self.embedder.embed(rest)) if rest else np.zeros((0, 0), dtype=np.float32)
+        if not known:
+            return fresh
+        rows = iter(fresh)
+        return np.stack([known[i] if i in known else next(rows) for i in range(len(texts))])
 
     async def _failed(self, exc: Exception) -> None:
         self._failures += 1
@@ -376,12 +387,13 @@ class VectorStore:
     async def _query(self, query: str) -> NDArray[np.float32] | None:
         if not self._matrix.keys:
             return None
+        query = query[:EMBED_CHARS].strip()
         q = self._queries.get(query)
         if q is not None:
             self._queries.move_to_end(query)
             return q
         try:
-            q = np.asarray(_unit(await self.embedder.embed([query[:EMBED_CHARS]]))[0], dtype=np.float32)
+            q = np.asarray(_unit(await self.embedder.embed([query]))[0], dtype=np.float32)
         except Exception as exc:  # the turn goes on with lexical retrieval only
             if self._failures == 0:
                 log.warning("vectors_query_embedding_failed", model=self.model_id, error=str(exc))
