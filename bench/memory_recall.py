@@ -19,6 +19,7 @@ import asyncio
 import json
 import math
 import statistics
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -26,6 +27,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ runs from the repo root
 
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress
@@ -163,6 +166,12 @@ async def main() -> None:
         help="fuse the local embedding model's signal (all-MiniLM-L6-v2 int8, bundled)",
     )
     parser.add_argument(
+        "--embedding-cache",
+        type=Path,
+        default=None,
+        help="remember vectors by text in this .npz across runs (same figures, no repeated model time)",
+    )
+    parser.add_argument(
         "--maintain",
         action="store_true",
         help="promote and decay items at the question date first, as the running bot does daily",
@@ -182,6 +191,10 @@ async def main() -> None:
         from bot.memory.embeddings import build_embedder
 
         embedder = build_embedder(settings, None)  # loaded once, shared by every question
+        if args.embedding_cache is not None:
+            from bench.embedding_cache import CachedEmbedder
+
+            embedder = CachedEmbedder(embedder, args.embedding_cache)
     session_rows: dict[str, list[dict[str, float]]] = defaultdict(list)
     turn_rows: dict[str, list[dict[str, float]]] = defaultdict(list)
     cold_ms: list[float] = []
@@ -220,6 +233,8 @@ async def main() -> None:
     finally:
         if out is not None:
             out.close()
+        if hasattr(embedder, "save"):
+            embedder.save()
     mode = f"budget {args.budget} tokens" if args.budget else f"top {k}"
     signal = "lexical + local embeddings" if args.embeddings == "local" else "lexical only"
     if args.maintain:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from datetime import UTC, date, datetime, timedelta
@@ -23,6 +24,7 @@ from typing import TypeVar
 
 import structlog
 
+from bot.memory import item_snapshot
 from bot.memory.group_writer import GroupWriter
 from bot.memory.items import ItemType, Layer, MemoryItem, promoted_layer
 from bot.storage import atomic_write_text, ensure_private_dir
@@ -90,21 +92,50 @@ class ItemStore:
         self._listeners.append(listener)
 
     def _read_all(self) -> tuple[dict[str, MemoryItem], dict[Path, int]]:
+        """Every item's last version: from the snapshot plus the logs' tails when it holds, else from
+        every line of every log."""
         ensure_private_dir(self._root)
         ensure_private_dir(self._root / "episodic")
+        logs = sorted(self._root.glob("*.jsonl")) + sorted((self._root / "episodic").glob("*.jsonl"))
+        snap = item_snapshot.read(self._root)
+        if snap is not None:
+            found = self._read_tails(snap, logs)
+            if found is not None:
+                return found
+            log.info("memory_snapshot_stale", reason="a log was rewritten since it was taken")
         items: dict[str, MemoryItem] = {}
-        lines: dict[Path, int] = {}
-        for path in sorted(self._root.glob("*.jsonl")) + sorted((self._root / "episodic").glob("*.jsonl")):
-            raws = [raw for raw in path.read_bytes().splitlines() if raw.strip()]
-            for raw in raws:
-                try:  # bytes, so one damaged line costs that line, not the file
-                    item = MemoryItem.from_dict(json.loads(raw))
-                except (ValueError, KeyError, TypeError):
-                    log.warning("memory_item_unreadable", file=path.name)  # a torn last line
-                    continue
-                items[item.id] = item
-            lines[path] = len(raws)
+        lines: dict[Path, int] = {path: _parse_into(items, path.read_bytes(), path) for path in logs}
         return items, lines
+
+    def _read_tails(
+        self, snap: item_snapshot.Snapshot, logs: list[Path]
+    ) -> tuple[dict[str, MemoryItem], dict[Path, int]] | None:
+        items = {item.id: item for item in snap.items}
+        lines: dict[Path, int] = {}
+        if any(not (self._root / rel).exists() for rel in snap.logs):
+            return None
+        for path in logs:
+            mark = snap.logs.get(str(path.relative_to(self._root)))
+            with path.open("rb") as f:
+                st = os.fstat(f.fileno())
+                if mark is None:  # a log the snapshot never saw: read it whole
+                    lines[path] = _parse_into(items, f.read(), path)
+                    continue
+                if st.st_ino != mark.inode or st.st_size < mark.size:
+                    return None
+                f.seek(mark.size)
+                lines[path] = mark.lines + _parse_into(items, f.read(), path)
+        return items, lines
+
+    async def save_snapshot(self) -> bool:
+        """Write the snapshot of the live items (after every queued line is on disk); best effort."""
+        items = list(self._items.values())
+        lines = dict(self._lines)
+        try:
+            return await self._writer.call(functools.partial(item_snapshot.write, self._root, items, lines))
+        except OSError as exc:
+            log.warning("memory_snapshot_not_saved", error=repr(exc))
+            return False
 
     def items(self, layer: Layer | None = None) -> list[MemoryItem]:
         return [i for i in self._items.values() if layer is None or i.layer is layer]
@@ -335,12 +366,32 @@ class ItemStore:
                 continue
             text = "".join(json.dumps(i.to_dict(), ensure_ascii=False) + "\n" for i in keep)
             # Through the writer: after the lines queued so far, before any queued later.
-            if await self._writer.call(functools.partial(_rewrite_if_unchanged, path, count, text)):
+            rewrite = functools.partial(_rewrite_if_unchanged, self._root, path, count, text)
+            if await self._writer.call(rewrite):
                 self._lines[path] = len(keep) + self._lines[path] - count  # lines queued meanwhile stay
                 rewritten += 1
             else:
                 log.warning("memory_items_changed_elsewhere", file=path.name)
         return rewritten
+
+
+def _parse_into(items: dict[str, MemoryItem], data: bytes, path: Path) -> int:
+    """Apply a log's lines (last version wins, tombstones remove) and return how many lines it held."""
+    count = 0
+    for raw in data.splitlines():
+        if not raw.strip():
+            continue
+        count += 1
+        try:  # bytes, so one damaged line costs that line, not the file
+            item = MemoryItem.from_dict(json.loads(raw))
+        except (ValueError, KeyError, TypeError):
+            log.warning("memory_item_unreadable", file=path.name)  # a torn last line
+            continue
+        if item.deleted:
+            items.pop(item.id, None)
+        else:
+            items[item.id] = item
+    return count
 
 
 def _file(table: dict[K, set[str]], key: K, item_id: str, *, add: bool) -> None:
@@ -355,12 +406,15 @@ def _file(table: dict[K, set[str]], key: K, item_id: str, *, add: bool) -> None:
             del table[key]
 
 
-def _rewrite_if_unchanged(path: Path, lines: int, text: str) -> bool:
+def _rewrite_if_unchanged(root: Path, path: Path, lines: int, text: str) -> bool:
+    """Replace a log with ``text`` unless someone appended to it; the snapshot (which marks where this
+    log ended) is voided first, since the new file may even get the old one's inode number."""
     try:
-        on_disk = sum(1 for raw in path.read_bytes().splitlines() if raw.strip())
+        on_disk = item_snapshot.count_lines(path.read_bytes())
     except FileNotFoundError:
         on_disk = 0
     if on_disk != lines:
         return False
+    item_snapshot.remove(root)
     atomic_write_text(path, text)
     return True

@@ -1,14 +1,22 @@
-"""Okapi BM25 over an inverted index that is kept up to date item by item.
+"""Okapi BM25 over a frozen base of numpy postings plus a small in-memory delta, saved and loaded whole.
 
-Memory grows by a few items per answered turn, and a query looks at a few words. So the index is
-updated in place when an item is written (cost: its distinct terms), and a query touches only the
-postings of its own terms — never every item. That keeps per-turn retrieval flat as memory grows to
-100,000 items and many chats, where rebuilding a whole index per write made each turn slower than the
-last.
+Memory grows by a few items per answered turn and a query looks at a few words, so:
+
+- the **base** holds the postings of everything indexed when it was last built, term by term, in flat
+  numpy arrays (CSR): a query term is a slice, scored for all its documents in one vectorized step, and
+  loading 100,000 items' index from disk is reading a few arrays, not re-tokenizing them;
+- the **delta** holds what was written since, as plain dicts (cost per write: the item's own terms);
+- a removed or changed item is masked in the base; :meth:`merged` folds the delta into a new base
+  (in a thread, when the delta has grown) and :meth:`save` writes the base next to the items.
+
+A query scores only the documents holding its terms, and hands back the ``limit`` best of the base
+(by ``argpartition``) plus the delta's, so the per-item work after it stays bounded at any size.
 
 Scores follow Okapi BM25 (k1 = 1.5, b = 0.75) with Lucene's idf, ``log(1 + (N - df + 0.5) / (df +
 0.5))``, which stays positive: the classic Okapi idf goes negative for terms in over half the
 documents, and in a small memory of a few items that would make every match count against the item.
+Document frequencies of the base count its masked documents until the next merge (a small, temporary
+over-count that only touches idf).
 
     index = LexicalIndex()
     index.upsert("item-1", {"tea": 2, "green": 1})
@@ -17,11 +25,20 @@ documents, and in a small memory of a few items that would make every match coun
 
 from __future__ import annotations
 
+import io
+import json
 import math
 from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from bot.storage import atomic_write_bytes
 
 K1 = 1.5
 B = 0.75
+FORMAT = 1
 
 Frequencies = Mapping[str, int]
 
@@ -30,60 +47,229 @@ class LexicalIndex:
     """Term postings, document lengths and the totals BM25 needs; one entry per key (an item id)."""
 
     def __init__(self) -> None:
+        # Base (frozen, numpy): documents 0..n-1, terms by index, postings by term.
+        self._keys: list[str] = []
+        self._slot: dict[str, int] = {}
+        self._term_index: dict[str, int] = {}
+        self._offsets: NDArray[np.int64] = np.zeros(1, dtype=np.int64)
+        self._post_docs: NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+        self._post_tfs: NDArray[np.float32] = np.zeros(0, dtype=np.float32)
+        self._lengths: NDArray[np.float32] = np.zeros(0, dtype=np.float32)
+        self._alive: NDArray[np.bool_] = np.zeros(0, dtype=np.bool_)
+        # Delta (dicts): what was written since the base was built.
         self._postings: dict[str, dict[str, int]] = {}
         self._docs: dict[str, Frequencies] = {}
-        self._lengths: dict[str, int] = {}
-        self._total_length = 0
+        self._delta_lengths: dict[str, int] = {}
+        # Live totals over both.
+        self._count = 0
+        self._total_length = 0.0
+
+    # -- size ---------------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._docs)
+        return self._count
 
     def __contains__(self, key: object) -> bool:
-        return key in self._docs
+        if key in self._docs:
+            return True
+        slot = self._slot.get(key) if isinstance(key, str) else None
+        return slot is not None and bool(self._alive[slot])
+
+    @property
+    def delta_size(self) -> int:
+        return len(self._docs)
+
+    # -- writing ------------------------------------------------------------------------------------
 
     def upsert(self, key: str, frequencies: Frequencies) -> None:
         """Index ``key`` with these term counts, replacing what it had."""
         self.remove(key)
         self._docs[key] = frequencies
-        self._lengths[key] = length = sum(frequencies.values())
+        self._delta_lengths[key] = length = sum(frequencies.values())
+        self._count += 1
         self._total_length += length
         for term, count in frequencies.items():
             self._postings.setdefault(term, {})[key] = count
 
     def remove(self, key: str) -> None:
         old = self._docs.pop(key, None)
-        if old is None:
+        if old is not None:
+            self._count -= 1
+            self._total_length -= self._delta_lengths.pop(key)
+            for term in old:
+                posting = self._postings.get(term)
+                if posting is not None:
+                    posting.pop(key, None)
+                    if not posting:
+                        del self._postings[term]
             return
-        self._total_length -= self._lengths.pop(key)
-        for term in old:
-            posting = self._postings.get(term)
-            if posting is not None:
-                posting.pop(key, None)
-                if not posting:
-                    del self._postings[term]
+        slot = self._slot.get(key)
+        if slot is not None and self._alive[slot]:
+            self._alive[slot] = False
+            self._count -= 1
+            self._total_length -= float(self._lengths[slot])
 
-    def terms(self, key: str) -> Frequencies:
-        """The term counts ``key`` was indexed with (empty if unknown)."""
-        return self._docs.get(key, {})
+    # -- reading ------------------------------------------------------------------------------------
+
+    def df(self, term: str) -> int:
+        at = self._term_index.get(term)
+        base = int(self._offsets[at + 1] - self._offsets[at]) if at is not None else 0
+        return base + len(self._postings.get(term, ()))
 
     def idf(self, term: str) -> float:
-        df = len(self._postings.get(term, ()))
-        n = len(self._docs)
-        return math.log(1 + (n - df + 0.5) / (df + 0.5)) if df else 0.0
+        df = min(self.df(term), self._count)  # masked base documents may still be counted
+        return math.log(1 + (self._count - df + 0.5) / (df + 0.5)) if df else 0.0
 
-    def scores(self, terms: Iterable[str]) -> dict[str, float]:
-        """BM25 of every document holding at least one of ``terms`` (each term counted once)."""
-        n = len(self._docs)
-        if n == 0:
+    def scores(self, terms: Iterable[str], *, limit: int | None = None) -> dict[str, float]:
+        """BM25 of the documents holding at least one of ``terms`` (each term counted once); with
+        ``limit``, only the ``limit`` best of the base (every delta document is kept)."""
+        if self._count == 0:
             return {}
-        average = self._total_length / n or 1.0
+        average = self._total_length / self._count or 1.0
         out: dict[str, float] = {}
+        base: NDArray[np.float32] | None = None
         for term in dict.fromkeys(terms):
-            posting = self._postings.get(term)
-            if not posting:
+            idf = self.idf(term)
+            if idf <= 0:
                 continue
-            idf = math.log(1 + (n - len(posting) + 0.5) / (len(posting) + 0.5))
-            for key, tf in posting.items():
-                norm = tf + K1 * (1 - B + B * self._lengths[key] / average)
-                out[key] = out.get(key, 0.0) + idf * tf * (K1 + 1) / norm
+            at = self._term_index.get(term)
+            if at is not None:
+                start, end = int(self._offsets[at]), int(self._offsets[at + 1])
+                docs, tfs = self._post_docs[start:end], self._post_tfs[start:end]
+                norm = tfs + K1 * (1 - B + B * self._lengths[docs] / average)
+                if base is None:
+                    base = np.zeros(len(self._keys), dtype=np.float32)
+                base[docs] += (idf * (K1 + 1)) * tfs / norm
+            for key, tf in self._postings.get(term, {}).items():
+                scale = tf + K1 * (1 - B + B * self._delta_lengths[key] / average)
+                out[key] = out.get(key, 0.0) + idf * tf * (K1 + 1) / scale
+        if base is not None:
+            base[~self._alive] = 0.0
+            found = np.flatnonzero(base)
+            if limit is not None and len(found) > limit:
+                found = found[np.argpartition(-base[found], limit - 1)[:limit]]
+            keys = self._keys
+            for slot, score in zip(found.tolist(), base[found].tolist(), strict=True):
+                out[keys[slot]] = score
         return out
+
+    # -- merging, saving, loading -------------------------------------------------------------------
+
+    def merged(self) -> LexicalIndex:
+        """A new index whose base holds every live document (base and delta), with an empty delta.
+
+        Pure numpy and dict reads: run it in a thread on a :meth:`copy`, then swap it in."""
+        live = np.flatnonzero(self._alive)
+        keys = [self._keys[i] for i in live.tolist()] + list(self._docs)
+        remap = np.full(len(self._keys), -1, dtype=np.int64)
+        remap[live] = np.arange(len(live))
+        # Base postings as (term, doc, tf) triples, live documents only, renumbered.
+        term_of = np.repeat(np.arange(len(self._term_index), dtype=np.int64), np.diff(self._offsets))
+        keep = self._alive[self._post_docs] if len(self._post_docs) else np.zeros(0, dtype=np.bool_)
+        all_terms = dict(self._term_index)
+        for term in self._postings:
+            all_terms.setdefault(term, len(all_terms))
+        terms = list(all_terms)
+        base_t = term_of[keep]
+        base_d = remap[self._post_docs[keep]]
+        base_f = self._post_tfs[keep]
+        first_delta = len(live)
+        delta_slot = {key: first_delta + i for i, key in enumerate(self._docs)}
+        d_t, d_d, d_f = [], [], []
+        for term, posting in self._postings.items():
+            index = all_terms[term]
+            for key, tf in posting.items():
+                d_t.append(index)
+                d_d.append(delta_slot[key])
+                d_f.append(tf)
+        t = np.concatenate([base_t, np.asarray(d_t, dtype=np.int64)])
+        d = np.concatenate([base_d, np.asarray(d_d, dtype=np.int64)])
+        f = np.concatenate([base_f, np.asarray(d_f, dtype=np.float32)])
+        order = np.lexsort((d, t))
+        t, d, f = t[order], d[order], f[order]
+        counts = np.bincount(t, minlength=len(terms)) if len(t) else np.zeros(len(terms), dtype=np.int64)
+        lengths = np.concatenate(
+            [self._lengths[live], np.asarray([self._delta_lengths[k] for k in self._docs], dtype=np.float32)]
+        )
+        return LexicalIndex._from_arrays(keys, terms, counts, d, f, lengths)
+
+    def copy(self) -> LexicalIndex:
+        """A copy a thread can merge while this one keeps taking writes."""
+        other = LexicalIndex()
+        other._keys, other._slot, other._term_index = self._keys, self._slot, self._term_index
+        other._offsets, other._post_docs, other._post_tfs = self._offsets, self._post_docs, self._post_tfs
+        other._lengths, other._alive = self._lengths, self._alive.copy()
+        other._postings = {t: dict(p) for t, p in self._postings.items()}
+        other._docs, other._delta_lengths = dict(self._docs), dict(self._delta_lengths)
+        other._count, other._total_length = self._count, self._total_length
+        return other
+
+    @classmethod
+    def _from_arrays(
+        cls,
+        keys: list[str],
+        terms: list[str],
+        counts: NDArray[np.int64],
+        docs: NDArray[np.int64],
+        tfs: NDArray[np.float32],
+        lengths: NDArray[np.float32],
+    ) -> LexicalIndex:
+        index = cls()
+        # Terms no live document holds any more are dropped.
+        used = np.flatnonzero(counts)
+        index._keys = keys
+        index._slot = {key: i for i, key in enumerate(keys)}
+        index._term_index = {terms[i]: n for n, i in enumerate(used.tolist())}
+        index._offsets = np.concatenate([[0], np.cumsum(counts[used])]).astype(np.int64)
+        index._post_docs = docs.astype(np.int32)
+        index._post_tfs = tfs.astype(np.float32)
+        index._lengths = lengths.astype(np.float32)
+        index._alive = np.ones(len(keys), dtype=np.bool_)
+        index._count = len(keys)
+        index._total_length = float(lengths.sum())
+        return index
+
+    def save(self, path: Path, signature: str, versions: Mapping[str, str]) -> None:
+        """Write the index (merged) atomically; blocking. ``signature`` and each key's ``versions`` (what
+        the document was made from) come back from :meth:`load`, to tell which documents are stale."""
+        full = self.merged() if self._docs or not self._alive.all() else self
+        buffer = io.BytesIO()
+        header = {
+            "format": FORMAT,
+            "signature": signature,
+            "keys": full._keys,
+            "terms": list(full._term_index),
+            "versions": [versions.get(k, "") for k in full._keys],
+        }
+        np.savez(
+            buffer,
+            header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+            offsets=full._offsets,
+            docs=full._post_docs,
+            tfs=full._post_tfs,
+            lengths=full._lengths,
+        )
+        atomic_write_bytes(path, buffer.getvalue())
+
+    @classmethod
+    def load(cls, path: Path) -> tuple[LexicalIndex, str, dict[str, str]] | None:
+        """The index saved at ``path``, its signature and each key's version; ``None`` if missing or
+        unreadable (then it is built again from the items)."""
+        try:
+            with np.load(path) as data:
+                header = json.loads(bytes(data["header"]).decode())
+                if header.get("format") != FORMAT:
+                    return None
+                offsets, docs = data["offsets"], data["docs"]
+                tfs, lengths = data["tfs"], data["lengths"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        keys, terms = [str(k) for k in header["keys"]], [str(t) for t in header["terms"]]
+        versions = [str(v) for v in header.get("versions", [])]
+        if len(offsets) != len(terms) + 1 or len(lengths) != len(keys) or len(docs) != len(tfs):
+            return None
+        if len(versions) != len(keys) or (len(docs) and (docs.max() >= len(keys) or docs.min() < 0)):
+            return None
+        counts = np.diff(offsets)
+        index = cls._from_arrays(keys, terms, counts, docs.astype(np.int64), tfs, lengths)
+        return index, str(header.get("signature", "")), dict(zip(keys, versions, strict=True))

@@ -52,9 +52,6 @@ class Candidate:
     def relevance(self) -> float:
         return self.hits[0].relevance
 
-    @property
-    def restates(self) -> bool:
-        return all(h.restates for h in self.hits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +233,7 @@ class Recaller:
         floor: float,
         cost: Callable[[Memory], int],
         brief_assistant: bool = False,
+        restates: Callable[[MemoryItem], bool] | None = None,
         diagnostics: RecallDiagnostics | None = None,
     ) -> Recall:
         """The best memories within the budgets (see the module doc), newest statements on a subject
@@ -244,8 +242,12 @@ class Recaller:
         diag.candidates = len(candidates)
         # The floor is a share of the best memory that says more than the question itself: the same
         # question asked before (or repeated back) must not raise the bar and push the answer out.
-        informative = [c.relevance for c in candidates if not c.restates]
-        top = max(informative or [c.relevance for c in candidates], default=0.0)
+        top = 0.0
+        for candidate in sorted(candidates, key=lambda c: -c.relevance):
+            top = top or candidate.relevance
+            if restates is None or not all(restates(h.item) for h in candidate.hits):
+                top = candidate.relevance
+                break
         chosen: list[Memory] = []
         used = 0
         diag.stop = "exhausted"

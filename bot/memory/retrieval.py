@@ -19,24 +19,24 @@ same order, whatever order items were loaded in.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache
 from zoneinfo import ZoneInfo
-
-import simplemma
 
 from bot.memory.extract import QUESTION_TAG, subjects_in_query
 from bot.memory.item_store import ItemStore, retrievable
 from bot.memory.items import ItemType, MemoryItem
-from bot.memory.lexical import Frequencies, LexicalIndex
+from bot.memory.lexical import Frequencies
 from bot.memory.timehints import time_hint
+from bot.memory.word_index import WordIndex, frequencies
+from bot.memory.words import tokenize
 
 _UTC = ZoneInfo("UTC")
+TERMS_CACHE = 4096  # items whose term counts a query may look inside (second hop, restated questions)
 _ABOUT_ASSISTANT = re.compile(
     r"\byou (?:said|told|mentioned|recommended|suggested|gave|wrote|listed|explained|described|shared|"
     r"provided|came up with|named|offered)\b|\byour (?:answer|suggestion|recommendation|advice|list|reply)\b"
@@ -45,18 +45,6 @@ _ABOUT_ASSISTANT = re.compile(
     re.I,
 )
 
-
-_TOKEN = re.compile(r"[^\W_]+")
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-STOPWORDS = frozenset(
-    """a about above after again against all am an and any are as at be because been before being below
-    between both but by can could did do does doing down during each few for from further had has have having
-    he her here hers herself him himself his how i if in into is it its itself just me more most my myself no
-    nor not now of off on once only or other our ours ourselves out over own same she should so some such than
-    that the their theirs them themselves then there these they this those through to too under until up very
-    was we were what when where which while who whom why will with would you your yours yourself yourselves
-    s t d ll m re ve also get got im ive id dont let lets can cant could would many much total""".split()  # noqa: SIM905
-)
 
 TYPE_WEIGHT: Mapping[ItemType, float] = {
     ItemType.PREFERENCE: 1.0,
@@ -90,49 +78,7 @@ class Weights:
     hop_docs: int = 5  # first-hop results the second hop's terms come from
     hop_terms: int = 10  # terms the second hop adds
     conversation: float = 0.0  # relevance an item gains from the conversation it was said in (0..1 share)
-
-
-def stem(token: str) -> str:
-    """A deliberately light suffix stripper (plurals, -ing, -ed, final e), so "bikes", "bike" and
-    "biking" meet. Both queries and items go through it, so only consistency matters, not grammar."""
-    if len(token) <= 3 or token.isdigit():
-        return token
-    if token.endswith("ies"):
-        token = token[:-3] + "y"
-    elif token.endswith("sses"):
-        token = token[:-2]
-    elif token.endswith("s") and token[-2] not in "sui":
-        token = token[:-1]
-    for suffix in ("ing", "ed"):
-        if token.endswith(suffix) and len(token) - len(suffix) >= 3:
-            token = token[: -len(suffix)]
-            if len(token) > 3 and token[-1] == token[-2] and token[-1] not in "lsz":
-                token = token[:-1]  # running -> run
-            break
-    if len(token) > 3 and token.endswith("e"):
-        token = token[:-1]
-    return token
-
-
-@lru_cache(maxsize=65536)
-def normalize_word(word: str) -> str:
-    """The lemma of an English word, then stemmed; words of other languages pass through unchanged."""
-    return stem(simplemma.lemmatize(word, lang="en").lower())
-
-
-def load_lemmas() -> None:
-    """Read the English lemma dictionary now (blocking, ~0.1 s): call it off the event loop at start."""
-    normalize_word("warming")
-
-
-def tokenize(text: str) -> list[str]:
-    out: list[str] = []
-    for token in _TOKEN.findall(text.lower()):
-        if _CJK.search(token):
-            out.extend(token[i : i + 2] for i in range(max(1, len(token) - 1)))
-        elif token not in STOPWORDS:
-            out.append(normalize_word(token))
-    return out
+    candidates: int = 1000  # best lexical matches looked at per query, at any memory size
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,14 +89,6 @@ class ScoredItem:
     lexical: float = 0.0  # the words alone, 0..1 (the query's best match is 1)
     semantic: float = 0.0
     parts: dict[str, float] = field(default_factory=dict)
-    restates: bool = False  # a question or reply in little more than the query's words (asked before)
-
-
-def frequencies(item: MemoryItem) -> Frequencies:
-    counts: dict[str, int] = {}
-    for token in tokenize(f"{item.title} {item.content}"):
-        counts[token] = counts.get(token, 0) + 1
-    return counts
 
 
 def asks_about_assistant(query: str) -> bool:
@@ -159,51 +97,40 @@ def asks_about_assistant(query: str) -> bool:
 
 
 class Retriever:
-    """Ranks the items of an :class:`ItemStore`; its lexical index follows the store's every change.
+    """Ranks the items of an :class:`ItemStore` for a query (see the module doc).
 
-    Build it once per store and ``await ready()`` after the store loaded (the first index is built off
-    the event loop); afterwards each write costs the new item's terms and each query its own terms.
+    Build it once per store and ``await ready()`` after the store loaded; its :class:`WordIndex`
+    follows every change of the store, and :meth:`save` keeps the index for the next start.
     """
 
     def __init__(self, store: ItemStore, weights: Weights | None = None) -> None:
         self.weights = weights or Weights()
         self._store = store
-        self._index = LexicalIndex()
-        self._stale = True  # the store (re)loaded: the index must be built from scratch
-        self._building = False
-        self._backlog: list[tuple[MemoryItem | None, MemoryItem | None]] = []
-        store.subscribe(self._changed)
-
-    def _changed(self, old: MemoryItem | None, new: MemoryItem | None) -> None:
-        if old is None and new is None:
-            self._stale = True
-        elif self._building:
-            self._backlog.append((old, new))
-        elif not self._stale:
-            self._apply(old, new)
-
-    def _apply(self, old: MemoryItem | None, new: MemoryItem | None) -> None:
-        if new is None:
-            if old is not None:
-                self._index.remove(old.id)
-        else:
-            changed = old is None or (old.fingerprint, old.title) != (new.fingerprint, new.title)
-            if changed or new.id not in self._index:
-                self._index.upsert(new.id, frequencies(new))
+        self.words = WordIndex(store)
+        self._terms: OrderedDict[tuple[str, str], Frequencies] = OrderedDict()
 
     async def ready(self) -> None:
-        """Build the index from the store's items if it is stale (in a thread: 100,000 items take a while)."""
-        while self._stale:
-            self._stale, self._building = False, True
-            try:
-                items = [i for i in self._store.items() if retrievable(i)]
-                index = await asyncio.to_thread(_build, items)
-            finally:
-                self._building = False
-            self._index = index
-            backlog, self._backlog = self._backlog, []
-            for old, new in backlog:
-                self._apply(old, new)
+        await self.words.ready()
+
+    def restates(self, item: MemoryItem, query: str) -> bool:
+        """Whether ``item`` is a question (or the assistant's words) in little more than the query's own
+        words: the question asked before, or repeated back."""
+        if QUESTION_TAG not in item.tags and "assistant" not in item.tags:
+            return False
+        return _restates(set(tokenize(query)), self._terms_of(item))
+
+    async def save(self) -> None:
+        await self.words.save()
+
+    def _terms_of(self, item: MemoryItem) -> Frequencies:
+        """An item's term counts (remembered for the few items a query looks inside)."""
+        key = (item.id, item.fingerprint)
+        found = self._terms.get(key)
+        if found is None:
+            found = self._terms[key] = frequencies(item)
+            if len(self._terms) > TERMS_CACHE:
+                self._terms.popitem(last=False)
+        return found
 
     def rank(
         self,
@@ -217,7 +144,7 @@ class Retriever:
         """Every visible item with some relevance to ``query``, best first (ties: older, then by id)."""
         w = self.weights
         tokens = tokenize(query)
-        lexical = self._index.scores(tokens)
+        lexical = self.words.index.scores(tokens, limit=w.candidates)
         if w.hop > 0 and lexical:
             lexical = self._with_second_hop(tokens, lexical, visible)
         top = max(lexical.values(), default=0.0)
@@ -231,7 +158,6 @@ class Retriever:
             top_sim = max(similarities.values(), default=0.0)
         in_period = time_hint(query, now, tz) if w.time_hint else None
         about_assistant = asks_about_assistant(query)
-        asked = set(tokens)
         found: list[MemoryItem] = []
         for item_id in candidates:
             item = self._store.get(item_id)
@@ -265,10 +191,7 @@ class Retriever:
             }
             if in_period is not None and in_period(item.created_at):
                 parts["time"] = w.time_hint
-            # A question (or the assistant's words) that is mostly the query's own words: asked before.
-            asks = QUESTION_TAG in item.tags or "assistant" in item.tags
-            restates = asks and _restates(asked, self._index.terms(item_id))
-            out.append(ScoredItem(item, sum(parts.values()), relevance, lex, sim, parts, restates))
+            out.append(ScoredItem(item, sum(parts.values()), relevance, lex, sim, parts))
         out.sort(key=lambda s: (-s.score, s.item.created_at, s.item.id))
         return out
 
@@ -278,7 +201,7 @@ class Retriever:
         """The first hop's scores plus a second hop's: BM25 of the terms that mark the first hop's best
         results (the names, places and things they share), so an answer worded differently from the
         question is still found through what surrounds it."""
-        w, index, asked = self.weights, self._index, set(tokens)
+        w, index, asked = self.weights, self.words.index, set(tokens)
         best = []
         for item_id in sorted(first, key=lambda i: (-first[i], i)):
             item = self._store.get(item_id)
@@ -288,13 +211,14 @@ class Retriever:
                     break
         weight: dict[str, float] = {}
         for item_id in best:
-            counts = index.terms(item_id)
+            item = self._store.get(item_id)
+            counts = self._terms_of(item) if item is not None else {}
             length = sum(counts.values()) or 1
             for term, tf in counts.items():
                 if term not in asked and not term.isdigit():
                     weight[term] = weight.get(term, 0.0) + tf / length * index.idf(term)
         terms = sorted(weight, key=lambda t: (-weight[t], t))[: w.hop_terms]
-        second = index.scores(terms) if terms else {}
+        second = index.scores(terms, limit=w.candidates) if terms else {}
         top1, top2 = max(first.values()), max(second.values(), default=0.0)
         if top2 <= 0:
             return first
@@ -331,13 +255,6 @@ def _conversation_scores(
     }
     peak = max(raw.values(), default=0.0)
     return {key: value / peak for key, value in raw.items()} if peak > 0 else {}
-
-
-def _build(items: Sequence[MemoryItem]) -> LexicalIndex:
-    index = LexicalIndex()
-    for item in items:
-        index.upsert(item.id, frequencies(item))
-    return index
 
 
 def message_key(item: MemoryItem) -> tuple[str, str] | None:

@@ -56,9 +56,10 @@ from bot.memory.prompt import (
     today_section,
 )
 from bot.memory.recall import Candidate, Memory, Recaller
-from bot.memory.retrieval import Retriever, ScoredItem, asks_about_assistant, diversify, load_lemmas, tokenize
+from bot.memory.retrieval import Retriever, ScoredItem, asks_about_assistant, diversify
 from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to
 from bot.memory.vectors import VECTORS_DIR, VectorStore
+from bot.memory.words import load_lemmas, tokenize
 from bot.storage import append_bytes, ensure_private_dir, fix_private_tree
 
 log = structlog.get_logger(__name__)
@@ -199,6 +200,10 @@ class MemoryService:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.vectors is not None:
             await self.vectors.close()
+        await self.items.drain()
+        # The next start reads these two instead of parsing and re-tokenizing every item.
+        await self.items.save_snapshot()
+        await self.retriever.save()
         if self._maintain_every is not None:
             try:
                 await self.items.flush_touches()
@@ -251,6 +256,8 @@ class MemoryService:
         promoted = await self.items.promote(now, self.settings.promotion_confidence)
         decayed = await self.items.decay(now, self.settings.decay_days)
         compacted = await self.items.compact()
+        await self.items.save_snapshot()
+        await self.retriever.save()
         return {"promoted": len(promoted), "decayed": decayed, "compacted": compacted}
 
     async def _maintain(self, *, when_due: bool = False) -> None:
@@ -430,6 +437,7 @@ class MemoryService:
             floor=s.recall_floor,
             cost=lambda m: price(m, self.recaller.count, self.tz),
             brief_assistant=not asks_about_assistant(query),
+            restates=lambda item: self.retriever.restates(item, query),
         )
         recall.diagnostics.skipped_shown = skipped
         pack = assemble(recall, hard=hard, count=self._count, tz=self.tz, query=query)

@@ -6,11 +6,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import pytest
+
 from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from bot.memory.lexical import LexicalIndex
-from bot.memory.retrieval import Retriever, ScoredItem, diversify, tokenize
+from bot.memory.retrieval import Retriever, ScoredItem, diversify
 from bot.memory.timehints import time_hint
+from bot.memory.words import tokenize
 
 NOW = datetime(2024, 5, 20, 12, 0, tzinfo=UTC)
 UTCZ = ZoneInfo("UTC")
@@ -85,6 +88,15 @@ def test_bm25_index_updates_in_place_and_scores_only_matching_documents() -> Non
     index.remove("b")
     assert set(index.scores(["coffee"])) == {"a"} and len(index) == 1
     assert all(score > 0 for score in index.scores(["coffee"]).values())  # idf stays positive
+    # Folded into a numpy base, saved and loaded: the same scores, and writes go on on top of it.
+    index.upsert("c", {"coffee": 1, "tea": 1})
+    before = index.scores(["coffee", "tea"])
+    merged = index.merged()
+    assert merged.delta_size == 0 and merged.scores(["coffee", "tea"]) == pytest.approx(before)
+    merged.remove("a")
+    merged.upsert("d", {"tea": 4})
+    assert set(merged.scores(["coffee", "tea"])) == {"c", "d"}
+    assert set(merged.scores(["coffee", "tea"], limit=1)) == {"c", "d"}  # the best of the base, and the delta
 
 
 async def test_question_finds_the_statement_in_other_word_forms(tmp_path: Path) -> None:

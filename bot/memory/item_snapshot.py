@@ -1,0 +1,86 @@
+"""A snapshot of the live items beside their logs: a start reads one file instead of parsing every line.
+
+Parsing 100,000 JSON lines into items took ~5 s at every start. The store writes ``items/snapshot.bin``
+at shutdown and after maintenance: every live item, plus each log file's inode, size and line count at
+that moment. The next load takes the items from it and parses only what was appended to each log since
+(its tail), and any log it does not know whole. A log that was rewritten (compaction), shrank or went
+away makes the snapshot void: everything is read from the logs, as without one. The logs stay the
+record; the snapshot is only a faster way to read them, and deleting it is always safe.
+
+It is a pickle (the fastest way to rebuild 100,000 frozen dataclasses in CPython). It lives in the
+workspace's private ``memory/items/`` folder (0700), which tools cannot write; anyone who can write
+there can already change every memory, so loading it grants nothing new. It is written only after
+checking that every log holds exactly the lines the store knows of, so a line another process appended
+(``membot memory import`` beside the bot) is never hidden behind the snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.memory.items import MemoryItem
+from bot.storage import atomic_write_bytes
+
+SNAPSHOT = "snapshot.bin"
+MAGIC = b"membot items snapshot 1\n"
+
+
+@dataclass(frozen=True, slots=True)
+class LogMark:
+    inode: int
+    size: int
+    lines: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    items: list[MemoryItem]
+    logs: dict[str, LogMark]  # path relative to the items folder -> where the snapshot stopped reading
+
+
+def count_lines(data: bytes) -> int:
+    return sum(1 for raw in data.splitlines() if raw.strip())
+
+
+def write(root: Path, items: Iterable[MemoryItem], lines: Mapping[Path, int]) -> bool:
+    """Save ``items`` with the current marks of the logs in ``lines`` (blocking). ``False``, and nothing
+    written, when a log holds other lines than the store counted (someone else appended)."""
+    logs: dict[str, LogMark] = {}
+    for path, expected in lines.items():
+        try:
+            data = path.read_bytes()
+            st = os.stat(path)
+        except FileNotFoundError:
+            if expected:
+                return False
+            continue
+        if count_lines(data) != expected:
+            return False
+        logs[str(path.relative_to(root))] = LogMark(st.st_ino, len(data), expected)
+    payload = MAGIC + pickle.dumps(Snapshot(list(items), logs), protocol=pickle.HIGHEST_PROTOCOL)
+    atomic_write_bytes(root / SNAPSHOT, payload)
+    return True
+
+
+def read(root: Path) -> Snapshot | None:
+    """The saved snapshot, or ``None`` if there is none or it cannot be used."""
+    try:
+        data = (root / SNAPSHOT).read_bytes()
+    except OSError:
+        return None
+    if not data.startswith(MAGIC):
+        return None
+    try:
+        found = pickle.loads(data[len(MAGIC) :])
+    except Exception:  # damaged or from another version: read the logs instead
+        return None
+    return found if isinstance(found, Snapshot) else None
+
+
+def remove(root: Path) -> None:
+    """Void the snapshot (before a rewrite of the logs it describes)."""
+    (root / SNAPSHOT).unlink(missing_ok=True)
