@@ -9,17 +9,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 import structlog
 
 from bot.config import MemorySettings
-from bot.domain import Message, Role
+from bot.domain import Message, Role, new_id
 from bot.memory.service import Exchange, MemoryService
 from pipeline.base import Turn
 
 log = structlog.get_logger(__name__)
 
 PLAIN_TRIM_KEEP = 10
+META_CONVERSATION = "conversation"  # session.metadata: the id of the conversation going on
+CONVERSATION_GAP = timedelta(hours=3)
 
 
 def safe_cut(messages: Sequence[Message], cut: int) -> int:
@@ -46,6 +49,20 @@ def turn_user_messages(turn: Turn) -> list[Message]:
     return list(messages[start:end])
 
 
+def conversation(turn: Turn, users: Sequence[Message]) -> str:
+    """The conversation this turn belongs to: the one going on, or a new one after ``/new``, on a new
+    session, or when the chat was quiet for ``CONVERSATION_GAP`` (people come back to a new topic).
+    Its id is kept in the session's metadata."""
+    session = turn.session
+    cut = next((i for i, m in enumerate(session.messages) if users and m is users[0]), len(session.messages))
+    earlier = [m for m in session.messages[:cut] if m.role is not Role.SYSTEM]
+    current = session.metadata.get(META_CONVERSATION)
+    quiet = not earlier or turn.now - earlier[-1].timestamp > CONVERSATION_GAP
+    if quiet or not isinstance(current, str) or not current:
+        current = session.metadata[META_CONVERSATION] = new_id()
+    return current
+
+
 class MemoryPersistSystem:
     name = "memory_persist"
     order = 50
@@ -69,9 +86,9 @@ class MemoryPersistSystem:
         )
         if answer is None and turn.reply:
             answer = Message(Role.ASSISTANT, turn.reply, timestamp=turn.clock())
-        sid = turn.session.id
-        exchanges = [Exchange(sid, u, None) for u in users[:-1]]
-        exchanges.append(Exchange(sid, users[-1] if users else None, answer))
+        sid, talk = turn.session.id, conversation(turn, users)
+        exchanges = [Exchange(sid, u, None, conversation=talk) for u in users[:-1]]
+        exchanges.append(Exchange(sid, users[-1] if users else None, answer, conversation=talk))
         await self._memory.record_exchanges(exchanges)
 
     async def _retire(self, turn: Turn) -> None:

@@ -270,7 +270,7 @@ def extract(utterances: Iterable[Utterance], *, source: str = "heuristic") -> li
 
 
 def _with_part(ref: Reference, part: int) -> Reference:
-    return Reference(ref.session_id, ref.message_id, ref.turn, part)
+    return Reference(ref.session_id, ref.message_id, ref.turn, part, ref.conversation)
 
 
 def _item(

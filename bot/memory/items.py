@@ -47,13 +47,15 @@ def promoted_layer(item_type: ItemType) -> Layer | None:
 
 @dataclass(frozen=True, slots=True)
 class Reference:
-    """Where an item came from: a session, one of its messages, (for imports) the turn index, and for a
-    passage of a long message its position, so the message can be put back together in order."""
+    """Where an item came from: a session, one of its messages, (for imports) the turn index, for a
+    passage of a long message its position, so the message can be put back together in order, and the
+    conversation it was said in (``""``: the session is the conversation, as for imports)."""
 
     session_id: str
     message_id: str = ""
     turn: int | None = None
     part: int | None = None
+    conversation: str = ""
 
     @property
     def message_key(self) -> tuple[str, str] | None:
@@ -66,6 +68,8 @@ class Reference:
             data["turn"] = self.turn
         if self.part is not None:
             data["part"] = self.part
+        if self.conversation:
+            data["conversation"] = self.conversation
         return data
 
     @classmethod
@@ -76,6 +80,7 @@ class Reference:
             str(data.get("message_id") or ""),
             int(turn) if turn is not None else None,
             int(part) if part is not None else None,
+            str(data.get("conversation") or ""),
         )
 
 

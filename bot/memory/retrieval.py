@@ -237,8 +237,9 @@ def _restates(asked: set[str], terms: Mapping[str, int]) -> bool:
 
 
 def conversation_of(item: MemoryItem) -> str:
+    """The conversation an item was said in: its own id, else the whole session's."""
     ref = item.references[0] if item.references else None
-    return ref.session_id if ref is not None else ""
+    return (ref.conversation or ref.session_id) if ref is not None else ""
 
 
 def _conversation_scores(

@@ -81,7 +81,8 @@ class Exchange:
     """One answered turn to remember: the user's message and the reply, with where they came from.
 
     ``user_turn`` / ``assistant_turn`` are positions in the source conversation (imports), so that
-    every item can be traced back to its turn.
+    every item can be traced back to its turn; ``conversation`` names the stretch of the chat it belongs
+    to (``""``: the session is one conversation), which retrieval ranks as a unit.
     """
 
     session_id: str
@@ -89,6 +90,7 @@ class Exchange:
     assistant: Message | None
     user_turn: int | None = None
     assistant_turn: int | None = None
+    conversation: str = ""
 
 
 @dataclass(slots=True)
@@ -230,7 +232,7 @@ class MemoryService:
                 note_lines.setdefault(notes.path_for(when.date()), []).append(line)
             for msg, turn in ((ex.user, ex.user_turn), (ex.assistant, ex.assistant_turn)):
                 if msg is not None and msg.content.strip():
-                    ref = Reference(ex.session_id, msg.id, turn)
+                    ref = Reference(ex.session_id, msg.id, turn, conversation=ex.conversation)
                     utterances.append(Utterance(msg.role.value, msg.content, msg.timestamp, ref))
         for path, lines in note_lines.items():
             if replay:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -144,3 +145,28 @@ def test_cut_never_separates_a_tool_call_from_its_results() -> None:
     ]
     assert safe_cut(messages, 3) == 1 and safe_cut(messages, 2) == 1
     assert safe_cut(messages, 4) == 4 and safe_cut(messages, 5) == 5 and safe_cut(messages, 0) == 0
+
+
+async def test_items_name_their_conversation_which_a_new_session_or_a_quiet_gap_ends(tmp_path: Path) -> None:
+    memory = await make_memory(tmp_path, Clock())
+    system = MemoryPersistSystem(memory, memory.settings)
+    session = Session.new("cli", "me")
+
+    def talk(user: str, at: datetime) -> Turn:
+        session.append(Message(Role.USER, user, timestamp=at))
+        turn = Turn(session=session, inbound=(InboundMessage("cli", "me", "me", user),), now=at)
+        turn.add_message(Message(Role.ASSISTANT, f"noted: {user}"))
+        turn.reply = f"noted: {user}"
+        return turn
+
+    def conversation_of(text: str) -> str:
+        return next(i.references[0].conversation for i in memory.items.items() if i.content == text)
+
+    for text, at in [("first about tea", NOW), ("second about tea", NOW + timedelta(minutes=5))]:
+        await system.process(talk(text, at))
+    assert conversation_of("first about tea") == conversation_of("second about tea") != ""
+    await system.process(talk("back after lunch hours later", NOW + timedelta(hours=5)))
+    assert conversation_of("back after lunch hours later") != conversation_of("second about tea")
+    session.replace_messages([])  # what /new leaves
+    await system.process(talk("a fresh start", NOW + timedelta(hours=5, minutes=1)))
+    assert conversation_of("a fresh start") != conversation_of("back after lunch hours later")
