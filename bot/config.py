@@ -134,13 +134,13 @@ class MemorySettings(_Section):
     inject_max_bytes: int = 8192
     recent_days: int = 7
     consolidation_timeout: float = 30.0
-    pack_soft_tokens: int = Field(default=1800, ge=0)
-    pack_hard_tokens: int = Field(default=3500, ge=0)
+    pack_soft_tokens: int = Field(default=2800, ge=0)
+    pack_hard_tokens: int = Field(default=4000, ge=0)
     recall_floor: float = Field(default=0.2, ge=0.0, le=1.0)  # least relevance, as a share of the best match
     max_message_tokens: int = Field(default=900, ge=50)  # a longer message shows only the parts that matched
     promotion_confidence: float = 0.75
     decay_days: int = 30
-    embeddings: Literal["none", "openai", "local"] = "none"
+    embeddings: Literal["none", "openai", "local"] = "local"
     embeddings_base_url: str | None = None
     embeddings_model: str = "text-embedding-3-small"
     embeddings_api_key: SecretStr | None = None

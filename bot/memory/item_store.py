@@ -33,6 +33,7 @@ log = structlog.get_logger(__name__)
 
 DECAY_FACTOR = 0.5
 MIN_SALIENCE = 0.05
+NEIGHBOUR_SPAN = timedelta(hours=6)  # how far apart the turns of one exchange may be
 SUBJECT_TAG = "subject:"  # tags naming what a statement is about (see extract.py)
 
 K = TypeVar("K")
@@ -166,6 +167,34 @@ class ItemStore:
                     found.append(item)
             day += timedelta(days=1)
         return sorted(found, key=lambda i: (i.created_at, i.id))
+
+    def neighbours(
+        self, key: tuple[str, str], *, within: timedelta = NEIGHBOUR_SPAN
+    ) -> list[tuple[str, str]]:
+        """The messages said just before and just after message ``key`` in its conversation (at most
+        one each, within ``within``): the exchange it belongs to."""
+        own = next((i for i in self.passages(key)), None)
+        if own is None:
+            return []
+        ref = next(r for r in own.references if r.message_key == key)
+        at = own.created_at
+        before: tuple[datetime, tuple[str, str]] | None = None
+        after: tuple[datetime, tuple[str, str]] | None = None
+        for item in self.created_between(at - within, at + within):
+            if item.type is not ItemType.EPISODE:
+                continue
+            for other in item.references:
+                near = other.message_key
+                if near is None or near == key or other.session_id != ref.session_id:
+                    continue
+                if other.conversation != ref.conversation:
+                    continue
+                if item.created_at < at or (item.created_at == at and near < key):
+                    if before is None or item.created_at >= before[0]:
+                        before = (item.created_at, near)
+                elif after is None or item.created_at < after[0]:
+                    after = (item.created_at, near)
+        return [found[1] for found in (before, after) if found is not None]
 
     def with_fingerprint(self, fingerprint: str) -> list[MemoryItem]:
         """The live, retrievable items saying exactly this (at most one per layer)."""

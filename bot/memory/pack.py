@@ -61,6 +61,7 @@ class PackDiagnostics:
             "below_floor": r.below_floor,
             "skipped_shown": r.skipped_shown,
             "superseded": r.superseded,
+            "expanded": r.expanded,
             "stop": r.stop,
             "tokens": self.tokens,
             "soft_budget": self.soft_budget,

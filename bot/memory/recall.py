@@ -11,6 +11,8 @@ too long, or else the passages that matched. Then, best first:
   barely relevant filler out;
 - messages already in the active session or shown elsewhere in the prompt are skipped;
 - the soft budget is filled; one more memory may cross it if the hard budget holds;
+- the best few bring the turns around them in their conversation (context expansion: an answer often
+  spans a question and its reply), within the hard budget;
 - statements on a subject that holds one value (where the user lives, their job) are resolved to the
   newest: it is shown as current and older ones as "previously", and an older one that was recalled
   brings the newest along.
@@ -35,6 +37,7 @@ STANDALONE_SOURCES = frozenset({"tool", "consolidation"})
 GAP = "\n[…]\n"
 COUNT_CACHE = 20_000  # texts whose token count is remembered
 WHOLE_FIRST = 3  # this many best memories are never shortened
+EXPAND_FIRST = 3  # this many best memories bring the turns around them
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +54,6 @@ class Candidate:
     @property
     def relevance(self) -> float:
         return self.hits[0].relevance
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,7 @@ class RecallDiagnostics:
     below_floor: int = 0
     skipped_shown: int = 0  # already in the session or elsewhere in the prompt
     superseded: int = 0
+    expanded: int = 0  # turns brought in as the neighbours of the best memories
     tokens: int = 0
     stop: str = "exhausted"
 
@@ -271,9 +274,37 @@ class Recaller:
             used += price
         if diag.stop == "exhausted" and diag.below_floor:
             diag.stop = "floor"
+        used += self._expand(chosen, diag, room=max(0, hard - used), cost=cost)
         chosen = self._resolve_subjects(chosen, diag, room=max(0, hard - used), cost=cost)
         diag.chosen = len(chosen)
         return Recall(chosen, diag)
+
+    def _expand(
+        self, chosen: list[Memory], diag: RecallDiagnostics, *, room: int, cost: Callable[[Memory], int]
+    ) -> int:
+        """Context expansion: the best of the user's memories bring the turns around them (the reply that
+        answers them, the turn before: an answer often spans two turns), while the hard budget allows.
+        Returns the tokens added."""
+        have = {m.key for m in chosen}
+        added = 0
+        for memory in chosen[:EXPAND_FIRST]:
+            if memory.role != "user":  # the user's words lead; a reply brings nothing more along
+                continue
+            for key in self._store.neighbours(memory.key):
+                if key in have:
+                    continue
+                near = self.memory_of(key, score=memory.score * 0.5)
+                if near is None:
+                    continue
+                near = replace(near, relevance=memory.relevance * 0.5)
+                price = cost(near)
+                if added + price > room:
+                    continue
+                have.add(key)
+                chosen.append(near)
+                added += price
+                diag.expanded += 1
+        return added
 
     def _resolve_subjects(
         self, chosen: list[Memory], diag: RecallDiagnostics, *, room: int, cost: Callable[[Memory], int]

@@ -70,6 +70,7 @@ class Weights:
     type: float = 0.06
     recency_half_life_days: float = 30.0
     embedding_share: float = 0.5  # of the relevance signal, when embeddings are on
+    semantic_floor: float = 0.2  # cosine below which meaning counts for nothing (unrelated texts: ~0)
     assistant: float = 0.75  # relevance of what the assistant said, relative to the user's words
     question: float = 0.6  # relevance of a user message that only asked, relative to a statement
     subject: float = 0.6  # relevance a statement on the subject a query names gets at least (of the top)
@@ -154,7 +155,8 @@ class Retriever:
         candidates = set(lexical) | on_subject
         top_sim = 0.0
         if similarities:
-            candidates |= {key for key, value in similarities.items() if value > 0}
+            similarities = {k: v for k, v in similarities.items() if v >= w.semantic_floor}
+            candidates |= set(similarities)
             top_sim = max(similarities.values(), default=0.0)
         in_period = time_hint(query, now, tz) if w.time_hint else None
         about_assistant = asks_about_assistant(query)

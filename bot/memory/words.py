@@ -26,7 +26,6 @@ STOPWORDS = frozenset(
 )
 
 
-
 def stem(token: str) -> str:
     """A deliberately light suffix stripper (plurals, -ing, -ed, final e), so "bikes", "bike" and
     "biking" meet. Both queries and items go through it, so only consistency matters, not grammar."""

@@ -120,8 +120,8 @@ async def test_build_embedder_follows_settings(http: httpx.AsyncClient) -> None:
     from bot.errors import ConfigError
     from bot.memory.embeddings import LocalEmbedder, OnnxEmbedder, build_embedder
 
-    assert build_embedder(MemorySettings(), http) is None
-    assert isinstance(build_embedder(MemorySettings(embeddings="local"), http), OnnxEmbedder)
+    assert build_embedder(MemorySettings(embeddings="none"), http) is None
+    assert isinstance(build_embedder(MemorySettings(), http), OnnxEmbedder)  # the default: local, bundled
     other = MemorySettings(
         embeddings="local", embeddings_local_model="sentence-transformers/all-MiniLM-L6-v2"
     )

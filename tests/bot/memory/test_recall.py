@@ -145,3 +145,18 @@ async def test_pack_never_exceeds_the_hard_budget(contents: list[str], soft: int
         pack = assemble(recall, hard=hard, count=estimate_tokens, tz=UTCZ)
     assert estimate_tokens(pack.text) <= hard
     assert pack.diagnostics.tokens <= hard
+
+
+async def test_the_best_memories_bring_the_turns_around_them(tmp_path: Path) -> None:
+    minute = 1 / 1440
+    said = [
+        ("user", "We finally adopted the greyhound from the shelter.", 5),
+        ("assistant", "Congratulations! They love a short sprint and a long nap.", 5 - minute),
+        ("user", "His name is Bolt and he is four years old.", 5 - 2 * minute),
+        ("user", "Unrelated: the plumber comes on Friday.", 1),
+    ]
+    _, retriever, recaller = await setup(tmp_path, said)
+    shown, pack = pack_text(retriever, recaller, "greyhound adopted shelter")
+    assert "They love a short sprint" in shown  # the reply to it, though it shares no word with the query
+    assert pack.diagnostics.recall.expanded >= 1  # type: ignore[attr-defined]
+    assert "plumber" not in shown
