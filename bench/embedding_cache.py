@@ -9,6 +9,7 @@ measured by ``bench/vectors.py`` and ``bench/memory_e2e.py`` (which does not use
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,16 +18,19 @@ import numpy as np
 
 
 class CachedEmbedder:
-    def __init__(self, inner: Any, path: Path) -> None:
+    def __init__(self, inner: Any, path: Path, *, save_to: Path | None = None) -> None:
+        """Vectors are read from ``path`` and the shards beside it (``<stem>.<pid>.npz``); the ones this
+        process had to compute are saved to its own shard (``save_to``, by default named by pid), so
+        parallel workers never write the same file."""
         self._inner = inner
-        self._path = path
+        self._path = save_to or path.with_name(f"{path.stem}.{os.getpid()}.npz")
         self.model_id = inner.model_id
         self._known: dict[str, np.ndarray] = {}
-        self._new = 0
-        if path.exists():
-            with np.load(path) as data:
+        self._fresh: dict[str, np.ndarray] = {}
+        for file in sorted(path.parent.glob(f"{path.stem}*.npz")):
+            with np.load(file) as data:
                 keys, vectors = data["keys"], data["vectors"]
-                self._known = {str(k): v for k, v in zip(keys, vectors, strict=True)}
+                self._known.update((str(k), v) for k, v in zip(keys, vectors, strict=True))
 
     @staticmethod
     def _key(text: str) -> str:
@@ -38,12 +42,10 @@ class CachedEmbedder:
         if missing:
             fresh = await self._inner.embed([texts[i] for i in missing])
             for i, vector in zip(missing, fresh, strict=True):
-                self._known[keys[i]] = np.asarray(vector, dtype=np.float32)
-            self._new += len(missing)
+                self._known[keys[i]] = self._fresh[keys[i]] = np.asarray(vector, dtype=np.float32)
         return np.stack([self._known[k] for k in keys])
 
     def save(self) -> None:
-        if self._new:
-            keys = np.array(list(self._known), dtype="U32")
-            np.savez(self._path, keys=keys, vectors=np.stack(list(self._known.values())))
-            self._new = 0
+        if self._fresh:
+            keys = np.array(list(self._fresh), dtype="U32")
+            np.savez(self._path, keys=keys, vectors=np.stack(list(self._fresh.values())))

@@ -173,7 +173,11 @@ def locate(turn_text: str, places: list[tuple[str, str]]) -> tuple[str, float]:
 
 
 async def run_question(
-    q: dict[str, Any], counter: TokenCounter, dump: Path | None = None, memory: dict[str, Any] | None = None
+    q: dict[str, Any],
+    counter: TokenCounter,
+    dump: Path | None = None,
+    memory: dict[str, Any] | None = None,
+    embedder: Any = None,
 ) -> dict[str, Any]:
     script = Script()
     fed_ms: list[float] = []
@@ -188,7 +192,7 @@ async def run_question(
                     **({"memory": memory} if memory else {}),
                 },
             )
-            async with build_core(settings) as core:
+            async with build_core(settings, embedder=embedder) as core:
                 channel = BenchChannel(core.dispatcher.submit)
                 core.dispatcher.attach(channel)
 
@@ -248,9 +252,32 @@ async def run_question(
     }
 
 
-def _worker(job: tuple[dict[str, Any], Path | None, dict[str, Any]]) -> dict[str, Any]:
-    q, dump, memory = job
-    return asyncio.run(run_question(q, _worker_counter(), dump, memory))
+def _worker(job: tuple[dict[str, Any], Path | None, dict[str, Any], Path | None]) -> dict[str, Any]:
+    q, dump, memory, cache = job
+    embedder = _worker_embedder(memory, cache)
+    result = asyncio.run(run_question(q, _worker_counter(), dump, memory, embedder))
+    if embedder is not None:
+        embedder.save()
+    return result
+
+
+_EMBEDDER: Any = None
+
+
+def _worker_embedder(memory: dict[str, Any], cache: Path | None) -> Any:
+    """With ``--embedding-cache``, one cached embedder per worker process (it saves its own shard)."""
+    global _EMBEDDER
+    if cache is None or memory.get("embeddings", "local") == "none":
+        return None
+    if _EMBEDDER is None:
+        from bench.embedding_cache import CachedEmbedder
+        from bot.config import MemorySettings
+        from bot.memory.embeddings import build_embedder
+
+        inner = build_embedder(MemorySettings(**memory))
+        shard = cache.with_name(f"{cache.stem}.{os.getpid()}.npz")
+        _EMBEDDER = CachedEmbedder(inner, cache, save_to=shard)
+    return _EMBEDDER
 
 
 _COUNTER: TokenCounter | None = None
@@ -331,6 +358,12 @@ def main() -> None:
         "--dump", type=Path, default=None, help="write each question's prompt to DIR/<id>.txt"
     )
     parser.add_argument(
+        "--embedding-cache",
+        type=Path,
+        default=None,
+        help="remember vectors by text across runs (.npz; same figures, the model's time left out)",
+    )
+    parser.add_argument(
         "--embeddings", choices=["default", "none", "local"], default="default", help="memory.embeddings"
     )
     args = parser.parse_args()
@@ -356,7 +389,7 @@ def main() -> None:
             if args.dump is not None:
                 args.dump.mkdir(parents=True, exist_ok=True)
             memory = {} if args.embeddings == "default" else {"embeddings": args.embeddings}
-            for result in run(_worker, [(q, args.dump, memory) for q in questions]):
+            for result in run(_worker, [(q, args.dump, memory, args.embedding_cache) for q in questions]):
                 results.append(result)
                 if out is not None:
                     out.write(json.dumps({k: v for k, v in result.items() if k != "fed_ms"}) + "\n")

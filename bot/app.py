@@ -35,7 +35,7 @@ from bot.llm import LLMClient
 from bot.logging import configure_logging
 from bot.memory import MemoryService
 from bot.memory import operator as memory_operator
-from bot.memory.embeddings import build_embedder
+from bot.memory.embeddings import Embedder, build_embedder
 from bot.memory.tool import MemoryTool
 from bot.session_commands import SessionCommands
 from bot.sessions import JsonSessionStore, SessionService
@@ -150,12 +150,13 @@ async def build_core(
     *,
     http: httpx.AsyncClient | None = None,
     llm: Any = None,
+    embedder: Embedder | None = None,
     metrics: Metrics | None = None,
 ) -> AsyncIterator[Core]:
     """Build and connect membot's parts; close them in reverse order on exit.
 
-    ``http`` and ``llm`` replace the HTTP client and the model client (benchmarks, embedding apps);
-    ``metrics`` (``membot run``) observes turns.
+    ``http``, ``llm`` and ``embedder`` replace the HTTP client, the model client and the embedding model
+    (benchmarks, embedding apps); ``metrics`` (``membot run``) observes turns.
     """
     catalog = await asyncio.to_thread(load_catalog, settings.models_file)
     check_llm_configured(settings, catalog)
@@ -194,7 +195,7 @@ async def build_core(
             llm=model if settings.memory.enabled else None,
             consolidation_model=settings.memory.consolidation_model,
             count_tokens=counter,
-            embedder=build_embedder(settings.memory, http) if settings.memory.enabled else None,
+            embedder=(embedder or build_embedder(settings.memory, http)) if settings.memory.enabled else None,
             maintain_every=timedelta(days=1),  # promotion, decay and log compaction
         )
         await memory.start()
