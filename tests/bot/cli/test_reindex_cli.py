@@ -69,7 +69,7 @@ def test_reindex_embeds_every_item_once_with_the_bundled_model(tmp_path: Path) -
 
 
 def test_reindex_says_what_to_set_when_embeddings_are_off(tmp_path: Path) -> None:
-    result = membot("memory", "reindex", workspace=tmp_path / "ws")
+    result = membot("memory", "reindex", workspace=tmp_path / "ws", embeddings="none")
     assert (
         result.returncode == 2 and "memory.embeddings" in result.stderr and "Traceback" not in result.stderr
     )
