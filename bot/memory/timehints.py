@@ -1,14 +1,16 @@
-"""Time words in a query ("in March", "last week", "yesterday") as a filter on when items were said.
+"""Time words in a query ("in March", "last May", "two weeks ago", "yesterday") as a preference for
+what was said then.
 
-Memory knows when everything was said, so a question that names a time can prefer what was said
-then. The hint only adds to a score; it never hides an item, because people misremember dates.
+Memory knows when everything was said, and the query's own date is "now", so a question that names a
+time can prefer what was said in that period. The hint only adds to a score; it never hides an item,
+because people misremember dates: "two weeks ago" matches anything from one to three weeks back.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 MONTHS = {
@@ -32,14 +34,35 @@ MONTHS = {
     )
     for name in names
 }
-_MONTH = re.compile(
-    r"\b(?:in|during|since|of|early|late|mid|last)\s+("
-    + "|".join(sorted(MONTHS, key=len, reverse=True))
-    + r")\b",
+_MONTH_NAMES = "|".join(sorted(MONTHS, key=len, reverse=True))
+# "in March", "early May": that month in any year (memory rarely spans several).
+_MONTH = re.compile(r"\b(?:in|during|since|of|early|late|mid|this past)\s+(" + _MONTH_NAMES + r")\b", re.I)
+# "last May": the most recent May before the current month.
+_LAST_MONTH = re.compile(r"\blast\s+(" + _MONTH_NAMES + r")\b", re.I)
+# "on May 3rd", "May 3", "3 May", "the 3rd of May": that day, a day either side.
+_DAY = re.compile(
+    r"\b(?:("
+    + _MONTH_NAMES
+    + r")\.?\s+(\d{1,2})(?:st|nd|rd|th)?|(\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?("
+    + _MONTH_NAMES
+    + r"))\b(?!\s*\d{3})",
+    re.I,
+)
+_NUMBERS = {
+    "a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+    "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "couple of": 2, "a couple of": 2,
+    "few": 3, "a few": 3,
+}  # fmt: skip
+_UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
+# "two weeks ago", "a couple of months ago", "3 days ago".
+_AGO = re.compile(
+    r"\b(\d{1,3}|"
+    + "|".join(sorted(_NUMBERS, key=len, reverse=True))
+    + r")\s+(day|week|month|year)s?\s+ago\b",
     re.I,
 )
 _WINDOWS = (
-    (re.compile(r"\b(today|this morning|tonight)\b", re.I), 1),
+    (re.compile(r"\b(today|this morning|tonight|earlier today)\b", re.I), 1),
     (re.compile(r"\byesterday\b", re.I), 2),
     (re.compile(r"\b(last|past|this) (few )?days?\b", re.I), 4),
     (re.compile(r"\b(last|past|this) week(end)?\b", re.I), 8),
@@ -47,21 +70,64 @@ _WINDOWS = (
     (re.compile(r"\b(last|past|this) month\b", re.I), 32),
     (re.compile(r"\b(last|past) (few|two|three|couple of) months\b", re.I), 95),
 )
+_YEAR = re.compile(r"\b(last|this|past) year\b", re.I)
 
 TimeMatch = Callable[[datetime], bool]
+Span = tuple[datetime, datetime]
 
 
 def time_hint(query: str, now: datetime, tz: ZoneInfo) -> TimeMatch | None:
     """A predicate for "said in the period the query names", or ``None`` when it names none."""
     months = {MONTHS[m.group(1).lower()] for m in _MONTH.finditer(query)}
-    days = next((d for pattern, d in _WINDOWS if pattern.search(query)), None)
-    if not months and days is None:
+    spans = _spans(query, now, tz)
+    if not months and not spans:
         return None
-    since = now - timedelta(days=days) if days is not None else None
 
     def matches(when: datetime) -> bool:
-        if since is not None and since <= when <= now:
-            return True
-        return when.astimezone(tz).month in months
+        return any(start <= when <= end for start, end in spans) or when.astimezone(tz).month in months
 
     return matches
+
+
+def _spans(query: str, now: datetime, tz: ZoneInfo) -> list[Span]:
+    """The periods the query names, each as [start, end] (end never past ``now``)."""
+    spans: list[Span] = []
+    days = next((d for pattern, d in _WINDOWS if pattern.search(query)), None)
+    if days is not None:
+        spans.append((now - timedelta(days=days), now))
+    for m in _AGO.finditer(query):
+        count = m.group(1).lower()
+        back = (int(count) if count.isdigit() else _NUMBERS[count]) * _UNIT_DAYS[m.group(2).lower()]
+        slack = max(1.0, back / 2)  # "two weeks ago" is one to three weeks back
+        spans.append((now - timedelta(days=back + slack), now - timedelta(days=max(0.0, back - slack))))
+    local = now.astimezone(tz)
+    for m in _LAST_MONTH.finditer(query):
+        month = MONTHS[m.group(1).lower()]
+        year = local.year if month < local.month else local.year - 1
+        spans.append(_local_span(date(year, month, 1), _month_end(year, month), tz))
+    for m in _DAY.finditer(query):
+        month = MONTHS[(m.group(1) or m.group(4)).lower()]
+        day = int(m.group(2) or m.group(3))
+        year = local.year if (month, day) <= (local.month, local.day) else local.year - 1
+        try:
+            named = date(year, month, day)
+        except ValueError:  # "February 30": no such day
+            continue
+        spans.append(_local_span(named - timedelta(days=1), named + timedelta(days=1), tz))
+    for m in _YEAR.finditer(query):
+        year = local.year - 1 if m.group(1).lower() == "last" else local.year
+        if m.group(1).lower() == "past":
+            spans.append((now - timedelta(days=366), now))
+        else:
+            spans.append(_local_span(date(year, 1, 1), date(year, 12, 31), tz))
+    return spans
+
+
+def _month_end(year: int, month: int) -> date:
+    return (date(year + month // 12, month % 12 + 1, 1)) - timedelta(days=1)
+
+
+def _local_span(first: date, last: date, tz: ZoneInfo) -> Span:
+    """From the start of ``first`` to the end of ``last`` in the user's time zone."""
+    start = datetime(first.year, first.month, first.day, tzinfo=tz)
+    return start, datetime(last.year, last.month, last.day, tzinfo=tz) + timedelta(days=1, microseconds=-1)

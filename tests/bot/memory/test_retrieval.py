@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -169,6 +170,31 @@ async def test_time_words_prefer_items_from_that_period(tmp_path: Path) -> None:
     hint = time_hint("what did we do last week", NOW, UTCZ)
     assert hint is not None and hint(NOW - timedelta(days=3)) and not hint(NOW - timedelta(days=30))
     assert time_hint("what is my name", NOW, UTCZ) is None
+
+
+def test_time_words_name_periods_relative_to_the_querys_own_date() -> None:
+    now = datetime(2023, 5, 20, 12, tzinfo=UTC)
+
+    def hint(query: str) -> Callable[[datetime], bool]:
+        found = time_hint(query, now, UTCZ)
+        assert found is not None, query
+        return found
+
+    def on(day: str) -> datetime:
+        return datetime.fromisoformat(day).replace(tzinfo=UTC)
+
+    two_weeks = hint("what did I buy two weeks ago?")  # one to three weeks back
+    assert two_weeks(on("2023-05-06")) and two_weeks(on("2023-05-12"))
+    assert not two_weeks(on("2023-05-18")) and not two_weeks(on("2023-04-20"))
+    assert hint("a couple of months ago")(on("2023-03-20")) and not hint("3 days ago")(on("2023-05-10"))
+    last_may = hint("where was I last May?")  # the most recent May before this one, not every May
+    assert last_may(on("2022-05-15")) and not last_may(on("2023-05-02")) and not last_may(on("2021-05-15"))
+    third = hint("what happened on March 3rd?")  # the day, one either side
+    assert third(on("2023-03-03")) and third(on("2023-03-04")) and not third(on("2023-03-10"))
+    assert hint("the 14th of February")(on("2023-02-14"))
+    assert hint("my trip last year")(on("2022-08-01")) and not hint("my trip last year")(on("2023-01-05"))
+    assert time_hint("I may 2x the dose in 2023", now, UTCZ) is None
+    assert time_hint("February 30th", now, UTCZ) is None  # no such day: no hint, no crash
 
 
 async def test_one_result_per_source_message(tmp_path: Path) -> None:
