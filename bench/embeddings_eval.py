@@ -27,22 +27,31 @@ import argparse
 import resource
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rank_bm25 import BM25Okapi
 
 from bot.memory.importer import read_json
-from bot.memory.retrieval import tokenize
+from bot.memory.lexical import LexicalIndex
+from bot.memory.words import tokenize
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "bench" / "longmemeval_s_100.json.gz"
 RRF_K = 60
 SHORT = "I finally bought the road bike I told you about, can you suggest a first weekend ride?"
 THROUGHPUT_TEXTS = 256
 LONG = " ".join([SHORT, "It has carbon wheels and a compact crankset, and I live near the hills."] * 8)
+
+def bm25_scores(texts: Sequence[str], query: str) -> np.ndarray:
+    """membot's own BM25 (the scorer memory retrieval uses) over ``texts``, one score per text."""
+    index = LexicalIndex()
+    for i, text in enumerate(texts):
+        index.upsert(str(i), Counter(tokenize(text)))
+    found = index.scores(tokenize(query))
+    return np.array([found.get(str(i), 0.0) for i in range(len(texts))])
+
 
 Encode = Callable[[Sequence[str], bool], np.ndarray]  # (texts, is_query) -> unit rows
 
@@ -196,7 +205,7 @@ def main() -> None:
             continue
         kind = str(q.get("question_type") or "unknown")
         query = str(q["question"])
-        bm25 = BM25Okapi([tokenize(t) or ["\u2205"] for t in texts]).get_scores(tokenize(query))
+        bm25 = bm25_scores(texts, query)
         scorers = {"bm25": bm25}
         if encode is not None:
             missing = list(dict.fromkeys(t for t in texts if t not in cache))

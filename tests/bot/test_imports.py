@@ -21,10 +21,9 @@ HEAVY = (
     "aiohttp",  # the ops endpoints and the Telegram webhook
     "discord",
     "httpx",
-    "numpy",  # under rank_bm25 (memory retrieval)
+    "numpy",  # the lexical index and vectors (memory retrieval)
     "prometheus_client",  # /metrics
     "pydantic",  # settings
-    "rank_bm25",
     "simplemma",
     "structlog",
     "telegram",
