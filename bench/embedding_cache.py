@@ -1,9 +1,11 @@
-"""A bench-only embedder wrapper that remembers vectors by text across runs (``--embedding-cache FILE``).
+"""A bench-only embedder wrapper that remembers vectors by text, within a run and across runs
+(``--embedding-cache FILE``).
 
-The recall benches embed the same ~50,000 turns every run: the model's answer for a text never changes,
-so a run after the first reads them from ``FILE`` (a numpy ``.npz``) and measures retrieval, not an
-hour of model time. Figures are identical to embedding every time; the model's cost per message is
-measured by ``bench/vectors.py`` and ``bench/memory_e2e.py`` (which does not use this cache).
+The recall benches embed the same turns again and again: LongMemEval's haystacks share most of their
+sessions, and every run repeats the last one. The model's answer for a text never changes, so a text
+is embedded once per run (once ever with ``FILE``, a numpy ``.npz``) and the benches measure memory,
+not an hour of model time. Figures are identical to embedding every time; the model's own cost per
+message is measured by ``bench/embeddings_eval.py`` and ``bench/vectors.py``.
 """
 
 from __future__ import annotations
@@ -18,16 +20,16 @@ import numpy as np
 
 
 class CachedEmbedder:
-    def __init__(self, inner: Any, path: Path, *, save_to: Path | None = None) -> None:
+    def __init__(self, inner: Any, path: Path | None, *, save_to: Path | None = None) -> None:
         """Vectors are read from ``path`` and the shards beside it (``<stem>.<pid>.npz``); the ones this
         process had to compute are saved to its own shard (``save_to``, by default named by pid), so
-        parallel workers never write the same file."""
+        parallel workers never write the same file. Without ``path`` they live only in this process."""
         self._inner = inner
-        self._path = save_to or path.with_name(f"{path.stem}.{os.getpid()}.npz")
+        self._path = save_to or (path.with_name(f"{path.stem}.{os.getpid()}.npz") if path else None)
         self.model_id = inner.model_id
         self._known: dict[str, np.ndarray] = {}
         self._fresh: dict[str, np.ndarray] = {}
-        for file in sorted(path.parent.glob(f"{path.stem}*.npz")):
+        for file in sorted(path.parent.glob(f"{path.stem}*.npz")) if path else ():
             with np.load(file) as data:
                 keys, vectors = data["keys"], data["vectors"]
                 self._known.update((str(k), v) for k, v in zip(keys, vectors, strict=True))
@@ -46,6 +48,6 @@ class CachedEmbedder:
         return np.stack([self._known[k] for k in keys])
 
     def save(self) -> None:
-        if self._fresh:
+        if self._fresh and self._path is not None:
             keys = np.array(list(self._fresh), dtype="U32")
             np.savez(self._path, keys=keys, vectors=np.stack(list(self._fresh.values())))

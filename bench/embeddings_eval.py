@@ -44,6 +44,7 @@ SHORT = "I finally bought the road bike I told you about, can you suggest a firs
 THROUGHPUT_TEXTS = 256
 LONG = " ".join([SHORT, "It has carbon wheels and a compact crankset, and I live near the hills."] * 8)
 
+
 def bm25_scores(texts: Sequence[str], query: str) -> np.ndarray:
     """membot's own BM25 (the scorer memory retrieval uses) over ``texts``, one score per text."""
     index = LexicalIndex()
