@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -55,6 +56,8 @@ META_RATIO = "token_ratio"  # session.metadata: calibrated real/estimated ratio 
 MIN_CALIBRATION_TOKENS = 1000  # below this, fixed overhead (tool schemas) would dominate the ratio
 RATIO_BOUNDS = (0.5, 3.0)
 RATIO_WEIGHT = 0.3  # how fast the ratio follows new observations (exponential moving average)
+LONG_TEXT = 1024  # characters from which a text's count is remembered (prompts, packs, tool schemas)
+LONG_TEXTS_REMEMBERED = 512  # distinct long texts remembered: a few per chat in flight
 
 # Priors before any usage is seen: tokens of the model per basis token.
 _PRIOR = {"exact": 1.0, "openai": 1.0, "anthropic": 1.15, "local": 1.1}
@@ -170,6 +173,10 @@ class TokenCounter:
         self.exact = exact and encoding is not None
         self.prior = 1.0 if self.exact else prior
         self._tallies: dict[str, _Tally] = {}
+        # A turn counts the same system prompt (memory pack included) several times: when it is built,
+        # when the request is checked against the window and after the answer. Long texts are counted
+        # once; lru_cache is thread-safe, and a string caches its own hash.
+        self._count_long = functools.lru_cache(maxsize=LONG_TEXTS_REMEMBERED)(self._encode_len)
 
     @classmethod
     def offline(cls, cache_dir: Path, *, model: str, provider: str) -> TokenCounter:
@@ -210,9 +217,13 @@ class TokenCounter:
         if not text:
             return 0
         if self._encoding is not None:
-            return len(self._encoding.encode_ordinary(text))
+            return self._count_long(text) if len(text) >= LONG_TEXT else self._encode_len(text)
         ascii_chars = sum(1 for ch in text if ord(ch) < 128)
         return (ascii_chars + 3) // 4 + (len(text) - ascii_chars)  # non-Latin scripts: ~1 token a char
+
+    def _encode_len(self, text: str) -> int:
+        assert self._encoding is not None
+        return len(self._encoding.encode_ordinary(text))
 
     def __call__(self, text: str) -> int:
         """Calibration-free count, so the counter can be passed where a ``(str) -> int`` is expected."""

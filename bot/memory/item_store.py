@@ -17,7 +17,7 @@ import functools
 import json
 import os
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -59,6 +59,8 @@ class ItemStore:
         self._by_message: dict[tuple[str, str], set[str]] = defaultdict(set)
         self._by_subject: dict[str, set[str]] = defaultdict(set)
         self._by_day: dict[date, set[str]] = defaultdict(set)  # UTC day of creation
+        # The same per chat, so a turn's neighbours are found among its own chat's items, not everyone's.
+        self._by_session_day: dict[tuple[str, date], set[str]] = defaultdict(set)
         self._listeners: list[ChangeListener] = []
         self._writer = GroupWriter()
         self.generation = 0  # bumped on every change
@@ -81,6 +83,7 @@ class ItemStore:
         self._by_message.clear()
         self._by_subject.clear()
         self._by_day.clear()
+        self._by_session_day.clear()
         for item in self._items.values():
             self._index(item, add=True)
         self._lines = defaultdict(int, lines)
@@ -156,17 +159,32 @@ class ItemStore:
         parts.sort(key=lambda p: (p[0], p[1].created_at, p[1].id))
         return [item for _, item in parts]
 
-    def created_between(self, start: datetime, end: datetime) -> list[MemoryItem]:
-        """Live, retrievable items created in ``[start, end)``, oldest first (today's, this week's)."""
-        found: list[MemoryItem] = []
-        day = start.astimezone(UTC).date()
-        while day <= end.astimezone(UTC).date():
-            for item_id in self._by_day.get(day, ()):
-                item = self._items.get(item_id)
-                if item is not None and retrievable(item) and start <= item.created_at < end:
-                    found.append(item)
-            day += timedelta(days=1)
-        return sorted(found, key=lambda i: (i.created_at, i.id))
+    def created_between(
+        self, start: datetime, end: datetime, *, session_id: str | None = None
+    ) -> list[MemoryItem]:
+        """Live, retrievable items created in ``[start, end)``, oldest first (today's, this week's);
+        with ``session_id``, only those said in that chat."""
+        return list(reversed(list(self.newest_between(start, end, session_id=session_id))))
+
+    def newest_between(
+        self, start: datetime, end: datetime, *, session_id: str | None = None
+    ) -> Iterator[MemoryItem]:
+        """Like :meth:`created_between`, newest first and lazily: a caller that needs only the last few
+        (today's notes in a busy workspace) sorts one day's items, not all of them."""
+        day = (end - timedelta(microseconds=1)).astimezone(UTC).date()
+        first = start.astimezone(UTC).date()
+        while day >= first:
+            ids = (
+                self._by_day.get(day, ())
+                if session_id is None
+                else self._by_session_day.get((session_id, day), ())
+            )
+            found = [self._items[i] for i in ids if i in self._items]
+            found.sort(key=lambda i: (i.created_at, i.id), reverse=True)
+            for item in found:
+                if retrievable(item) and start <= item.created_at < end:
+                    yield item
+            day -= timedelta(days=1)
 
     def neighbours(
         self, key: tuple[str, str], *, within: timedelta = NEIGHBOUR_SPAN
@@ -180,7 +198,7 @@ class ItemStore:
         at = own.created_at
         before: tuple[datetime, tuple[str, str]] | None = None
         after: tuple[datetime, tuple[str, str]] | None = None
-        for item in self.created_between(at - within, at + within):
+        for item in self.created_between(at - within, at + within, session_id=ref.session_id):
             if item.type is not ItemType.EPISODE:
                 continue
             for other in item.references:
@@ -287,7 +305,10 @@ class ItemStore:
                 listener(before, after)
 
     def _index(self, item: MemoryItem, *, add: bool) -> None:
-        _file(self._by_day, item.created_at.astimezone(UTC).date(), item.id, add=add)
+        day = item.created_at.astimezone(UTC).date()
+        _file(self._by_day, day, item.id, add=add)
+        for session_id in {ref.session_id for ref in item.references}:
+            _file(self._by_session_day, (session_id, day), item.id, add=add)
         for ref in item.references:
             if ref.message_key is not None:
                 _file(self._by_message, ref.message_key, item.id, add=add)

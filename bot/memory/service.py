@@ -19,7 +19,7 @@ import asyncio
 import functools
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -55,7 +55,7 @@ from bot.memory.prompt import (
     render_memory,
     today_section,
 )
-from bot.memory.recall import Candidate, Memory, Recaller
+from bot.memory.recall import Candidate, Memory, Recaller, key_of
 from bot.memory.retrieval import Retriever, ScoredItem, asks_about_assistant, diversify
 from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to
 from bot.memory.vectors import VECTORS_DIR, VectorStore
@@ -451,22 +451,30 @@ class MemoryService:
 
     def _said_between(
         self, start: datetime, end: datetime, session_id: str, skip: set[MessageKey]
-    ) -> list[Candidate]:
-        """What was said in ``[start, end)`` that the prompt does not show yet, one candidate per message."""
-        items = [
-            i
-            for i in self.items.created_between(start, end)
-            if i.source not in ("tool", "consolidation") and self.visible(i, session_id)
-        ]
-        candidates, _ = self.recaller.gather((ScoredItem(i, 0.0, 0.0) for i in items), skip=skip)
-        return candidates
+    ) -> Iterator[Candidate]:
+        """What was said in ``[start, end)`` that the prompt does not show yet, one candidate per
+        message, newest first and lazily: notes need the last few, however busy the day was."""
+        pending: dict[MessageKey, list[ScoredItem]] = {}
+        at: datetime | None = None
+        own = session_id if self.chat_scope and session_id else None  # chat scope: only this chat's
+        for item in self.items.newest_between(start, end, session_id=own):
+            if item.source in ("tool", "consolidation") or not self.visible(item, session_id):
+                continue
+            if at is not None and item.created_at < at:  # every item of a message shares its time
+                yield from (Candidate(key, tuple(hits)) for key, hits in pending.items())
+                pending.clear()
+            at = item.created_at
+            key = key_of(item)
+            if key not in skip:
+                pending.setdefault(key, []).append(ScoredItem(item, 0.0, 0.0))
+        yield from (Candidate(key, tuple(hits)) for key, hits in pending.items())
 
-    def _fit_notes(self, candidates: Sequence[Candidate], budget: int) -> list[Memory]:
+    def _fit_notes(self, newest_first: Iterable[Candidate], budget: int) -> list[Memory]:
         """The newest informative messages (not "thanks!") whose note lines fit ``budget`` tokens,
         oldest first."""
         chosen: list[Memory] = []
         used = 0
-        for candidate in reversed(candidates):  # newest first
+        for candidate in newest_first:
             memory = self.recaller.realize(candidate)
             if not informative(memory.text):
                 continue
@@ -517,7 +525,8 @@ class MemoryService:
             if chat is not None
             else ""
         )
-        left -= sum(self._count(t) + 2 for t in (head, long_term, chat_text) if t) + self._count("# Memory")
+        fixed = sum(self._count(t) + 2 for t in (head, long_term, chat_text) if t) + self._count("# Memory")
+        left -= fixed
         notes_cap = max(0, min(s.notes_max_tokens, left // 4))
         skip = {(session_id, mid) for mid in shown}
         pack = MemoryPack("", [], PackDiagnostics())
@@ -554,7 +563,9 @@ class MemoryService:
             "session_id": session_id,
             "memory_md_bytes": len(snap.text.encode("utf-8")),
             "scope": s.scope,
-            "memory_tokens": self._count(text) if text else 0,
+            # The sum of the parts' counts (each part was counted to fit it): counting the whole section
+            # again would cost a tokenizer pass over ~4,000 tokens every turn for a log field.
+            "memory_tokens": self._parts_tokens(fixed, pack, today_lines, recent) if text else 0,
             "budget": budget,
             "today_notes": len(today_lines),
             "pack": pack.diagnostics.to_dict(),
@@ -564,6 +575,15 @@ class MemoryService:
         if session_id and query.strip():
             self._remember_recall(session_id, diagnostics)
         return MemoryContext(text, pack, diagnostics)
+
+    def _parts_tokens(
+        self, fixed: int, pack: MemoryPack, today: Sequence[str], recent: Sequence[tuple[date, list[str]]]
+    ) -> int:
+        lines = [*today, *(line for _, day in recent for line in day)]
+        sections = 8 * (bool(today) + len(recent))  # headings
+        return (
+            fixed + pack.diagnostics.tokens + sum(self.recaller.count(line) + 1 for line in lines) + sections
+        )
 
     def default_budget(self) -> int:
         """The memory section's tokens when no window constrains it: the configured caps added up."""
