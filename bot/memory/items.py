@@ -86,6 +86,10 @@ class Reference:
 
 _SPACE = re.compile(r"\s+")
 REPEAT_BONUS = 0.1
+# An item said again and again ("ok, thanks!") keeps its first references and its newest, not all: each
+# repeat rewrites the item, so an unbounded list would make every write cost more than the last.
+REFERENCES_KEPT = 24
+FIRST_REFERENCES_KEPT = 4
 
 
 def normalize(text: str) -> str:
@@ -137,7 +141,7 @@ class MemoryItem:
         confidence = max(self.confidence, other.confidence) + (REPEAT_BONUS if new_refs else 0.0)
         return replace(
             self,
-            references=self.references + new_refs,
+            references=_bounded(self.references + new_refs),
             tags=tags,
             confidence=min(1.0, confidence),
             salience=min(1.0, max(self.salience, other.salience) + 0.05),
@@ -196,3 +200,9 @@ def _utc(text: str) -> datetime:
 def make_title(content: str, limit: int = 60) -> str:
     flat = _SPACE.sub(" ", content).strip()
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def _bounded(references: tuple[Reference, ...]) -> tuple[Reference, ...]:
+    if len(references) <= REFERENCES_KEPT:
+        return references
+    return references[:FIRST_REFERENCES_KEPT] + references[FIRST_REFERENCES_KEPT - REFERENCES_KEPT :]

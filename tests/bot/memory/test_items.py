@@ -49,6 +49,22 @@ def _fields(i: MemoryItem) -> dict[str, object]:
     return {f: getattr(i, f) for f in MemoryItem.__dataclass_fields__ if f not in ("id", "fingerprint")}
 
 
+async def test_a_message_said_again_and_again_keeps_a_bounded_list_of_where_it_was_said(
+    tmp_path: Path, clock: Clock
+) -> None:
+    store = ItemStore(tmp_path)
+    await store.load()
+    for n in range(200):  # "ok, thanks!" in 200 chats: each repeat rewrites the item
+        said = item(clock, "ok thanks a lot")
+        await store.add(MemoryItem(**{**_fields(said), "references": (Reference(f"tg:{n}", "m"),)}))
+    await store.load()  # what is on disk agrees
+    (only,) = [i for i in store.created_between(clock.now - timedelta(days=1), clock.now + timedelta(days=1))]
+    chats = [r.session_id for r in only.references]
+    assert len(chats) == 24 and chats[0] == "tg:0" and chats[-1] == "tg:199"
+    line = max((tmp_path / "episodic").glob("*.jsonl")).read_text().splitlines()[-1]
+    assert len(line) < 4000  # the 200th write is as small as the 24th
+
+
 async def test_items_survive_reload_with_last_version_winning(tmp_path: Path, clock: Clock) -> None:
     store = ItemStore(tmp_path)
     await store.load()
