@@ -12,8 +12,10 @@ over-estimate), and if token counts still do not add up the lowest-ranked memory
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from bot.memory.recall import Memory, Recall, RecallDiagnostics
@@ -94,7 +96,13 @@ def speaker(memory: Memory) -> str:
 
 
 def day_heading(memory: Memory, tz: ZoneInfo) -> str:
-    return f"#### {memory.when.astimezone(tz):%Y-%m-%d (%a)}"
+    return _day_heading(memory.when, tz)
+
+
+@functools.lru_cache(maxsize=4096)
+def _day_heading(when: datetime, tz: ZoneInfo) -> str:
+    """Remembered: every candidate of every turn is priced with its heading, and strftime is slow."""
+    return f"#### {when.astimezone(tz):%Y-%m-%d (%a)}"
 
 
 def memory_line(memory: Memory, tz: ZoneInfo) -> str:

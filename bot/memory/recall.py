@@ -326,13 +326,15 @@ class Recaller:
                     chosen.append(current)
         out: list[Memory] = []
         absorbed: set[MessageKey] = set()
+        on_subject = [m for m in chosen if m.subjects]
         for memory in sorted(chosen, key=lambda m: (m.when, m.key), reverse=True):  # newest first
             if memory.key in absorbed:
                 continue
+            subjects = set(memory.subjects)
             older = [
-                m for m in chosen
-                if m.key != memory.key and m.key not in absorbed and m.when < memory.when
-                and set(m.subjects) & set(memory.subjects)
+                m for m in on_subject
+                if subjects and m.key != memory.key and m.key not in absorbed and m.when < memory.when
+                and not subjects.isdisjoint(m.subjects)
             ]  # fmt: skip
             if older:
                 older.sort(key=lambda m: (m.when, m.key), reverse=True)
