@@ -1,6 +1,6 @@
 """Delivering replies to Telegram: chunks, fallbacks, retries, pacing, typing and streaming.
 
-A reply is rendered into HTML chunks (:mod:`channels.telegram_format`) and sent one by one:
+A reply is rendered into HTML chunks (:mod:`channels.telegram.format`) and sent one by one:
 
 * a chunk Telegram cannot parse ("can't parse entities") is sent again as plain text; one it finds
   too long (our count and Telegram's disagreeing) is halved and sent as plain text;
@@ -29,7 +29,7 @@ from bot.domain import OutboundMessage
 from bot.errors import ChannelError
 from channels.base import PartialSink, while_running
 from channels.chunking import split_message, utf16_len
-from channels.telegram_format import RenderedChunk, render_chunks
+from channels.telegram.format import RenderedChunk, render_chunks
 
 log = structlog.get_logger(__name__)
 
