@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from channels.telegram_journal import JOURNAL_FILE, UpdateJournal
+from channels.telegram.journal import JOURNAL_FILE, UpdateJournal
 
 
 def update(update_id: int) -> dict[str, Any]:

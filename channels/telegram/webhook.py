@@ -2,7 +2,7 @@
 
 PTB's own webhook server (tornado) answers Telegram before the update is processed, so a crash right
 after would lose the message. Here the handler awaits the channel's ``accept`` (which returns once the
-update is in the channel's journal on disk, see :mod:`channels.telegram_journal`) and only then answers
+update is in the channel's journal on disk, see :mod:`channels.telegram.journal`) and only then answers
 200. When it could not be stored (a full disk, or the journal is full) the answer is 503, and on any
 other failure 500: Telegram then delivers the update again. Every request must carry the secret token
 set with setWebhook.

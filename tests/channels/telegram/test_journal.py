@@ -1,4 +1,4 @@
-"""The Telegram update journal on its own: durable, bounded, deduplicating (channels/telegram_journal.py)."""
+"""The Telegram update journal on its own: durable, bounded, deduplicating (channels/telegram/journal.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from bot.errors import StorageError
 from channels.outage import StorageOutage
-from channels.telegram_journal import JOURNAL_FILE, UpdateJournal
-from tests.channels.telegram_kit import break_folder
+from channels.telegram.journal import JOURNAL_FILE, UpdateJournal
+from tests.channels.telegram.kit import break_folder
 
 
 def update(update_id: int, text: str = "hi") -> dict[str, Any]:

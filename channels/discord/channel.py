@@ -2,8 +2,8 @@
 
 Each Discord channel id is a conversation (``discord:<channel_id>``; a DM, a guild channel and every
 thread are separate sessions). The library keeps the gateway alive (heartbeats, RESUME after drops,
-429 retries); this adapter decides who is heard (:mod:`channels.discord_inbound`), hands messages to
-the dispatcher in arrival order, answers slash commands (:mod:`channels.discord_commands`) and
+429 retries); this adapter decides who is heard (:mod:`channels.discord.inbound`), hands messages to
+the dispatcher in arrival order, answers slash commands (:mod:`channels.discord.commands`) and
 delivers replies in chunks under Discord's 2000-character limit without losing one silently.
 
 Discord never delivers a message again (a RESUME replays only events the client had not received, so
@@ -41,9 +41,9 @@ from bot.domain import InboundMessage, OutboundMessage
 from bot.errors import ChannelError, ConfigError
 from bot.pairing import PairingStore
 from channels.base import Channel, InboundSink, PartialSink
-from channels.discord_commands import interaction_text, sync_commands
-from channels.discord_inbound import DiscordAccess, Place, addresses_bot, read_attachments, readable_text
-from channels.discord_outbound import DiscordOutbox, describe
+from channels.discord.commands import interaction_text, sync_commands
+from channels.discord.inbound import DiscordAccess, Place, addresses_bot, read_attachments, readable_text
+from channels.discord.outbound import DiscordOutbox, describe
 from channels.outage import StorageOutage, is_storage_error
 
 log = structlog.get_logger(__name__)

@@ -1,6 +1,6 @@
 """Delivering replies to Telegram: chunks, fallbacks, retries, pacing, typing and streaming.
 
-A reply is rendered into HTML chunks (:mod:`channels.telegram_format`) and sent one by one:
+A reply is rendered into HTML chunks (:mod:`channels.telegram.format`) and sent one by one:
 
 * a chunk Telegram cannot parse ("can't parse entities") is sent again as plain text; one it finds
   too long (our count and Telegram's disagreeing) is halved and sent as plain text;
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
@@ -29,7 +28,8 @@ from bot.domain import OutboundMessage
 from bot.errors import ChannelError
 from channels.base import PartialSink, while_running
 from channels.chunking import split_message, utf16_len
-from channels.telegram_format import RenderedChunk, render_chunks
+from channels.streaming import StreamedMessage
+from channels.telegram.format import RenderedChunk, render_chunks
 
 log = structlog.get_logger(__name__)
 
@@ -40,15 +40,6 @@ def parse_chat(chat_id: str) -> tuple[int, int | None]:
     """``"<chat>"`` or ``"<chat>:<topic>"`` (the channel's chat ids) back to Telegram's ids."""
     chat, _, thread = chat_id.partition(":")
     return int(chat), int(thread) if thread else None
-
-
-@dataclass(slots=True)
-class _Stream:
-    """The message a streamed reply is being written into."""
-
-    message_id: int | None = None
-    shown: str = ""
-    last_edit: float = 0.0
 
 
 class ChatPacer:
@@ -95,7 +86,7 @@ class TelegramOutbox:
         self._stream_interval = stream_interval
         self._pacer = pacer
         self._monotonic = monotonic
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, StreamedMessage[int, RenderedChunk]] = {}
 
     async def send(self, message: OutboundMessage) -> None:
         """Deliver a whole reply; raises ChannelError (after logging it) if part of it could not go out."""
@@ -107,8 +98,8 @@ class TelegramOutbox:
         stream = self._streams.pop(message.chat_id, None)
         try:
             for index, chunk in enumerate(chunks):
-                if index == 0 and stream is not None and stream.message_id is not None:
-                    await self._edit(chat, stream.message_id, chunk, stream.shown)
+                if index == 0 and stream is not None and stream.message is not None:
+                    await self._edit(chat, stream.message, chunk, stream.shown)
                 else:
                     await self.deliver(chat, thread, chunk, reply_to if index == 0 else None)
         except TelegramError as exc:
@@ -218,27 +209,33 @@ class TelegramOutbox:
 
     def stream(self, chat_id: str) -> PartialSink:
         """A sink that writes the partial reply into one message, edited at most every interval."""
-        stream = self._streams[chat_id] = _Stream()
         chat, thread = parse_chat(chat_id)
 
-        async def show(text_so_far: str) -> None:
-            now = self._monotonic()
-            if stream.message_id is not None and now - stream.last_edit < self._stream_interval:
-                return  # throttled: the final reply edits the message anyway
+        def first_chunk(text_so_far: str) -> RenderedChunk | None:
             chunks = render_chunks(text_so_far)
-            if not chunks:
-                return
-            stream.last_edit = now
-            try:
-                if stream.message_id is None:
-                    stream.message_id = await self.deliver(chat, thread, chunks[0], None)
-                else:
-                    await self._edit(chat, stream.message_id, chunks[0], stream.shown)
-                stream.shown = chunks[0].html or chunks[0].plain
-            except TelegramError as exc:  # streaming is best effort; the final reply still goes out
-                log.warning("telegram_stream_failed", chat_id=chat_id, error=str(exc))
+            return chunks[0] if chunks else None
 
-        return show
+        async def post(chunk: RenderedChunk) -> int:
+            return await self.deliver(chat, thread, chunk, None)
+
+        async def edit(message_id: int, chunk: RenderedChunk) -> None:
+            await self._edit(chat, message_id, chunk, stream.shown)
+
+        def failed(exc: Exception) -> None:  # the final reply still goes out (edited in or sent anew)
+            log.warning("telegram_stream_failed", chat_id=chat_id, error=str(exc))
+
+        stream = self._streams[chat_id] = StreamedMessage(
+            render=first_chunk,
+            shown_as=lambda chunk: chunk.html or chunk.plain,
+            post=post,
+            edit=edit,
+            interval=self._stream_interval,
+            clock=self._monotonic,
+            errors=(TelegramError,),
+            on_error=failed,
+            keep_trying=True,  # the next partial tries again; the final reply still edits this message
+        )
+        return stream.show
 
 
 def _is_parse_error(exc: BadRequest) -> bool:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from bot.config import DiscordSettings
-from channels.discord_commands import command_payload
-from channels.discord_inbound import DiscordAccess, Place
+from channels.discord.commands import command_payload
+from channels.discord.inbound import DiscordAccess, Place
 
 DM = Place("10")
 GENERAL = Place("20", guild_id="1")

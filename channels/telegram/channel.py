@@ -1,25 +1,25 @@
 """The Telegram channel: python-telegram-bot (PTB) driven by hand, next to the rest of membot's loop.
 
 Start-up follows PTB's advice for sharing a loop: ``initialize`` → ``start``, then our own long polling
-(:mod:`channels.telegram_polling`) or our own webhook endpoint (:mod:`channels.telegram_webhook`);
+(:mod:`channels.telegram.polling`) or our own webhook endpoint (:mod:`channels.telegram.webhook`);
 ``stop`` runs the same steps in reverse. PTB's ``Updater`` and ``run_polling`` are not used: the
 ``Updater`` confirms updates as soon as it fetches them. A message takes this path:
 
-0. It is stored in the channel's update journal (:mod:`channels.telegram_journal`) and only then
+0. It is stored in the channel's update journal (:mod:`channels.telegram.journal`) and only then
    confirmed to Telegram; an update the journal already has (a redelivery) stops here.
 1. Only new messages count: edits, channel posts and messages from bots are ignored.
 2. Access, deny by default: private chats need an allowlisted or paired user (strangers get a pairing
    code); groups must be allowlisted and, unless configured otherwise, mention or reply to the bot.
 3. The bot's mention is cut out, ``/cmd@ThisBot`` becomes ``/cmd`` (``/cmd@OtherBot`` is ignored);
-   photos and documents are fetched (:mod:`channels.telegram_media`).
-4. Messages a client split from one paste are joined (:class:`~channels.telegram_intake.PasteJoiner`)
+   photos and documents are fetched (:mod:`channels.telegram.media`).
+4. Messages a client split from one paste are joined (:class:`~channels.telegram.inbound.PasteJoiner`)
    and handed to the dispatcher. Session ``telegram:<chat>``, or ``telegram:<chat>:<topic>`` in forums.
 5. Once ``Dispatcher.submit`` returned (the message is in the durable inbox), the update is released
    from the journal. A submit that fails for lack of storage is retried with backoff, never dropped.
 
-Replies go out through :class:`~channels.telegram_outbound.TelegramOutbox`: Telegram HTML in chunks
+Replies go out through :class:`~channels.telegram.outbound.TelegramOutbox`: Telegram HTML in chunks
 under 4096 UTF-16 units, plain-text fallback, 429/5xx retries, pacing, typing and streaming.
-``telegram.error`` never leaves the ``channels.telegram*`` modules: callers see ChannelError/ConfigError.
+``telegram.error`` never leaves the ``channels.telegram`` package: callers see ChannelError/ConfigError.
 """
 
 from __future__ import annotations
@@ -49,15 +49,15 @@ from bot.storage import atomic_write_text_async
 from bot.surrogates import scrub
 from channels.base import Allowlist, Channel, InboundSink, PartialSink
 from channels.outage import StorageOutage
-from channels.telegram_handover import HandOver
-from channels.telegram_intake import PasteJoiner, normalize_command, remove_utf16_spans
-from channels.telegram_journal import JOURNAL_FILE, UpdateJournal
-from channels.telegram_media import extract_media
-from channels.telegram_outbound import ChatPacer, TelegramOutbox
-from channels.telegram_polling import UpdatePoller
+from channels.telegram.handover import HandOver
+from channels.telegram.inbound import PasteJoiner, normalize_command, remove_utf16_spans
+from channels.telegram.journal import JOURNAL_FILE, UpdateJournal
+from channels.telegram.media import extract_media
+from channels.telegram.outbound import ChatPacer, TelegramOutbox
+from channels.telegram.polling import UpdatePoller
 
 if TYPE_CHECKING:
-    from channels.telegram_webhook import WebhookServer
+    from channels.telegram.webhook import WebhookServer
 
 log = structlog.get_logger(__name__)
 
@@ -273,7 +273,7 @@ class TelegramChannel(Channel):
         log.error("telegram_polling_ended", error=type(task.exception()).__name__)
 
     async def _start_webhook(self) -> None:
-        from channels.telegram_webhook import WebhookServer  # aiohttp's server: webhook mode only
+        from channels.telegram.webhook import WebhookServer  # aiohttp's server: webhook mode only
 
         settings = self._settings
         assert settings.webhook_url is not None and settings.webhook_secret is not None
@@ -435,7 +435,7 @@ class TelegramChannel(Channel):
         except TelegramError as exc:
             raise ChannelError(f"could not download a Telegram file: {exc}") from exc
 
-    # -- outbound (see channels/telegram_outbound.py) ------------------------------------------------
+    # -- outbound (see channels/telegram/outbound.py) ------------------------------------------------
 
     @property
     def _out(self) -> TelegramOutbox:

@@ -1,6 +1,6 @@
 """The Telegram channel end to end: the real python-telegram-bot against the fake Bot API server.
 
-Each test starts a channel whose dispatcher side is a recording sink (tests/channels/telegram_kit.py).
+Each test starts a channel whose dispatcher side is a recording sink (tests/channels/telegram/kit.py).
 Messages that must be ignored are followed by a "sentinel" message that must arrive: updates are
 processed in order, so once the sentinel is in, the ignored ones were decided.
 """
@@ -16,7 +16,7 @@ import pytest
 from bot.domain import OutboundMessage
 from bot.errors import ChannelError
 from bot.pairing import approve_code
-from tests.channels.telegram_kit import COMMANDS, RecordingSink, running_channel
+from tests.channels.telegram.kit import COMMANDS, RecordingSink, running_channel
 from tests.fakes.telegram_server import FakeTelegramServer, utf16_len
 
 BOT = "membot_test_bot"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bot.errors import ConfigError
-from tests.channels.telegram_kit import break_folder, running_channel
+from tests.channels.telegram.kit import break_folder, running_channel
 from tests.fakes.telegram_server import FakeTelegramServer
 
 SECRET = "s3cret-token_for-tests"

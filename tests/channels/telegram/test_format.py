@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from channels.telegram_format import markdown_to_html, render_chunks, visible_text
+from channels.telegram.format import markdown_to_html, render_chunks, visible_text
 from tests.fakes.telegram_server import TelegramAPIError, parse_html, utf16_len
 
 

@@ -3,7 +3,7 @@
 ``getUpdates(offset=N)`` tells Telegram that every update below ``N`` was handled, and Telegram then
 forgets them. PTB's ``Updater`` moves the offset on as soon as it has *fetched* a batch, so a crash or
 kill between fetching and storing loses those messages. :class:`UpdatePoller` hands each batch to
-``accept`` (the channel's :class:`~channels.telegram_journal.UpdateJournal`, which returns once the
+``accept`` (the channel's :class:`~channels.telegram.journal.UpdateJournal`, which returns once the
 updates are on disk) and only then asks for the next batch with the offset past it: that request is
 the confirmation. A batch that could not be stored is not confirmed; the poller fetches it again after
 a backoff (doubling, at most ``max_backoff``), and Telegram keeps it meanwhile.

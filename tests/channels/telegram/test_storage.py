@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.channels.telegram_kit import DurableSink, break_folder, running_channel
-from tests.channels.test_telegram_end_to_end import settings_for, telegram_bot
-from tests.channels.test_telegram_polling import offsets
+from tests.channels.telegram.kit import DurableSink, break_folder, running_channel
+from tests.channels.telegram.test_end_to_end import settings_for, telegram_bot
+from tests.channels.telegram.test_polling import offsets
 from tests.fakes.llm_server import FakeLLMServer
 from tests.fakes.telegram_server import FakeTelegramServer
 

@@ -11,12 +11,10 @@ with its channel id and raised as :class:`~bot.errors.ChannelError`, never dropp
 from __future__ import annotations
 
 import asyncio
-import math
 import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
@@ -28,6 +26,7 @@ from bot.domain import OutboundMessage
 from bot.errors import ChannelError
 from channels.base import ChannelHealth, PartialSink, while_running
 from channels.chunking import split_message
+from channels.streaming import StreamedMessage
 
 log = structlog.get_logger(__name__)
 
@@ -38,16 +37,6 @@ _REMEMBERED = 1024
 # Worth another try: the service or the network failed, not our request.
 _TRANSIENT = (discord.DiscordServerError, discord.RateLimited, aiohttp.ClientError, OSError, TimeoutError)
 _T = TypeVar("_T")
-
-
-@dataclass(slots=True)
-class _Stream:
-    """The one message a streamed reply is shown in while the model writes."""
-
-    message: discord.Message | None = None
-    last_edit: float = -math.inf
-    shown: str = ""
-    broken: bool = False
 
 
 class DiscordOutbox:
@@ -72,7 +61,7 @@ class DiscordOutbox:
         self._interactions: dict[str, tuple[discord.Interaction, float]] = {}
         self._authors: OrderedDict[str, int] = OrderedDict()  # message id -> author id
         self._last_inbound: dict[str, str] = {}  # chat id -> last message id
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, StreamedMessage[discord.Message, str]] = {}
 
     def received(self, chat_id: str, message_id: str, author_id: int) -> None:
         self._authors[message_id] = author_id
@@ -114,8 +103,8 @@ class DiscordOutbox:
         stream = self._streams.pop(message.chat_id, None)
         nonce = secrets.token_hex(8)
         for index, chunk in enumerate(chunks):
-            streamed = index == 0 and stream is not None and stream.message is not None and not stream.broken
-            if streamed and stream is not None and await self._finish_stream(stream, chunk, message.chat_id):
+            streamed = stream.message if index == 0 and stream is not None else None
+            if streamed is not None and await self._finish_stream(streamed, chunk, message.chat_id):
                 continue
             reference = _reference(message.reply_to, message.chat_id) if index == 0 else None
 
@@ -189,33 +178,36 @@ class DiscordOutbox:
     def partial_sink(self, chat_id: str) -> PartialSink | None:
         if not self._settings.streaming:
             return None
-        stream = self._streams[chat_id] = _Stream()
 
-        async def show(text_so_far: str) -> None:
-            preview = (split_message(text_so_far, LIMIT - 2) or [""])[0]
-            now = self._clock()
-            if stream.broken or not preview or preview == stream.shown:
-                return
-            if stream.message is not None and now - stream.last_edit < self._settings.stream_edit_interval:
-                return
-            stream.last_edit, stream.shown = now, preview
-            try:
-                if stream.message is None:
-                    target = self._client().get_partial_messageable(int(chat_id))
-                    ref = _reference(self._last_inbound.get(chat_id), chat_id)
-                    options: dict[str, Any] = {"reference": ref} if ref is not None else {}
-                    stream.message = await target.send(preview + " …", **options)
-                else:
-                    await stream.message.edit(content=preview + " …")
-            except (discord.DiscordException, aiohttp.ClientError, OSError) as exc:
-                stream.broken = True  # the final reply still goes out as new messages
-                log.warning("discord_stream_failed", channel_id=chat_id, error=describe(exc))
+        def first_chunk(text_so_far: str) -> str | None:
+            return (split_message(text_so_far, LIMIT - 2) or [""])[0] or None  # room for " …"
 
-        return show
+        async def post(preview: str) -> discord.Message:
+            target = self._client().get_partial_messageable(int(chat_id))
+            ref = _reference(self._last_inbound.get(chat_id), chat_id)
+            options: dict[str, Any] = {"reference": ref} if ref is not None else {}
+            return await target.send(preview + " …", **options)
 
-    async def _finish_stream(self, stream: _Stream, chunk: str, chat_id: str) -> bool:
-        message = stream.message
-        assert message is not None
+        async def edit(message: discord.Message, preview: str) -> None:
+            await message.edit(content=preview + " …")
+
+        def failed(exc: Exception) -> None:
+            log.warning("discord_stream_failed", channel_id=chat_id, error=describe(exc))
+
+        stream = self._streams[chat_id] = StreamedMessage(
+            render=first_chunk,
+            shown_as=lambda preview: preview,
+            post=post,
+            edit=edit,
+            interval=self._settings.stream_edit_interval,
+            clock=self._clock,
+            errors=(discord.DiscordException, aiohttp.ClientError, OSError),
+            on_error=failed,
+            keep_trying=False,  # the final reply then goes out as new messages
+        )
+        return stream.show
+
+    async def _finish_stream(self, message: discord.Message, chunk: str, chat_id: str) -> bool:
         try:
             await self.deliver(chat_id, lambda: message.edit(content=chunk))
         except ChannelError:

@@ -13,7 +13,7 @@ import pytest
 
 from bot.config import DiscordSettings
 from channels.discord import DiscordChannel
-from tests.channels.telegram_kit import DurableSink, break_folder
+from tests.channels.telegram.kit import DurableSink, break_folder
 from tests.fakes.discord_server import FakeDiscord
 
 

@@ -1,5 +1,5 @@
 """Long polling confirms an update once it is stored, and never takes a redelivered update twice
-(channels/telegram_polling.py, channels/telegram_journal.py).
+(channels/telegram/polling.py, channels/telegram/journal.py).
 
 Telegram forgets every update below the offset of the next ``getUpdates`` call and sends every update
 above it again; the fake server does the same, so "confirmed" and "delivered again" here mean exactly
@@ -13,9 +13,9 @@ import signal
 from pathlib import Path
 
 from bot.domain import InboundMessage
-from channels.telegram_journal import JOURNAL_FILE
+from channels.telegram.journal import JOURNAL_FILE
 from tests.bot.test_lifecycle import membot_run
-from tests.channels.telegram_kit import RecordingSink, running_channel
+from tests.channels.telegram.kit import RecordingSink, running_channel
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.fakes.telegram_server import FakeTelegramServer
 

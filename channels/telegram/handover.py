@@ -1,6 +1,6 @@
 """Handing held Telegram updates over to the dispatcher, one at a time, in the order they arrived.
 
-The update journal (:mod:`channels.telegram_journal`) holds every accepted update until the dispatcher
+The update journal (:mod:`channels.telegram.journal`) holds every accepted update until the dispatcher
 has it. :class:`HandOver` takes the held updates out in arrival order, runs the channel's intake on each
 (access checks, media, the paste joiner) and releases the update from the journal once its message is
 queued, or at once when it needed nothing. Failures are sorted by kind, because a full disk and a bug
@@ -24,8 +24,8 @@ from typing import Any
 import structlog
 
 from channels.outage import StorageOutage, is_storage_error
-from channels.telegram_intake import NotTaken
-from channels.telegram_journal import UpdateJournal
+from channels.telegram.inbound import NotTaken
+from channels.telegram.journal import UpdateJournal
 
 log = structlog.get_logger(__name__)
 
