@@ -145,10 +145,13 @@ class Dispatcher:
                 )
                 return
             entry_id, durable = self._inbox.add(message) if self._inbox else (None, None)
+            if durable is not None:
+                # On disk before it is queued: a message that could not be stored is never answered
+                # (the channel does not confirm it, and the platform's redelivery is taken as new).
+                # Only this session's later messages wait here, and they would wait for its inbox file.
+                await durable
             queued = _Queued(message, [entry_id] if entry_id else [])
             notice = self._enqueue(message.session_id, lane, queued) if self._accepting else None
-        if durable is not None:
-            await durable
         if not self._accepting:
             # Shutting down: the inbox keeps it and the next start answers it.
             await self._send(message, "I'm restarting — I'll answer this as soon as I'm back.")

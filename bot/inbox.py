@@ -82,7 +82,18 @@ class Inbox:
         )
         journal = self._journal(message.session_id)
         journal.pending[entry.entry_id] = (entry, line)
-        return entry.entry_id, asyncio.create_task(self._append(message.session_id, journal, line))
+        return entry.entry_id, asyncio.create_task(
+            self._add(message.session_id, journal, entry.entry_id, line)
+        )
+
+    async def _add(self, sid: str, journal: _Journal, entry_id: str, line: str) -> None:
+        """Write an entry; one that could not be written is forgotten (the caller raises, the channel
+        does not confirm the message, and its redelivery is taken as new, not as a duplicate)."""
+        try:
+            await self._append(sid, journal, line)
+        except BaseException:
+            journal.pending.pop(entry_id, None)
+            raise
 
     def holds(self, sid: str, message_id: str) -> bool:
         """Whether a pending entry of ``sid`` is the platform message ``message_id`` (a redelivery)."""

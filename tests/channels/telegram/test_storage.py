@@ -118,11 +118,6 @@ async def test_a_full_disk_under_the_real_core_answers_each_message_once_and_kee
     assert await user_turns(llm) == [["written on a full disk"]]  # in the session once, not once per try
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs bot/dispatcher.py: when the inbox write fails, Dispatcher.submit must raise with the "
-    "message no longer queued (today it stays in the lane, so every retry adds a copy to the session)",
-)
 async def test_an_inbox_that_cannot_be_written_under_the_real_core_keeps_each_message_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
