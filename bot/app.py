@@ -24,6 +24,7 @@ import structlog
 
 from bot.catalog import ModelCatalog, load_catalog
 from bot.commands import CommandRouter
+from bot.commands.session import SessionCommands
 from bot.compaction import CompactionService, MemoryRetirer
 from bot.config import Settings
 from bot.context_budget import ContextBudget, prompt_room
@@ -37,7 +38,6 @@ from bot.memory import MemoryService
 from bot.memory import operator as memory_operator
 from bot.memory.embeddings import Embedder, build_embedder
 from bot.memory.tool import MemoryTool
-from bot.session_commands import SessionCommands
 from bot.sessions import JsonSessionStore, SessionService
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
 from bot.tokens import TokenCounter
