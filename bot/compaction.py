@@ -18,14 +18,17 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from bot.config import CompactionSettings
 from bot.domain import Message, Role, Session, utcnow
-from bot.llm.types import ChatRequest, ChatResponse
+from bot.llm.types import ChatRequest
 from bot.tokens import TokenCounter
+
+if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
+    from bot.llm import ChatModel
 
 log = structlog.get_logger(__name__)
 
@@ -54,10 +57,6 @@ class Retirer(Protocol):
     """
 
     async def retire(self, session: Session, messages: Sequence[Message]) -> bool: ...
-
-
-class ChatModel(Protocol):
-    async def chat(self, request: ChatRequest) -> ChatResponse: ...
 
 
 class _Consolidation(Protocol):

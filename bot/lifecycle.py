@@ -40,14 +40,14 @@ import structlog
 
 from bot.config import LifecycleSettings
 from bot.errors import MembotError
-from channels.base import Channel, ChannelHealth
+from bot.ports import ChannelHealth, ChannelPort
 
 log = structlog.get_logger(__name__)
 
 EXIT_OK = 0
 EXIT_CHANNEL_FAILED = 1
 
-ChannelStarter = Callable[[str], Awaitable[Channel]]
+ChannelStarter = Callable[[str], Awaitable[ChannelPort]]
 Flush = Callable[[], Awaitable[None]]
 HardExit = Callable[[int], None]
 
@@ -79,7 +79,7 @@ class ServiceRunner:
         self._signals = tuple(signals)
         self._stop = asyncio.Event()
         self._health: dict[str, ChannelHealth] = {}
-        self._started: list[Channel] = []
+        self._started: list[ChannelPort] = []
 
     def channel_health(self) -> dict[str, ChannelHealth]:
         """Each configured channel's health, live; a channel that failed to start shows ``failed``."""

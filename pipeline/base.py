@@ -7,14 +7,12 @@ collected and ends with a reply. Systems read and write the ``Turn``; they never
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from bot.domain import InboundMessage, Message, Session, Usage, new_id, utcnow
-
-PartialSink = Callable[[str], Awaitable[None]]
+from bot.ports import PartialSink
 
 
 @runtime_checkable

@@ -17,18 +17,21 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import structlog
 
 from bot.domain import Message, Role
 from bot.errors import LLMError
-from bot.llm.types import ChatRequest, ChatResponse
+from bot.llm.types import ChatRequest
 from bot.memory.history import HistoryLog
 from bot.memory.items import ItemType
 from bot.memory.llm_json import as_text, parse_object
 from bot.memory.longterm import Conflict, LongTermMemory, MemoryFull
+
+if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
+    from bot.llm import ChatModel
 
 log = structlog.get_logger(__name__)
 
@@ -50,10 +53,6 @@ SYSTEM = (
     "Keep every fact the operator wrote in MEMORY.md unless the conversation shows it is wrong."
 )
 MIN_LINES_TO_GUARD = 6  # below this, "most lines" is too few to judge
-
-
-class ChatModel(Protocol):
-    async def chat(self, request: ChatRequest) -> ChatResponse: ...
 
 
 @dataclass(frozen=True, slots=True)

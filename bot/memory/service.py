@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import structlog
@@ -30,7 +31,7 @@ import structlog
 from bot.config import MemorySettings
 from bot.domain import Message, Role, Session, utcnow
 from bot.memory.archive import TranscriptArchive
-from bot.memory.consolidation import ChatModel, ConsolidationResult, Consolidator
+from bot.memory.consolidation import ConsolidationResult, Consolidator
 from bot.memory.embeddings import Embedder
 from bot.memory.extract import Utterance, extract
 from bot.memory.history import HistoryLog
@@ -61,6 +62,9 @@ from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to
 from bot.memory.vectors import VECTORS_DIR, VectorStore
 from bot.memory.words import load_lemmas, tokenize
 from bot.storage import append_bytes, ensure_private_dir, fix_private_tree
+
+if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
+    from bot.llm import ChatModel
 
 log = structlog.get_logger(__name__)
 
