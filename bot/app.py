@@ -197,6 +197,7 @@ async def build_core(
             count_tokens=counter,
             embedder=(embedder or build_embedder(settings.memory, http)) if settings.memory.enabled else None,
             maintain_every=timedelta(days=1),  # promotion, decay and log compaction
+            observer=metrics,
         )
         await memory.start()
         stack.push_async_callback(memory.close)  # pushed before dispatcher.close, so it runs after it
@@ -216,6 +217,7 @@ async def build_core(
                 min(window, catalog.get(summary_model).max_input_tokens),
                 settings.compaction.summary_max_tokens,
             ),
+            observer=metrics,
         )
         tools = builtin_tools(
             settings.tools,

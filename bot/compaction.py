@@ -59,6 +59,12 @@ class Retirer(Protocol):
     async def retire(self, session: Session, messages: Sequence[Message]) -> bool: ...
 
 
+class CompactionObserver(Protocol):
+    """Told about every compaction that removed messages (``bot.metrics.Metrics`` counts them)."""
+
+    def compaction(self, *, fallback: bool) -> None: ...
+
+
 class _Consolidation(Protocol):
     @property
     def raw_fallback(self) -> bool: ...
@@ -203,10 +209,12 @@ class CompactionService:
         summary_model: str | None,
         clock: Callable[[], datetime] = utcnow,
         max_prompt_tokens: int | None = None,
+        observer: CompactionObserver | None = None,
     ) -> None:
         """``max_prompt_tokens``: the most the summary request's input may hold (its model's window less
         the summary's own room); older messages are left out of the summary input beyond it."""
         self._llm = llm
+        self._observer = observer
         self._max_prompt = max_prompt_tokens
         self._counter = counter
         self._retirer = retirer
@@ -252,6 +260,8 @@ class CompactionService:
             fallback=text is None, reason=why,
         )  # fmt: skip
         session.metadata[META_LAST] = _record(result, trigger, self._clock())
+        if self._observer is not None:
+            self._observer.compaction(fallback=result.fallback)
         log_event = log.warning if result.fallback else log.info
         log_event(
             "compacted",

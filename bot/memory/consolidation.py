@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from zoneinfo import ZoneInfo
 
 import structlog
@@ -53,6 +53,12 @@ SYSTEM = (
     "Keep every fact the operator wrote in MEMORY.md unless the conversation shows it is wrong."
 )
 MIN_LINES_TO_GUARD = 6  # below this, "most lines" is too few to judge
+
+
+class ConsolidationObserver(Protocol):
+    """Told about every consolidation, summarized or raw fallback (``bot.metrics.Metrics`` counts them)."""
+
+    def consolidation(self, *, fallback: bool) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +207,10 @@ class Consolidator:
         max_fact_chars: int = MAX_FACT_CHARS,
         model: str | None = None,
         max_output_tokens: int = 2048,
+        observer: ConsolidationObserver | None = None,
     ) -> None:
         self._llm = llm
+        self._observer = observer
         self._longterm = longterm
         self._history = history
         self._tz = tz
@@ -238,6 +246,8 @@ class Consolidator:
             log.warning("consolidation_fallback", session_id=session_id, reason=result.reason)
             await self._history.append_raw_fallback(self._clock(), session_id, messages, result.reason)
         self.last_run, self.last_result = self._clock(), result
+        if self._observer is not None:
+            self._observer.consolidation(fallback=result.raw_fallback)
         return result
 
     async def _consolidate(

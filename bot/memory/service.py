@@ -31,7 +31,7 @@ import structlog
 from bot.config import MemorySettings
 from bot.domain import Message, Role, Session, utcnow
 from bot.memory.archive import TranscriptArchive
-from bot.memory.consolidation import ConsolidationResult, Consolidator
+from bot.memory.consolidation import ConsolidationObserver, ConsolidationResult, Consolidator
 from bot.memory.embeddings import Embedder
 from bot.memory.extract import Utterance, extract
 from bot.memory.history import HistoryLog
@@ -119,10 +119,12 @@ class MemoryService:
         count_tokens: TokenCounter = estimate_tokens,
         embedder: Embedder | None = None,
         maintain_every: timedelta | None = None,
+        observer: ConsolidationObserver | None = None,
     ) -> None:
         """``maintain_every`` is for the running bot: it then promotes, decays and compacts items after
         every consolidation and at least that often while it answers. Operator commands and the bench
-        leave it ``None``, so that they never rewrite item logs behind the bot's back.
+        leave it ``None``, so that they never rewrite item logs behind the bot's back. ``observer``
+        (``bot.metrics.Metrics``) is told about every consolidation.
         """
         self.settings = settings
         self.root = root
@@ -151,6 +153,7 @@ class MemoryService:
             max_memory_size=settings.max_memory_size,
             max_fact_chars=settings.max_fact_chars,
             model=consolidation_model,
+            observer=observer,
         )
         self._tasks: set[asyncio.Task[ConsolidationResult]] = set()
         self._maintain_every = maintain_every
