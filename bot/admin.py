@@ -29,7 +29,7 @@ from bot.config import AdminSettings
 from bot.errors import ConfigError
 from bot.llm.client import LLMStats
 from bot.metrics import CONTENT_TYPE, Metrics
-from channels.base import ChannelHealth
+from bot.ports import ChannelHealth
 
 log = structlog.get_logger(__name__)
 

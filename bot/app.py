@@ -1,9 +1,12 @@
 """The composition root: the one place that builds membot's parts and connects them.
 
 Settings are loaded by the CLI and passed in; everything else is constructed here, in dependency order,
-and handed to its users. Long-lived resources (HTTP client, channels) enter one AsyncExitStack, so they
-are closed in reverse order whatever happens. Channel libraries, and aiohttp and prometheus_client for the
-ops endpoints, are imported only when configured, so start-up time and memory follow the configuration.
+and handed to its users. Long-lived resources (the workspace lock, the HTTP clients, memory, the
+dispatcher, the channels and the ops HTTP server) enter the one AsyncExitStack of :func:`build_core`, so
+each is closed once, in reverse order, whatever happens; channels and the ops server go into its
+``core.edge`` part, which closes after the dispatcher has drained. Channel libraries, and aiohttp and
+prometheus_client for the ops endpoints, are imported only when configured, so start-up time and memory
+follow the configuration. This is the only module of ``bot`` that imports ``channels``.
 """
 
 from __future__ import annotations
@@ -12,32 +15,31 @@ import asyncio
 import contextlib
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import httpx
 import structlog
 
-from bot.catalog import ModelCatalog, load_catalog
+from bot.catalog import ModelCatalog, Provider, load_catalog
 from bot.commands import CommandRouter
+from bot.commands.session import SessionCommands
 from bot.compaction import CompactionService, MemoryRetirer
 from bot.config import Settings
 from bot.context_budget import ContextBudget, prompt_room
 from bot.dispatcher import Dispatcher
 from bot.errors import ConfigError
 from bot.inbox import Inbox
-from bot.lifecycle import ServiceRunner
-from bot.llm import LLMClient
+from bot.lifecycle import EXIT_OK, ServiceRunner
+from bot.llm import ChatModel, LLMClient
 from bot.logging import configure_logging
 from bot.memory import MemoryService
 from bot.memory import operator as memory_operator
 from bot.memory.embeddings import Embedder, build_embedder
 from bot.memory.tool import MemoryTool
-from bot.session_commands import SessionCommands
 from bot.sessions import JsonSessionStore, SessionService
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
 from bot.tokens import TokenCounter
@@ -55,26 +57,29 @@ from pipeline.usage import UsageSystem
 if TYPE_CHECKING:
     from bot.metrics import Metrics
     from bot.pairing import PairingStore
+    from channels.terminal import TerminalChannel
 
 log = structlog.get_logger(__name__)
 
 
 @dataclass
 class Core:
-    """Everything a running membot has, built once by :func:`build_core`."""
+    """Everything a running membot has, built once by :func:`build_core`.
+
+    ``edge`` is the part of the exit stack for what faces the outside (the ops HTTP server and the
+    channels): what enters it is closed after the dispatcher has drained and memory has flushed, so
+    the replies of finishing turns can still go out.
+    """
 
     settings: Settings
     catalog: ModelCatalog
     sessions: SessionService
     inbox: Inbox
-    pipeline: Pipeline
     commands: CommandRouter
     dispatcher: Dispatcher
-    http: httpx.AsyncClient
-    llm: Any
+    llm: ChatModel
     memory: MemoryService
-    started_at: float = field(default_factory=time.monotonic)
-    channels: list[Channel] = field(default_factory=list)
+    edge: contextlib.AsyncExitStack
 
 
 def check_llm_configured(settings: Settings, catalog: ModelCatalog) -> None:
@@ -149,132 +154,44 @@ async def build_core(
     settings: Settings,
     *,
     http: httpx.AsyncClient | None = None,
-    llm: Any = None,
+    llm: ChatModel | None = None,
     embedder: Embedder | None = None,
     metrics: Metrics | None = None,
 ) -> AsyncIterator[Core]:
     """Build and connect membot's parts; close them in reverse order on exit.
 
     ``http``, ``llm`` and ``embedder`` replace the HTTP client, the model client and the embedding model
-    (benchmarks, embedding apps); ``metrics`` (``membot run``) observes turns.
+    (benchmarks, embedding apps); ``metrics`` (``membot run``) observes turns, tool calls, compactions
+    and consolidations.
+
+    On exit the one exit stack closes, in this order: the dispatcher (running turns get
+    ``lifecycle.grace_period``), memory (pending writes), ``core.edge`` (channels in reverse start
+    order, then the ops server), the usage ledger, the HTTP clients and the workspace lock.
     """
     catalog = await asyncio.to_thread(load_catalog, settings.models_file)
     check_llm_configured(settings, catalog)
-    primary = settings.llm.model
-    provider = settings.llm.provider or catalog.get(primary).provider
-    info = catalog.get(primary, provider)
     async with contextlib.AsyncExitStack() as stack:
-        # First of all: this process owns the workspace (bot/workspace_lock.py); released last.
-        lock = await asyncio.to_thread(_lock_workspace, settings)
-        stack.push_async_callback(asyncio.to_thread, lock.release)
-        await asyncio.to_thread(prepare_workspace, settings)
-        if http is None:
-            timeout = httpx.Timeout(settings.llm.timeout, connect=settings.llm.connect_timeout)
-            http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
-        # web_fetch gets its own client: a proxy from the environment would defeat its address pinning.
-        web_http = await stack.enter_async_context(
-            httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=settings.tools.web_timeout)
-        )
+        await _own_workspace(settings, stack)  # first of all, and released last
+        http, web_http = await _http_clients(settings, stack, http)
         # Before anything that may call the model: the client reports every call (chat, compaction,
         # consolidation) to the ledger, and the flush is pushed first so it runs after memory.close.
         ledger = UsageLedger(settings.workspace / "usage.json", tz=ZoneInfo(settings.timezone))
         stack.push_async_callback(ledger.flush)
         model = llm if llm is not None else LLMClient(settings.llm, catalog, http, usage=ledger)
+        edge = await stack.enter_async_context(contextlib.AsyncExitStack())  # after the drain, see Core
+        counter = await _token_counter(settings, catalog)
+        memory = await _memory(settings, model, counter, embedder, http, metrics)
+        stack.push_async_callback(memory.close)  # runs after dispatcher.close, pushed below
+        registry = _tools(settings, memory, web_http)
+        budget = _context_budget(settings, catalog, model, counter, memory, registry, metrics)
+        # The client reports every model call to the ledger; an injected model does not.
+        pipeline = _pipeline(
+            settings, model, memory, registry, budget, None if llm is None else ledger, metrics
+        )
         sessions = SessionService(
             JsonSessionStore(settings.sessions_dir), cache_size=settings.sessions.cache_size
         )
-        counter = await asyncio.to_thread(
-            TokenCounter.offline, settings.workspace / "cache" / "tiktoken", model=primary, provider=provider
-        )
-
-        # Memory: always built (archive and raw fallbacks keep working); the LLM only when enabled.
-        memory = MemoryService(
-            settings.memory_dir,
-            settings.memory,
-            timezone=settings.timezone,
-            llm=model if settings.memory.enabled else None,
-            consolidation_model=settings.memory.consolidation_model,
-            count_tokens=counter,
-            embedder=(embedder or build_embedder(settings.memory, http)) if settings.memory.enabled else None,
-            maintain_every=timedelta(days=1),  # promotion, decay and log compaction
-        )
-        await memory.start()
-        stack.push_async_callback(memory.close)  # pushed before dispatcher.close, so it runs after it
-        retirer = MemoryRetirer(memory, timeout=settings.memory.consolidation_timeout)
-        # A failover model must fit the same request: plan for the smallest window of them all.
-        window = min(
-            [info.max_input_tokens, *(catalog.get(m).max_input_tokens for m in settings.llm.fallback_models)]
-        )
-        summary_model = catalog.for_tier("balanced", provider, default=primary)
-        compaction = CompactionService(
-            model,
-            counter,
-            retirer,
-            settings.compaction,
-            summary_model=summary_model,
-            max_prompt_tokens=prompt_room(
-                min(window, catalog.get(summary_model).max_input_tokens),
-                settings.compaction.summary_max_tokens,
-            ),
-        )
-        tools = builtin_tools(
-            settings.tools,
-            workspace=settings.workspace,
-            timezone=settings.timezone,
-            http=web_http,
-            # In chat scope the workspace MEMORY.md is the operator's: the files tool may not write it.
-            long_term=None if memory.chat_scope else memory.longterm,
-            private_memory=memory.chat_scope,
-        )
-        if settings.memory.enabled:
-            tools.append(MemoryTool(memory))
-        registry = ToolRegistry(tools, settings.tools)
-        budget = ContextBudget(
-            counter,
-            compaction,
-            retirer,
-            settings.compaction,
-            window=window,
-            max_output_tokens=min(settings.llm.max_output_tokens, info.max_output_tokens),
-            base_prompt=settings.system_prompt,
-            tools=registry.specs(""),
-            memory_cap=memory.default_budget() if settings.memory.enabled else 0,
-        )
-        systems: list[System] = [
-            AutoCompactionSystem(budget),  # 18
-            ContextBuildingSystem(  # 20
-                memory if settings.memory.enabled else None, settings.system_prompt, budget=budget
-            ),
-            ToolLoopSystem(  # 30
-                model,
-                registry,
-                settings.tools,
-                budget=budget,
-                max_overflow_retries=settings.compaction.max_overflow_retries,
-                observer=metrics,
-            ),
-            # 90; the client reports every model call to the ledger, an injected model does not
-            UsageSystem(budget, ledger if llm is not None else None),
-        ]
-        if settings.memory.enabled:
-            systems.append(MemoryPersistSystem(memory, settings.memory))  # 50
-        pipeline = Pipeline(systems)
-
-        commands = CommandRouter()
-        session_commands = SessionCommands(
-            sessions,
-            budget,
-            model=info,
-            tier=catalog.tier_of(primary),
-            ledger=ledger,
-            memory_stats_for=lambda sid: memory_operator.stats(memory, session_id=sid),
-        )
-        commands.add("status", "Model, context, usage and memory of this chat", session_commands.status)
-        commands.add(
-            "compact", "Summarize older messages now: /compact [N] keeps the last N", session_commands.compact
-        )
-        commands.add("new", "Save this conversation to memory and start a fresh one", session_commands.new)
-
+        commands = _commands(settings, catalog, sessions, budget, ledger, memory)
         inbox = Inbox(settings.workspace / "inbox")
         dispatcher = Dispatcher(
             pipeline,
@@ -285,9 +202,185 @@ async def build_core(
             max_inbound_chars=settings.sessions.max_inbound_chars,
             observer=metrics,
         )
-        core = Core(settings, catalog, sessions, inbox, pipeline, commands, dispatcher, http, model, memory)
         stack.push_async_callback(dispatcher.close, settings.lifecycle.grace_period)
-        yield core
+        yield Core(settings, catalog, sessions, inbox, commands, dispatcher, model, memory, edge)
+
+
+# ---- the steps of build_core, in its order ----------------------------------------------------------
+
+
+async def _own_workspace(settings: Settings, stack: contextlib.AsyncExitStack) -> None:
+    """This process owns the workspace (bot/workspace_lock.py) until the stack closes."""
+    lock = await asyncio.to_thread(_lock_workspace, settings)
+    stack.push_async_callback(asyncio.to_thread, lock.release)
+    await asyncio.to_thread(prepare_workspace, settings)
+
+
+async def _http_clients(
+    settings: Settings, stack: contextlib.AsyncExitStack, http: httpx.AsyncClient | None
+) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+    """The model's client (unless one was given) and web_fetch's own."""
+    if http is None:
+        timeout = httpx.Timeout(settings.llm.timeout, connect=settings.llm.connect_timeout)
+        http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
+    # web_fetch gets its own client: a proxy from the environment would defeat its address pinning.
+    web_http = await stack.enter_async_context(
+        httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=settings.tools.web_timeout)
+    )
+    return http, web_http
+
+
+def _provider(settings: Settings, catalog: ModelCatalog) -> Provider:
+    return settings.llm.provider or catalog.get(settings.llm.model).provider
+
+
+async def _token_counter(settings: Settings, catalog: ModelCatalog) -> TokenCounter:
+    return await asyncio.to_thread(
+        TokenCounter.offline,
+        settings.workspace / "cache" / "tiktoken",
+        model=settings.llm.model,
+        provider=_provider(settings, catalog),
+    )
+
+
+async def _memory(
+    settings: Settings,
+    model: ChatModel,
+    counter: TokenCounter,
+    embedder: Embedder | None,
+    http: httpx.AsyncClient,
+    metrics: Metrics | None,
+) -> MemoryService:
+    """Always built and started (archive and raw fallbacks keep working); the LLM only when enabled."""
+    enabled = settings.memory.enabled
+    if enabled and embedder is None:
+        embedder = build_embedder(settings.memory, http)
+    memory = MemoryService(
+        settings.memory_dir,
+        settings.memory,
+        timezone=settings.timezone,
+        llm=model if enabled else None,
+        consolidation_model=settings.memory.consolidation_model,
+        count_tokens=counter,
+        embedder=embedder if enabled else None,
+        maintain_every=timedelta(days=1),  # promotion, decay and log compaction
+        observer=metrics,
+    )
+    await memory.start()
+    return memory
+
+
+def _tools(settings: Settings, memory: MemoryService, web_http: httpx.AsyncClient) -> ToolRegistry:
+    tools = builtin_tools(
+        settings.tools,
+        workspace=settings.workspace,
+        timezone=settings.timezone,
+        http=web_http,
+        # In chat scope the workspace MEMORY.md is the operator's: the files tool may not write it.
+        long_term=None if memory.chat_scope else memory.longterm,
+        private_memory=memory.chat_scope,
+    )
+    if settings.memory.enabled:
+        tools.append(MemoryTool(memory))
+    return ToolRegistry(tools, settings.tools)
+
+
+def _context_budget(
+    settings: Settings,
+    catalog: ModelCatalog,
+    model: ChatModel,
+    counter: TokenCounter,
+    memory: MemoryService,
+    registry: ToolRegistry,
+    metrics: Metrics | None,
+) -> ContextBudget:
+    """The budget, and the compaction it runs when a session outgrows the model's window."""
+    primary, provider = settings.llm.model, _provider(settings, catalog)
+    info = catalog.get(primary, provider)
+    # A failover model must fit the same request: plan for the smallest window of them all.
+    window = min(
+        [info.max_input_tokens, *(catalog.get(m).max_input_tokens for m in settings.llm.fallback_models)]
+    )
+    summary_model = catalog.for_tier("balanced", provider, default=primary)
+    retirer = MemoryRetirer(memory, timeout=settings.memory.consolidation_timeout)
+    compaction = CompactionService(
+        model,
+        counter,
+        retirer,
+        settings.compaction,
+        summary_model=summary_model,
+        max_prompt_tokens=prompt_room(
+            min(window, catalog.get(summary_model).max_input_tokens), settings.compaction.summary_max_tokens
+        ),
+        observer=metrics,
+    )
+    return ContextBudget(
+        counter,
+        compaction,
+        retirer,
+        settings.compaction,
+        window=window,
+        max_output_tokens=min(settings.llm.max_output_tokens, info.max_output_tokens),
+        base_prompt=settings.system_prompt,
+        tools=registry.specs(""),
+        memory_cap=memory.default_budget() if settings.memory.enabled else 0,
+    )
+
+
+def _pipeline(
+    settings: Settings,
+    model: ChatModel,
+    memory: MemoryService,
+    registry: ToolRegistry,
+    budget: ContextBudget,
+    ledger: UsageLedger | None,
+    metrics: Metrics | None,
+) -> Pipeline:
+    """The systems of a turn; ``Pipeline`` sorts them by order (in the comments)."""
+    enabled = settings.memory.enabled
+    systems: list[System] = [
+        AutoCompactionSystem(budget),  # 18
+        ContextBuildingSystem(memory if enabled else None, settings.system_prompt, budget=budget),  # 20
+        ToolLoopSystem(  # 30
+            model,
+            registry,
+            settings.tools,
+            budget=budget,
+            max_overflow_retries=settings.compaction.max_overflow_retries,
+            observer=metrics,
+        ),
+        UsageSystem(budget, ledger),  # 90
+    ]
+    if enabled:
+        systems.append(MemoryPersistSystem(memory, settings.memory))  # 50
+    return Pipeline(systems)
+
+
+def _commands(
+    settings: Settings,
+    catalog: ModelCatalog,
+    sessions: SessionService,
+    budget: ContextBudget,
+    ledger: UsageLedger,
+    memory: MemoryService,
+) -> CommandRouter:
+    """The router (/help, /stop) with the session commands (/status, /compact, /new)."""
+    primary = settings.llm.model
+    session_commands = SessionCommands(
+        sessions,
+        budget,
+        model=catalog.get(primary, _provider(settings, catalog)),
+        tier=catalog.tier_of(primary),
+        ledger=ledger,
+        memory_stats_for=lambda sid: memory_operator.stats(memory, session_id=sid),
+    )
+    commands = CommandRouter()
+    commands.add("status", "Model, context, usage and memory of this chat", session_commands.status)
+    commands.add(
+        "compact", "Summarize older messages now: /compact [N] keeps the last N", session_commands.compact
+    )
+    commands.add("new", "Save this conversation to memory and start a fresh one", session_commands.new)
+    return commands
 
 
 # ---- entry points used by the CLI -------------------------------------------------------------------
@@ -295,20 +388,12 @@ async def build_core(
 
 async def run_chat(settings: Settings) -> None:
     """``membot chat``: the terminal channel over the full pipeline until the user quits."""
-    from channels.terminal import TerminalChannel, stdin_reader
-
     # The terminal is the chat: log lines and tracebacks go to a file, the user sees plain replies.
     await asyncio.to_thread(
         configure_logging, level=settings.log_level, secrets=secrets_of(settings), file=settings.chat_log
     )
     async with build_core(settings) as core:
-        channel = TerminalChannel(
-            core.dispatcher.submit,
-            user=settings.terminal.user,
-            reader=await stdin_reader(),
-            writer=sys.stdout,
-        )
-        core.dispatcher.attach(channel, ready=False)
+        channel = await _terminal(core)
         loop = asyncio.get_running_loop()
 
         stopping: set[asyncio.Task[int | None]] = set()
@@ -332,14 +417,12 @@ async def run_chat(settings: Settings) -> None:
             f"Log: {settings.chat_log}\n"
         )
         await core.dispatcher.recover()
-        await channel.start()
-        core.dispatcher.ready(channel.name)
+        await _open(channel, core)  # stopped by core.edge, once the dispatcher has drained
         try:
             await channel.wait_closed()
         finally:
             with contextlib.suppress(NotImplementedError):
                 loop.remove_signal_handler(signal.SIGINT)
-            await channel.stop()
             sys.stdout.write("\nbye — the conversation is saved.\n")
 
 
@@ -358,28 +441,34 @@ async def run_service(settings: Settings) -> int:
         from bot.metrics import Metrics
 
         metrics = Metrics()
-    async with build_core(settings, metrics=metrics) as core, contextlib.AsyncExitStack() as ops:
-        stats = getattr(core.llm, "stats", None)
-        if metrics is not None:
-            from bot.admin import AdminServer  # aiohttp, for the ops endpoints only
+    # The signal handlers span the shutdown too: a second signal during the drain exits at once.
+    with runner.handling_signals():
+        async with build_core(settings, metrics=metrics) as core:
+            if metrics is not None:
+                await _serve_ops(core, metrics, runner)
+            log.info("membot_starting", channels=wanted, model=settings.llm.model)
+            code = await runner.serve(
+                wanted, start_channel=lambda name: _start_channel(name, core), recover=core.dispatcher.recover
+            )
+        # build_core's exit stack has drained the dispatcher, flushed memory and stopped the channels.
+    if code == EXIT_OK:
+        log.info("membot_stopped")
+    return code
 
-            metrics.watch(
-                llm_stats=lambda: stats,
-                queued=core.dispatcher.total_queued,
-                running_turns=core.dispatcher.running_turns,
-                active_sessions=lambda: core.sessions.cached,
-            )
-            admin = AdminServer(
-                settings.admin, metrics, channels=runner.channel_health, llm_stats=lambda: stats
-            )
-            await ops.enter_async_context(admin)
-        log.info("membot_starting", channels=wanted, model=settings.llm.model)
-        return await runner.run(
-            wanted,
-            start_channel=lambda name: _start_channel(name, core),
-            dispatcher=core.dispatcher,
-            flushers=[core.memory.close],
-        )
+
+async def _serve_ops(core: Core, metrics: Metrics, runner: ServiceRunner) -> None:
+    """/healthz and /metrics, served until ``core.edge`` closes (after the channels)."""
+    from bot.admin import AdminServer  # aiohttp, for the ops endpoints only
+
+    stats = getattr(core.llm, "stats", None)  # the LLM client's; an injected model may have none
+    metrics.watch(
+        llm_stats=lambda: stats,
+        queued=core.dispatcher.total_queued,
+        running_turns=core.dispatcher.running_turns,
+        active_sessions=lambda: core.sessions.cached,
+    )
+    admin = AdminServer(core.settings.admin, metrics, channels=runner.channel_health, llm_stats=lambda: stats)
+    await core.edge.enter_async_context(admin)
 
 
 def configured_channels(settings: Settings) -> list[str]:
@@ -400,16 +489,10 @@ def _pairing(core: Core) -> PairingStore:
 
 
 async def _start_channel(name: str, core: Core) -> Channel:
-    from channels.terminal import TerminalChannel, stdin_reader
-
+    """Build the channel ``name``, start it and hand its teardown to ``core.edge``."""
     channel: Channel
     if name == "cli":
-        channel = TerminalChannel(
-            core.dispatcher.submit,
-            user=core.settings.terminal.user,
-            reader=await stdin_reader(),
-            writer=sys.stdout,
-        )
+        channel = await _terminal(core)
     elif name == "telegram":
         from channels.telegram import TelegramChannel
 
@@ -435,8 +518,32 @@ async def _start_channel(name: str, core: Core) -> Channel:
         )
     else:
         raise ConfigError(f"channel {name!r} is not available in this build")
+    await _open(channel, core)
+    return channel
+
+
+async def _terminal(core: Core) -> TerminalChannel:
+    from channels.terminal import TerminalChannel, stdin_reader
+
+    return TerminalChannel(
+        core.dispatcher.submit,
+        user=core.settings.terminal.user,
+        reader=await stdin_reader(),
+        writer=sys.stdout,
+    )
+
+
+async def _open(channel: Channel, core: Core) -> None:
+    """Attach ``channel`` to the dispatcher, start it, and let ``core.edge`` stop it."""
     core.dispatcher.attach(channel, ready=False)
     await channel.start()
-    core.dispatcher.ready(name)  # its chats' recovered and new messages are answered from now on
-    core.channels.append(channel)
-    return channel
+    core.edge.push_async_callback(_stop, channel)
+    core.dispatcher.ready(channel.name)  # its chats' recovered and new messages are answered from now on
+
+
+async def _stop(channel: Channel) -> None:
+    # One failing stop does not keep the other channels running.
+    try:
+        await channel.stop()
+    except Exception:
+        log.exception("channel_stop_failed", channel=channel.name)

@@ -18,14 +18,17 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from bot.config import CompactionSettings
 from bot.domain import Message, Role, Session, utcnow
-from bot.llm.types import ChatRequest, ChatResponse
+from bot.llm.types import ChatRequest
 from bot.tokens import TokenCounter
+
+if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
+    from bot.llm import ChatModel
 
 log = structlog.get_logger(__name__)
 
@@ -56,8 +59,10 @@ class Retirer(Protocol):
     async def retire(self, session: Session, messages: Sequence[Message]) -> bool: ...
 
 
-class ChatModel(Protocol):
-    async def chat(self, request: ChatRequest) -> ChatResponse: ...
+class CompactionObserver(Protocol):
+    """Told about every compaction that removed messages (``bot.metrics.Metrics`` counts them)."""
+
+    def compaction(self, *, fallback: bool) -> None: ...
 
 
 class _Consolidation(Protocol):
@@ -204,10 +209,12 @@ class CompactionService:
         summary_model: str | None,
         clock: Callable[[], datetime] = utcnow,
         max_prompt_tokens: int | None = None,
+        observer: CompactionObserver | None = None,
     ) -> None:
         """``max_prompt_tokens``: the most the summary request's input may hold (its model's window less
         the summary's own room); older messages are left out of the summary input beyond it."""
         self._llm = llm
+        self._observer = observer
         self._max_prompt = max_prompt_tokens
         self._counter = counter
         self._retirer = retirer
@@ -253,6 +260,8 @@ class CompactionService:
             fallback=text is None, reason=why,
         )  # fmt: skip
         session.metadata[META_LAST] = _record(result, trigger, self._clock())
+        if self._observer is not None:
+            self._observer.compaction(fallback=result.fallback)
         log_event = log.warning if result.fallback else log.info
         log_event(
             "compacted",

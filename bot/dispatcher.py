@@ -36,8 +36,8 @@ from bot.domain import InboundMessage, OutboundMessage
 from bot.errors import LLMError, StorageError, plain_reason
 from bot.inbox import Inbox
 from bot.outbox import PendingReply
+from bot.ports import ChannelPort
 from bot.sessions import SessionService
-from channels.base import Channel
 from pipeline import Pipeline, Turn
 
 log = structlog.get_logger(__name__)
@@ -94,7 +94,7 @@ class Dispatcher:
         self._inbox = inbox
         self._max_chars = max_inbound_chars
         self._observer = observer
-        self._channels: dict[str, Channel] = {}
+        self._channels: dict[str, ChannelPort] = {}
         self._ready: set[str] = set()
         self._lanes: dict[str, _Lane] = {}
         self._accepting = True
@@ -102,7 +102,7 @@ class Dispatcher:
 
     # -- wiring -----------------------------------------------------------------------------------
 
-    def attach(self, channel: Channel, *, ready: bool = True) -> None:
+    def attach(self, channel: ChannelPort, *, ready: bool = True) -> None:
         """Route replies for ``channel.name`` to ``channel``; with ``ready=False`` its chats' turns wait
         for :meth:`ready` (call that once the channel started and can send)."""
         self._channels[channel.name] = channel

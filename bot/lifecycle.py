@@ -19,6 +19,10 @@ Shutdown on the first SIGTERM or SIGINT, in this order:
 3. channels stop, in reverse start order (so replies of finishing turns could still go out in step 1);
 4. the process exits 0.
 
+:meth:`ServiceRunner.run` takes these steps itself. ``membot run`` (``bot/app.py``) instead calls
+:meth:`ServiceRunner.serve` inside ``build_core``, whose one exit stack takes the same steps in the same
+order when ``serve`` returns: each part is closed once, by its owner.
+
 A second signal exits at once with ``128 + signal``. That cannot corrupt a file: every write of user
 data is atomic (temp file, fsync, rename) or an append whose torn tail readers ignore (bot/storage.py),
 so dying in the middle of one leaves the previous state; and nothing accepted is lost, as after a kill:
@@ -33,21 +37,21 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Protocol
 
 import structlog
 
 from bot.config import LifecycleSettings
 from bot.errors import MembotError
-from channels.base import Channel, ChannelHealth
+from bot.ports import ChannelHealth, ChannelPort
 
 log = structlog.get_logger(__name__)
 
 EXIT_OK = 0
 EXIT_CHANNEL_FAILED = 1
 
-ChannelStarter = Callable[[str], Awaitable[Channel]]
+ChannelStarter = Callable[[str], Awaitable[ChannelPort]]
 Flush = Callable[[], Awaitable[None]]
 HardExit = Callable[[int], None]
 
@@ -79,7 +83,7 @@ class ServiceRunner:
         self._signals = tuple(signals)
         self._stop = asyncio.Event()
         self._health: dict[str, ChannelHealth] = {}
-        self._started: list[Channel] = []
+        self._started: list[ChannelPort] = []
 
     def channel_health(self) -> dict[str, ChannelHealth]:
         """Each configured channel's health, live; a channel that failed to start shows ``failed``."""
@@ -98,26 +102,45 @@ class ServiceRunner:
         flushers: Sequence[Flush] = (),
     ) -> int:
         """Start ``channels``, serve until stopped, shut down; returns the process exit code."""
+        with self.handling_signals():
+            code = await self.serve(channels, start_channel=start_channel, recover=dispatcher.recover)
+            if code == EXIT_OK:
+                await self._drain(dispatcher, flushers)
+            await self._stop_channels()
+            if code == EXIT_OK:
+                log.info("membot_stopped")
+            return code
+
+    @contextlib.contextmanager
+    def handling_signals(self) -> Iterator[None]:
+        """While held, the first signal begins the graceful shutdown and a second one exits at once.
+
+        Hold it over the shutdown too (``bot/app.py`` holds it over ``build_core``), so that a second
+        signal during the drain still exits at once.
+        """
         loop = asyncio.get_running_loop()
         for sig in self._signals:
             with contextlib.suppress(NotImplementedError):  # not on Windows' proactor loop
                 loop.add_signal_handler(sig, self._on_signal, sig)
         try:
-            await dispatcher.recover()
-            if not await self._start_all(channels, start_channel):
-                await self._stop_channels()
-                return EXIT_CHANNEL_FAILED
-            log.info("membot_started", channels=[c.name for c in self._started])
-            await self._stop.wait()
-            log.info("membot_stopping", grace_period=self._settings.grace_period)
-            await self._drain(dispatcher, flushers)
-            await self._stop_channels()
-            log.info("membot_stopped")
-            return EXIT_OK
+            yield
         finally:
             for sig in self._signals:
                 with contextlib.suppress(NotImplementedError):
                     loop.remove_signal_handler(sig)
+
+    async def serve(
+        self, channels: Sequence[str], *, start_channel: ChannelStarter, recover: Callable[[], Awaitable[int]]
+    ) -> int:
+        """Recover the inbox, start ``channels`` and return once a stop is requested: ``EXIT_OK``, or
+        ``EXIT_CHANNEL_FAILED`` at once when the service must not go on. The shutdown is the caller's."""
+        await recover()
+        if not await self._start_all(channels, start_channel):
+            return EXIT_CHANNEL_FAILED
+        log.info("membot_started", channels=[c.name for c in self._started])
+        await self._stop.wait()
+        log.info("membot_stopping", grace_period=self._settings.grace_period)
+        return EXIT_OK
 
     # -- signals ------------------------------------------------------------------------------------
 

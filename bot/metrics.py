@@ -6,15 +6,17 @@ registered as a side effect of importing a module.
 
 Two ways numbers get in:
 
-- **Recording calls** from the code that sees the event: the dispatcher calls :meth:`Metrics.turn_finished`
-  (it is a ``TurnObserver``), the tool loop :meth:`Metrics.tool_call` (a ``ToolObserver``), compaction
-  and memory :meth:`Metrics.compaction` / :meth:`Metrics.consolidation`.
+- **Recording calls** from the code that sees the event, each holding the ``Metrics`` as its
+  ``observer``: the dispatcher calls :meth:`Metrics.turn_finished` (a ``TurnObserver``), the tool loop
+  :meth:`Metrics.tool_call` (a ``ToolObserver``), the compaction service :meth:`Metrics.compaction`
+  (a ``CompactionObserver``) and memory's consolidator :meth:`Metrics.consolidation` (a
+  ``ConsolidationObserver``). ``bot/app.py`` passes the one ``Metrics`` to all four.
 - **Reads at scrape time** of state other parts already keep, so they need no hooks: the LLM client's
   :class:`~bot.llm.client.LLMStats` (calls, tokens, cost per model, failures, retries, failovers) and
   the dispatcher's queue depth, running turns and cached sessions (:meth:`Metrics.watch`).
 
     metrics = Metrics()
-    dispatcher = Dispatcher(..., observer=metrics)
+    dispatcher = Dispatcher(..., observer=metrics)  # and ToolLoopSystem, CompactionService, MemoryService
     metrics.watch(llm_stats=lambda: llm.stats, queued=dispatcher.total_queued, ...)
     text = metrics.render()  # what GET /metrics serves
 """
@@ -39,8 +41,9 @@ StatsSource = Callable[[], LLMStats | None]
 
 
 class Metrics:
-    """membot's counters and gauges. Satisfies the dispatcher's ``TurnObserver`` and the tool loop's
-    ``ToolObserver`` protocols, so it is passed as ``observer=`` to both."""
+    """membot's counters and gauges. Satisfies the dispatcher's ``TurnObserver``, the tool loop's
+    ``ToolObserver``, compaction's ``CompactionObserver`` and memory's ``ConsolidationObserver``
+    protocols, so it is passed as ``observer=`` to all four."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)

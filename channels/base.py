@@ -1,4 +1,5 @@
-"""What every channel adapter shares: the contract with the dispatcher and the access rules.
+"""What every channel adapter shares: the base class that implements the core's contract
+(:class:`bot.ports.ChannelPort`, whose values are re-exported here) and the access rules.
 
 A channel turns platform events into :class:`~bot.domain.InboundMessage` values and hands them to the
 dispatcher through ``submit`` (awaiting it means the message is safely queued, so only then may the
@@ -11,29 +12,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from bot.domain import InboundMessage, OutboundMessage, utcnow
+from bot.ports import ChannelHealth, ChannelState, InboundSink, PartialSink
 
-InboundSink = Callable[[InboundMessage], Awaitable[None]]
-PartialSink = Callable[[str], Awaitable[None]]
-ChannelState = Literal["stopped", "starting", "running", "degraded", "failed"]
-
-
-@dataclass(slots=True)
-class ChannelHealth:
-    """What /healthz and /status report about a channel."""
-
-    state: ChannelState = "stopped"
-    last_inbound: datetime | None = None
-    error: str | None = None
-    sent: int = 0
-    send_failures: int = 0
-    extra: dict[str, str] = field(default_factory=dict)
+__all__ = [
+    "Allowlist",
+    "Channel",
+    "ChannelHealth",
+    "ChannelState",
+    "InboundSink",
+    "PartialSink",
+    "while_running",
+]
 
 
 class Allowlist:
@@ -56,7 +50,7 @@ class Allowlist:
 
 
 class Channel(ABC):
-    """Base class of the Telegram, Discord and terminal adapters.
+    """Base class of the Telegram, Discord and terminal adapters; implements :class:`bot.ports.ChannelPort`.
 
     Subclasses set ``name`` and implement ``start``, ``stop`` and ``send``. They may override
     ``activity`` (a typing indicator shown while a turn runs) and ``partial_sink`` (streaming partial

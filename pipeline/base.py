@@ -1,27 +1,29 @@
 """The seam every pipeline system plugs into: the ``System`` protocol and the per-turn ``Turn``.
 
 A turn is one run of the pipeline for one session: it starts with the inbound messages the dispatcher
-collected and ends with a reply. Systems read and write the ``Turn``; they never call each other.
+collected and ends with a reply. Systems read and write the ``Turn`` and never call one another; what
+two of them need is a service the composition root hands to both. Compaction is one: AutoCompaction
+compacts before the model is asked, and the ToolLoop calls the same ``ContextBudget`` to compact in the
+middle of a turn when a request would not fit or the provider refused it as too long.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from bot.domain import InboundMessage, Message, Session, Usage, new_id, utcnow
-
-PartialSink = Callable[[str], Awaitable[None]]
+from bot.ports import PartialSink
 
 
 @runtime_checkable
 class System(Protocol):
     """One step of a turn.
 
-    ``order`` fixes its place (AutoCompaction=18, ContextBuilding=20, ToolLoop=30, MemoryPersist=50);
+    ``order`` fixes its place (AutoCompaction=18, ContextBuilding=20, ToolLoop=30, MemoryPersist=50,
+    Usage=90);
     two systems may not share an order. ``should_process`` lets a system skip a turn cheaply;
     ``process`` does the work. A system that raises is logged and recorded on the turn, and the next
     systems still run, so a failing memory write never costs the user their answer. A system may set

@@ -11,8 +11,8 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -20,9 +20,12 @@ from bot.config import ToolSettings
 from bot.context_budget import ContextBudget
 from bot.domain import Message, Role, ToolCall
 from bot.errors import LLMContextOverflow
-from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
+from bot.llm.types import ChatRequest, ChatResponse
 from bot.tools.base import ToolContext, ToolError, ToolRegistry
 from pipeline.base import Turn
+
+if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
+    from bot.llm import ChatModel
 
 log = structlog.get_logger(__name__)
 
@@ -30,14 +33,6 @@ REPEAT_LIMIT = 2  # identical (tool, arguments) pairs allowed per turn
 CANCELLED = "Cancelled: the turn was stopped before this tool call finished."
 DEADLINE = "Not finished: the turn deadline passed."
 NOT_RUN = "Not run: the tool call limit for this turn was reached."
-
-
-class ChatModel(Protocol):
-    """The part of :class:`bot.llm.LLMClient` the loop uses."""
-
-    async def chat(self, request: ChatRequest) -> ChatResponse: ...
-
-    def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]: ...
 
 
 class ToolObserver(Protocol):

@@ -1,10 +1,12 @@
 """Talking to language models over HTTP (OpenAI-compatible and Anthropic), with no vendor SDK."""
 
 from bot.llm.client import LLMClient, UsageObserver
+from bot.llm.model import ChatModel
 from bot.llm.stats import LLMStats
 from bot.llm.types import ChatRequest, ChatResponse, Purpose, StreamEvent, ToolSpec
 
 __all__ = [
+    "ChatModel",
     "ChatRequest",
     "ChatResponse",
     "LLMClient",

@@ -17,18 +17,21 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from zoneinfo import ZoneInfo
 
 import structlog
 
 from bot.domain import Message, Role
 from bot.errors import LLMError
-from bot.llm.types import ChatRequest, ChatResponse
+from bot.llm.types import ChatRequest
 from bot.memory.history import HistoryLog
 from bot.memory.items import ItemType
 from bot.memory.llm_json import as_text, parse_object
 from bot.memory.longterm import Conflict, LongTermMemory, MemoryFull
+
+if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
+    from bot.llm import ChatModel
 
 log = structlog.get_logger(__name__)
 
@@ -52,8 +55,10 @@ SYSTEM = (
 MIN_LINES_TO_GUARD = 6  # below this, "most lines" is too few to judge
 
 
-class ChatModel(Protocol):
-    async def chat(self, request: ChatRequest) -> ChatResponse: ...
+class ConsolidationObserver(Protocol):
+    """Told about every consolidation, summarized or raw fallback (``bot.metrics.Metrics`` counts them)."""
+
+    def consolidation(self, *, fallback: bool) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +207,10 @@ class Consolidator:
         max_fact_chars: int = MAX_FACT_CHARS,
         model: str | None = None,
         max_output_tokens: int = 2048,
+        observer: ConsolidationObserver | None = None,
     ) -> None:
         self._llm = llm
+        self._observer = observer
         self._longterm = longterm
         self._history = history
         self._tz = tz
@@ -239,6 +246,8 @@ class Consolidator:
             log.warning("consolidation_fallback", session_id=session_id, reason=result.reason)
             await self._history.append_raw_fallback(self._clock(), session_id, messages, result.reason)
         self.last_run, self.last_result = self._clock(), result
+        if self._observer is not None:
+            self._observer.consolidation(fallback=result.raw_fallback)
         return result
 
     async def _consolidate(

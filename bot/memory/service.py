@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import structlog
@@ -30,7 +31,7 @@ import structlog
 from bot.config import MemorySettings
 from bot.domain import Message, Role, Session, utcnow
 from bot.memory.archive import TranscriptArchive
-from bot.memory.consolidation import ChatModel, ConsolidationResult, Consolidator
+from bot.memory.consolidation import ConsolidationObserver, ConsolidationResult, Consolidator
 from bot.memory.embeddings import Embedder
 from bot.memory.extract import Utterance, extract
 from bot.memory.history import HistoryLog
@@ -61,6 +62,9 @@ from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to
 from bot.memory.vectors import VECTORS_DIR, VectorStore
 from bot.memory.words import load_lemmas, tokenize
 from bot.storage import append_bytes, ensure_private_dir, fix_private_tree
+
+if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
+    from bot.llm import ChatModel
 
 log = structlog.get_logger(__name__)
 
@@ -115,10 +119,12 @@ class MemoryService:
         count_tokens: TokenCounter = estimate_tokens,
         embedder: Embedder | None = None,
         maintain_every: timedelta | None = None,
+        observer: ConsolidationObserver | None = None,
     ) -> None:
         """``maintain_every`` is for the running bot: it then promotes, decays and compacts items after
         every consolidation and at least that often while it answers. Operator commands and the bench
-        leave it ``None``, so that they never rewrite item logs behind the bot's back.
+        leave it ``None``, so that they never rewrite item logs behind the bot's back. ``observer``
+        (``bot.metrics.Metrics``) is told about every consolidation.
         """
         self.settings = settings
         self.root = root
@@ -147,6 +153,7 @@ class MemoryService:
             max_memory_size=settings.max_memory_size,
             max_fact_chars=settings.max_fact_chars,
             model=consolidation_model,
+            observer=observer,
         )
         self._tasks: set[asyncio.Task[ConsolidationResult]] = set()
         self._maintain_every = maintain_every

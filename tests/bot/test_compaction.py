@@ -21,6 +21,7 @@ from bot.compaction import (
 )
 from bot.config import CompactionSettings
 from bot.domain import Message, Role, Session
+from bot.metrics import Metrics
 from bot.tokens import TokenCounter
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.session_kit import RecordingRetirer, conversation, llm_client, pairs_intact, tool_exchange
@@ -212,3 +213,29 @@ def test_the_cut_never_separates_a_tool_call_from_its_results(history: list[Mess
             assert all(m.role is Role.TOOL for m in history[1 : n - keep + 1])
     else:
         assert n <= keep or all(m.role is Role.TOOL for m in history[1:])
+
+
+async def test_every_compaction_is_counted_as_ok_or_fallback(
+    server: FakeLLMServer, catalog: ModelCatalog, http: httpx.AsyncClient
+) -> None:
+    metrics = Metrics()
+    llm = llm_client(server, catalog, http)
+    compaction = CompactionService(
+        llm,
+        TokenCounter.approximate(),
+        RecordingRetirer(),
+        CompactionSettings(),
+        summary_model=llm.model,
+        observer=metrics,
+    )
+    session = session_with(conversation(20))
+    server.script(FakeReply(text=SUMMARY))
+    assert not (await compaction.compact(session, keep_last=10)).fallback
+    for message in conversation(20):
+        session.append(message)
+    server.script(FakeReply(text=""))  # an empty summary: the older messages are only trimmed
+    assert (await compaction.compact(session, keep_last=10)).fallback
+
+    counted = metrics.registry.get_sample_value
+    assert counted("membot_compactions_total", {"result": "ok"}) == 1
+    assert counted("membot_compactions_total", {"result": "fallback"}) == 1

@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 
+from bot.config import MemorySettings
 from bot.domain import Message, Role, ToolCall
 from bot.llm import LLMClient
+from bot.memory import MemoryService
 from bot.memory.consolidation import format_messages, parse_reply
 from bot.memory.history import RAW_FALLBACK
 from bot.memory.items import ItemType, Layer
+from bot.metrics import Metrics
 from tests.bot.memory.conftest import UTC_ZONE, Clock, make_memory
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
@@ -244,3 +247,20 @@ def test_durable_item_types_are_filtered() -> None:
     assert [(f.type, f.content, f.confidence) for f in parsed.facts] == [
         (ItemType.TASK_STATE, "finish report", 0.8)
     ]
+
+
+async def test_every_consolidation_is_counted_as_ok_or_fallback(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    metrics = Metrics()
+    memory = MemoryService(tmp_path / "memory", MemorySettings(), llm=llm, clock=clock, observer=metrics)
+    await memory.start()
+    fake_llm.script(FakeReply(text=reply()))
+    assert not (await memory.consolidate("cli:me", conversation(clock), timeout=5)).raw_fallback
+    fake_llm.script(FakeReply(text="not JSON at all"))
+    assert (await memory.consolidate("cli:me", conversation(clock), timeout=5)).raw_fallback
+    await memory.close()
+
+    counted = metrics.registry.get_sample_value
+    assert counted("membot_consolidations_total", {"result": "ok"}) == 1
+    assert counted("membot_consolidations_total", {"result": "fallback"}) == 1

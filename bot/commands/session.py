@@ -1,9 +1,9 @@
-"""The session commands /status, /compact [N] and /new (the router and /stop live in bot/commands.py).
+"""The session commands /status, /compact [N] and /new (the router, /help and /stop are in the package).
 
 They are registered by the composition root, next to the services they report on::
 
     cmds = SessionCommands(sessions, budget, model=info, tier=tier, ledger=ledger,
-                           memory_stats=lambda: memory_operator.stats(memory), started_at=core.started_at)
+                           memory_stats=lambda: memory_operator.stats(memory))
     router.add("status", "Model, context, usage and memory of this chat", cmds.status)
     router.add("compact", "Summarize older messages now: /compact [N] keeps the last N", cmds.compact)
     router.add("new", "Save this conversation to memory and start a fresh one", cmds.new)

@@ -19,6 +19,7 @@ import pytest
 
 from bot.catalog import ModelCatalog
 from bot.commands import CommandRouter
+from bot.commands.session import COMPACT_USAGE, SessionCommands
 from bot.compaction import SUMMARY_PREFIX, CompactionService, MemoryRetirer
 from bot.config import CompactionSettings, DispatcherSettings, MemorySettings, ToolSettings
 from bot.context_budget import ContextBudget
@@ -27,7 +28,6 @@ from bot.domain import InboundMessage, Role
 from bot.inbox import Inbox
 from bot.memory import MemoryService
 from bot.memory import operator as memory_operator
-from bot.session_commands import COMPACT_USAGE, SessionCommands
 from bot.sessions import JsonSessionStore, SessionService
 from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry

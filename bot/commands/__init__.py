@@ -1,7 +1,8 @@
 """Chat commands: recognized before the pipeline, answered at once, never sent to the LLM.
 
-The router only parses and dispatches. Handlers are plain async functions registered by the
-composition root, so /status, /compact and /new can live with the services they report on.
+The router only parses and dispatches; it answers /help and /stop itself. The other handlers are plain
+async functions registered by the composition root: /status, /compact and /new live in
+``bot.commands.session``, next to the services they report on.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bot.domain import InboundMessage
+
+__all__ = ["CommandCall", "CommandHandler", "CommandRouter", "SessionControl"]
 
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]{0,31})(?:@([A-Za-z0-9_]+))?(?:\s+(.*))?$", re.DOTALL)
 
