@@ -33,7 +33,10 @@ log = structlog.get_logger(__name__)
 
 DECAY_FACTOR = 0.5
 MIN_SALIENCE = 0.05
-NEIGHBOUR_SPAN = timedelta(hours=6)  # how far apart the turns of one exchange may be
+NEIGHBOUR_SPAN = timedelta(hours=6)
+# Last use is kept to the hour: decay counts in days, and a new version per recall per turn cost more
+# than the recall itself.
+TOUCH_RESOLUTION = timedelta(hours=1)  # how far apart the turns of one exchange may be
 SUBJECT_TAG = "subject:"  # tags naming what a statement is about (see extract.py)
 
 K = TypeVar("K")
@@ -272,7 +275,7 @@ class ItemStore:
     def touch(self, item_id: str, now: datetime) -> None:
         """Record use in memory only; the item's next written version carries it to disk."""
         item = self._items.get(item_id)
-        if item is not None:
+        if item is not None and now - item.last_accessed_at >= TOUCH_RESOLUTION:
             self._items[item_id] = item.with_changes(last_accessed_at=now)
             self._touched.add(item_id)
 
