@@ -83,7 +83,7 @@ class TelegramChannel(Channel):
         typing_interval, stream_interval: how often "typing…" is refreshed and a stream is edited.
         chat_interval, chat_burst: per-chat pacing (a burst, then one message per interval).
         storage_retry_delay, storage_retry_max_delay: backoff while storage fails (doubling, bounded).
-        monotonic: the clock for throttling and pacing.
+        monotonic: the clock for throttling (pacing follows the event loop's clock).
     """
 
     name: ClassVar[str] = "telegram"
@@ -136,7 +136,7 @@ class TelegramChannel(Channel):
             retry_base_delay=retry_base_delay,
             typing_interval=typing_interval,
             stream_interval=stream_interval,
-            pacer=ChatPacer(chat_interval, chat_burst, monotonic),
+            pacer=ChatPacer(chat_interval, chat_burst),
             monotonic=monotonic,
         )
         self._outbox: TelegramOutbox | None = None

@@ -20,6 +20,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 import structlog
+from aiolimiter import AsyncLimiter
 from telegram import Bot, ReplyParameters
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, NetworkError, TelegramError
@@ -43,26 +44,22 @@ def parse_chat(chat_id: str) -> tuple[int, int | None]:
 
 
 class ChatPacer:
-    """Per-chat token bucket: ``burst`` messages at once, then one every ``interval`` seconds."""
+    """Per-chat pacing: ``burst`` messages at once, then one every ``interval`` seconds (Telegram
+    allows about one message a second in a chat). One aiolimiter leaky bucket per chat, the library
+    PTB's ``AIORateLimiter`` uses for the overall limit."""
 
-    def __init__(self, interval: float, burst: int, monotonic: Callable[[], float]) -> None:
+    def __init__(self, interval: float, burst: int) -> None:
         self._interval = interval
-        self._burst = burst
-        self._monotonic = monotonic
-        self._buckets: dict[int, tuple[float, float]] = {}  # chat -> (tokens, at)
-        self._locks: dict[int, asyncio.Lock] = {}
+        self._burst = max(1, burst)
+        self._limiters: dict[int, AsyncLimiter] = {}
 
     async def wait(self, chat: int) -> None:
         if self._interval <= 0:
             return
-        async with self._locks.setdefault(chat, asyncio.Lock()):
-            now = self._monotonic()
-            tokens, at = self._buckets.get(chat, (float(self._burst), now))
-            tokens = min(float(self._burst), tokens + (now - at) / self._interval)
-            if tokens < 1:
-                await asyncio.sleep((1 - tokens) * self._interval)
-                now, tokens = self._monotonic(), 1.0
-            self._buckets[chat] = (tokens - 1, now)
+        limiter = self._limiters.get(chat)
+        if limiter is None:
+            limiter = self._limiters[chat] = AsyncLimiter(self._burst, self._burst * self._interval)
+        await limiter.acquire()
 
 
 class TelegramOutbox:
