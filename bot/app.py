@@ -183,9 +183,7 @@ async def build_core(
         sessions = SessionService(
             JsonSessionStore(settings.sessions_dir), cache_size=settings.sessions.cache_size
         )
-        counter = await asyncio.to_thread(
-            TokenCounter.offline, settings.workspace / "cache" / "tiktoken", model=primary, provider=provider
-        )
+        counter = await asyncio.to_thread(TokenCounter.offline, model=primary, provider=provider)
 
         # Memory: always built (archive and raw fallbacks keep working); the LLM only when enabled.
         memory = MemoryService(
