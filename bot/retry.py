@@ -55,13 +55,14 @@ async def retry(
     retry_if: Callable[[Exception, int], bool],
     wait: Callable[[Exception, int], float],
     on_retry: Callable[[Exception, int, float], object] | None = None,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
 ) -> T:
     """Await ``call()`` until it returns; after each failure decide whether to try again.
 
     ``retry_if(exc, tries)`` and ``wait(exc, tries)`` get the error and the number of tries made so
     far (1 after the first failure). When ``retry_if`` is false the error is raised as is; else
-    ``on_retry(exc, tries, delay)`` is told and the loop sleeps ``delay`` seconds before the next try.
+    ``on_retry(exc, tries, delay)`` is told and the loop sleeps ``delay`` seconds before the next try
+    (``sleep``, default ``asyncio.sleep`` looked up at each call).
     """
     tries = 0
     while True:
@@ -74,4 +75,4 @@ async def retry(
             delay = wait(exc, tries)
             if on_retry is not None:
                 on_retry(exc, tries, delay)
-        await sleep(delay)
+        await (sleep or asyncio.sleep)(delay)
