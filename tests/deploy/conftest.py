@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.deploy import prebuild
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    # Under pytest-xdist every worker collects every test: there the fixtures start the build on demand.
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
     if any(item.path.name == "test_wheel_install.py" for item in session.items):
         prebuild.prepared()
 

@@ -19,7 +19,7 @@ from tests.deploy.prebuild import prepared, run
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("wheel")]  # one build per run
 
 
 @pytest.fixture(scope="module")
