@@ -294,8 +294,7 @@ def _worker_counter() -> TokenCounter:
     global _COUNTER
     if _COUNTER is None:
         configure_logging(level="ERROR", fmt="json")
-        cache = Path(tempfile.gettempdir()) / f"membot-e2e-tiktoken-{os.getuid()}"
-        _COUNTER = TokenCounter.offline(cache, model="gpt-4.1-mini", provider="openai")
+        _COUNTER = TokenCounter.offline(model="gpt-4.1-mini", provider="openai")
     return _COUNTER
 
 

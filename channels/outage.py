@@ -7,19 +7,13 @@ and one line when it ends (how long it lasted, how many tries failed); the retri
 debug level. The delay before the n-th retry doubles from ``first_delay`` up to ``max_delay``.
 
     outage = StorageOutage("the Telegram update journal")
-    attempt = 0
-    while True:
-        try:
-            await write()
-        except Exception as exc:
-            if not is_storage_error(exc):
-                raise
-            attempt += 1
-            outage.failed(exc)
-            await asyncio.sleep(outage.delay(attempt))
-            continue
-        outage.recovered()
-        break
+    await retry(
+        write,
+        retry_if=lambda exc, tries: is_storage_error(exc),
+        wait=lambda exc, tries: outage.delay(tries),
+        on_retry=lambda exc, tries, delay: outage.failed(exc),
+    )
+    outage.recovered()
 """
 
 from __future__ import annotations
@@ -30,6 +24,7 @@ from collections.abc import Callable
 import structlog
 
 from bot.errors import StorageError
+from bot.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
@@ -63,7 +58,7 @@ class StorageOutage:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1, 2, ...): doubling, at most ``max_delay``."""
-        return float(min(self._max, self._first * 2 ** max(0, attempt - 1)))
+        return Backoff(self._first, self._max)(attempt - 1)
 
     def failed(self, exc: BaseException) -> None:
         self._failures += 1

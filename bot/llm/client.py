@@ -51,6 +51,7 @@ from bot.llm.httpx_errors import HTTPX_ERRORS, httpx_errors, map_httpx_error
 from bot.llm.sse import SSEvent, iter_sse
 from bot.llm.stats import LLMStats
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
+from bot.retry import Backoff, retry
 
 __all__ = ["HTTPX_ERRORS", "LLMClient", "LLMStats", "UsageObserver", "map_httpx_error"]
 
@@ -199,32 +200,39 @@ class LLMClient:
         return exc.retryable and attempt < limit
 
     async def _with_retries(self, model: str, request: ChatRequest) -> ChatResponse:
-        attempt = 0
-        while True:
+        async def once() -> tuple[ChatResponse, float]:
             started = time.monotonic()
             try:
-                response = await self._send_once(model, request)
+                return await self._send_once(model, request), time.monotonic() - started
             except LLMError as exc:
                 self._failed(model, exc)
-                if not self._may_retry(exc, attempt):
-                    raise
-                await self._backoff(attempt, exc)
-                attempt += 1
-                continue
-            await self._succeeded(model, request, response, time.monotonic() - started)
-            return response
+                raise
+
+        response, elapsed = await retry(
+            once,
+            retry_if=lambda exc, tries: isinstance(exc, LLMError) and self._may_retry(exc, tries - 1),
+            wait=self._delay,
+            on_retry=self._retrying,
+            sleep=self._sleep,
+        )
+        await self._succeeded(model, request, response, elapsed)
+        return response
 
     async def _backoff(self, attempt: int, exc: LLMError) -> None:
-        """Wait before the next try: the server's hint if it gave one, else exponential with jitter."""
-        self.stats.retries += 1
-        hinted: float | None = getattr(exc, "retry_after", None)
-        if hinted is not None:
-            delay = min(hinted, self._settings.retry_max_delay)
-        else:
-            base = self._settings.retry_base_delay * (2**attempt)
-            delay = min(base * (0.5 + self._rng()), self._settings.retry_max_delay)
-        log.info("llm_retry", model=exc.model, attempt=attempt + 1, delay=round(delay, 3), error=str(exc))
+        """Wait before try ``attempt + 1`` (the streaming loop's own retry; see :meth:`_with_retries`)."""
+        delay = self._delay(exc, attempt + 1)
+        self._retrying(exc, attempt + 1, delay)
         await self._sleep(delay)
+
+    def _delay(self, exc: Exception, tries: int) -> float:
+        """The server's hint if it gave one, else exponential with jitter; never above the cap."""
+        backoff = Backoff(self._settings.retry_base_delay, self._settings.retry_max_delay, jitter=self._rng)
+        return backoff(tries - 1, hint=getattr(exc, "retry_after", None))
+
+    def _retrying(self, exc: Exception, tries: int, delay: float) -> None:
+        self.stats.retries += 1
+        model = getattr(exc, "model", None)
+        log.info("llm_retry", model=model, attempt=tries, delay=round(delay, 3), error=str(exc))
 
     def _failover(self, failed: str, following: str, exc: LLMError) -> None:
         self.stats.failovers += 1

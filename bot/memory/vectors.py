@@ -38,6 +38,7 @@ from numpy.typing import NDArray
 from bot.memory import vector_file
 from bot.memory.embeddings import EMBED_CHARS, Embedder
 from bot.memory.items import MemoryItem
+from bot.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
@@ -306,7 +307,7 @@ class VectorStore:
             self._progress.notify_all()
 
     def _delay(self) -> float:
-        return float(min(self._max_retry_after, self._retry_after * 2 ** max(0, self._failures - 1)))
+        return Backoff(self._retry_after, self._max_retry_after)(self._failures - 1)
 
     async def _store(self, keys: list[str], vectors: NDArray[np.float32]) -> None:
         halves = vectors.astype(np.float16)

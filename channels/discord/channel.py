@@ -40,6 +40,7 @@ from bot.config import DiscordSettings
 from bot.domain import InboundMessage, OutboundMessage
 from bot.errors import ChannelError, ConfigError
 from bot.pairing import PairingStore
+from bot.retry import retry
 from channels.base import Channel, InboundSink, PartialSink
 from channels.discord.commands import interaction_text, sync_commands
 from channels.discord.inbound import DiscordAccess, Place, addresses_bot, read_attachments, readable_text
@@ -258,19 +259,14 @@ class DiscordChannel(Channel):
 
     async def _hand_over(self, message: InboundMessage) -> None:
         """Submit, again and again while storage fails (see the module doc); called under the chat's lock."""
-        attempt = 0
-        while True:
-            try:
-                await self.handle_inbound(message)
-            except Exception as exc:
-                if not is_storage_error(exc) or self._client is None:
-                    raise  # on_error logs it: a bug, or the channel stopped during the outage
-                attempt += 1
-                self._outage.failed(exc)
-                await asyncio.sleep(self._outage.delay(attempt))
-                continue
-            self._outage.recovered()
-            return
+        await retry(
+            lambda: self.handle_inbound(message),
+            # else on_error logs it: a bug, or the channel stopped during the outage
+            retry_if=lambda exc, tries: is_storage_error(exc) and self._client is not None,
+            wait=lambda exc, tries: self._outage.delay(tries),
+            on_retry=lambda exc, tries, delay: self._outage.failed(exc),
+        )
+        self._outage.recovered()
 
     # -- outbound ---------------------------------------------------------------------------------
 

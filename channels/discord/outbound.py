@@ -24,6 +24,7 @@ import structlog
 from bot.config import DiscordSettings
 from bot.domain import OutboundMessage
 from bot.errors import ChannelError
+from bot.retry import Backoff, retry
 from channels.base import ChannelHealth, PartialSink, while_running
 from channels.chunking import split_message
 from channels.streaming import StreamedMessage
@@ -140,19 +141,26 @@ class DiscordOutbox:
     async def deliver(self, chat_id: str, call: Callable[[], Awaitable[_T]]) -> _T:
         """Run one Discord request; retry 5xx and network failures with backoff (the library retries 429)."""
         retries = self._settings.send_retries
-        for attempt in range(retries + 1):
-            try:
-                return await call()
-            except _TRANSIENT as exc:
-                if attempt == retries:
-                    raise self._failed(chat_id, exc, attempt + 1) from exc
-                log.warning(
-                    "discord_send_retry", channel_id=chat_id, attempt=attempt + 1, error=describe(exc)
-                )
-                await asyncio.sleep(min(self._settings.send_retry_delay * 2**attempt, 30.0))
-            except discord.DiscordException as exc:  # refused (4xx): another try would be refused too
-                raise self._failed(chat_id, exc, attempt + 1) from exc
-        raise AssertionError("unreachable")
+        backoff = Backoff(self._settings.send_retry_delay, 30.0)
+        tries = 0
+
+        async def once() -> _T:
+            nonlocal tries
+            tries += 1
+            return await call()
+
+        def note(exc: Exception, tried: int, delay: float) -> None:
+            log.warning("discord_send_retry", channel_id=chat_id, attempt=tried, error=describe(exc))
+
+        try:
+            return await retry(
+                once,
+                retry_if=lambda exc, tried: isinstance(exc, _TRANSIENT) and tried <= retries,
+                wait=lambda exc, tried: backoff(tried - 1),
+                on_retry=note,
+            )
+        except (*_TRANSIENT, discord.DiscordException) as exc:  # 4xx: another try would be refused too
+            raise self._failed(chat_id, exc, tries) from exc
 
     def _failed(self, chat_id: str, exc: BaseException, attempts: int) -> ChannelError:
         self._health.send_failures += 1

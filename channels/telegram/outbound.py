@@ -27,6 +27,7 @@ from telegram.error import BadRequest, NetworkError, TelegramError
 
 from bot.domain import OutboundMessage
 from bot.errors import ChannelError
+from bot.retry import Backoff, retry
 from channels.base import PartialSink, while_running
 from channels.chunking import split_message, utf16_len
 from channels.streaming import StreamedMessage
@@ -172,22 +173,26 @@ class TelegramOutbox:
 
     async def call(self, request: Callable[[], Awaitable[T]], *, what: str, chat: int | None = None) -> T:
         """Run one Bot API request, retrying timeouts, connection failures and 5xx with backoff."""
-        delay = self._retry_base_delay
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await request()
-            except BadRequest:
-                raise  # the request itself is wrong: another try cannot help
-            except NetworkError as exc:  # TimedOut, connection errors and every 5xx
-                context = {"what": what, "chat_id": chat, "attempt": attempt, "error": str(exc)}
-                if attempt > self._max_retries:
-                    log.error("telegram_request_failed", **context)
-                    raise
-                log.warning("telegram_retry", wait=delay, **context)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
+        backoff = Backoff(self._retry_base_delay, 30.0)
+
+        def transient(exc: Exception) -> bool:  # TimedOut, connection errors and every 5xx; not BadRequest
+            return isinstance(exc, NetworkError) and not isinstance(exc, BadRequest)
+
+        def note(exc: Exception, tried: int, delay: float) -> None:
+            log.warning("telegram_retry", wait=delay, what=what, chat_id=chat, attempt=tried, error=str(exc))
+
+        try:
+            return await retry(
+                request,
+                retry_if=lambda exc, attempt: transient(exc) and attempt <= self._max_retries,
+                wait=lambda exc, attempt: backoff(attempt - 1),
+                on_retry=note,
+            )
+        except NetworkError as exc:
+            if transient(exc):
+                attempt = self._max_retries + 1
+                log.error("telegram_request_failed", what=what, chat_id=chat, attempt=attempt, error=str(exc))
+            raise
 
     # -- while a turn runs ----------------------------------------------------------------------------
 

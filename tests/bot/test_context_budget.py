@@ -56,8 +56,8 @@ class RecordingModel:
 
 
 @pytest.fixture(scope="module")
-def counter(tmp_path_factory: pytest.TempPathFactory) -> TokenCounter:
-    return TokenCounter.offline(tmp_path_factory.mktemp("tiktoken"), model="local-8k", provider="openai")
+def counter() -> TokenCounter:
+    return TokenCounter.offline(model="local-8k", provider="openai")
 
 
 def words(n: int, seed: str) -> str:

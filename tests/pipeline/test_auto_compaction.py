@@ -64,8 +64,8 @@ def catalog(tmp_path_factory: pytest.TempPathFactory) -> ModelCatalog:
 
 
 @pytest.fixture(scope="module")
-def counter(tmp_path_factory: pytest.TempPathFactory) -> TokenCounter:
-    return TokenCounter.offline(tmp_path_factory.mktemp("tiktoken"), model=TINY, provider="openai")
+def counter() -> TokenCounter:
+    return TokenCounter.offline(model=TINY, provider="openai")
 
 
 class Rig:

