@@ -60,6 +60,10 @@ class ItemStore:
         self._lines: dict[Path, int] = defaultdict(int)
         self._touched: set[str] = set()  # ids whose last use is newer in memory than on disk
         self._by_message: dict[tuple[str, str], set[str]] = defaultdict(set)
+        # A stamp per message, new whenever one of its items changes: what recall built from a message
+        # stays valid while the stamp does (stamps only grow, across reloads too).
+        self._message_stamps: dict[tuple[str, str], int] = {}
+        self._stamp = 0
         self._by_subject: dict[str, set[str]] = defaultdict(set)
         self._by_day: dict[date, set[str]] = defaultdict(set)  # UTC day of creation
         # The same per chat, so a turn's neighbours are found among its own chat's items, not everyone's.
@@ -150,6 +154,10 @@ class ItemStore:
     def of_message(self, key: tuple[str, str]) -> list[MemoryItem]:
         """The live items made from one message (its passages, typed sentences, promoted copies)."""
         return [self._items[i] for i in self._by_message.get(key, ()) if i in self._items]
+
+    def stamp_of(self, key: tuple[str, str]) -> int:
+        """The message's current stamp (see ``_message_stamps``); 0 for one with no items."""
+        return self._message_stamps.get(key, 0)
 
     def passages(self, key: tuple[str, str]) -> list[MemoryItem]:
         """The message's text items in order: together they are the whole message."""
@@ -315,6 +323,8 @@ class ItemStore:
         for ref in item.references:
             if ref.message_key is not None:
                 _file(self._by_message, ref.message_key, item.id, add=add)
+                self._stamp += 1
+                self._message_stamps[ref.message_key] = self._stamp
         for tag in item.tags:
             if tag.startswith(SUBJECT_TAG):
                 _file(self._by_subject, tag[len(SUBJECT_TAG) :], item.id, add=add)

@@ -36,6 +36,7 @@ MessageKey = tuple[str, str]
 STANDALONE_SOURCES = frozenset({"tool", "consolidation"})
 GAP = "\n[…]\n"
 COUNT_CACHE = 20_000  # texts whose token count is remembered
+BUILT_CACHE = 20_000  # messages whose shown text is remembered
 WHOLE_FIRST = 3  # this many best memories are never shortened
 EXPAND_FIRST = 3  # this many best memories bring the turns around them
 
@@ -72,6 +73,20 @@ class Memory:
     whole: bool = True  # False: only the passages that matched a long message
     subjects: tuple[str, ...] = ()
     previously: tuple[Memory, ...] = ()  # older statements on the same subject, newest first
+
+
+@dataclass(frozen=True, slots=True)
+class _Built:
+    """What a message shows, as of its stamp (see ``Recaller._built``)."""
+
+    stamp: int
+    fallback: str
+    text: str
+    whole: bool
+    when: datetime
+    durable: bool
+    question: bool
+    subjects: tuple[str, ...]
 
 
 @dataclass(slots=True)
@@ -111,6 +126,10 @@ class Recaller:
         self._count = count
         self._counts: dict[str, int] = {}
         self._max_message = max_message_tokens
+        # What a whole message shows, by (message, length limit), with the message's stamp when built:
+        # the same messages come back turn after turn, and putting them together was most of recall's
+        # time. Kept while the stamp holds (an item of the message changed: built again).
+        self._built: dict[tuple[MessageKey, int], _Built] = {}
 
     def gather(
         self, ranked: Iterable[ScoredItem], *, skip: set[MessageKey] | None = None
@@ -164,17 +183,28 @@ class Recaller:
                 key, item.content.strip(), "fact", item.created_at, best.score, best.relevance, tuple(hits),
                 durable=item.layer is not Layer.EPISODIC, subjects=_subjects([item]),
             )  # fmt: skip
-        family = self._store.of_message(key)
-        parts = self._store.passages(key)
         role = "assistant" if "assistant" in item.tags else "user"
         limit = self._max_message // 3 if brief_assistant and role == "assistant" else self._max_message
-        text, whole = self._text(parts, hits, fallback=item.content, limit=limit)
-        when = min((p.created_at for p in parts), default=item.created_at)
+        stamp = self._store.stamp_of(key)
+        built = self._built.get((key, limit))
+        if built is None or built.stamp != stamp or built.fallback != item.content:
+            family = self._store.of_message(key)
+            parts = self._store.passages(key)
+            text, whole = self._text(parts, hits, fallback=item.content, limit=limit)
+            built = _Built(
+                stamp, item.content, text, whole,
+                when=min((p.created_at for p in parts), default=item.created_at),
+                durable=any(i.layer is not Layer.EPISODIC for i in family if retrievable(i)),
+                question=any(QUESTION_TAG in p.tags for p in parts[:1]),
+                subjects=_subjects(family),
+            )  # fmt: skip
+            if whole:  # a cut one depends on which passages matched this query
+                if len(self._built) >= BUILT_CACHE:
+                    self._built.clear()
+                self._built[(key, limit)] = built
         return Memory(
-            key, text, role, when, best.score, best.relevance, tuple(hits),
-            durable=any(i.layer is not Layer.EPISODIC for i in family if retrievable(i)),
-            question=any(QUESTION_TAG in p.tags for p in parts[:1]),
-            whole=whole, subjects=_subjects(family),
+            key, built.text, role, built.when, best.score, best.relevance, tuple(hits),
+            durable=built.durable, question=built.question, whole=built.whole, subjects=built.subjects,
         )  # fmt: skip
 
     def _text(
