@@ -44,6 +44,8 @@ log = structlog.get_logger(__name__)
 
 VECTORS_DIR = "vectors"  # under the memory folder
 BATCH = 64  # texts per embedder call
+SETTLE = 0.25  # seconds without new items before the queue is embedded
+MAX_WAIT = 2.0  # seconds a queued item waits at most while items keep arriving
 THREAD_SCORING_ROWS = 20_000  # above this many rows a query is scored in a worker thread
 QUERY_CACHE = 256  # recent query vectors kept: a message is the query, then an item to embed
 
@@ -128,6 +130,8 @@ class VectorStore:
         batch: int = BATCH,
         retry_after: float = 5.0,
         max_retry_after: float = 300.0,
+        settle: float = SETTLE,
+        max_wait: float = MAX_WAIT,
     ) -> None:
         self.folder = folder
         self.embedder = embedder
@@ -136,6 +140,9 @@ class VectorStore:
         self._batch = batch
         self._retry_after = retry_after
         self._max_retry_after = max_retry_after
+        self._settle = settle
+        self._max_wait = max_wait
+        self._hurry = False  # drain() wants the queue embedded now
         self._matrix = _Matrix()
         self._end = 0
         self._inode = 0
@@ -247,6 +254,8 @@ class VectorStore:
         with it).
         """
         total = len(self._queue)
+        self._hurry = True
+        self._wake.set()
         async with self._progress:
             failures = self._failure_events
             while self._queue and self._worker is not None:
@@ -261,6 +270,7 @@ class VectorStore:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            await self._gather()
             while self._queue:
                 batch = list(islice(self._queue.items(), self._batch))
                 try:
@@ -279,6 +289,20 @@ class VectorStore:
                     self._failures, self.last_error = 0, None
                 async with self._progress:
                     self._progress.notify_all()
+
+    async def _gather(self) -> None:
+        """Wait until items stop arriving for ``settle`` seconds (at most ``max_wait``): a burst is
+        embedded as one batch, cheaper per text than one call each, and the model stays off the CPU
+        while the turns that wrote them are still being answered. ``drain()`` cuts the wait short."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._max_wait
+        while not self._hurry and (left := deadline - loop.time()) > 0:
+            try:
+                await asyncio.wait_for(self._wake.wait(), min(self._settle, left))
+            except TimeoutError:
+                return  # quiet
+            self._wake.clear()
+        self._hurry = False
 
     async def _embed(self, texts: list[str]) -> NDArray[np.float32]:
         """Unit vectors for ``texts``; one the bot just asked with (a user's message is both the query and
