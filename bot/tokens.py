@@ -20,7 +20,8 @@ so counting a 10,000-message session every turn encodes only the new messages.
 from __future__ import annotations
 
 import asyncio
-import functools
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -46,7 +47,7 @@ MIN_CALIBRATION_TOKENS = 1000  # below this, fixed overhead (tool schemas) would
 RATIO_BOUNDS = (0.5, 3.0)
 RATIO_WEIGHT = 0.3  # how fast the ratio follows new observations (exponential moving average)
 LONG_TEXT = 1024  # characters from which a text's count is remembered (prompts, packs, tool schemas)
-LONG_TEXTS_REMEMBERED = 512  # distinct long texts remembered: a few per chat in flight
+LONG_TEXTS_REMEMBERED = 4096  # distinct long texts remembered: a few per chat in flight
 
 # Priors before any usage is seen: tokens of the model per basis token.
 _PRIOR = {"exact": 1.0, "openai": 1.0, "anthropic": 1.15, "local": 1.1}
@@ -120,8 +121,10 @@ class TokenCounter:
         self._tallies: dict[str, _Tally] = {}
         # A turn counts the same system prompt (memory pack included) several times: when it is built,
         # when the request is checked against the window and after the answer. Long texts are counted
-        # once; lru_cache is thread-safe, and a string caches its own hash.
-        self._count_long = functools.lru_cache(maxsize=LONG_TEXTS_REMEMBERED)(self._encode_len)
+        # once, remembered by (hash, length) so that thousands of chats in flight cost kilobytes, not
+        # their prompts (a string caches its own hash; a 64-bit collision is not a practical risk).
+        self._long_counts: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._long_lock = threading.Lock()  # counting also runs in worker threads
 
     @classmethod
     def offline(cls, *, model: str, provider: str) -> TokenCounter:
@@ -165,6 +168,20 @@ class TokenCounter:
             return self._count_long(text) if len(text) >= LONG_TEXT else self._encode_len(text)
         ascii_chars = sum(1 for ch in text if ord(ch) < 128)
         return (ascii_chars + 3) // 4 + (len(text) - ascii_chars)  # non-Latin scripts: ~1 token a char
+
+    def _count_long(self, text: str) -> int:
+        key = (hash(text), len(text))
+        with self._long_lock:
+            found = self._long_counts.get(key)
+            if found is not None:
+                self._long_counts.move_to_end(key)
+                return found
+        found = self._encode_len(text)
+        with self._long_lock:
+            self._long_counts[key] = found
+            if len(self._long_counts) > LONG_TEXTS_REMEMBERED:
+                self._long_counts.popitem(last=False)
+        return found
 
     def _encode_len(self, text: str) -> int:
         assert self._encoding is not None
