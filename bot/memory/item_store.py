@@ -13,6 +13,7 @@ which commits the lines of all chats waiting at that moment with one fsync per f
 from __future__ import annotations
 
 import asyncio
+import bisect
 import functools
 import json
 import os
@@ -63,6 +64,10 @@ class ItemStore:
         # A stamp per message, new whenever one of its items changes: what recall built from a message
         # stays valid while the stamp does (stamps only grow, across reloads too).
         self._message_stamps: dict[tuple[str, str], int] = {}
+        # Each conversation's messages in time order, so a message's neighbours are a bisect away.
+        self._timelines: dict[tuple[str, str | None], list[tuple[datetime, tuple[str, str]]]] = {}
+        self._placed: dict[tuple[str, str], tuple[tuple[str, str | None], datetime]] = {}
+        self._bulk = False
         self._stamp = 0
         self._by_subject: dict[str, set[str]] = defaultdict(set)
         self._by_day: dict[date, set[str]] = defaultdict(set)  # UTC day of creation
@@ -88,11 +93,17 @@ class ItemStore:
         self._items = {i.id: i for i in loaded.values() if not i.deleted}
         self._by_fingerprint = {(i.layer, i.fingerprint): i.id for i in self._items.values()}
         self._by_message.clear()
+        self._timelines.clear()
+        self._placed.clear()
         self._by_subject.clear()
         self._by_day.clear()
         self._by_session_day.clear()
+        self._bulk = True  # timelines are appended to, then sorted once
         for item in self._items.values():
             self._index(item, add=True)
+        self._bulk = False
+        for timeline in self._timelines.values():
+            timeline.sort()
         self._lines = defaultdict(int, lines)
         self.generation += 1
         for listener in self._listeners:
@@ -202,28 +213,18 @@ class ItemStore:
     ) -> list[tuple[str, str]]:
         """The messages said just before and just after message ``key`` in its conversation (at most
         one each, within ``within``): the exchange it belongs to."""
-        own = next((i for i in self.passages(key)), None)
-        if own is None:
+        placed = self._placed.get(key)
+        if placed is None:
             return []
-        ref = next(r for r in own.references if r.message_key == key)
-        at = own.created_at
-        before: tuple[datetime, tuple[str, str]] | None = None
-        after: tuple[datetime, tuple[str, str]] | None = None
-        for item in self.created_between(at - within, at + within, session_id=ref.session_id):
-            if item.type is not ItemType.EPISODE:
-                continue
-            for other in item.references:
-                near = other.message_key
-                if near is None or near == key or other.session_id != ref.session_id:
-                    continue
-                if other.conversation != ref.conversation:
-                    continue
-                if item.created_at < at or (item.created_at == at and near < key):
-                    if before is None or item.created_at >= before[0]:
-                        before = (item.created_at, near)
-                elif after is None or item.created_at < after[0]:
-                    after = (item.created_at, near)
-        return [found[1] for found in (before, after) if found is not None]
+        line, at = placed
+        timeline = self._timelines[line]
+        i = bisect.bisect_left(timeline, (at, key))
+        found = []
+        if i > 0 and at - timeline[i - 1][0] <= within:
+            found.append(timeline[i - 1][1])
+        if i + 1 < len(timeline) and timeline[i + 1][0] - at <= within:
+            found.append(timeline[i + 1][1])
+        return found
 
     def with_fingerprint(self, fingerprint: str) -> list[MemoryItem]:
         """The live, retrievable items saying exactly this (at most one per layer)."""
@@ -325,9 +326,35 @@ class ItemStore:
                 _file(self._by_message, ref.message_key, item.id, add=add)
                 self._stamp += 1
                 self._message_stamps[ref.message_key] = self._stamp
+                if add and item.type is ItemType.EPISODE:
+                    self._place(ref.message_key, (ref.session_id, ref.conversation), item.created_at)
+                elif not add and ref.message_key not in self._by_message:
+                    self._unplace(ref.message_key)
         for tag in item.tags:
             if tag.startswith(SUBJECT_TAG):
                 _file(self._by_subject, tag[len(SUBJECT_TAG) :], item.id, add=add)
+
+    def _place(self, key: tuple[str, str], line: tuple[str, str | None], at: datetime) -> None:
+        if key in self._placed:
+            return
+        self._placed[key] = (line, at)
+        timeline = self._timelines.setdefault(line, [])
+        if self._bulk:
+            timeline.append((at, key))
+        else:
+            bisect.insort(timeline, (at, key))  # mostly an append: messages come in time order
+
+    def _unplace(self, key: tuple[str, str]) -> None:
+        placed = self._placed.pop(key, None)
+        if placed is None:
+            return
+        line, at = placed
+        timeline = self._timelines[line]
+        i = bisect.bisect_left(timeline, (at, key))
+        if i < len(timeline) and timeline[i] == (at, key):
+            del timeline[i]
+        if not timeline:
+            del self._timelines[line]
 
     async def _write(self, items: list[MemoryItem]) -> None:
         """Queue the items' lines (one payload per file) and wait until they are durable."""

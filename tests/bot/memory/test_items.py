@@ -170,3 +170,33 @@ async def test_torn_last_line_is_ignored(tmp_path: Path, clock: Clock) -> None:
     again = ItemStore(tmp_path)
     await again.load()
     assert sorted(i.content for i in again.items()) == ["kept", "written after the crash"]
+
+
+async def test_neighbours_are_the_turns_around_a_message_in_its_own_conversation(
+    tmp_path: Path, clock: Clock
+) -> None:
+    store = ItemStore(tmp_path)
+    await store.load()
+
+    def said(text: str, message: str, conversation: str = "c1") -> MemoryItem:
+        clock.advance(minutes=1)
+        return MemoryItem(
+            **{
+                **_fields(item(clock, text, type=ItemType.EPISODE)),
+                "references": (Reference("tg:1", message, conversation=conversation),),
+            }
+        )
+
+    first, elsewhere, middle, last = (
+        said("I bought a road bike", "m1"),
+        said("unrelated talk in another conversation", "x1", conversation="c2"),
+        said("which saddle fits it?", "m2"),
+        said("a Brooks saddle", "m3"),
+    )
+    await store.add_many([first, elsewhere, middle, last])
+    assert store.neighbours(("tg:1", "m2")) == [("tg:1", "m1"), ("tg:1", "m3")]
+    assert store.neighbours(("tg:1", "x1")) == []  # alone in its conversation
+    await store.delete(last.id, clock.now)
+    assert store.neighbours(("tg:1", "m2")) == [("tg:1", "m1")]
+    await store.load()  # the same after a restart
+    assert store.neighbours(("tg:1", "m2")) == [("tg:1", "m1")]
