@@ -101,9 +101,12 @@ async def test_embeddings_find_what_words_alone_miss(
     memory = MemoryService(tmp_path / "memory", MemorySettings(), clock=clock, embedder=embedder)
     await memory.start()
     user = Message(Role.USER, "my automobile needs new tires", timestamp=clock.now)
-    await memory.record_exchanges([Exchange("cli:me", user, None)])
+    answer = Message(Role.ASSISTANT, "Winter tires would suit the season.", timestamp=clock.now)
+    await memory.record_exchanges([Exchange("cli:me", user, answer)])
     assert memory.vectors is not None
     await memory.vectors.drain()  # embedded in the background, never on the reply path
+    embedded = [text for request in server.requests for text in request["body"]["input"]]
+    assert embedded == ["my automobile needs new tires"]  # the user's words; answers are found by theirs
 
     found = await memory.search("car service")
     assert [s.item.content for s in found] == ["my automobile needs new tires"]

@@ -259,6 +259,22 @@ async def test_the_queue_never_blocks_the_caller(tmp_path: Path) -> None:
     await store.close()
 
 
+async def test_items_written_turn_after_turn_are_embedded_together_once_they_pause(tmp_path: Path) -> None:
+    embedder = WordsEmbedder()
+    store = VectorStore(tmp_path / "vectors", embedder, settle=0.05, max_wait=5.0)
+    await store.start()
+    for n in range(5):  # five turns, 10 ms apart: the model stays off the CPU meanwhile
+        store.submit([item(f"message number {n} about bikes")])
+        await asyncio.sleep(0.01)
+    assert embedder.calls == []
+    while store.pending:  # then, once they pause, one batch
+        await asyncio.sleep(0.01)
+    assert [len(call) for call in embedder.calls] == [5]
+    store.submit([item("one more")])
+    assert await store.drain() == 0  # drain() does not wait for a pause
+    await store.close()
+
+
 async def test_close_is_bounded_while_the_model_is_stuck(tmp_path: Path) -> None:
     embedder = WordsEmbedder()
     store = VectorStore(tmp_path / "vectors", embedder)
