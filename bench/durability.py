@@ -22,14 +22,15 @@ import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
+
+from harness import BenchChannel
 
 from bot.app import build_core
 from bot.config import load_settings
-from bot.domain import InboundMessage, OutboundMessage, Usage
+from bot.domain import InboundMessage, Usage
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 from bot.logging import configure_logging
-from channels.base import Channel
 
 
 class InstantModel:
@@ -42,21 +43,6 @@ class InstantModel:
         response = await self.chat(request)
         yield StreamEvent("text", text=response.content)
         yield StreamEvent("done", response=response)
-
-
-class BenchChannel(Channel):
-    name: ClassVar[str] = "bench"
-
-    def __init__(self, submit: Any) -> None:
-        super().__init__(submit)
-        self.replies: asyncio.Queue[OutboundMessage] = asyncio.Queue()
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def send(self, message: OutboundMessage) -> None:
-        self.replies.put_nowait(message)
 
 
 class DiskCalls:
@@ -124,7 +110,7 @@ async def measure(turns: int, memory: bool, root: Path) -> tuple[Counter[str], i
             await core.dispatcher.submit(
                 InboundMessage("bench", "chat", "u", f"question {i}", message_id=str(i))
             )
-            await channel.replies.get()
+            await channel.arrived.get()
             # The done mark after the send belongs to this message too; there is no event for it.
             while core.inbox.pending_ids("bench:chat"):  # noqa: ASYNC110
                 await asyncio.sleep(0.001)

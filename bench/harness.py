@@ -42,6 +42,7 @@ class BenchChannel(Channel):
         self._depth = queue_depth
         self.replies: list[Reply] = []
         self._waiting: dict[str, asyncio.Queue[Reply]] = {}
+        self.arrived: asyncio.Queue[Reply] = asyncio.Queue()  # every reply, to whichever chat
 
     async def start(self) -> None: ...
 
@@ -51,6 +52,7 @@ class BenchChannel(Channel):
         reply = Reply(message, time.perf_counter(), self._depth(f"{self.name}:{message.chat_id}"))
         self.replies.append(reply)
         self.inbox(message.chat_id).put_nowait(reply)
+        self.arrived.put_nowait(reply)
 
     def inbox(self, chat_id: str) -> asyncio.Queue[Reply]:
         """The replies to ``chat_id`` not yet taken, in order."""

@@ -44,24 +44,24 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 from zoneinfo import ZoneInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ runs from the repo root
 
+from harness import BenchChannel
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from bot.app import build_core
 from bot.compaction import SUMMARY_SYSTEM
 from bot.config import load_settings
-from bot.domain import InboundMessage, OutboundMessage
+from bot.domain import InboundMessage
 from bot.errors import ConfigError
 from bot.logging import configure_logging
 from bot.memory.consolidation import SYSTEM as CONSOLIDATION_SYSTEM
 from bot.memory.importer import parse_date, read_json
 from bot.tokens import TokenCounter
-from channels.base import Channel
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "bench" / "longmemeval_s_100.json.gz"
@@ -80,23 +80,6 @@ def fold(text: str) -> str:
 
 def sentences(text: str) -> list[str]:
     return [fold(s) for s in _SENTENCE.split(text) if len(fold(s)) >= 3]
-
-
-class BenchChannel(Channel):
-    """Hands each reply to whoever waits for it: one message at a time, as a user would type."""
-
-    name: ClassVar[str] = "bench"
-
-    def __init__(self, submit: Any) -> None:
-        super().__init__(submit)
-        self.replies: asyncio.Queue[OutboundMessage] = asyncio.Queue()
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def send(self, message: OutboundMessage) -> None:
-        self.replies.put_nowait(message)
 
 
 class Script:
@@ -207,7 +190,7 @@ async def run_question(
                     await core.dispatcher.submit(
                         InboundMessage("bench", "chat", "user", text, timestamp=when)
                     )
-                    await channel.replies.get()
+                    await channel.arrived.get()
                     fed_ms.append((time.perf_counter() - started) * 1000)
 
                 order = sorted(
@@ -222,7 +205,7 @@ async def run_question(
                     await core.dispatcher.submit(
                         InboundMessage("bench", "chat", "user", "/new", timestamp=start)
                     )
-                    await channel.replies.get()
+                    await channel.arrived.get()
                 if core.memory.vectors is not None:  # days later, everything said was embedded
                     await core.memory.vectors.drain()
                 asked = parse_date(str(q["question_date"]), UTC)
@@ -231,7 +214,7 @@ async def run_question(
                 await core.dispatcher.submit(
                     InboundMessage("bench", "chat", "user", str(q["question"]), timestamp=asked)
                 )
-                await channel.replies.get()
+                await channel.arrived.get()
             requests = script.chat_requests[before:]
     request = requests[0] if requests else {"messages": []}
     system = _system_text(request)
