@@ -20,29 +20,16 @@ import os
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import BenchChannel
+from harness import BenchChannel, InstantModel
 
 from bot.app import build_core
 from bot.config import load_settings
-from bot.domain import InboundMessage, Usage
-from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
+from bot.domain import InboundMessage
 from bot.logging import configure_logging
-
-
-class InstantModel:
-    """Answers every request at once with a short reply (the zero-latency LLM)."""
-
-    async def chat(self, request: ChatRequest) -> ChatResponse:
-        return ChatResponse(content="ok, noted.", usage=Usage(input_tokens=10, output_tokens=3, calls=1))
-
-    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
-        response = await self.chat(request)
-        yield StreamEvent("text", text=response.content)
-        yield StreamEvent("done", response=response)
 
 
 class DiskCalls:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from bot.config import Settings, load_settings
-from bot.domain import OutboundMessage
+from bot.domain import OutboundMessage, Usage
+from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 from channels.base import Channel
 
 ANTHROPIC_MODEL = "claude-haiku-4-5"
@@ -90,3 +91,15 @@ def percentile(values: list[float], share: float) -> float:
 def cpu_seconds() -> float:
     """CPU time of this process, every thread included (the bot's, not the model server's)."""
     return time.process_time()
+
+
+class InstantModel:
+    """Answers every request at once with a short reply (the zero-latency LLM, in process)."""
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        return ChatResponse(content="ok, noted.", usage=Usage(input_tokens=10, output_tokens=3, calls=1))
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        response = await self.chat(request)
+        yield StreamEvent("text", text=response.content)
+        yield StreamEvent("done", response=response)

@@ -23,32 +23,18 @@ import asyncio
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import BenchChannel, bench_settings, cpu_seconds, percentile
+from harness import BenchChannel, InstantModel, bench_settings, cpu_seconds, percentile
 from instant_llm import InstantLLM
 
 from bot.app import build_core
-from bot.domain import InboundMessage, Message, Role, Usage
-from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
+from bot.domain import InboundMessage, Message, Role
 from bot.logging import configure_logging
 
 WARM_UP = 20
 COLUMNS = ("in-process", "openai", "anthropic")
-
-
-class InstantModel:
-    """Answers every request at once with a short reply (the zero-latency LLM, in process)."""
-
-    async def chat(self, request: ChatRequest) -> ChatResponse:
-        return ChatResponse(content="ok, noted.", usage=Usage(input_tokens=10, output_tokens=3, calls=1))
-
-    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
-        response = await self.chat(request)
-        yield StreamEvent("text", text=response.content)
-        yield StreamEvent("done", response=response)
 
 
 @dataclass(frozen=True, slots=True)
