@@ -34,10 +34,10 @@ log = structlog.get_logger(__name__)
 
 DECAY_FACTOR = 0.5
 MIN_SALIENCE = 0.05
-NEIGHBOUR_SPAN = timedelta(hours=6)
+NEIGHBOUR_SPAN = timedelta(hours=6)  # how far apart the turns of one exchange may be
 # Last use is kept to the hour: decay counts in days, and a new version per recall per turn cost more
 # than the recall itself.
-TOUCH_RESOLUTION = timedelta(hours=1)  # how far apart the turns of one exchange may be
+TOUCH_RESOLUTION = timedelta(hours=1)
 SUBJECT_TAG = "subject:"  # tags naming what a statement is about (see extract.py)
 
 K = TypeVar("K")
@@ -71,7 +71,7 @@ class ItemStore:
         self._stamp = 0
         self._by_subject: dict[str, set[str]] = defaultdict(set)
         self._by_day: dict[date, set[str]] = defaultdict(set)  # UTC day of creation
-        # The same per chat, so a turn's neighbours are found among its own chat's items, not everyone's.
+        # The same per chat, so a chat's notes (chat scope) read its own items, not everyone's.
         self._by_session_day: dict[tuple[str, date], set[str]] = defaultdict(set)
         self._listeners: list[ChangeListener] = []
         self._writer = GroupWriter()
@@ -181,12 +181,9 @@ class ItemStore:
         parts.sort(key=lambda p: (p[0], p[1].created_at, p[1].id))
         return [item for _, item in parts]
 
-    def created_between(
-        self, start: datetime, end: datetime, *, session_id: str | None = None
-    ) -> list[MemoryItem]:
-        """Live, retrievable items created in ``[start, end)``, oldest first (today's, this week's);
-        with ``session_id``, only those said in that chat."""
-        return list(reversed(list(self.newest_between(start, end, session_id=session_id))))
+    def created_between(self, start: datetime, end: datetime) -> list[MemoryItem]:
+        """Live, retrievable items created in ``[start, end)``, oldest first."""
+        return list(reversed(list(self.newest_between(start, end))))
 
     def newest_between(
         self, start: datetime, end: datetime, *, session_id: str | None = None
