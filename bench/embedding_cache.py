@@ -4,7 +4,8 @@
 The recall benches embed the same turns again and again: LongMemEval's haystacks share most of their
 sessions, and every run repeats the last one. The model's answer for a text never changes, so a text
 is embedded once per run (once ever with ``FILE``, a numpy ``.npz``) and the benches measure memory,
-not an hour of model time. Figures are identical to embedding every time; the model's own cost per
+not an hour of model time. A vector is kept under its model's id and its text, so a changed model
+never reads another model's vectors. Figures are identical to embedding every time; the model's own cost per
 message is measured by ``bench/embeddings_eval.py`` and ``bench/vectors.py``.
 """
 
@@ -34,9 +35,9 @@ class CachedEmbedder:
                 keys, vectors = data["keys"], data["vectors"]
                 self._known.update((str(k), v) for k, v in zip(keys, vectors, strict=True))
 
-    @staticmethod
-    def _key(text: str) -> str:
-        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    def _key(self, text: str) -> str:
+        named = f"{self.model_id}\0{text}".encode("utf-8", "surrogatepass")
+        return hashlib.blake2b(named, digest_size=16).hexdigest()
 
     async def embed(self, texts: Sequence[str]) -> Any:
         keys = [self._key(t) for t in texts]

