@@ -27,7 +27,7 @@ from aiohttp import web
 
 from bot.config import AdminSettings
 from bot.errors import ConfigError
-from bot.llm.client import LLMStats
+from bot.llm import LLMStats
 from bot.metrics import CONTENT_TYPE, Metrics
 from bot.ports import ChannelHealth
 

@@ -25,8 +25,7 @@ import httpx
 import structlog
 
 from bot.catalog import ModelCatalog, Provider, load_catalog
-from bot.commands import CommandRouter
-from bot.commands.session import SessionCommands
+from bot.commands import CommandRouter, SessionCommands
 from bot.compaction import CompactionService, MemoryRetirer
 from bot.config import Settings
 from bot.context_budget import ContextBudget, prompt_room
@@ -36,28 +35,29 @@ from bot.inbox import Inbox
 from bot.lifecycle import EXIT_OK, ServiceRunner
 from bot.llm import ChatModel, LLMClient
 from bot.logging import configure_logging
-from bot.memory import MemoryService
+from bot.memory import Embedder, MemoryService, MemoryTool, build_embedder
 from bot.memory import operator as memory_operator
-from bot.memory.embeddings import Embedder, build_embedder
-from bot.memory.tool import MemoryTool
 from bot.sessions import JsonSessionStore, SessionService
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
 from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry, builtin_tools
 from bot.usage import UsageLedger
 from bot.workspace_lock import WorkspaceLock
-from channels.base import Channel
-from pipeline import Pipeline, System
-from pipeline.compaction import AutoCompactionSystem
-from pipeline.context import ContextBuildingSystem
-from pipeline.memory_persist import MemoryPersistSystem
-from pipeline.tool_loop import ToolLoopSystem
-from pipeline.usage import UsageSystem
+from channels import Channel
+from pipeline import (
+    AutoCompactionSystem,
+    ContextBuildingSystem,
+    MemoryPersistSystem,
+    Pipeline,
+    System,
+    ToolLoopSystem,
+    UsageSystem,
+)
 
 if TYPE_CHECKING:
     from bot.metrics import Metrics
     from bot.pairing import PairingStore
-    from channels.terminal import TerminalChannel
+    from channels import TerminalChannel
 
 log = structlog.get_logger(__name__)
 
@@ -522,7 +522,7 @@ async def _start_channel(name: str, core: Core) -> Channel:
 
 
 async def _terminal(core: Core) -> TerminalChannel:
-    from channels.terminal import TerminalChannel, stdin_reader
+    from channels import TerminalChannel, stdin_reader
 
     return TerminalChannel(
         core.dispatcher.submit,

@@ -24,7 +24,7 @@ import structlog
 
 from bot.config import CompactionSettings
 from bot.domain import Message, Role, Session, utcnow
-from bot.llm.types import ChatRequest
+from bot.llm import ChatRequest
 from bot.tokens import TokenCounter
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here

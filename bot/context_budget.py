@@ -33,7 +33,7 @@ import structlog
 from bot.compaction import CompactionResult, CompactionService, Retirer
 from bot.config import CompactionSettings
 from bot.domain import Message, Role, Session
-from bot.llm.types import ChatRequest, ToolSpec
+from bot.llm import ChatRequest, ToolSpec
 from bot.tokens import TokenCounter
 
 log = structlog.get_logger(__name__)

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from bot.llm.client import LLMStats
+from bot.llm import LLMStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

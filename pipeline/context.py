@@ -9,8 +9,7 @@ from __future__ import annotations
 import structlog
 
 from bot.context_budget import ContextBudget
-from bot.memory.prompt import system_prompt
-from bot.memory.service import MemoryService
+from bot.memory import MemoryService, system_prompt
 from pipeline.base import Turn
 
 log = structlog.get_logger(__name__)

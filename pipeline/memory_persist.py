@@ -15,7 +15,7 @@ import structlog
 
 from bot.config import MemorySettings
 from bot.domain import Message, Role, new_id
-from bot.memory.service import Exchange, MemoryService
+from bot.memory import Exchange, MemoryService
 from pipeline.base import Turn
 
 log = structlog.get_logger(__name__)

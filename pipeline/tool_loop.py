@@ -20,8 +20,8 @@ from bot.config import ToolSettings
 from bot.context_budget import ContextBudget
 from bot.domain import Message, Role, ToolCall
 from bot.errors import LLMContextOverflow
-from bot.llm.types import ChatRequest, ChatResponse
-from bot.tools.base import ToolContext, ToolError, ToolRegistry
+from bot.llm import ChatRequest, ChatResponse
+from bot.tools import ToolContext, ToolError, ToolRegistry
 from pipeline.base import Turn
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from bot.catalog import ModelCatalog
     from bot.config import Settings
-    from bot.llm.failures import Provider
+    from bot.llm import Provider
 
 Status = Literal["pass", "warn", "fail", "skip"]
 _MARK = {

@@ -82,7 +82,7 @@ def edit(ctx: typer.Context) -> None:
 
     You edit a copy, saved when the editor exits; what the bot wrote meanwhile is merged in.
     """
-    from bot.memory.longterm import Limits, LongTermMemory
+    from bot.memory import Limits, LongTermMemory
 
     settings = settings_from(ctx)
     path = _run(settings, lambda service: _path(service))
@@ -228,8 +228,7 @@ def reindex(
     import httpx
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from bot.memory.embeddings import build_embedder
-    from bot.memory.vectors import VECTORS_DIR, VectorStore
+    from bot.memory import VECTORS_DIR, VectorStore, build_embedder
 
     settings = settings_from(ctx)
     if settings.memory.embeddings == "none":

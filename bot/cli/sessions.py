@@ -29,7 +29,7 @@ from bot.workspace_lock import WorkspaceLock
 
 if TYPE_CHECKING:
     from bot.config import Settings
-    from bot.memory.archive import TranscriptArchive
+    from bot.memory import TranscriptArchive
 
 sessions_app = typer.Typer(help="List, show, export and delete stored conversations.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
@@ -177,7 +177,7 @@ def _archive_dir(settings: Settings) -> Path:
 
 
 def _archive(settings: Settings) -> TranscriptArchive:
-    from bot.memory.archive import TranscriptArchive  # the memory layer owns the archive format
+    from bot.memory import TranscriptArchive  # the memory layer owns the archive format
 
     return TranscriptArchive(_archive_dir(settings))
 

@@ -22,17 +22,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from bot.catalog import ModelInfo
-from bot.commands import CommandCall, SessionControl
 from bot.compaction import META_LAST
 from bot.context_budget import ContextBudget
 from bot.domain import Session, Usage
 from bot.sessions import SessionService
 from bot.usage import UsageLedger
+
+if TYPE_CHECKING:  # the package imports this module to export SessionCommands
+    from bot.commands import CommandCall, SessionControl
 
 log = structlog.get_logger(__name__)
 

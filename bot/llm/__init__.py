@@ -1,6 +1,7 @@
 """Talking to language models over HTTP (OpenAI-compatible and Anthropic), with no vendor SDK."""
 
 from bot.llm.client import LLMClient, UsageObserver
+from bot.llm.failures import Provider
 from bot.llm.model import ChatModel
 from bot.llm.stats import LLMStats
 from bot.llm.types import ChatRequest, ChatResponse, Purpose, StreamEvent, ToolSpec
@@ -11,6 +12,7 @@ __all__ = [
     "ChatResponse",
     "LLMClient",
     "LLMStats",
+    "Provider",
     "Purpose",
     "StreamEvent",
     "ToolSpec",

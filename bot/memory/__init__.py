@@ -1,20 +1,37 @@
 """Memory: MEMORY.md, daily notes, HISTORY consolidation, structured items and budgeted retrieval."""
 
+from bot.memory import operator
+from bot.memory.archive import TranscriptArchive
 from bot.memory.consolidation import ConsolidationResult
+from bot.memory.embeddings import Embedder, build_embedder
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
+from bot.memory.longterm import Limits, LongTermMemory
 from bot.memory.pack import MemoryPack
+from bot.memory.prompt import system_prompt
 from bot.memory.retrieval import ScoredItem
 from bot.memory.service import Exchange, MemoryContext, MemoryService
+from bot.memory.tool import MemoryTool
+from bot.memory.vectors import VECTORS_DIR, VectorStore
 
 __all__ = [
+    "VECTORS_DIR",
     "ConsolidationResult",
+    "Embedder",
     "Exchange",
     "ItemType",
     "Layer",
+    "Limits",
+    "LongTermMemory",
     "MemoryContext",
     "MemoryItem",
     "MemoryPack",
     "MemoryService",
+    "MemoryTool",
     "Reference",
     "ScoredItem",
+    "TranscriptArchive",
+    "VectorStore",
+    "build_embedder",
+    "operator",
+    "system_prompt",
 ]

@@ -24,7 +24,7 @@ import structlog
 
 from bot.domain import Message, Role
 from bot.errors import LLMError
-from bot.llm.types import ChatRequest
+from bot.llm import ChatRequest
 from bot.memory.history import HistoryLog
 from bot.memory.items import ItemType
 from bot.memory.llm_json import as_text, parse_object

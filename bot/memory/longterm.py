@@ -34,7 +34,7 @@ import structlog
 from bot.config import MemorySettings
 from bot.memory.swap import FileSwapper, Version
 from bot.storage import append_bytes, fsync_dir
-from bot.tools.base import ToolError
+from bot.tools import ToolError
 
 log = structlog.get_logger(__name__)
 

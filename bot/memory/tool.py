@@ -18,7 +18,7 @@ from typing import Any
 from bot.memory.archive import search_archive
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference, make_title
 from bot.memory.service import MemoryService
-from bot.tools.base import ToolContext, ToolError
+from bot.tools import ToolContext, ToolError
 
 LONG_TERM = "long_term"
 PARAMETERS: dict[str, Any] = {

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bot.config import ToolSettings
-from bot.llm.types import ToolSpec
+from bot.llm import ToolSpec
 
 
 class ToolError(Exception):

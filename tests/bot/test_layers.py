@@ -1,7 +1,8 @@
 """Layers point one way: the core (``bot``, ``pipeline``) never imports the channel adapters.
 
 Only the composition root, ``bot/app.py``, builds channels; everything else talks to them through
-``bot.ports.ChannelPort``.
+``bot.ports.ChannelPort``. And a package that declares ``__all__`` is entered only through it: code
+outside ``bot/memory/`` imports ``bot.memory``, never ``bot.memory.service``.
 """
 
 from __future__ import annotations
@@ -34,3 +35,43 @@ def test_only_the_composition_root_imports_channels() -> None:
         if path != COMPOSITION_ROOT
     }
     assert {path: mods for path, mods in offenders.items() if mods} == {}
+
+
+def _packages_with_all() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for package in ("bot", "pipeline", "channels"):
+        for init in sorted((ROOT / package).rglob("__init__.py")):
+            tree = ast.parse(init.read_text(encoding="utf-8"))
+            for node in tree.body:
+                if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+                ):
+                    name = ".".join(init.parent.relative_to(ROOT).parts)
+                    found[name] = set(ast.literal_eval(node.value))
+    return found
+
+
+def test_packages_are_entered_through_their_all() -> None:
+    packages = _packages_with_all()
+    assert {"bot.memory", "bot.llm", "bot.tools", "bot.commands", "pipeline", "channels"} <= set(packages)
+    offenders: list[str] = []
+    for top in ("bot", "pipeline", "channels"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.ImportFrom) or not node.module or node.level:
+                    continue
+                # The innermost package the import reaches into (channels.telegram, not channels).
+                reached = [p for p in packages if node.module == p or node.module.startswith(p + ".")]
+                if not reached:
+                    continue
+                package = max(reached, key=len)
+                if module == package or module.startswith(package + "."):
+                    continue  # a package's own modules import each other directly
+                if node.module != package:
+                    offenders.append(f"{module}: from {node.module} import ...")
+                else:
+                    offenders += [f"{module}: {a.name} not in {package}.__all__"
+                                  for a in node.names if a.name not in packages[package]]  # fmt: skip
+    assert offenders == []
