@@ -23,7 +23,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from bot.cli.root import app, console, options
+from bot.cli.root import app, console, options, overrides_from
 from bot.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -111,14 +111,9 @@ def _config(ctx: typer.Context) -> tuple[Settings | None, Check]:
     from bot.config import load_settings, resolve_config_file
 
     opts = options(ctx)
-    overrides: dict[str, Any] = {}
-    if opts.workspace is not None:
-        overrides["workspace"] = opts.workspace
-    if opts.log_level is not None:
-        overrides["log_level"] = opts.log_level
     try:
         source = resolve_config_file(opts.config)
-        settings = load_settings(opts.config, overrides=overrides)
+        settings = load_settings(opts.config, overrides=overrides_from(opts))
     except ConfigError as exc:
         hint = "correct the named setting in the config file or environment (see deploy/membot.example.toml)"
         return None, Check("config", "fail", str(exc), hint)

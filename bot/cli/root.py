@@ -68,18 +68,23 @@ def options(ctx: typer.Context) -> CliOptions:
     return obj if isinstance(obj, CliOptions) else CliOptions(None, None, None)
 
 
-def settings_from(ctx: typer.Context) -> Settings:
-    """Load settings with the global flags applied; a config problem ends the command with a clear message."""
-    from bot.config import load_settings
-
-    opts = options(ctx)
+def overrides_from(opts: CliOptions) -> dict[str, Any]:
+    """The settings the global flags set (``--workspace``, ``--log-level``), above every other source."""
     overrides: dict[str, Any] = {}
     if opts.workspace is not None:
         overrides["workspace"] = opts.workspace
     if opts.log_level is not None:
         overrides["log_level"] = opts.log_level
+    return overrides
+
+
+def settings_from(ctx: typer.Context) -> Settings:
+    """Load settings with the global flags applied; a config problem ends the command with a clear message."""
+    from bot.config import load_settings
+
+    opts = options(ctx)
     try:
-        return load_settings(opts.config, overrides=overrides)
+        return load_settings(opts.config, overrides=overrides_from(opts))
     except ConfigError as exc:
         fail(str(exc))
 

@@ -13,52 +13,42 @@ from typing import Any
 
 import httpx
 
-from bot.catalog import ModelInfo
 from bot.domain import Message, Role, ToolCall, Usage
 from bot.errors import LLMBadResponse
 from bot.llm.failures import stream_error
 from bot.llm.sse import SSEvent, StreamFold
 from bot.llm.turns import OPENING, normalized
-from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
+from bot.llm.types import ChatRequest, ChatResponse, StreamEvent, Wire
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
 
 
-def build_request(
-    request: ChatRequest,
-    *,
-    model: ModelInfo,
-    base_url: str | None,
-    api_key: str | None,
-    max_tokens: int,
-    temperature: float | None,
-    timeout: httpx.Timeout,
-    stream: bool = False,
-) -> httpx.Request:
+def build_request(request: ChatRequest, wire: Wire) -> httpx.Request:
     """The POST to ``<base_url>/v1/messages`` with ``x-api-key`` and ``anthropic-version``."""
     system, turns = messages(request)
-    body: dict[str, Any] = {"model": model.id, "max_tokens": max_tokens, "messages": turns}
+    body: dict[str, Any] = {"model": wire.model.id, "max_tokens": wire.max_tokens, "messages": turns}
     if system:
         body["system"] = system
-    if temperature is not None and model.supports_temperature:
-        body["temperature"] = min(max(temperature, 0.0), 1.0)
+    if wire.temperature is not None and wire.model.supports_temperature:
+        body["temperature"] = min(max(wire.temperature, 0.0), 1.0)
     if request.tools:
         body["tools"] = [
             {"name": t.name, "description": t.description, "input_schema": t.parameters}
             for t in request.tools
         ]
-    if stream:
+    if wire.stream:
         body["stream"] = True
     headers = {
         "content-type": "application/json",
         "accept": "application/json",
         "anthropic-version": API_VERSION,
     }
-    if api_key:
-        headers["x-api-key"] = api_key
-    url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/v1/messages"
-    return httpx.Request("POST", url, json=body, headers=headers, extensions={"timeout": timeout.as_dict()})
+    if wire.api_key:
+        headers["x-api-key"] = wire.api_key
+    url = (wire.base_url or DEFAULT_BASE_URL).rstrip("/") + "/v1/messages"
+    timeout = {"timeout": wire.timeout.as_dict()}
+    return httpx.Request("POST", url, json=body, headers=headers, extensions=timeout)
 
 
 def messages(request: ChatRequest) -> tuple[str, list[dict[str, Any]]]:

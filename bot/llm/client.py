@@ -50,7 +50,7 @@ from bot.llm.failures import Provider, key_setting, status_error
 from bot.llm.httpx_errors import HTTPX_ERRORS, httpx_errors, map_httpx_error
 from bot.llm.sse import SSEvent, iter_sse
 from bot.llm.stats import LLMStats
-from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
+from bot.llm.types import ChatRequest, ChatResponse, StreamEvent, Wire
 from bot.retry import Backoff, retry
 
 __all__ = ["HTTPX_ERRORS", "LLMClient", "LLMStats", "UsageObserver", "map_httpx_error"]
@@ -259,8 +259,7 @@ class LLMClient:
         backstop = max(seconds, self._settings.first_byte_timeout, self._settings.idle_timeout)
         build = anthropic.build_request if target.provider == "anthropic" else openai.build_request
         with _httpx_errors(target):
-            return build(
-                request,
+            wire = Wire(
                 model=target.info,
                 base_url=target.settings.base_url,
                 api_key=key,
@@ -269,6 +268,7 @@ class LLMClient:
                 timeout=httpx.Timeout(backstop, connect=min(seconds, self._settings.connect_timeout)),
                 stream=stream,
             )
+            return build(request, wire)
 
     async def _send_once(self, model: str, request: ChatRequest) -> ChatResponse:
         target = self._target(model)

@@ -11,13 +11,12 @@ from typing import Any
 
 import httpx
 
-from bot.catalog import ModelInfo
 from bot.domain import Message, Role, ToolCall, Usage
 from bot.errors import LLMBadResponse
 from bot.llm.failures import stream_error
 from bot.llm.sse import SSEvent, StreamFold
 from bot.llm.turns import normalized
-from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
+from bot.llm.types import ChatRequest, ChatResponse, StreamEvent, Wire
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -26,26 +25,16 @@ def is_official(base_url: str | None) -> bool:
     return base_url is None or "api.openai.com" in base_url
 
 
-def build_request(
-    request: ChatRequest,
-    *,
-    model: ModelInfo,
-    base_url: str | None,
-    api_key: str | None,
-    max_tokens: int,
-    temperature: float | None,
-    timeout: httpx.Timeout,
-    stream: bool = False,
-) -> httpx.Request:
+def build_request(request: ChatRequest, wire: Wire) -> httpx.Request:
     """The POST to ``<base_url>/chat/completions``; no ``Authorization`` without a key (Ollama)."""
-    body: dict[str, Any] = {"model": model.id, "messages": messages(request)}
+    body: dict[str, Any] = {"model": wire.model.id, "messages": messages(request)}
     # OpenAI's reasoning models (no temperature in the catalog) reject max_tokens wherever they are
     # served, and OpenAI itself deprecated it; compatible servers (Ollama, vLLM, llama.cpp, LM Studio)
     # know only max_tokens.
-    wants_new_name = is_official(base_url) or not model.supports_temperature
-    body["max_completion_tokens" if wants_new_name else "max_tokens"] = max_tokens
-    if temperature is not None and model.supports_temperature:
-        body["temperature"] = temperature
+    wants_new_name = is_official(wire.base_url) or not wire.model.supports_temperature
+    body["max_completion_tokens" if wants_new_name else "max_tokens"] = wire.max_tokens
+    if wire.temperature is not None and wire.model.supports_temperature:
+        body["temperature"] = wire.temperature
     if request.tools:
         body["tools"] = [
             {
@@ -54,14 +43,15 @@ def build_request(
             }
             for t in request.tools
         ]
-    if stream:
+    if wire.stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     headers = {"content-type": "application/json", "accept": "application/json"}
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
-    url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/chat/completions"
-    return httpx.Request("POST", url, json=body, headers=headers, extensions={"timeout": timeout.as_dict()})
+    if wire.api_key:
+        headers["authorization"] = f"Bearer {wire.api_key}"
+    url = (wire.base_url or DEFAULT_BASE_URL).rstrip("/") + "/chat/completions"
+    timeout = {"timeout": wire.timeout.as_dict()}
+    return httpx.Request("POST", url, json=body, headers=headers, extensions=timeout)
 
 
 def messages(request: ChatRequest) -> list[dict[str, Any]]:

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import httpx
+
+from bot.catalog import ModelInfo
 from bot.domain import Message, ToolCall, Usage
 from bot.surrogates import scrub
 
@@ -80,3 +83,17 @@ class StreamEvent:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "text", scrub(self.text))
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """What a translator (``openai.py``, ``anthropic.py``) needs besides the request to build its POST:
+    the model, the server (``None``: the provider's own), the key, the limits the client settled on."""
+
+    model: ModelInfo
+    base_url: str | None
+    api_key: str | None
+    max_tokens: int
+    temperature: float | None
+    timeout: httpx.Timeout
+    stream: bool = False

@@ -15,6 +15,7 @@ from bot.llm import ChatRequest, ToolSpec, anthropic, openai
 from bot.llm.sse import SSEvent
 from bot.llm.tool_pairs import MISSING_RESULT, paired
 from bot.llm.turns import OPENING, normalized
+from bot.llm.types import Wire
 
 TIMEOUT = httpx.Timeout(5.0)
 TOOL = ToolSpec("files", "Read a file", {"type": "object", "properties": {"path": {"type": "string"}}})
@@ -44,7 +45,7 @@ def build(module: Any, catalog: ModelCatalog, model: str, **kw: Any) -> httpx.Re
     }
     args.update(kw)
     request = ChatRequest(messages=HISTORY, system="base", tools=(TOOL,))
-    return module.build_request(request, **args)
+    return module.build_request(request, Wire(**args))
 
 
 # ---- OpenAI ---------------------------------------------------------------------------------------
