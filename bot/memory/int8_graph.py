@@ -92,7 +92,9 @@ def int8_weights(model: bytes) -> tuple[bytes, int]:
         if c is None or nodes[c].op_type != "Cast":
             return None
         weight, scale = initializers.get(nodes[c].input[0]), initializers.get(nodes[m].input[1])
-        if weight is None or scale is None or len(weight.dims) != 2 or uses[weight.name] != 1:
+        if weight is None or scale is None or len(weight.dims) != 2:
+            return None
+        if uses[weight.name] != 1 or uses[scale.name] != 1:  # shared: rewriting it would change another
             return None
         return c, m, weight, scale
 
