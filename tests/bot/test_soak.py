@@ -167,10 +167,22 @@ async def test_random_kills_while_messages_flow_lose_nothing_and_repeat_nothing(
     print(summary)
     assert len(kills) >= 3, summary
     assert not lost, f"{summary}\nlost: {lost}"
-    assert not duplicated, f"{summary}\nduplicated: {duplicated}"
+    assert not duplicated, f"{summary}\nduplicated: {duplicated}\n" + "\n".join(
+        _carriers(token, carriers[token], tg, kills) for token in duplicated
+    )
     assert not wrong_chat and not corrupt and not unreadable, (
         f"{summary}\n{wrong_chat} {corrupt} {unreadable}"
     )
+
+
+def _carriers(token: str, ids: list[int], tg: TimedTelegram, kills: list[float]) -> str:
+    """Each answer that carried ``token``: when the platform recorded it, the kills around it, its text."""
+    lines = [f"{token}:"]
+    for i in ids:
+        at = tg.sent_at.get(i, 0.0)
+        near = sorted(round(k - at, 2) for k in kills if -5 <= k - at <= 10)
+        lines.append(f"  message {i} at {at:.2f}, kills at {near} s from it: {tg.messages[i].text[:200]!r}")
+    return "\n".join(lines)
 
 
 async def _stop(service: Service) -> Service:
