@@ -166,8 +166,7 @@ class VectorStore:
         are submitted."""
         for old in getattr(self.embedder, "replaces", ()):
             stale = vector_file.file_for(self.folder, old)
-            if await asyncio.to_thread(stale.exists):
-                await asyncio.to_thread(stale.unlink, missing_ok=True)
+            if await asyncio.to_thread(_remove, stale):
                 log.info("vectors_replaced_build_removed", model=self.model_id, removed=stale.name)
         await self._load()
         if self._worker is None:
@@ -461,6 +460,15 @@ class VectorStore:
         if len(keys) > THREAD_SCORING_ROWS:  # ~10 ms of numpy: keep it off the event loop
             return keys, await asyncio.to_thread(score)
         return keys, score()
+
+
+def _remove(path: Path) -> bool:
+    """Delete ``path``; whether it was there."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _unit(vectors: object) -> NDArray[np.float32]:
