@@ -9,7 +9,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -146,6 +146,18 @@ class Bot:
         return [(m.role, m.content) for m in fresh.messages]
 
 
+@pytest.fixture
+def bot_on(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> Callable[..., Bot]:
+    """A Bot on this test's workspace and fakes: ``async with bot_on(tools=[...]) as bot``."""
+    return lambda **options: Bot(tmp_path, server, catalog, http, counter, **options)
+
+
 async def wait_until(predicate: Any, timeout: float = 5.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():
@@ -159,10 +171,10 @@ async def test_status_figures_match_the_real_usage(
     tmp_path: Path,
     server: FakeLLMServer,
     catalog: ModelCatalog,
-    http: httpx.AsyncClient,
     counter: TokenCounter,
+    bot_on: Callable[..., Bot],
 ) -> None:
-    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+    async with bot_on() as bot:
         await asyncio.to_thread((tmp_path / "memory" / "MEMORY.md").write_text, "- likes tea\n")
         server.script(FakeReply(text="one", usage=(1200, 30)), FakeReply(text="two", usage=(1500, 40)))
         assert await bot.say("first") == "one"
@@ -193,15 +205,12 @@ async def test_status_figures_match_the_real_usage(
 
 
 async def test_status_counts_every_model_call_by_purpose(
-    tmp_path: Path,
     server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
+    bot_on: Callable[..., Bot],
 ) -> None:
     # A session of answers, a /compact (summary + consolidation of what it removed) and a /new
     # (consolidation): every call the provider bills must be in today's figures.
-    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+    async with bot_on() as bot:
         for text in ("first", "second", "third"):
             await bot.say(text)
         assert (await bot.say("/compact 2")).startswith("Compacted")
@@ -219,13 +228,10 @@ async def test_status_counts_every_model_call_by_purpose(
 
 
 async def test_status_of_a_new_chat_and_after_a_fallback(
-    tmp_path: Path,
     server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
+    bot_on: Callable[..., Bot],
 ) -> None:
-    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+    async with bot_on() as bot:
         assert "Messages: 0 (no conversation yet)" in await bot.say("/status")
         session = await bot.sessions.get_or_create("test", "c1")
         for m in conversation(30):
@@ -241,13 +247,10 @@ async def test_status_of_a_new_chat_and_after_a_fallback(
 
 
 async def test_compact_replies_with_what_it_did_and_saves(
-    tmp_path: Path,
     server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
+    bot_on: Callable[..., Bot],
 ) -> None:
-    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+    async with bot_on() as bot:
         assert await bot.say("/compact") == "Nothing to compact yet."
         session = await bot.sessions.get_or_create("test", "c1")
         for m in conversation(20) + tool_exchange("t", "time") + conversation(9):
@@ -279,13 +282,10 @@ async def test_compact_replies_with_what_it_did_and_saves(
 
 
 async def test_stop_during_a_slow_model_answer_returns_quickly_and_keeps_the_session_consistent(
-    tmp_path: Path,
     server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
+    bot_on: Callable[..., Bot],
 ) -> None:
-    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+    async with bot_on() as bot:
         server.script(FakeReply(text="too late", delay=3))
         await bot.dispatcher.submit(InboundMessage("test", "c1", "u1", "slow question"))
         await wait_until(lambda: server.in_flight == 1)
@@ -304,14 +304,11 @@ async def test_stop_during_a_slow_model_answer_returns_quickly_and_keeps_the_ses
 
 
 async def test_stop_inside_a_slow_tool_returns_quickly_and_pairs_the_call_with_a_result(
-    tmp_path: Path,
     server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
+    bot_on: Callable[..., Bot],
 ) -> None:
     tool = SlowTool()
-    async with Bot(tmp_path, server, catalog, http, counter, tools=[tool]) as bot:
+    async with bot_on(tools=[tool]) as bot:
         server.script(FakeReply(tool_calls=[("slow", {})]))
         await bot.dispatcher.submit(InboundMessage("test", "c1", "u1", "use the slow tool"))
         async with asyncio.timeout(5):
@@ -332,13 +329,12 @@ async def test_a_cut_short_turn_still_counts_the_model_calls_it_made(
     tmp_path: Path,
     server: FakeLLMServer,
     catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
     cut: str,
+    bot_on: Callable[..., Bot],
 ) -> None:
     tool = SlowTool()
     timeout = 1.0 if cut == "timeout" else 600.0
-    async with Bot(tmp_path, server, catalog, http, counter, tools=[tool], turn_timeout=timeout) as bot:
+    async with bot_on(tools=[tool], turn_timeout=timeout) as bot:
         server.script(FakeReply(tool_calls=[("slow", {})], usage=(900, 25)))
         count = len(bot.channel.sent)
         await bot.dispatcher.submit(InboundMessage("test", "c1", "u1", "use the slow tool"))
@@ -362,13 +358,10 @@ async def test_a_cut_short_turn_still_counts_the_model_calls_it_made(
 
 
 async def test_queued_messages_survive_stop_and_are_seen_by_the_next_turn(
-    tmp_path: Path,
     server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
+    bot_on: Callable[..., Bot],
 ) -> None:
-    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+    async with bot_on() as bot:
         server.script(FakeReply(text="too late", delay=3))
         await bot.dispatcher.submit(InboundMessage("test", "c1", "u1", "first"))
         await wait_until(lambda: server.in_flight == 1)
@@ -389,15 +382,13 @@ async def test_queued_messages_survive_stop_and_are_seen_by_the_next_turn(
 async def test_new_consolidates_then_clears(
     tmp_path: Path,
     server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
+    bot_on: Callable[..., Bot],
 ) -> None:
     entry = {"history_entry": "The user said hello twice.", "memory_update": "- likes tea\n- says hello"}
     server.responder = lambda api, body: (
         FakeReply(text=json.dumps(entry)) if "memory consolidation" in json.dumps(body) else None
     )
-    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+    async with bot_on() as bot:
         await bot.say("hello")
         await bot.say("hello again")
         assert await bot.say("/new") == "Session cleared."
@@ -412,14 +403,12 @@ async def test_new_consolidates_then_clears(
 async def test_new_under_a_consolidation_timeout_still_clears_and_writes_the_raw_fallback(
     tmp_path: Path,
     server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
+    bot_on: Callable[..., Bot],
 ) -> None:
     server.responder = lambda api, body: (
         FakeReply(text="{}", delay=2) if "memory consolidation" in json.dumps(body) else None
     )
-    async with Bot(tmp_path, server, catalog, http, counter, consolidation_timeout=0.3) as bot:
+    async with bot_on(consolidation_timeout=0.3) as bot:
         await asyncio.to_thread((tmp_path / "memory" / "MEMORY.md").write_text, "- operator fact\n")
         await bot.say("remember the code 4711")
         await bot.say("and the door is blue")
@@ -439,12 +428,9 @@ async def test_new_under_a_consolidation_timeout_still_clears_and_writes_the_raw
 
 async def test_status_says_memory_is_unavailable_in_plain_words(
     tmp_path: Path,
-    server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
+    bot_on: Callable[..., Bot],
 ) -> None:
-    async with Bot(tmp_path, server, catalog, http, counter) as bot:
+    async with bot_on() as bot:
         await asyncio.to_thread((tmp_path / "memory" / "MEMORY.md").mkdir)  # unreadable as a file
         status = await bot.say("/status")
     assert "Memory: unavailable right now (the details are in the log)" in status

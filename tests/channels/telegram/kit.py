@@ -88,7 +88,8 @@ def break_folder(path: Path) -> Callable[[], None]:
     return repair
 
 
-def settings_for(tg: FakeTelegramServer, **overrides: Any) -> TelegramSettings:
+def telegram_values(tg: FakeTelegramServer, **overrides: Any) -> dict[str, Any]:
+    """The ``telegram`` settings for the fake: user 42 allowed, no join window, 1 s polls."""
     values: dict[str, Any] = {
         "token": tg.token,
         "base_url": tg.base_url,
@@ -98,7 +99,11 @@ def settings_for(tg: FakeTelegramServer, **overrides: Any) -> TelegramSettings:
         "poll_timeout": 1,
     }
     values.update(overrides)
-    return TelegramSettings(**values)
+    return values
+
+
+def settings_for(tg: FakeTelegramServer, **overrides: Any) -> TelegramSettings:
+    return TelegramSettings(**telegram_values(tg, **overrides))
 
 
 @contextlib.asynccontextmanager

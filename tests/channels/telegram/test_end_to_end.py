@@ -18,6 +18,7 @@ from bot.app import Core, build_core
 from bot.config import Settings, load_settings
 from bot.pairing import PAIRING_FILE, PairingStore
 from channels.telegram import TelegramChannel
+from tests.channels.telegram.kit import telegram_values
 from tests.fakes.llm_server import FakeLLMServer
 from tests.fakes.telegram_server import FakeTelegramServer
 
@@ -33,15 +34,7 @@ async def settings_for(
             "model": "gpt-4.1-mini",
             "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-1234567890abcdef"},
         },
-        "telegram": {
-            "token": tg.token,
-            "base_url": tg.base_url,
-            "base_file_url": tg.base_file_url,
-            "allowed_users": ["42"],
-            "join_window": 0.0,
-            "poll_timeout": 1,
-            **telegram,
-        },
+        "telegram": telegram_values(tg, **telegram),
     }
     return await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
 
