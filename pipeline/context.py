@@ -6,6 +6,8 @@ It reads, it never writes the session: the dispatcher has already put the user's
 
 from __future__ import annotations
 
+import logging
+
 import structlog
 
 from bot.context_budget import ContextBudget
@@ -62,7 +64,7 @@ class ContextBuildingSystem:
             memory_tokens=context.diagnostics.get("memory_tokens", 0),
             ms=pack.ms,
         )
-        if pack.chosen:
+        if pack.chosen and log.is_enabled_for(logging.DEBUG):  # the list is built only when it is logged
             log.debug(
                 "memory_recalled_items",
                 chosen=[{k: c[k] for k in ("ids", "role", "score", "relevance")} for c in pack.chosen],

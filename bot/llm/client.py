@@ -117,6 +117,11 @@ class LLMClient:
     ) -> None:
         for name, section in (("openai", settings.openai), ("anthropic", settings.anthropic)):
             check_base_url(name, section.base_url)
+        # How errors name each server: fixed by the settings, and parsing a URL on every call adds up.
+        self._where: dict[Provider, str] = {
+            "openai": where("openai", settings.openai),
+            "anthropic": where("anthropic", settings.anthropic),
+        }
         self._settings = settings
         self._catalog = catalog
         self._http = http
@@ -241,9 +246,7 @@ class LLMClient:
     def _target(self, model: str) -> _Target:
         provider = self.provider_of(model)
         settings = self._settings.anthropic if provider == "anthropic" else self._settings.openai
-        return _Target(
-            model, provider, self._catalog.get(model, provider), settings, where(provider, settings)
-        )
+        return _Target(model, provider, self._catalog.get(model, provider), settings, self._where[provider])
 
     def _build(self, target: _Target, request: ChatRequest, *, stream: bool) -> httpx.Request:
         key = target.settings.api_key.get_secret_value() if target.settings.api_key else None

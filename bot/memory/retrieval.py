@@ -23,7 +23,7 @@ import math
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -82,14 +82,24 @@ class Weights:
     candidates: int = 1000  # best lexical matches looked at per query, at any memory size
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a query makes hundreds, and a frozen one costs 4x to build
 class ScoredItem:
     item: MemoryItem
     score: float
     relevance: float  # to the query, 0..1: words and meaning, weighed by who said it and how
     lexical: float = 0.0  # the words alone, 0..1 (the query's best match is 1)
     semantic: float = 0.0
-    parts: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WordMatch:
+    """The word side of a query's ranking (:meth:`Retriever.match_words`): it needs no embedding, so it is
+    worked out while the query's embedding is being made."""
+
+    scores: dict[str, float]  # BM25 by item id, second hop included
+    on_subject: set[str]  # items stating the subject the query names
+    in_period: Callable[[datetime], bool] | None  # the period the query names, if any
+    about_assistant: bool
 
 
 def asks_about_assistant(query: str) -> bool:
@@ -133,6 +143,26 @@ class Retriever:
                 self._terms.popitem(last=False)
         return found
 
+    def match_words(
+        self,
+        query: str,
+        now: datetime,
+        *,
+        visible: Callable[[MemoryItem], bool] | None = None,
+        tz: ZoneInfo = _UTC,
+    ) -> WordMatch:
+        """What the query's words find: BM25 (and its second hop), the subjects and the period it names."""
+        w = self.weights
+        tokens = tokenize(query)
+        lexical = self.words.index.scores(tokens, limit=w.candidates)
+        if w.hop > 0 and lexical:
+            lexical = self._with_second_hop(tokens, lexical, visible)
+        on_subject = {
+            stated.id for subject in subjects_in_query(query) for stated in self._store.with_subject(subject)
+        }
+        in_period = time_hint(query, now, tz) if w.time_hint else None
+        return WordMatch(lexical, on_subject, in_period, asks_about_assistant(query))
+
     def rank(
         self,
         query: str,
@@ -141,31 +171,28 @@ class Retriever:
         visible: Callable[[MemoryItem], bool] | None = None,
         similarities: Mapping[str, float] | None = None,
         tz: ZoneInfo = _UTC,
+        matched: WordMatch | None = None,
     ) -> list[ScoredItem]:
-        """Every visible item with some relevance to ``query``, best first (ties: older, then by id)."""
+        """Every visible item with some relevance to ``query``, best first (ties: older, then by id).
+
+        ``matched`` is :meth:`match_words` of the same query, when the caller worked it out already."""
         w = self.weights
-        tokens = tokenize(query)
-        lexical = self.words.index.scores(tokens, limit=w.candidates)
-        if w.hop > 0 and lexical:
-            lexical = self._with_second_hop(tokens, lexical, visible)
+        match = matched or self.match_words(query, now, visible=visible, tz=tz)
+        lexical, on_subject, in_period = match.scores, match.on_subject, match.in_period
         top = max(lexical.values(), default=0.0)
-        on_subject = {
-            stated.id for subject in subjects_in_query(query) for stated in self._store.with_subject(subject)
-        }
         candidates = set(lexical) | on_subject
         top_sim = 0.0
         if similarities:
             similarities = {k: v for k, v in similarities.items() if v >= w.semantic_floor}
             candidates |= set(similarities)
             top_sim = max(similarities.values(), default=0.0)
-        in_period = time_hint(query, now, tz) if w.time_hint else None
-        about_assistant = asks_about_assistant(query)
         found: list[MemoryItem] = []
         for item_id in candidates:
             item = self._store.get(item_id)
             if item is not None and retrievable(item) and (visible is None or visible(item)):
                 found.append(item)
         talks = _conversation_scores(found, lexical, top) if w.conversation > 0 and top > 0 else {}
+        decay = math.log(2) / (w.recency_half_life_days * 86400)  # per second of age
         out: list[ScoredItem] = []
         for item in found:
             item_id = item.id
@@ -177,23 +204,23 @@ class Retriever:
             # Meaning, on the words' scale: the query's nearest item in meaning is 1.
             sim = max(0.0, similarities.get(item_id, 0.0)) / top_sim if similarities and top_sim > 0 else 0.0
             relevance = (1 - w.embedding_share) * lex + w.embedding_share * sim if similarities else lex
-            if "assistant" in item.tags and not about_assistant:
+            if "assistant" in item.tags and not match.about_assistant:
                 relevance *= w.assistant
             if QUESTION_TAG in item.tags:
                 relevance *= w.question
             if relevance <= 0.0:
                 continue
-            age_days = max(0.0, (now - item.created_at).total_seconds() / 86400)
-            parts = {
-                "lexical": w.lexical * relevance,
-                "recency": w.recency * math.exp(-math.log(2) * age_days / w.recency_half_life_days),
-                "salience": w.salience * item.salience,
-                "confidence": w.confidence * item.confidence,
-                "type": w.type * TYPE_WEIGHT.get(item.type, 0.5),
-            }
+            age = max(0.0, (now - item.created_at).total_seconds())
+            score = (
+                w.lexical * relevance
+                + w.recency * math.exp(-decay * age)
+                + w.salience * item.salience
+                + w.confidence * item.confidence
+                + w.type * TYPE_WEIGHT.get(item.type, 0.5)
+            )
             if in_period is not None and in_period(item.created_at):
-                parts["time"] = w.time_hint
-            out.append(ScoredItem(item, sum(parts.values()), relevance, lex, sim, parts))
+                score += w.time_hint
+            out.append(ScoredItem(item, score, relevance, lex, sim))
         out.sort(key=lambda s: (-s.score, s.item.created_at, s.item.id))
         return out
 

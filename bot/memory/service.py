@@ -240,18 +240,22 @@ class MemoryService:
                 if msg is not None and msg.content.strip():
                     ref = Reference(ex.session_id, msg.id, turn, conversation=ex.conversation)
                     utterances.append(Utterance(msg.role.value, msg.content, msg.timestamp, ref))
-        for path, lines in note_lines.items():
-            if replay:
-                lines = await asyncio.to_thread(not_yet_in, path, lines)
-                if not lines:
-                    continue
-            await asyncio.to_thread(
-                append_bytes, path, ("\n".join(lines) + "\n").encode("utf-8"), whole_lines=True
-            )
-        stored = await self.items.add_many(extract(utterances))
+        # The notes and the items are separate files: their writes (and fsyncs) go on side by side.
+        stored, _ = await asyncio.gather(
+            self.items.add_many(extract(utterances)), self._append_notes(note_lines, replay=replay)
+        )
         await self._promote(stored)
         await self._maintain(when_due=True)
         return stored
+
+    @staticmethod
+    async def _append_notes(note_lines: dict[Path, list[str]], *, replay: bool) -> None:
+        for path, lines in note_lines.items():
+            if replay:
+                lines = await asyncio.to_thread(not_yet_in, path, lines)
+            if lines:
+                data = ("\n".join(lines) + "\n").encode("utf-8")
+                await asyncio.to_thread(append_bytes, path, data, whole_lines=True)
 
     async def _promote(self, candidates: Sequence[MemoryItem]) -> None:
         """Promote what was just written, if confident enough (never a scan of every item)."""
@@ -390,11 +394,14 @@ class MemoryService:
         if self.chat_scope and session_id is not None:
             chat = session_id
             visible = lambda i: belongs_to(i, chat)  # noqa: E731
-        similarities = None
+        now = now or self.now()
         if self.vectors is not None:
-            similarities = await self._similarities(query, visible)
+            self.vectors.prefetch(query)  # the model starts on the query in its thread...
+            await asyncio.sleep(0)  # (its task hands the text to the model's thread)
+        matched = self.retriever.match_words(query, now, visible=visible, tz=self.tz)  # ...as words count
+        similarities = await self._similarities(query, visible) if self.vectors is not None else None
         return self.retriever.rank(
-            query, now or self.now(), visible=visible, similarities=similarities, tz=self.tz
+            query, now, visible=visible, similarities=similarities, tz=self.tz, matched=matched
         )
 
     def _embed_later(self, old: MemoryItem | None, new: MemoryItem | None) -> None:

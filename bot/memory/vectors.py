@@ -155,6 +155,7 @@ class VectorStore:
         self._failure_events = 0  # every failed batch, ever (drain stops at a new one)
         self.last_error: str | None = None
         self._queries: OrderedDict[str, NDArray[np.float32]] = OrderedDict()
+        self._embedding: dict[str, asyncio.Task[NDArray[np.float32] | None]] = {}  # queries in the model
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -216,6 +217,8 @@ class VectorStore:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.drain(), timeout)
         self._worker.cancel()
+        for task in list(self._embedding.values()):
+            task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._worker
         self._worker = None
@@ -417,6 +420,11 @@ class VectorStore:
         top = top[np.argsort(-scores[top], kind="stable")]
         return [(keys[i], float(scores[i])) for i in top]
 
+    def prefetch(self, query: str) -> None:
+        """Start embedding ``query`` without waiting for it, so the caller can work meanwhile (memory
+        counts the query's words); :meth:`nearest` then takes the vector, made or still in the making."""
+        self._embed_query(query[:EMBED_CHARS].strip())
+
     async def _query(self, query: str) -> NDArray[np.float32] | None:
         if not self._matrix.keys:
             return None
@@ -425,6 +433,21 @@ class VectorStore:
         if q is not None:
             self._queries.move_to_end(query)
             return q
+        task = self._embed_query(query)
+        # Shielded: a stopped turn does not cancel an embedding another turn may be waiting for.
+        return await asyncio.shield(task) if task is not None else None
+
+    def _embed_query(self, query: str) -> asyncio.Task[NDArray[np.float32] | None] | None:
+        """The task embedding ``query`` (one per text at a time), unless its vector is known."""
+        if not query or query in self._queries or not self._matrix.keys:
+            return None
+        task = self._embedding.get(query)
+        if task is None:
+            task = self._embedding[query] = asyncio.create_task(self._new_query(query), name="query-vector")
+            task.add_done_callback(lambda _: self._embedding.pop(query, None))
+        return task
+
+    async def _new_query(self, query: str) -> NDArray[np.float32] | None:
         try:
             q = np.asarray(_unit(await self.embedder.embed([query]))[0], dtype=np.float32)
         except Exception as exc:  # the turn goes on with lexical retrieval only

@@ -121,7 +121,7 @@ async def test_relevant_item_ranks_first_and_irrelevant_are_left_out(tmp_path: P
     items = [make("we talked about the weather"), make("my sister Ana lives in Porto"), make("pizza recipe")]
     ranked = await rank(tmp_path, items, "Where does my sister live?")
     assert [s.item.content for s in ranked] == ["my sister Ana lives in Porto"]
-    assert ranked[0].parts["lexical"] > 0
+    assert ranked[0].lexical > 0 and ranked[0].relevance > 0
 
 
 async def test_recency_and_user_words_break_ties(tmp_path: Path) -> None:

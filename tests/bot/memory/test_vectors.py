@@ -342,6 +342,27 @@ async def test_a_query_while_the_endpoint_is_down_gets_no_scores_not_an_error(st
     assert len(await store.similarities("car")) == 3
 
 
+async def test_a_prefetched_query_is_embedded_once_and_a_stopped_turn_does_not_cancel_it(
+    store: VectorStore,
+) -> None:
+    store.submit(ITEMS)
+    await store.drain()
+    embedder: WordsEmbedder = store.embedder  # type: ignore[assignment]
+    embedder.calls.clear()
+    embedder.slow = {"my car"}
+    store.prefetch("my car")
+    await embedder.entered_slow.wait()  # the model is on it before anyone asks
+    stopped = asyncio.create_task(store.nearest("my car", k=1))
+    waiting = asyncio.create_task(store.nearest("my car", k=1))
+    await asyncio.sleep(0)
+    stopped.cancel()  # /stop on one turn: the other still gets the vector being made
+    embedder.release.set()
+    assert [key for key, _ in await waiting] == [ITEMS[0].fingerprint]
+    assert stopped.cancelled()
+    assert await store.nearest("my car", k=1) == await waiting  # from the cache
+    assert embedder.calls == [["my car"]]
+
+
 async def test_two_writers_share_one_file(tmp_path: Path) -> None:
     folder = tmp_path / "vectors"
     bot = await filled(folder, WordsEmbedder(), ITEMS[:1])
