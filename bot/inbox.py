@@ -6,7 +6,10 @@ the turn runs, while its answer is saved and sent, and is marked *done* only onc
 confirmed the send (or the user stopped the turn, or a stale message was acknowledged as skipped). So
 a kill at any point, even mid-turn, leaves the message pending, and the next start answers it.
 
-One file per session, ``inbox/<session>.jsonl``, appended and fsynced line by line:
+One file per session, ``inbox/<session>.jsonl``, appended durably through one :class:`GroupWriter`
+(the lines queued meanwhile, of every session, share a write and an fsync per file; a done mark never
+waits behind a burst of arrivals one fsync at a time, which widened the window in which a kill makes
+the next start send an answer again):
 
 - ``{"entry": id, "at": accepted, "message": {...}}``: accepted;
 - ``{"done": [ids], "reply": id | null}``: finished;
@@ -34,9 +37,11 @@ from typing import Any
 import structlog
 
 from bot.domain import Attachment, InboundMessage, new_id, utcnow
+from bot.group_writer import GroupWriter
 from bot.outbox import PendingReply
 from bot.sessions import encode_id
-from bot.storage import append_line, atomic_write_text
+from bot.storage import atomic_write_text
+from bot.surrogates import utf8
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +62,6 @@ class _Journal:
     pending: dict[str, tuple[InboxEntry, str]] = field(default_factory=dict)  # id -> (entry, its line)
     replies: dict[str, tuple[PendingReply, str]] = field(default_factory=dict)  # failed sends
     finished_lines: int = 0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Inbox:
@@ -68,12 +72,13 @@ class Inbox:
         self._clock = clock
         self._journals: dict[str, _Journal] = {}
         self._loaded = False
+        self._writer = GroupWriter("inbox-writer")
 
     def add(self, message: InboundMessage) -> tuple[str, asyncio.Task[None]]:
         """Record ``message``; returns its entry id and the task that makes it durable.
 
-        The entry is registered at once, so arrival order is fixed by the caller's order, not by which
-        disk write finishes first; the writes of one session are serialized.
+        The entry is registered and its line queued at once, so arrival order (in memory and on disk)
+        is the caller's order, not the order in which writes finish.
         """
         entry = InboxEntry(new_id(), message, self._clock())
         line = json.dumps(
@@ -82,15 +87,15 @@ class Inbox:
         )
         journal = self._journal(message.session_id)
         journal.pending[entry.entry_id] = (entry, line)
-        return entry.entry_id, asyncio.create_task(
-            self._add(message.session_id, journal, entry.entry_id, line)
-        )
+        durable = self._writer.submit(self._path(message.session_id), _line(line))
+        return entry.entry_id, asyncio.create_task(self._add(journal, entry.entry_id, durable))
 
-    async def _add(self, sid: str, journal: _Journal, entry_id: str, line: str) -> None:
-        """Write an entry; one that could not be written is forgotten (the caller raises, the channel
-        does not confirm the message, and its redelivery is taken as new, not as a duplicate)."""
+    @staticmethod
+    async def _add(journal: _Journal, entry_id: str, durable: asyncio.Future[None]) -> None:
+        """Wait for an entry's write; one that could not be written is forgotten (the caller raises, the
+        channel does not confirm the message, and its redelivery is taken as new, not as a duplicate)."""
         try:
-            await self._append(sid, journal, line)
+            await durable
         except BaseException:
             journal.pending.pop(entry_id, None)
             raise
@@ -102,47 +107,44 @@ class Inbox:
             entry.message.message_id == message_id for entry, _ in journal.pending.values()
         )
 
-    async def _append(self, sid: str, journal: _Journal, line: str) -> None:
-        async with journal.lock:
-            await asyncio.to_thread(append_line, self._path(sid), line)
-
     async def finish(self, sid: str, entry_ids: set[str], *, reply: str | None = None) -> None:
         """Mark entries done (durably): their answer was delivered, or they need none any more."""
         if not entry_ids:
             return
         journal = self._journal(sid)
-        async with journal.lock:
-            line = json.dumps({"done": sorted(entry_ids), "reply": reply})
-            await asyncio.to_thread(append_line, self._path(sid), line)
-            for entry_id in entry_ids:
-                journal.pending.pop(entry_id, None)
-            journal.replies = {  # a kept answer is needed only while one of its entries is pending
-                key: kept
-                for key, kept in journal.replies.items()
-                if key != reply and not set(kept[0].entries).isdisjoint(journal.pending)
-            }
-            journal.finished_lines += 1 + len(entry_ids)
-            if not self._loaded:
-                return  # lines of an earlier run may still be unread: never cut them away
-            if not journal.pending and not journal.replies:
-                await asyncio.to_thread(os.truncate, self._path(sid), 0)
-                journal.finished_lines = 0
-            elif journal.finished_lines > COMPACT_AFTER:
-                lines = [line for _, line in journal.pending.values()]
-                lines += [line for _, line in journal.replies.values()]
-                await asyncio.to_thread(atomic_write_text, self._path(sid), "".join(f"{x}\n" for x in lines))
-                journal.finished_lines = 0
+        path = self._path(sid)
+        await self._writer.append(path, _line(json.dumps({"done": sorted(entry_ids), "reply": reply})))
+        for entry_id in entry_ids:
+            journal.pending.pop(entry_id, None)
+        journal.replies = {  # a kept answer is needed only while one of its entries is pending
+            key: kept
+            for key, kept in journal.replies.items()
+            if key != reply and not set(kept[0].entries).isdisjoint(journal.pending)
+        }
+        journal.finished_lines += 1 + len(entry_ids)
+        if not self._loaded:
+            return  # lines of an earlier run may still be unread: never cut them away
+        # Decided and queued with no await in between: a line added later is queued after the cut or
+        # the rewrite (it lands after it); one added earlier is pending, so it is kept.
+        if not journal.pending and not journal.replies:
+            journal.finished_lines = 0
+            await self._writer.call(lambda: os.truncate(path, 0))
+        elif journal.finished_lines > COMPACT_AFTER:
+            journal.finished_lines = 0
+            kept = [line for _, line in journal.pending.values()]
+            kept += [line for _, line in journal.replies.values()]
+            text = "".join(f"{x}\n" for x in kept)
+            await self._writer.call(lambda: atomic_write_text(path, text))
 
     async def keep(self, reply: PendingReply) -> None:
         """Keep an answer that could not be sent, so the next start sends it (see bot/outbox.py)."""
         sid = f"{reply.channel}:{reply.chat_id}"
         journal = self._journal(sid)
         line = json.dumps({"reply": reply.to_record()}, ensure_ascii=False)
-        async with journal.lock:
-            if reply.id in journal.replies:
-                return
-            await asyncio.to_thread(append_line, self._path(sid), line)
-            journal.replies[reply.id] = (reply, line)
+        if reply.id in journal.replies:
+            return
+        await self._writer.append(self._path(sid), _line(line))
+        journal.replies[reply.id] = (reply, line)
 
     def kept_replies(self, sid: str) -> list[PendingReply]:
         journal = self._journals.get(sid)
@@ -212,6 +214,10 @@ class Inbox:
 
     def _path(self, sid: str) -> Path:
         return self._dir / f"{encode_id(sid)}.jsonl"
+
+
+def _line(text: str) -> bytes:
+    return utf8(text.rstrip("\n") + "\n")
 
 
 def _sid(replies: dict[str, tuple[PendingReply, str]]) -> str:

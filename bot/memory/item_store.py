@@ -25,8 +25,8 @@ from typing import TypeVar
 
 import structlog
 
+from bot.group_writer import GroupWriter
 from bot.memory import item_snapshot
-from bot.memory.group_writer import GroupWriter
 from bot.memory.items import ItemType, Layer, MemoryItem, promoted_layer
 from bot.storage import atomic_write_text, ensure_private_dir
 
@@ -74,7 +74,7 @@ class ItemStore:
         # The same per chat, so a chat's notes (chat scope) read its own items, not everyone's.
         self._by_session_day: dict[tuple[str, date], set[str]] = defaultdict(set)
         self._listeners: list[ChangeListener] = []
-        self._writer = GroupWriter()
+        self._writer = GroupWriter("memory-writer")
         self.generation = 0  # bumped on every change
 
     @property

@@ -1,17 +1,19 @@
 """GroupWriter: durable appends to line files, many callers' lines to one write and one fsync per file.
 
-The item logs take a few lines per answered turn from every chat at once. Appending and fsyncing each
-caller's lines under one lock made chats wait on each other's fsyncs (throughput capped at one append
-per fsync). Here each caller queues its lines and awaits them; one task writes everything queued so far
-— per file one write and one fsync — while the next callers queue behind it (group commit). Lines
+The item logs and the inbox take lines from every chat at once. Appending and fsyncing each caller's
+lines under one lock made chats wait on each other's fsyncs (throughput capped at one append per
+fsync), and an inbox done mark waited behind every message accepted before it. Here each caller
+queues its lines and awaits them; one task writes everything queued so far — per file one write and
+one fsync — while the next callers queue behind it (group commit). Lines
 reach each file in the order they were queued, so "the last version of an item wins" holds on disk as
 it does in memory.
 
 A barrier (:meth:`call`) runs a blocking function between two groups, after everything queued before it
 is on disk and before anything queued after it: log compaction rewrites a file through it.
 
-    writer = GroupWriter()
+    writer = GroupWriter("memory-writer")
     await writer.append(path, b'{"id": "a"}\\n')       # returns once the line is durable
+    durable = writer.submit(path, b'{"id": "b"}\\n')   # its place is taken now, its fsync awaited later
     rewritten = await writer.call(lambda: rewrite(path))
 """
 
@@ -28,13 +30,20 @@ T = TypeVar("T")
 
 
 class GroupWriter:
-    def __init__(self) -> None:
+    def __init__(self, name: str = "group-writer") -> None:
+        self._name = name  # of the writing task, for tracebacks and task dumps
         self._queue: list[tuple[Path | Callable[[], Any], bytes, asyncio.Future[Any]]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def append(self, path: Path, payload: bytes) -> None:
         """Append ``payload`` (whole lines) to ``path``; returns once it is fsynced."""
         await self._enqueue(path, payload)
+
+    def submit(self, path: Path, payload: bytes) -> asyncio.Future[None]:
+        """Queue ``payload`` for ``path`` now and return the future of its fsync: a caller that must
+        fix its place in the file before its next await (the inbox's arrival order) uses this."""
+        future: asyncio.Future[None] = self._enqueue(path, payload)
+        return future
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run blocking ``fn`` in a thread once everything queued before is written (a barrier)."""
@@ -50,7 +59,7 @@ class GroupWriter:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append((target, payload, future))
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="memory-writer")
+            self._task = asyncio.create_task(self._run(), name=self._name)
         return future
 
     async def _run(self) -> None:

@@ -1,0 +1,80 @@
+"""The inbox journal: arrival order on disk, group commit, and cuts that never drop a later arrival."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bot.domain import InboundMessage
+from bot.inbox import Inbox
+
+
+def message(text: str, chat: str = "c1") -> InboundMessage:
+    return InboundMessage("test", chat, "u1", text)
+
+
+@pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Every fsync the process makes (the real one still runs)."""
+    seen: list[int] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        seen.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    yield seen
+
+
+async def reloaded(folder: Path) -> list[str]:
+    return [entry.message.text for entry in await Inbox(folder).load_pending()]
+
+
+async def test_a_burst_reaches_the_file_in_arrival_order_with_shared_fsyncs(
+    tmp_path: Path, fsyncs: list[int]
+) -> None:
+    inbox = Inbox(tmp_path)
+    await inbox.load_pending()
+    texts = [f"m{i}" for i in range(30)]
+    added = [inbox.add(message(t, chat="c1" if i % 3 else "c2")) for i, t in enumerate(texts)]
+    await asyncio.gather(*(durable for _, durable in added))
+    again = await Inbox(tmp_path).load_pending()
+    for chat in ("c1", "c2"):
+        expected = [t for i, t in enumerate(texts) if (chat == "c1") == bool(i % 3)]
+        assert [e.message.text for e in again if e.message.chat_id == chat] == expected
+    assert len(fsyncs) < len(texts) // 3  # one per file per group, not one per message
+
+
+async def test_a_done_mark_does_not_wait_behind_each_arrival_in_turn(
+    tmp_path: Path, fsyncs: list[int]
+) -> None:
+    inbox = Inbox(tmp_path)
+    await inbox.load_pending()
+    first, durable = inbox.add(message("answered"))
+    await durable
+    before = len(fsyncs)
+    burst = [inbox.add(message(f"later {i}"))[1] for i in range(20)]
+    await asyncio.sleep(0)  # the burst's writes are under way
+    await inbox.finish("test:c1", {first}, reply="r1")
+    assert len(fsyncs) - before <= 3  # the burst's group, then the done mark's: not 20 fsyncs first
+    await asyncio.gather(*burst)
+    assert await reloaded(tmp_path) == [f"later {i}" for i in range(20)]
+
+
+async def test_a_message_arriving_while_the_file_is_cut_is_kept(tmp_path: Path) -> None:
+    inbox = Inbox(tmp_path)
+    await inbox.load_pending()
+    first, durable = inbox.add(message("answered"))
+    await durable
+    finishing = asyncio.create_task(inbox.finish("test:c1", {first}, reply="r1"))
+    await asyncio.sleep(0)  # the done mark is queued; nothing is pending, so the file will be cut
+    late, late_durable = inbox.add(message("arrived during the cut"))
+    await asyncio.gather(finishing, late_durable)
+    assert await reloaded(tmp_path) == ["arrived during the cut"]
+    await inbox.finish("test:c1", {late})
+    assert await reloaded(tmp_path) == []
