@@ -40,8 +40,7 @@ from bot.domain import Attachment, InboundMessage, new_id, utcnow
 from bot.group_writer import GroupWriter
 from bot.outbox import PendingReply
 from bot.sessions import encode_id
-from bot.storage import atomic_write_text
-from bot.surrogates import utf8
+from bot.storage import atomic_write_text, line_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -87,7 +86,7 @@ class Inbox:
         )
         journal = self._journal(message.session_id)
         journal.pending[entry.entry_id] = (entry, line)
-        durable = self._writer.submit(self._path(message.session_id), _line(line))
+        durable = self._writer.submit(self._path(message.session_id), line_bytes(line))
         return entry.entry_id, asyncio.create_task(self._add(journal, entry.entry_id, durable))
 
     @staticmethod
@@ -113,7 +112,7 @@ class Inbox:
             return
         journal = self._journal(sid)
         path = self._path(sid)
-        await self._writer.append(path, _line(json.dumps({"done": sorted(entry_ids), "reply": reply})))
+        await self._writer.append(path, line_bytes(json.dumps({"done": sorted(entry_ids), "reply": reply})))
         for entry_id in entry_ids:
             journal.pending.pop(entry_id, None)
         journal.replies = {  # a kept answer is needed only while one of its entries is pending
@@ -143,7 +142,7 @@ class Inbox:
         line = json.dumps({"reply": reply.to_record()}, ensure_ascii=False)
         if reply.id in journal.replies:
             return
-        await self._writer.append(self._path(sid), _line(line))
+        await self._writer.append(self._path(sid), line_bytes(line))
         journal.replies[reply.id] = (reply, line)
 
     def kept_replies(self, sid: str) -> list[PendingReply]:
@@ -214,10 +213,6 @@ class Inbox:
 
     def _path(self, sid: str) -> Path:
         return self._dir / f"{encode_id(sid)}.jsonl"
-
-
-def _line(text: str) -> bytes:
-    return utf8(text.rstrip("\n") + "\n")
 
 
 def _sid(replies: dict[str, tuple[PendingReply, str]]) -> str:

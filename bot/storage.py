@@ -102,9 +102,14 @@ def append_bytes(
     return end + len(data)
 
 
+def line_bytes(line: str) -> bytes:
+    """One text line as appended: UTF-8 (lone surrogates replaced), ending in exactly one newline."""
+    return utf8(line.rstrip("\n") + "\n")
+
+
 def append_line(path: Path, line: str) -> None:
     """Append one text line (a newline is added) durably, on a line of its own."""
-    append_bytes(path, utf8(line.rstrip("\n") + "\n"), whole_lines=True)
+    append_bytes(path, line_bytes(line), whole_lines=True)
 
 
 async def atomic_write_text_async(path: Path, text: str) -> None:

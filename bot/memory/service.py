@@ -61,7 +61,7 @@ from bot.memory.retrieval import Retriever, ScoredItem, asks_about_assistant, di
 from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to
 from bot.memory.vectors import VECTORS_DIR, VectorStore
 from bot.memory.words import load_lemmas, tokenize
-from bot.storage import append_bytes, ensure_private_dir, fix_private_tree
+from bot.storage import append_bytes, ensure_private_dir, fix_private_tree, line_bytes
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
     from bot.llm import ChatModel
@@ -254,8 +254,7 @@ class MemoryService:
             if replay:
                 lines = await asyncio.to_thread(not_yet_in, path, lines)
             if lines:
-                data = ("\n".join(lines) + "\n").encode("utf-8")
-                await asyncio.to_thread(append_bytes, path, data, whole_lines=True)
+                await asyncio.to_thread(append_bytes, path, line_bytes("\n".join(lines)), whole_lines=True)
 
     async def _promote(self, candidates: Sequence[MemoryItem]) -> None:
         """Promote what was just written, if confident enough (never a scan of every item)."""
