@@ -42,6 +42,7 @@ META_OVERHEAD = "prompt_overhead_tokens"  # session.metadata: basis tokens of th
 AFTER_FRACTION = 0.5  # after compacting, aim to use at most this share of the compaction threshold
 MARGIN_SHARE = 0.02  # of the window, for the estimate's error (on top of per-session calibration)
 MIN_MARGIN = 32
+SEPARATOR_TOKENS = 2  # between the base prompt and the memory section ("\n\n" is one token; one spare)
 CUT_NOTE = "\n[… {cut} characters left out here: the message is longer than the model's window allows …]\n"
 
 
@@ -205,6 +206,13 @@ class ContextBudget:
             ratio = self._counter.calibrate(session, prompt_raw, actual_input_tokens)
             if ratio is not None:
                 log.debug("token_ratio", ratio=ratio, estimated=prompt_raw, actual=actual_input_tokens)
+
+    def counted_prompt(self, system_prompt: str, memory_tokens: int) -> None:
+        """A turn's system prompt is the base prompt + the memory section, whose ``memory_tokens`` memory
+        summed part by part as it fitted them: their sum is remembered as the prompt's count, so checking
+        the request does not encode the whole prompt once more."""
+        if memory_tokens > 0:
+            self._counter.remember(system_prompt, self._base + SEPARATOR_TOKENS + memory_tokens)
 
     # -- the invariant ----------------------------------------------------------------------------
 

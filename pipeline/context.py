@@ -51,6 +51,8 @@ class ContextBuildingSystem:
         )
         turn.memory_context = context.text
         turn.system_prompt = system_prompt(self._base, context.text)
+        if self._budget is not None:
+            self._budget.counted_prompt(turn.system_prompt, context.tokens)
         turn.diagnostics["memory"] = context.diagnostics
         pack = context.pack.diagnostics
         # Counts and scores only: what the user wrote and what memory holds stay out of the logs.

@@ -101,6 +101,7 @@ class MemoryContext:
     text: str
     pack: MemoryPack
     diagnostics: dict[str, object] = field(default_factory=dict)
+    tokens: int = 0  # the section's tokens, summed part by part (a little above a count of the whole)
 
 
 class MemoryService:
@@ -571,13 +572,14 @@ class MemoryService:
             today=today_section(today_lines),
             recent=recent_section(recent),
         )
+        tokens = self._parts_tokens(fixed, pack, today_lines, recent) if text else 0
         diagnostics: dict[str, object] = {
             "session_id": session_id,
             "memory_md_bytes": len(snap.text.encode("utf-8")),
             "scope": s.scope,
             # The sum of the parts' counts (each part was counted to fit it): counting the whole section
             # again would cost a tokenizer pass over ~4,000 tokens every turn for a log field.
-            "memory_tokens": self._parts_tokens(fixed, pack, today_lines, recent) if text else 0,
+            "memory_tokens": tokens,
             "budget": budget,
             "today_notes": len(today_lines),
             "pack": pack.diagnostics.to_dict(),
@@ -586,7 +588,7 @@ class MemoryService:
             diagnostics["chat_memory_md_bytes"] = len(chat.text.encode("utf-8"))
         if session_id and query.strip():
             self._remember_recall(session_id, diagnostics)
-        return MemoryContext(text, pack, diagnostics)
+        return MemoryContext(text, pack, diagnostics, tokens)
 
     def _parts_tokens(
         self, fixed: int, pack: MemoryPack, today: Sequence[str], recent: Sequence[tuple[date, list[str]]]

@@ -123,10 +123,13 @@ async def test_every_request_and_its_answer_fit_the_window(
         await memory.close()
 
     assert turn.reply and not turn.failures, turn.failures
+    fresh = TokenCounter.offline(model="local-8k", provider="openai")  # has counted nothing yet
     for request in model.requests:
         output = request.max_output_tokens or OUTPUT
         sent = budget.request_tokens(request, session if request.system != compaction_system() else None)
         assert sent + output <= window, (sent, output, window)
+        # The budget takes the system prompt's count from its counted parts: never below a real count.
+        assert counter.count_text(request.system) >= fresh.count_text(request.system)
 
 
 def compaction_system() -> str:

@@ -210,3 +210,13 @@ def test_the_running_total_follows_replaced_and_trimmed_histories(seeded: TokenC
     assert seeded.history_tokens(session) == sum(seeded.message_tokens(m) for m in session.messages)
     session.replace_messages([])
     assert seeded.history_tokens(session) == 0
+
+
+def test_a_long_text_counted_from_its_parts_is_not_encoded_again() -> None:
+    counter = TokenCounter.offline(model="gpt-4", provider="openai")
+    prompt = "You are membot.\n\n# Memory\n\n" + "- user: I moved to Lisbon last spring\n" * 60
+    exact = counter.count_text(prompt + " ")  # another text: counted by encoding it
+    counter.remember(prompt, exact + 5)  # the parts' sum, a little above the whole
+    assert counter.count_text(prompt) == exact + 5
+    counter.remember("a short text", 99)  # short texts are encoded every time, never remembered
+    assert counter.count_text("a short text") == 3
