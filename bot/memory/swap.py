@@ -10,7 +10,14 @@ has a name. Ordinary editors take no lock, so :meth:`FileSwapper.swap` checks af
   compared with the version the change was based on. The same: done. Different: someone saved in
   between, so the two are exchanged back at once (the editor's version is in place again, and an editor
   still writing into it writes into the file that has the name) and the caller starts over from it.
-  The editor's text is never deleted and never out of place for longer than two system calls.
+  The editor's text is never deleted and out of place only for a few system calls.
+- Those few calls are still a window: an editor that reads the file then (more likely when the kernel
+  preempts us in the middle) gets our version, which lacks the lines it saved a moment before, and its
+  next save drops them. So after a trade-back the lines other writers added since our base are
+  *guarded* for :data:`WATCH_SECONDS`: :meth:`FileSwapper.late_writes` hands back any of them that went
+  missing, to be added again. A line the bot itself removes is no longer guarded; one the operator
+  deletes on purpose within those seconds of such a race comes back (a visible line the operator can
+  delete again, where the alternative was a line silently lost).
 - Displaced versions (and, after an exchange back, our own) stay open for a while
   (:data:`WATCH_SECONDS`, at most :data:`MAX_WATCHES`): an editor that opened the file before the
   exchange and writes after it (an append, or a truncate-and-rewrite still in progress) writes into
@@ -77,6 +84,14 @@ class _Watch:
     since: float = field(default_factory=time.monotonic)
 
 
+@dataclass(slots=True)
+class _Guard:
+    """Lines other writers added that a reader may have missed during a trade-back (see above)."""
+
+    lines: set[str]
+    since: float = field(default_factory=time.monotonic)
+
+
 class FileSwapper:
     """Puts new versions of one file in place, never over a save it has not seen (blocking; use a thread).
 
@@ -93,6 +108,7 @@ class FileSwapper:
         self._path = path
         self._exchange = exchange and AVAILABLE
         self._watches: list[_Watch] = []
+        self._guards: list[_Guard] = []
         self._pending: list[tuple[str, str]] = []
 
     @property
@@ -101,7 +117,7 @@ class FileSwapper:
 
     @property
     def watching(self) -> bool:
-        return bool(self._watches or self._pending)
+        return bool(self._watches or self._guards or self._pending)
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -160,7 +176,7 @@ class FileSwapper:
         try:
             while self._exchange:
                 try:
-                    outcome = exchange_if(tmp, self._path, based_on.stamp if based_on else None)
+                    outcome, back = exchange_if(tmp, self._path, based_on.stamp if based_on else None)
                 except Unsupported:  # this filesystem cannot: plain renames from now on
                     self._exchange = False
                     break
@@ -171,11 +187,12 @@ class FileSwapper:
                     return self._created(tmp)
                 if outcome is Outcome.SWAPPED:
                     self._displaced(tmp, based_on)
+                    self._release(based_on, text)
                     return True
                 if outcome is Outcome.TRADED_BACK:
-                    self._traded_back(tmp, text)
+                    self._traded_back(tmp, text, based_on, back)
                 return False
-            return self._renamed(tmp, based_on)
+            return self._renamed(tmp, based_on, text)
         finally:
             if not stranded:
                 with contextlib.suppress(FileNotFoundError):
@@ -200,6 +217,8 @@ class FileSwapper:
             else:
                 keep.append(watch)
         self._watches = keep
+        if self._guards:
+            found.extend(self._missing_guarded(now))
         return found
 
     def defer(self, edits: list[tuple[str, str]]) -> None:
@@ -237,15 +256,29 @@ class FileSwapper:
             self._pending.append((based_on.text, seen))
         self._watch(fd, seen)
 
-    def _traded_back(self, tmp: str, text: str) -> None:
-        """Theirs is back in place and ours under the temp name: anything written into ours is theirs."""
+    def _traded_back(self, tmp: str, text: str, based_on: Version | None, back: int | None) -> None:
+        """Theirs is back in place and ours under the temp name: anything written into ours is theirs.
+
+        What the others added since ``based_on`` (in the version put back, or written into ours while
+        it had the name) is guarded: a reader in the window saw ours, without those lines.
+        """
         fd = os.open(tmp, os.O_RDONLY)
         now = _read_fd(fd)
         if now != text:  # an editor wrote into ours in the moment it had the name
             self._pending.append((text, now))
         self._watch(fd, now)
+        theirs = set(now.splitlines())
+        if back is not None:
+            try:
+                theirs |= set(_read_fd(back).splitlines())
+            finally:
+                os.close(back)
+        known = set(text.splitlines()) | set(based_on.text.splitlines() if based_on else ())
+        fresh = {line for line in theirs - known if line.strip()}
+        if fresh:
+            self._guards.append(_Guard(fresh))
 
-    def _renamed(self, tmp: str, based_on: Version | None) -> bool:
+    def _renamed(self, tmp: str, based_on: Version | None, text: str) -> bool:
         """Fallback: rename over (just re-checked), then keep the replaced version open for late writes."""
         if based_on is None:
             return self._created(tmp)
@@ -262,6 +295,7 @@ class FileSwapper:
         if current != based_on.text:
             self._pending.append((based_on.text, current))
         self._watch(fd, current)
+        self._release(based_on, text)
         return True
 
     def _created(self, tmp: str) -> bool:
@@ -275,3 +309,18 @@ class FileSwapper:
 
     def _watch(self, fd: int, text: str) -> None:
         self._watches.append(_Watch(fd, text, _stamp(fd)))
+
+    def _release(self, based_on: Version | None, text: str) -> None:
+        """Lines a successful write of ours removed on purpose are no longer guarded."""
+        if self._guards and based_on is not None:
+            removed = set(based_on.text.splitlines()) - set(text.splitlines())
+            for guard in self._guards:
+                guard.lines -= removed
+
+    def _missing_guarded(self, now: float) -> list[tuple[str, str]]:
+        """Guarded lines no longer in the file, as an edit that adds them; old guards retire after."""
+        current = self.read()
+        present = set(current.text.splitlines()) if current else set()
+        missing = dict.fromkeys(line for g in self._guards for line in sorted(g.lines) if line not in present)
+        self._guards = [g for g in self._guards if g.lines and now - g.since <= WATCH_SECONDS]
+        return [("", "\n".join(missing) + "\n")] if missing else []

@@ -139,14 +139,14 @@ def test_exchange_if_checks_before_and_after(tmp_path: Path) -> None:
         pytest.skip("renameat2/statx are Linux-only")
     path, tmp = tmp_path / "MEMORY.md", tmp_path / "new.tmp"
     tmp.write_text("new")
-    assert exchange.exchange_if(str(tmp), path, None) is exchange.Outcome.MISSING
+    assert exchange.exchange_if(str(tmp), path, None) == (exchange.Outcome.MISSING, None)
     path.write_text("old")
     stamp = _stamp(path)
-    assert exchange.exchange_if(str(tmp), path, None) is exchange.Outcome.MOVED
+    assert exchange.exchange_if(str(tmp), path, None) == (exchange.Outcome.MOVED, None)
     path.write_text("older but changed")
-    assert exchange.exchange_if(str(tmp), path, stamp) is exchange.Outcome.MOVED
+    assert exchange.exchange_if(str(tmp), path, stamp) == (exchange.Outcome.MOVED, None)
     assert path.read_text() == "older but changed" and tmp.read_text() == "new"
-    assert exchange.exchange_if(str(tmp), path, _stamp(path)) is exchange.Outcome.SWAPPED
+    assert exchange.exchange_if(str(tmp), path, _stamp(path)) == (exchange.Outcome.SWAPPED, None)
     assert path.read_text() == "new" and tmp.read_text() == "older but changed"
 
 
