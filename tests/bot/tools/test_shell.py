@@ -212,7 +212,11 @@ async def test_cancellation_kills_the_process_promptly(workspace: Path) -> None:
     task.cancel()
     done, _ = await asyncio.wait([task], timeout=1.0)
     assert done and task.cancelled()
-    assert not _alive(pid)
+    # Killed, but a process closes its files (our pipe) before it finishes exiting: on a busy machine
+    # the test could look in between and see it still running (2 of 8 full runs did).
+    async with asyncio.timeout(1.0):
+        while _alive(pid):
+            await asyncio.sleep(0.005)
 
 
 def _child_sleep_pid() -> int | None:
