@@ -193,13 +193,17 @@ class LongTermMemory:
     def _rescue(self) -> None:
         """Merge in what an editor wrote into versions that lost their name to a bot write (swap.py)."""
         edits = self._files.late_writes()
-        for i, (seen, now) in enumerate(edits):
+        for i, edit in enumerate(edits):
+            writer = "a restore of dropped lines" if edit.restores else "a late edit"
             try:
-                self._apply(functools.partial(merge_lines, seen, now), writer="a late edit", limit=False)
+                self._apply(functools.partial(merge_lines, edit.seen, edit.now), writer=writer, limit=False)
             except Conflict:
                 self._files.defer(edits[i:])  # still being edited: the next read or write merges it
                 return
-            log.warning("memory_late_edit_merged", file=str(self._path), chars=len(now))
+            if edit.restores:  # an editor saved from a version that briefly lacked them (swap.py)
+                log.warning("memory_lines_restored", file=str(self._path), lines=edit.now.count("\n"))
+            else:
+                log.warning("memory_late_edit_merged", file=str(self._path), chars=len(edit.now))
 
     def _apply(self, change: Change, *, writer: str = "the bot", limit: bool = True) -> Snapshot:
         """Apply ``change`` to the current text and swap the result in; start over if someone saves."""

@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from bot.memory.exchange import AVAILABLE, Outcome, Stamp, Stranded, Unsupported, exchange_if
 from bot.storage import FILE_MODE, ensure_private_dir, fsync_dir
@@ -74,6 +75,14 @@ def _read_fd(fd: int) -> str:
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
+class LateEdit(NamedTuple):
+    """Text to merge into the file: what ``now`` has that ``seen`` lacks is added, what it dropped goes."""
+
+    seen: str
+    now: str
+    restores: bool = False  # guarded lines a save dropped (see above), not an editor's own change
+
+
 @dataclass(slots=True)
 class _Watch:
     """A version that lost its name, kept open: ``text`` as last read, and the stamp it had then."""
@@ -100,7 +109,7 @@ class FileSwapper:
         seen = swapper.read()
         while not swapper.swap(change(seen.text), based_on=seen):
             seen = swapper.read()   # someone saved meanwhile: start over from their version
-        for seen, now in swapper.late_writes():
+        for edit in swapper.late_writes():
             ...   # merge what an editor wrote into a version after it lost its name
     """
 
@@ -109,7 +118,7 @@ class FileSwapper:
         self._exchange = exchange and AVAILABLE
         self._watches: list[_Watch] = []
         self._guards: list[_Guard] = []
-        self._pending: list[tuple[str, str]] = []
+        self._pending: list[LateEdit] = []
 
     @property
     def lock_path(self) -> Path:
@@ -198,7 +207,7 @@ class FileSwapper:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
 
-    def late_writes(self) -> list[tuple[str, str]]:
+    def late_writes(self) -> list[LateEdit]:
         """(text when it lost its name, text now) for each such version written since; old ones retire.
 
         What comes back is no longer tracked: a caller that cannot merge it now hands it to :meth:`defer`.
@@ -210,7 +219,7 @@ class FileSwapper:
             if _stamp(watch.fd) != watch.stamp:
                 text = _read_fd(watch.fd)
                 if text != watch.text:
-                    found.append((watch.text, text))
+                    found.append(LateEdit(watch.text, text))
                 watch.text, watch.stamp = text, _stamp(watch.fd)
             if now - watch.since > WATCH_SECONDS or len(self._watches) - i > MAX_WATCHES:
                 os.close(watch.fd)  # a last look above, then let the version go
@@ -221,7 +230,7 @@ class FileSwapper:
             found.extend(self._missing_guarded(now))
         return found
 
-    def defer(self, edits: list[tuple[str, str]]) -> None:
+    def defer(self, edits: list[LateEdit]) -> None:
         """Keep late edits that could not be merged yet for the next :meth:`late_writes`."""
         self._pending = edits + self._pending
 
@@ -253,7 +262,7 @@ class FileSwapper:
         fsync_dir(self._path.parent)
         seen = _read_fd(fd)
         if based_on is not None and seen != based_on.text:
-            self._pending.append((based_on.text, seen))
+            self._pending.append(LateEdit(based_on.text, seen))
         self._watch(fd, seen)
 
     def _traded_back(self, tmp: str, text: str, based_on: Version | None, back: int | None) -> None:
@@ -265,7 +274,7 @@ class FileSwapper:
         fd = os.open(tmp, os.O_RDONLY)
         now = _read_fd(fd)
         if now != text:  # an editor wrote into ours in the moment it had the name
-            self._pending.append((text, now))
+            self._pending.append(LateEdit(text, now))
         self._watch(fd, now)
         theirs = set(now.splitlines())
         if back is not None:
@@ -293,7 +302,7 @@ class FileSwapper:
         fsync_dir(self._path.parent)
         current = _read_fd(fd)
         if current != based_on.text:
-            self._pending.append((based_on.text, current))
+            self._pending.append(LateEdit(based_on.text, current))
         self._watch(fd, current)
         self._release(based_on, text)
         return True
@@ -317,10 +326,10 @@ class FileSwapper:
             for guard in self._guards:
                 guard.lines -= removed
 
-    def _missing_guarded(self, now: float) -> list[tuple[str, str]]:
+    def _missing_guarded(self, now: float) -> list[LateEdit]:
         """Guarded lines no longer in the file, as an edit that adds them; old guards retire after."""
         current = self.read()
         present = set(current.text.splitlines()) if current else set()
         missing = dict.fromkeys(line for g in self._guards for line in sorted(g.lines) if line not in present)
         self._guards = [g for g in self._guards if g.lines and now - g.since <= WATCH_SECONDS]
-        return [("", "\n".join(missing) + "\n")] if missing else []
+        return [LateEdit("", "\n".join(missing) + "\n", restores=True)] if missing else []

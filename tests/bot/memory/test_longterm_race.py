@@ -185,7 +185,7 @@ async def test_an_editor_that_read_during_a_trade_back_loses_no_line(tmp_path: P
             await memory.read()  # the bot reads MEMORY.md for every message
     present = set(memory.path.read_text().splitlines())
     lost = [i for i in range(edits) if f"- op {i}" not in present]
-    merges = sum(entry["event"] == "memory_late_edit_merged" for entry in logs)
-    print(f"\n{edits} editor saves racing {writes} bot writes: {merges} merges, {len(lost)} lines lost")
+    restores = sum(entry["event"] == "memory_lines_restored" for entry in logs)
+    print(f"\n{edits} editor saves racing {writes} bot writes: {restores} restores, {len(lost)} lines lost")
     assert writes >= 20, "the bot must really race the editor"
     assert lost == [], f"{len(lost)} editor lines lost, e.g. {lost[:5]}"
