@@ -39,6 +39,7 @@ NEIGHBOUR_SPAN = timedelta(hours=6)  # how far apart the turns of one exchange m
 # than the recall itself.
 TOUCH_RESOLUTION = timedelta(hours=1)
 SUBJECT_TAG = "subject:"  # tags naming what a statement is about (see extract.py)
+_LAYERS = tuple(Layer)  # iterating the enum class itself is slow on the retrieval path
 
 K = TypeVar("K")
 ChangeListener = Callable[[MemoryItem | None, MemoryItem | None], None]
@@ -225,7 +226,7 @@ class ItemStore:
 
     def with_fingerprint(self, fingerprint: str) -> list[MemoryItem]:
         """The live, retrievable items saying exactly this (at most one per layer)."""
-        found = (self._items.get(self._by_fingerprint.get((layer, fingerprint), "")) for layer in Layer)
+        found = [self._items.get(self._by_fingerprint.get((layer, fingerprint), "")) for layer in _LAYERS]
         return [i for i in found if i is not None and retrievable(i)]
 
     def with_subject(self, subject: str) -> list[MemoryItem]:

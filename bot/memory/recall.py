@@ -110,10 +110,9 @@ class Recall:
 
 def key_of(item: MemoryItem) -> MessageKey:
     """The message an item stands for, or the item itself when it is a standalone fact."""
-    if item.source not in STANDALONE_SOURCES:
-        for ref in item.references[:1]:
-            if ref.message_key is not None:
-                return ref.message_key
+    refs = item.references
+    if refs and refs[0].message_id and item.source not in STANDALONE_SOURCES:
+        return (refs[0].session_id, refs[0].message_id)  # Reference.message_key, inlined: a hot path
     return ("item", item.id)
 
 

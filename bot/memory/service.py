@@ -482,21 +482,22 @@ class MemoryService:
                 pending.setdefault(key, []).append(ScoredItem(item, 0.0, 0.0))
         yield from (Candidate(key, tuple(hits)) for key, hits in pending.items())
 
-    def _fit_notes(self, newest_first: Iterable[Candidate], budget: int) -> list[Memory]:
+    def _fit_notes(self, newest_first: Iterable[Candidate], budget: int) -> list[tuple[Memory, str]]:
         """The newest informative messages (not "thanks!") whose note lines fit ``budget`` tokens,
-        oldest first."""
-        chosen: list[Memory] = []
+        oldest first, each with its note line."""
+        chosen: list[tuple[Memory, str]] = []
         used = 0
         for candidate in newest_first:
             memory = self.recaller.realize(candidate)
             if not informative(memory.text):
                 continue
-            cost = self.recaller.count(note_of(memory, self.tz)) + 1
+            line = note_of(memory, self.tz)
+            cost = self.recaller.count(line) + 1
             if used + cost > budget:
                 break
-            chosen.append(memory)
+            chosen.append((memory, line))
             used += cost
-        return sorted(chosen, key=lambda m: (m.when, m.key))
+        return sorted(chosen, key=lambda chosen: (chosen[0].when, chosen[0].key))
 
     def last_recall(self, session_id: str) -> dict[str, object] | None:
         """What the last ``# Memory`` built for ``session_id`` in this process retrieved, if any."""
@@ -554,16 +555,16 @@ class MemoryService:
         today = self._fit_notes(
             self._said_between(midnight, now + timedelta(seconds=1), session_id, skip), notes_budget
         )
-        today_lines = [note_of(m, self.tz) for m in today]
+        today_lines = [line for _, line in today]
         recent: list[tuple[date, list[str]]] = []
         if not pack.text:
             used = sum(self.recaller.count(line) + 1 for line in today_lines)
             earlier = self._said_between(midnight - timedelta(days=s.recent_days), midnight, session_id, skip)
-            for memory in self._fit_notes(earlier, max(0, notes_budget - used)):
+            for memory, line in self._fit_notes(earlier, max(0, notes_budget - used)):
                 day = memory.when.astimezone(self.tz).date()
                 if not recent or recent[-1][0] != day:
                     recent.append((day, []))
-                recent[-1][1].append(note_of(memory, self.tz))
+                recent[-1][1].append(line)
         text = render_memory(
             now=head,
             long_term=long_term,
