@@ -13,8 +13,9 @@ has a name. Ordinary editors take no lock, so :meth:`FileSwapper.swap` checks af
   The editor's text is never deleted and out of place only for a few system calls.
 - Those few calls are still a window: an editor that reads the file then (more likely when the kernel
   preempts us in the middle) gets our version, which lacks the lines it saved a moment before, and its
-  next save drops them. So after a trade-back the lines other writers added since our base are
-  *guarded* for :data:`WATCH_SECONDS`: :meth:`FileSwapper.late_writes` hands back any of them that went
+  next save drops them. So after a trade-back the lines other writers saved by a rename since our base
+  are *guarded* for :data:`WATCH_SECONDS` (a file changed in place may hold half a save; the watches
+  below cover those editors): :meth:`FileSwapper.late_writes` hands back any of them that went
   missing, to be added again. A line the bot itself removes is no longer guarded; one the operator
   deletes on purpose within those seconds of such a race comes back (a visible line the operator can
   delete again, where the alternative was a line silently lost).
@@ -181,6 +182,7 @@ class FileSwapper:
         False means someone saved in between: their version is (back) in place; read it and start over.
         """
         tmp = self._temp(text)
+        ours = os.stat(tmp).st_ino
         stranded = False
         try:
             while self._exchange:
@@ -199,7 +201,7 @@ class FileSwapper:
                     self._release(based_on, text)
                     return True
                 if outcome is Outcome.TRADED_BACK:
-                    self._traded_back(tmp, text, based_on, back)
+                    self._traded_back(tmp, text, based_on, back, ours)
                 return False
             return self._renamed(tmp, based_on, text)
         finally:
@@ -265,21 +267,26 @@ class FileSwapper:
             self._pending.append(LateEdit(based_on.text, seen))
         self._watch(fd, seen)
 
-    def _traded_back(self, tmp: str, text: str, based_on: Version | None, back: int | None) -> None:
+    def _traded_back(
+        self, tmp: str, text: str, based_on: Version | None, back: int | None, ours: int
+    ) -> None:
         """Theirs is back in place and ours under the temp name: anything written into ours is theirs.
 
-        What the others added since ``based_on`` (in the version put back, or written into ours while
-        it had the name) is guarded: a reader in the window saw ours, without those lines.
+        What others saved by a rename since ``based_on`` (the version put back, or one renamed over
+        ours while it had the name) is guarded: a reader in the window saw ours, without those lines.
+        A file changed in place is an editor still writing it (it may hold half a save): the watches
+        cover those.
         """
         fd = os.open(tmp, os.O_RDONLY)
         now = _read_fd(fd)
-        if now != text:  # an editor wrote into ours in the moment it had the name
+        if now != text:  # an editor wrote into ours, or renamed its version over ours, meanwhile
             self._pending.append(LateEdit(text, now))
         self._watch(fd, now)
-        theirs = set(now.splitlines())
+        theirs = set(now.splitlines()) if os.fstat(fd).st_ino != ours else set()
         if back is not None:
             try:
-                theirs |= set(_read_fd(back).splitlines())
+                if based_on is None or os.fstat(back).st_ino != based_on.stamp[0]:
+                    theirs |= set(_read_fd(back).splitlines())
             finally:
                 os.close(back)
         known = set(text.splitlines()) | set(based_on.text.splitlines() if based_on else ())
@@ -327,7 +334,12 @@ class FileSwapper:
                 guard.lines -= removed
 
     def _missing_guarded(self, now: float) -> list[LateEdit]:
-        """Guarded lines no longer in the file, as an edit that adds them; old guards retire after."""
+        """Guarded lines no longer in the file, as an edit that adds them; old guards retire after.
+
+        Not while another program has the file open for writing: a save half done lacks lines it will
+        have (the next look decides)."""
+        if self.being_written():
+            return []
         current = self.read()
         present = set(current.text.splitlines()) if current else set()
         missing = dict.fromkeys(line for g in self._guards for line in sorted(g.lines) if line not in present)
