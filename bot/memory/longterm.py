@@ -236,10 +236,14 @@ class LongTermMemory:
         version our swap displaces, which is watched (see swap.py).
         """
         while True:
-            busy = self._files.being_written()
             found = self._files.read()
             size = found.stamp[1] if found is not None else 0
-            if busy is False or size >= len(self._cached.text.encode("utf-8")):
+            if size >= len(self._cached.text.encode("utf-8")):
+                return found
+            # Asked after the read, and the read still current: asked before it, a truncating save
+            # that began in between was read half done and taken for a deliberate cut.
+            busy = self._files.being_written()
+            if busy is False and self._files.read() == found:
                 return found
             time.sleep(_SETTLE_PAUSE)
             if busy is None and self._files.read() == found:
