@@ -196,7 +196,8 @@ class LongTermMemory:
         for i, edit in enumerate(edits):
             writer = "a restore of dropped lines" if edit.restores else "a late edit"
             try:
-                self._apply(functools.partial(merge_lines, edit.seen, edit.now), writer=writer, limit=False)
+                merge = functools.partial(merge_lines, edit.seen, edit.now)
+                self._apply(merge, writer=writer, limit=False, deliberate=False)
             except Conflict:
                 self._files.defer(edits[i:])  # still being edited: the next read or write merges it
                 return
@@ -205,7 +206,9 @@ class LongTermMemory:
             else:
                 log.warning("memory_late_edit_merged", file=str(self._path), chars=len(edit.now))
 
-    def _apply(self, change: Change, *, writer: str = "the bot", limit: bool = True) -> Snapshot:
+    def _apply(
+        self, change: Change, *, writer: str = "the bot", limit: bool = True, deliberate: bool = True
+    ) -> Snapshot:
         """Apply ``change`` to the current text and swap the result in; start over if someone saves."""
         deadline = time.monotonic() + MAX_CAS_SECONDS
         logged: list[str] = []
@@ -218,7 +221,7 @@ class LongTermMemory:
             if new == base:
                 break
             logged = self._keep_removed(base, new, writer, logged)
-            if self._files.swap(new, based_on=found):
+            if self._files.swap(new, based_on=found, deliberate=deliberate):
                 break
             if time.monotonic() > deadline:
                 raise Conflict(f"{self._path.name} kept changing for {MAX_CAS_SECONDS:g} s; gave up")
@@ -236,14 +239,10 @@ class LongTermMemory:
         version our swap displaces, which is watched (see swap.py).
         """
         while True:
+            busy = self._files.being_written()
             found = self._files.read()
             size = found.stamp[1] if found is not None else 0
-            if size >= len(self._cached.text.encode("utf-8")):
-                return found
-            # Asked after the read, and the read still current: asked before it, a truncating save
-            # that began in between was read half done and taken for a deliberate cut.
-            busy = self._files.being_written()
-            if busy is False and self._files.read() == found:
+            if busy is False or size >= len(self._cached.text.encode("utf-8")):
                 return found
             time.sleep(_SETTLE_PAUSE)
             if busy is None and self._files.read() == found:

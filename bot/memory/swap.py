@@ -16,9 +16,10 @@ has a name. Ordinary editors take no lock, so :meth:`FileSwapper.swap` checks af
   next save drops them. So after a trade-back the lines other writers saved by a rename since our base
   are *guarded* for :data:`WATCH_SECONDS` (a file changed in place may hold half a save; the watches
   below cover those editors): :meth:`FileSwapper.late_writes` hands back any of them that went
-  missing, to be added again. A line the bot itself removes is no longer guarded; one the operator
-  deletes on purpose within those seconds of such a race comes back (a visible line the operator can
-  delete again, where the alternative was a line silently lost).
+  missing, to be added again. A line the bot itself removes is no longer guarded; one an editor's save
+  drops, even on purpose, within those seconds of such a race comes back (a visible line the operator can
+  delete again, where the alternative was a line silently lost). What a late edit below brings back is
+  guarded the same way: the save of an editor that read the file before the merge may drop it again.
 - Displaced versions (and, after an exchange back, our own) stay open for a while
   (:data:`WATCH_SECONDS`, at most :data:`MAX_WATCHES`): an editor that opened the file before the
   exchange and writes after it (an append, or a truncate-and-rewrite still in progress) writes into
@@ -176,10 +177,12 @@ class FileSwapper:
         finally:
             os.close(fd)
 
-    def swap(self, text: str, *, based_on: Version | None) -> bool:
+    def swap(self, text: str, *, based_on: Version | None, deliberate: bool = True) -> bool:
         """Put ``text`` in place if the file is still ``based_on`` (None: no file); else change nothing.
 
         False means someone saved in between: their version is (back) in place; read it and start over.
+        ``deliberate``: the lines ``text`` drops are meant to go (not a late edit merged in, which may
+        come from a save made from a version that briefly lacked them), so they are no longer guarded.
         """
         tmp = self._temp(text)
         ours = os.stat(tmp).st_ino
@@ -198,12 +201,13 @@ class FileSwapper:
                     return self._created(tmp)
                 if outcome is Outcome.SWAPPED:
                     self._displaced(tmp, based_on)
-                    self._release(based_on, text)
+                    if deliberate:
+                        self._release(based_on, text)
                     return True
                 if outcome is Outcome.TRADED_BACK:
                     self._traded_back(tmp, text, based_on, back, ours)
                 return False
-            return self._renamed(tmp, based_on, text)
+            return self._renamed(tmp, based_on, text if deliberate else None)
         finally:
             if not stranded:
                 with contextlib.suppress(FileNotFoundError):
@@ -230,6 +234,9 @@ class FileSwapper:
         self._watches = keep
         if self._guards:
             found.extend(self._missing_guarded(now))
+        for edit in found:  # what is merged back may be dropped again by a save already under way
+            if not edit.restores and (added := set(edit.now.splitlines()) - set(edit.seen.splitlines())):
+                self._guards.append(_Guard({line for line in added if line.strip()}))
         return found
 
     def defer(self, edits: list[LateEdit]) -> None:
@@ -294,7 +301,7 @@ class FileSwapper:
         if fresh:
             self._guards.append(_Guard(fresh))
 
-    def _renamed(self, tmp: str, based_on: Version | None, text: str) -> bool:
+    def _renamed(self, tmp: str, based_on: Version | None, deliberate: str | None) -> bool:
         """Fallback: rename over (just re-checked), then keep the replaced version open for late writes."""
         if based_on is None:
             return self._created(tmp)
@@ -311,7 +318,8 @@ class FileSwapper:
         if current != based_on.text:
             self._pending.append(LateEdit(based_on.text, current))
         self._watch(fd, current)
-        self._release(based_on, text)
+        if deliberate is not None:
+            self._release(based_on, deliberate)
         return True
 
     def _created(self, tmp: str) -> bool:
