@@ -37,7 +37,7 @@ async def llm(fake_llm: FakeLLMServer) -> AsyncIterator[LLMClient]:
 
 def answered(session: Session, user: str, answer: str) -> Turn:
     session.append(Message(Role.USER, user, timestamp=NOW))
-    turn = Turn(session=session, inbound=(InboundMessage(session.channel, "me", "me", user),))
+    turn = Turn(session=session, inbound=(InboundMessage(session.channel, "me", "me", user),), now=NOW)
     turn.add_message(Message(Role.ASSISTANT, answer, timestamp=NOW))
     turn.reply = answer
     return turn
@@ -45,7 +45,8 @@ def answered(session: Session, user: str, answer: str) -> Turn:
 
 def asking(session: Session, user: str) -> Turn:
     session.append(Message(Role.USER, user, timestamp=NOW))
-    return Turn(session=session, inbound=(InboundMessage(session.channel, "me", "me", user),))
+    # A fixed time: the prompt's "Current date and time" line held "42" at minute 42 of every hour.
+    return Turn(session=session, inbound=(InboundMessage(session.channel, "me", "me", user),), now=NOW)
 
 
 async def test_what_chat_a_says_never_reaches_chat_bs_prompt(
