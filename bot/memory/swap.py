@@ -201,13 +201,11 @@ class FileSwapper:
                     return self._created(tmp)
                 if outcome is Outcome.SWAPPED:
                     self._displaced(tmp, based_on)
-                    if deliberate:
-                        self._release(based_on, text)
-                    return True
+                    return self._done(based_on, text, deliberate)
                 if outcome is Outcome.TRADED_BACK:
                     self._traded_back(tmp, text, based_on, back, ours)
                 return False
-            return self._renamed(tmp, based_on, text if deliberate else None)
+            return self._renamed(tmp, based_on) and self._done(based_on, text, deliberate)
         finally:
             if not stranded:
                 with contextlib.suppress(FileNotFoundError):
@@ -301,7 +299,7 @@ class FileSwapper:
         if fresh:
             self._guards.append(_Guard(fresh))
 
-    def _renamed(self, tmp: str, based_on: Version | None, deliberate: str | None) -> bool:
+    def _renamed(self, tmp: str, based_on: Version | None) -> bool:
         """Fallback: rename over (just re-checked), then keep the replaced version open for late writes."""
         if based_on is None:
             return self._created(tmp)
@@ -318,8 +316,6 @@ class FileSwapper:
         if current != based_on.text:
             self._pending.append(LateEdit(based_on.text, current))
         self._watch(fd, current)
-        if deliberate is not None:
-            self._release(based_on, deliberate)
         return True
 
     def _created(self, tmp: str) -> bool:
@@ -334,12 +330,13 @@ class FileSwapper:
     def _watch(self, fd: int, text: str) -> None:
         self._watches.append(_Watch(fd, text, _stamp(fd)))
 
-    def _release(self, based_on: Version | None, text: str) -> None:
-        """Lines a successful write of ours removed on purpose are no longer guarded."""
-        if self._guards and based_on is not None:
+    def _done(self, based_on: Version | None, text: str, deliberate: bool) -> bool:
+        """Our version is in place: lines it removed on purpose are no longer guarded."""
+        if deliberate and self._guards and based_on is not None:
             removed = set(based_on.text.splitlines()) - set(text.splitlines())
             for guard in self._guards:
                 guard.lines -= removed
+        return True
 
     def _missing_guarded(self, now: float) -> list[LateEdit]:
         """Guarded lines no longer in the file, as an edit that adds them; old guards retire after.
