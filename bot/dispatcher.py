@@ -32,7 +32,7 @@ import structlog
 from bot import intake, recovery
 from bot.commands import CommandRouter
 from bot.config import DispatcherSettings
-from bot.domain import InboundMessage, OutboundMessage
+from bot.domain import InboundMessage, OutboundMessage, Session
 from bot.errors import LLMError, StorageError, plain_reason
 from bot.inbox import Inbox
 from bot.outbox import PendingReply
@@ -150,6 +150,10 @@ class Dispatcher:
                 # (the channel does not confirm it, and the platform's redelivery is taken as new).
                 # Only this session's later messages wait here, and they would wait for its inbox file.
                 await durable
+            if self._accepting and not lane.queue and (lane.turn is None or self._settings.mode != "collect"):
+                # It will be a turn of its own: its systems may start on it while the turn is set up. (In
+                # collect mode, one that arrives during a turn may be answered together with the next.)
+                self._pipeline.anticipate(message)
             queued = _Queued(message, [entry_id] if entry_id else [])
             notice = self._enqueue(message.session_id, lane, queued) if self._accepting else None
         if not self._accepting:
@@ -157,6 +161,19 @@ class Dispatcher:
             await self._send(message, "I'm restarting — I'll answer this as soon as I'm back.")
         elif notice is not None:
             await notice
+
+    async def _save(self, session: Session, turn: Turn, *, replies: list[PendingReply]) -> None:
+        """Save the session with ``replies``, and wait for the turn's own writes (``turn.writes``) in the
+        meantime: both are on disk before the reply goes out. A failed write of the turn's is logged like
+        a failed system (the answer still goes out: its messages are in the session, saved)."""
+        writes = asyncio.gather(*turn.writes, return_exceptions=True)
+        try:
+            await self._sessions.save(session, replies=replies)
+        finally:
+            for result in await asyncio.shield(writes):
+                if isinstance(result, Exception):
+                    error = f"{type(result).__name__}: {result}"
+                    log.error("turn_write_failed", error=error, exc_info=result)
 
     async def _seen(self, message: InboundMessage) -> bool:
         """Whether this platform message was accepted before (still pending, or already answered)."""
@@ -294,7 +311,7 @@ class Dispatcher:
                     outcome = "stopped"
                     # The question (and what the turn did) is kept; unless /stop asked for it, the
                     # inbox entries stay pending and the next start answers them.
-                    await asyncio.shield(self._sessions.save(session))
+                    await asyncio.shield(self._save(session, turn, replies=[]))
                     raise
                 text, is_error = _reply_text(turn)
                 if is_error and outcome == "ok":
@@ -303,7 +320,7 @@ class Dispatcher:
                     lane.channel, lane.chat_id, text, entries, reply_to=first.message_id, is_error=is_error
                 )
                 # The answer is on disk before it is sent: a crash from here on resends, never re-asks.
-                await self._sessions.save(session, replies=[reply] if entries else [])
+                await self._save(session, turn, replies=[reply] if entries else [])
                 self.turns_completed += 1
                 log.info("turn_finished", outcome=outcome, failures=len(turn.failures))
                 await self._deliver(reply, lane)

@@ -9,6 +9,7 @@ middle of a turn when a request would not fit or the provider refused it as too 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -28,6 +29,9 @@ class System(Protocol):
     ``process`` does the work. A system that raises is logged and recorded on the turn, and the next
     systems still run, so a failing memory write never costs the user their answer. A system may set
     ``always = True`` to run even when the turn is stopped or times out (``turn.stopped`` is then set).
+    A system may also have ``anticipate(message)``: called as a message is accepted, while it is still
+    being stored, to start work its turn will need (it must not wait, and must not change anything the
+    turn could see: the message may yet be answered together with others, or not at all).
 
     Example::
 
@@ -70,6 +74,9 @@ class Turn:
     - ``reply``: the text that goes back to the user; ``None`` means nobody answered yet.
     - ``now``: the turn's own time, the date of its newest message (not the machine's clock: a message
       dated by its platform is remembered at that date); :meth:`clock` runs on from it.
+    - ``writes``: durable writes a system started and did not wait for (memory's). The dispatcher waits
+      for them beside the session's save, before the reply goes out: they are on disk as surely as if
+      the system had waited, and their fsyncs overlap the save's instead of coming one after another.
     """
 
     session: Session
@@ -86,6 +93,7 @@ class Turn:
     diagnostics: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False  # /stop or the turn timeout cut the turn short
     now: datetime = field(default_factory=utcnow)
+    writes: list[asyncio.Future[Any]] = field(default_factory=list)
     _started: float = field(default_factory=time.monotonic, repr=False)
 
     def clock(self) -> datetime:

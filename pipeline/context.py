@@ -11,6 +11,7 @@ import logging
 import structlog
 
 from bot.context_budget import ContextBudget
+from bot.domain import InboundMessage
 from bot.memory import MemoryService, system_prompt
 from pipeline.base import Turn
 
@@ -37,6 +38,12 @@ class ContextBuildingSystem:
 
     def should_process(self, turn: Turn) -> bool:
         return turn.reply is None
+
+    def anticipate(self, message: InboundMessage) -> None:
+        """Start on the message's memory while the dispatcher stores it: its embedding is the longest
+        wait of the context's work, and it runs in the model's thread meanwhile."""
+        if self._memory is not None and message.text.strip():
+            self._memory.prefetch(message.text)
 
     async def process(self, turn: Turn) -> None:
         turn.system_prompt = system_prompt(self._base, "")

@@ -1,6 +1,8 @@
 """MemoryPersistSystem (order 50): remember an answered turn, and retire old messages from the session.
 
-1. Append the daily-note line and the turn's heuristic items (fast local appends).
+1. Append the daily-note line and the turn's heuristic items (fast local appends). The items are in
+   memory at once; their fsyncs are left in ``turn.writes``, which the dispatcher awaits beside the
+   session's save, before the reply is sent.
 2. When the session holds more than ``memory_window`` messages: archive the older ones, trim the
    session to the last ``keep_recent``, and consolidate the retired messages in the background, so the
    reply never waits for the model. ``memory_window = 0`` trims to the last 10 without consolidating.
@@ -8,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -89,7 +92,7 @@ class MemoryPersistSystem:
         sid, talk = turn.session.id, conversation(turn, users)
         exchanges = [Exchange(sid, u, None, conversation=talk) for u in users[:-1]]
         exchanges.append(Exchange(sid, users[-1] if users else None, answer, conversation=talk))
-        await self._memory.record_exchanges(exchanges)
+        turn.writes.append(asyncio.ensure_future(self._memory.record_exchanges(exchanges)))
 
     async def _retire(self, turn: Turn) -> None:
         session = turn.session

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import structlog
 
+from bot.domain import InboundMessage
 from pipeline.base import System, SystemFailure, Turn
 
 log = structlog.get_logger(__name__)
@@ -32,6 +33,18 @@ class Pipeline:
     @property
     def systems(self) -> tuple[System, ...]:
         return self._systems
+
+    def anticipate(self, message: InboundMessage) -> None:
+        """Let the systems that can start early on ``message`` do so (see ``System``); never raises:
+        a head start that fails costs nothing but the head start."""
+        for system in self._systems:
+            anticipate = getattr(system, "anticipate", None)
+            if anticipate is None or not system.enabled:
+                continue
+            try:
+                anticipate(message)
+            except Exception:
+                log.exception("system_anticipate_failed", system=system.name)
 
     async def run(self, turn: Turn) -> Turn:
         """Run every system in order. When the turn is stopped or times out (cancelled), the systems

@@ -71,9 +71,10 @@ class ItemStore:
         self._bulk = False
         self._stamp = 0
         self._by_subject: dict[str, set[str]] = defaultdict(set)
-        self._by_day: dict[date, set[str]] = defaultdict(set)  # UTC day of creation
-        # The same per chat, so a chat's notes (chat scope) read its own items, not everyone's.
-        self._by_session_day: dict[tuple[str, date], set[str]] = defaultdict(set)
+        # Items by UTC day of creation, in time order (notes read the newest few of a busy day without
+        # sorting it every turn); the same per chat, so a chat's notes (chat scope) read its own items.
+        self._by_day: dict[date, list[tuple[datetime, str]]] = {}
+        self._by_session_day: dict[tuple[str, date], list[tuple[datetime, str]]] = {}
         self._listeners: list[ChangeListener] = []
         self._writer = GroupWriter("memory-writer")
         self.generation = 0  # bumped on every change
@@ -105,6 +106,9 @@ class ItemStore:
         self._bulk = False
         for timeline in self._timelines.values():
             timeline.sort()
+        for days in (self._by_day, self._by_session_day):
+            for entries in days.values():
+                entries.sort()
         self._lines = defaultdict(int, lines)
         self.generation += 1
         for listener in self._listeners:
@@ -194,15 +198,15 @@ class ItemStore:
         day = (end - timedelta(microseconds=1)).astimezone(UTC).date()
         first = start.astimezone(UTC).date()
         while day >= first:
-            ids = (
-                self._by_day.get(day, ())
-                if session_id is None
-                else self._by_session_day.get((session_id, day), ())
+            entries = (
+                self._by_day.get(day) if session_id is None else self._by_session_day.get((session_id, day))
             )
-            found = [self._items[i] for i in ids if i in self._items]
-            found.sort(key=lambda i: (i.created_at, i.id), reverse=True)
-            for item in found:
-                if retrievable(item) and start <= item.created_at < end:
+            # A copy of the part before ``end``: the caller may write items while it reads on.
+            for at, item_id in reversed(entries[: bisect.bisect_left(entries, (end,))] if entries else ()):
+                if at < start:
+                    return
+                item = self._items.get(item_id)
+                if item is not None and retrievable(item):
                     yield item
             day -= timedelta(days=1)
 
@@ -315,10 +319,10 @@ class ItemStore:
                 listener(before, after)
 
     def _index(self, item: MemoryItem, *, add: bool) -> None:
-        day = item.created_at.astimezone(UTC).date()
-        _file(self._by_day, day, item.id, add=add)
+        day, entry = item.created_at.astimezone(UTC).date(), (item.created_at, item.id)
+        self._file_in_time(self._by_day, day, entry, add=add)
         for session_id in {ref.session_id for ref in item.references}:
-            _file(self._by_session_day, (session_id, day), item.id, add=add)
+            self._file_in_time(self._by_session_day, (session_id, day), entry, add=add)
         for ref in item.references:
             if ref.message_key is not None:
                 _file(self._by_message, ref.message_key, item.id, add=add)
@@ -331,6 +335,27 @@ class ItemStore:
         for tag in item.tags:
             if tag.startswith(SUBJECT_TAG):
                 _file(self._by_subject, tag[len(SUBJECT_TAG) :], item.id, add=add)
+
+    def _file_in_time(
+        self, table: dict[K, list[tuple[datetime, str]]], key: K, entry: tuple[datetime, str], *, add: bool
+    ) -> None:
+        """Add ``entry`` to ``table[key]`` in time order (mostly an append: items come in time order;
+        a bulk load appends and sorts once), or take it out, dropping a key left empty."""
+        entries = table.get(key)
+        if add:
+            if entries is None:
+                table[key] = [entry]
+            elif self._bulk:
+                entries.append(entry)
+            else:
+                bisect.insort(entries, entry)
+            return
+        if entries is not None:
+            at = bisect.bisect_left(entries, entry)
+            if at < len(entries) and entries[at] == entry:
+                del entries[at]
+                if not entries:
+                    del table[key]
 
     def _place(self, key: tuple[str, str], line: tuple[str, str | None], at: datetime) -> None:
         if key in self._placed:

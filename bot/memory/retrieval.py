@@ -19,6 +19,7 @@ same order, whatever order items were loaded in.
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from collections import OrderedDict
@@ -231,13 +232,10 @@ class Retriever:
         results (the names, places and things they share), so an answer worded differently from the
         question is still found through what surrounds it."""
         w, index, asked = self.weights, self.words.index, set(tokens)
-        best = []
-        for item_id in sorted(first, key=lambda i: (-first[i], i)):
-            item = self._store.get(item_id)
-            if item is not None and (visible is None or visible(item)):
-                best.append(item_id)
-                if len(best) >= w.hop_docs:
-                    break
+        # The best ``hop_docs`` by score (ties: by id), without sorting every match.
+        store = self._store
+        shown = (i for i in first if (it := store.get(i)) is not None and (visible is None or visible(it)))
+        best = heapq.nsmallest(w.hop_docs, shown, key=lambda i: (-first[i], i))
         weight: dict[str, float] = {}
         for item_id in best:
             item = self._store.get(item_id)

@@ -385,6 +385,12 @@ class MemoryService:
             await self._touch(out)
         return out
 
+    def prefetch(self, query: str) -> None:
+        """Start the work for ``query`` that can go ahead of its turn (the query's vector), without
+        waiting for it. A turn that then asks for the same text finds it made or in the making."""
+        if self.vectors is not None:
+            self.vectors.prefetch(query)
+
     async def _rank(
         self, query: str, session_id: str | None, now: datetime | None = None
     ) -> list[ScoredItem]:

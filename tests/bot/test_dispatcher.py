@@ -249,3 +249,78 @@ async def test_a_turn_past_its_deadline_is_stopped_and_explained(tmp_path: Path)
     assert sent[0].is_error and "longer than 0.2 s" in sent[0].text
     session = await sessions.get("test:c1")
     assert session is not None and session.messages[0].content == "endless"
+
+
+class Remembering:
+    """A system that leaves a durable write on the turn, as MemoryPersist does, finished by the test."""
+
+    name, order, enabled = "remember", 50, True
+
+    def __init__(self) -> None:
+        self.write: asyncio.Future[None] | None = None
+        self.anticipated: list[str] = []
+
+    def should_process(self, turn: Turn) -> bool:
+        return True
+
+    def anticipate(self, message: InboundMessage) -> None:
+        self.anticipated.append(message.text)
+
+    async def process(self, turn: Turn) -> None:
+        self.write = asyncio.get_running_loop().create_future()
+        turn.writes.append(self.write)
+
+
+async def test_the_reply_waits_for_the_turns_own_writes_and_a_failed_one_costs_no_answer(
+    tmp_path: Path,
+) -> None:
+    remembering = Remembering()
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    dispatcher = Dispatcher(
+        Pipeline([ModelSystem(), remembering]), sessions, CommandRouter(), DispatcherSettings(),
+        inbox=Inbox(tmp_path / "inbox"),
+    )  # fmt: skip
+    channel = RecordingChannel(dispatcher.submit)
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("remember this"))
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        if remembering.write is not None:
+            break
+    assert remembering.write is not None
+    await asyncio.sleep(0.05)
+    assert channel.sent == []  # the session is saved, the turn's write is not on disk yet: no reply
+    remembering.write.set_result(None)
+    assert (await channel.wait_for(1))[0].text == "answer to remember this"
+
+    remembering.write = None
+    await dispatcher.submit(msg("and this"))
+    while remembering.write is None:
+        await asyncio.sleep(0.01)
+    remembering.write.set_exception(OSError(28, "No space left on device"))
+    sent = await channel.wait_for(2)
+    assert sent[1].text == "answer to and this" and not sent[1].is_error  # logged, not the user's problem
+    assert remembering.anticipated == ["remember this", "and this"]  # alone in the lane: a head start
+
+
+async def test_a_message_that_will_join_others_is_not_anticipated(tmp_path: Path) -> None:
+    model, remembering = ModelSystem(), Remembering()
+    model.gate = asyncio.Event()
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    dispatcher = Dispatcher(
+        Pipeline([model, remembering]), sessions, CommandRouter(), DispatcherSettings(),
+        inbox=Inbox(tmp_path / "inbox"),
+    )  # fmt: skip
+    channel = RecordingChannel(dispatcher.submit)
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("first"))
+    await model.started.wait()
+    for text in ("second", "third"):  # queued behind "first": the next turn takes them together
+        await dispatcher.submit(msg(text))
+    model.gate.set()
+    while len(channel.sent) < 2:
+        if remembering.write is not None and not remembering.write.done():
+            remembering.write.set_result(None)
+        await asyncio.sleep(0.01)
+    assert model.seen == ["first", "second\n\nthird"]
+    assert remembering.anticipated == ["first"]  # the others came during a turn: they may join (collect)

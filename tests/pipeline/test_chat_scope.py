@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,6 +36,12 @@ async def llm(fake_llm: FakeLLMServer) -> AsyncIterator[LLMClient]:
         yield LLMClient(LLMSettings.model_validate(base), CATALOG, http)
 
 
+async def remembered(persist: MemoryPersistSystem, turn: Turn) -> None:
+    """What the dispatcher does: run the system, then wait for the writes it left on the turn."""
+    await persist.process(turn)
+    await asyncio.gather(*turn.writes)
+
+
 def answered(session: Session, user: str, answer: str) -> Turn:
     session.append(Message(Role.USER, user, timestamp=NOW))
     turn = Turn(session=session, inbound=(InboundMessage(session.channel, "me", "me", user),), now=NOW)
@@ -61,9 +68,9 @@ async def test_what_chat_a_says_never_reaches_chat_bs_prompt(
     context = ContextBuildingSystem(memory, "You are membot.")
     chat_a, chat_b = Session.new("telegram", "-100123"), Session.new("discord", "42")
 
-    await persist.process(answered(chat_a, "Remember that my passport number ends in 42.", "Noted."))
-    await persist.process(answered(chat_a, "I fly to Lisbon in June.", "Have a good trip!"))
-    await persist.process(answered(chat_a, "Thanks!", "You're welcome."))  # 6 > 4: consolidates A
+    await remembered(persist, answered(chat_a, "Remember that my passport number ends in 42.", "Noted."))
+    await remembered(persist, answered(chat_a, "I fly to Lisbon in June.", "Have a good trip!"))
+    await remembered(persist, answered(chat_a, "Thanks!", "You're welcome."))  # 6 > 4: consolidates A
     await memory.close()
 
     a_turn, b_turn = asking(chat_a, "passport number? Lisbon?"), asking(chat_b, "passport number? Lisbon?")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
@@ -20,6 +21,12 @@ from tests.bot.memory.conftest import CATALOG, Clock, make_memory
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 NOW = Clock().now
+
+
+async def persist(system: MemoryPersistSystem, turn: Turn) -> None:
+    """What the dispatcher does: run the system, then wait for the writes it left on the turn."""
+    await system.process(turn)
+    await asyncio.gather(*turn.writes)
 
 
 def answered_turn(session: Session, user: str, answer: str) -> Turn:
@@ -57,7 +64,7 @@ async def test_answered_turn_writes_note_and_items(tmp_path: Path) -> None:
     turn = answered_turn(session, "I prefer tea over coffee", "Noted, tea it is.")
 
     assert system.should_process(turn) and system.order == 50
-    await system.process(turn)
+    await persist(system, turn)
 
     note = (memory.root / "2024-05-20.md").read_text()
     assert "User: I prefer tea over coffee | Assistant: Noted, tea it is." in note
@@ -71,7 +78,7 @@ async def test_answered_turn_writes_note_and_items(tmp_path: Path) -> None:
         ItemType.PREFERENCE,
     ]
     assert memory.items.items(Layer.SEMANTIC) == []
-    await system.process(answered_turn(session, "I prefer tea over coffee", "Still tea, then."))
+    await persist(system, answered_turn(session, "I prefer tea over coffee", "Still tea, then."))
     assert [i.content for i in memory.items.items(Layer.SEMANTIC)] == ["I prefer tea over coffee"]
 
 
@@ -95,7 +102,7 @@ async def test_over_the_window_archives_trims_and_consolidates_in_background(
     before = list(session.messages)
     turn = answered_turn(session, "question 3", "answer 3")
 
-    await MemoryPersistSystem(memory, memory.settings).process(turn)
+    await persist(MemoryPersistSystem(memory, memory.settings), turn)
 
     # The reply is not held up: the model call is still running when process() returns.
     assert memory.pending_consolidations == 1
@@ -115,7 +122,7 @@ async def test_window_zero_is_a_plain_trim_to_ten(tmp_path: Path, fake_llm: Fake
     history(session, 8)
     turn = answered_turn(session, "q", "a")
 
-    await MemoryPersistSystem(memory, memory.settings).process(turn)
+    await persist(MemoryPersistSystem(memory, memory.settings), turn)
 
     assert len(session.messages) == 10 and session.messages[-1].content == "a"
     assert memory.pending_consolidations == 0 and fake_llm.requests == []
@@ -128,7 +135,7 @@ async def test_raw_fallback_still_trims(tmp_path: Path, llm: LLMClient, fake_llm
     fake_llm.script(FakeReply(status=500))
     session = Session.new("cli", "me")
     history(session, 2)
-    await MemoryPersistSystem(memory, memory.settings).process(answered_turn(session, "q", "a"))
+    await persist(MemoryPersistSystem(memory, memory.settings), answered_turn(session, "q", "a"))
     await memory.close()
     assert len(session.messages) == 2
     assert "[raw-fallback]" in (memory.root / "HISTORY.md").read_text()
@@ -163,10 +170,10 @@ async def test_items_name_their_conversation_which_a_new_session_or_a_quiet_gap_
         return next(i.references[0].conversation for i in memory.items.items() if i.content == text)
 
     for text, at in [("first about tea", NOW), ("second about tea", NOW + timedelta(minutes=5))]:
-        await system.process(talk(text, at))
+        await persist(system, talk(text, at))
     assert conversation_of("first about tea") == conversation_of("second about tea") != ""
-    await system.process(talk("back after lunch hours later", NOW + timedelta(hours=5)))
+    await persist(system, talk("back after lunch hours later", NOW + timedelta(hours=5)))
     assert conversation_of("back after lunch hours later") != conversation_of("second about tea")
     session.replace_messages([])  # what /new leaves
-    await system.process(talk("a fresh start", NOW + timedelta(hours=5, minutes=1)))
+    await persist(system, talk("a fresh start", NOW + timedelta(hours=5, minutes=1)))
     assert conversation_of("a fresh start") != conversation_of("back after lunch hours later")
