@@ -153,13 +153,15 @@ def assemble(recall: Recall, *, hard: int, count: TokenCounter, tz: ZoneInfo, qu
     """Render a recall; drop the lowest-ranked memories until it fits ``hard`` tokens."""
     memories = list(recall.memories)
     text = render(memories, tz)
-    while memories and count(text) > hard:
+    tokens = count(text) if text else 0  # counted once: ~2,000 tokens of tokenizer work a turn
+    while memories and tokens > hard:
         memories.pop()  # recall keeps them best first
         recall.diagnostics.dropped_for_budget += 1
         text = render(memories, tz)
+        tokens = count(text) if text else 0
     diag = PackDiagnostics(query=query, recall=recall.diagnostics, hard_budget=hard)
     diag.recall.chosen = len(memories)
-    diag.tokens = count(text) if text else 0
+    diag.tokens = tokens
     diag.chosen = [
         {
             "key": m.key[1] if m.key[0] == "item" else m.key[0],
