@@ -9,6 +9,12 @@ was said. Sentences of the user's that state a preference, a fact, a decision, a
 assistant, a task, a failure or a fix become typed items that promotion can later move to the durable
 layers; questions are never typed, and the assistant's words never are (the model may be wrong).
 
+A user message of several sentences is also found by each statement in it: people mention what matters
+in passing ("Can you recommend an art shop? By the way, I took my niece to the museum on the 8th"), and
+scored as a whole the message is about its main topic, its length diluting the words of the aside.
+Each statement sentence is an episode of its own (tagged ``sentence``), with the same weight as the
+message; it brings the message up, and recall shows the message, not the sentence alone.
+
 Typed facts about a *subject* the user can hold only one value of at a time (where they live, their
 job, their name, …) carry a ``subject:<key>`` tag: recall shows the newest statement on a subject as
 current and older ones as "previously", and a question that names the subject ("what is my job?")
@@ -18,11 +24,11 @@ finds the statement even when it shares no word with it ("I work as a nurse").
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from bot.memory.items import ItemType, Layer, MemoryItem, Reference, make_title
+from bot.memory.items import SENTENCE_TAG, ItemType, Layer, MemoryItem, Reference, make_title
 
 PASSAGE_CHARS = 900
 SENTENCE_CHARS = 400
@@ -236,6 +242,19 @@ def typed_sentences(text: str) -> Iterable[tuple[ItemType, float, str]]:
                 break
 
 
+def statements(text: str, *, skip: Collection[str] = ()) -> list[str]:
+    """The statement sentences of a message of several sentences (none for a single sentence: the
+    message itself is that), except those in ``skip``."""
+    found = sentences_of(text)
+    if len(found) < 2:
+        return []
+    return [
+        s
+        for s in dict.fromkeys(found)
+        if 12 <= len(s) <= SENTENCE_CHARS and s not in skip and not is_question_sentence(s)
+    ]
+
+
 def extract(utterances: Iterable[Utterance], *, source: str = "heuristic") -> list[MemoryItem]:
     """Episodic items for a turn's messages: passages of each, plus typed statements of the user's."""
     items: list[MemoryItem] = []
@@ -252,7 +271,22 @@ def extract(utterances: Iterable[Utterance], *, source: str = "heuristic") -> li
             )
         if not user or asks:
             continue
-        for item_type, confidence, sentence in typed_sentences(u.text):
+        typed = list(typed_sentences(u.text))
+        found_by = (u.role, SENTENCE_TAG)
+        for sentence in statements(u.text, skip={sentence for _, _, sentence in typed}):
+            items.append(
+                _item(
+                    ItemType.EPISODE,
+                    sentence,
+                    u,
+                    source,
+                    found_by,
+                    confidence=0.5,
+                    salience=0.5,
+                    ref=u.reference,
+                )
+            )
+        for item_type, confidence, sentence in typed:
             typed_tags = (u.role, *(SUBJECT_PREFIX + s for s in subjects_of(sentence)))
             items.append(
                 _item(

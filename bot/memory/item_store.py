@@ -27,7 +27,7 @@ import structlog
 
 from bot.group_writer import GroupWriter
 from bot.memory import item_snapshot
-from bot.memory.items import ItemType, Layer, MemoryItem, promoted_layer
+from bot.memory.items import SENTENCE_TAG, ItemType, Layer, MemoryItem, promoted_layer
 from bot.storage import atomic_write_text, ensure_private_dir
 
 log = structlog.get_logger(__name__)
@@ -179,7 +179,7 @@ class ItemStore:
         """The message's text items in order: together they are the whole message."""
         parts: list[tuple[int, MemoryItem]] = []
         for item in self.of_message(key):
-            if item.type is not ItemType.EPISODE:
+            if item.type is not ItemType.EPISODE or SENTENCE_TAG in item.tags:
                 continue
             ref = next((r for r in item.references if r.message_key == key), None)
             parts.append((ref.part or 0 if ref else 0, item))

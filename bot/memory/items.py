@@ -36,6 +36,9 @@ class ItemType(StrEnum):
 
 
 PROCEDURAL_TYPES = frozenset({ItemType.FAILURE, ItemType.FIX, ItemType.COMMAND_RESULT})
+# An episode that repeats one sentence of its message, to be found by it (bot/memory/extract.py): not
+# one of the passages that make up the message.
+SENTENCE_TAG = "sentence"
 
 
 def promoted_layer(item_type: ItemType) -> Layer | None:
@@ -96,9 +99,12 @@ def normalize(text: str) -> str:
     return _SPACE.sub(" ", text).strip().lower()
 
 
-def fingerprint(item_type: ItemType, content: str) -> str:
-    """Identity of what an item says: same type and same normalized content means the same memory."""
-    return hashlib.sha256(f"{item_type.value}\n{normalize(content)}".encode()).hexdigest()[:24]
+def fingerprint(item_type: ItemType, content: str, tags: tuple[str, ...] = ()) -> str:
+    """Identity of what an item says: same type and same normalized content means the same memory. A
+    sentence an item is found by (``SENTENCE_TAG``) is never the same memory as a message of those words:
+    merged, the message would lose its text to a sentence of another."""
+    kind = f"{item_type.value}:{SENTENCE_TAG}" if SENTENCE_TAG in tags else item_type.value
+    return hashlib.sha256(f"{kind}\n{normalize(content)}".encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,13 +130,13 @@ class MemoryItem:
 
     def __post_init__(self) -> None:
         if not self.fingerprint:
-            object.__setattr__(self, "fingerprint", fingerprint(self.type, self.content))
+            object.__setattr__(self, "fingerprint", fingerprint(self.type, self.content, self.tags))
 
     def with_changes(self, **changes: Any) -> MemoryItem:
-        """A new version of this item; the fingerprint follows a change of type or content."""
+        """A new version of this item; the fingerprint follows a change of type, content or tags."""
         updated = replace(self, **changes)
-        if "content" in changes or "type" in changes:
-            updated = replace(updated, fingerprint=fingerprint(updated.type, updated.content))
+        if "content" in changes or "type" in changes or "tags" in changes:
+            updated = replace(updated, fingerprint=fingerprint(updated.type, updated.content, updated.tags))
         return updated
 
     def merged_with(self, other: MemoryItem, now: datetime) -> MemoryItem:

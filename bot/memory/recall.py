@@ -28,7 +28,7 @@ from datetime import datetime
 
 from bot.memory.extract import QUESTION_TAG, SUBJECT_PREFIX
 from bot.memory.item_store import ItemStore, retrievable
-from bot.memory.items import ItemType, Layer, MemoryItem
+from bot.memory.items import Layer, MemoryItem
 from bot.memory.retrieval import ScoredItem
 
 TokenCounter = Callable[[str], int]
@@ -220,7 +220,7 @@ class Recaller:
         best: dict[int, float] = {}
         for hit in hits:
             at = position.get(hit.item.id)
-            if at is None and hit.item.type is not ItemType.EPISODE:  # a typed sentence: its passage
+            if at is None:  # a sentence of the message (typed, or one it is found by): its passage
                 at = next((i for i, p in enumerate(parts) if hit.item.content.strip() in p.content), None)
             if at is not None:
                 best[at] = max(best.get(at, 0.0), hit.score)

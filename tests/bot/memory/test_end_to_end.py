@@ -218,3 +218,30 @@ async def test_a_long_pasted_log_is_retrievable_to_its_last_line_and_searchable_
         )
     assert "FATAL: disk quota exceeded on volume zeta-archive-7" in pack
     assert "FATAL: disk quota exceeded on volume zeta-archive-7" in found
+
+
+async def test_what_was_said_in_passing_is_found_by_its_own_sentence(tmp_path: Path) -> None:
+    filler = (
+        "My niece {i} keeps asking for new sketchbooks, and I want to find her a good set of pastels. "
+        "The shop near the old museum district had a sale on canvas boards last month. "
+        "I also need brushes, a palette knife and some fixative spray for the charcoal drawings. "
+        "Do you know which brands last longest for a beginner who presses hard?"
+    )
+    aside = (
+        "I'm looking for an art supply store that stocks pastels, sketchbooks and fixative spray. "
+        "Prices for canvas boards and brushes vary a lot between the shops I know. "
+        "By the way, I took my niece to the Natural History Museum on 2/8 and she loved the dinosaurs. "
+        "Which shops would you recommend for a beginner who draws every day?"
+    )
+    async with chat(tmp_path, memory={"pack_soft_tokens": 300, "pack_hard_tokens": 400}) as bot:
+        for i in range(8):
+            await bot.say(filler.format(i=i), DAY + timedelta(minutes=i))
+        await bot.say(aside, DAY + timedelta(minutes=8))
+        for i in range(8, 16):
+            await bot.say(filler.format(i=i), DAY + timedelta(minutes=1 + i))
+        await bot.say("/new", DAY + timedelta(hours=1))
+        await bot.say("Which museum did I visit with my niece?", DAY + timedelta(days=3))
+        pack = section(bot.system_prompt(), "Relevant Memory")
+    assert "I took my niece to the Natural History Museum on 2/8" in pack
+    assert pack.count("By the way") == 1  # the message is shown once, whole, not the sentence beside it
+    assert "Which shops would you recommend" in pack

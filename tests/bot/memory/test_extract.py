@@ -17,7 +17,7 @@ from bot.memory.extract import (
     subjects_of,
     typed_sentences,
 )
-from bot.memory.items import ItemType, Reference
+from bot.memory.items import SENTENCE_TAG, ItemType, Reference
 
 NOW = datetime(2024, 5, 20, 12, 0, tzinfo=UTC)
 
@@ -91,3 +91,37 @@ def test_passages_cover_the_whole_text_in_order(text: str) -> None:
     assert "".join(pieces) == "".join(text.split()) or "".join("".join(pieces).split()) == "".join(
         text.split()
     )
+
+
+def test_each_statement_of_a_longer_message_is_an_episode_it_is_found_by() -> None:
+    text = (
+        "Can you recommend an art supply store? By the way, I took my niece to the museum on 2/8. "
+        "Great day. Where do I find cheap canvas?"
+    )
+    items = extract([Utterance("user", text, NOW, Reference("cli:me", "m"))])
+    found_by = [i for i in items if SENTENCE_TAG in i.tags]
+    assert [i.content for i in found_by] == ["By the way, I took my niece to the museum on 2/8."]  # not
+    # the questions, nor "Great day." (too short to be found by)
+    assert all(i.type is ItemType.EPISODE and i.references == (Reference("cli:me", "m"),) for i in found_by)
+    passage = next(i for i in items if SENTENCE_TAG not in i.tags)
+    assert passage.content == text and (passage.confidence, passage.salience) == (
+        found_by[0].confidence,
+        found_by[0].salience,
+    )  # the sentence weighs what its message weighs: only its own words and meaning differ
+
+
+def test_a_single_sentence_or_a_question_is_not_split_and_a_sentence_is_not_its_message() -> None:
+    one = extract([Utterance("user", "I took my niece to the museum on 2/8.", NOW, Reference("cli:me", "a"))])
+    assert [SENTENCE_TAG in i.tags for i in one] == [False]
+    asks = extract([Utterance("user", "Where is it? How late is it open?", NOW, Reference("cli:me", "b"))])
+    assert not any(SENTENCE_TAG in i.tags for i in asks)
+    told = extract(
+        [
+            Utterance(
+                "user", "Out we went! I took my niece to the museum on 2/8.", NOW, Reference("cli:me", "c")
+            )
+        ]
+    )
+    sentence = next(i for i in told if SENTENCE_TAG in i.tags and "niece" in i.content)
+    # The same words as message "a": a different memory, so neither message ever shows the other's text.
+    assert sentence.content == one[0].content and sentence.fingerprint != one[0].fingerprint
