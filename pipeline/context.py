@@ -65,7 +65,7 @@ class ContextBuildingSystem:
         # Counts and scores only: what the user wrote and what memory holds stay out of the logs.
         log.info(
             "memory_recalled",
-            items=len(pack.chosen),
+            items=len(pack.memories),
             candidates=pack.candidates,
             pack_tokens=pack.tokens,
             dropped_for_budget=pack.dropped_for_budget,
@@ -73,7 +73,7 @@ class ContextBuildingSystem:
             memory_tokens=context.diagnostics.get("memory_tokens", 0),
             ms=pack.ms,
         )
-        if pack.chosen and log.is_enabled_for(logging.DEBUG):  # the list is built only when it is logged
+        if pack.memories and log.is_enabled_for(logging.DEBUG):  # the list is built only when it is logged
             log.debug(
                 "memory_recalled_items",
                 chosen=[{k: c[k] for k in ("ids", "role", "score", "relevance")} for c in pack.chosen],

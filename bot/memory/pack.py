@@ -38,7 +38,7 @@ class PackDiagnostics:
 
     query: str = ""
     recall: RecallDiagnostics = field(default_factory=RecallDiagnostics)
-    chosen: list[dict[str, object]] = field(default_factory=list)
+    memories: Sequence[Memory] = ()  # what was chosen, best first
     tokens: int = 0
     soft_budget: int = 0
     hard_budget: int = 0
@@ -52,6 +52,22 @@ class PackDiagnostics:
     @property
     def dropped_for_budget(self) -> int:
         return self.recall.dropped_for_budget
+
+    @property
+    def chosen(self) -> list[dict[str, object]]:
+        """The chosen memories as /status and the debug log show them: built when asked, not every turn
+        (a pack holds up to ~100 memories)."""
+        return [
+            {
+                "key": m.key[1] if m.key[0] == "item" else m.key[0],
+                "role": m.role,
+                "score": round(m.score, 4),
+                "relevance": round(m.relevance, 4),
+                "whole": m.whole,
+                "ids": [h.item.id for h in m.hits[:4]],
+            }
+            for m in self.memories
+        ]
 
     def to_dict(self) -> dict[str, object]:
         r = self.recall
@@ -162,15 +178,5 @@ def assemble(recall: Recall, *, hard: int, count: TokenCounter, tz: ZoneInfo, qu
     diag = PackDiagnostics(query=query, recall=recall.diagnostics, hard_budget=hard)
     diag.recall.chosen = len(memories)
     diag.tokens = tokens
-    diag.chosen = [
-        {
-            "key": m.key[1] if m.key[0] == "item" else m.key[0],
-            "role": m.role,
-            "score": round(m.score, 4),
-            "relevance": round(m.relevance, 4),
-            "whole": m.whole,
-            "ids": [h.item.id for h in m.hits[:4]],
-        }
-        for m in memories
-    ]
+    diag.memories = memories
     return MemoryPack(text, memories, diag)

@@ -507,7 +507,11 @@ class MemoryService:
 
     def last_recall(self, session_id: str) -> dict[str, object] | None:
         """What the last ``# Memory`` built for ``session_id`` in this process retrieved, if any."""
-        return self._recalls.get(session_id)
+        found = self._recalls.get(session_id)
+        if found is None:
+            return None
+        pack = found.get("pack")
+        return {**found, "pack": pack.to_dict()} if isinstance(pack, PackDiagnostics) else found
 
     def _remember_recall(self, session_id: str, diagnostics: dict[str, object]) -> None:
         self._recalls[session_id] = diagnostics
@@ -589,7 +593,7 @@ class MemoryService:
             "memory_tokens": tokens,
             "budget": budget,
             "today_notes": len(today_lines),
-            "pack": pack.diagnostics.to_dict(),
+            "pack": pack.diagnostics,  # a dict when asked for (last_recall): most turns nobody asks
         }
         if chat is not None:
             diagnostics["chat_memory_md_bytes"] = len(chat.text.encode("utf-8"))
