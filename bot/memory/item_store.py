@@ -42,6 +42,7 @@ SUBJECT_TAG = "subject:"  # tags naming what a statement is about (see extract.p
 _LAYERS = tuple(Layer)  # iterating the enum class itself is slow on the retrieval path
 
 K = TypeVar("K")
+V = TypeVar("V")
 ChangeListener = Callable[[MemoryItem | None, MemoryItem | None], None]
 """Told ``(old, new)`` for every change of the live set: ``old`` None for a new item, ``new`` None for a
 removed one (forgotten, or hidden behind its promoted copy). ``(None, None)`` means "reload everything"."""
@@ -104,10 +105,8 @@ class ItemStore:
         for item in self._items.values():
             self._index(item, add=True)
         self._bulk = False
-        for timeline in self._timelines.values():
-            timeline.sort()
-        for days in (self._by_day, self._by_session_day):
-            for entries in days.values():
+        for table in (self._timelines, self._by_day, self._by_session_day):
+            for entries in table.values():
                 entries.sort()
         self._lines = defaultdict(int, lines)
         self.generation += 1
@@ -337,10 +336,10 @@ class ItemStore:
                 _file(self._by_subject, tag[len(SUBJECT_TAG) :], item.id, add=add)
 
     def _file_in_time(
-        self, table: dict[K, list[tuple[datetime, str]]], key: K, entry: tuple[datetime, str], *, add: bool
+        self, table: dict[K, list[tuple[datetime, V]]], key: K, entry: tuple[datetime, V], *, add: bool
     ) -> None:
-        """Add ``entry`` to ``table[key]`` in time order (mostly an append: items come in time order;
-        a bulk load appends and sorts once), or take it out, dropping a key left empty."""
+        """Add ``entry`` to ``table[key]`` in time order (mostly an append: items and messages come in
+        time order; a bulk load appends and sorts once), or take it out, dropping a key left empty."""
         entries = table.get(key)
         if add:
             if entries is None:
@@ -361,23 +360,14 @@ class ItemStore:
         if key in self._placed:
             return
         self._placed[key] = (line, at)
-        timeline = self._timelines.setdefault(line, [])
-        if self._bulk:
-            timeline.append((at, key))
-        else:
-            bisect.insort(timeline, (at, key))  # mostly an append: messages come in time order
+        self._file_in_time(self._timelines, line, (at, key), add=True)
 
     def _unplace(self, key: tuple[str, str]) -> None:
         placed = self._placed.pop(key, None)
         if placed is None:
             return
         line, at = placed
-        timeline = self._timelines[line]
-        i = bisect.bisect_left(timeline, (at, key))
-        if i < len(timeline) and timeline[i] == (at, key):
-            del timeline[i]
-        if not timeline:
-            del self._timelines[line]
+        self._file_in_time(self._timelines, line, (at, key), add=False)
 
     async def _write(self, items: list[MemoryItem]) -> None:
         """Queue the items' lines (one payload per file) and wait until they are durable."""
