@@ -60,7 +60,9 @@ def show_config(ctx: typer.Context) -> None:
 
     settings = settings_from(ctx)
     config_file = resolve_config_file(options(ctx).config)
-    table = Table(title=f"membot settings (config file: {config_file or 'none'})", expand=False)
+    # On its own line, never cut: a table title is truncated to the terminal's width.
+    console.print(f"config file: {config_file or 'none'}", soft_wrap=True, highlight=False, markup=False)
+    table = Table(title="membot settings", expand=False)
     table.add_column("setting", overflow="fold")
     table.add_column("value", overflow="fold", max_width=40)
     table.add_column("from", overflow="fold")

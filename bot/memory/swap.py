@@ -121,6 +121,7 @@ class FileSwapper:
         self._watches: list[_Watch] = []
         self._guards: list[_Guard] = []
         self._pending: list[LateEdit] = []
+        self._held: int | None = None  # the last version read (see read)
 
     @property
     def lock_path(self) -> Path:
@@ -167,15 +168,25 @@ class FileSwapper:
             os.close(fd)
 
     def read(self) -> Version | None:
-        """The current version, or None if the file does not exist."""
+        """The current version, or None if the file does not exist.
+
+        The version stays open until the next read or swap: while it is, no other file can get its
+        inode number, so a save by rename never carries the stamp's inode and passes for an edit in
+        place (an editor's next temp file often reuses the inode its last rename freed).
+        """
         try:
             fd = os.open(self._path, os.O_RDONLY)
         except FileNotFoundError:
+            self._release()
             return None
         try:
-            return Version(_read_fd(fd), _stamp(fd))
-        finally:
+            version = Version(_read_fd(fd), _stamp(fd))
+        except BaseException:
             os.close(fd)
+            raise
+        self._release()
+        self._held = fd
+        return version
 
     def swap(self, text: str, *, based_on: Version | None, deliberate: bool = True) -> bool:
         """Put ``text`` in place if the file is still ``based_on`` (None: no file); else change nothing.
@@ -207,6 +218,7 @@ class FileSwapper:
                 return False
             return self._renamed(tmp, based_on) and self._done(based_on, text, deliberate)
         finally:
+            self._release()
             if not stranded:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
@@ -327,6 +339,11 @@ class FileSwapper:
         fsync_dir(self._path.parent)
         return True
 
+    def _release(self) -> None:
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
+
     def _watch(self, fd: int, text: str) -> None:
         self._watches.append(_Watch(fd, text, _stamp(fd)))
 
@@ -346,6 +363,7 @@ class FileSwapper:
         if self.being_written():
             return []
         current = self.read()
+        self._release()
         present = set(current.text.splitlines()) if current else set()
         missing = dict.fromkeys(line for g in self._guards for line in sorted(g.lines) if line not in present)
         self._guards = [g for g in self._guards if g.lines and now - g.since <= WATCH_SECONDS]
