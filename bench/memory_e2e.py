@@ -24,8 +24,11 @@ once: the haystacks share most of their sessions, and the model's vector for a t
 vector queue is drained before each question, so the time per fed message is the reply path's.
 
 Prints, overall and per question type: evidence reach, share of questions with all evidence reached,
-partial reach, where the evidence was found, prompt tokens of the question's request (median, p95) and
-the time per fed message (median, p95).
+partial reach, prompt tokens of the question's request (median, p95) and the time per fed message
+(median, p95); then where the evidence was found. Prompt tokens, in the offline gpt-4.1-mini encoding,
+are the request as the issue defines it: the system prompt and every message's text (+4 tokens of
+framing per message). The tool definitions (the request's ``tools`` array as JSON text, as sent over
+HTTP) are the same for every request and counted apart ("+tools"): the whole request is the sum.
 """
 
 from __future__ import annotations
@@ -230,6 +233,9 @@ async def run_question(
                 evidence.append({"session_id": sid, "turn": i, "role": turn.get("role"), "where": where,
                                  "sentences": round(share, 3)})  # fmt: skip
     prompt_text = system + "\n" + "\n".join(history)
+    tools = request.get("tools") or []
+    tools_json = json.dumps(tools, ensure_ascii=False, separators=(",", ":")) if tools else ""
+    tool_tokens = counter.count_text(tools_json)
     if dump is not None:
         (dump / f"{q.get('question_id')}.txt").write_text(prompt_text, encoding="utf-8")
     return {
@@ -237,6 +243,7 @@ async def run_question(
         "question_type": q.get("question_type", "unknown"),
         "evidence": evidence,
         "prompt_tokens": counter.count_text(prompt_text) + 4 * len(request.get("messages", [])),
+        "tool_tokens": tool_tokens,
         "fed_ms": fed_ms,
     }
 
@@ -291,8 +298,12 @@ def report(results: list[dict[str, Any]], elapsed: float) -> dict[str, Any]:
     for r in results:
         groups["ALL"].append(r)
         groups[str(r["question_type"])].append(r)
-    print(f"\n{'question type':<28}{'n':>4}{'evidence':>10}{'reach':>8}{'all-ev q':>10}{'partial':>9}"
-          f"{'tok med':>9}{'tok p95':>9}")  # fmt: skip
+    print(
+        "\nprompt tokens (tok): system prompt + messages of the question's request; +tools: the tool "
+        "definitions sent with it (tools JSON); ms/msg: time per fed message"
+    )
+    print(f"{'question type':<28}{'n':>4}{'evidence':>10}{'reach':>8}{'all-ev q':>10}{'partial':>9}"
+          f"{'tok med':>9}{'tok p95':>9}{'+tools':>8}{'ms/msg med':>12}{'ms/msg p95':>12}")  # fmt: skip
     summary: dict[str, Any] = {}
     for name in ["ALL", *sorted(k for k in groups if k != "ALL")]:
         rows = groups[name]
@@ -302,16 +313,19 @@ def report(results: list[dict[str, Any]], elapsed: float) -> dict[str, Any]:
         with_ev = [r for r in rows if r["evidence"]]
         all_q = sum(1 for r in with_ev if all(e["where"] != "missing" for e in r["evidence"]))
         tokens = [float(r["prompt_tokens"]) for r in rows]
+        fed_ms = [ms for r in rows for ms in r["fed_ms"]]
+        tools = statistics.median(float(r.get("tool_tokens", 0)) for r in rows)
         reach = reached / len(ev) if ev else 0.0
         all_share = all_q / len(with_ev) if with_ev else 0.0
         print(f"{name:<28}{len(rows):>4}{len(ev):>10}{reach:>8.3f}{all_share:>10.3f}"
               f"{partial / len(ev) if ev else 0.0:>9.3f}{statistics.median(tokens):>9.0f}"
-              f"{percentile(tokens, 0.95):>9.0f}")  # fmt: skip
+              f"{percentile(tokens, 0.95):>9.0f}{tools:>8.0f}{statistics.median(fed_ms) if fed_ms else 0.0:>12.1f}"
+              f"{percentile(fed_ms, 0.95):>12.1f}")  # fmt: skip
         summary[name] = {"reach": reach, "all_evidence": all_share, "n": len(rows)}
     places = Counter(e["where"] for r in results for e in r["evidence"])
     print("\nwhere the evidence was found: " + ", ".join(f"{k} {v}" for k, v in places.most_common()))
     fed = [ms for r in results for ms in r["fed_ms"]]
-    print(f"per fed message: median {statistics.median(fed):.1f} ms, p95 {percentile(fed, 0.95):.1f} ms "
+    print(f"per fed message: median {statistics.median(fed) if fed else 0.0:.1f} ms, p95 {percentile(fed, 0.95):.1f} ms "
           f"over {len(fed)} messages; wall time {elapsed / 60:.1f} min")  # fmt: skip
     tokens = [float(r["prompt_tokens"]) for r in results]
     all_ = summary["ALL"]
