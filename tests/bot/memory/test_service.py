@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 from bot.config import MemorySettings
 from bot.domain import Message, Role
 from bot.memory import Exchange, Layer, MemoryService
+from bot.memory.service import informative
 from tests.bot.memory.conftest import Clock, make_memory
 
 TOKYO = ZoneInfo("Asia/Tokyo")  # loaded at import, off the event loop (as settings validation does)
@@ -137,6 +138,32 @@ async def test_recent_context_shows_only_the_configured_days(tmp_path: Path, clo
     text = (await memory.context("")).text
     assert "### 2024-05-19" in text and "### 2024-05-18" in text and "### 2024-05-17" not in text
     assert text.index("### 2024-05-18") < text.index("### 2024-05-19")  # in the order it was said
+
+
+def test_acknowledgements_are_not_informative() -> None:
+    for ack in (
+        "thanks!",
+        "Thanks a lot!",
+        "ok, great",
+        "Okay, sounds good!",
+        "Cool, thank you so much!",
+        "",
+    ):
+        assert not informative(ack), ack
+    for said in ("we fixed the boiler", "great, the boiler works now", "Thanks, my flight is at 9"):
+        assert informative(said), said
+
+
+async def test_todays_notes_leave_out_acknowledgements(memory: MemoryService, clock: Clock) -> None:
+    await memory.record_exchanges([exchange(clock, "we fixed the boiler", "Glad the boiler works again")])
+    clock.advance(minutes=5)
+    await memory.record_exchanges([exchange(clock, "Thanks a lot!", "Okay, great!")])
+    clock.advance(minutes=5)
+    text = (await memory.context("zebra")).text  # nothing relevant: no pack, the notes show today
+    assert "## Relevant Memory" not in text
+    notes = text.split("## Today's Notes", 1)[1]
+    assert "we fixed the boiler" in notes and "Glad the boiler works again" in notes
+    assert "Thanks a lot" not in notes and "Okay, great" not in notes
 
 
 async def test_the_running_bot_maintains_items_daily_and_after_consolidation(
