@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+RECOVERY_SLACK = timedelta(minutes=1)
+
 
 @dataclass
 class Core:
@@ -191,6 +193,8 @@ async def build_core(
         sessions = SessionService(
             JsonSessionStore(settings.sessions_dir), cache_size=settings.sessions.cache_size
         )
+        if memory.unsynced_since is not None:
+            await _recover_memory(memory, sessions)
         commands = _commands(settings, catalog, sessions, budget, ledger, memory)
         inbox = Inbox(settings.workspace / "inbox")
         dispatcher = Dispatcher(
@@ -267,6 +271,21 @@ async def _memory(
     )
     await memory.start()
     return memory
+
+
+async def _recover_memory(memory: MemoryService, sessions: SessionService) -> None:
+    """The last run stopped before its memory writes were fsynced (bot/memory/lazy_sync.py): record
+    again what the sessions changed since then hold and memory lacks (a power cut may have lost it)."""
+    assert memory.unsynced_since is not None
+    since = memory.unsynced_since - RECOVERY_SLACK  # a turn's session save may precede the marker
+    changed = await sessions.changed_since(since)
+    recorded = 0
+    for sid in changed:
+        session = await sessions.get(sid)
+        if session is not None:
+            recorded += await memory.recover(session)
+    await memory.recovered()
+    log.warning("memory_recovered", since=since.isoformat(), sessions=len(changed), messages=recorded)
 
 
 def _tools(settings: Settings, memory: MemoryService, web_http: httpx.AsyncClient) -> ToolRegistry:

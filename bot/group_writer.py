@@ -15,6 +15,11 @@ is on disk and before anything queued after it: log compaction rewrites a file t
     await writer.append(path, b'{"id": "a"}\\n')       # returns once the line is durable
     durable = writer.submit(path, b'{"id": "b"}\\n')   # its place is taken now, its fsync awaited later
     rewritten = await writer.call(lambda: rewrite(path))
+    await writer.append(path, b'{"id": "c"}\\n', sync=False)  # written now, fsynced by ...
+    await writer.sync()                                      # ... this, or a later synced append
+
+``sync=False`` is for data that can be made again should a power cut lose it before :meth:`sync` (a
+kill loses nothing either way: what was written is in the kernel's page cache).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bot.storage import append_bytes
+from bot.storage import append_bytes, sync_paths
 
 T = TypeVar("T")
 
@@ -32,12 +37,24 @@ T = TypeVar("T")
 class GroupWriter:
     def __init__(self, name: str = "group-writer") -> None:
         self._name = name  # of the writing task, for tracebacks and task dumps
-        self._queue: list[tuple[Path | Callable[[], Any], bytes, asyncio.Future[Any]]] = []
+        self._queue: list[tuple[Path | Callable[[], Any], bytes, asyncio.Future[Any], bool]] = []
         self._task: asyncio.Task[None] | None = None
+        self._unsynced: set[Path] = set()
+        self._new: set[Path] = set()  # of those, files such an append created (their folder needs a sync)
 
-    async def append(self, path: Path, payload: bytes) -> None:
-        """Append ``payload`` (whole lines) to ``path``; returns once it is fsynced."""
-        await self._enqueue(path, payload)
+    async def append(self, path: Path, payload: bytes, *, sync: bool = True) -> None:
+        """Append ``payload`` (whole lines) to ``path``; returns once it is fsynced (``sync=False``: once
+        it is written; :meth:`sync` fsyncs it later)."""
+        await self._enqueue(path, payload, sync=sync)
+
+    @property
+    def unsynced(self) -> bool:
+        """Whether something appended with ``sync=False`` still waits for :meth:`sync`."""
+        return bool(self._unsynced)
+
+    async def sync(self) -> None:
+        """fsync everything appended with ``sync=False`` before this call (and the files' folders)."""
+        await self.call(self._sync_unsynced)
 
     def submit(self, path: Path, payload: bytes) -> asyncio.Future[None]:
         """Queue ``payload`` for ``path`` now and return the future of its fsync: a caller that must
@@ -55,9 +72,11 @@ class GroupWriter:
         while self._task is not None and not self._task.done():
             await asyncio.shield(self._task)
 
-    def _enqueue(self, target: Path | Callable[[], Any], payload: bytes) -> asyncio.Future[Any]:
+    def _enqueue(
+        self, target: Path | Callable[[], Any], payload: bytes, *, sync: bool = True
+    ) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((target, payload, future))
+        self._queue.append((target, payload, future, sync))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name=self._name)
         return future
@@ -65,10 +84,10 @@ class GroupWriter:
     async def _run(self) -> None:
         while self._queue:
             batch, self._queue = self._queue, []
-            group: list[tuple[Path, bytes, asyncio.Future[Any]]] = []
-            for target, payload, future in batch:
+            group: list[tuple[Path, bytes, asyncio.Future[Any], bool]] = []
+            for target, payload, future, sync in batch:
                 if isinstance(target, Path):
-                    group.append((target, payload, future))
+                    group.append((target, payload, future, sync))
                     continue
                 await self._write(group)  # everything before the barrier first
                 group = []
@@ -78,25 +97,43 @@ class GroupWriter:
                     _settle(future, error=exc)
             await self._write(group)
 
-    async def _write(self, group: list[tuple[Path, bytes, asyncio.Future[Any]]]) -> None:
+    async def _write(self, group: list[tuple[Path, bytes, asyncio.Future[Any], bool]]) -> None:
         if not group:
             return
         files: dict[Path, list[bytes]] = {}
-        for path, payload, _ in group:
+        synced: set[Path] = set()  # a file one caller needs durable now is fsynced for all of them
+        for path, payload, _, sync in group:
             files.setdefault(path, []).append(payload)
+            if sync:
+                synced.add(path)
         try:
-            await asyncio.to_thread(_append_all, files)
+            new = await asyncio.to_thread(_append_all, files, synced)
         except Exception as exc:  # every caller of the group hears of it: none of them is durable
-            for _, _, future in group:
+            for _, _, future, _ in group:
                 _settle(future, error=exc)
             return
-        for _, _, future in group:
+        self._unsynced.difference_update(synced)
+        self._unsynced.update(files.keys() - synced)
+        self._new.update(new)
+        for _, _, future, _ in group:
             _settle(future, result=None)
 
+    def _sync_unsynced(self) -> None:
+        paths, new = list(self._unsynced), list(self._new)
+        sync_paths(paths, new=new)
+        self._unsynced.difference_update(paths)
+        self._new.difference_update(new)
 
-def _append_all(files: dict[Path, list[bytes]]) -> None:
+
+def _append_all(files: dict[Path, list[bytes]], synced: set[Path]) -> set[Path]:
+    """Append each file's payloads; returns the files an unsynced append started (new or empty)."""
+    new: set[Path] = set()
     for path, payloads in files.items():
-        append_bytes(path, b"".join(payloads), whole_lines=True)
+        data = b"".join(payloads)
+        size = append_bytes(path, data, whole_lines=True, sync=path in synced)
+        if path not in synced and size == len(data):
+            new.add(path)
+    return new
 
 
 def _settle(future: asyncio.Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:

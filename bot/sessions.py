@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -87,6 +87,8 @@ class SessionStore(Protocol):
     async def delete(self, sid: str) -> bool: ...
 
     async def list_ids(self) -> list[str]: ...
+
+    async def changed_since(self, when: datetime) -> list[str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,10 +270,31 @@ class JsonSessionStore:
         return await asyncio.to_thread(self._list_sync)
 
     def _list_sync(self) -> list[str]:
+        return self._ids_of(sorted(self._dir.glob("*.json")) if self._dir.is_dir() else [])
+
+    async def changed_since(self, when: datetime) -> list[str]:
+        """The sessions whose files were written at or after ``when`` (by their modification time)."""
+        return await asyncio.to_thread(self._changed_sync, when.timestamp())
+
+    def _changed_sync(self, since: float) -> list[str]:
+        headers: set[Path] = set()
+        for path in self._dir.glob("*.json*") if self._dir.is_dir() else []:
+            name = path.name  # <id>.json (header) or <id>.<generation>.jsonl (log); ids may hold dots
+            if name.endswith(".jsonl"):
+                base = name.removesuffix(".jsonl").rsplit(".", 1)[0]
+            elif name.endswith(".json"):
+                base = name.removesuffix(".json")
+            else:
+                continue
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime >= since:
+                    headers.add(self._dir / f"{base}.json")
+        return self._ids_of(sorted(headers))
+
+    @staticmethod
+    def _ids_of(headers: Iterable[Path]) -> list[str]:
         ids: list[str] = []
-        if not self._dir.is_dir():
-            return ids
-        for path in sorted(self._dir.glob("*.json")):
+        for path in headers:
             try:
                 ids.append(str(json.loads(path.read_bytes())["id"]))
             except (OSError, ValueError, KeyError, TypeError):
@@ -370,6 +393,9 @@ class SessionService:
 
     async def list_ids(self) -> list[str]:
         return await self._store.list_ids()
+
+    async def changed_since(self, when: datetime) -> list[str]:
+        return await self._store.changed_since(when)
 
     async def replies(self, sid: str) -> list[PendingReply]:
         return await self._store.replies(sid)

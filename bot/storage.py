@@ -15,6 +15,7 @@ import re
 import stat
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from bot.surrogates import utf8
@@ -67,9 +68,12 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def append_bytes(
-    path: Path, data: bytes, *, truncate_to: int | None = None, whole_lines: bool = False
+    path: Path, data: bytes, *, truncate_to: int | None = None, whole_lines: bool = False, sync: bool = True
 ) -> int:
     """Append ``data`` durably and return the file's new size.
+
+    ``sync=False`` leaves the fsyncs (of the file, and of its folder when created) to the caller, who
+    syncs later with :func:`sync_paths`: for data that can be made again should a power cut lose it.
 
     ``truncate_to`` first cuts the file back to a known-good length, discarding a torn tail left by a
     crash during an earlier append. ``whole_lines`` starts ``data`` on a line of its own when the file
@@ -94,12 +98,31 @@ def append_bytes(
         while view:
             written = os.write(fd, view)
             view = view[written:]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
-    if created:
+    if created and sync:
         fsync_dir(path.parent)
     return end + len(data)
+
+
+def sync_paths(paths: Iterable[Path], *, new: Iterable[Path] = ()) -> None:
+    """fsync files appended with ``sync=False``, then the folders of those among them that are ``new``
+    (created by such an append: their names must survive a power cut too), each folder once."""
+    folders = dict.fromkeys(path.parent for path in new)
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # rewritten or removed since: whoever did that synced it
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for folder in folders:
+        with contextlib.suppress(FileNotFoundError):
+            fsync_dir(folder)
 
 
 def line_bytes(line: str) -> bytes:

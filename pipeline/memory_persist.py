@@ -1,8 +1,10 @@
 """MemoryPersistSystem (order 50): remember an answered turn, and retire old messages from the session.
 
 1. Append the daily-note line and the turn's heuristic items (fast local appends). The items are in
-   memory at once; their fsyncs are left in ``turn.writes``, which the dispatcher awaits beside the
-   session's save, before the reply is sent.
+   memory at once; their writes are left in ``turn.writes``, which the dispatcher awaits beside the
+   session's save, before the reply is sent. They are fsynced within a second, not per message: the
+   session holds the messages durably, and a start after a power cut records them again
+   (bot/memory/lazy_sync.py).
 2. When the session holds more than ``memory_window`` messages: archive the older ones, trim the
    session to the last ``keep_recent``, and consolidate the retired messages in the background, so the
    reply never waits for the model. ``memory_window = 0`` trims to the last 10 without consolidating.
@@ -92,7 +94,9 @@ class MemoryPersistSystem:
         sid, talk = turn.session.id, conversation(turn, users)
         exchanges = [Exchange(sid, u, None, conversation=talk) for u in users[:-1]]
         exchanges.append(Exchange(sid, users[-1] if users else None, answer, conversation=talk))
-        turn.writes.append(asyncio.ensure_future(self._memory.record_exchanges(exchanges)))
+        # Made from the session's messages, which its save makes durable: fsynced a moment later.
+        record = self._memory.record_exchanges(exchanges, sync=False)
+        turn.writes.append(asyncio.ensure_future(record))
 
     async def _retire(self, turn: Turn) -> None:
         session = turn.session

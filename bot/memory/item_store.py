@@ -248,11 +248,22 @@ class ItemStore:
     async def add(self, item: MemoryItem) -> MemoryItem:
         return (await self.add_many([item]))[0]
 
-    async def add_many(self, items: Iterable[MemoryItem]) -> list[MemoryItem]:
-        """Store new items; one that repeats a live item of its layer merges into it instead."""
+    async def add_many(self, items: Iterable[MemoryItem], *, sync: bool = True) -> list[MemoryItem]:
+        """Store new items; one that repeats a live item of its layer merges into it instead.
+
+        ``sync=False``: written at once, fsynced by a later :meth:`sync` (items that can be made again
+        from where they came from, should a power cut lose them first)."""
         stored = self._merge_in(items)
-        await self._write(stored)
+        await self._write(stored, sync=sync)
         return stored
+
+    @property
+    def unsynced(self) -> bool:
+        return self._writer.unsynced
+
+    async def sync(self) -> None:
+        """fsync what :meth:`add_many` wrote with ``sync=False``."""
+        await self._writer.sync()
 
     def _merge_in(self, items: Iterable[MemoryItem]) -> list[MemoryItem]:
         stored: list[MemoryItem] = []
@@ -369,15 +380,15 @@ class ItemStore:
         line, at = placed
         self._file_in_time(self._timelines, line, (at, key), add=False)
 
-    async def _write(self, items: list[MemoryItem]) -> None:
-        """Queue the items' lines (one payload per file) and wait until they are durable."""
+    async def _write(self, items: list[MemoryItem], *, sync: bool = True) -> None:
+        """Queue the items' lines (one payload per file) and wait until they are durable (written)."""
         groups: dict[Path, list[str]] = defaultdict(list)
         for item in items:
             groups[self.path_for(item)].append(json.dumps(item.to_dict(), ensure_ascii=False))
         writes = []
         for path, lines in groups.items():
             self._lines[path] += len(lines)
-            writes.append(self._writer.append(path, ("\n".join(lines) + "\n").encode("utf-8")))
+            writes.append(self._writer.append(path, ("\n".join(lines) + "\n").encode("utf-8"), sync=sync))
         await asyncio.gather(*writes)
 
     async def drain(self) -> None:

@@ -16,6 +16,7 @@ retrieved only from the chat that told them. HISTORY.md and the archive stay wor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections import OrderedDict
@@ -37,6 +38,7 @@ from bot.memory.extract import Utterance, extract
 from bot.memory.history import HistoryLog
 from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem, Reference, make_title
+from bot.memory.lazy_sync import MARKER, LazySync
 from bot.memory.longterm import Limits, LongTermMemory
 from bot.memory.notes import DailyNotes, fold, not_yet_in, note_line
 from bot.memory.pack import (
@@ -61,7 +63,7 @@ from bot.memory.retrieval import Retriever, ScoredItem, asks_about_assistant, di
 from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to
 from bot.memory.vectors import VECTORS_DIR, VectorStore
 from bot.memory.words import load_lemmas, tokenize
-from bot.storage import append_bytes, ensure_private_dir, fix_private_tree, line_bytes
+from bot.storage import append_bytes, ensure_private_dir, fix_private_tree, line_bytes, sync_paths
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
     from bot.llm import ChatModel
@@ -74,6 +76,7 @@ INFORMATIVE_TOKENS = 2  # a note line says something: "thanks a lot!" and "ok, g
 ACKNOWLEDGEMENTS = "thanks thank ok okay great cool sure sound good nice perfect awesome yes lot"
 NOTE_USER_CHARS = 300
 NOTE_ASSISTANT_CHARS = 200
+CONVERSATION_KEY = "conversation"  # session.metadata: the conversation going on (pipeline/memory_persist.py)
 MessageKey = tuple[str, str]
 
 Clock = Callable[[], datetime]
@@ -156,6 +159,10 @@ class MemoryService:
             observer=observer,
         )
         self._tasks: set[asyncio.Task[ConsolidationResult]] = set()
+        self._unsynced_notes: set[Path] = set()
+        self._new_notes: set[Path] = set()  # of those, files the append created
+        self._lazy = LazySync(root / MARKER, self._flush)
+        self.unsynced_since: datetime | None = None  # a previous run's writes may be lost since (recover)
         self._maintain_every = maintain_every
         self._maintained_at: datetime | None = None
         # What the last memory pack of each session held (for /status); bounded, newest last.
@@ -182,6 +189,7 @@ class MemoryService:
         fixed = await asyncio.to_thread(self._prepare)
         if fixed:
             log.warning("memory_permissions_fixed", count=fixed, root=str(self.root))
+        self.unsynced_since = await asyncio.to_thread(self._lazy.left_by_last_run)
         await self.items.load()
         await asyncio.to_thread(load_lemmas)
         await self.retriever.ready()
@@ -210,6 +218,7 @@ class MemoryService:
         if self.vectors is not None:
             await self.vectors.close()
         await self.items.drain()
+        await self._lazy.close()
         # The next start reads these two instead of parsing and re-tokenizing every item.
         await self.items.save_snapshot()
         await self.retriever.save()
@@ -222,12 +231,14 @@ class MemoryService:
     # -- write path -------------------------------------------------------------------------------
 
     async def record_exchanges(
-        self, exchanges: Sequence[Exchange], *, replay: bool = False
+        self, exchanges: Sequence[Exchange], *, replay: bool = False, sync: bool = True
     ) -> list[MemoryItem]:
         """Daily-note lines and heuristic items for answered turns (batched: one write per file).
 
         ``replay`` (imports) skips note lines already written, so an interrupted import can be run
-        again; items need no such care, since a repeated item merges by fingerprint.
+        again; items need no such care, since a repeated item merges by fingerprint. ``sync=False``
+        (the running bot, whose sessions hold the messages durably): written now, fsynced within a
+        second (see lazy_sync.py).
         """
         note_lines: dict[Path, list[str]] = {}
         utterances: list[Utterance] = []
@@ -242,20 +253,73 @@ class MemoryService:
                     ref = Reference(ex.session_id, msg.id, turn, conversation=ex.conversation)
                     utterances.append(Utterance(msg.role.value, msg.content, msg.timestamp, ref))
         # The notes and the items are separate files: their writes (and fsyncs) go on side by side.
-        stored, _ = await asyncio.gather(
-            self.items.add_many(extract(utterances)), self._append_notes(note_lines, replay=replay)
-        )
+        async with contextlib.nullcontext() if sync else self._lazy.writing():
+            stored, _ = await asyncio.gather(
+                self.items.add_many(extract(utterances), sync=sync),
+                self._append_notes(note_lines, replay=replay, sync=sync),
+            )
         await self._promote(stored)
         await self._maintain(when_due=True)
         return stored
 
-    @staticmethod
-    async def _append_notes(note_lines: dict[Path, list[str]], *, replay: bool) -> None:
+    async def _append_notes(self, note_lines: dict[Path, list[str]], *, replay: bool, sync: bool) -> None:
         for path, lines in note_lines.items():
             if replay:
                 lines = await asyncio.to_thread(not_yet_in, path, lines)
             if lines:
-                await asyncio.to_thread(append_bytes, path, line_bytes("\n".join(lines)), whole_lines=True)
+                data = line_bytes("\n".join(lines))
+                size = await asyncio.to_thread(append_bytes, path, data, whole_lines=True, sync=sync)
+                if not sync:
+                    self._unsynced_notes.add(path)
+                    if size == len(data):
+                        self._new_notes.add(path)
+
+    async def _flush(self) -> None:
+        """fsync what :meth:`record_exchanges` wrote with ``sync=False`` (for :class:`LazySync`)."""
+        notes, self._unsynced_notes = self._unsynced_notes, set()
+        new, self._new_notes = self._new_notes, set()
+        try:
+            await asyncio.gather(self.items.sync(), asyncio.to_thread(sync_paths, notes, new=new))
+        except BaseException:
+            self._unsynced_notes |= notes
+            self._new_notes |= new
+            raise
+
+    async def recover(self, session: Session) -> int:
+        """Record again the newest messages of ``session`` that have no items: a power cut lost them
+        before their fsync (see lazy_sync.py). Returns how many; notes already written are kept."""
+        # Every message is looked at, not only the newest: one message's items may go to another day's
+        # file than the next one's, and a power cut may keep either. A session holds few (it is trimmed
+        # past ``memory_window``, after a sync), and a deleted item still counts as its message's.
+        missing = [
+            m
+            for m in session.messages
+            if m.role in (Role.USER, Role.ASSISTANT)
+            and m.content.strip()
+            and not m.tool_calls  # a step of the tool loop, not an answer (never recorded)
+            and not self.items.of_message((session.id, m.id))
+        ]
+        talk = session.metadata.get(CONVERSATION_KEY)
+        talk = talk if isinstance(talk, str) else ""
+        exchanges: list[Exchange] = []
+        users: list[Message] = []
+        for message in missing:
+            if message.role is Role.USER:
+                users.append(message)
+                continue
+            asked: list[Message | None] = [*users] or [None]
+            exchanges += [Exchange(session.id, u, None, conversation=talk) for u in asked[:-1]]
+            exchanges.append(Exchange(session.id, asked[-1], message, conversation=talk))
+            users = []
+        exchanges += [Exchange(session.id, u, None, conversation=talk) for u in users]
+        if exchanges:
+            await self.record_exchanges(exchanges, replay=True)
+        return len(missing)
+
+    async def recovered(self) -> None:
+        """Every session was checked (:meth:`recover`): the marker a previous run left can go."""
+        await self._lazy.recovered()
+        self.unsynced_since = None
 
     async def _promote(self, candidates: Sequence[MemoryItem]) -> None:
         """Promote what was just written, if confident enough (never a scan of every item)."""
@@ -290,6 +354,10 @@ class MemoryService:
     # -- retire path ------------------------------------------------------------------------------
 
     async def archive_messages(self, session_id: str, messages: Sequence[Message]) -> int:
+        """Keep ``messages`` in the archive before they leave the session; what was recorded of them
+        without an fsync is synced first (the next start can only record again what a session holds)."""
+        if self._lazy.pending:
+            await self._lazy.sync()
         return await self.archive.append(session_id, messages, self.now())
 
     async def consolidate(

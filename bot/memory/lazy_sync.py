@@ -1,0 +1,145 @@
+"""A turn's memory writes, fsynced a moment later instead of on the reply path of every message.
+
+A turn's daily-note line and items are made from messages the session log already holds durably, so
+they need not hold up the reply with fsyncs of their own: they are written at once (a kill loses
+nothing, written data is in the kernel's page cache) and fsynced together within ``delay`` seconds,
+before messages leave a session (see :meth:`MemoryService.archive_messages`) and at close. Turns that
+come close together share those fsyncs. Only a power cut or a kernel crash inside that window can lose
+them, and then the next start makes them again:
+
+- before the first unsynced write of a run, a marker (``memory/.unsynced``) is put durably in place,
+  holding the time since which writes may be missing; it stays until the run closes cleanly;
+- after each flush that left nothing unsynced, the marker's time moves to when the flush began, without
+  an fsync: the time on disk is never later than the oldest write a power cut can lose (an older one,
+  or a torn one, only makes the next start look further back);
+- a start that finds the marker records again what the sessions changed since its time hold and
+  memory lacks (:meth:`MemoryService.recover`, driven by ``bot/app.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import structlog
+
+from bot.domain import utcnow
+from bot.storage import FILE_MODE, atomic_write_text
+
+log = structlog.get_logger(__name__)
+
+MARKER = ".unsynced"
+DELAY_SECONDS = 1.0
+
+
+class LazySync:
+    """Tracks writes made without an fsync and syncs them (``flush``) a moment later; see the module doc."""
+
+    def __init__(
+        self, marker: Path, flush: Callable[[], Awaitable[None]], *, delay: float = DELAY_SECONDS
+    ) -> None:
+        self._marker = marker
+        self._flush = flush
+        self._delay = delay
+        self._placed = False  # the marker is on disk for this run (or left by the last one)
+        self._inherited = False  # the last run left it: only :meth:`recovered` lets it go
+        self._dirty = False  # written since the last flush began
+        self._writing = 0  # unsynced writes under way
+        self._mark_lock = asyncio.Lock()
+        self._sync_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether something written may not be on disk yet."""
+        return self._dirty or self._writing > 0
+
+    def left_by_last_run(self) -> datetime | None:
+        """The marker's time, if the last run did not close cleanly (blocking; call at start)."""
+        try:
+            text = self._marker.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        self._placed = self._inherited = True
+        try:
+            when = datetime.fromisoformat(text.strip())
+        except ValueError:  # torn by the same power cut: look at every session
+            return datetime.fromtimestamp(0, UTC)
+        return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+    @contextlib.asynccontextmanager
+    async def writing(self) -> AsyncIterator[None]:
+        """Around writes made without an fsync: the marker first, a sync scheduled after."""
+        self._writing += 1
+        try:
+            if not self._placed:
+                async with self._mark_lock:
+                    if not self._placed:
+                        await asyncio.to_thread(atomic_write_text, self._marker, utcnow().isoformat())
+                        self._placed = True
+            yield
+        finally:
+            self._writing -= 1
+            self._dirty = True
+            if self._task is None or self._task.done():
+                self._task = asyncio.create_task(self._later(), name="memory-sync")
+
+    async def sync(self) -> None:
+        """fsync what was written so far; then move the marker's time up (see the module doc)."""
+        async with self._sync_lock:
+            if not self.pending:
+                return
+            began, self._dirty = utcnow(), False
+            try:
+                await self._flush()
+            except BaseException:
+                self._dirty = True  # not synced: the next sync (or close) tries again
+                raise
+            if not self.pending and not self._inherited:
+                await asyncio.to_thread(_restamp, self._marker, began)
+
+    async def recovered(self) -> None:
+        """What the last run may have lost was made again: its marker can go (called before any write)."""
+        async with self._sync_lock:
+            self._inherited = False
+            if not self.pending:
+                await asyncio.to_thread(_remove, self._marker)
+                self._placed = False
+
+    async def close(self) -> None:
+        """Sync, and let the marker go: a clean stop leaves nothing to look for."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.sync()
+        if self._placed and not self._inherited and not self.pending:
+            await asyncio.to_thread(_remove, self._marker)
+            self._placed = False
+
+    async def _later(self) -> None:
+        while self.pending:
+            await asyncio.sleep(self._delay)
+            try:
+                await self.sync()
+            except OSError as exc:  # the marker stays: the next start records what may be missing
+                log.error("memory_sync_failed", error=repr(exc))
+                return
+
+
+def _restamp(path: Path, when: datetime) -> None:
+    """Overwrite the marker's time in place, without an fsync (see the module doc)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        os.write(fd, when.isoformat().encode("ascii"))
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

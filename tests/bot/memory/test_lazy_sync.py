@@ -1,0 +1,110 @@
+"""A turn's memory writes are fsynced a moment later; a power cut before that loses nothing for good.
+
+The power cut is simulated on a copy of a running bot's workspace: the session logs are as they were
+(fsynced before each reply), and the memory lines not yet fsynced are cut away, as a cut may leave them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from structlog.testing import capture_logs
+
+from bot.memory.lazy_sync import MARKER, LazySync
+from tests.bot.memory.test_end_to_end import DAY, chat
+
+
+async def test_the_marker_lives_from_the_first_unsynced_write_to_a_clean_close(tmp_path: Path) -> None:
+    flushes: list[int] = []
+
+    async def flush() -> None:
+        flushes.append(len(flushes))
+
+    marker = tmp_path / MARKER
+    lazy = LazySync(marker, flush, delay=0.01)
+    assert not marker.exists() and not lazy.pending
+    async with lazy.writing():
+        assert marker.exists()  # in place before the write it covers
+    assert lazy.pending
+    for _ in range(100):
+        if not lazy.pending:
+            break
+        await asyncio.sleep(0.01)
+    assert flushes == [0] and not lazy.pending
+    synced_at = datetime.fromisoformat(await asyncio.to_thread(marker.read_text))  # moved up, still there
+    assert synced_at <= datetime.now(UTC)
+    await lazy.close()
+    assert not marker.exists()  # a clean stop leaves nothing to look for
+
+
+async def test_a_marker_left_by_a_stopped_run_goes_only_once_recovered(tmp_path: Path) -> None:
+    async def flush() -> None:
+        pass
+
+    marker = tmp_path / MARKER
+    await asyncio.to_thread(marker.write_text, "2024-03-04T09:00:00+00:00")
+    lazy = LazySync(marker, flush)
+    assert await asyncio.to_thread(lazy.left_by_last_run) == datetime(2024, 3, 4, 9, tzinfo=UTC)
+    async with lazy.writing():
+        pass
+    await lazy.close()  # an operator command that opened memory: the marker is not its to drop
+    assert await asyncio.to_thread(marker.read_text) == "2024-03-04T09:00:00+00:00"
+    await lazy.recovered()
+    assert not await asyncio.to_thread(marker.exists)
+    await asyncio.to_thread(marker.write_text, "2024-03-0")  # torn by the cut itself: look at everything
+    torn = LazySync(marker, flush)
+    assert await asyncio.to_thread(torn.left_by_last_run) == datetime.fromtimestamp(0, UTC)
+
+
+def _cut_memory_of(ws: Path, message_ids: set[str], texts: list[str]) -> int:
+    """Remove the items made from ``message_ids`` and the note lines holding ``texts``: lost in the cut."""
+    cut = 0
+    for log in (ws / "memory" / "items").rglob("*.jsonl"):
+        kept = []
+        for line in log.read_text().splitlines():
+            refs = json.loads(line).get("references", [])
+            if any(r.get("message_id") in message_ids for r in refs):
+                cut += 1
+            else:
+                kept.append(line)
+        log.write_text("".join(f"{line}\n" for line in kept))
+    for notes in (ws / "memory").glob("????-??-??.md"):
+        lines = notes.read_text().splitlines()
+        notes.write_text("".join(f"{x}\n" for x in lines if not any(t in x for t in texts)))
+    return cut
+
+
+async def test_a_power_cut_before_the_sync_loses_no_memory(tmp_path: Path) -> None:
+    said = ["I planted three apple trees in the orchard.", "The plumber fixes the boiler on Friday."]
+    async with chat(tmp_path / "running") as bot:
+        await bot.say("My sister Hanna lives in Porto.", DAY)
+        for i, text in enumerate(said):
+            await bot.say(text, DAY + timedelta(minutes=1 + i))
+        session = await bot.core.sessions.get("test:c1")
+        assert session is not None
+        lost = {m.id for m in session.messages[-4:]}  # the last two exchanges, question and answer
+        ws = tmp_path / "running" / "ws"
+        assert (ws / "memory" / MARKER).exists()  # the bot runs: writes may be unsynced
+        await asyncio.to_thread(shutil.copytree, ws, tmp_path / "cut" / "ws")  # the disk as the cut left it
+    assert not (ws / "memory" / MARKER).exists()  # closed cleanly
+    assert await asyncio.to_thread(_cut_memory_of, tmp_path / "cut" / "ws", lost, said) > 0
+
+    with capture_logs() as logs:
+        async with chat(tmp_path / "cut") as bot:  # the next start
+            memory = bot.core.memory
+            assert all(memory.items.of_message(("test:c1", mid)) for mid in lost)
+            notes = await asyncio.to_thread((memory.root / f"{DAY:%Y-%m-%d}.md").read_text)
+            assert all(notes.count(f"User: {text}") == 1 for text in said)  # back, once
+            assert notes.count("User: My sister Hanna lives in Porto.") == 1  # never lost: not twice
+            assert not await asyncio.to_thread(
+                (memory.root / MARKER).exists
+            )  # recovered: nothing left to look for
+            await bot.say("/new", DAY + timedelta(hours=1))
+            await bot.say("When does the plumber come?", DAY + timedelta(days=1))
+            assert "The plumber fixes the boiler on Friday." in bot.system_prompt()
+    recovered = [e for e in logs if e["event"] == "memory_recovered"]
+    assert len(recovered) == 1 and recovered[0]["messages"] == 4 and recovered[0]["sessions"] == 1
