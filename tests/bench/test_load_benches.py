@@ -7,30 +7,13 @@ the real LLM client and the instant model server in its own process, and for sta
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
+from tests.bench.runner import run_bench
 
 
 def test_concurrency_answers_every_message_in_both_modes() -> None:
-    result = bench("concurrency.py", "--chats", "3", "--messages", "2")
+    result = run_bench("concurrency.py", "--chats", "3", "--messages", "2")
     assert result.returncode == 0, result.stderr
     rows = {
         match.group(1): match.group(2)
@@ -44,7 +27,7 @@ def test_concurrency_answers_every_message_in_both_modes() -> None:
 
 
 def test_overhead_measures_every_client_column() -> None:
-    result = bench("overhead.py", "--turns", "2", "--sizes", "10,20", "--memory", "off")
+    result = run_bench("overhead.py", "--turns", "2", "--sizes", "10,20", "--memory", "off")
     assert result.returncode == 0, result.stderr
     for column in ("in-process", "openai", "anthropic"):
         assert re.search(rf"^\s+20  {column}\s+[\d.]+", result.stdout, re.M), result.stdout
@@ -52,7 +35,7 @@ def test_overhead_measures_every_client_column() -> None:
 
 
 def test_startup_measures_help_ready_and_memory() -> None:
-    result = bench("startup.py", "--runs", "1")
+    result = run_bench("startup.py", "--runs", "1")
     assert result.returncode == 0, result.stderr
     for label in ("membot --help", "ready", "1st reply", "idle RSS"):
         assert label in result.stdout, result.stdout

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench" / "memory_e2e.py"
+from tests.bench.runner import run_bench
 
 # A row of the per-type table: name, n, evidence, reach, all-ev q, partial, tok med, tok p95, ms/msg med, p95.
 NUMBER = r"\s+([\d.]+)"
@@ -91,16 +88,7 @@ QUESTIONS = [
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
-    return subprocess.run(
-        [sys.executable, str(BENCH), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
+    return run_bench("memory_e2e.py", *args)
 
 
 def test_evidence_reach_per_question_and_per_type(tmp_path: Path) -> None:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench" / "memory_recall.py"
+from tests.bench.runner import ROOT, run_bench
+
 SHARED = ROOT.parent / "shared" / "bench" / "longmemeval_s_100.json.gz"
 
 
@@ -45,14 +44,7 @@ def question(qid: str, text: str, **extra: Any) -> dict[str, Any]:
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(BENCH), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        check=False,
-    )
+    return run_bench("memory_recall.py", *args)
 
 
 def write(path: Path, data: Any) -> Path:
