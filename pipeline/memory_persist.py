@@ -20,13 +20,13 @@ import structlog
 
 from bot.config import MemorySettings
 from bot.domain import Message, Role, new_id
-from bot.memory import Exchange, MemoryService
+from bot.memory import CONVERSATION_KEY, Exchange, MemoryService
 from pipeline.base import Turn
 
 log = structlog.get_logger(__name__)
 
 PLAIN_TRIM_KEEP = 10
-META_CONVERSATION = "conversation"  # session.metadata: the id of the conversation going on
+META_CONVERSATION = CONVERSATION_KEY  # session.metadata: the id of the conversation going on
 CONVERSATION_GAP = timedelta(hours=3)
 
 

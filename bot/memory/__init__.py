@@ -9,11 +9,12 @@ from bot.memory.longterm import Limits, LongTermMemory
 from bot.memory.pack import MemoryPack
 from bot.memory.prompt import system_prompt
 from bot.memory.retrieval import ScoredItem
-from bot.memory.service import Exchange, MemoryContext, MemoryService
+from bot.memory.service import CONVERSATION_KEY, Exchange, MemoryContext, MemoryService
 from bot.memory.tool import MemoryTool
 from bot.memory.vectors import VECTORS_DIR, VectorStore
 
 __all__ = [
+    "CONVERSATION_KEY",
     "VECTORS_DIR",
     "ConsolidationResult",
     "Embedder",

@@ -76,7 +76,7 @@ INFORMATIVE_TOKENS = 2  # a note line says something: "thanks a lot!" and "ok, g
 ACKNOWLEDGEMENTS = "thanks thank ok okay great cool sure sound good nice perfect awesome yes lot"
 NOTE_USER_CHARS = 300
 NOTE_ASSISTANT_CHARS = 200
-CONVERSATION_KEY = "conversation"  # session.metadata: the conversation going on (pipeline/memory_persist.py)
+CONVERSATION_KEY = "conversation"  # session.metadata: the conversation going on (set by MemoryPersist)
 MessageKey = tuple[str, str]
 
 Clock = Callable[[], datetime]
@@ -286,8 +286,8 @@ class MemoryService:
             raise
 
     async def recover(self, session: Session) -> int:
-        """Record again the newest messages of ``session`` that have no items: a power cut lost them
-        before their fsync (see lazy_sync.py). Returns how many; notes already written are kept."""
+        """Record again the messages of ``session`` that have no items: a power cut lost them before
+        their fsync (see lazy_sync.py). Returns how many; note lines already written are not repeated."""
         # Every message is looked at, not only the newest: one message's items may go to another day's
         # file than the next one's, and a power cut may keep either. A session holds few (it is trimmed
         # past ``memory_window``, after a sync), and a deleted item still counts as its message's.
