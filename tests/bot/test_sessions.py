@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,33 @@ async def test_files_are_private(tmp_path: Path) -> None:
         assert path.stat().st_mode & 0o777 == 0o600
     header = json.loads((folder / "cli:me.json").read_text())
     assert header["log_count"] == 1
+
+
+async def test_changed_since_names_the_sessions_written_after_a_time(tmp_path: Path) -> None:
+    """What a start after a power cut looks at (bot/memory/lazy_sync.py): by the files' modification
+    times, header or log, with ids that hold dots (a log is ``<id>.<generation>.jsonl``)."""
+    sessions = service(tmp_path)
+    for chat in ("old", "v1.2.3", "new"):
+        session = await sessions.get_or_create("discord", chat)
+        session.append(Message(Role.USER, f"hello from {chat}"))
+        await sessions.save(session)
+    store = sessions.store
+    assert isinstance(store, JsonSessionStore)
+    long_ago = 1_000_000_000.0  # 2001: every file but the ones touched below looks old
+    for path in store.directory.iterdir():
+        os.utime(path, (long_ago, long_ago))
+    now = datetime.now(UTC)
+    dotted = await sessions.get("discord:v1.2.3")
+    assert dotted is not None
+    dotted.append(Message(Role.USER, "a second message"))  # appended to its log: the header stays old
+    await sessions.save(dotted)
+    header = await asyncio.to_thread(store.header_path("discord:v1.2.3").stat)
+    assert header.st_mtime == long_ago  # so it is found by its log's name
+    os.utime(store.header_path("discord:new"), None)
+    changed = await sessions.changed_since(now - timedelta(seconds=5))
+    assert sorted(changed) == ["discord:new", "discord:v1.2.3"]
+    assert sorted(await sessions.changed_since(datetime.fromtimestamp(0, UTC))) == [
+        "discord:new",
+        "discord:old",
+        "discord:v1.2.3",
+    ]
