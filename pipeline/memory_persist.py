@@ -26,7 +26,6 @@ from pipeline.base import Turn
 log = structlog.get_logger(__name__)
 
 PLAIN_TRIM_KEEP = 10
-META_CONVERSATION = CONVERSATION_KEY  # session.metadata: the id of the conversation going on
 CONVERSATION_GAP = timedelta(hours=3)
 
 
@@ -61,10 +60,10 @@ def conversation(turn: Turn, users: Sequence[Message]) -> str:
     session = turn.session
     cut = next((i for i, m in enumerate(session.messages) if users and m is users[0]), len(session.messages))
     earlier = [m for m in session.messages[:cut] if m.role is not Role.SYSTEM]
-    current = session.metadata.get(META_CONVERSATION)
+    current = session.metadata.get(CONVERSATION_KEY)
     quiet = not earlier or turn.now - earlier[-1].timestamp > CONVERSATION_GAP
     if quiet or not isinstance(current, str) or not current:
-        current = session.metadata[META_CONVERSATION] = new_id()
+        current = session.metadata[CONVERSATION_KEY] = new_id()
     return current
 
 

@@ -257,10 +257,6 @@ class ItemStore:
         await self._write(stored, sync=sync)
         return stored
 
-    @property
-    def unsynced(self) -> bool:
-        return self._writer.unsynced
-
     async def sync(self) -> None:
         """fsync what :meth:`add_many` wrote with ``sync=False``."""
         await self._writer.sync()

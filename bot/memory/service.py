@@ -31,6 +31,7 @@ import structlog
 
 from bot.config import MemorySettings
 from bot.domain import Message, Role, Session, utcnow
+from bot.group_writer import GroupWriter
 from bot.memory.archive import TranscriptArchive
 from bot.memory.consolidation import ConsolidationObserver, ConsolidationResult, Consolidator
 from bot.memory.embeddings import Embedder
@@ -63,7 +64,7 @@ from bot.memory.retrieval import Retriever, ScoredItem, asks_about_assistant, di
 from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to
 from bot.memory.vectors import VECTORS_DIR, VectorStore
 from bot.memory.words import load_lemmas, tokenize
-from bot.storage import append_bytes, ensure_private_dir, fix_private_tree, line_bytes, sync_paths
+from bot.storage import ensure_private_dir, fix_private_tree, line_bytes
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
     from bot.llm import ChatModel
@@ -159,8 +160,7 @@ class MemoryService:
             observer=observer,
         )
         self._tasks: set[asyncio.Task[ConsolidationResult]] = set()
-        self._unsynced_notes: set[Path] = set()
-        self._new_notes: set[Path] = set()  # of those, files the append created
+        self._notes_writer = GroupWriter("notes-writer")
         self._lazy = LazySync(root / MARKER, self._flush)
         self.unsynced_since: datetime | None = None  # a previous run's writes may be lost since (recover)
         self._maintain_every = maintain_every
@@ -217,7 +217,7 @@ class MemoryService:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.vectors is not None:
             await self.vectors.close()
-        await self.items.drain()
+        await asyncio.gather(self.items.drain(), self._notes_writer.drain())
         await self._lazy.close()
         # The next start reads these two instead of parsing and re-tokenizing every item.
         await self.items.save_snapshot()
@@ -267,23 +267,11 @@ class MemoryService:
             if replay:
                 lines = await asyncio.to_thread(not_yet_in, path, lines)
             if lines:
-                data = line_bytes("\n".join(lines))
-                size = await asyncio.to_thread(append_bytes, path, data, whole_lines=True, sync=sync)
-                if not sync:
-                    self._unsynced_notes.add(path)
-                    if size == len(data):
-                        self._new_notes.add(path)
+                await self._notes_writer.append(path, line_bytes("\n".join(lines)), sync=sync)
 
     async def _flush(self) -> None:
         """fsync what :meth:`record_exchanges` wrote with ``sync=False`` (for :class:`LazySync`)."""
-        notes, self._unsynced_notes = self._unsynced_notes, set()
-        new, self._new_notes = self._new_notes, set()
-        try:
-            await asyncio.gather(self.items.sync(), asyncio.to_thread(sync_paths, notes, new=new))
-        except BaseException:
-            self._unsynced_notes |= notes
-            self._new_notes |= new
-            raise
+        await asyncio.gather(self.items.sync(), self._notes_writer.sync())
 
     async def recover(self, session: Session) -> int:
         """Record again the messages of ``session`` that have no items: a power cut lost them before
