@@ -62,7 +62,7 @@ from bot.memory.prompt import (
 from bot.memory.recall import Candidate, Memory, Recaller, key_of
 from bot.memory.retrieval import Retriever, ScoredItem, asks_about_assistant, diversify
 from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to
-from bot.memory.vectors import VECTORS_DIR, VectorStore
+from bot.memory.vectors import VECTORS_DIR, Feedback, VectorStore
 from bot.memory.words import load_lemmas, tokenize
 from bot.storage import ensure_private_dir, fix_private_tree, line_bytes
 
@@ -476,8 +476,12 @@ class MemoryService:
     ) -> dict[str, float]:
         """Cosine similarity of the query with the items nearest to it in meaning, by item id."""
         assert self.vectors is not None
+        usable = None
+        if visible is not None:
+            usable = lambda f: any(visible(i) for i in self.items.with_fingerprint(f))  # noqa: E731
+        feedback = Feedback(usable=usable)
         out: dict[str, float] = {}
-        for fingerprint, score in await self.vectors.nearest(query, SEMANTIC_CANDIDATES):
+        for fingerprint, score in await self.vectors.nearest(query, SEMANTIC_CANDIDATES, feedback=feedback):
             for item in self.items.with_fingerprint(fingerprint):
                 if visible is None or visible(item):
                     out[item.id] = score

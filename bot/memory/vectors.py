@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
@@ -48,8 +49,43 @@ SETTLE = 0.25  # seconds without new items before the queue is embedded
 MAX_WAIT = 2.0  # seconds a queued item waits at most while items keep arriving
 THREAD_SCORING_ROWS = 20_000  # above this many rows a query is scored in a worker thread
 QUERY_CACHE = 256  # recent query vectors kept: a message is the query, then an item to embed
+LOOKED_AT = 64  # nearest items among which feedback looks for its seeds
 
 Progress = Callable[[int, int], None]  # (done, total)
+
+
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """Pseudo-relevance feedback in meaning (Rocchio): the query's vector is moved toward the mean of its
+    ``seeds`` nearest items by ``weight`` and scored again.
+
+    Why: a question shares few words and only part of its meaning with the message that answers it
+    ("how many fish in my aquariums?" / "my 20-gallon tank has 10 neon tetras"), while its nearest items
+    are about the same thing in the user's own words; moving toward them finds their neighbours. On the
+    open subset (any seeds from 2 to 10, weight 0.3 to 1.0) session recall_all@5 went from 0.940 to
+    0.964-0.976 and turn recall_any@5 from 0.940 to 0.940-0.952, at the cost of a second scoring pass.
+    ``usable`` keeps seeds to what the asker may see (chat scope): another chat's items never steer it.
+    """
+
+    seeds: int = 3
+    weight: float = 0.5
+    floor: float = 0.2  # a seed is at least this near the query (unrelated texts score ~0)
+    usable: Callable[[str], bool] | None = None  # by fingerprint
+
+    def pick(self, keys: list[str], scores: NDArray[np.float32]) -> list[int]:
+        """Indices of the seeds: the best-scored keys that are usable and near enough, among the
+        ``LOOKED_AT`` best (no seeds if none of those is usable: the query is then scored as it is)."""
+        out: list[int] = []
+        best = np.argpartition(-scores, LOOKED_AT - 1)[:LOOKED_AT] if len(scores) > LOOKED_AT else None
+        order = np.argsort(-scores if best is None else -scores[best], kind="stable")
+        for i in order if best is None else best[order]:
+            if scores[i] < self.floor:
+                break
+            if self.usable is None or self.usable(keys[int(i)]):
+                out.append(int(i))
+                if len(out) == self.seeds:
+                    break
+        return out
 
 
 class _Matrix:
@@ -409,13 +445,25 @@ class VectorStore:
         return dict(zip(keys, scores.tolist(), strict=True))
 
     async def nearest(
-        self, query: str, k: int, fingerprints: Iterable[str] | None = None
+        self,
+        query: str,
+        k: int,
+        fingerprints: Iterable[str] | None = None,
+        *,
+        feedback: Feedback | None = None,
     ) -> list[tuple[str, float]]:
-        """The ``k`` fingerprints most similar to ``query`` (among ``fingerprints``), best first."""
+        """The ``k`` fingerprints most similar to ``query`` (among ``fingerprints``), best first;
+        with ``feedback``, to the query moved toward its nearest items (see :class:`Feedback`)."""
         q = await self._query(query)
         if q is None or k <= 0:
             return []
         keys, scores = await self._score(q, fingerprints)
+        if feedback is not None and feedback.seeds > 0:
+            seeds = feedback.pick(keys, scores)
+            if seeds:
+                rows = self._matrix.view()[[self._matrix.rows[keys[i]] for i in seeds]]
+                moved = _unit((q + feedback.weight * rows.mean(axis=0))[None, :])[0]
+                keys, scores = await self._score(moved, keys if fingerprints is not None else None)
         top = np.argpartition(-scores, k - 1)[:k] if len(scores) > k else np.arange(len(scores))
         top = top[np.argsort(-scores[top], kind="stable")]
         return [(keys[i], float(scores[i])) for i in top]

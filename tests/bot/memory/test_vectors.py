@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from bot.errors import LLMUnavailable
 from bot.memory import vector_file
 from bot.memory.items import ItemType, Layer, MemoryItem
-from bot.memory.vectors import VectorStore
+from bot.memory.vectors import Feedback, VectorStore
 
 NOW = datetime(2024, 5, 20, 9, 30, tzinfo=UTC)
 SYNONYMS = {"automobile": "car", "vehicle": "car", "puppy": "dog"}
@@ -144,6 +144,33 @@ async def test_nearest_ranks_by_meaning_within_the_given_fingerprints(store: Vec
     scores = await store.similarities("automobile", [ITEMS[0].fingerprint])
     assert list(scores) == [ITEMS[0].fingerprint] and scores[ITEMS[0].fingerprint] > 0.3
     assert await store.nearest("the puppy Biscuit", k=0) == []
+
+
+async def test_feedback_finds_what_the_nearest_items_talk_about_in_other_words(tmp_path: Path) -> None:
+    seeds = [item("aquarium fish tank gravel"), item("aquarium fish tank plants")]
+    answer = item("tank gravel plants tetras")  # not one word of the question
+    other = item("dentist friday appointment")
+    store = await filled(tmp_path / "vectors", WordsEmbedder(dim=256), [*seeds, answer, other])
+    query = "aquarium fish count"
+    plain = dict(await store.nearest(query, k=4))
+    assert plain[answer.fingerprint] == 0.0 == plain[other.fingerprint]
+    moved = dict(await store.nearest(query, k=4, feedback=Feedback(seeds=2, weight=0.5)))
+    assert moved[answer.fingerprint] > 0.1 and moved[other.fingerprint] == 0.0
+    assert min(moved[s.fingerprint] for s in seeds) > moved[answer.fingerprint]  # the words still lead
+    # Only usable items steer the query: with the two seeds another chat's, nothing moves toward them.
+    mine = {answer.fingerprint, other.fingerprint}
+    fenced = dict(await store.nearest(query, k=4, feedback=Feedback(seeds=2, usable=mine.__contains__)))
+    assert fenced == plain
+    await store.close()
+
+
+def test_feedback_seeds_are_the_best_usable_items() -> None:
+    keys = ["a", "b", "c", "d"]
+    scores = np.array([0.9, 0.1, 0.8, 0.5], dtype=np.float32)
+    assert sorted(Feedback(seeds=2).pick(keys, scores)) == [0, 2]
+    assert Feedback(seeds=2, usable=lambda k: k != "a").pick(keys, scores) == [2, 3]
+    assert Feedback(seeds=2, usable=lambda k: False).pick(keys, scores) == []
+    assert Feedback(seeds=3, floor=0.6).pick(keys, scores) == [0, 2]  # nothing unrelated steers it
 
 
 async def test_submit_skips_what_needs_no_vector(store: VectorStore) -> None:
