@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from bot.errors import LLMUnavailable
-from bot.memory import vector_file
+from bot.memory import vector_file, vectors
 from bot.memory.items import ItemType, Layer, MemoryItem
 from bot.memory.vectors import Feedback, VectorStore
 
@@ -161,6 +161,19 @@ async def test_feedback_finds_what_the_nearest_items_talk_about_in_other_words(t
     mine = {answer.fingerprint, other.fingerprint}
     fenced = dict(await store.nearest(query, k=4, feedback=Feedback(seeds=2, usable=mine.__contains__)))
     assert fenced == plain
+    await store.close()
+
+
+async def test_feedback_scores_again_only_what_the_query_found_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vectors, "RESCORED", 3)  # a large memory, in small
+    seeds = [item("aquarium fish tank gravel"), item("aquarium fish tank plants")]
+    answer = item("tank gravel plants tetras")
+    near = item("dentist count appointment")  # one word of the query: among its three nearest
+    store = await filled(tmp_path / "vectors", WordsEmbedder(dim=256), [*seeds, answer, near])
+    moved = dict(await store.nearest("aquarium fish count", k=4, feedback=Feedback(seeds=2)))
+    assert set(moved) == {*(s.fingerprint for s in seeds), near.fingerprint}
     await store.close()
 
 
@@ -452,7 +465,7 @@ WRITER = """
 import sys
 from pathlib import Path
 import numpy as np
-from bot.memory import vector_file
+from bot.memory import vector_file, vectors
 
 path = Path(sys.argv[1])
 rng = np.random.default_rng(1)
