@@ -253,7 +253,8 @@ class VectorStore:
             return
         if not self._failures:  # while failing, the next retry may be minutes away
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.drain(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self.drain()
         self._worker.cancel()
         for task in list(self._embedding.values()):
             task.cancel()
@@ -347,7 +348,10 @@ class VectorStore:
         deadline = loop.time() + self._max_wait
         while not self._hurry and (left := deadline - loop.time()) > 0:
             try:
-                await asyncio.wait_for(self._wake.wait(), min(self._settle, left))
+                # Not wait_for (banned in pyproject): on Python 3.11 it returns normally when it is
+                # cancelled just as the event fires, and close() then waited forever on this worker.
+                async with asyncio.timeout(min(self._settle, left)):
+                    await self._wake.wait()
             except TimeoutError:
                 return  # quiet
             self._wake.clear()

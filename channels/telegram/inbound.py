@@ -152,7 +152,8 @@ class PasteJoiner:
                 if not storage and attempt >= self._max_attempts:
                     raise
                 with contextlib.suppress(TimeoutError):  # close() cuts the pause short
-                    await asyncio.wait_for(self._closing.wait(), self._outage.delay(attempt))
+                    async with asyncio.timeout(self._outage.delay(attempt)):
+                        await self._closing.wait()
                 continue
             self._outage.recovered()
             return

@@ -81,7 +81,8 @@ async def write_messages(
         sent[token] = chat
         tg.push_message(f"message {token} for you", chat_id=chat, user_id=42)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), rng.uniform(0.05, 0.2))
+            async with asyncio.timeout(rng.uniform(0.05, 0.2)):
+                await stop.wait()
 
 
 def corrupt_files(workspace: Path) -> list[str]:

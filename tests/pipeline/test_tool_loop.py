@@ -371,7 +371,8 @@ async def test_stop_mid_tool_cancels_the_tool_and_keeps_the_session_valid(
     turn = new_turn()
     system = loop_for(server, http, api, [slow, add])
     task = asyncio.create_task(system.process(turn))
-    await asyncio.wait_for(slow.started.wait(), 5)
+    async with asyncio.timeout(5):
+        await slow.started.wait()
 
     task.cancel()  # what /stop does to the turn's task
     done, _ = await asyncio.wait([task], timeout=1.0)

@@ -344,6 +344,28 @@ async def test_close_is_bounded_while_the_model_is_stuck(tmp_path: Path) -> None
     assert store.pending == 1  # left for the next start's submit, not lost: it has no vector on disk
 
 
+@pytest.mark.parametrize("ticks", range(5))
+async def test_a_stop_that_lands_as_the_worker_wakes_is_not_lost(tmp_path: Path, ticks: int) -> None:
+    """close() cancels the worker; on Python 3.11 a cancel that landed while the worker's wait for more
+    items was finishing (asyncio.wait_for) was swallowed, and close() then waited forever (seen as a
+    bot that answered everything and never stopped). Each tick count puts the cancel at another step."""
+    store = VectorStore(tmp_path / "vectors", WordsEmbedder(), settle=5.0, max_wait=30.0)
+    await store.start()
+    store.submit([item("first words")])
+    for _ in range(5):
+        await asyncio.sleep(0)  # the worker now waits for more items to batch with it
+    store.submit([item("second words")])  # ...which wakes it
+    for _ in range(ticks):
+        await asyncio.sleep(0)
+    worker = store._worker
+    assert worker is not None
+    worker.cancel()  # what close() does
+    async with asyncio.timeout(2):
+        await asyncio.gather(worker, return_exceptions=True)
+    assert worker.cancelled()
+    store._worker = None  # (stopped above)
+
+
 async def test_close_drains_the_queue(tmp_path: Path) -> None:
     store = VectorStore(tmp_path / "vectors", WordsEmbedder())
     await store.start()

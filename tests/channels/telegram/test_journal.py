@@ -72,7 +72,8 @@ async def test_a_full_journal_refuses_new_updates_until_one_is_released(tmp_path
     await asyncio.sleep(0)
     assert not room.done()
     await journal.release([1])
-    await asyncio.wait_for(room, 1)
+    async with asyncio.timeout(1):
+        await room
     assert await journal.accept([update(3)]) == 1
 
 
