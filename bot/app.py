@@ -33,7 +33,7 @@ from bot.dispatcher import Dispatcher
 from bot.errors import ConfigError
 from bot.inbox import Inbox
 from bot.lifecycle import EXIT_OK, ServiceRunner
-from bot.llm import ChatModel, LLMClient
+from bot.llm import ChatModel, LLMClient, llm_http_client
 from bot.logging import configure_logging
 from bot.memory import Embedder, MemoryService, MemoryTool, build_embedder
 from bot.memory import operator as memory_operator
@@ -226,7 +226,8 @@ async def _http_clients(
     """The model's client (unless one was given) and web_fetch's own."""
     if http is None:
         timeout = httpx.Timeout(settings.llm.timeout, connect=settings.llm.connect_timeout)
-        http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
+        # Built in a thread: its first use imports aiohttp (file reads the loop must not wait for).
+        http = await stack.enter_async_context(await asyncio.to_thread(llm_http_client, timeout))
     # web_fetch gets its own client: a proxy from the environment would defeat its address pinning.
     web_http = await stack.enter_async_context(
         httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=settings.tools.web_timeout)

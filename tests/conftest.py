@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
 
@@ -11,6 +12,7 @@ import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
 
 from bot.catalog import ModelCatalog, load_catalog
+from bot.llm import llm_http_client
 from bot.logging import configure_logging
 from tests.fakes.llm_server import FakeLLMServer
 
@@ -47,7 +49,8 @@ async def server() -> AsyncIterator[FakeLLMServer]:
 
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
+    """The model's HTTP client, as the bot builds it (bot/llm/transport.py)."""
+    async with await asyncio.to_thread(llm_http_client) as client:  # (imports aiohttp: off the loop)
         yield client
 
 

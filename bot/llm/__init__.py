@@ -4,6 +4,7 @@ from bot.llm.client import LLMClient, UsageObserver
 from bot.llm.failures import Provider
 from bot.llm.model import ChatModel
 from bot.llm.stats import LLMStats
+from bot.llm.transport import llm_http_client
 from bot.llm.types import ChatRequest, ChatResponse, Purpose, StreamEvent, ToolSpec
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "StreamEvent",
     "ToolSpec",
     "UsageObserver",
+    "llm_http_client",
 ]

@@ -373,6 +373,10 @@ async def test_stop_mid_tool_cancels_the_tool_and_keeps_the_session_valid(
     task = asyncio.create_task(system.process(turn))
     async with asyncio.timeout(5):
         await slow.started.wait()
+        while not add.calls or add.active:  # the quick call is done before the stop
+            await asyncio.sleep(0)
+    for _ in range(3):  # (and its result handed back)
+        await asyncio.sleep(0)
 
     task.cancel()  # what /stop does to the turn's task
     done, _ = await asyncio.wait([task], timeout=1.0)
