@@ -80,7 +80,7 @@ class Weights:
     hop_docs: int = 5  # first-hop results the second hop's terms come from
     hop_terms: int = 10  # terms the second hop adds
     conversation: float = 0.0  # relevance an item gains from the conversation it was said in (0..1 share)
-    candidates: int = 1000  # best lexical matches looked at per query, at any memory size
+    candidates: int = 300  # best lexical matches looked at per query, at any memory size
 
 
 @dataclass(slots=True)  # not frozen: a query makes hundreds, and a frozen one costs 4x to build
