@@ -74,6 +74,7 @@ log = structlog.get_logger(__name__)
 RECALLS_KEPT = 1024  # sessions whose last retrieval /status can report
 SEMANTIC_CANDIDATES = 100  # items the embedding signal brings in, beyond what the words found
 INFORMATIVE_TOKENS = 2  # a note line says something: "thanks a lot!" and "ok, great" stay out
+INFORMATIVE_HEAD = 200  # characters of a message that decide that, nearly always
 ACKNOWLEDGEMENTS = "thanks thank ok okay great cool sure sound good nice perfect awesome yes lot"
 NOTE_USER_CHARS = 300
 NOTE_ASSISTANT_CHARS = 200
@@ -693,7 +694,16 @@ def _acknowledgements() -> frozenset[str]:
 
 
 def informative(text: str) -> bool:
-    """Whether a message says something beyond "thanks, great!" (worth a note line)."""
+    """Whether a message says something beyond "thanks, great!" (worth a note line).
+
+    Today's notes ask it of the day's newest messages on every turn: its start decides for nearly any
+    message, and that answer is remembered."""
+    head = text[:INFORMATIVE_HEAD]
+    return _informative(head) or (len(text) > len(head) and _informative(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _informative(text: str) -> bool:
     return sum(1 for t in tokenize(text) if t not in _acknowledgements()) >= INFORMATIVE_TOKENS
 
 

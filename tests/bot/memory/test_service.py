@@ -152,6 +152,9 @@ def test_acknowledgements_are_not_informative() -> None:
         assert not informative(ack), ack
     for said in ("we fixed the boiler", "great, the boiler works now", "Thanks, my flight is at 9"):
         assert informative(said), said
+    # Decided by the message's start, except when that start says nothing.
+    assert informative("thanks " * 60 + "my flight is at 9")
+    assert not informative("thanks " * 60 + "ok")
 
 
 async def test_todays_notes_leave_out_acknowledgements(memory: MemoryService, clock: Clock) -> None:
