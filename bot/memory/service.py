@@ -522,7 +522,7 @@ class MemoryService:
             restates=lambda item: self.retriever.restates(item, query),
         )
         recall.diagnostics.skipped_shown = skipped
-        pack = assemble(recall, hard=hard, count=self._count, tz=self.tz, query=query)
+        pack = assemble(recall, hard=hard, count=self.recaller.count, tz=self.tz, query=query)
         pack.diagnostics.soft_budget = soft
         pack.diagnostics.embeddings = self.vectors is not None
         await self._touch(pack.items)

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bot.memory.extract import Utterance, extract
@@ -17,6 +18,7 @@ from bot.memory.items import Reference
 from bot.memory.pack import assemble, estimate_tokens, price
 from bot.memory.recall import Recaller
 from bot.memory.retrieval import Retriever
+from bot.tokens import TokenCounter
 
 NOW = datetime(2024, 5, 20, 12, 0, tzinfo=UTC)
 UTCZ = ZoneInfo("UTC")
@@ -145,6 +147,40 @@ async def test_pack_never_exceeds_the_hard_budget(contents: list[str], soft: int
         pack = assemble(recall, hard=hard, count=estimate_tokens, tz=UTCZ)
     assert estimate_tokens(pack.text) <= hard
     assert pack.diagnostics.tokens <= hard
+
+
+@pytest.fixture(scope="module")
+def tiktoken_counter() -> TokenCounter:
+    return TokenCounter.offline(model="gpt-4.1-mini", provider="openai")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(contents=st.lists(texts, min_size=1, max_size=12), days=st.lists(st.integers(0, 40), min_size=12))
+async def test_the_pack_is_never_counted_below_its_real_tokens(
+    tiktoken_counter: TokenCounter, contents: list[str], days: list[int]
+) -> None:
+    """The pack's tokens are summed from its lines' counts (no tokenizer pass over the whole pack):
+    never below what the model's tokenizer makes of the rendered text, and close to it."""
+    count = tiktoken_counter
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ItemStore(Path(tmp) / "items")
+        await store.load()
+        retriever = Retriever(store)
+        recaller = Recaller(store, count, max_message_tokens=300)
+        said = [
+            ("user" if i % 2 == 0 else "assistant", f"zebra {c}", d)
+            for i, (c, d) in enumerate(zip(contents, days, strict=False))
+        ]
+        await remember(store, said)
+        await retriever.ready()
+        memories, _ = recaller.gather(retriever.rank("zebra", NOW, tz=UTCZ))
+        recall = recaller.select(
+            memories, soft=3000, hard=4000, floor=0.0, cost=lambda m: price(m, count, UTCZ)
+        )
+        pack = assemble(recall, hard=4000, count=recaller.count, tz=UTCZ)
+    real = count(pack.text)
+    assert real <= pack.diagnostics.tokens <= 4000
+    assert pack.diagnostics.tokens <= real + 2 * (len(pack.memories) + 4)  # a newline or two per line
 
 
 async def test_the_best_memories_bring_the_turns_around_them(tmp_path: Path) -> None:
