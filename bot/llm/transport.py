@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
 
-Errors = tuple[tuple[type[BaseException], type[httpx.TransportError]], ...]
+_Errors = tuple[tuple[type[BaseException], type[httpx.TransportError]], ...]
 
 
 @functools.cache
-def _errors() -> Errors:
+def _errors() -> _Errors:
     """aiohttp's errors as httpcore names them, most specific first (a connect timeout is also a
     ServerTimeoutError). Imported when first needed: ``import bot.app`` loads no aiohttp."""
     import aiohttp
@@ -48,6 +47,8 @@ def llm_http_client(timeout: httpx.Timeout | None = None) -> httpx.AsyncClient:
     """The client the LLM (and embeddings) endpoints are reached with; the caller closes it.
 
     Its first call imports aiohttp: call it in a thread from async code."""
+    import urllib.request  # (not at import: bot.app's importers need no proxy lookup)
+
     if any(urllib.request.getproxies().get(s) for s in ("http", "https", "all")):
         return httpx.AsyncClient(timeout=timeout)  # httpx's transport honours the proxy
     return httpx.AsyncClient(timeout=timeout, transport=_Transport())
