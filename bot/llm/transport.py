@@ -98,7 +98,7 @@ class _Stream(httpx.AsyncByteStream):
 def _mapped(request: httpx.Request) -> Iterator[None]:
     """Re-raise an aiohttp failure (bare, or under httpx-aiohttp's own mapping) as httpcore names it."""
     errors = _errors()
-    client_error = errors[-1][0]
+    client_error = errors[-1][0]  # aiohttp.ClientError, the base of them all
     try:
         yield
     except (client_error, httpx.TransportError) as exc:

@@ -470,10 +470,8 @@ class VectorStore:
                 rows = self._matrix.view()[[self._matrix.rows[keys[i]] for i in seeds]]
                 moved = _unit((q + feedback.weight * rows.mean(axis=0))[None, :])[0]
                 if len(keys) > RESCORED:  # the moved query re-ranks what the query found, not all
-                    pool = np.argpartition(-scores, RESCORED - 1)[:RESCORED]
-                    keys, scores = await self._score(moved, [keys[i] for i in pool])
-                else:
-                    keys, scores = await self._score(moved, keys if fingerprints is not None else None)
+                    keys = [keys[i] for i in np.argpartition(-scores, RESCORED - 1)[:RESCORED]]
+                keys, scores = await self._score(moved, keys)
         top = np.argpartition(-scores, k - 1)[:k] if len(scores) > k else np.arange(len(scores))
         top = top[np.argsort(-scores[top], kind="stable")]
         return [(keys[i], float(scores[i])) for i in top]
