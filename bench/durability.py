@@ -6,10 +6,12 @@ asked) with an instant in-process model, and counts every ``os.fsync``, ``os.rep
 ``memory``, other). The counting wraps the ``os`` functions inside this script only; cross-check with
 ``strace -f -c -e trace=fsync,fdatasync,rename,renameat,renameat2`` on the same command.
 
-    python bench/durability.py [--turns 200] [--memory]
+    python bench/durability.py [--turns 200] [--memory] [--pace SECONDS]
 
 Prints, per answered message in one existing conversation: fsyncs (of files and of folders) and
-renames per folder, the message path's total (inbox + sessions) and the memory writes apart.
+renames per folder, the message path's total (inbox + sessions) and the memory writes apart; then what
+the close syncs once per run. ``--pace`` waits between a reply and the next message, as a person
+does: writes synced "a moment later" are shared by turns back to back, not by turns at a human pace.
 """
 
 from __future__ import annotations
@@ -33,13 +35,12 @@ from bot.logging import configure_logging
 
 
 class DiskCalls:
-    """Counts fsync and rename calls by workspace folder while ``counting`` is on."""
+    """Counts fsync and rename calls by workspace folder into ``counts`` (None: not counting)."""
 
     def __init__(self, workspace: Path) -> None:
         self._workspace = workspace
         self._lock = threading.Lock()
-        self.counts: Counter[str] = Counter()
-        self.counting = False
+        self.counts: Counter[str] | None = None
 
     def install(self) -> None:
         fsync, replace, rename = os.fsync, os.replace, os.rename
@@ -63,7 +64,8 @@ class DiskCalls:
         os.rename = counting("rename", rename)
 
     def _count(self, kind: str, path: Path) -> None:
-        if not self.counting:
+        counts = self.counts
+        if counts is None:
             return
         try:
             folder = path.resolve().relative_to(self._workspace.resolve()).parts[0]
@@ -72,10 +74,13 @@ class DiskCalls:
         if folder not in ("inbox", "sessions", "memory"):
             folder = "other"
         with self._lock:
-            self.counts[f"{folder}: {kind}"] += 1
+            counts[f"{folder}: {kind}"] += 1
 
 
-async def measure(turns: int, memory: bool, root: Path) -> tuple[Counter[str], int]:
+async def measure(
+    turns: int, memory: bool, root: Path, pace: float = 0.0
+) -> tuple[Counter[str], Counter[str]]:
+    """The disk calls of ``turns`` answered messages, ``pace`` seconds apart, and those of the close."""
     workspace = root / "ws"
     settings = load_settings(
         env_file=None,
@@ -104,17 +109,20 @@ async def measure(turns: int, memory: bool, root: Path) -> tuple[Counter[str], i
 
         for i in range(5):  # the conversation exists: its first save (new files) is not counted
             await one(i)
-        calls.counting = True
+        calls.counts = turn_calls = Counter()
         for i in range(5, 5 + turns):
             await one(i)
+            await asyncio.sleep(pace)
+        # Once per run, not per message: what the close syncs (memory's pending writes, its indexes).
+        calls.counts = close_calls = Counter()
         if memory:
-            await core.memory.close()  # pending memory writes belong to these turns
-        calls.counting = False
-    return calls.counts, turns
+            await core.memory.close()
+        calls.counts = None
+    return turn_calls, close_calls
 
 
-def report(counts: Counter[str], turns: int) -> None:
-    print(f"per answered message ({turns} messages, one conversation):")
+def report(counts: Counter[str], turns: int, pace: float) -> None:
+    print(f"per answered message ({turns} messages {pace:g} s apart, one conversation):")
     for key in sorted(counts):
         print(f"  {key:<24} {counts[key] / turns:6.2f}")
     message_path = ("inbox", "sessions")
@@ -144,12 +152,20 @@ async def main() -> None:
     )
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--memory", action="store_true", help="memory on (daily notes and items too)")
+    parser.add_argument(
+        "--pace",
+        type=float,
+        default=0.0,
+        help="seconds between a reply and the next message (a human's pace)",
+    )
     args = parser.parse_args()
     configure_logging(level="ERROR", fmt="json")
     with tempfile.TemporaryDirectory() as tmp:
-        counts, turns = await measure(args.turns, args.memory, Path(tmp))
+        counts, at_close = await measure(args.turns, args.memory, Path(tmp), args.pace)
     print(f"memory {'on' if args.memory else 'off'}")
-    report(counts, turns)
+    report(counts, args.turns, args.pace)
+    done = ", ".join(f"{key} {n}" for key, n in sorted(at_close.items())) or "nothing"
+    print(f"at close (once per run, not per message): {done}")
 
 
 if __name__ == "__main__":

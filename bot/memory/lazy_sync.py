@@ -3,9 +3,13 @@
 A turn's daily-note line and items are made from messages the session log already holds durably, so
 they need not hold up the reply with fsyncs of their own: they are written at once (a kill loses
 nothing, written data is in the kernel's page cache) and fsynced together within ``delay`` seconds,
-before messages leave a session (see :meth:`MemoryService.archive_messages`) and at close. Turns that
-come close together share those fsyncs. Only a power cut or a kernel crash inside that window can lose
-them, and then the next start makes them again:
+before messages leave a session (see :meth:`MemoryService.archive_messages`) and at close. Only a power
+cut or a kernel crash inside that window can lose them, and then the next start makes them again.
+
+The delay is minutes, not a second: at a human pace (a message every few seconds) a one-second delay
+synced every turn on its own, two more fsyncs per message. A longer one loses nothing more, since the
+next start makes lost writes again either way; it only lets the next start look a little further back.
+The kernel writes dirty pages back within ~30 s by itself, so a power cut rarely finds that much:
 
 - before the first unsynced write of a run, a marker (``memory/.unsynced``) is put durably in place,
   holding the time since which writes may be missing; it stays until the run closes cleanly;
@@ -33,7 +37,7 @@ from bot.storage import FILE_MODE, atomic_write_text
 log = structlog.get_logger(__name__)
 
 MARKER = ".unsynced"
-DELAY_SECONDS = 1.0
+DELAY_SECONDS = 300.0  # see the module doc: what it costs is a longer look back after a power cut
 
 
 class LazySync:

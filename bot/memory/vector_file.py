@@ -11,6 +11,12 @@ Writers (the bot, and ``membot memory import`` next to it) take an exclusive loc
 folder for every append or rewrite, and each picks up the records the other appended since it last
 looked. A rewrite (compaction, a full reindex) replaces the file atomically; a writer that notices the
 new inode re-reads the file before it appends. Every function here blocks: call it in a thread.
+
+Appends are not fsynced one by one (:func:`sync` does it, at close): vectors are derived data. A power
+cut can cost the records written since, or leave their bytes zeroed; a zeroed record fails validation
+(a unit vector under a printable key) and is skipped, and an item without a vector is embedded again
+when the next start submits every item. A kill costs nothing (the kernel has the bytes). An fsync per
+batch cost a message at a human pace one more fsync.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from bot.storage import FILE_MODE, append_bytes, atomic_write_bytes, ensure_private_dir
+from bot.storage import FILE_MODE, append_bytes, atomic_write_bytes, ensure_private_dir, sync_paths
 
 HEADER_BYTES = 512
 KEY_BYTES = 32
@@ -175,8 +181,17 @@ def append(
             _, others = read(path, model_id)
         elif whole_end > seen_end:
             _, others = read(path, model_id, start=seen_end)
-        end = append_bytes(path, encode(keys, vectors), truncate_to=whole_end)  # cuts a torn tail
+        # Cuts a torn tail first; fsynced by :func:`sync` (see the module doc).
+        end = append_bytes(path, encode(keys, vectors), truncate_to=whole_end, sync=False)
         return Appended(end, inode, others, replaced)
+
+
+def sync(path: Path) -> None:
+    """fsync what :func:`append` wrote, after an append under way (nothing to do without the file)."""
+    if not path.parent.exists():
+        return
+    with locked(path.parent):
+        sync_paths([path])
 
 
 def rewrite(

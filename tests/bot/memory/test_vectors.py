@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -222,6 +223,44 @@ async def test_a_torn_tail_costs_only_the_torn_record(tmp_path: Path) -> None:
     await again.start()
     assert again.count == 3
     await again.close()
+
+
+async def test_appends_are_fsynced_once_at_close_not_batch_by_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    store = await filled(tmp_path / "vectors", WordsEmbedder(), ITEMS[:1])  # creates the file: synced
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    for one in ITEMS[1:]:  # two batches, as two turns at a human pace make them
+        store.submit([one])
+        await store.drain()
+    assert not [p for p in synced if p.endswith(vector_file.SUFFIX)]
+    await store.close()
+    assert [p for p in synced if p.endswith(vector_file.SUFFIX)] == [str(store.path)]
+
+
+async def test_a_power_cut_that_zeroes_unsynced_records_costs_only_their_embedding(tmp_path: Path) -> None:
+    folder = tmp_path / "vectors"
+    store = await filled(folder, WordsEmbedder(), ITEMS)
+    await store.close()
+    record = vector_file.record_dtype(32).itemsize
+    with store.path.open("r+b") as f:  # the last append's blocks never reached the disk: zeros
+        f.seek(vector_file.HEADER_BYTES + 2 * record)
+        f.write(b"\0" * record)
+    embedder = WordsEmbedder()
+    reloaded = VectorStore(folder, embedder)
+    await reloaded.start()
+    assert reloaded.count == 2 and ITEMS[2].fingerprint not in reloaded
+    assert reloaded.submit(ITEMS) == 1
+    await reloaded.drain()
+    assert embedder.calls == [[ITEMS[2].content]]
+    await reloaded.close()
 
 
 async def test_a_damaged_record_is_skipped_and_the_rest_load(tmp_path: Path) -> None:
