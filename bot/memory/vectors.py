@@ -36,6 +36,7 @@ import numpy as np
 import structlog
 from numpy.typing import NDArray
 
+from bot.allocator import release_free_memory
 from bot.memory import vector_file
 from bot.memory.embeddings import EMBED_CHARS, Embedder
 from bot.memory.items import MemoryItem
@@ -51,6 +52,7 @@ THREAD_SCORING_ROWS = 20_000  # above this many rows a query is scored in a work
 QUERY_CACHE = 256  # recent query vectors kept: a message is the query, then an item to embed
 LOOKED_AT = 64  # nearest items among which feedback looks for its seeds
 RESCORED = 2_000  # nearest items feedback scores again (a second pass over 100,000 rows costs ~9 ms)
+IDLE_TRIM = 1.0  # seconds without new items after a batch before freed memory goes back to the system
 
 Progress = Callable[[int, int], None]  # (done, total)
 
@@ -319,10 +321,17 @@ class VectorStore:
         return len(self._queue)
 
     async def _work(self) -> None:
+        embedded = False  # since the allocator last gave memory back
         while True:
+            if embedded and not await self._woken_within(IDLE_TRIM):
+                # Quiet now: the model's activations are free but still resident (bot/allocator.py).
+                await asyncio.to_thread(release_free_memory)
+                embedded = False
+                continue
             await self._wake.wait()
             self._wake.clear()
             await self._gather()
+            embedded = embedded or bool(self._queue)
             while self._queue:
                 batch = list(islice(self._queue.items(), self._batch))
                 try:
@@ -341,6 +350,15 @@ class VectorStore:
                     self._failures, self.last_error = 0, None
                 async with self._progress:
                     self._progress.notify_all()
+
+    async def _woken_within(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the wake event (left set for the caller); whether it came."""
+        try:
+            async with asyncio.timeout(seconds):  # not wait_for: see _gather
+                await self._wake.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def _gather(self) -> None:
         """Wait until items stop arriving for ``settle`` seconds (at most ``max_wait``): a burst is

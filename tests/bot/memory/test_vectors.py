@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
+from bot.allocator import release_free_memory
 from bot.errors import LLMUnavailable
 from bot.memory import vector_file, vectors
 from bot.memory.items import ItemType, Layer, MemoryItem
@@ -337,6 +338,37 @@ async def test_an_empty_file_of_another_dimension_is_started_again(tmp_path: Pat
     other.submit(ITEMS)
     assert await other.drain() == 0 and other.count == 3
     await other.close()
+
+
+async def test_freed_memory_goes_back_once_the_worker_is_quiet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    released = asyncio.Event()
+    calls: list[int] = []
+
+    def release() -> bool:  # the real one, observed
+        calls.append(1)
+        released.set()
+        return release_free_memory()
+
+    monkeypatch.setattr(vectors, "release_free_memory", release)
+    monkeypatch.setattr(vectors, "IDLE_TRIM", 0.05)
+    store = VectorStore(tmp_path / "vectors", WordsEmbedder())
+    await store.start()
+    await asyncio.sleep(0.2)
+    assert not calls  # nothing embedded yet: nothing to give back
+    store.submit(ITEMS[:1])
+    await store.drain()
+    async with asyncio.timeout(5):
+        await released.wait()
+    await asyncio.sleep(0.2)
+    assert len(calls) == 1  # once per quiet spell, not every IDLE_TRIM
+    store.submit(ITEMS[1:2])  # new work, then quiet again: once more
+    await store.drain()
+    async with asyncio.timeout(5):
+        while len(calls) < 2:
+            await asyncio.sleep(0.01)
+    await store.close()
 
 
 async def test_the_queue_never_blocks_the_caller(tmp_path: Path) -> None:
