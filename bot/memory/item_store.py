@@ -19,6 +19,7 @@ import json
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -72,6 +73,7 @@ class ItemStore:
         self._bulk = False
         self._stamp = 0
         self._by_subject: dict[str, set[str]] = defaultdict(set)
+        self._by_session: dict[str, set[str]] = defaultdict(set)  # what each chat's messages made
         # Items by UTC day of creation, in time order (notes read the newest few of a busy day without
         # sorting it every turn); the same per chat, so a chat's notes (chat scope) read its own items.
         self._by_day: dict[date, list[tuple[datetime, str]]] = {}
@@ -99,6 +101,7 @@ class ItemStore:
         self._timelines.clear()
         self._placed.clear()
         self._by_subject.clear()
+        self._by_session.clear()
         self._by_day.clear()
         self._by_session_day.clear()
         self._bulk = True  # timelines are appended to, then sorted once
@@ -237,6 +240,13 @@ class ItemStore:
         found = [self._items[i] for i in self._by_subject.get(subject, ()) if i in self._items]
         return sorted((i for i in found if retrievable(i)), key=lambda i: (i.created_at, i.id))
 
+    def of_session(self, session_id: str) -> AbstractSet[str]:
+        """Ids of the items a reference ties to chat ``session_id`` (chat scope's own items); read only."""
+        return self._by_session.get(session_id, frozenset())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
     def get(self, item_id: str) -> MemoryItem | None:
         return self._items.get(item_id)
 
@@ -329,6 +339,7 @@ class ItemStore:
         self._file_in_time(self._by_day, day, entry, add=add)
         for session_id in {ref.session_id for ref in item.references}:
             self._file_in_time(self._by_session_day, (session_id, day), entry, add=add)
+            _file(self._by_session, session_id, item.id, add=add)
         for ref in item.references:
             if ref.message_key is not None:
                 _file(self._by_message, ref.message_key, item.id, add=add)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -120,9 +120,13 @@ class LexicalIndex:
         df = min(self.df(term), self._count)  # masked base documents may still be counted
         return math.log(1 + (self._count - df + 0.5) / (df + 0.5)) if df else 0.0
 
-    def scores(self, terms: Iterable[str], *, limit: int | None = None) -> dict[str, float]:
+    def scores(
+        self, terms: Iterable[str], *, limit: int | None = None, only: Collection[str] | None = None
+    ) -> dict[str, float]:
         """BM25 of the documents holding at least one of ``terms`` (each term counted once); with
-        ``limit``, only the ``limit`` best of the base (every delta document is kept)."""
+        ``limit``, only the ``limit`` best of the base (every delta document is kept); with ``only``,
+        among those keys alone (one chat's items among everyone's: others' cannot crowd them out of
+        the ``limit``)."""
         if self._count == 0:
             return {}
         average = self._total_length / self._count or 1.0
@@ -141,10 +145,12 @@ class LexicalIndex:
                     base = np.zeros(len(self._keys), dtype=np.float32)
                 base[docs] += (idf * (K1 + 1)) * tfs / norm
             for key, tf in self._postings.get(term, {}).items():
+                if only is not None and key not in only:
+                    continue
                 scale = tf + K1 * (1 - B + B * self._delta_lengths[key] / average)
                 out[key] = out.get(key, 0.0) + idf * tf * (K1 + 1) / scale
         if base is not None:
-            base[~self._alive] = 0.0
+            base[~(self._alive if only is None else self._alive & self._mask(only))] = 0.0
             found = np.flatnonzero(base)
             if limit is not None and len(found) > limit:
                 found = found[np.argpartition(-base[found], limit - 1)[:limit]]
@@ -152,6 +158,13 @@ class LexicalIndex:
             for slot, score in zip(found.tolist(), base[found].tolist(), strict=True):
                 out[keys[slot]] = score
         return out
+
+    def _mask(self, keys: Collection[str]) -> NDArray[np.bool_]:
+        """The base documents among ``keys``."""
+        mask = np.zeros(len(self._keys), dtype=np.bool_)
+        slot = self._slot
+        mask[[at for key in keys if (at := slot.get(key)) is not None]] = True
+        return mask
 
     # -- merging, saving, loading -------------------------------------------------------------------
 

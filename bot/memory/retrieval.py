@@ -23,7 +23,7 @@ import heapq
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from zoneinfo import ZoneInfo
@@ -151,13 +151,17 @@ class Retriever:
         *,
         visible: Callable[[MemoryItem], bool] | None = None,
         tz: ZoneInfo = _UTC,
+        only: Collection[str] | None = None,
     ) -> WordMatch:
-        """What the query's words find: BM25 (and its second hop), the subjects and the period it names."""
+        """What the query's words find: BM25 (and its second hop), the subjects and the period it names.
+
+        ``only`` limits the word match to those item ids (a chat's own, in chat scope), so that the
+        ``candidates`` best are the best of them rather than of everyone's."""
         w = self.weights
         tokens = tokenize(query)
-        lexical = self.words.index.scores(tokens, limit=w.candidates)
+        lexical = self.words.index.scores(tokens, limit=w.candidates, only=only)
         if w.hop > 0 and lexical:
-            lexical = self._with_second_hop(tokens, lexical, visible)
+            lexical = self._with_second_hop(tokens, lexical, visible, only)
         on_subject = {
             stated.id for subject in subjects_in_query(query) for stated in self._store.with_subject(subject)
         }
@@ -226,7 +230,11 @@ class Retriever:
         return out
 
     def _with_second_hop(
-        self, tokens: Sequence[str], first: dict[str, float], visible: Callable[[MemoryItem], bool] | None
+        self,
+        tokens: Sequence[str],
+        first: dict[str, float],
+        visible: Callable[[MemoryItem], bool] | None,
+        only: Collection[str] | None,
     ) -> dict[str, float]:
         """The first hop's scores plus a second hop's: BM25 of the terms that mark the first hop's best
         results (the names, places and things they share), so an answer worded differently from the
@@ -245,7 +253,7 @@ class Retriever:
                 if term not in asked and not term.isdigit():
                     weight[term] = weight.get(term, 0.0) + tf / length * index.idf(term)
         terms = sorted(weight, key=lambda t: (-weight[t], t))[: w.hop_terms]
-        second = index.scores(terms, limit=w.candidates) if terms else {}
+        second = index.scores(terms, limit=w.candidates, only=only) if terms else {}
         top1, top2 = max(first.values()), max(second.values(), default=0.0)
         if top2 <= 0:
             return first

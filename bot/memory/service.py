@@ -21,6 +21,7 @@ import functools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -454,15 +455,20 @@ class MemoryService:
         await self.retriever.ready()
         # In chat scope a chat sees its own items; "" (no chat) sees none, None (the operator) all.
         visible = None
+        own: AbstractSet[str] | None = None  # the ids candidates are drawn from, when not all
         if self.chat_scope and session_id is not None:
             chat = session_id
             visible = lambda i: belongs_to(i, chat)  # noqa: E731
+            mine = self.items.of_session(chat)
+            if len(mine) * 2 < len(self.items):  # others' items are the many: they must not crowd out
+                own = mine  # this chat's (the rest of the time, filtering the best of all is cheaper)
         now = now or self.now()
         if self.vectors is not None:
             self.vectors.prefetch(query)  # the model starts on the query in its thread...
             await asyncio.sleep(0)  # (its task hands the text to the model's thread)
-        matched = self.retriever.match_words(query, now, visible=visible, tz=self.tz)  # ...as words count
-        similarities = await self._similarities(query, visible) if self.vectors is not None else None
+        # ...as words count
+        matched = self.retriever.match_words(query, now, visible=visible, tz=self.tz, only=own)
+        similarities = await self._similarities(query, visible, own) if self.vectors is not None else None
         return self.retriever.rank(
             query, now, visible=visible, similarities=similarities, tz=self.tz, matched=matched
         )
@@ -473,16 +479,21 @@ class MemoryService:
             self.vectors.submit([new])
 
     async def _similarities(
-        self, query: str, visible: Callable[[MemoryItem], bool] | None
+        self, query: str, visible: Callable[[MemoryItem], bool] | None, own: AbstractSet[str] | None
     ) -> dict[str, float]:
-        """Cosine similarity of the query with the items nearest to it in meaning, by item id."""
+        """Cosine similarity of the query with the items nearest to it in meaning (among ``own``'s, when
+        given), by item id."""
         assert self.vectors is not None
         usable = None
         if visible is not None:
             usable = lambda f: any(visible(i) for i in self.items.with_fingerprint(f))  # noqa: E731
         feedback = Feedback(usable=usable)
+        among = None
+        if own is not None:
+            among = {item.fingerprint for i in own if (item := self.items.get(i)) is not None}
         out: dict[str, float] = {}
-        for fingerprint, score in await self.vectors.nearest(query, SEMANTIC_CANDIDATES, feedback=feedback):
+        nearest = await self.vectors.nearest(query, SEMANTIC_CANDIDATES, among, feedback=feedback)
+        for fingerprint, score in nearest:
             for item in self.items.with_fingerprint(fingerprint):
                 if visible is None or visible(item):
                     out[item.id] = score

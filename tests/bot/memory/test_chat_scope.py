@@ -9,16 +9,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.config import ToolSettings
+from bot.config import MemorySettings, ToolSettings
 from bot.domain import Message, Role
 from bot.llm import LLMClient
 from bot.memory import Exchange, MemoryService
 from bot.memory import operator as memory_operator
+from bot.memory.service import SEMANTIC_CANDIDATES
 from bot.memory.tool import MemoryTool
 from bot.sessions import encode_id
 from bot.tools import builtin_tools
 from bot.tools.base import ToolContext, ToolError
 from tests.bot.memory.conftest import Clock, make_memory
+from tests.bot.memory.test_vectors import WordsEmbedder
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 A, B = "telegram:111", "discord:222"
@@ -223,4 +225,47 @@ async def test_files_tool_cannot_open_memory_in_chat_scope(tmp_path: Path) -> No
 async def memory_chat(tmp_path: Path, clock: Clock) -> AsyncIterator[MemoryService]:
     memory = await chat_memory(tmp_path, clock)
     yield memory
+    await memory.close()
+
+
+async def test_other_chats_memories_never_crowd_out_a_chats_own(tmp_path: Path, clock: Clock) -> None:
+    """Retrieval's candidates are this chat's items: a bot with many users, all talking about coffee,
+    still finds what this user said about it, however far down the whole memory's ranking it is."""
+    memory = await chat_memory(tmp_path, clock)
+    await memory.record_exchanges([exchange(clock, A, "I take my coffee with oat milk.")])
+    crowd = memory.retriever.weights.candidates + 50
+    await memory.record_exchanges(
+        [
+            exchange(clock, f"discord:{n}", f"Coffee, coffee, coffee: espresso coffee number {n}.")
+            for n in range(crowd)
+        ]
+    )
+    await memory.close()
+    memory = await chat_memory(tmp_path, clock)  # a start: the index's base holds everything
+
+    found = await memory.search("coffee?", session_id=A)
+
+    assert [s.item.content for s in found][:1] == ["I take my coffee with oat milk."]
+
+
+async def test_other_chats_memories_never_crowd_out_a_chats_own_in_meaning(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """The same for the embedding signal: its nearest items are drawn from this chat's."""
+    settings = MemorySettings.model_validate({"scope": "chat"})
+    memory = MemoryService(
+        tmp_path / "memory", settings, timezone="UTC", clock=clock, embedder=WordsEmbedder()
+    )
+    await memory.start()
+    await memory.record_exchanges([exchange(clock, A, "We adopted a puppy named Biscuit.")])
+    crowd = SEMANTIC_CANDIDATES + 50
+    await memory.record_exchanges(
+        [exchange(clock, f"discord:{n}", f"My dog is great, dog number {n}.") for n in range(crowd)]
+    )
+    assert memory.vectors is not None
+    await memory.vectors.drain()
+
+    found = await memory.search("how is the dog?", session_id=A)
+
+    assert "We adopted a puppy named Biscuit." in [s.item.content for s in found]
     await memory.close()

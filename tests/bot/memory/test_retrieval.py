@@ -100,6 +100,21 @@ def test_bm25_index_updates_in_place_and_scores_only_matching_documents() -> Non
     assert set(merged.scores(["coffee", "tea"], limit=1)) == {"c", "d"}  # the best of the base, and the delta
 
 
+def test_bm25_scores_among_the_given_keys_take_the_limit_from_those_alone() -> None:
+    index = LexicalIndex()
+    for n in range(20):  # everyone else says it more often
+        index.upsert(f"other-{n}", {"coffee": 5})
+    index.upsert("mine-old", {"coffee": 1, "milk": 1})
+    merged = index.merged()
+    merged.upsert("mine-new", {"coffee": 1})  # in the delta
+    merged.upsert("other-new", {"coffee": 9})
+    assert "mine-old" not in merged.scores(["coffee"], limit=5)
+    mine = {"mine-old", "mine-new", "mine-removed"}
+    assert set(merged.scores(["coffee"], limit=5, only=mine)) == {"mine-old", "mine-new"}
+    assert set(merged.scores(["coffee"], limit=1, only=mine)) == {"mine-old", "mine-new"}  # base best + delta
+    assert merged.scores(["coffee"], only=set()) == {}
+
+
 async def test_question_finds_the_statement_in_other_word_forms(tmp_path: Path) -> None:
     items = [
         make("I bought a secondhand road bike last week"),
