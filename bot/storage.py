@@ -28,11 +28,21 @@ _TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) if needed and make sure the folder itself is 0700."""
-    missing = [p for p in (path, *path.parents) if not p.exists()]
-    for folder in reversed(missing):  # every folder we create is private, not just the last one
-        folder.mkdir(mode=DIR_MODE, exist_ok=True)
-    if path.stat().st_mode & 0o777 != DIR_MODE:
+    """Create ``path`` (and parents) if needed and make sure the folder itself is 0700.
+
+    Every write calls it, so the usual case (the folder is there) costs one ``stat``."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        missing = []
+        for folder in (path, *path.parents):
+            if folder.exists():
+                break
+            missing.append(folder)
+        for folder in reversed(missing):  # every folder we create is private, not just the last one
+            folder.mkdir(mode=DIR_MODE, exist_ok=True)
+        mode = os.stat(path).st_mode
+    if mode & 0o777 != DIR_MODE:
         os.chmod(path, DIR_MODE)
     return path
 
