@@ -109,6 +109,8 @@ async def measure(
 
         for i in range(5):  # the conversation exists: its first save (new files) is not counted
             await one(i)
+        if memory and core.memory.vectors is not None:
+            await core.memory.vectors.drain()  # the vector file is made too
         calls.counts = turn_calls = Counter()
         for i in range(5, 5 + turns):
             await one(i)

@@ -178,7 +178,7 @@ async def build_core(
         # Before anything that may call the model: the client reports every call (chat, compaction,
         # consolidation) to the ledger, and the flush is pushed first so it runs after memory.close.
         ledger = UsageLedger(settings.workspace / "usage.json", tz=ZoneInfo(settings.timezone))
-        stack.push_async_callback(ledger.flush)
+        stack.push_async_callback(ledger.close)
         model = llm if llm is not None else LLMClient(settings.llm, catalog, http, usage=ledger)
         edge = await stack.enter_async_context(contextlib.AsyncExitStack())  # after the drain, see Core
         counter = await _token_counter(settings, catalog)

@@ -29,6 +29,7 @@ from bot.tools.base import ToolError
 
 BOT_STATE_NAMES = frozenset(
     {"sessions", "inbox", "outbox", "state", "cache", "locks", "logs", "pairing.json", "usage.json"}
+    | {"usage.json.journal"}
 )
 BOT_STATE_SUFFIXES = (".json", ".jsonl", ".lock", ".pid", ".tmp", ".db", ".sqlite", ".sock")
 BOT_STATE_PATHS = ("memory/archive",)

@@ -42,3 +42,37 @@ async def test_a_ledger_written_before_purposes_counts_as_chat(tmp_path: Path) -
     await book.record("consolidation", "m", Usage(5, 1, calls=1))
     assert (await book.day()).calls == 2
     assert {k: u.calls for k, u in (await book.purposes()).items()} == {"chat": 1, "consolidation": 1}
+
+
+async def test_figures_never_flushed_are_counted_at_the_next_start(tmp_path: Path) -> None:
+    """A kill between flushes loses nothing: every call is in the journal, written before it returns."""
+    path = tmp_path / "usage.json"
+    first = ledger(path)
+    await first.record("chat", "m", Usage(100, 10, calls=1))
+    await first.record("chat", "m", Usage(20, 2, calls=1))
+    assert not path.exists()  # nothing rewritten on the reply path
+
+    again = ledger(path)  # no flush, no close: the process was killed
+    assert ((await again.day()).input_tokens, (await again.day()).calls) == (120, 2)
+    await again.record("chat", "m", Usage(1, 1, calls=1))
+    await again.close()
+    assert json.loads(path.read_text())["journal"] == 3
+    assert (await ledger(path).day()).calls == 3
+
+
+async def test_a_journal_left_after_the_ledger_was_written_is_not_counted_twice(tmp_path: Path) -> None:
+    path = tmp_path / "usage.json"
+    first = ledger(path)
+    await first.record("chat", "m", Usage(100, 10, calls=1))
+    await first.record("compaction", "m", Usage(50, 5, calls=1))
+    journal = path.with_name("usage.json.journal")
+    lines = journal.read_bytes()
+    await first.flush()
+    assert journal.read_bytes() == b""
+    journal.write_bytes(lines + b'{"line": 3, "day": "2025-03-04", "purpo')  # emptying lost; a torn line
+
+    again = ledger(path)
+    assert (await again.day()).calls == 2
+    assert {k: u.calls for k, u in (await again.purposes()).items()} == {"chat": 1, "compaction": 1}
+    await again.record("chat", "m", Usage(1, 1, calls=1))  # numbering goes on past what was read
+    assert json.loads(journal.read_bytes().splitlines()[-1])["line"] == 3
