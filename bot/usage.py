@@ -6,8 +6,9 @@ the last ``keep_days`` days. The LLM client reports every call to it with its pu
 compaction summaries, memory consolidation), so the day's total is what the provider bills. The
 per-session figures (chat turns) are saved with the session itself, every turn.
 
-Each call is appended to ``usage.json.journal`` as one line, without an fsync: a kill or crash loses
-nothing (the kernel holds the bytes), and the reply waits for no disk. Every ``flush_interval`` seconds
+Each call is appended to ``usage.json.journal`` as one line, without an fsync, by a task that writes
+every line queued meanwhile at once: the reply waits for no disk, and a kill or crash loses at most the
+calls of the last moment (written lines are in the kernel's hands). Every ``flush_interval`` seconds
 (and at close) the totals are written to ``usage.json`` atomically, with the journal's last line number,
 and the journal is emptied. A start reads ``usage.json`` and adds the journal lines past that number, so a
 crash between the two steps counts nothing twice. Only a power cut can lose the journal's last lines
@@ -87,7 +88,9 @@ class UsageLedger:
         self._days: dict[str, _Day] | None = None
         self._lock = asyncio.Lock()
         self._dirty = False
-        self._line = 0  # number of the last journal line written (or folded into usage.json)
+        self._line = 0  # number of the last journal line made (or folded into usage.json)
+        self._pending: list[bytes] = []  # journal lines not written yet
+        self._writing: asyncio.Task[None] | None = None
         self._later: asyncio.Task[None] | None = None
 
     @property
@@ -107,10 +110,12 @@ class UsageLedger:
             days.setdefault(day, _Day()).add(usage, purpose)
             self._line += 1
             line = {"line": self._line, "day": day, "purpose": purpose, "usage": usage.to_dict()}
-            await asyncio.to_thread(
-                append_bytes, self._journal, line_bytes(json.dumps(line)), whole_lines=True, sync=False
-            )
+            self._pending.append(line_bytes(json.dumps(line)))
             self._dirty = True
+        # Written by one task, all lines queued meanwhile at once: a caller never waits on the disk,
+        # and 200 chats' calls do not queue behind each other's writes.
+        if self._writing is None or self._writing.done():
+            self._writing = asyncio.create_task(self._write_journal(), name="usage-journal")
         if self._later is None or self._later.done():
             self._later = asyncio.create_task(self._flush_later(), name="usage-ledger-flush")
 
@@ -136,8 +141,14 @@ class UsageLedger:
     async def flush(self) -> None:
         """Write the totals to ``usage.json`` and empty the journal."""
         async with self._lock:
+            await self.written()  # what it writes is in the totals: the journal is emptied after
             if self._dirty and self._days is not None:
                 await self._write(self._days)
+
+    async def written(self) -> None:
+        """Wait until every call so far is in the journal."""
+        if self._writing is not None:
+            await self._writing
 
     async def close(self) -> None:
         """Stop the timer and flush (on shutdown)."""
@@ -146,6 +157,14 @@ class UsageLedger:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._later
         await self.flush()
+
+    async def _write_journal(self) -> None:
+        while self._pending:
+            lines, self._pending = b"".join(self._pending), []
+            try:
+                await asyncio.to_thread(append_bytes, self._journal, lines, whole_lines=True, sync=False)
+            except OSError as exc:  # the totals still hold them; the next flush writes usage.json
+                log.error("usage_journal_write_failed", path=str(self._journal), error=str(exc))
 
     async def _flush_later(self) -> None:
         await asyncio.sleep(self._interval)

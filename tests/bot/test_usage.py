@@ -45,11 +45,12 @@ async def test_a_ledger_written_before_purposes_counts_as_chat(tmp_path: Path) -
 
 
 async def test_figures_never_flushed_are_counted_at_the_next_start(tmp_path: Path) -> None:
-    """A kill between flushes loses nothing: every call is in the journal, written before it returns."""
+    """A kill between flushes loses nothing: every call is in the journal a moment after it is made."""
     path = tmp_path / "usage.json"
     first = ledger(path)
     await first.record("chat", "m", Usage(100, 10, calls=1))
     await first.record("chat", "m", Usage(20, 2, calls=1))
+    await first.written()
     assert not path.exists()  # nothing rewritten on the reply path
 
     again = ledger(path)  # no flush, no close: the process was killed
@@ -65,6 +66,7 @@ async def test_a_journal_left_after_the_ledger_was_written_is_not_counted_twice(
     first = ledger(path)
     await first.record("chat", "m", Usage(100, 10, calls=1))
     await first.record("compaction", "m", Usage(50, 5, calls=1))
+    await first.written()
     journal = path.with_name("usage.json.journal")
     lines = journal.read_bytes()
     await first.flush()
@@ -75,4 +77,5 @@ async def test_a_journal_left_after_the_ledger_was_written_is_not_counted_twice(
     assert (await again.day()).calls == 2
     assert {k: u.calls for k, u in (await again.purposes()).items()} == {"chat": 1, "compaction": 1}
     await again.record("chat", "m", Usage(1, 1, calls=1))  # numbering goes on past what was read
+    await again.written()
     assert json.loads(journal.read_bytes().splitlines()[-1])["line"] == 3
