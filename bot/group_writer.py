@@ -56,10 +56,11 @@ class GroupWriter:
         """fsync everything appended with ``sync=False`` before this call (and the files' folders)."""
         await self.call(self._sync_unsynced)
 
-    def submit(self, path: Path, payload: bytes) -> asyncio.Future[None]:
-        """Queue ``payload`` for ``path`` now and return the future of its fsync: a caller that must
-        fix its place in the file before its next await (the inbox's arrival order) uses this."""
-        future: asyncio.Future[None] = self._enqueue(path, payload)
+    def submit(self, path: Path, payload: bytes, *, sync: bool = True) -> asyncio.Future[None]:
+        """Queue ``payload`` for ``path`` now and return the future of its fsync (``sync=False``: of its
+        write): a caller that must fix its place in the file before its next await (the inbox's arrival
+        order), or that need not wait at all (the usage journal), uses this."""
+        future: asyncio.Future[None] = self._enqueue(path, payload, sync=sync)
         return future
 
     async def call(self, fn: Callable[[], T]) -> T:

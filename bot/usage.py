@@ -6,20 +6,22 @@ the last ``keep_days`` days. The LLM client reports every call to it with its pu
 compaction summaries, memory consolidation), so the day's total is what the provider bills. The
 per-session figures (chat turns) are saved with the session itself, every turn.
 
-Each call is appended to ``usage.json.journal`` as one line, without an fsync, by a task that writes
-every line queued meanwhile at once: the reply waits for no disk, and a kill or crash loses at most the
-calls of the last moment (written lines are in the kernel's hands). Every ``flush_interval`` seconds
-(and at close) the totals are written to ``usage.json`` atomically, with the journal's last line number,
-and the journal is emptied. A start reads ``usage.json`` and adds the journal lines past that number, so a
-crash between the two steps counts nothing twice. Only a power cut can lose the journal's last lines
-(torn lines are skipped). Before, a message that came more than 10 s after the last one rewrote
-``usage.json`` on the reply path: two fsyncs and a rename per message at a human pace.
+Each call is appended to ``usage.json.journal`` as one line, without an fsync, through a
+:class:`GroupWriter` that writes every line queued meanwhile at once: the reply waits for no disk, and a
+kill or crash loses at most the calls of the last moment (written lines are in the kernel's hands).
+Every ``flush_interval`` seconds (and at close) the totals are written to ``usage.json`` atomically,
+with the journal's last line number, and the journal is emptied. A start reads ``usage.json`` and adds
+the journal lines past that number, so a crash between the two steps counts nothing twice. Only a power
+cut can lose the journal's last lines (torn lines are skipped). Before, a message that came more than
+10 s after the last one rewrote ``usage.json`` on the reply path: two fsyncs and a rename per message
+at a human pace.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -32,7 +34,8 @@ from zoneinfo import ZoneInfo
 import structlog
 
 from bot.domain import Session, Usage, utcnow
-from bot.storage import append_bytes, atomic_write_text, line_bytes
+from bot.group_writer import GroupWriter
+from bot.storage import atomic_write_text, line_bytes
 
 log = structlog.get_logger(__name__)
 
@@ -89,8 +92,7 @@ class UsageLedger:
         self._lock = asyncio.Lock()
         self._dirty = False
         self._line = 0  # number of the last journal line made (or folded into usage.json)
-        self._pending: list[bytes] = []  # journal lines not written yet
-        self._writing: asyncio.Task[None] | None = None
+        self._writer = GroupWriter("usage-journal")
         self._later: asyncio.Task[None] | None = None
 
     @property
@@ -110,12 +112,11 @@ class UsageLedger:
             days.setdefault(day, _Day()).add(usage, purpose)
             self._line += 1
             line = {"line": self._line, "day": day, "purpose": purpose, "usage": usage.to_dict()}
-            self._pending.append(line_bytes(json.dumps(line)))
+            # Not awaited: a caller never waits on the disk, and 200 chats' calls do not queue behind
+            # each other's writes (the writer takes all lines queued meanwhile at once).
+            written = self._writer.submit(self._journal, line_bytes(json.dumps(line)), sync=False)
+            written.add_done_callback(self._journal_failed)
             self._dirty = True
-        # Written by one task, all lines queued meanwhile at once: a caller never waits on the disk,
-        # and 200 chats' calls do not queue behind each other's writes.
-        if self._writing is None or self._writing.done():
-            self._writing = asyncio.create_task(self._write_journal(), name="usage-journal")
         if self._later is None or self._later.done():
             self._later = asyncio.create_task(self._flush_later(), name="usage-ledger-flush")
 
@@ -141,14 +142,12 @@ class UsageLedger:
     async def flush(self) -> None:
         """Write the totals to ``usage.json`` and empty the journal."""
         async with self._lock:
-            await self.written()  # what it writes is in the totals: the journal is emptied after
             if self._dirty and self._days is not None:
                 await self._write(self._days)
 
     async def written(self) -> None:
         """Wait until every call so far is in the journal."""
-        if self._writing is not None:
-            await self._writing
+        await self._writer.drain()
 
     async def close(self) -> None:
         """Stop the timer and flush (on shutdown)."""
@@ -158,13 +157,10 @@ class UsageLedger:
                 await self._later
         await self.flush()
 
-    async def _write_journal(self) -> None:
-        while self._pending:
-            lines, self._pending = b"".join(self._pending), []
-            try:
-                await asyncio.to_thread(append_bytes, self._journal, lines, whole_lines=True, sync=False)
-            except OSError as exc:  # the totals still hold them; the next flush writes usage.json
-                log.error("usage_journal_write_failed", path=str(self._journal), error=str(exc))
+    def _journal_failed(self, written: asyncio.Future[None]) -> None:
+        if not written.cancelled() and (exc := written.exception()) is not None:
+            # The totals still hold the call; the next flush writes it to usage.json.
+            log.error("usage_journal_write_failed", path=str(self._journal), error=str(exc))
 
     async def _flush_later(self) -> None:
         await asyncio.sleep(self._interval)
@@ -223,7 +219,8 @@ class UsageLedger:
             },
             indent=1,
         )
-        await asyncio.to_thread(self._fold, text)
+        # After every line queued before (a barrier): they are in ``text``, so the journal can be emptied.
+        await self._writer.call(functools.partial(self._fold, text))
         self._dirty = False
 
     def _fold(self, text: str) -> None:

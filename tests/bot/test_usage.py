@@ -17,6 +17,15 @@ def ledger(path: Path) -> UsageLedger:
     return UsageLedger(path, tz=ZoneInfo("UTC"), clock=lambda: NOON, flush_interval=3600)
 
 
+async def journaled(path: Path, *calls: tuple[str, Usage]) -> UsageLedger:
+    """A ledger that recorded ``calls`` and has them in its journal (never flushed)."""
+    book = ledger(path)
+    for purpose, usage in calls:
+        await book.record(purpose, "m", usage)
+    await book.written()
+    return book
+
+
 async def test_calls_are_split_by_purpose_and_survive_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "usage.json"
     first = ledger(path)
@@ -47,10 +56,7 @@ async def test_a_ledger_written_before_purposes_counts_as_chat(tmp_path: Path) -
 async def test_figures_never_flushed_are_counted_at_the_next_start(tmp_path: Path) -> None:
     """A kill between flushes loses nothing: every call is in the journal a moment after it is made."""
     path = tmp_path / "usage.json"
-    first = ledger(path)
-    await first.record("chat", "m", Usage(100, 10, calls=1))
-    await first.record("chat", "m", Usage(20, 2, calls=1))
-    await first.written()
+    await journaled(path, ("chat", Usage(100, 10, calls=1)), ("chat", Usage(20, 2, calls=1)))
     assert not path.exists()  # nothing rewritten on the reply path
 
     again = ledger(path)  # no flush, no close: the process was killed
@@ -63,10 +69,7 @@ async def test_figures_never_flushed_are_counted_at_the_next_start(tmp_path: Pat
 
 async def test_a_journal_left_after_the_ledger_was_written_is_not_counted_twice(tmp_path: Path) -> None:
     path = tmp_path / "usage.json"
-    first = ledger(path)
-    await first.record("chat", "m", Usage(100, 10, calls=1))
-    await first.record("compaction", "m", Usage(50, 5, calls=1))
-    await first.written()
+    first = await journaled(path, ("chat", Usage(100, 10, calls=1)), ("compaction", Usage(50, 5, calls=1)))
     journal = path.with_name("usage.json.journal")
     lines = journal.read_bytes()
     await first.flush()
