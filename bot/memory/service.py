@@ -464,9 +464,8 @@ class MemoryService:
                 own = mine  # this chat's (the rest of the time, filtering the best of all is cheaper)
         now = now or self.now()
         if self.vectors is not None:
-            self.vectors.prefetch(query)  # the model starts on the query in its thread...
+            self.vectors.prefetch(query)  # the model starts on the query in its thread, as words count
             await asyncio.sleep(0)  # (its task hands the text to the model's thread)
-        # ...as words count
         matched = self.retriever.match_words(query, now, visible=visible, tz=self.tz, only=own)
         similarities = await self._similarities(query, visible, own) if self.vectors is not None else None
         return self.retriever.rank(
