@@ -2,8 +2,10 @@
 
 Layout under ``items/``: ``episodic/YYYY-MM-DD.jsonl`` (by creation day), ``semantic.jsonl``,
 ``procedural.jsonl``. Files are append-only logs of item versions: the last line for an id wins and a
-``deleted`` version is a tombstone. All live items are kept in memory, so retrieval never touches the
-disk; ``compact`` rewrites a log atomically when it holds mostly old versions.
+``deleted`` version is a tombstone. An item that repeats a live one of its layer merges into it; with
+``per_chat`` (memory.scope = "chat") only within one chat, since a merged item belongs to every chat its
+references name and shows the message of its first. All live items are kept in memory, so retrieval
+never touches the disk; ``compact`` rewrites a log atomically when it holds mostly old versions.
 
 Every change is made in memory at once (no await between deciding and recording it, so concurrent
 chats never act on a stale view: an item is promoted once) and then written by a :class:`GroupWriter`,
@@ -26,6 +28,7 @@ from typing import TypeVar
 
 import structlog
 
+from bot.domain import new_id
 from bot.group_writer import GroupWriter
 from bot.memory import item_snapshot
 from bot.memory.items import SENTENCE_TAG, ItemType, Layer, MemoryItem, promoted_layer
@@ -57,10 +60,12 @@ def retrievable(item: MemoryItem) -> bool:
 class ItemStore:
     """The live set of items plus its on-disk logs (see the module doc)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, per_chat: bool = False) -> None:
         self._root = root
+        self._per_chat = per_chat
         self._items: dict[str, MemoryItem] = {}
-        self._by_fingerprint: dict[tuple[Layer, str], str] = {}
+        self._by_fingerprint: dict[str, set[str]] = defaultdict(set)
+        self._merges: dict[tuple[Layer, str, str], str] = {}  # what a repeat merges into (_merge_key)
         self._lines: dict[Path, int] = defaultdict(int)
         self._touched: set[str] = set()  # ids whose last use is newer in memory than on disk
         self._by_message: dict[tuple[str, str], set[str]] = defaultdict(set)
@@ -96,7 +101,8 @@ class ItemStore:
     async def load(self) -> None:
         loaded, lines = await asyncio.to_thread(self._read_all)
         self._items = {i.id: i for i in loaded.values() if not i.deleted}
-        self._by_fingerprint = {(i.layer, i.fingerprint): i.id for i in self._items.values()}
+        self._by_fingerprint.clear()
+        self._merges = {self._merge_key(i): i.id for i in self._items.values()}
         self._by_message.clear()
         self._timelines.clear()
         self._placed.clear()
@@ -106,6 +112,7 @@ class ItemStore:
         self._by_session_day.clear()
         self._bulk = True  # timelines are appended to, then sorted once
         for item in self._items.values():
+            _file(self._by_fingerprint, item.fingerprint, item.id, add=True)
             self._index(item, add=True)
         self._bulk = False
         for table in (self._timelines, self._by_day, self._by_session_day):
@@ -231,9 +238,9 @@ class ItemStore:
         return found
 
     def with_fingerprint(self, fingerprint: str) -> list[MemoryItem]:
-        """The live, retrievable items saying exactly this (at most one per layer)."""
-        found = [self._items.get(self._by_fingerprint.get((layer, fingerprint), "")) for layer in _LAYERS]
-        return [i for i in found if i is not None and retrievable(i)]
+        """The live, retrievable items saying exactly this (one per layer, and per chat with ``per_chat``)."""
+        found = [self._items[i] for i in self._by_fingerprint.get(fingerprint, ())]
+        return [i for i in found if retrievable(i)]
 
     def with_subject(self, subject: str) -> list[MemoryItem]:
         """Live, retrievable items stating ``subject`` (a ``subject:`` tag), oldest first."""
@@ -274,7 +281,7 @@ class ItemStore:
     def _merge_in(self, items: Iterable[MemoryItem]) -> list[MemoryItem]:
         stored: list[MemoryItem] = []
         for item in items:
-            existing_id = self._by_fingerprint.get((item.layer, item.fingerprint))
+            existing_id = self._merges.get(self._merge_key(item))
             existing = self._items.get(existing_id) if existing_id else None
             stored.append(existing.merged_with(item, item.updated_at) if existing else item)
             self._remember(stored[-1])
@@ -318,14 +325,16 @@ class ItemStore:
         self._touched.discard(item.id)  # this version carries the last use to disk
         old = self._items.get(item.id)
         if old is not None:
-            if self._by_fingerprint.get((old.layer, old.fingerprint)) == old.id:
-                del self._by_fingerprint[(old.layer, old.fingerprint)]
+            if self._merges.get(key := self._merge_key(old)) == old.id:
+                del self._merges[key]
+            _file(self._by_fingerprint, old.fingerprint, old.id, add=False)
             self._index(old, add=False)
         if item.deleted:
             self._items.pop(item.id, None)
         else:
             self._items[item.id] = item
-            self._by_fingerprint[(item.layer, item.fingerprint)] = item.id
+            self._merges[self._merge_key(item)] = item.id
+            _file(self._by_fingerprint, item.fingerprint, item.id, add=True)
             self._index(item, add=True)
         self.generation += 1
         before = old if old is not None and retrievable(old) else None
@@ -333,6 +342,32 @@ class ItemStore:
         if before is not None or after is not None:
             for listener in self._listeners:
                 listener(before, after)
+
+    def _merge_key(self, item: MemoryItem) -> tuple[Layer, str, str]:
+        """What a repeat must share to merge: layer and fingerprint, and with ``per_chat`` the chat."""
+        chat = item.references[0].session_id if self._per_chat and item.references else ""
+        return item.layer, item.fingerprint, chat
+
+    async def separate_chats(self) -> int:
+        """Split every item whose references name several chats into one item per chat (the first
+        chat keeps the id), so that none shows one chat's message to another. For ``per_chat`` stores
+        whose items merged across chats before: returns how many items were split."""
+        versions: list[MemoryItem] = []
+        split = 0
+        for item in [i for i in self._items.values() if len(i.references) > 1]:
+            chats = list(dict.fromkeys(ref.session_id for ref in item.references))
+            if len(chats) < 2:
+                continue
+            split += 1
+            for n, chat in enumerate(chats):
+                refs = tuple(r for r in item.references if r.session_id == chat)
+                if n == 0:
+                    versions.append(item.with_changes(references=refs))
+                else:  # a copy of its own: any promotion of it is made anew, within its chat
+                    versions.append(item.with_changes(id=new_id(), references=refs, promoted_to=None))
+        if versions:
+            await self.put_many(versions)
+        return split
 
     def _index(self, item: MemoryItem, *, add: bool) -> None:
         day, entry = item.created_at.astimezone(UTC).date(), (item.created_at, item.id)

@@ -144,7 +144,7 @@ class MemoryService:
         self.chats = ChatFolders(root / CHATS_DIR, self.tz, limits=limits)
         self.history = HistoryLog(root)
         self.archive = TranscriptArchive(root / "archive")
-        self.items = ItemStore(root / "items")
+        self.items = ItemStore(root / "items", per_chat=self.chat_scope)
         self.retriever = Retriever(self.items)
         self.recaller = Recaller(self.items, count_tokens, max_message_tokens=settings.max_message_tokens)
         self.vectors = VectorStore(root / VECTORS_DIR, embedder) if embedder is not None else None
@@ -193,6 +193,9 @@ class MemoryService:
             log.warning("memory_permissions_fixed", count=fixed, root=str(self.root))
         self.unsynced_since = await asyncio.to_thread(self._lazy.left_by_last_run)
         await self.items.load()
+        if self.chat_scope and (split := await self.items.separate_chats()):
+            # Merged across chats by an earlier version (or while the scope was "workspace").
+            log.warning("memory_items_separated_by_chat", count=split)
         await asyncio.to_thread(load_lemmas)
         await self.retriever.ready()
         if self.vectors is not None:

@@ -269,3 +269,76 @@ async def test_other_chats_memories_never_crowd_out_a_chats_own_in_meaning(
 
     assert "We adopted a puppy named Biscuit." in [s.item.content for s in found]
     await memory.close()
+
+
+ADOPTED = "I adopted a dog last spring."
+
+
+async def test_the_same_words_in_two_chats_never_show_one_chats_message_to_the_other(
+    tmp_path: Path, clock: Clock
+) -> None:
+    memory = await chat_memory(tmp_path, clock)
+    await memory.record_exchanges([exchange(clock, A, f"{ADOPTED} My doctor is Dr. Quill, SSN 078-05-1120.")])
+    clock.advance(days=1)
+    await memory.record_exchanges([exchange(clock, B, f"{ADOPTED} What should I feed it?")])
+    clock.advance(days=1)
+
+    theirs = await memory.context("when did I adopt my dog?", session_id=B)
+    mine = await memory.context("when did I adopt my dog?", session_id=A)
+
+    assert "feed it" in theirs.text and "Quill" not in theirs.text and "078-05" not in theirs.text
+    assert "Quill" in mine.text and "feed it" not in mine.text
+    # The shared sentence is an item per chat, each naming only its own chat.
+    said = [i for i in memory.items.items() if i.content == ADOPTED]
+    assert sorted(r.session_id for i in said for r in i.references) == sorted([A, B])
+    assert all(len({r.session_id for r in i.references}) == 1 for i in said)
+
+
+async def test_one_chat_changing_or_forgetting_what_both_said_leaves_the_others(
+    memory_chat: MemoryService, clock: Clock
+) -> None:
+    tool = MemoryTool(memory_chat)
+    ctx_a, ctx_b = ToolContext(A, "telegram", "t1"), ToolContext(B, "discord", "t2")
+    for sid in (A, B):
+        await memory_chat.record_exchanges([exchange(clock, sid, "I have a cat.")])
+    cats = {
+        r.session_id: i
+        for i in memory_chat.items.items()
+        if i.content == "I have a cat."
+        for r in i.references
+    }
+    theirs = cats[B]
+
+    update = {"action": "update", "id": theirs.id, "content": "I have a cat; my vet is Dr. Quill."}
+    await tool.run(update, ctx_b)
+    assert "Quill" not in await tool.run({"action": "search", "query": "cat"}, ctx_a)
+    await tool.run({"action": "forget", "id": theirs.id}, ctx_b)
+
+    assert "I have a cat." in await tool.run({"action": "search", "query": "cat"}, ctx_a)
+    assert memory_chat.items.get(cats[A].id) == cats[A] and memory_chat.items.get(theirs.id) is None
+
+
+async def test_items_merged_across_chats_before_are_split_by_chat_at_start(
+    tmp_path: Path, clock: Clock
+) -> None:
+    shared = await make_memory(tmp_path, clock)  # workspace scope: the same words are one item
+    await shared.record_exchanges([exchange(clock, A, f"{ADOPTED} My doctor is Dr. Quill.")])
+    await shared.record_exchanges([exchange(clock, B, f"{ADOPTED} What should I feed it?")])
+    (merged,) = [i for i in shared.items.items() if i.content == ADOPTED]
+    assert [r.session_id for r in merged.references] == [A, B]
+    await shared.close()
+
+    memory = await make_memory(tmp_path, clock, scope="chat")
+    said = {r.session_id: i for i in memory.items.items() if i.content == ADOPTED for r in i.references}
+    theirs = await memory.context("when did I adopt my dog?", session_id=B)
+    await memory.close()
+    again = await make_memory(tmp_path, clock, scope="chat")  # the split was written, once
+
+    assert said[A].id == merged.id and said[B].id != merged.id
+    assert [r.session_id for r in said[A].references] == [A]
+    assert [r.session_id for r in said[B].references] == [B]
+    assert "feed it" in theirs.text and "Quill" not in theirs.text
+    assert await again.items.separate_chats() == 0
+    assert sorted(i.id for i in again.items.items() if i.content == ADOPTED) == sorted(
+        [merged.id, said[B].id]
+    )
