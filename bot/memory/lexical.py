@@ -28,6 +28,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import zipfile
+import zlib
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
@@ -269,16 +271,27 @@ class LexicalIndex:
         """The index saved at ``path``, its signature and each key's version; ``None`` if missing or
         unreadable (then it is built again from the items)."""
         try:
-            with np.load(path) as data:
+            # Opened here: np.load leaves its own file open when the zip is torn.
+            with path.open("rb") as file, np.load(file) as data:
                 header = json.loads(bytes(data["header"]).decode())
                 if header.get("format") != FORMAT:
                     return None
                 offsets, docs = data["offsets"], data["docs"]
                 tfs, lengths = data["tfs"], data["lengths"]
-        except (OSError, ValueError, KeyError, TypeError):
+            keys, terms = [str(k) for k in header["keys"]], [str(t) for t in header["terms"]]
+            versions = [str(v) for v in header.get("versions", [])]
+        # A torn or truncated file: zipfile and zlib raise their own errors, an empty one EOFError.
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            EOFError,
+            zipfile.BadZipFile,
+            zlib.error,
+        ):
             return None
-        keys, terms = [str(k) for k in header["keys"]], [str(t) for t in header["terms"]]
-        versions = [str(v) for v in header.get("versions", [])]
         if len(offsets) != len(terms) + 1 or len(lengths) != len(keys) or len(docs) != len(tfs):
             return None
         if len(versions) != len(keys) or (len(docs) and (docs.max() >= len(keys) or docs.min() < 0)):

@@ -6,9 +6,13 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from bot.memory.item_snapshot import SNAPSHOT
 from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer
+from bot.memory.lexical import FORMAT
 from bot.memory.retrieval import Retriever
 from bot.memory.word_index import INDEX_FILE
 from tests.bot.memory.conftest import Clock
@@ -96,9 +100,23 @@ async def test_the_saved_index_is_checked_against_the_items_at_start(tmp_path: P
     assert [s.item.layer for s in fresh.rank("coffee", now)] == [Layer.EPISODIC]
 
 
-async def test_an_unreadable_index_file_is_built_again(tmp_path: Path, clock: Clock) -> None:
+@pytest.mark.parametrize("damage", ["not an index", "cut in half", "empty", "header without keys"])
+async def test_an_unreadable_index_file_is_built_again(tmp_path: Path, clock: Clock, damage: str) -> None:
     store = await stored(tmp_path, clock, "green tea")
-    (tmp_path / INDEX_FILE).write_bytes(json.dumps({"not": "an index"}).encode())
+    first = Retriever(store)
+    await first.ready()
+    await first.save()
+    path = tmp_path / INDEX_FILE
+    saved = path.read_bytes()
+    if damage == "not an index":
+        path.write_bytes(json.dumps({"not": "an index"}).encode())
+    elif damage == "cut in half":  # a torn zip: zipfile's own error, not an OSError
+        path.write_bytes(saved[: len(saved) // 2])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:
+        header = json.dumps({"format": FORMAT}).encode()
+        np.savez(path.with_suffix(""), header=np.frombuffer(header, dtype=np.uint8))
     retriever = Retriever(store)
     await retriever.ready()
     assert [s.item.content for s in retriever.rank("tea", clock.now)] == ["green tea"]
