@@ -3,11 +3,18 @@
 JSON may carry them (``"\\ud800"`` is valid JSON), so a model's answer, a Telegram update or a Discord
 message can hand membot a ``str`` that every later ``encode("utf-8")`` refuses: one such character in
 an answer once made every save of that chat fail until a restart. Text is therefore scrubbed where it
-enters (:class:`~bot.domain.InboundMessage`, :class:`~bot.llm.types.ChatResponse`), and storage encodes
-through :func:`utf8`, so a stray surrogate that got in some other way still cannot stop a chat.
+enters (:class:`~bot.domain.InboundMessage`, :class:`~bot.llm.types.ChatResponse`, whose tool-call
+arguments are checked as decoded JSON), and storage encodes through :func:`utf8`, so a stray surrogate
+that got in some other way still cannot stop a chat.
 """
 
 from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # "\ud83d" in JSON text: a surrogate once decoded
 
 
 def scrub(text: str) -> str:
@@ -22,6 +29,32 @@ def scrub(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     return text
+
+
+def scrub_json_text(text: str) -> str:
+    """JSON text (a tool call's arguments) that decodes to no lone surrogate. Scrubbing the text is not
+    enough: an escape (``"\\ud83d"``) is plain ASCII until it is decoded. Text that is not JSON is
+    only scrubbed; it stays as it was unless a decoded string held a lone surrogate."""
+    text = scrub(text)
+    if not _ESCAPED_SURROGATE.search(text):
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    cleaned = scrub_json(value)
+    return text if cleaned == value else json.dumps(cleaned, ensure_ascii=False)
+
+
+def scrub_json(value: Any) -> Any:
+    """Decoded JSON with every string scrubbed."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, list):
+        return [scrub_json(v) for v in value]
+    if isinstance(value, dict):
+        return {scrub(k): scrub_json(v) for k, v in value.items()}
+    return value
 
 
 def utf8(text: str) -> bytes:

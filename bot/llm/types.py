@@ -13,7 +13,7 @@ import httpx
 
 from bot.catalog import ModelInfo
 from bot.domain import Message, ToolCall, Usage
-from bot.surrogates import scrub
+from bot.surrogates import scrub, scrub_json_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ class ChatResponse:
     def __post_init__(self) -> None:
         self.content = scrub(self.content)
         self.tool_calls = tuple(
-            ToolCall(scrub(c.id), scrub(c.name), scrub(c.arguments)) for c in self.tool_calls
+            ToolCall(scrub(c.id), scrub(c.name), scrub_json_text(c.arguments)) for c in self.tool_calls
         )
 
 

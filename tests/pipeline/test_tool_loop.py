@@ -247,6 +247,32 @@ async def test_invalid_json_arguments_are_answered_not_crashed_on(
     assert_paired(turn.session)
 
 
+ECHO_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"text": {"type": "string"}}}
+
+
+class EchoTool:
+    name = "echo"
+    description = "Say the text back."
+    parameters = ECHO_SCHEMA
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        return f"{args['text']} ({len(args['text'].encode('utf-8'))} bytes)"
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_lone_surrogate_escaped_in_the_arguments_reaches_the_tool_replaced(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    """``"\\ud83d"`` (half an emoji) is valid JSON and plain ASCII: only decoded is it a lone surrogate,
+    which no tool could write as UTF-8."""
+    server.script(FakeReply(tool_calls=[("echo", {"text": "Zo\ud83d"})]), FakeReply(text="ok"))
+    turn = new_turn()
+    await loop_for(server, http, api, [EchoTool()], tool_settings(enabled=["echo"])).process(turn)
+
+    assert tool_results(turn.session) == ["Zo\ufffd (5 bytes)"]
+    assert turn.reply == "ok"
+
+
 class Sink:
     def __init__(self) -> None:
         self.shown: list[str] = []
