@@ -83,12 +83,19 @@ def edit(ctx: typer.Context) -> None:
     You edit a copy, saved when the editor exits; what the bot wrote meanwhile is merged in.
     """
     from bot.memory import Limits, LongTermMemory
+    from bot.memory.longterm import NotUtf8
 
     settings = settings_from(ctx)
     path = _run(settings, lambda service: _path(service))
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
     memory = LongTermMemory(path, limits=Limits.of(settings.memory))
-    start = path.read_text(encoding="utf-8") if path.exists() else ""
+    try:
+        start = path.read_text(encoding="utf-8") if path.exists() else ""
+    except UnicodeDecodeError as exc:
+        fail(
+            f"{path} is not UTF-8 text (byte {exc.start} is not): convert it first, e.g. "
+            f"`iconv -f latin1 -t utf-8 {shlex.quote(str(path))}` into a new file you then move over it"
+        )
     folder = Path(tempfile.mkdtemp(prefix="membot-edit-"))  # 0700, ours alone
     copy = folder / path.name
     copy.write_text(start, encoding="utf-8")
@@ -98,18 +105,25 @@ def edit(ctx: typer.Context) -> None:
     except (OSError, ValueError) as exc:
         shutil.rmtree(folder, ignore_errors=True)
         fail(f"cannot start the editor {editor!r} ({exc}); set $EDITOR to one that is installed")
-    edited = copy.read_text(encoding="utf-8") if copy.exists() else start
+    try:
+        edited = copy.read_text(encoding="utf-8") if copy.exists() else start
+    except UnicodeDecodeError:
+        fail(f"the editor saved {copy} in another encoding than UTF-8: MEMORY.md left as it was")
     if code != 0:
         if edited != start:
             console.print(f"the editor exited with {code}: MEMORY.md left as it was; your text is in {copy}")
         else:
             shutil.rmtree(folder, ignore_errors=True)
         raise typer.Exit(code)
-    shutil.rmtree(folder, ignore_errors=True)
     if edited == start:
+        shutil.rmtree(folder, ignore_errors=True)
         console.print("no change")
         return
-    merged = memory.apply_operator_edit(start, edited)
+    try:
+        merged = memory.apply_operator_edit(start, edited)
+    except NotUtf8:  # saved in another encoding by something else while you edited
+        fail(f"{path} is no longer UTF-8 text: MEMORY.md left as it was; your text is in {copy}")
+    shutil.rmtree(folder, ignore_errors=True)
     path.chmod(0o600)
     if merged:
         console.print("saved; the bot had changed MEMORY.md meanwhile and its change was merged into yours")

@@ -28,7 +28,7 @@ from bot.llm import ChatRequest
 from bot.memory.history import HistoryLog
 from bot.memory.items import ItemType
 from bot.memory.llm_json import as_text, parse_object
-from bot.memory.longterm import Conflict, LongTermMemory, MemoryFull
+from bot.memory.longterm import Conflict, LongTermMemory, MemoryFull, NotUtf8
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
     from bot.llm import ChatModel
@@ -240,7 +240,7 @@ class Consolidator:
             result.raw_fallback, result.reason = True, f"timed out after {timeout:g} s"
         except LLMError as exc:
             result.raw_fallback, result.reason = True, f"{type(exc).__name__}: {exc}"
-        except (Conflict, MemoryFull) as exc:
+        except (Conflict, MemoryFull, NotUtf8) as exc:
             result.raw_fallback, result.reason = True, str(exc)
         if result.raw_fallback:
             log.warning("consolidation_fallback", session_id=session_id, reason=result.reason)

@@ -76,6 +76,11 @@ class MemoryFull(ToolError):
     """A bot write would grow MEMORY.md past its limit; the message says what to do instead."""
 
 
+class NotUtf8(ToolError):
+    """MEMORY.md holds bytes that are not UTF-8: a bot write would turn them into U+FFFD for good, so
+    the bot does not write it until the operator saves it as UTF-8."""
+
+
 Change = Callable[[str], str]
 T = TypeVar("T")
 
@@ -128,7 +133,12 @@ class LongTermMemory:
             return self._cached
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp != self._stamp:
-            text = self._path.read_text(encoding="utf-8", errors="replace")
+            data = self._path.read_bytes()
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:  # shown with U+FFFD; the bot does not write it (NotUtf8)
+                text = data.decode("utf-8", errors="replace")
+                log.warning("memory_file_not_utf8", file=str(self._path), at_byte=exc.start)
             self._stamp, self._cached = stamp, Snapshot(text, content_hash(text))
         return self._cached
 
@@ -198,7 +208,7 @@ class LongTermMemory:
             try:
                 merge = functools.partial(merge_lines, edit.seen, edit.now)
                 self._apply(merge, writer=writer, limit=False, deliberate=False)
-            except Conflict:
+            except (Conflict, NotUtf8):
                 self._files.defer(edits[i:])  # still being edited: the next read or write merges it
                 return
             if edit.restores:  # an editor saved from a version that briefly lacked them (swap.py)
@@ -214,6 +224,12 @@ class LongTermMemory:
         logged: list[str] = []
         while True:
             found = self._settled_read(deadline)
+            if found is not None and not found.utf8:
+                log.error("memory_file_not_utf8", file=str(self._path), writer=writer)
+                raise NotUtf8(
+                    f"{self._path.name} is not UTF-8 text (it was saved in another encoding), so it was "
+                    "not changed: a write would damage its other lines. Ask the operator to save it as UTF-8."
+                )
             base = found.text if found else ""
             new = change(base)
             if limit:

@@ -66,15 +66,20 @@ class Version:
 
     text: str
     stamp: Stamp
+    utf8: bool = True  # False: not UTF-8 (an editor saved another encoding); ``text`` shows U+FFFD there
 
 
 def _read_fd(fd: int) -> str:
+    return _read_bytes(fd).decode("utf-8", errors="replace")
+
+
+def _read_bytes(fd: int) -> bytes:
     chunks: list[bytes] = []
     offset = 0
     while chunk := os.pread(fd, 1 << 20, offset):
         chunks.append(chunk)
         offset += len(chunk)
-    return b"".join(chunks).decode("utf-8", errors="replace")
+    return b"".join(chunks)
 
 
 class LateEdit(NamedTuple):
@@ -180,7 +185,11 @@ class FileSwapper:
             self._release()
             return None
         try:
-            version = Version(_read_fd(fd), _stamp(fd))
+            data = _read_bytes(fd)
+            try:
+                version = Version(data.decode("utf-8"), _stamp(fd))
+            except UnicodeDecodeError:
+                version = Version(data.decode("utf-8", errors="replace"), _stamp(fd), utf8=False)
         except BaseException:
             os.close(fd)
             raise

@@ -99,6 +99,21 @@ def test_edit_with_a_missing_editor_says_how_to_fix_it(tmp_path: Path) -> None:
     assert "set $EDITOR" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_edit_of_a_memory_md_in_another_encoding_says_how_to_convert_it(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    memory_md = ws / "memory" / "MEMORY.md"
+    memory_md.parent.mkdir(parents=True)
+    memory_md.write_bytes("- Crème brûlée\n".encode("latin-1"))
+    editor = tmp_path / "editor.py"
+    editor.write_text("raise SystemExit('the editor must not be opened')\n")
+
+    result = membot("memory", "edit", workspace=ws, editor=f"{sys.executable} {editor}")
+
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "is not UTF-8 text" in result.stderr and "iconv -f latin1 -t utf-8" in result.stderr
+    assert memory_md.read_bytes() == "- Crème brûlée\n".encode("latin-1")
+
+
 def test_an_item_with_a_naive_timestamp_does_not_break_retrieval(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     (ws / "memory" / "items").mkdir(parents=True)

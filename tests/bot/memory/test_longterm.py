@@ -9,7 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from bot.memory import exchange
-from bot.memory.longterm import Conflict, Limits, LongTermMemory, content_hash, merge_lines
+from bot.memory.longterm import Conflict, Limits, LongTermMemory, NotUtf8, content_hash, merge_lines
 
 
 async def test_operator_edit_is_seen_on_next_read(tmp_path: Path) -> None:
@@ -31,6 +31,26 @@ async def test_write_refuses_when_file_changed_since_read(tmp_path: Path) -> Non
     with pytest.raises(Conflict):
         await memory.write("- bot again\n", expected=snap.hash)
     assert path.read_text() == "- operator\n"
+
+
+async def test_a_file_saved_in_another_encoding_is_shown_but_never_written(tmp_path: Path) -> None:
+    """A bot write would keep U+FFFD where each accented letter was, with no backup of the bytes."""
+    path = tmp_path / "MEMORY.md"
+    latin1 = "- José Müller lives in Zürich\n".encode("latin-1")
+    path.write_bytes(latin1)
+    memory = LongTermMemory(path)
+
+    with capture_logs() as logs:
+        shown = await memory.read()
+        with pytest.raises(NotUtf8, match="not UTF-8 text .* Ask the operator to save it as UTF-8"):
+            await memory.update(lambda text: text + "- likes tea\n")
+
+    assert shown.text == "- Jos\ufffd M\ufffdller lives in Z\ufffdrich\n"
+    assert path.read_bytes() == latin1 and not (tmp_path / "MEMORY.replaced.md").exists()
+    assert [e["event"] for e in logs] == ["memory_file_not_utf8", "memory_file_not_utf8"]
+    path.write_text("- José Müller lives in Zürich\n")  # saved again as UTF-8: written as usual
+    await memory.update(lambda text: text + "- likes tea\n")
+    assert path.read_text() == "- José Müller lives in Zürich\n- likes tea\n"
 
 
 async def test_replace_from_merges_on_conflict(tmp_path: Path) -> None:
