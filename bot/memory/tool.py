@@ -13,6 +13,8 @@ told, so an id from another chat is as unknown as a made-up one.
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from bot.memory.archive import search_archive
@@ -44,7 +46,8 @@ DESCRIPTION = (
     "Long-term memory. add: remember a fact, preference, decision or how-to (layer long_term writes "
     "MEMORY.md, which is always shown to you). search: find memories. search_archive: find past messages "
     "word for word in the full transcript (a line of a pasted log, an exact name). update/promote/forget: "
-    "change, make durable, or delete a memory by id; forget with content removes matching MEMORY.md lines."
+    "change, make durable, or delete a memory by id; forget with content removes the MEMORY.md line that "
+    "says it (quote the line: a few words found in several lines remove nothing)."
 )
 
 
@@ -145,16 +148,18 @@ class MemoryToolOps:
             self._get(item_id, session_id)
             await self._memory.items.delete(item_id, self._memory.now())
             return f"Forgot {item_id}."
-        needle = content.strip().lower()
+        needle = _line_text(content)
         if not needle:
             raise ToolError("forget needs an 'id' or the 'content' of a MEMORY.md line")
         removed: list[str] = []
 
         def drop(text: str) -> str:
-            removed.clear()
-            kept: list[str] = []
-            for line in text.splitlines():
-                (removed if needle in line.lower() else kept).append(line)
+            lines = text.splitlines()
+            removed[:] = _lines_to_forget(lines, needle)
+            if not removed:
+                return text
+            gone = set(removed)
+            kept = [line for line in lines if line not in gone]
             return "\n".join(kept) + "\n" if kept else ""
 
         await self._memory.longterm_for(session_id).update(drop)
@@ -174,6 +179,29 @@ class MemoryToolOps:
         if item is None or not self._memory.visible(item, session_id):
             raise ToolError(f"no memory with id {item_id!r}; search first to get ids")
         return item
+
+
+def _line_text(line: str) -> str:
+    """A MEMORY.md line as compared: no list marker, lower case, spaces folded."""
+    return " ".join(line.strip().removeprefix("- ").removeprefix("* ").split()).lower()
+
+
+def _lines_to_forget(lines: Sequence[str], needle: str) -> list[str]:
+    """The lines ``forget`` removes: those that say exactly ``needle``; else the one line holding it as
+    whole words. A few letters matching inside several lines ("tea" in "Steam", "Team lead") must not
+    delete them all: then the lines are listed and nothing goes."""
+    exact = [line for line in lines if _line_text(line) == needle]
+    if exact:
+        return exact
+    words = re.compile(rf"(?<!\w){re.escape(needle)}(?!\w)")
+    found = [line for line in lines if not line.lstrip().startswith("#") and words.search(_line_text(line))]
+    if len(found) > 1:
+        shown = "; ".join(repr(line.strip()) for line in found[:5])
+        raise ToolError(
+            f"{len(found)} MEMORY.md lines mention {needle!r} ({shown}); nothing was removed. "
+            "Call forget again with the whole line to remove, once per line."
+        )
+    return found
 
 
 class MemoryTool:

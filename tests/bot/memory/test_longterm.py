@@ -42,7 +42,7 @@ async def test_a_file_saved_in_another_encoding_is_shown_but_never_written(tmp_p
 
     with capture_logs() as logs:
         shown = await memory.read()
-        with pytest.raises(NotUtf8, match="not UTF-8 text .* Ask the operator to save it as UTF-8"):
+        with pytest.raises(NotUtf8, match=r"not UTF-8 text .* Ask the operator to save it as UTF-8"):
             await memory.update(lambda text: text + "- likes tea\n")
 
     assert shown.text == "- Jos\ufffd M\ufffdller lives in Z\ufffdrich\n"

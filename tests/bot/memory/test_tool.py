@@ -49,6 +49,25 @@ async def test_long_term_add_and_forget_go_through_memory_md(memory: MemoryServi
     assert (memory.root / "MEMORY.md").read_text() == "# Operator notes\n- keep answers short\n"
 
 
+async def test_forget_by_content_removes_the_line_that_says_it_never_every_line_holding_the_letters(
+    memory: MemoryService,
+) -> None:
+    tool = MemoryTool(memory)
+    text = "# Work\n- Works at Steam\n- Team lead: Ann Steadman\n- Likes green tea\n- Drinks tea at 5\n"
+    path = memory.root / "MEMORY.md"
+    await asyncio.to_thread(path.write_text, text)
+
+    with pytest.raises(ToolError, match=r"2 MEMORY\.md lines mention 'tea' .*nothing was removed"):
+        await tool.run({"action": "forget", "content": "tea"}, CTX)
+    assert await asyncio.to_thread(path.read_text) == text
+    assert await tool.run({"action": "forget", "content": "- likes green TEA"}, CTX) == (
+        "Removed 1 line(s) from MEMORY.md."
+    )
+    assert await tool.run({"action": "forget", "content": "at 5"}, CTX) == "Removed 1 line(s) from MEMORY.md."
+    assert await tool.run({"action": "forget", "content": "stead"}, CTX) == "No MEMORY.md line matched."
+    assert await asyncio.to_thread(path.read_text) == "# Work\n- Works at Steam\n- Team lead: Ann Steadman\n"
+
+
 async def test_promote_moves_an_episode_to_the_durable_layer(memory: MemoryService, clock: Clock) -> None:
     user = Message(Role.USER, "I decided to use PostgreSQL for the project.", timestamp=clock.now)
     stored = await memory.record_exchanges([Exchange("cli:me", user, None)])
@@ -108,7 +127,8 @@ async def test_memory_md_never_grows_past_its_hard_limit_through_the_bot(
         await tool.run({"action": "add", "content": "User lives in Porto", "layer": "long_term"}, CTX)
     assert await asyncio.to_thread((memory.root / "MEMORY.md").read_text) == operator
     # Shrinking is always allowed, and then adding again fits.
-    await tool.run({"action": "forget", "content": "operator fact 1"}, CTX)
+    for i in range(100, 150):
+        await tool.run({"action": "forget", "content": f"operator fact {i}"}, CTX)
     assert "Saved" in await tool.run(
         {"action": "add", "content": "User lives in Porto", "layer": "long_term"}, CTX
     )
