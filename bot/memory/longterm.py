@@ -100,6 +100,7 @@ class LongTermMemory:
         self._replaced = path.with_name(REPLACED_NAME)
         self._max_bytes = limits.max_bytes
         self._replaced_max = limits.replaced_max_bytes
+        self._exchange = exchange
         self._files = FileSwapper(path, exchange=exchange)
         self._stamp: tuple[int, int, int] | None = None
         self._cached = Snapshot("", content_hash(""))
@@ -196,9 +197,18 @@ class LongTermMemory:
             return await asyncio.to_thread(self._locked, lambda: self._apply(change))
 
     def _locked(self, work: Callable[[], T]) -> T:
+        self._follow_link()
         with self._files.lock():
             self._rescue()
             return work()
+
+    def _follow_link(self) -> None:
+        """Write where a symlinked MEMORY.md points (a dotfiles repository, say): swapping the link's
+        own name would replace the link with a file. Followed on every write, so a moved link is too."""
+        real = Path(os.path.realpath(self._path))
+        if real != self._files.path:
+            own = real.parent == Path(os.path.realpath(self._path.parent))
+            self._files = FileSwapper(real, exchange=self._exchange, own_folder=own)
 
     def _rescue(self) -> None:
         """Merge in what an editor wrote into versions that lost their name to a bot write (swap.py)."""

@@ -120,13 +120,18 @@ class FileSwapper:
             ...   # merge what an editor wrote into a version after it lost its name
     """
 
-    def __init__(self, path: Path, *, exchange: bool = True) -> None:
+    def __init__(self, path: Path, *, exchange: bool = True, own_folder: bool = True) -> None:
         self._path = path
+        self._own_folder = own_folder  # False: a folder a symlink leads to, whose mode is not ours to set
         self._exchange = exchange and AVAILABLE
         self._watches: list[_Watch] = []
         self._guards: list[_Guard] = []
         self._pending: list[LateEdit] = []
         self._held: int | None = None  # the last version read (see read)
+
+    @property
+    def path(self) -> Path:
+        return self._path
 
     @property
     def lock_path(self) -> Path:
@@ -139,7 +144,8 @@ class FileSwapper:
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Exclusive advisory lock shared with every membot process that writes this file."""
-        ensure_private_dir(self._path.parent)
+        if self._own_folder:
+            ensure_private_dir(self._path.parent)
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -265,7 +271,8 @@ class FileSwapper:
     # -- steps ----------------------------------------------------------------------------------------
 
     def _temp(self, text: str) -> str:
-        ensure_private_dir(self._path.parent)
+        if self._own_folder:
+            ensure_private_dir(self._path.parent)
         fd, tmp = tempfile.mkstemp(dir=self._path.parent, prefix=f".{self._path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:

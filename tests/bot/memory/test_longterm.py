@@ -53,6 +53,27 @@ async def test_a_file_saved_in_another_encoding_is_shown_but_never_written(tmp_p
     assert path.read_text() == "- José Müller lives in Zürich\n- likes tea\n"
 
 
+async def test_a_symlinked_file_is_written_where_it_points_and_stays_a_link(tmp_path: Path) -> None:
+    """MEMORY.md kept in a dotfiles folder: every write stalled 5 s and failed, and a swap of the link's
+    own name would have replaced the link with a file."""
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir(mode=0o755)
+    dotfiles.chmod(0o755)
+    (dotfiles / "MEMORY.md").write_text("- operator fact\n")
+    path = tmp_path / "memory" / "MEMORY.md"
+    path.parent.mkdir()
+    path.symlink_to(dotfiles / "MEMORY.md")
+    memory = LongTermMemory(path)
+
+    await memory.update(lambda text: text + "- likes tea\n")
+    with (dotfiles / "MEMORY.md").open("a") as editor:
+        editor.write("- operator fact two\n")
+
+    assert path.is_symlink() and path.resolve() == dotfiles / "MEMORY.md"
+    assert (await memory.read()).text == "- operator fact\n- likes tea\n- operator fact two\n"
+    assert dotfiles.stat().st_mode & 0o777 == 0o755  # not the bot's folder: its mode is left alone
+
+
 async def test_replace_from_merges_on_conflict(tmp_path: Path) -> None:
     path = tmp_path / "MEMORY.md"
     memory = LongTermMemory(path)
