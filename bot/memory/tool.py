@@ -20,6 +20,7 @@ from typing import Any
 from bot.memory.archive import search_archive
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference, make_title
 from bot.memory.service import MemoryService
+from bot.memory.words import tokenize
 from bot.tools import ToolContext, ToolError
 
 LONG_TERM = "long_term"
@@ -44,8 +45,9 @@ PARAMETERS: dict[str, Any] = {
 }
 DESCRIPTION = (
     "Long-term memory. add: remember a fact, preference, decision or how-to (layer long_term writes "
-    "MEMORY.md, which is always shown to you). search: find memories. search_archive: find past messages "
-    "word for word in the full transcript (a line of a pasted log, an exact name). update/promote/forget: "
+    "MEMORY.md, which is always shown to you: a long one in part). search: find memories and MEMORY.md "
+    "lines. search_archive: find past messages word for word in the full transcript (a line of a pasted "
+    "log, an exact name). update/promote/forget: "
     "change, make durable, or delete a memory by id; forget with content removes the MEMORY.md line that "
     "says it (quote the line: a few words found in several lines remove nothing)."
 )
@@ -89,13 +91,21 @@ class MemoryToolOps:
     async def search(self, query: str, *, k: int = 5, session_id: str = "") -> str:
         if not query.strip():
             raise ToolError("search needs a 'query'")
-        found = await self._memory.search(query, k=max(1, min(20, k)), touch=True, session_id=session_id)
-        if not found:
+        k = max(1, min(20, k))
+        found = await self._memory.search(query, k=k, touch=True, session_id=session_id)
+        snap = await self._memory.longterm_for(session_id).read()
+        lines = [f"[MEMORY.md] {line.strip()[:500]}" for line in _lines_about(snap.text, query, k)]
+        if not found and not lines:
             return "No matching memories."
         return "\n".join(
-            f"{s.item.id} [{s.item.layer.value}/{s.item.type.value}, "
-            f"{s.item.created_at:%Y-%m-%d}] {s.item.content[:500]}"
-            for s in found
+            [
+                *lines,
+                *(
+                    f"{s.item.id} [{s.item.layer.value}/{s.item.type.value}, "
+                    f"{s.item.created_at:%Y-%m-%d}] {s.item.content[:500]}"
+                    for s in found
+                ),
+            ]
         )
 
     async def search_archive(self, query: str, *, k: int = 5, session_id: str = "") -> str:
@@ -179,6 +189,21 @@ class MemoryToolOps:
         if item is None or not self._memory.visible(item, session_id):
             raise ToolError(f"no memory with id {item_id!r}; search first to get ids")
         return item
+
+
+def _lines_about(text: str, query: str, k: int) -> list[str]:
+    """The MEMORY.md lines that hold at least half of the query's words (at least one), most first: a
+    long file is shown only in part, and what the bot added last is at its end."""
+    asked = set(tokenize(query))
+    if not asked:
+        return []
+    scored: list[tuple[int, int, str]] = []
+    for n, line in enumerate(text.splitlines()):
+        if line.strip() and not line.lstrip().startswith("#"):
+            shared = len(asked.intersection(tokenize(line)))
+            if shared and shared * 2 >= len(asked):
+                scored.append((-shared, n, line))
+    return [line for _, _, line in sorted(scored)[:k]]
 
 
 def _line_text(line: str) -> str:

@@ -68,6 +68,24 @@ async def test_forget_by_content_removes_the_line_that_says_it_never_every_line_
     assert await asyncio.to_thread(path.read_text) == "# Work\n- Works at Steam\n- Team lead: Ann Steadman\n"
 
 
+async def test_search_finds_the_memory_md_lines_a_long_file_does_not_show(memory: MemoryService) -> None:
+    """The bot adds at the end of MEMORY.md, and only its first ``inject_max_bytes`` are shown: what it
+    added to a long file could be found nowhere, though the truncation notice says search finds it."""
+    tool = MemoryTool(memory)
+    filler = "".join(f"- operator note {i}: keep the weekly report short and friendly\n" for i in range(200))
+    await asyncio.to_thread((memory.root / "MEMORY.md").write_text, filler)
+    await tool.run(
+        {"action": "add", "content": "User's locker combination is 7319", "layer": "long_term"}, CTX
+    )
+
+    shown = (await memory.context("hello")).text
+    found = await tool.run({"action": "search", "query": "what is my locker combination?"}, CTX)
+
+    assert "7319" not in shown and "can be searched with the memory tool" in shown
+    assert found.splitlines()[0] == "[MEMORY.md] - User's locker combination is 7319"
+    assert "operator note" not in found  # a line needs half of the query's words, not one
+
+
 async def test_promote_moves_an_episode_to_the_durable_layer(memory: MemoryService, clock: Clock) -> None:
     user = Message(Role.USER, "I decided to use PostgreSQL for the project.", timestamp=clock.now)
     stored = await memory.record_exchanges([Exchange("cli:me", user, None)])
