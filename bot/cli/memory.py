@@ -204,7 +204,7 @@ def import_(
 ) -> None:
     """Replay past conversations through the normal memory write path; safe to run again."""
     if not file.is_file():
-        fail(f"{file} does not exist")
+        fail(f"{file} is a folder: name the export file in it" if file.is_dir() else f"{file} does not exist")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from bot.memory import operator as ops

@@ -90,9 +90,16 @@ def _walk(data: Any, tz: ZoneInfo) -> Iterator[ImportSession]:
         raise ConfigError("unrecognized conversation format (expected sessions with turns; see membot docs)")
 
 
-def _session(sid: str, started: datetime, turns: list[dict[str, Any]], tz: ZoneInfo) -> ImportSession:
+def _session(sid: str, started: datetime, turns: Any, tz: ZoneInfo) -> ImportSession:
+    if not isinstance(turns, list):
+        raise ConfigError(f"session {sid!r}: its turns must be a list, not {type(turns).__name__}")
     out: list[ImportTurn] = []
     for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise ConfigError(
+                f"session {sid!r}, turn {i}: a turn must be an object like "
+                f'{{"role": "user", "content": "..."}}, not {type(turn).__name__}'
+            )
         role = str(turn.get("role", "")).lower()
         if role not in ("user", "assistant"):
             continue

@@ -67,6 +67,12 @@ def test_import_of_a_missing_or_bad_file_is_a_clear_error(tmp_path: Path) -> Non
     bad.write_text('{"sessions": 5}')
     result = membot("memory", "import", str(bad), workspace=tmp_path / "ws")
     assert result.returncode != 0 and "Traceback" not in result.stderr
+    bad.write_text('{"sessions": [{"id": "s1", "date": "2024-05-01", "turns": ["hello"]}]}')
+    result = membot("memory", "import", str(bad), workspace=tmp_path / "ws")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "session 's1', turn 0: a turn must be an object" in result.stderr
+    folder = membot("memory", "import", str(tmp_path), workspace=tmp_path / "ws")
+    assert folder.returncode == 2 and "is a folder" in folder.stderr
 
 
 def test_edit_opens_the_editor_on_memory_md_and_keeps_it_private(tmp_path: Path) -> None:
