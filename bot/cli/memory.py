@@ -141,7 +141,7 @@ async def _path(service: MemoryService) -> Path:
 def search(
     ctx: typer.Context,
     query: Annotated[str, typer.Argument(help="Words to look for.")],
-    k: Annotated[int, typer.Option("-k", help="How many results.")] = 10,
+    k: Annotated[int, typer.Option("-k", min=1, max=100, help="How many results (1-100).")] = 10,
     session: Annotated[
         str | None,
         typer.Option(help='Search as this chat would (memory.scope = "chat"); default: every chat.'),

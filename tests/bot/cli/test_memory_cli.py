@@ -50,6 +50,8 @@ def test_import_then_search_stats_and_show(tmp_path: Path) -> None:
 
     found = membot("memory", "search", "which tea do I like", "-k", "3", workspace=ws)
     assert found.returncode == 0 and "green tea from Kyoto" in found.stdout
+    negative = membot("memory", "search", "which tea do I like", "-k", "-3", workspace=ws)
+    assert negative.returncode == 2 and "greater than or equal to 1" in negative.stderr
 
     stats = membot("memory", "stats", workspace=ws)
     assert stats.returncode == 0 and "episodic items" in stats.stdout
