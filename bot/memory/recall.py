@@ -338,7 +338,10 @@ class Recaller:
     def _resolve_subjects(
         self, chosen: list[Memory], diag: RecallDiagnostics, *, room: int, cost: Callable[[Memory], int]
     ) -> list[Memory]:
-        """Newest statement per subject leads; older ones ride along as "previously" (current facts win)."""
+        """Newest statement per subject leads; older ones ride along as "previously" (current facts win).
+
+        An older message rides along only when the newer one speaks to all it was about: "I live in
+        Paris and work as a nurse" is not out of date because of "I moved to Berlin"."""
         by_key = {m.key: m for m in chosen}
         for memory in list(chosen):
             for subject in memory.subjects:
@@ -363,7 +366,7 @@ class Recaller:
             older = [
                 m for m in on_subject
                 if subjects and m.key != memory.key and m.key not in absorbed and m.when < memory.when
-                and not subjects.isdisjoint(m.subjects)
+                and subjects.issuperset(m.subjects)
             ]  # fmt: skip
             if older:
                 older.sort(key=lambda m: (m.when, m.key), reverse=True)

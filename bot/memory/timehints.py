@@ -1,5 +1,5 @@
-"""Time words in a query ("in March", "last May", "two weeks ago", "yesterday") as a preference for
-what was said then.
+"""Time words in a query ("in March", "last May", "two weeks ago", "yesterday", "last Thursday") as a
+preference for what was said then.
 
 Memory knows when everything was said, and the query's own date is "now", so a question that names a
 time can prefer what was said in that period. The hint only adds to a score; it never hides an item,
@@ -71,6 +71,10 @@ _WINDOWS = (
     (re.compile(r"\b(last|past) (few|two|three|couple of) months\b", re.I), 95),
 )
 _YEAR = re.compile(r"\b(last|this|past) year\b", re.I)
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+# "last Thursday": the most recent one before today; "on Monday": the most recent, today too. A bare
+# name is often part of another ("Sunday mass", "Friday drinks"), so it names no day.
+_WEEKDAY = re.compile(r"\b(?:(last|this past|past)|on)\s+(" + "|".join(WEEKDAYS) + r")\b", re.I)
 
 TimeMatch = Callable[[datetime], bool]
 Span = tuple[datetime, datetime]
@@ -114,6 +118,12 @@ def _spans(query: str, now: datetime, tz: ZoneInfo) -> list[Span]:
         except ValueError:  # "February 30": no such day
             continue
         spans.append(_local_span(named - timedelta(days=1), named + timedelta(days=1), tz))
+    for m in _WEEKDAY.finditer(query):
+        back = (local.weekday() - WEEKDAYS.index(m.group(2).lower())) % 7
+        if m.group(1) and back == 0:
+            back = 7
+        named = local.date() - timedelta(days=back)
+        spans.append(_local_span(named, named, tz))
     for m in _YEAR.finditer(query):
         year = local.year - 1 if m.group(1).lower() == "last" else local.year
         if m.group(1).lower() == "past":

@@ -114,6 +114,17 @@ async def test_the_newest_statement_on_a_subject_is_current_and_brings_the_older
     assert pack.diagnostics.recall.superseded == 1  # type: ignore[attr-defined]
 
 
+async def test_a_message_that_says_more_than_the_newer_statement_is_not_out_of_date(tmp_path: Path) -> None:
+    said = [
+        ("user", "I live in Paris. I work as a nurse at the city hospital.", 20),
+        ("user", "I moved from Paris to Berlin.", 2),
+    ]
+    _, retriever, recaller = await setup(tmp_path, said)
+    shown, pack = pack_text(retriever, recaller, "Paris nurse city hospital")
+    assert "previously" not in shown and pack.diagnostics.recall.superseded == 0  # type: ignore[attr-defined]
+    assert "I live in Paris. I work as a nurse" in shown and "I moved from Paris to Berlin." in shown
+
+
 async def test_what_is_my_job_finds_i_work_as_a_nurse(tmp_path: Path) -> None:
     said = [
         ("user", "I work as a nurse at St. Mary's.", 40),

@@ -216,6 +216,14 @@ def test_time_words_name_periods_relative_to_the_querys_own_date() -> None:
     assert third(on("2023-03-03")) and third(on("2023-03-04")) and not third(on("2023-03-10"))
     assert hint("the 14th of February")(on("2023-02-14"))
     assert hint("my trip last year")(on("2022-08-01")) and not hint("my trip last year")(on("2023-01-05"))
+    # 2023-05-20 is a Saturday.
+    last_thursday = hint("what did I cook last Thursday?")
+    assert last_thursday(on("2023-05-18T19:00")) and not last_thursday(on("2023-05-11T19:00"))
+    assert not last_thursday(on("2023-05-19T19:00"))
+    assert hint("what did I say last Saturday?")(on("2023-05-13")) and hint("on Saturday")(on("2023-05-20"))
+    assert hint("the plumber came on Monday")(on("2023-05-15T08:00"))
+    assert time_hint("what do I do on Mondays?", now, UTCZ) is None  # a habit, not a day
+    assert time_hint("when was the Sunday mass?", now, UTCZ) is None  # a name, not a day
     assert time_hint("I may 2x the dose in 2023", now, UTCZ) is None
     assert time_hint("February 30th", now, UTCZ) is None  # no such day: no hint, no crash
 
