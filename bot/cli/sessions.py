@@ -211,9 +211,12 @@ def _file_size(path: Path) -> int:
 
 
 def _resolve(settings: Settings, given: str) -> str:
-    """An exact session id, or the one session whose id starts with ``given``."""
+    """An exact session id, or the one session whose id starts with ``given`` (never an empty prefix:
+    ``delete "$SID"`` with the variable unset must not pick the only session there is)."""
     from bot.sessions import JsonSessionStore
 
+    if not given.strip():
+        fail("give a session id (see `membot sessions list`)")
     store = JsonSessionStore(settings.sessions_dir)
     if store.header_path(given).is_file():
         return given

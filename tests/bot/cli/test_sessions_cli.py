@@ -115,6 +115,10 @@ def test_delete_asks_first_and_then_removes_the_files(tmp_path: Path, workspace:
     assert not list((workspace / "sessions").glob("cli:alice.*"))
     assert (workspace / "sessions" / "telegram:777.json").exists()
     assert "cli:alice" not in membot(tmp_path, "sessions", "list").stdout
+    # An empty id ("$SID" unset) names no session, even where only one is left to match it.
+    unset = membot(tmp_path, "sessions", "delete", "", "--yes")
+    assert unset.returncode == 2 and "give a session id" in unset.stderr
+    assert (workspace / "sessions" / "telegram:777.json").exists()
 
 
 def test_unknown_and_ambiguous_ids_are_clear_errors(tmp_path: Path, workspace: Path) -> None:
