@@ -255,6 +255,9 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         env_file=".env",
         env_file_encoding="utf-8",
+        # A .env is often shared with other programs (OPENAI_API_KEY, DATABASE_URL): only MEMBOT_ keys
+        # are ours, and an unknown one of those is still an error.
+        dotenv_filtering="match_prefix",
         extra="forbid",
         validate_default=True,
     )
@@ -360,7 +363,7 @@ def load_settings(
     try:
         return cls(**(overrides or {}))
     except ValidationError as exc:
-        raise ConfigError(explain_validation(exc, toml, Settings)) from None
+        raise ConfigError(explain_validation(exc, toml, Settings, env_file=env_file)) from None
     except tomllib.TOMLDecodeError as exc:  # its message says where: "(at line 3, column 7)"
         raise ConfigError(f"{toml} is not valid TOML: {exc}") from None
     except SettingsError as exc:  # a value that should be JSON (a list, a table) is not

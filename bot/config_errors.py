@@ -18,24 +18,42 @@ from pydantic_settings import NoDecode, SettingsError
 ENV_PREFIX = "MEMBOT_"
 
 
-def explain_validation(exc: ValidationError, toml: Path | None, root: type[BaseModel]) -> str:
+def explain_validation(
+    exc: ValidationError, toml: Path | None, root: type[BaseModel], *, env_file: Path | None = None
+) -> str:
     """Every bad field, with the variable or file line to fix; an unknown key gets a "did you mean"."""
     lines = ["invalid configuration:"]
+    in_file = _dotenv_keys(env_file)
     for error in exc.errors():
         path = [str(p) for p in error["loc"]]
         dotted = ".".join(path)
         env = ENV_PREFIX + "__".join(p.upper() for p in path)
+        from_file = env not in os.environ and env in in_file
         if error["type"] == "extra_forbidden":
             import difflib  # only on this error path: start-up stays lean
 
-            where = f"remove it from {toml} or unset {env}" if toml else f"unset {env}"
+            where = f"remove {env} from {env_file}" if from_file else f"unset {env}"
+            where = f"remove it from {toml} or {where}" if toml else where
             guess = difflib.get_close_matches(path[-1], _known_keys(root, path[:-1]), n=1, cutoff=0.6)
             hint = f"; did you mean `{'.'.join([*path[:-1], guess[0]])}`?" if guess else ""
             lines.append(f"  - {dotted}: unknown setting{hint} ({where})")
             continue
-        where = f"set {env}" + (f" or `{dotted}` in {toml}" if toml else "")
+        where = (
+            f"set {env}"
+            + (f" in {env_file}" if from_file else "")
+            + (f" or `{dotted}` in {toml}" if toml else "")
+        )
         lines.append(f"  - {dotted}: {error['msg']} ({where})")
     return "\n".join(lines)
+
+
+def _dotenv_keys(env_file: Path | None) -> set[str]:
+    """The variable names a .env file sets, upper-cased (as pydantic-settings matches them)."""
+    if env_file is None or not env_file.is_file():
+        return set()
+    from dotenv import dotenv_values
+
+    return {key.upper() for key in dotenv_values(env_file)}
 
 
 def _known_keys(root: type[BaseModel], path: list[str]) -> list[str]:

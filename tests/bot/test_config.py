@@ -72,6 +72,21 @@ def test_unknown_keys_and_bad_zones_are_rejected(tmp_path: Path) -> None:
         load_settings(env_file=None, overrides={"timezone": "Mars/Olympus"})
 
 
+def test_a_dotenv_shared_with_other_programs_is_read_for_its_membot_keys_only(tmp_path: Path) -> None:
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("OPENAI_API_KEY=sk-other\nDATABASE_URL=postgres://db\nMEMBOT_TIMEZONE=Europe/Berlin\n")
+    assert load_settings(env_file=dotenv).timezone == "Europe/Berlin"
+
+    dotenv.write_text(
+        "DATABASE_URL=postgres://db\nMEMBOT_TIMEZONEE=Europe/Berlin\nMEMBOT_LLM__TIMEOUT=soon\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_settings(env_file=dotenv)
+    assert f"did you mean `timezone`? (remove MEMBOT_TIMEZONEE from {dotenv})" in str(info.value)
+    assert f"(set MEMBOT_LLM__TIMEOUT in {dotenv})" in str(info.value)
+    assert "database_url" not in str(info.value)
+
+
 def test_malformed_toml_and_missing_file_are_clear(tmp_path: Path) -> None:
     toml = tmp_path / "c.toml"
     toml.write_text("[llm\nmodel=")
