@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from bot.errors import ConfigError, MembotError
 
@@ -28,8 +29,10 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+# No markup in what is printed: chat text, session ids, paths and error messages hold brackets ("[/x]"
+# raised MarkupError, "[docs](url)" lost a word). Styled parts are rich Text objects instead.
+console = Console(markup=False)
+err_console = Console(stderr=True, soft_wrap=True, markup=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +93,7 @@ def settings_from(ctx: typer.Context) -> Settings:
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False)
     raise typer.Exit(code)
 
 
@@ -102,5 +105,5 @@ def main() -> None:
     try:
         app()
     except MembotError as exc:  # anything that escaped a command: one clear line, no traceback
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(Text.assemble(("error:", "bold red"), " ", str(exc)), highlight=False)
         sys.exit(2)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from bot.cli.root import app, console, err_console, fail, settings_from
 from bot.domain import Message, Session
@@ -111,7 +112,8 @@ def show(
     console.print(table)
     for message in loaded.messages[-last:] if last > 0 else []:
         text = message.content if len(message.content) <= 500 else message.content[:500] + " …"
-        console.print(f"[bold]{message.role.value}[/] [dim]{_when(message.timestamp)}[/]", highlight=False)
+        heading = Text.assemble((message.role.value, "bold"), " ", (_when(message.timestamp), "dim"))
+        console.print(heading, highlight=False)
         console.print(text or _calls(message), highlight=False, markup=False)
         console.print()
 

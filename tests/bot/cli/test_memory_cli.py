@@ -107,6 +107,23 @@ def test_edit_with_a_missing_editor_says_how_to_fix_it(tmp_path: Path) -> None:
     assert "set $EDITOR" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_brackets_in_memories_are_printed_as_written(tmp_path: Path) -> None:
+    """Printed as rich markup, "[/quote]" from a chat crashed the command and "[docs]" vanished."""
+    export = tmp_path / "conv.json"
+    turns = [
+        {"role": "user", "content": "see the [docs](http://example.com) for the backup schedule"},
+        {"role": "user", "content": "he wrote: old backup notes[/quote] and left [bold]"},
+    ]
+    export.write_text(json.dumps({"sessions": [{"id": "s1", "date": "2024-01-01 10:00", "turns": turns}]}))
+    ws = tmp_path / "ws"
+    assert membot("memory", "import", str(export), workspace=ws).returncode == 0
+
+    found = membot("memory", "search", "backup schedule notes", workspace=ws)
+
+    assert found.returncode == 0, found.stderr
+    assert "see the [docs](http://example.com)" in found.stdout and "notes[/quote]" in found.stdout
+
+
 def test_edit_of_a_memory_md_in_another_encoding_says_how_to_convert_it(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     memory_md = ws / "memory" / "MEMORY.md"

@@ -124,6 +124,8 @@ def test_delete_asks_first_and_then_removes_the_files(tmp_path: Path, workspace:
 def test_unknown_and_ambiguous_ids_are_clear_errors(tmp_path: Path, workspace: Path) -> None:
     missing = membot(tmp_path, "sessions", "show", "discord:1")
     assert missing.returncode == 2 and "no session 'discord:1'" in missing.stderr
+    bracketed = membot(tmp_path, "sessions", "show", "[/x]")  # not read as markup (was a MarkupError)
+    assert bracketed.returncode == 2 and "no session '[/x]'" in bracketed.stderr
     store(workspace, Session.new("telegram", "778"))
     ambiguous = membot(tmp_path, "sessions", "export", "telegram:77")
     assert ambiguous.returncode == 2 and "matches 2 sessions" in ambiguous.stderr
