@@ -87,15 +87,15 @@ class LLMSettings(_Section):
     fallback_models: list[str] = Field(default_factory=list)
     openai: ProviderSettings = Field(default_factory=ProviderSettings)
     anthropic: ProviderSettings = Field(default_factory=ProviderSettings)
-    timeout: float = 60.0  # one whole non-streamed answer
-    connect_timeout: float = 10.0
+    timeout: float = Field(default=60.0, gt=0)  # one whole non-streamed answer
+    connect_timeout: float = Field(default=10.0, gt=0)
     first_byte_timeout: float = Field(default=30.0, gt=0)  # until a streamed answer starts
     idle_timeout: float = Field(default=30.0, gt=0)  # silence allowed once an answer started
-    max_retries: int = 3
-    retry_base_delay: float = 0.5
-    retry_max_delay: float = 20.0
-    max_output_tokens: int = 2048
-    temperature: float | None = None
+    max_retries: int = Field(default=3, ge=0)
+    retry_base_delay: float = Field(default=0.5, ge=0)
+    retry_max_delay: float = Field(default=20.0, ge=0)
+    max_output_tokens: int = Field(default=2048, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
 
 
 class SessionSettings(_Section):
@@ -106,7 +106,7 @@ class SessionSettings(_Section):
 class DispatcherSettings(_Section):
     mode: Literal["collect", "per_message"] = "collect"
     queue_limit: int = Field(default=20, ge=1)
-    turn_timeout: float = 900.0
+    turn_timeout: float = Field(default=900.0, gt=0)
     recover_max_age: float = Field(default=21600.0, ge=0)  # seconds; 0: answer recovered messages of any age
 
 
@@ -114,9 +114,9 @@ class CompactionSettings(_Section):
     enabled: bool = True
     threshold: float = Field(default=0.8, gt=0.0, le=1.0)
     keep_last: int = Field(default=20, ge=1)
-    summary_timeout: float = 15.0
-    summary_max_tokens: int = 1024
-    max_overflow_retries: int = 3
+    summary_timeout: float = Field(default=15.0, gt=0)
+    summary_max_tokens: int = Field(default=1024, ge=1)
+    max_overflow_retries: int = Field(default=3, ge=0)
 
 
 class MemorySettings(_Section):
@@ -124,22 +124,22 @@ class MemorySettings(_Section):
     timezone: str | None = None  # None: the top-level timezone
     memory_window: int = Field(default=50, ge=0)
     keep_recent: int = Field(default=10, ge=1)
-    max_memory_size: int = 8192
+    max_memory_size: int = Field(default=8192, ge=0)
     # The bot never grows MEMORY.md past this (its writes are refused; the operator's edits are not).
     max_memory_hard_size: int = Field(default=65536, ge=1024)
     # The longest single fact the model may store through the memory tool or a consolidation.
     max_fact_chars: int = Field(default=1000, ge=50)
     # MEMORY.replaced.md moves to MEMORY.replaced.1.md when it would pass this many bytes.
     replaced_max_size: int = Field(default=1_048_576, ge=4096)
-    inject_max_bytes: int = 8192
-    recent_days: int = 7
-    consolidation_timeout: float = 30.0
+    inject_max_bytes: int = Field(default=8192, ge=0)
+    recent_days: int = Field(default=7, ge=0)
+    consolidation_timeout: float = Field(default=30.0, gt=0)
     pack_soft_tokens: int = Field(default=2800, ge=0)
     pack_hard_tokens: int = Field(default=4000, ge=0)
     recall_floor: float = Field(default=0.2, ge=0.0, le=1.0)  # least relevance, as a share of the best match
     max_message_tokens: int = Field(default=900, ge=50)  # a longer message shows only the parts that matched
-    promotion_confidence: float = 0.75
-    decay_days: int = 30
+    promotion_confidence: float = Field(default=0.75, ge=0.0, le=1.0)
+    decay_days: int = Field(default=30, ge=1)
     embeddings: Literal["none", "openai", "local"] = "local"
     embeddings_base_url: str | None = None
     embeddings_model: str = "text-embedding-3-small"
@@ -169,21 +169,21 @@ class MemorySettings(_Section):
 
 class ToolSettings(_Section):
     enabled: list[str] = Field(default_factory=lambda: ["memory", "files", "web_fetch", "time"])
-    max_llm_calls: int = 20
-    max_tool_calls: int = 80
-    turn_deadline: float = 600.0
-    tool_timeout: float = 60.0
-    max_parallel: int = 4
-    result_max_chars: int = 16000
-    max_file_read_bytes: int = 1_000_000
-    web_max_bytes: int = 2_000_000
-    web_timeout: float = 20.0
-    web_max_redirects: int = 5
+    max_llm_calls: int = Field(default=20, ge=1)
+    max_tool_calls: int = Field(default=80, ge=0)
+    turn_deadline: float = Field(default=600.0, gt=0)
+    tool_timeout: float = Field(default=60.0, gt=0)
+    max_parallel: int = Field(default=4, ge=1)
+    result_max_chars: int = Field(default=16000, ge=100)
+    max_file_read_bytes: int = Field(default=1_000_000, ge=1)
+    web_max_bytes: int = Field(default=2_000_000, ge=1)
+    web_timeout: float = Field(default=20.0, gt=0)
+    web_max_redirects: int = Field(default=5, ge=0)
     shell_enabled: bool = False
     shell_allow: list[str] = Field(
         default_factory=lambda: ["ls", "cat", "grep", "wc", "head", "tail", "date"]
     )
-    shell_timeout: float = 30.0
+    shell_timeout: float = Field(default=30.0, gt=0)
     channel_allow: dict[str, list[str]] = Field(default_factory=dict)
     channel_deny: dict[str, list[str]] = Field(default_factory=dict)
 
@@ -206,15 +206,15 @@ class TelegramSettings(_Section):
     pairing: bool = True
     mode: Literal["polling", "webhook"] = "polling"
     webhook_listen: str = "127.0.0.1"
-    webhook_port: int = 8443
+    webhook_port: int = Field(default=8443, ge=1, le=65535)
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
     base_url: str | None = None  # for tests / self-hosted Bot API servers
     base_file_url: str | None = None
     streaming: bool = False
-    max_document_bytes: int = 1_000_000
-    join_window: float = 1.0
-    poll_timeout: int = 30
+    max_document_bytes: int = Field(default=1_000_000, ge=0)
+    join_window: float = Field(default=1.0, ge=0)
+    poll_timeout: int = Field(default=30, ge=0)
 
 
 class DiscordSettings(_Section):
@@ -226,7 +226,7 @@ class DiscordSettings(_Section):
     mention_overrides: dict[str, bool] = Field(default_factory=dict)  # guild or channel id -> require
     pairing: bool = True
     streaming: bool = False
-    max_attachment_bytes: int = 1_000_000
+    max_attachment_bytes: int = Field(default=1_000_000, ge=0)
     stream_edit_interval: float = Field(default=1.5, ge=0.2)  # seconds between edits while streaming
     sync_commands: bool = True  # register /status, /new, ... as slash commands (only when changed)
     send_retries: int = Field(default=4, ge=0)  # extra tries on 5xx / network errors, with backoff
@@ -239,11 +239,11 @@ class DiscordSettings(_Section):
 class AdminSettings(_Section):
     enabled: bool = False
     host: str = "127.0.0.1"
-    port: int = 9464
+    port: int = Field(default=9464, ge=1, le=65535)
 
 
 class LifecycleSettings(_Section):
-    grace_period: float = 20.0
+    grace_period: float = Field(default=20.0, ge=0)
     on_channel_failure: Literal["stop", "degraded"] = "degraded"
 
 

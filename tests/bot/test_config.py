@@ -72,6 +72,23 @@ def test_unknown_keys_and_bad_zones_are_rejected(tmp_path: Path) -> None:
         load_settings(env_file=None, overrides={"timezone": "Mars/Olympus"})
 
 
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("llm", "max_retries", -1),  # was accepted, and then the model was never called
+        ("llm", "timeout", 0),
+        ("llm", "max_output_tokens", 0),
+        ("dispatcher", "turn_timeout", 0),  # every answer "took longer than 0 s"
+        ("tools", "max_llm_calls", 0),
+        ("memory", "inject_max_bytes", -1),
+        ("admin", "port", 70000),
+    ],
+)
+def test_values_no_bot_could_run_with_are_refused(section: str, key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=rf"{section}\.{key}: Input should be"):
+        load_settings(env_file=None, overrides={section: {key: value}})
+
+
 def test_a_dotenv_shared_with_other_programs_is_read_for_its_membot_keys_only(tmp_path: Path) -> None:
     dotenv = tmp_path / ".env"
     dotenv.write_text("OPENAI_API_KEY=sk-other\nDATABASE_URL=postgres://db\nMEMBOT_TIMEZONE=Europe/Berlin\n")
