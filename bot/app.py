@@ -40,7 +40,7 @@ from bot.memory import operator as memory_operator
 from bot.sessions import JsonSessionStore, SessionService
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
 from bot.tokens import TokenCounter
-from bot.tools import ToolRegistry, builtin_tools
+from bot.tools import ToolRegistry, builtin_tools, check_tool_names
 from bot.usage import UsageLedger
 from bot.workspace_lock import WorkspaceLock
 from channels import Channel
@@ -299,6 +299,7 @@ def _tools(settings: Settings, memory: MemoryService, web_http: httpx.AsyncClien
         long_term=None if memory.chat_scope else memory.longterm,
         private_memory=memory.chat_scope,
     )
+    check_tool_names(settings.tools, {t.name for t in tools} | {MemoryTool.name})
     if settings.memory.enabled:
         tools.append(MemoryTool(memory))
     return ToolRegistry(tools, settings.tools)

@@ -6,11 +6,12 @@ with a message the model can act on, and the loop turns anything else into such 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bot.config import ToolSettings
+from bot.errors import ConfigError
 from bot.llm import ToolSpec
 
 
@@ -100,6 +101,19 @@ class ToolRegistry:
     @property
     def names(self) -> list[str]:
         return list(self._tools)
+
+
+def check_tool_names(settings: ToolSettings, known: Collection[str]) -> None:
+    """Refuse a tool name that names no tool (``tools.enabled = ["memroy"]``): it would leave the tool
+    off without a word, where every other misspelled setting is an error."""
+    lists = {
+        "tools.enabled": settings.enabled,
+        **{f"tools.channel_allow.{c}": names for c, names in settings.channel_allow.items()},
+        **{f"tools.channel_deny.{c}": names for c, names in settings.channel_deny.items()},
+    }
+    bad = [f"{where} names {name!r}" for where, names in lists.items() for name in names if name not in known]
+    if bad:
+        raise ConfigError(f"unknown tool: {'; '.join(bad)} (the tools are {', '.join(sorted(known))})")
 
 
 def _enabled(name: str, settings: ToolSettings) -> bool:

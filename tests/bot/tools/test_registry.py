@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
+import pytest
 
 import bot.tools
-from bot.config import ToolSettings
+from bot.app import build_core
+from bot.config import ToolSettings, load_settings
+from bot.errors import ConfigError
 from bot.tools import ToolRegistry, builtin_tools
 
 
@@ -57,3 +61,24 @@ def test_public_surface() -> None:
         "base", "builtin", "clock", "confine", "files", "html_text", "memory", "netguard", "paging", "shell", "web_fetch"
     }  # fmt: skip
     assert public == set(bot.tools.__all__)
+
+
+async def test_a_misspelled_tool_name_stops_the_start_with_the_names_there_are(tmp_path: Path) -> None:
+    """It used to leave the tool off without a word, where any other misspelled setting is an error."""
+    overrides = {
+        "workspace": tmp_path / "ws",
+        "llm": {"openai": {"api_key": "sk-test"}},
+        "tools": {"enabled": ["memroy", "time"], "channel_deny": {"telegram": ["web_fech"]}},
+    }
+    settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+    with pytest.raises(ConfigError) as info:
+        async with build_core(settings):
+            pass
+    assert "tools.enabled names 'memroy'; tools.channel_deny.telegram names 'web_fech'" in str(info.value)
+    assert "(the tools are files, memory, shell, time, web_fetch)" in str(info.value)
+    # Memory off: "memory" (enabled by default) still names a tool.
+    quiet = await asyncio.to_thread(
+        load_settings, None, env_file=None, overrides={**overrides, "tools": {}, "memory": {"enabled": False}}
+    )
+    async with build_core(quiet):
+        pass
