@@ -139,6 +139,15 @@ class ContextBudget:
         raw = await self._counter.count_history(session) + max(overhead, self._base)
         return self._counter.scale(session, raw)
 
+    async def in_use(self, session: Session) -> int:
+        """What /status shows: calibrated tokens of the next request as far as they are known, the last
+        system prompt (the base prompt before any turn), the history and the tool definitions. Unlike
+        :meth:`estimate` it never counts the memory reserve a turn has not filled."""
+        seen = session.metadata.get(META_OVERHEAD)
+        overhead = int(seen) if isinstance(seen, int) and seen >= 0 else self._base
+        raw = await self._counter.count_history(session) + max(overhead, self._base)
+        return self._counter.scale(session, raw) + self._tools
+
     def memory_budget(self, session: Session) -> int:
         """Tokens the ``# Memory`` section may use this turn: its reserve, less whatever the history
         needs beyond its own share (so the request fits even before compaction has caught up)."""

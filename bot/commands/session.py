@@ -111,7 +111,7 @@ class SessionCommands:
         return "\n".join(lines)
 
     async def _session_lines(self, session: Session) -> list[str]:
-        used = await self._budget.estimate(session)
+        used = await self._budget.in_use(session)
         window = self._budget.window
         approx = "" if self._budget.counter.exact else "≈"
         lines = [

@@ -136,3 +136,41 @@ def compaction_system() -> str:
     from bot.compaction import SUMMARY_SYSTEM
 
     return SUMMARY_SYSTEM
+
+
+async def test_what_status_shows_is_the_request_that_was_sent_and_no_reserve(counter: TokenCounter) -> None:
+    """/status counted the whole memory reserve until a turn ran (2.9k of an 8k window for an empty
+    chat), and never the tool definitions (most of a short chat's request)."""
+    model = RecordingModel()
+    with tempfile.TemporaryDirectory() as tmp:
+        memory = MemoryService(
+            Path(tmp) / "memory", MemorySettings(), clock=lambda: NOW, count_tokens=counter
+        )
+        await memory.start()
+        settings = CompactionSettings()
+        compaction = CompactionService(model, counter, RecordingRetirer(), settings, summary_model=None)
+        tools = ToolRegistry([AddTool()], ToolSettings(enabled=["add"]))
+        budget = ContextBudget(
+            counter, compaction, RecordingRetirer(), settings, window=8192, max_output_tokens=OUTPUT,
+            base_prompt=BASE, tools=tools.specs("test"), memory_cap=memory.default_budget(),
+        )  # fmt: skip
+        pipeline = Pipeline(
+            [
+                ContextBuildingSystem(memory, BASE, budget=budget),
+                ToolLoopSystem(model, tools, ToolSettings(enabled=["add"]), budget=budget),
+                UsageSystem(budget, None),
+            ]
+        )
+        session = Session.new("test", "c")
+        session.append(Message(Role.USER, "hello there"))
+        before = await budget.in_use(session)
+        await pipeline.run(Turn(session, (InboundMessage("test", "c", "u", "hello there"),), now=NOW))
+        after = await budget.in_use(session)
+        await memory.close()
+
+    (request,) = model.requests
+    sent = budget.request_tokens(request)
+    assert sent - 30 <= before < sent  # only the memory section (its date line, here) is not known yet
+    # Now with the answer, which the next request carries; the prompt's count is its parts' (a few more).
+    assert sent <= after <= sent + counter.message_tokens(session.messages[-1]) + 10
+    assert await budget.estimate(session) < after  # compaction's figure leaves the tools to the reserve
