@@ -203,7 +203,7 @@ def _parse_keep(args: str) -> int | None:
     except ValueError:
         return None
     low, high = COMPACT_RANGE
-    return min(high, max(low, value))
+    return value if low <= value <= high else None  # "-5" kept 1: a destructive command does as asked
 
 
 def _usage_line(usage: Usage) -> str:

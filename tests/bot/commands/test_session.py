@@ -269,9 +269,11 @@ async def test_compact_replies_with_what_it_did_and_saves(
         disk = await bot.on_disk()
         assert disk[0] == (Role.SYSTEM, f"{SUMMARY_PREFIX}\n- the user counted messages") and len(disk) == 12
 
-        reply = await bot.say("/compact 0")  # clamped to 1
+        for out_of_range in ("/compact 0", "/compact -5", "/compact 500"):
+            assert await bot.say(out_of_range) == COMPACT_USAGE
+        reply = await bot.say("/compact 1")
         assert reply.startswith("Compacted: removed 11 messages, kept 1.")
-        assert await bot.say("/compact 500") == "Nothing to compact: 2 messages, keeping 100."
+        assert await bot.say("/compact 100") == "Nothing to compact: 2 messages, keeping 100."
         # The archive holds everything that left the session.
         archived = await bot.memory.archive.read(SID)
         summaries = [m for m in archived if m.content.startswith(SUMMARY_PREFIX)]
