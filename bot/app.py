@@ -392,7 +392,9 @@ def _commands(
         model=catalog.get(primary, _provider(settings, catalog)),
         tier=catalog.tier_of(primary),
         ledger=ledger,
-        memory_stats_for=lambda sid: memory_operator.stats(memory, session_id=sid),
+        memory_stats_for=(
+            (lambda sid: memory_operator.stats(memory, session_id=sid)) if settings.memory.enabled else None
+        ),
     )
     commands = CommandRouter()
     commands.add("status", "Model, context, usage and memory of this chat", session_commands.status)

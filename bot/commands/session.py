@@ -105,6 +105,8 @@ class SessionCommands:
                 lines.append(f"  by use: {split}")
         if self._memory_stats is not None or self._memory_stats_for is not None:
             lines.append(await self._memory_line(sid))
+        else:
+            lines.append("Memory: off")
         running = "answering now" if control.is_running(sid) else "idle"
         lines.append(f"Queue: {control.queue_depth(sid)} waiting · {running}")
         lines.append(f"Uptime: {_duration(self._monotonic() - self._started)}")

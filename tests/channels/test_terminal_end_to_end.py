@@ -104,3 +104,10 @@ async def test_status_reports_what_memory_gave_the_last_reply(tmp_path: Path) ->
         assert re.search(r"· \d+ / 2\.8k tokens · [\d.]+ ms$", recall), recall
         # ...and what reached the model is that memory: the fact from the first turn.
         assert "green tea every morning" in json.dumps(llm.requests[-1].body["messages"][0])
+
+
+async def test_status_says_memory_is_off_when_it_is(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        settings = await settings_for(tmp_path / "ws", llm, memory={"enabled": False})
+        out = await chat_once(settings, ["/status"], "Uptime:")
+        assert "Memory: off" in out and "MEMORY.md" not in out
