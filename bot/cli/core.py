@@ -46,6 +46,8 @@ def chat(
         asyncio.run(run_chat(settings))
     except ConfigError as exc:
         fail(str(exc))
+    except OSError as exc:  # the workspace or its log cannot be used: the log may not exist to say so
+        fail(f"membot chat stopped: {exc.filename or settings.workspace}: {exc.strerror or exc}", 1)
     except Exception as exc:  # the traceback goes to the chat log, one line to the terminal
         import structlog
 

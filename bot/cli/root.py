@@ -87,9 +87,14 @@ def settings_from(ctx: typer.Context) -> Settings:
 
     opts = options(ctx)
     try:
-        return load_settings(opts.config, overrides=overrides_from(opts))
+        settings = load_settings(opts.config, overrides=overrides_from(opts))
     except ConfigError as exc:
         fail(str(exc))
+    if settings.workspace.exists() and not settings.workspace.is_dir():
+        fail(
+            f"the workspace {settings.workspace} is a file: point --workspace or MEMBOT_WORKSPACE at a folder"
+        )
+    return settings
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -107,3 +112,9 @@ def main() -> None:
     except MembotError as exc:  # anything that escaped a command: one clear line, no traceback
         err_console.print(Text.assemble(("error:", "bold red"), " ", str(exc)), highlight=False)
         sys.exit(2)
+    except OSError as exc:  # a folder that cannot be made or read: what and where, no traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        err_console.print(
+            Text.assemble(("error:", "bold red"), f" {where}{exc.strerror or exc}"), highlight=False
+        )
+        sys.exit(1)

@@ -33,6 +33,25 @@ def test_chat_without_a_model_says_what_to_set(home: dict[str, str], tmp_path: P
         assert setting in result.stderr
 
 
+@pytest.mark.parametrize(
+    "command", [["memory", "stats"], ["pairing", "list"], ["chat"], ["sessions", "list"]]
+)
+def test_a_workspace_that_is_a_file_is_one_clear_line(
+    home: dict[str, str], tmp_path: Path, command: list[str]
+) -> None:
+    (tmp_path / "ws").write_text("not a folder")
+    result = membot(*command, env={**home, "MEMBOT_LLM__OPENAI__API_KEY": "sk-x"}, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
+    assert f"the workspace {tmp_path / 'ws'} is a file" in result.stderr
+
+
+def test_a_workspace_that_cannot_be_made_is_one_clear_line(home: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    result = membot("memory", "stats", env={**home, "MEMBOT_WORKSPACE": str(tmp_path / "file" / "ws")})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "Not a directory" in result.stderr
+
+
 def test_run_without_channels_says_what_to_set(home: dict[str, str], tmp_path: Path) -> None:
     result = membot("run", env={**home, "MEMBOT_LLM__OPENAI__API_KEY": "sk-x"}, cwd=tmp_path)
     assert result.returncode == 2
