@@ -113,6 +113,7 @@ class ShellTool:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # its own process group; the sandbox dies with bwrap
+            env=self._env(),
         )
         try:
             async with asyncio.timeout(self._timeout) as window:
@@ -128,6 +129,13 @@ class ShellTool:
             if process.returncode is None:  # timeout or cancellation: stop it now, leave no orphan
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
+                # The pipe must reach its end too: a flood ("yes") stopped mid-read leaves the reader
+                # paused on a full buffer, and wait() waits for the pipe as well as the process.
+                assert process.stdout is not None
+                with contextlib.suppress(OSError, TimeoutError):
+                    async with asyncio.timeout(5):
+                        while await process.stdout.read(_CHUNK):
+                            pass
                 await process.wait()
         text = output.decode("utf-8", errors="replace")
         if cut:
@@ -161,6 +169,7 @@ class ShellTool:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
+            env=self._env(),
         )
         said, _ = await probe.communicate()
         if probe.returncode != 0:
@@ -172,6 +181,12 @@ class ShellTool:
             )
         self._ready = bwrap
         return bwrap
+
+    def _env(self) -> dict[str, str]:
+        """bwrap's own environment. ``--clearenv`` clears only the command's: bwrap runs as the
+        sandbox's PID 1, whose /proc/1/environ the command can read, so the bot's secrets
+        (MEMBOT_LLM__OPENAI__API_KEY, tokens) must never be in it."""
+        return {"PATH": self._path, "LANG": "C.UTF-8"}
 
     def _base(self) -> list[str]:
         """Everything of the sandbox but the workspace (blocking: reads the root folder's links)."""

@@ -78,6 +78,9 @@ async def test_environment_carries_no_secrets(workspace: Path, monkeypatch: pyte
     monkeypatch.setenv("MEMBOT_LLM__OPENAI__API_KEY", "sk-secret")
     result = await shell(workspace).run({"command": "env"}, CTX)
     assert "sk-secret" not in result and f"HOME={workspace}" in result
+    # bwrap itself is the sandbox's PID 1 and its environment is readable there: it has none to give.
+    init = await shell(workspace).run({"command": "cat /proc/1/environ"}, CTX)
+    assert "sk-secret" not in init and "MEMBOT_" not in init
 
 
 @pytest.mark.parametrize(
@@ -199,6 +202,12 @@ async def test_output_is_capped(workspace: Path) -> None:
 
 async def test_timeout_kills_the_process(workspace: Path) -> None:
     assert "did not finish within 0.3 s" in await refused(shell(workspace, timeout=0.3), "sleep 30")
+
+
+async def test_a_flood_of_output_is_stopped_at_the_timeout_too(workspace: Path) -> None:
+    """``yes`` stopped mid-read left its pipe unread: the call then waited for the tool timeout."""
+    async with asyncio.timeout(4):  # the shell's own 0.5 s, and a margin for a busy machine
+        assert "did not finish within 0.5 s" in await refused(shell(workspace, timeout=0.5), "yes")
 
 
 async def test_cancellation_kills_the_process_promptly(workspace: Path) -> None:
