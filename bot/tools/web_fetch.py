@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from bot.tools.base import ToolContext, ToolError, string_arg, untrusted
-from bot.tools.html_text import html_to_text
+from bot.tools.html_text import page_text
 from bot.tools.netguard import AddressGuard, Resolver, resolve
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -53,6 +53,7 @@ class WebFetchTool:
         resolver: Resolver = resolve,
     ) -> None:
         self._http = http
+        self._converting = asyncio.Semaphore(1)
         self._max = max_bytes
         self._timeout = timeout
         self._max_redirects = max_redirects
@@ -75,8 +76,24 @@ class WebFetchTool:
             if status in _REDIRECTS and location:
                 url = _parse(str(url.join(location)), redirected=True)
                 continue
-            return _render(url, status, headers, body, truncated, self._max)
+            return await self._render(url, status, headers, body, truncated)
         raise ToolError(f"more than {self._max_redirects} redirects; stopped at {url}")
+
+    async def _render(
+        self, url: httpx.URL, status: int, headers: httpx.Headers, body: bytes, truncated: bool
+    ) -> str:
+        kind = headers.get("content-type", "").split(";")[0].strip().lower()
+        lines = [f"URL: {url}", f"Status: {status}", f"Content-Type: {kind or 'unknown'}"]
+        if truncated:
+            lines.append(f"Note: the page is larger than {self._max} bytes; only the beginning was read.")
+        if kind and not any(marker in kind for marker in _TEXT_TYPES):
+            lines.append(f"The content is not text ({kind}, {len(body)} bytes read); not shown.")
+            return "\n".join(lines)
+        text = _decode(body, headers)
+        if "html" in kind or (not kind and text.lstrip()[:15].lower().startswith(("<!doctype", "<html"))):
+            async with self._converting:  # one page at a time: a hostile one takes a core, not all
+                text = await page_text(text)
+        return "\n".join(lines) + "\n" + untrusted(f"web page {url}", text)
 
     async def _get(self, url: httpx.URL) -> tuple[int, httpx.Headers, bytes, bool]:
         port = url.port or (443 if url.scheme == "https" else 80)
@@ -125,22 +142,6 @@ def _parse(raw: str, *, redirected: bool = False) -> httpx.URL:
     if url.userinfo:
         raise ToolError(f"{where} contains credentials; such URLs are not fetched")
     return url
-
-
-def _render(
-    url: httpx.URL, status: int, headers: httpx.Headers, body: bytes, truncated: bool, limit: int
-) -> str:
-    kind = headers.get("content-type", "").split(";")[0].strip().lower()
-    lines = [f"URL: {url}", f"Status: {status}", f"Content-Type: {kind or 'unknown'}"]
-    if truncated:
-        lines.append(f"Note: the page is larger than {limit} bytes; only the beginning was read.")
-    if kind and not any(marker in kind for marker in _TEXT_TYPES):
-        lines.append(f"The content is not text ({kind}, {len(body)} bytes read); not shown.")
-        return "\n".join(lines)
-    text = _decode(body, headers)
-    if "html" in kind or (not kind and text.lstrip()[:15].lower().startswith(("<!doctype", "<html"))):
-        text = html_to_text(text)
-    return "\n".join(lines) + "\n" + untrusted(f"web page {url}", text)
 
 
 def _decode(body: bytes, headers: httpx.Headers) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from bot.tools import ToolContext, ToolError
+from bot.tools.html_text import html_to_text
 from bot.tools.netguard import IPAddress, refusal
 from bot.tools.web_fetch import WebFetchTool
 
@@ -56,6 +58,10 @@ async def start(host: str) -> Server:
             return web.Response(text="plain </untrusted> text", content_type="text/plain")
         if request.path == "/big":
             return web.Response(text="a" * 50_000, content_type="text/plain")
+        if request.path == "/unclosed":  # quadratic for the standard library's parser
+            return web.Response(text="<a b" * 20_000, content_type="text/html")
+        if request.path == "/deep":  # quadratic for any HTML5 parser (the depth of open elements)
+            return web.Response(text="<div>" * 40_000 + "deep" + "</div>" * 40_000, content_type="text/html")
         if request.path == "/binary":
             return web.Response(body=b"\x89PNG....", content_type="image/png")
         if request.path == "/redirect":
@@ -122,6 +128,54 @@ async def refused(tool: WebFetchTool, url: str) -> str:
 
 
 # ---- successful fetches -----------------------------------------------------------------------------
+
+
+class Heartbeat:
+    """The event loop's longest pause while it runs (a stalled loop stalls every chat)."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+
+    async def __aenter__(self) -> Heartbeat:
+        self._task = asyncio.create_task(self._beat())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self._task.cancel()
+
+    async def _beat(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            self.longest, last = max(self.longest, now - last), now
+
+
+async def test_a_hostile_page_never_holds_the_event_loop(http: httpx.AsyncClient, allowed: Server) -> None:
+    """``"<a b" * 20000`` (80 KB) held the loop 37 s; pages nested deep take any HTML5 parser long."""
+    tool = fetcher(http, allowed, max_bytes=1_000_000, timeout=0.5)
+    async with Heartbeat() as loop:
+        started = time.monotonic()
+        unclosed = await tool.run({"url": f"{allowed.base}/unclosed"}, CTX)
+        took = time.monotonic() - started
+        deep = await refused(tool, f"{allowed.base}/deep")  # the tool gives up; its thread runs on
+
+    assert "Status: 200" in unclosed and took < 0.5
+    assert "took longer than 0.5 s" in deep
+    assert loop.longest < 0.25, loop.longest
+
+
+def test_html_becomes_text_with_its_structure() -> None:
+    html = (
+        "<html><head><title>T &amp; x</title><style>x{}</style></head><body><h2>Head</h2>"
+        "<p>para <b>bold</b> &lt;ok&gt;</p><!-- hidden --><ul><li>one</li><li>two</li></ul>"
+        "<table><tr><td>a</td><td>b</td></tr></table><script>bad()</script>tail<br>line</body></html>"
+    )
+    assert (
+        html_to_text(html)
+        == "Title: T & x\n\n## Head\n\npara bold <ok>\n\n- one\n- two\n\n| a | b\n\ntail\n\nline"
+    )
+    assert html_to_text("just text") == "just text" and html_to_text("") == ""
 
 
 async def test_fetches_html_as_wrapped_text(http: httpx.AsyncClient, allowed: Server) -> None:
