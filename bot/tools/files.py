@@ -11,14 +11,16 @@ write is refused unless the model has seen the whole file (:mod:`bot.tools.pagin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
+import secrets
 import stat
 from collections.abc import Callable, Collection
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, TypeVar
 
-from bot.storage import append_bytes, atomic_write_text, ensure_private_dir
+from bot.storage import DIR_MODE, FILE_MODE, TEMP_SUFFIX
 from bot.tools.base import ToolContext, ToolError, string_arg, untrusted
 from bot.tools.confine import MEMORY_FILE, READ_ONLY, Confinement, relative_path
 from bot.tools.paging import CUT_MARKER, PAGE_NOTE, ReadLog, footer, page_of
@@ -164,7 +166,13 @@ class FilesTool:
                 f"{rel} is {info.st_size} bytes, over the {self._max}-byte read limit; "
                 "use action 'search' to find the part you need"
             )
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        folder = self._folder_of(real, rel)
+        try:
+            fd = os.open(real.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+        except OSError as exc:
+            raise ToolError(f"{rel} changed while it was read ({exc.strerror}); refused") from None
+        finally:
+            os.close(folder)
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped since the check
                 raise ToolError(f"{rel} is not a regular file; refused")
@@ -185,15 +193,65 @@ class FilesTool:
             mode = os.lstat(real).st_mode
             if not stat.S_ISREG(mode):
                 raise ToolError(f"{rel} exists and is not a regular file; refused")
-        missing = [p for p in real.parents if not p.exists() and p.is_relative_to(root)]
-        for folder in reversed(missing):  # one by one, so every new folder is 0700
-            ensure_private_dir(folder)
-        self._locate(rel)  # the folders just created must still lead inside
-        if append:
-            size = append_bytes(real, content.encode("utf-8"))
-            return f"Appended {len(content)} characters to {rel} (now {size} bytes)."
-        atomic_write_text(real, content)
+        if not real.is_relative_to(root):
+            raise ToolError(f"{rel} leads outside the workspace; refused")
+        folder = self._folder_of(real, rel, create=True)
+        try:
+            if append:
+                size = self._append(folder, real.name, rel, content.encode("utf-8"))
+                return f"Appended {len(content)} characters to {rel} (now {size} bytes)."
+            _replace_in(folder, real.name, content.encode("utf-8"))
+        except OSError as exc:
+            raise ToolError(f"could not write {rel}: {exc.strerror}") from None
+        finally:
+            os.close(folder)
         return f"Wrote {len(content)} characters to {rel}."
+
+    def _folder_of(self, real: Path, rel: PurePosixPath, *, create: bool = False) -> int:
+        """A descriptor of ``real``'s folder, reached from the workspace's one name at a time and never
+        through a symbolic link (``create``: making missing folders, 0700). The checks before looked at
+        names: a folder swapped for a link since (``ln``/``mv`` in the shell tool, racing a parallel
+        call) must fail here, not lead into the bot's state or out of the workspace."""
+        root = self._root.resolve()
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for name in real.parent.relative_to(root).parts:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, DIR_MODE, dir_fd=fd)
+                inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+        except OSError as exc:
+            os.close(fd)
+            raise ToolError(
+                f"a folder on the path of {rel} changed while it was used ({exc.strerror}); refused"
+            ) from None
+        return fd
+
+    def _append(self, folder: int, name: str, rel: PurePosixPath, data: bytes) -> int:
+        """Append durably; a file never grows past the read limit (it could not be read back)."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        fd = os.open(name, flags, FILE_MODE, dir_fd=folder)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise ToolError(f"{rel} is not a regular file; refused")
+            if info.st_size + len(data) > self._max:
+                raise ToolError(
+                    f"{rel} would grow past the {self._max}-byte limit of what can be read back; "
+                    "start a new file"
+                )
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if info.st_size == 0:  # maybe new: its name must survive a power cut too
+            os.fsync(folder)
+        return size
 
     def _list(self, rel: PurePosixPath) -> str:
         real = self._locate(rel)
@@ -315,6 +373,23 @@ _PARTIAL = (
     "would delete what you have not seen. Read the remaining pages first (action 'read' with the "
     "offset the last page named), or use action 'append' to add to it."
 )
+
+
+def _replace_in(folder: int, name: str, data: bytes) -> None:
+    """Replace ``name`` in the open ``folder`` atomically and durably (temp file, fsync, rename)."""
+    temp = f".{name[:40]}.{secrets.token_hex(4)}{TEMP_SUFFIX}"  # the shape remove_stale_temp_files knows
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE, dir_fd=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp, dir_fd=folder)
+        raise
+    os.fsync(folder)
 
 
 def _refuse_cut_views(content: str) -> None:

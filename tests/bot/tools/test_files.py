@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,6 +200,49 @@ async def test_symlinks_leading_out_are_refused(workspace: Path) -> None:
     # Searching never follows a link out.
     assert "TOP SECRET" not in await run(files, action="search", path=".", query="top secret")
     assert "(symbolic link)" in await run(files, action="list", path="notes")
+
+
+class SwapOnOpen:
+    """Swaps ``folder`` for a link to ``target`` the moment the tool first opens anything by its full
+    path under the workspace, after the name checks: the race ``ln``/``mv`` in the shell tool could run
+    against a parallel call, made certain. An audit hook sees the open before the kernel does."""
+
+    def __init__(self, root: Path, folder: Path, target: Path) -> None:
+        self.root, self.folder, self.target = str(root), folder, target
+        self.armed = False
+        sys.addaudithook(self)  # for the life of the process; it acts only while armed
+
+    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
+        if self.armed and event == "open" and isinstance(args[0], str) and args[0].startswith(self.root):
+            self.armed = False
+            self.folder.rename(self.folder.with_name("moved-away"))
+            self.folder.symlink_to(self.target)
+
+
+@pytest.mark.parametrize("action", ["write", "append", "read"])
+async def test_a_folder_swapped_for_a_link_after_the_checks_leads_nowhere(
+    workspace: Path, action: str
+) -> None:
+    (workspace / "notes" / "d").mkdir()
+    (workspace / "notes" / "d" / "cli:alice.json").write_text("mine")
+    swap = SwapOnOpen(workspace, workspace / "notes" / "d", workspace / "sessions")
+    swap.armed = True
+    args = {"content": "{}"} if action != "read" else {}
+    reason = await refused(tool(workspace), action=action, path="notes/d/cli:alice.json", **args)
+
+    assert "changed while it was used" in reason and not swap.armed
+    assert sorted(p.name for p in (workspace / "sessions").iterdir()) == ["cli:alice.json"]
+    assert (workspace / "sessions" / "cli:alice.json").read_text() == '{"secret": "other user"}'
+
+
+async def test_appends_stop_at_what_can_be_read_back(workspace: Path) -> None:
+    files = tool(workspace, max_bytes=1000)
+    for _ in range(2):
+        await run(files, action="append", path="notes/log.txt", content="x" * 400)
+    assert "would grow past the 1000-byte limit" in await refused(
+        files, action="append", path="notes/log.txt", content="x" * 400
+    )
+    assert (workspace / "notes" / "log.txt").stat().st_size == 800
 
 
 async def test_pipes_folders_and_oversized_files_are_refused(workspace: Path) -> None:
