@@ -21,6 +21,19 @@ Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 
 _METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# IANA's special-purpose ranges that are not globally reachable, named here rather than left to the
+# ``ipaddress`` tables of the running Python: 3.11's count only 192.0.0.0/29 of 192.0.0.0/24 as private
+# (192.0.0.192 is a cloud metadata address), and not 3fff::/20.
+_NOT_GLOBAL = tuple(
+    ipaddress.ip_network(net)
+    for net in (
+        "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+        "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15",
+        "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
+        "::/127", "64:ff9b:1::/48", "100::/64", "2001::/23", "2001:db8::/32", "3fff::/20", "5f00::/16",
+        "fc00::/7", "fe80::/10", "ff00::/8",
+    )
+)  # fmt: skip
 
 
 def refusal(ip: IPAddress) -> str | None:
@@ -47,7 +60,7 @@ def refusal(ip: IPAddress) -> str | None:
         return "a private network address"
     if ip.is_reserved:
         return "a reserved address"
-    if not ip.is_global:
+    if not ip.is_global or any(ip in net for net in _NOT_GLOBAL if net.version == ip.version):
         return "not a public address"
     return None
 

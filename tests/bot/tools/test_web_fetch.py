@@ -333,6 +333,10 @@ async def test_bad_urls_are_tool_errors(http: httpx.AsyncClient, url: str, reaso
         ("64:ff9b::a00:1", False),  # NAT64 around 10.0.0.1
         ("240.0.0.1", False),
         ("ff02::1", False),
+        # Not globally reachable, though Python 3.11's tables call them global.
+        ("192.0.0.192", False),  # a cloud metadata address in 192.0.0.0/24
+        ("3fff::1", False),
+        ("192.0.1.1", True),
     ],
 )
 def test_address_policy(address: str, public: bool) -> None:
