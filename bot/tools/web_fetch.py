@@ -9,6 +9,7 @@ the only place the tool layer catches httpx errors; they become tool errors the 
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import Collection
 from typing import Any
 
@@ -104,6 +105,7 @@ class WebFetchTool:
             "connection": "close",  # never reuse a connection made for another host name
             "user-agent": "membot-web-fetch/1.0",
             "accept": "text/html, text/plain, application/json;q=0.9, */*;q=0.5",
+            "accept-encoding": "gzip, deflate",  # decoded here, within the size limit (_decoder)
         }
         extensions = {"sni_hostname": url.host} if url.scheme == "https" else {}
         chunks: list[bytes] = []
@@ -114,7 +116,11 @@ class WebFetchTool:
             response = await self._http.send(request, stream=True, follow_redirects=False)
             try:
                 if response.status_code not in _REDIRECTS:
-                    async for chunk in response.aiter_bytes():
+                    decoder = _decoder(response.headers.get("content-encoding", ""), url)
+                    # Raw bytes, decoded here no further than the limit: httpx would inflate each
+                    # network chunk whole first (a 1 MB gzip bomb is a gigabyte).
+                    async for raw in response.aiter_raw():
+                        chunk = decoder.decompress(raw, self._max - size + 1) if decoder else raw
                         chunks.append(chunk)
                         size += len(chunk)
                         if size > self._max:
@@ -124,9 +130,21 @@ class WebFetchTool:
                 await response.aclose()
         except httpx.TimeoutException:
             raise ToolError(f"{url.host} did not answer in time") from None
+        except zlib.error:
+            raise ToolError(f"{url.host} sent a compressed page that does not decompress") from None
         except httpx.HTTPError as exc:
             raise ToolError(f"could not fetch {url}: {type(exc).__name__} {exc}".rstrip()) from None
         return response.status_code, response.headers, b"".join(chunks)[: self._max], truncated
+
+
+def _decoder(encoding: str, url: httpx.URL) -> Any:
+    """A decompressor for the page's Content-Encoding (None: not compressed)."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        return zlib.decompressobj(32 + zlib.MAX_WBITS)  # a gzip or zlib header, told apart by zlib
+    raise ToolError(f"{url.host} sent the page encoded as {encoding!r}, which is not read")
 
 
 def _parse(raw: str, *, redirected: bool = False) -> httpx.URL:
