@@ -378,11 +378,15 @@ SECRET_MASK = "********"
 _URL_CREDENTIALS = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*://)[^/\s@]+@")
 
 
-def describe_settings(settings: Settings, config_file: Path | None = None) -> list[tuple[str, str, str]]:
-    """Rows of (setting, shown value, source) for every leaf setting; secrets are masked."""
+def describe_settings(
+    settings: Settings, config_file: Path | None = None, flags: dict[str, Any] | None = None
+) -> list[tuple[str, str, str]]:
+    """Rows of (setting, shown value, source) for every leaf setting; secrets are masked. ``flags`` are
+    the values the command line set (``--workspace``, ``--log-level``), above every other source."""
     toml = resolve_config_file(config_file)
     cls = type(settings)
     sources: list[tuple[str, dict[str, Any]]] = [
+        ("flag", _lower_keys(flags or {})),
         ("env", _lower_keys(EnvSettingsSource(cls)())),
         (".env", _lower_keys(DotEnvSettingsSource(cls)())),
     ]

@@ -9,7 +9,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from bot.cli.root import app, console, fail, options, settings_from
+from bot.cli.root import app, console, fail, options, overrides_from, settings_from
 from bot.errors import ConfigError
 
 
@@ -68,7 +68,7 @@ def show_config(ctx: typer.Context) -> None:
     table.add_column("setting", overflow="fold")
     table.add_column("value", overflow="fold", max_width=40)
     table.add_column("from", overflow="fold")
-    for name, value, origin in describe_settings(settings, options(ctx).config):
+    for name, value, origin in describe_settings(settings, options(ctx).config, overrides_from(options(ctx))):
         table.add_row(name, value, origin)
     console.print(table)
 

@@ -47,6 +47,17 @@ def test_priority_flags_over_env_over_dotenv_over_toml(
     assert rows["llm.timeout"][1] == "default"
 
 
+def test_values_the_command_line_set_are_shown_as_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMBOT_WORKSPACE", str(tmp_path / "from-env"))  # --workspace wins over it
+    flags = {"workspace": tmp_path / "from-flag", "log_level": "DEBUG"}
+    s = load_settings(env_file=None, overrides=flags)
+    rows = {name: (value, origin) for name, value, origin in describe_settings(s, None, flags)}
+    assert rows["workspace"] == (str(tmp_path / "from-flag"), "flag")
+    assert rows["log_level"] == ("DEBUG", "flag") and rows["timezone"][1] == "default"
+
+
 def test_secrets_are_masked_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMBOT_LLM__OPENAI__API_KEY", "sk-very-secret-value-123")
     s = load_settings(env_file=None)
