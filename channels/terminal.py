@@ -127,7 +127,8 @@ class TerminalChannel(Channel):
         else:
             if self._streamed:
                 self._writer.write("\n")
-            marker = "! " if message.is_error else ""
+            marked = not message.is_error or message.text.startswith("⚠️")  # one warning sign is enough
+            marker = "" if marked else "! "
             self._writer.write(f"membot › {marker}{message.text}\n")
         self._streamed = ""
         self.health.sent += 1
