@@ -334,7 +334,8 @@ def resolve_config_file(explicit: Path | None) -> Path | None:
     if explicit is not None:
         path = explicit.expanduser()
         if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist (check --config / MEMBOT_CONFIG)")
+            problem = "is a folder, not a TOML file" if path.is_dir() else "does not exist"
+            raise ConfigError(f"config file {path} {problem} (check --config / MEMBOT_CONFIG)")
         return path
     from_env = os.environ.get("MEMBOT_CONFIG")
     if from_env:

@@ -168,8 +168,9 @@ class SessionCommands:
                         return f"Nothing to compact: {len(session.messages)} {plural}, keeping {keep}."
                     return f"Not compacted: {result.reason}."
                 await self._sessions.save(session)
+        removed = f"{result.removed} message{'' if result.removed == 1 else 's'}"
         text = (
-            f"Compacted: removed {result.removed} messages, kept {result.kept}. "
+            f"Compacted: removed {removed}, kept {result.kept}. "
             f"Tokens {_tokens(result.tokens_before)} → {_tokens(result.tokens_after)}."
         )
         if result.fallback:
