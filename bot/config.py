@@ -206,7 +206,7 @@ class TelegramSettings(_Section):
     pairing: bool = True
     mode: Literal["polling", "webhook"] = "polling"
     webhook_listen: str = "127.0.0.1"
-    webhook_port: int = Field(default=8443, ge=1, le=65535)
+    webhook_port: int = Field(default=8443, ge=0, le=65535)
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
     base_url: str | None = None  # for tests / self-hosted Bot API servers
@@ -239,7 +239,7 @@ class DiscordSettings(_Section):
 class AdminSettings(_Section):
     enabled: bool = False
     host: str = "127.0.0.1"
-    port: int = Field(default=9464, ge=1, le=65535)
+    port: int = Field(default=9464, ge=0, le=65535)  # 0: any free port
 
 
 class LifecycleSettings(_Section):

@@ -82,8 +82,7 @@ def edit(ctx: typer.Context) -> None:
 
     You edit a copy, saved when the editor exits; what the bot wrote meanwhile is merged in.
     """
-    from bot.memory import Limits, LongTermMemory
-    from bot.memory.longterm import NotUtf8
+    from bot.memory import Limits, LongTermMemory, NotUtf8
 
     settings = settings_from(ctx)
     path = _run(settings, lambda service: _path(service))

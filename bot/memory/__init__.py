@@ -5,7 +5,7 @@ from bot.memory.archive import TranscriptArchive
 from bot.memory.consolidation import ConsolidationResult
 from bot.memory.embeddings import Embedder, build_embedder
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
-from bot.memory.longterm import Limits, LongTermMemory
+from bot.memory.longterm import Limits, LongTermMemory, NotUtf8
 from bot.memory.pack import MemoryPack
 from bot.memory.prompt import system_prompt
 from bot.memory.retrieval import ScoredItem
@@ -28,6 +28,7 @@ __all__ = [
     "MemoryPack",
     "MemoryService",
     "MemoryTool",
+    "NotUtf8",
     "Reference",
     "ScoredItem",
     "TranscriptArchive",
