@@ -63,6 +63,7 @@ from bot.memory.prompt import (
 from bot.memory.recall import Candidate, Memory, Recaller, key_of
 from bot.memory.retrieval import Retriever, ScoredItem, asks_about_assistant, diversify
 from bot.memory.scope import CHATS_DIR, ChatFolders, belongs_to
+from bot.memory.timehints import periods
 from bot.memory.vectors import VECTORS_DIR, Feedback, VectorStore
 from bot.memory.words import load_lemmas, tokenize
 from bot.storage import ensure_private_dir, fix_private_tree, line_bytes
@@ -643,7 +644,11 @@ class MemoryService:
         recent: list[tuple[date, list[str]]] = []
         if not pack.text:
             used = sum(self.recaller.count(line) + 1 for line in today_lines)
-            earlier = self._said_between(midnight - timedelta(days=s.recent_days), midnight, session_id, skip)
+            # Nothing matched the words: what was said lately, or in the period the query names
+            # ("what did we talk about last Tuesday?" has no word to match).
+            named = periods(query, now, self.tz) if query.strip() else []
+            start, end = named[0] if named else (midnight - timedelta(days=s.recent_days), midnight)
+            earlier = self._said_between(start, min(end, midnight), session_id, skip)
             for memory, line in self._fit_notes(earlier, max(0, notes_budget - used)):
                 day = memory.when.astimezone(self.tz).date()
                 if not recent or recent[-1][0] != day:

@@ -83,7 +83,7 @@ Span = tuple[datetime, datetime]
 def time_hint(query: str, now: datetime, tz: ZoneInfo) -> TimeMatch | None:
     """A predicate for "said in the period the query names", or ``None`` when it names none."""
     months = {MONTHS[m.group(1).lower()] for m in _MONTH.finditer(query)}
-    spans = _spans(query, now, tz)
+    spans = periods(query, now, tz)
     if not months and not spans:
         return None
 
@@ -93,8 +93,9 @@ def time_hint(query: str, now: datetime, tz: ZoneInfo) -> TimeMatch | None:
     return matches
 
 
-def _spans(query: str, now: datetime, tz: ZoneInfo) -> list[Span]:
-    """The periods the query names, each as [start, end] (end never past ``now``)."""
+def periods(query: str, now: datetime, tz: ZoneInfo) -> list[Span]:
+    """The periods the query names, each as [start, end] (end never past ``now``); a month named
+    without a year ("in March") is not one of them."""
     spans: list[Span] = []
     days = next((d for pattern, d in _WINDOWS if pattern.search(query)), None)
     if days is not None:

@@ -169,6 +169,26 @@ async def test_todays_notes_leave_out_acknowledgements(memory: MemoryService, cl
     assert "Thanks a lot" not in notes and "Okay, great" not in notes
 
 
+async def test_a_question_that_names_only_a_time_is_shown_what_was_said_then(
+    memory: MemoryService, clock: Clock
+) -> None:
+    """"What did we talk about last Thursday?" has no word to match: the notes of that day stand in
+    for the pack, instead of the last week's (2024-05-20 is a Monday)."""
+    clock.advance(days=-11)  # Thursday 2024-05-09
+    await memory.record_exchanges([exchange(clock, "we planned the garden layout", "Raised beds, then")])
+    clock.advance(days=9)  # Saturday 2024-05-18
+    await memory.record_exchanges([exchange(clock, "my tax return is due soon", "Start this week")])
+    clock.advance(days=2)
+
+    named = (await memory.context("What did we talk about on Thursday the week before last?")).text
+    thursday = (await memory.context("What did we talk about 11 days ago?")).text
+    lately = (await memory.context("What did we talk about?")).text
+
+    assert "### 2024-05-09" in thursday and "garden layout" in thursday and "tax return" not in thursday
+    assert "tax return" in lately and "garden" not in lately  # no period named: the last 7 days
+    assert "garden" not in named  # "on Thursday" is the last one (05-16): nothing was said then
+
+
 async def test_the_running_bot_maintains_items_daily_and_after_consolidation(
     tmp_path: Path, clock: Clock
 ) -> None:
