@@ -121,14 +121,15 @@ async def import_conversations(
 async def import_sessions(
     service: MemoryService, sessions: Sequence[ImportSession], *, progress: Progress | None = None
 ) -> ImportReport:
-    turns = items = 0
+    turns = 0
+    before = len(service.items)
     for done, session in enumerate(sessions, start=1):
-        exchanges = list(exchanges_of(session))
-        items += len(await service.record_exchanges(exchanges, replay=True))
+        await service.record_exchanges(list(exchanges_of(session)), replay=True)
         turns += len(session.turns)
         if progress is not None:
             progress(done, len(sessions))
-    return ImportReport(len(sessions), turns, items)
+    # New items only: what an import run before already made merges into what is there.
+    return ImportReport(len(sessions), turns, len(service.items) - before)
 
 
 def exchanges_of(session: ImportSession) -> list[Exchange]:

@@ -47,6 +47,8 @@ def test_import_then_search_stats_and_show(tmp_path: Path) -> None:
     imported = membot("memory", "import", str(export), workspace=ws)
     assert imported.returncode == 0, imported.stderr
     assert "imported 2 sessions, 4 turns" in imported.stdout
+    again = membot("memory", "import", str(export), workspace=ws)  # safe to run again: nothing new
+    assert "imported 2 sessions, 4 turns, 0 memory items" in again.stdout, again.stdout
 
     found = membot("memory", "search", "which tea do I like", "-k", "3", workspace=ws)
     assert found.returncode == 0 and "green tea from Kyoto" in found.stdout
