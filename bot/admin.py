@@ -28,6 +28,7 @@ from aiohttp import web
 from bot.config import AdminSettings
 from bot.errors import ConfigError
 from bot.llm import LLMStats
+from bot.logging import redact_shapes
 from bot.metrics import CONTENT_TYPE, Metrics
 from bot.ports import ChannelHealth
 
@@ -66,7 +67,7 @@ def _llm_report(stats: LLMStats | None) -> dict[str, Any]:
     return {
         "reachable": stats.last_ok,  # None: no call made yet
         "last_call_at": stats.last_call_at.isoformat() if stats.last_call_at else None,
-        "last_error": stats.last_error,
+        "last_error": redact_shapes(stats.last_error) if stats.last_error else None,  # a key in a URL
         "calls": stats.calls,
         "failures": stats.failures,
     }

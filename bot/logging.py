@@ -79,6 +79,15 @@ class SecretRedactor:
         return event_dict
 
 
+def redact_shapes(text: str) -> str:
+    """``text`` with every credential-shaped string masked (for what leaves the process other than
+    through the log, such as /healthz)."""
+    return _SHAPES.redact(text)
+
+
+_SHAPES = SecretRedactor()
+
+
 def configure_logging(
     *,
     level: str = "INFO",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import re
 from datetime import datetime
 from pathlib import Path
@@ -149,6 +150,9 @@ def test_health_is_503_when_any_channel_is_not_running() -> None:
         "failures": 0,
     }
     assert health_report({}, None, uptime=1)[0] == 503
+    # A key the operator put in a base URL's query string is not shown to whoever may ask /healthz.
+    leaky = LLMStats(last_error="ConnectError: http://llm.local/v1?api_key=hunter2secret failed")
+    assert "hunter2secret" not in json.dumps(health_report({}, leaky, uptime=1)[1])
 
 
 async def test_a_taken_port_is_a_config_error_naming_the_setting() -> None:
