@@ -31,6 +31,7 @@ import hashlib
 import json
 import re
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -40,6 +41,7 @@ from telegram import Bot, BotCommand, Message, Update
 from telegram.constants import ChatType, MessageEntityType
 from telegram.error import Conflict, InvalidToken, TelegramError
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder
+from telegram.warnings import PTBUserWarning
 
 from bot.config import TelegramSettings
 from bot.domain import InboundMessage, OutboundMessage
@@ -60,6 +62,8 @@ if TYPE_CHECKING:
     from channels.telegram.webhook import WebhookServer
 
 log = structlog.get_logger(__name__)
+_RAW_GET_UPDATES = r"Please use 'Bot\.getUpdates' instead of 'Bot\.do_api_request"
+warnings.filterwarnings("ignore", message=_RAW_GET_UPDATES, category=PTBUserWarning)
 
 COMMANDS_STATE_FILE = "telegram_commands.json"
 _ALLOWED_UPDATES = ["message"]
@@ -261,15 +265,41 @@ class TelegramChannel(Channel):
             on_error=self._on_poll_error,
             room=journal.room,
             storage_backoff=self._intake_outage.delay,
+            fetch_one=self._fetch_one,
         )
         self._polling = asyncio.create_task(self._poller.run(), name="telegram-polling")
         self._polling.add_done_callback(self._on_polling_ended)
+
+    async def _fetch_one(self, offset: int | None) -> tuple[int, Update | None] | None:
+        """The first update from ``offset`` on, raw, and its parse (None when PTB cannot read it).
+
+        Raw through ``do_api_request``, since ``get_updates`` parses before it returns; PTB's warning
+        that ``get_updates`` exists is silenced for this call at import (:data:`_RAW_GET_UPDATES`)."""
+        found = await self.bot.do_api_request(
+            "getUpdates",
+            api_kwargs={
+                "offset": offset,
+                "limit": 1,
+                "timeout": 0,
+                "allowed_updates": list(_ALLOWED_UPDATES),
+            },
+        )
+        if not isinstance(found, list) or not found or not isinstance(found[0], dict):
+            return None
+        raw = found[0]
+        try:
+            return int(raw["update_id"]), Update.de_json(raw, self.bot)
+        except (KeyError, TypeError, ValueError):
+            return (int(raw["update_id"]), None) if isinstance(raw.get("update_id"), int) else None
 
     def _on_polling_ended(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or task.exception() is None:
             return
         self.health.state = "failed"
-        self.health.error = "polling stopped: Telegram rejected the bot token"
+        error = task.exception()
+        revoked = isinstance(error, InvalidToken)
+        why = "Telegram rejected the bot token" if revoked else f"{type(error).__name__} (see the log)"
+        self.health.error = f"polling stopped: {why}"
         log.error("telegram_polling_ended", error=type(task.exception()).__name__)
 
     async def _start_webhook(self) -> None:

@@ -33,6 +33,10 @@ Fetch = Callable[[int | None, int], Awaitable[Sequence[Update]]]
 Accept = Callable[[Sequence[Update]], Awaitable[object]]
 """Stores a batch durably (returns once it is on disk) or raises; it logs storage outages itself."""
 
+FetchOne = Callable[[int | None], Awaitable[tuple[int, Update | None] | None]]
+"""``offset`` → the first update from ``offset`` on as its id and its parse (``None``: it cannot be
+read), fetched raw; ``None`` when there is none."""
+
 
 class UpdatePoller:
     """Runs ``getUpdates`` until cancelled; :meth:`confirm` on shutdown tells Telegram what was stored.
@@ -45,6 +49,10 @@ class UpdatePoller:
         room: waited for before each poll, so a full journal stops fetching (Telegram keeps the rest).
         storage_backoff: the pause before fetching again after the n-th batch in a row could not be stored.
         max_backoff: the longest pause after failed polls.
+        fetch_one: fetches one update raw (see :data:`FetchOne`). When a batch cannot be read (python-
+            telegram-bot refuses an update, say a date past the year 9999) the updates are then taken
+            one at a time and the unreadable one is set aside: otherwise it would stop polling for every
+            chat, after every restart.
     """
 
     def __init__(
@@ -57,7 +65,9 @@ class UpdatePoller:
         room: Callable[[], Awaitable[None]] | None = None,
         storage_backoff: Callable[[int], float] = lambda n: min(30.0, 0.5 * 2 ** (n - 1)),
         max_backoff: float = 30.0,
+        fetch_one: FetchOne | None = None,
     ) -> None:
+        self._fetch_one = fetch_one
         self._fetch = fetch
         self._accept = accept
         self._timeout = timeout
@@ -88,6 +98,12 @@ class UpdatePoller:
                 errors += 1
                 await asyncio.sleep(_pause(exc, errors, self._max_backoff))
                 continue
+            except Exception:
+                log.exception("telegram_updates_unreadable", offset=self._next)
+                errors += 1
+                if not await self._step_past_unreadable():
+                    await asyncio.sleep(float(min(self._max_backoff, 2 ** (errors - 1))))
+                continue
             errors = 0
             if not updates:
                 continue
@@ -101,6 +117,29 @@ class UpdatePoller:
                 continue  # not confirmed: the next poll asks for the same updates again
             unstored = 0
             self._next = max(u.update_id for u in updates) + 1
+
+    async def _step_past_unreadable(self) -> bool:
+        """Take the next update alone: stored if it can be read, set aside if not. False: no progress."""
+        if self._fetch_one is None:
+            return False
+        try:
+            found = await self._fetch_one(self._next)
+            if found is None:
+                return False
+            update_id, update = found
+            if update is not None:
+                await self._accept([update])
+            else:  # its sender's message is lost: say so where the operator looks
+                log.error(
+                    "telegram_update_set_aside",
+                    update_id=update_id,
+                    reason="python-telegram-bot cannot read it",
+                )
+        except Exception:
+            log.exception("telegram_update_not_taken", offset=self._next)
+            return False
+        self._next = update_id + 1
+        return True
 
     async def confirm(self) -> None:
         """Tell Telegram which updates were stored, so the next start does not fetch them again."""

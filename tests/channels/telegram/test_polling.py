@@ -85,6 +85,24 @@ async def test_an_update_delivered_again_after_a_failed_confirmation_is_taken_on
     assert [m.text for m in sink.received] == ["only once", "sentinel"]
 
 
+async def test_an_update_python_telegram_bot_cannot_read_is_set_aside_and_polling_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A date past the year 9999 makes PTB's parse of the whole batch raise ValueError: polling used to
+    stop for every chat, and again after every restart (Telegram keeps the update)."""
+    async with FakeTelegramServer() as tg:
+        tg.push_message("before", chat_id=701)
+        tg.push_message("from the far future", chat_id=702, date=253402300800)
+        tg.push_message("after", chat_id=703)
+        async with running_channel(tg, tmp_path) as (channel, sink):
+            await sink.wait_for(2)
+            tg.push_message("later", chat_id=704)
+            await sink.wait_for(3)
+            assert channel.health.state == "running"
+    assert sorted(m.text for m in sink.received) == ["after", "before", "later"]
+    assert tg.calls_to("getUpdates")[-1].params.get("offset") == 5  # all four confirmed
+
+
 async def test_a_failed_hand_over_is_retried(tmp_path: Path) -> None:
     sink = BuggySink({"first": 2})
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, sink) as _:
