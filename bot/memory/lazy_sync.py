@@ -65,13 +65,13 @@ class LazySync:
     def left_by_last_run(self) -> datetime | None:
         """The marker's time, if the last run did not close cleanly (blocking; call at start)."""
         try:
-            text = self._marker.read_text(encoding="utf-8")
+            raw = self._marker.read_bytes()
         except FileNotFoundError:
             return None
         self._placed = self._inherited = True
         try:
-            when = datetime.fromisoformat(text.strip())
-        except ValueError:  # torn by the same power cut: look at every session
+            when = datetime.fromisoformat(raw.decode("utf-8").strip())
+        except ValueError:  # torn or damaged (not even UTF-8), by the same power cut: every session
             return datetime.fromtimestamp(0, UTC)
         return when if when.tzinfo else when.replace(tzinfo=UTC)
 

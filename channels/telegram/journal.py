@@ -264,11 +264,11 @@ class UpdateJournal:
 def _read(path: Path) -> dict[str, Any]:
     """The journal's content; a damaged file is moved aside (kept for the operator) and logged."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         return {}
-    with contextlib.suppress(ValueError):
-        data = json.loads(text)
+    with contextlib.suppress(ValueError):  # UnicodeDecodeError is one too: a byte that is not UTF-8
+        data = json.loads(raw.decode("utf-8"))
         if isinstance(data, dict) and isinstance(data.get("held", []), list):
             return data
     aside = path.with_name(path.name + ".damaged")

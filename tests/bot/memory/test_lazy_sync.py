@@ -58,6 +58,9 @@ async def test_a_marker_left_by_a_stopped_run_goes_only_once_recovered(tmp_path:
     await asyncio.to_thread(marker.write_text, "2024-03-0")  # torn by the cut itself: look at everything
     torn = LazySync(marker, flush)
     assert await asyncio.to_thread(torn.left_by_last_run) == datetime.fromtimestamp(0, UTC)
+    await asyncio.to_thread(marker.write_bytes, b"2024-03-04\xff\xfe")  # not even UTF-8: the same
+    damaged = LazySync(marker, flush)
+    assert await asyncio.to_thread(damaged.left_by_last_run) == datetime.fromtimestamp(0, UTC)
 
 
 def _cut_memory_of(ws: Path, message_ids: set[str], texts: list[str]) -> int:

@@ -106,11 +106,12 @@ async def test_a_release_that_could_not_be_saved_is_saved_when_storage_returns(t
     await journal.close()
 
 
-async def test_a_damaged_journal_is_kept_aside_and_a_fresh_one_started(tmp_path: Path) -> None:
-    (tmp_path / JOURNAL_FILE).write_text('{"held": [{"update_id": 1, "mess')
+@pytest.mark.parametrize("damage", [b'{"held": [{"update_id": 1, "mess', b'{"held": [], "x": "\xff\xfe"}'])
+async def test_a_damaged_journal_is_kept_aside_and_a_fresh_one_started(tmp_path: Path, damage: bytes) -> None:
+    (tmp_path / JOURNAL_FILE).write_bytes(damage)  # torn, or holding a byte that is not UTF-8
     journal = UpdateJournal(tmp_path / JOURNAL_FILE)
     assert await journal.load(bot_id=1) == 0
-    assert (tmp_path / f"{JOURNAL_FILE}.damaged").read_text().startswith('{"held"')
+    assert (tmp_path / f"{JOURNAL_FILE}.damaged").read_bytes() == damage
 
 
 async def test_an_unreadable_journal_stops_the_start_with_a_clear_error(tmp_path: Path) -> None:
