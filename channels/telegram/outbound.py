@@ -96,9 +96,10 @@ class TelegramOutbox:
         stream = self._streams.pop(message.chat_id, None)
         try:
             for index, chunk in enumerate(chunks):
+                edited = False
                 if index == 0 and stream is not None and stream.message is not None:
-                    await self._edit(chat, stream.message, chunk, stream.shown)
-                else:
+                    edited = await self._edit(chat, stream.message, chunk, stream.shown)
+                if not edited:  # also when the streamed message is gone (the user deleted it)
                     await self.deliver(chat, thread, chunk, reply_to if index == 0 else None)
         except TelegramError as exc:
             log.error("telegram_send_failed", chat_id=message.chat_id, error=str(exc))
@@ -149,10 +150,11 @@ class TelegramOutbox:
             return message_id
         return sent.message_id
 
-    async def _edit(self, chat: int, message_id: int, chunk: RenderedChunk, shown: str) -> None:
-        """Rewrite a streamed message in place (HTML, else plain text); unchanged text is fine."""
+    async def _edit(self, chat: int, message_id: int, chunk: RenderedChunk, shown: str) -> bool:
+        """Rewrite a streamed message in place (HTML, else plain text); unchanged text is fine.
+        False: the message is gone or can no longer be edited."""
         if (chunk.html or chunk.plain) == shown:
-            return
+            return True
         attempts: list[tuple[str, ParseMode | None]] = [(chunk.plain, None)]
         if chunk.html is not None:
             attempts.insert(0, (chunk.html, ParseMode.HTML))
@@ -163,13 +165,18 @@ class TelegramOutbox:
                     what="editMessageText",
                     chat=chat,
                 )
-                return
+                return True
             except BadRequest as exc:
-                if "message is not modified" in str(exc).lower():
-                    return
+                said = str(exc).lower()
+                if "message is not modified" in said:
+                    return True
+                if "message to edit not found" in said or "message can't be edited" in said:
+                    log.warning("telegram_stream_message_gone", chat_id=chat, error=str(exc))
+                    return False
                 if mode is None or not _is_parse_error(exc):
                     raise
                 log.warning("telegram_html_rejected", chat_id=chat, error=str(exc))
+        return True
 
     async def call(self, request: Callable[[], Awaitable[T]], *, what: str, chat: int | None = None) -> T:
         """Run one Bot API request, retrying timeouts, connection failures and 5xx with backoff."""

@@ -285,6 +285,18 @@ async def test_streaming_edits_one_message_in_place(tmp_path: Path) -> None:
     assert len(tg.calls_to("sendMessage")) == 1
 
 
+async def test_a_streamed_message_deleted_before_the_answer_ends_gets_the_answer_anew(tmp_path: Path) -> None:
+    """The final edit then fails ("message to edit not found"): the answer was kept until a restart."""
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, streaming=True) as (channel, _):
+        show = channel.partial_sink("777")
+        assert show is not None
+        await show("The answer is")
+        [partial] = tg.sent_to(777)
+        del tg.messages[partial.message_id]  # the user deleted the half-written message
+        await channel.send(OutboundMessage("telegram", "777", "The answer is forty-two."))
+        assert [m.text for m in tg.sent_to(777)] == ["The answer is forty-two."]
+
+
 async def test_streaming_is_off_by_default(tmp_path: Path) -> None:
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (channel, _):
         assert channel.partial_sink("777") is None
