@@ -382,6 +382,9 @@ class TelegramChannel(Channel):
             normalized = normalize_command(text, self.bot.username)
             if normalized is None:
                 return None  # a command for another bot in the same group
+            # In a group, "/usr/bin is broken" or "/shrug" is no command for us: only one of ours, or
+            # one addressed to this bot by name, is.
+            is_command = private or normalized != text or self._is_ours(normalized)
             text = normalized
         addressed = mentioned or is_command or self._replies_to_me(message)
         if not private and self._requires_mention(chat.id) and not addressed:
@@ -408,6 +411,11 @@ class TelegramChannel(Channel):
             is_group=not private,
         )
         return self._joiner.add(inbound, alone=is_command)
+
+    def _is_ours(self, text: str) -> bool:
+        """Whether ``text`` starts with one of the commands this bot offers (``/help``, ``/status``...)."""
+        name = text[1:].split(maxsplit=1)[0].lower() if len(text) > 1 else ""
+        return any(name == command.lower() for command, _ in self._commands)
 
     def _without_mention(self, message: Message) -> tuple[str, bool]:
         """The message text with this bot's @mention / text_mention cut out, and whether it had one."""

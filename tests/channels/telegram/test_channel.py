@@ -88,7 +88,11 @@ async def test_group_answers_only_when_addressed_and_only_in_allowed_groups(tmp_
         tg.push_message("in a topic", thread_id=7, reply_to_bot=True, **group)
         tg.push_message(f"@{BOT} mentioned in a topic", thread_id=7, **group)
         tg.push_message(f"/help@{BOT}", **group)
-        received = await sink.wait_for(5)
+        # A slash is not a command for us: a path, another bot's or a client's ("/shrug") are not.
+        tg.push_message("/usr/bin/python is broken on my box", **group)
+        tg.push_message("/shrug", **group)
+        tg.push_message("/status", **group)  # one of ours needs no name
+        received = await sink.wait_for(6)
         await asyncio.sleep(0.1)  # room for a wrongly admitted message to show up
     assert [(m.text, m.chat_id) for m in received] == [
         ("what's the time?", str(GROUP)),
@@ -96,6 +100,7 @@ async def test_group_answers_only_when_addressed_and_only_in_allowed_groups(tmp_
         ("in a topic", f"{GROUP}:7"),
         ("mentioned in a topic", f"{GROUP}:7"),
         ("/help", str(GROUP)),
+        ("/status", str(GROUP)),
     ]
     assert all(m.is_group for m in received)
     assert received[0].session_id == f"telegram:{GROUP}"
