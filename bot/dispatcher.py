@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,10 +37,14 @@ from bot.errors import LLMError, StorageError, plain_reason
 from bot.inbox import Inbox
 from bot.outbox import PendingReply
 from bot.ports import ChannelPort
+from bot.retry import Backoff
 from bot.sessions import SessionService
 from pipeline import Pipeline, Turn
 
 log = structlog.get_logger(__name__)
+
+RETRY = Backoff(2.0, 60.0)  # pauses before sending or writing again after a failure
+SEND_PATIENCE = 3600.0  # seconds an unsent answer holds its chat before it waits for the next start
 
 
 class TurnObserver(Protocol):
@@ -86,7 +90,11 @@ class Dispatcher:
         inbox: Inbox | None = None,
         max_inbound_chars: int = 16000,
         observer: TurnObserver | None = None,
+        retry: Backoff = RETRY,
+        send_patience: float = SEND_PATIENCE,
     ) -> None:
+        self._retry = retry
+        self._send_patience = send_patience
         self._pipeline = pipeline
         self._sessions = sessions
         self._commands = commands
@@ -98,6 +106,7 @@ class Dispatcher:
         self._ready: set[str] = set()
         self._lanes: dict[str, _Lane] = {}
         self._accepting = True
+        self._closing = asyncio.Event()  # set by close(): resends stop waiting (the inbox keeps them)
         self.turns_completed = 0  # finished turns since start (tests and operators wait on it)
 
     # -- wiring -----------------------------------------------------------------------------------
@@ -320,7 +329,10 @@ class Dispatcher:
                     lane.channel, lane.chat_id, text, entries, reply_to=first.message_id, is_error=is_error
                 )
                 # The answer is on disk before it is sent: a crash from here on resends, never re-asks.
-                await self._save(session, turn, replies=[reply] if entries else [])
+                # A full disk holds the chat here until the save goes through (nothing else is lost).
+                await self._persist(
+                    "session_save", lambda: self._save(session, turn, replies=[reply] if entries else [])
+                )
                 self.turns_completed += 1
                 log.info("turn_finished", outcome=outcome, failures=len(turn.failures))
                 await self._deliver(reply, lane)
@@ -330,18 +342,58 @@ class Dispatcher:
                 structlog.contextvars.unbind_contextvars("session_id", "channel", "turn_id")
 
     async def _deliver(self, reply: PendingReply, lane: _Lane | None = None) -> None:
-        """Send a saved answer. Confirmed: its inbox entries are done. Failed for good: it is kept in
-        the inbox and sent again on the next start."""
+        """Send a saved answer; once it went out, its inbox entries are done.
+
+        A platform that refuses it past the channel's own retries (an outage): it is kept in the
+        inbox, so a restart sends it, and sent again here with growing pauses for up to
+        ``send_patience`` while the chat waits, so answers keep their order. A done mark the disk
+        refuses is written again until it goes through: left out, the next start would answer twice."""
+        inbox = self._inbox
         sent = await self._send_out(reply.outbound())
         if lane is not None:
             lane.sent = True  # for /status and /stop the turn is over; the done mark is bookkeeping
-        if self._inbox is None or not reply.entries:
+        if inbox is None or not reply.entries:
             return
+        if not sent:
+            await self._persist("reply_keep", lambda: inbox.keep(reply))
+            if not await self._resend(reply):
+                return
         sid = f"{reply.channel}:{reply.chat_id}"
-        if sent:
-            await self._inbox.finish(sid, set(reply.entries), reply=reply.id)
-        else:
-            await self._inbox.keep(reply)
+        await self._persist("inbox_done_mark", lambda: inbox.finish(sid, set(reply.entries), reply=reply.id))
+
+    async def _resend(self, reply: PendingReply) -> bool:
+        """Send ``reply`` again with growing pauses for up to ``send_patience`` seconds."""
+        deadline = time.monotonic() + self._send_patience
+        attempt = 0
+        while time.monotonic() + (pause := self._retry(attempt)) <= deadline:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await self._closing.wait()
+            if self._closing.is_set():  # shutting down: the next start sends it
+                return False
+            attempt += 1
+            if await self._send_out(reply.outbound()):
+                log.info("reply_sent_late", channel=reply.channel, chat_id=reply.chat_id, attempts=attempt)
+                return True
+        log.error("reply_kept_for_next_start", channel=reply.channel, chat_id=reply.chat_id, attempts=attempt)
+        return False
+
+    async def _persist(self, what: str, write: Callable[[], Awaitable[object]]) -> None:
+        """``write`` again with growing pauses while storage refuses it (a full disk frees up; a
+        shutdown cancels the wait, and the inbox then has the work for the next start)."""
+        attempt = 0
+        while True:
+            try:
+                await write()
+            except (StorageError, OSError) as exc:
+                if attempt == 0:
+                    log.error("storage_write_failed_retrying", what=what, error=str(exc))
+                await asyncio.sleep(self._retry(attempt))
+                attempt += 1
+                continue
+            if attempt:
+                log.info("storage_write_recovered", what=what, attempts=attempt)
+            return
 
     async def _send(self, to: InboundMessage, text: str, *, error: bool = False) -> None:
         await self._send_out(
@@ -412,6 +464,7 @@ class Dispatcher:
         never ran and the turns cut short stay pending and are finished after the next start.
         """
         self._accepting = False
+        self._closing.set()
         workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
         for lane in self._lanes.values():
             lane.queue.clear()  # still pending in the inbox: finished on the next start

@@ -16,6 +16,7 @@ from bot.dispatcher import Dispatcher
 from bot.domain import InboundMessage, OutboundMessage, Role, utcnow
 from bot.errors import ChannelError
 from bot.inbox import COMPACT_AFTER, Inbox
+from bot.retry import Backoff
 from bot.sessions import JsonSessionStore, SessionService
 from channels.base import InboundSink
 from pipeline import Pipeline
@@ -35,10 +36,30 @@ class DownChannel(RecordingChannel):
         raise ChannelError("could not deliver a reply: Bad Gateway")
 
 
+class FlakyChannel(RecordingChannel):
+    """A platform that refuses the first ``failures`` sends (an outage past the channel's retries)."""
+
+    def __init__(self, submit: InboundSink, failures: int = 3) -> None:
+        super().__init__(submit)
+        self.failures = failures
+        self.attempts: list[OutboundMessage] = []
+
+    async def send(self, message: OutboundMessage) -> None:
+        self.attempts.append(message)
+        if len(self.attempts) <= self.failures:
+            raise ChannelError("could not deliver a reply: Bad Gateway")
+        await super().send(message)
+
+
+QUICK = Backoff(0.01, 0.05)  # the dispatcher's pauses before sending or writing again, for tests
+
+
 def build(
     tmp_path: Path,
     model: ModelSystem,
     channel_type: type[RecordingChannel] = RecordingChannel,
+    *,
+    send_patience: float = 5.0,
     **settings: object,
 ) -> tuple[Dispatcher, RecordingChannel, SessionService]:
     sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
@@ -48,6 +69,8 @@ def build(
         CommandRouter(),
         DispatcherSettings(**settings),  # type: ignore[arg-type]
         inbox=Inbox(tmp_path / "inbox"),
+        retry=QUICK,
+        send_patience=send_patience,
     )
     channel = channel_type(dispatcher.submit)
     return dispatcher, channel, sessions
@@ -87,11 +110,15 @@ async def test_an_answer_the_platform_refused_is_sent_on_the_next_start_without_
     tmp_path: Path,
 ) -> None:
     model = ModelSystem()
-    dispatcher, down, _ = build(tmp_path, model, DownChannel)
+    dispatcher, down, _ = build(tmp_path, model, DownChannel, send_patience=0.2)
     await dispatcher.recover()
     dispatcher.attach(down)
     await dispatcher.submit(msg("hello"))
     await settled(tmp_path, kept=1)
+    async with asyncio.timeout(5):  # sent again while the patience lasts, then left to the next start
+        while dispatcher.is_running("test:c1") or len(down.attempts) < 3:  # type: ignore[attr-defined]
+            await asyncio.sleep(0.01)
+    await dispatcher.close(grace=1)
     assert await pending(tmp_path) == ["hello"]  # not delivered: still pending
     model2 = ModelSystem()
     _, channel, sessions = await started(tmp_path, model2)
@@ -101,6 +128,57 @@ async def test_an_answer_the_platform_refused_is_sent_on_the_next_start_without_
     await settled(tmp_path)
     session = await sessions.get("test:c1")
     assert session is not None and [m.content for m in session.messages] == ["hello", "answer to hello"]
+
+
+async def test_an_answer_refused_during_an_outage_is_sent_when_it_ends_and_before_the_next_one(
+    tmp_path: Path,
+) -> None:
+    """It used to wait in the inbox for the next start (days, maybe), then arrive after later answers."""
+    model = ModelSystem()
+    dispatcher, flaky, _ = build(tmp_path, model, FlakyChannel)
+    await dispatcher.recover()
+    dispatcher.attach(flaky)
+    await dispatcher.submit(msg("first"))
+    await dispatcher.submit(msg("second"))
+    sent = await flaky.wait_for(2)
+    await settled(tmp_path)
+    assert [m.text for m in sent] == ["answer to first", "answer to second"]
+    assert [m.text for m in flaky.attempts].count("answer to first") == 4  # 3 refused, then sent once
+    assert model.seen == ["first", "second"]
+
+
+async def test_a_shutdown_does_not_wait_for_an_answer_being_sent_again(tmp_path: Path) -> None:
+    dispatcher, down, _ = build(tmp_path, ModelSystem(), DownChannel, send_patience=3600)
+    await dispatcher.recover()
+    dispatcher.attach(down)
+    await dispatcher.submit(msg("hello"))
+    await settled(tmp_path, kept=1)
+    started_at = asyncio.get_running_loop().time()
+    await dispatcher.close(grace=10)
+    assert asyncio.get_running_loop().time() - started_at < 1.0
+    assert await pending(tmp_path) == ["hello"]  # kept: the next start sends it
+
+
+async def test_a_save_the_disk_refuses_is_written_when_it_can_and_answered_once(tmp_path: Path) -> None:
+    """A full disk at the save lost the answer until a restart, which then asked the model again."""
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, _ = await started(tmp_path, model)
+    await dispatcher.submit(msg("hello"))
+    await model.started.wait()
+    folder = tmp_path / "sessions"
+    assert not folder.exists()  # made by the first save
+    folder.write_text("")  # where the sessions go cannot be a folder now: every save fails
+    model.gate.set()
+    await asyncio.sleep(0.2)
+    assert channel.sent == []  # never sent before it is on disk
+    folder.unlink()  # space is back
+    [sent] = await channel.wait_for(1)
+    await settled(tmp_path)
+    assert sent.text == "answer to hello" and model.seen == ["hello"]
+    await dispatcher.close(grace=1)
+    stored = await JsonSessionStore(folder).load("test:c1")
+    assert stored is not None and [m.content for m in stored.messages] == ["hello", "answer to hello"]
 
 
 async def test_stop_finishes_the_stopped_and_kept_messages(tmp_path: Path) -> None:

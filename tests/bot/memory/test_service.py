@@ -172,7 +172,7 @@ async def test_todays_notes_leave_out_acknowledgements(memory: MemoryService, cl
 async def test_a_question_that_names_only_a_time_is_shown_what_was_said_then(
     memory: MemoryService, clock: Clock
 ) -> None:
-    """"What did we talk about last Thursday?" has no word to match: the notes of that day stand in
+    """ "What did we talk about last Thursday?" has no word to match: the notes of that day stand in
     for the pack, instead of the last week's (2024-05-20 is a Monday)."""
     clock.advance(days=-11)  # Thursday 2024-05-09
     await memory.record_exchanges([exchange(clock, "we planned the garden layout", "Raised beds, then")])
