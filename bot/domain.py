@@ -255,3 +255,6 @@ class OutboundMessage:
     reply_to: str | None = None
     is_error: bool = False
     is_final: bool = True
+    # The same answer sent again (after a failure) carries the same key, so a channel that delivered
+    # part of it sends only the rest.
+    key: str | None = None

@@ -39,7 +39,7 @@ class PendingReply:
 
     def outbound(self) -> OutboundMessage:
         return OutboundMessage(
-            self.channel, self.chat_id, self.text, reply_to=self.reply_to, is_error=self.is_error
+            self.channel, self.chat_id, self.text, reply_to=self.reply_to, is_error=self.is_error, key=self.id
         )
 
     def to_record(self, *, text_of: str | None = None) -> dict[str, Any]:

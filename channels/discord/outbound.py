@@ -11,6 +11,7 @@ with its channel id and raised as :class:`~bot.errors.ChannelError`, never dropp
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -102,7 +103,8 @@ class DiscordOutbox:
         )
         target = self._client().get_partial_messageable(int(message.chat_id))
         stream = self._streams.pop(message.chat_id, None)
-        nonce = secrets.token_hex(8)
+        # An answer sent again keeps its nonces, so Discord drops a part it already has (enforce_nonce).
+        nonce = hashlib.sha256(message.key.encode()).hexdigest()[:16] if message.key else secrets.token_hex(8)
         for index, chunk in enumerate(chunks):
             streamed = stream.message if index == 0 and stream is not None else None
             if streamed is not None and await self._finish_stream(streamed, chunk, message.chat_id):

@@ -85,6 +85,7 @@ class TelegramOutbox:
         self._pacer = pacer
         self._monotonic = monotonic
         self._streams: dict[str, StreamedMessage[int, RenderedChunk]] = {}
+        self._delivered: dict[str, int] = {}  # chunks of a keyed answer that went out before a failure
 
     async def send(self, message: OutboundMessage) -> None:
         """Deliver a whole reply; raises ChannelError (after logging it) if part of it could not go out."""
@@ -94,14 +95,20 @@ class TelegramOutbox:
         quoted = message.reply_to or ""
         reply_to = int(quoted) if in_group and quoted.isdigit() else None
         stream = self._streams.pop(message.chat_id, None)
+        done = self._delivered.pop(message.key, 0) if message.key else 0  # sent again: only the rest
         try:
             for index, chunk in enumerate(chunks):
+                if index < done:
+                    continue
                 edited = False
                 if index == 0 and stream is not None and stream.message is not None:
                     edited = await self._edit(chat, stream.message, chunk, stream.shown)
                 if not edited:  # also when the streamed message is gone (the user deleted it)
                     await self.deliver(chat, thread, chunk, reply_to if index == 0 else None)
+                done = index + 1
         except TelegramError as exc:
+            if message.key and done:
+                self._delivered[message.key] = done
             log.error("telegram_send_failed", chat_id=message.chat_id, error=str(exc))
             reason = f"could not deliver a reply to Telegram chat {message.chat_id}: {exc}"
             raise ChannelError(reason) from exc

@@ -270,6 +270,23 @@ async def test_5xx_is_retried_and_a_final_failure_is_raised_and_counted(tmp_path
         assert len(tg.calls_to("sendMessage")) == 3 + 5  # 1 + max_retries (4) attempts
 
 
+async def test_an_answer_sent_again_after_a_part_failed_sends_only_the_rest(tmp_path: Path) -> None:
+    """A three-message answer whose second message failed was sent whole again: the first twice."""
+    text = "\n\n".join(f"Paragraph {i}: " + "word " * 300 for i in range(9))
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (channel, _):
+        tg.fail("sendMessage", 502, "Bad Gateway", times=100, when=lambda p: "Paragraph 3" in p["text"])
+        with pytest.raises(ChannelError):
+            await channel.send(OutboundMessage("telegram", "777", text, key="answer-1"))
+        first = [m.text for m in tg.sent_to(777)]
+        tg.failures.clear()
+        await channel.send(
+            OutboundMessage("telegram", "777", text, key="answer-1")
+        )  # the dispatcher's resend
+        texts = [m.text for m in tg.sent_to(777)]
+    assert len(first) == 1 and len(texts) >= 3 and texts[0] == first[0]
+    assert len(texts) == len(set(texts)) and " ".join(texts).split() == text.split()
+
+
 async def test_typing_indicator_runs_while_a_turn_is_active(tmp_path: Path) -> None:
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (channel, _):
         async with channel.activity("-100123:7"):
