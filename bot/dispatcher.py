@@ -396,8 +396,9 @@ class Dispatcher:
             return
 
     async def _send(self, to: InboundMessage, text: str, *, error: bool = False) -> None:
+        """A command's reply or a notice: beside whatever turn the chat is running."""
         await self._send_out(
-            OutboundMessage(to.channel, to.chat_id, text, reply_to=to.message_id, is_error=error)
+            OutboundMessage(to.channel, to.chat_id, text, reply_to=to.message_id, is_error=error, aside=True)
         )
 
     async def _send_out(self, out: OutboundMessage) -> bool:

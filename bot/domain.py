@@ -254,7 +254,9 @@ class OutboundMessage:
     text: str
     reply_to: str | None = None
     is_error: bool = False
-    is_final: bool = True
+    # A reply beside the chat's running turn (a command's, a notice): it must not take over the message
+    # that turn is streaming into.
+    aside: bool = False
     # The same answer sent again (after a failure) carries the same key, so a channel that delivered
     # part of it sends only the rest.
     key: str | None = None

@@ -102,7 +102,7 @@ class DiscordOutbox:
             replied_user=author is not None,
         )
         target = self._client().get_partial_messageable(int(message.chat_id))
-        stream = self._streams.pop(message.chat_id, None)
+        stream = None if message.aside else self._streams.pop(message.chat_id, None)
         # An answer sent again keeps its nonces, so Discord drops a part it already has (enforce_nonce).
         nonce = hashlib.sha256(message.key.encode()).hexdigest()[:16] if message.key else secrets.token_hex(8)
         for index, chunk in enumerate(chunks):

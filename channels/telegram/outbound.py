@@ -94,7 +94,7 @@ class TelegramOutbox:
         in_group = chat < 0  # quote the question in groups only; in a private chat it is noise
         quoted = message.reply_to or ""
         reply_to = int(quoted) if in_group and quoted.isdigit() else None
-        stream = self._streams.pop(message.chat_id, None)
+        stream = None if message.aside else self._streams.pop(message.chat_id, None)
         done = self._delivered.pop(message.key, 0) if message.key else 0  # sent again: only the rest
         try:
             for index, chunk in enumerate(chunks):

@@ -113,9 +113,11 @@ async def test_command_is_answered_while_a_slow_turn_runs(tmp_path: Path) -> Non
     await dispatcher.submit(msg("/help"))
     sent = await channel.wait_for(1)
     assert "Commands:" in sent[0].text
+    assert sent[0].aside  # beside the running turn: it must not take over a message that turn streams into
     assert dispatcher.is_running("test:c1")
     model.gate.set()
-    await channel.wait_for(2)
+    answer = (await channel.wait_for(2))[1]
+    assert not answer.aside and answer.key is not None  # the turn's answer, sent again by its key
 
 
 async def test_stop_cancels_turn_and_keeps_queued_messages(tmp_path: Path) -> None:

@@ -319,6 +319,19 @@ async def test_a_streamed_message_deleted_before_the_answer_ends_gets_the_answer
         assert [m.text for m in tg.sent_to(777)] == ["The answer is forty-two."]
 
 
+async def test_a_command_answered_while_an_answer_streams_leaves_the_stream_alone(tmp_path: Path) -> None:
+    """/status during a streamed answer took over its message: the status was lost, the answer twice."""
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, streaming=True) as (channel, _):
+        show = channel.partial_sink("777")
+        assert show is not None
+        await show("The answer is")
+        await channel.send(OutboundMessage("telegram", "777", "Model: test", aside=True))
+        await show("The answer is forty")
+        await channel.send(OutboundMessage("telegram", "777", "The answer is forty-two."))
+        texts = [m.text for m in tg.sent_to(777)]
+    assert texts == ["The answer is forty-two.", "Model: test"]
+
+
 async def test_streaming_is_off_by_default(tmp_path: Path) -> None:
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (channel, _):
         assert channel.partial_sink("777") is None
