@@ -43,7 +43,14 @@ from bot.pairing import PairingStore
 from bot.retry import retry
 from channels.base import Channel, InboundSink, PartialSink
 from channels.discord.commands import interaction_text, sync_commands
-from channels.discord.inbound import DiscordAccess, Place, addresses_bot, read_attachments, readable_text
+from channels.discord.inbound import (
+    DiscordAccess,
+    Place,
+    addresses_bot,
+    quoted,
+    read_attachments,
+    readable_text,
+)
 from channels.discord.outbound import DiscordOutbox, describe
 from channels.outage import StorageOutage, is_storage_error
 
@@ -184,7 +191,9 @@ class DiscordChannel(Channel):
                 return
             if not await self._admitted(user_id, message.author.display_name, place, message):
                 return
-            text = readable_text(message, bot.id)
+            text = "\n".join(
+                part for part in (quoted(message, bot.id), readable_text(message, bot.id)) if part
+            )
             attachments = await read_attachments(
                 message,
                 max_bytes=self._settings.max_attachment_bytes,

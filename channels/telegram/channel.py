@@ -66,6 +66,7 @@ _RAW_GET_UPDATES = r"Please use 'Bot\.getUpdates' instead of 'Bot\.do_api_reques
 warnings.filterwarnings("ignore", message=_RAW_GET_UPDATES, category=PTBUserWarning)
 
 COMMANDS_STATE_FILE = "telegram_commands.json"
+QUOTE_CHARS = 500  # of a replied-to message shown with the reply
 _ALLOWED_UPDATES = ["message"]
 _COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")
 _MAX_ATTEMPTS = 3  # an update whose intake fails this often for another reason than storage is dropped
@@ -389,6 +390,8 @@ class TelegramChannel(Channel):
         addressed = mentioned or is_command or self._replies_to_me(message)
         if not private and self._requires_mention(chat.id) and not addressed:
             return None
+        if not is_command:  # what the message answers or passes on is part of what it says
+            text = "\n".join(part for part in (_forwarded(message), self._quoted(message), text) if part)
         media = await extract_media(
             message,
             download=self._download,
@@ -434,6 +437,22 @@ class TelegramChannel(Channel):
         if not spans:
             return text.strip(), False
         return remove_utf16_spans(text, spans), True
+
+    def _quoted(self, message: Message) -> str:
+        """The message it replies to, quoted, unless that is the bot's own (in the history already) or
+        a forum topic's first message (every message of a topic "replies" to it)."""
+        replied = message.reply_to_message
+        if replied is None or self._replies_to_me(message):
+            return ""
+        if message.is_topic_message and replied.message_id == message.message_thread_id:
+            return ""
+        said = " ".join(scrub(replied.text or replied.caption or "").split())
+        if not said:
+            return ""
+        if len(said) > QUOTE_CHARS:
+            said = said[:QUOTE_CHARS] + "…"
+        who = replied.from_user.full_name if replied.from_user is not None else "someone"
+        return f'[replying to {who}: "{said}"]'
 
     def _replies_to_me(self, message: Message) -> bool:
         replied = message.reply_to_message
@@ -494,6 +513,21 @@ class TelegramChannel(Channel):
 
     def partial_sink(self, chat_id: str) -> PartialSink | None:
         return self._out.stream(chat_id) if self._settings.streaming else None
+
+
+def _forwarded(message: Message) -> str:
+    """``[forwarded from …]`` for a forwarded message (the model would take it for the user's words)."""
+    origin = message.forward_origin
+    if origin is None:
+        return ""
+    name = (
+        getattr(getattr(origin, "sender_user", None), "full_name", None)
+        or getattr(origin, "sender_user_name", None)
+        or getattr(getattr(origin, "sender_chat", None), "title", None)
+        or getattr(getattr(origin, "chat", None), "title", None)
+        or "someone"
+    )
+    return f"[forwarded from {name}]"
 
 
 def _read_json(path: Path) -> dict[str, Any]:

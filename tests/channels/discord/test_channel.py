@@ -155,7 +155,21 @@ async def test_guild_messages_need_a_mention_or_a_reply(tmp_path: Path) -> None:
             channel_id=w.quiet, author=w.bob, content="no mention needed here", guild=w.guild
         )
         await d.wait_for_bot_messages(w.quiet)
-        assert w.user_texts() == ["ask @alice about #quiet", "and more?", "no mention needed here"]
+        alices = await d.user_message(
+            channel_id=w.quiet, author=w.alice, content="The earth is flat", guild=w.guild
+        )
+        await d.wait_for_bot_messages(w.quiet, 2)
+        await d.user_message(
+            channel_id=w.quiet, author=w.bob, content="is this true?", guild=w.guild, reply_to=alices
+        )
+        await d.wait_for_bot_messages(w.quiet, 3)
+        assert w.user_texts() == [
+            "ask @alice about #quiet",
+            "and more?",  # a reply to the bot: its own words are in the history already
+            "no mention needed here",
+            "The earth is flat",
+            '[replying to alice: "The earth is flat"]\nis this true?',
+        ]
 
 
 async def test_each_thread_is_its_own_session(tmp_path: Path) -> None:

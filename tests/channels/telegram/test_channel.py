@@ -106,6 +106,25 @@ async def test_group_answers_only_when_addressed_and_only_in_allowed_groups(tmp_
     assert received[0].session_id == f"telegram:{GROUP}"
 
 
+async def test_the_model_hears_what_a_message_replies_to_and_that_it_was_forwarded(tmp_path: Path) -> None:
+    """ "@bot is this true?" under Bob's "The earth is flat" reached the model as "is this true?"."""
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, allowed_groups=[str(GROUP)]) as (_, sink),
+    ):
+        bobs = tg.user_message("The earth is flat", chat_id=GROUP, chat_type="supergroup", first_name="Bob")
+        tg.push_message(f"@{BOT} is this true?", chat_id=GROUP, chat_type="supergroup", reply_to_message=bobs)
+        origin = {"type": "user", "date": 1, "sender_user": {"id": 9, "is_bot": False, "first_name": "Carol"}}
+        tg.push_message("Meeting moved to 3pm", forward_origin=origin)
+        tg.push_message("thanks!", reply_to_bot=True)  # the bot's own words are in the history already
+        received = await sink.wait_for(3)
+    assert [m.text for m in received] == [
+        '[replying to Bob: "The earth is flat"]\nis this true?',
+        "[forwarded from Carol]\nMeeting moved to 3pm",
+        "thanks!",
+    ]
+
+
 async def test_topic_message_that_only_replies_to_the_topic_start_is_not_a_reply(tmp_path: Path) -> None:
     async with (
         FakeTelegramServer() as tg,
