@@ -251,7 +251,9 @@ class MemoryService:
         for ex in exchanges:
             if ex.user is not None and ex.assistant is not None:
                 notes = self.notes_for(ex.session_id)
-                when = notes.local(ex.user.timestamp)  # the exchange happened when the user wrote
+                # The exchange happened when the user wrote; a date in the future (a platform's or a
+                # sender's clock) is filed under today, not under a day no note has reached yet.
+                when = notes.local(min(ex.user.timestamp, self.now()))
                 line = note_line(when, ex.user.content, ex.assistant.content)
                 note_lines.setdefault(notes.path_for(when.date()), []).append(line)
             for msg, turn in ((ex.user, ex.user_turn), (ex.assistant, ex.assistant_turn)):

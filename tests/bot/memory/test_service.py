@@ -169,6 +169,16 @@ async def test_todays_notes_leave_out_acknowledgements(memory: MemoryService, cl
     assert "Thanks a lot" not in notes and "Okay, great" not in notes
 
 
+async def test_a_message_dated_in_the_future_is_noted_under_today(memory: MemoryService, clock: Clock) -> None:
+    future = Exchange(
+        "cli:me",
+        Message(Role.USER, "hello from a wrong clock", timestamp=clock.now + timedelta(days=30000)),
+        Message(Role.ASSISTANT, "hi", timestamp=clock.now),
+    )
+    await memory.record_exchanges([future])
+    assert sorted(p.name for p in memory.root.glob("*.md")) == ["2024-05-20.md"]
+
+
 async def test_a_question_that_names_only_a_time_is_shown_what_was_said_then(
     memory: MemoryService, clock: Clock
 ) -> None:
