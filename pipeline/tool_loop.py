@@ -21,6 +21,7 @@ from bot.context_budget import ContextBudget
 from bot.domain import Message, Role, ToolCall
 from bot.errors import LLMContextOverflow
 from bot.llm import ChatRequest, ChatResponse
+from bot.surrogates import scrub
 from bot.tools import ToolContext, ToolError, ToolRegistry
 from pipeline.base import Turn
 
@@ -243,7 +244,9 @@ class _TurnRun:
         outcome = "ok"
         try:
             result, outcome = await self._execute(call)
-            return cap(result, self.settings.result_max_chars)
+            # A tool's text may hold lone surrogates (a file name that is not UTF-8, from os.scandir):
+            # stored, it made every later request of the chat fail to encode.
+            return cap(scrub(result), self.settings.result_max_chars)
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise

@@ -273,6 +273,28 @@ async def test_a_lone_surrogate_escaped_in_the_arguments_reaches_the_tool_replac
     assert turn.reply == "ok"
 
 
+class ListingTool:
+    name = "listing"
+    description = "List a folder."
+    parameters = NO_ARGS
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        return "caf\udce9.txt"  # os.scandir's name for a Latin-1 "café.txt"
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_lone_surrogate_in_a_tool_result_never_reaches_a_request(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    """Stored as is, it made this request and every later one of the chat fail to encode."""
+    server.script(FakeReply(tool_calls=[("listing", {})]), FakeReply(text="one file"))
+    turn = new_turn()
+    await loop_for(server, http, api, [ListingTool()], tool_settings(enabled=["listing"])).process(turn)
+
+    assert turn.reply == "one file" and not turn.failures
+    assert tool_results(turn.session) == ["caf\ufffd.txt"]
+
+
 class Sink:
     def __init__(self) -> None:
         self.shown: list[str] = []
