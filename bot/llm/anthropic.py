@@ -174,6 +174,8 @@ class StreamDecoder(StreamFold):
         kind = event.event if event.event != "message" else str(data.get("type", ""))
         if kind == "error":
             error = data.get("error") or {}
+            if not isinstance(error, dict):  # some compatible servers send the message alone
+                error = {"message": str(error)}
             raise stream_error(
                 str(error.get("type") or ""),
                 str(error.get("message") or "stream error"),

@@ -51,6 +51,7 @@ _OVERFLOW_MARKERS = (
     "context length",
     "context window",
     "context size",
+    "context limit",  # Anthropic: "input length and `max_tokens` exceed context limit: ..."
     "too many tokens",
 )
 # Mid-stream errors carry only an error type; these are the statuses the same error has as a response.

@@ -101,11 +101,33 @@ def parse_usage(data: Any) -> Usage:
         return Usage(calls=1)
     details = data.get("prompt_tokens_details") or {}
     return Usage(
-        input_tokens=int(data.get("prompt_tokens") or 0),
-        output_tokens=int(data.get("completion_tokens") or 0),
-        cached_tokens=int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
+        input_tokens=_count(data.get("prompt_tokens")),
+        output_tokens=_count(data.get("completion_tokens")),
+        cached_tokens=_count(details.get("cached_tokens")) if isinstance(details, dict) else 0,
         calls=1,
     )
+
+
+def _count(value: Any) -> int:
+    """A token count as a server reported it; anything that is no number counts as 0."""
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def text_of(content: Any) -> str:
+    """The answer's text. Some servers send a list of parts (Mistral's Magistral: thinking, then
+    text): only the text parts are the answer, the reasoning is not for the user."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text") or "") if isinstance(part, dict) else str(part)
+            for part in content
+            if not isinstance(part, dict) or part.get("type") in (None, "text")
+        )
+    return "" if content is None else str(content)
 
 
 def parse_response(body: Any, model: str, where: str = "OpenAI") -> ChatResponse:
@@ -122,9 +144,9 @@ def parse_response(body: Any, model: str, where: str = "OpenAI") -> ChatResponse
             for n, c in enumerate(message.get("tool_calls") or ())
         )
         # A refusal arrives instead of content; showing it beats an empty reply.
-        content = message.get("content") or message.get("refusal") or ""
+        content = text_of(message.get("content")) or text_of(message.get("refusal"))
         return ChatResponse(
-            content=str(content),
+            content=content,
             tool_calls=calls,
             usage=parse_usage(body.get("usage")),
             model=str(body.get("model") or model),
@@ -146,6 +168,7 @@ class StreamDecoder(StreamFold):
 
     def __init__(self, model: str, where: str = "OpenAI") -> None:
         super().__init__(model, where)
+        self._last = 0  # the slot of the tool call fragments without an index belong to
 
     @property
     def complete(self) -> bool:
@@ -168,7 +191,7 @@ class StreamDecoder(StreamFold):
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             if delta.get("content"):
-                out.extend(self._said(str(delta["content"])))
+                out.extend(self._said(text_of(delta["content"])))
             for fragment in delta.get("tool_calls") or ():
                 out.extend(self._fragment(fragment))
             if choice.get("finish_reason"):
@@ -176,10 +199,17 @@ class StreamDecoder(StreamFold):
         return out
 
     def _fragment(self, fragment: dict[str, Any]) -> list[StreamEvent]:
-        index = int(fragment.get("index", 0))
+        raw = fragment.get("index")
+        index = raw if isinstance(raw, int) else self._last
         slot = self._call(index)
         if fragment.get("id"):
+            if slot["id"] and slot["id"] != str(fragment["id"]):
+                # A new call in a slot already taken: servers that send parallel calls all at index 0
+                # (or none) mean a new call by a new id; merged, all but one were lost.
+                index = max(self._calls) + 1
+                slot = self._call(index)
             slot["id"] = str(fragment["id"])
+        self._last = index
         function = fragment.get("function") or {}
         if function.get("arguments"):
             slot["arguments"] += str(function["arguments"])

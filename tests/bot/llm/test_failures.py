@@ -53,6 +53,18 @@ def test_retry_after_forms() -> None:
             {"error": {"type": "request_too_large", "message": "Request exceeds the maximum size"}},
             LLMContextOverflow,
         ),
+        (
+            400,
+            {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": "input length and "
+                    "`max_tokens` exceed context limit: 197000 + 8192 > 200000, decrease input length",
+                },
+            },
+            LLMContextOverflow,
+        ),  # Anthropic's wording
         (400, {"error": {"message": "messages: roles must alternate"}}, LLMBadResponse),
         (404, {"error": {"message": "model not found"}}, LLMBadResponse),
         (408, {}, LLMUnavailable),

@@ -186,6 +186,38 @@ def test_openai_stream_decoder_joins_tool_fragments_by_index() -> None:
     assert (final.usage.input_tokens, final.usage.output_tokens) == (9, 4)
 
 
+def test_openai_parallel_calls_all_at_one_index_stay_apart() -> None:
+    """Gemini's OpenAI-compatible stream sends each whole call at index 0 (or none): merged into one,
+    all but one were lost and the last had three objects for arguments."""
+    decoder = openai.StreamDecoder("m")
+    for n, city in enumerate(["Paris", "London", "Rome"]):
+        call = {"id": f"c{n}", "function": {"name": "weather", "arguments": json.dumps({"city": city})}}
+        if n != 1:
+            call["index"] = 0
+        decoder.feed(sse({"choices": [{"delta": {"tool_calls": [call]}}]}))
+    decoder.feed(sse({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}))
+    assert [(c.id, json.loads(c.arguments)["city"]) for c in decoder.finish().tool_calls] == [
+        ("c0", "Paris"),
+        ("c1", "London"),
+        ("c2", "Rome"),
+    ]
+
+
+def test_openai_content_in_parts_shows_the_text_and_not_the_reasoning() -> None:
+    parts = [
+        {"type": "thinking", "thinking": [{"type": "text", "text": "private"}]},
+        {"type": "text", "text": "Paris"},
+    ]
+    assert openai.parse_response({"choices": [{"message": {"content": parts}}]}, "m").content == "Paris"
+    decoder = openai.StreamDecoder("m")
+    decoder.feed(sse({"choices": [{"delta": {"content": parts}}]}))
+    decoder.feed(
+        sse({"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": {"prompt_tokens": "n/a"}})
+    )
+    final = decoder.finish()
+    assert final.content == "Paris" and final.usage.input_tokens == 0  # a usage that is no number: 0
+
+
 def test_openai_stream_error_chunk_is_classified() -> None:
     decoder = openai.StreamDecoder("m")
     with pytest.raises(LLMUnavailable, match="mid-answer"):
