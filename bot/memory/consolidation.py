@@ -52,7 +52,11 @@ SYSTEM = (
     '"confidence": 0.0-1.0}]}\n'
     "Keep every fact the operator wrote in MEMORY.md unless the conversation shows it is wrong."
 )
-MIN_LINES_TO_GUARD = 6  # below this, "most lines" is too few to judge
+MIN_LINES_TO_GUARD = 6  # below this, "most lines" is too few to judge: only dropping all of them is
+# Answers models give for memory_pruned when they pruned nothing: no reason for dropping lines.
+NO_REASONS = frozenset(
+    {"none", "n/a", "na", "nothing", "no", "null", "nil", "-", "no changes", "nothing pruned"}
+)
 
 
 class ConsolidationObserver(Protocol):
@@ -164,9 +168,10 @@ def memory_problem(reply: Reply, current: str, *, max_bytes: int) -> str:
         return f"memory_update is {size} bytes, over the limit of {max_bytes} (memory.max_memory_hard_size)"
     lines = [line for line in current.splitlines() if line.strip()]
     kept = set(update.splitlines())
-    if len(lines) >= MIN_LINES_TO_GUARD and not reply.memory_pruned:
+    reason = reply.memory_pruned.strip().strip(".").lower()
+    if reason in NO_REASONS or len(reason) < 4:  # "none" or "N/A" gives no reason for a loss
         left = sum(line in kept for line in lines)
-        if left * 2 < len(lines):
+        if (left * 2 < len(lines) and len(lines) >= MIN_LINES_TO_GUARD) or (left == 0 and len(lines) >= 2):
             return f"memory_update keeps {left} of {len(lines)} lines and gives no reason (memory_pruned)"
     return ""
 

@@ -53,10 +53,17 @@ def conversation(clock: Clock) -> list[Message]:
 
 
 async def consolidate_with(
-    tmp_path: Path, clock: Clock, llm: LLMClient, reply: FakeReply, fake: FakeLLMServer, **settings: Any
+    tmp_path: Path,
+    clock: Clock,
+    llm: LLMClient,
+    reply: FakeReply,
+    fake: FakeLLMServer,
+    *,
+    facts: str = FACTS,
+    **settings: Any,
 ) -> tuple[Any, str, list[dict[str, Any]], Any]:
     memory = await make_memory(tmp_path, clock, llm, **settings)
-    await memory.longterm.update(lambda _: FACTS)
+    await memory.longterm.update(lambda _: facts)
     fake.script(reply)
     with capture_logs() as logs:
         result = await memory.consolidate("cli:me", conversation(clock), timeout=5)
@@ -131,6 +138,30 @@ async def test_an_update_dropping_most_lines_needs_a_reason(
     assert not result.raw_fallback and text == few
     removed = await asyncio.to_thread(memory.longterm.replaced_path.read_text)
     assert "- fact 159:" in removed  # and what it dropped can be put back
+
+
+@pytest.mark.parametrize(
+    ("facts", "update", "pruned"),
+    [
+        (FACTS, "- lives in Lisbon\n", "none"),  # "none" is no reason to drop 160 lines
+        (FACTS, "- lives in Lisbon\n", "N/A"),
+        ("".join(f"- operator fact {i}\n" for i in range(5)), "No changes.", ""),  # a short file: all gone
+    ],
+)
+async def test_an_update_dropping_the_file_for_no_reason_is_refused(
+    tmp_path: Path,
+    clock: Clock,
+    client: LLMClient,
+    fake_llm: FakeLLMServer,
+    facts: str,
+    update: str,
+    pruned: str,
+) -> None:
+    reply = FakeReply(
+        text=json.dumps({"history_entry": "x", "memory_update": update, "memory_pruned": pruned})
+    )
+    result, text, _, _ = await consolidate_with(tmp_path, clock, client, reply, fake_llm, facts=facts)
+    assert text == facts and result.raw_fallback and "gives no reason" in result.reason
 
 
 async def test_an_oversized_update_is_refused(
