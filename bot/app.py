@@ -321,7 +321,9 @@ def _context_budget(
     window = min(
         [info.max_input_tokens, *(catalog.get(m).max_input_tokens for m in settings.llm.fallback_models)]
     )
-    summary_model = catalog.for_tier("balanced", provider, default=primary)
+    # A server of one's own (base_url set) has the primary model, not the catalog's tier models.
+    own_server = (settings.llm.anthropic if provider == "anthropic" else settings.llm.openai).base_url
+    summary_model = primary if own_server else catalog.for_tier("balanced", provider, default=primary)
     retirer = MemoryRetirer(memory, timeout=settings.memory.consolidation_timeout)
     compaction = CompactionService(
         model,
@@ -442,6 +444,8 @@ async def run_chat(settings: Settings) -> None:
         await _open(channel, core)  # stopped by core.edge, once the dispatcher has drained
         try:
             await channel.wait_closed()
+            # The input ended (``echo hi | membot chat``, Ctrl-D): what was typed is answered first.
+            await core.dispatcher.settled(channel.session_id)
         finally:
             with contextlib.suppress(NotImplementedError):
                 loop.remove_signal_handler(signal.SIGINT)

@@ -310,6 +310,8 @@ class CompactionService:
         except Exception as exc:  # any failure of the summarizer must still make room
             log.warning("compaction_summary_failed", error=f"{type(exc).__name__}: {exc}")
             return None, f"the summary failed ({type(exc).__name__})"
+        if response.cut_off:  # its end, usually the newest facts, is missing: no summary beats half of one
+            return None, "the summary was cut at its output limit"
         text = clean_summary(response.content, max_chars=s.summary_max_tokens * 6)
         if text is None:
             return None, "the summary was empty or unusable"

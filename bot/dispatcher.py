@@ -419,6 +419,12 @@ class Dispatcher:
         lane = self._lanes.get(sid)
         return bool(lane and lane.turn and not lane.turn.done() and not lane.sent)
 
+    async def settled(self, sid: str) -> None:
+        """Returns once ``sid`` has nothing queued or running (its lane's worker has ended)."""
+        lane = self._lanes.get(sid)
+        while lane is not None and lane.worker is not None and not lane.worker.done():
+            await asyncio.wait([lane.worker])
+
     def queue_depth(self, sid: str) -> int:
         lane = self._lanes.get(sid)
         return len(lane.queue) if lane else 0

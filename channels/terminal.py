@@ -42,8 +42,6 @@ class TerminalChannel(Channel):
         self._closed = asyncio.Event()
         self._streamed = ""
         self._waiting = 0
-        self._answered = asyncio.Event()  # set while no reply is awaited
-        self._answered.set()
 
     @property
     def chat_id(self) -> str:
@@ -86,14 +84,12 @@ class TerminalChannel(Channel):
     def answer_stopped(self) -> None:
         """The running turn was stopped (and with it the queued ones): no reply is coming."""
         self._waiting = 0
-        self._answered.set()
         self.notice("[stopped]")
 
     async def _read_loop(self) -> None:
         while True:
             raw = await self._read_line()
-            if not raw:  # the input ended (a pipe, Ctrl-D): the answers on their way are printed first
-                await self._answered.wait()
+            if not raw:
                 break
             text = raw.decode("utf-8", errors="replace").strip()
             if not text:
@@ -102,7 +98,6 @@ class TerminalChannel(Channel):
             if text in ("/quit", "/exit"):
                 break
             self._waiting += 1
-            self._answered.clear()
             await self.handle_inbound(
                 InboundMessage(channel=self.name, chat_id=self._user, sender_id=self._user, text=text)
             )
@@ -125,8 +120,6 @@ class TerminalChannel(Channel):
 
     async def send(self, message: OutboundMessage) -> None:
         self._waiting = max(0, self._waiting - 1)
-        if not self._waiting:
-            self._answered.set()
         if self._streamed and message.text.startswith(self._streamed):
             # The stream already showed the beginning; print only what it had not shown yet.
             rest = message.text[len(self._streamed) :]

@@ -110,8 +110,9 @@ async def test_a_second_compaction_merges_the_previous_summary(
         (FakeReply(text="   "), "empty or unusable"),
         (FakeReply(text="?!?!?!?!?!?!?!?!?!?!?!?!?!"), "empty or unusable"),
         (FakeReply(text=SUMMARY, delay=1.0), "longer than 0.2 s"),
+        (FakeReply(text=SUMMARY, cut_off=True), "cut at its output limit"),  # its newest facts missing
     ],
-    ids=["server-error", "empty", "garbage", "timeout"],
+    ids=["server-error", "empty", "garbage", "timeout", "cut-off"],
 )
 async def test_a_failed_summary_falls_back_to_truncation(
     server: FakeLLMServer, catalog: ModelCatalog, http: httpx.AsyncClient, reply: FakeReply, reason: str

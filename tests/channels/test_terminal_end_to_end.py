@@ -12,7 +12,7 @@ from typing import Any
 from bot.app import build_core
 from bot.config import Settings, load_settings
 from channels.terminal import TerminalChannel
-from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.fakes.llm_server import FakeLLMServer
 
 
 async def settings_for(workspace: Path, llm: FakeLLMServer, **extra: Any) -> Settings:
@@ -113,20 +113,13 @@ async def test_status_says_memory_is_off_when_it_is(tmp_path: Path) -> None:
         assert "Memory: off" in out and "MEMORY.md" not in out
 
 
-async def test_input_that_ends_while_an_answer_is_coming_gets_the_answer_first(tmp_path: Path) -> None:
-    """``echo "hi" | membot chat``: the input ends at once, and the answer must still be printed."""
+async def test_with_a_server_of_ones_own_summaries_ask_for_its_model(tmp_path: Path) -> None:
+    """A local server (Ollama) was asked for the catalog's gpt-4.1-mini to summarize: every compaction
+    failed and fell back to cutting the history."""
     async with FakeLLMServer() as llm:
-        llm.script(FakeReply(text="here is your answer", delay=0.3))
         settings = await settings_for(tmp_path / "ws", llm)
-        reader, screen = asyncio.StreamReader(), Screen()
-        async with build_core(settings) as core:
-            channel = TerminalChannel(core.dispatcher.submit, user="alice", reader=reader, writer=screen)
-            core.dispatcher.attach(channel)
-            await channel.start()
-            reader.feed_data(b"hi\n")
-            reader.feed_eof()
-            async with asyncio.timeout(10):
-                await channel.wait_closed()
-            closed_with = screen.getvalue()
-            await channel.stop()
-        assert "membot › here is your answer" in closed_with
+        settings = settings.model_copy(update={"llm": settings.llm.model_copy(update={"model": "llama3.1"})})
+        lines = ["first fact", "second fact", "third fact", "/compact 1"]
+        out = await chat_once(settings, lines, "Compacted")
+    assert "No summary" not in out
+    assert {r.body["model"] for r in llm.requests} == {"llama3.1"}

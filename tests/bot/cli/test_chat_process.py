@@ -240,3 +240,18 @@ async def test_after_compact_a_strict_chat_template_still_accepts_every_request(
         assert [m["role"] for m in last][:2] == ["system", "user"]
         assert sum(m["role"] == "system" for m in last) == 1
         assert "[Conversation summary]" in last[0]["content"]  # folded into the one system prompt
+
+
+async def test_input_that_ends_while_answers_are_coming_gets_them_first(tmp_path: Path) -> None:
+    """``printf 'hi\\n/status\\nmore\\n' | membot chat``: the input ends at once; every answer is printed
+    before "bye" (collect mode joins messages, so there are fewer answers than lines)."""
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="first answer", delay=0.5))
+        async with membot_chat(tmp_path, llm) as chat:
+            for line in ("hi", "/status", "more", "and more"):
+                await chat.type(line)
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+    answers = chat.out.split("bye — the conversation is saved.")[0]
+    assert "first answer" in answers and "echo: more\n\nand more" in answers and "Uptime:" in answers

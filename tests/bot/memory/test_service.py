@@ -169,7 +169,9 @@ async def test_todays_notes_leave_out_acknowledgements(memory: MemoryService, cl
     assert "Thanks a lot" not in notes and "Okay, great" not in notes
 
 
-async def test_a_message_dated_in_the_future_is_noted_under_today(memory: MemoryService, clock: Clock) -> None:
+async def test_a_message_dated_in_the_future_is_noted_under_today(
+    memory: MemoryService, clock: Clock
+) -> None:
     future = Exchange(
         "cli:me",
         Message(Role.USER, "hello from a wrong clock", timestamp=clock.now + timedelta(days=30000)),
