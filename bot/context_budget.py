@@ -40,6 +40,9 @@ log = structlog.get_logger(__name__)
 
 META_OVERHEAD = "prompt_overhead_tokens"  # session.metadata: basis tokens of the last system prompt
 AFTER_FRACTION = 0.5  # after compacting, aim to use at most this share of the compaction threshold
+# ...of which the recent messages get at least this share whatever the memory reserve (the memory section
+# shrinks to fit beside them: memory_budget), or a small window kept only the newest message.
+RECENT_FRACTION = 0.25
 MARGIN_SHARE = 0.02  # of the window, for the estimate's error (on top of per-session calibration)
 MIN_MARGIN = 32
 SEPARATOR_TOKENS = 2  # between the base prompt and the memory section ("\n\n" is one token; one spare)
@@ -158,6 +161,7 @@ class ContextBudget:
         """How many recent messages a compaction keeps: ``keep_last``, or fewer if they would not fit."""
         budget = int(self.limit * AFTER_FRACTION) - self._base - self._memory
         budget -= min(self._settings.summary_max_tokens, self.limit // 10)  # room for the summary
+        budget = max(budget, int(self.limit * RECENT_FRACTION))
         used = kept = 0
         for message in reversed(session.messages):
             used += self._counter.scale(session, self._counter.message_tokens(message))
@@ -170,15 +174,19 @@ class ContextBudget:
 
     # -- compaction, from every place that triggers it --------------------------------------------
 
-    async def prepare(self, session: Session) -> CompactionResult | None:
-        """Before a turn: compact when the next prompt would pass the threshold (None: no need)."""
+    async def prepare(self, session: Session, *, keep_at_least: int = 1) -> CompactionResult | None:
+        """Before a turn: compact when the next prompt would pass the threshold (None: no need).
+        ``keep_at_least``: the turn's own messages, which stay."""
         estimate = await self.estimate(session)
         if not self.enabled or estimate <= self.limit:
             return None
         log.info("compaction_triggered", estimated=estimate, limit=self.limit, window=self.window)
-        return await self._compaction.compact(session, keep_last=self.keep_for(session), trigger="threshold")
+        keep = max(keep_at_least, self.keep_for(session))
+        return await self._compaction.compact(session, keep_last=keep, trigger="threshold")
 
-    async def on_overflow(self, session: Session, system_prompt: str, attempt: int) -> bool:
+    async def on_overflow(
+        self, session: Session, system_prompt: str, attempt: int, *, keep_at_least: int = 1
+    ) -> bool:
         """The provider refused a request as too long: trust our estimate less, compact harder.
 
         Returns whether room was made (the caller retries only then). With compaction disabled
@@ -188,7 +196,7 @@ class ContextBudget:
             return False
         raw = await self._counter.count_history(session) + self._counter.count_text(system_prompt)
         self._counter.note_overflow(session, raw, self.window - self.output)
-        keep = max(1, self.keep_for(session) >> (attempt - 1))
+        keep = max(keep_at_least, self.keep_for(session) >> (attempt - 1))
         log.warning("compaction_on_overflow", attempt=attempt, keep_last=keep, estimated_raw=raw)
         result = await self._compaction.compact(session, keep_last=keep, trigger="overflow")
         return result.performed

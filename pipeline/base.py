@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from bot.domain import InboundMessage, Message, Session, Usage, new_id, utcnow
+from bot.domain import InboundMessage, Message, Role, Session, Usage, new_id, utcnow
 from bot.ports import PartialSink
 
 
@@ -107,6 +107,16 @@ class Turn:
     @property
     def channel(self) -> str:
         return self.session.channel
+
+    def own_count(self) -> int:
+        """How many of the session's last messages are this turn's: the user messages it answers (all of
+        a collected batch) and what it added since. A compaction must keep them: retired, the question
+        being answered was gone from the next request, and no memory was made of it."""
+        messages = self.session.messages
+        start = len(messages) - len(self.new_messages)
+        while start > 0 and messages[start - 1].role is Role.USER:
+            start -= 1
+        return len(messages) - start
 
     def add_message(self, message: Message) -> None:
         """Append to the session and remember it as this turn's own, stamped with the turn's clock."""

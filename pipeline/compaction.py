@@ -33,7 +33,7 @@ class AutoCompactionSystem:
 
     async def process(self, turn: Turn) -> None:
         turn.diagnostics[DIAG_ESTIMATE] = await self._budget.estimate(turn.session)
-        result = await self._budget.prepare(turn.session)
+        result = await self._budget.prepare(turn.session, keep_at_least=turn.own_count())
         if result is not None and result.performed:
             turn.diagnostics[DIAG_ESTIMATE] = await self._budget.estimate(turn.session)
             turn.diagnostics["compaction"] = diagnostics(result)

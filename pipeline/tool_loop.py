@@ -176,7 +176,9 @@ class _TurnRun:
         if budget is None or self.overflows >= self.system._max_overflow_retries:
             return False
         self.overflows += 1
-        return await budget.on_overflow(self.turn.session, self.turn.system_prompt, self.overflows)
+        return await budget.on_overflow(
+            self.turn.session, self.turn.system_prompt, self.overflows, keep_at_least=self.turn.own_count()
+        )
 
     async def _call(self, request: ChatRequest) -> ChatResponse:
         sink = self.turn.on_partial

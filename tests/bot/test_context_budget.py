@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from bot.compaction import CompactionService
 from bot.config import CompactionSettings, MemorySettings, ToolSettings
 from bot.context_budget import ContextBudget, prompt_room
-from bot.domain import InboundMessage, Message, Role, Session, Usage
+from bot.domain import InboundMessage, Message, Role, Session, ToolCall, Usage
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 from bot.memory.service import Exchange, MemoryService
 from bot.tokens import TokenCounter
@@ -174,3 +174,32 @@ async def test_what_status_shows_is_the_request_that_was_sent_and_no_reserve(cou
     # Now with the answer, which the next request carries; the prompt's count is its parts' (a few more).
     assert sent <= after <= sent + counter.message_tokens(session.messages[-1]) + 10
     assert await budget.estimate(session) < after  # compaction's figure leaves the tools to the reserve
+
+
+async def test_a_small_window_keeps_recent_messages_and_the_turns_own_through_a_compaction(
+    counter: TokenCounter,
+) -> None:
+    """At 8k the memory reserve left a negative share for recent messages: every compaction kept only
+    the newest one, and one in the middle of a turn retired the very question being answered."""
+    model = RecordingModel()
+    settings = CompactionSettings()
+    retirer = RecordingRetirer()
+    compaction = CompactionService(model, counter, retirer, settings, summary_model=None)
+    budget = ContextBudget(
+        counter, compaction, retirer, settings, window=8192, max_output_tokens=OUTPUT, base_prompt=BASE,
+        memory_cap=MemorySettings().pack_hard_tokens + 1000,
+    )  # fmt: skip
+    session = Session.new("test", "c")
+    for i in range(40):
+        session.append(Message(Role.USER if i % 2 == 0 else Role.ASSISTANT, f"short message number {i}"))
+    assert budget.keep_for(session) > 4
+
+    question = Message(Role.USER, f"My locker code is 4417. {words(300, 'p')}")
+    session.append(question)
+    turn = Turn(session, (InboundMessage("test", "c", "u", question.content),), now=NOW)
+    turn.add_message(Message(Role.ASSISTANT, "", tool_calls=(ToolCall("t1", "add", "{}"),)))
+    turn.add_message(Message(Role.TOOL, words(400, "r"), tool_call_id="t1", name="add"))
+    assert turn.own_count() == 3
+    for attempt in (1, 2, 3):  # ever harder, as the tool loop asks
+        await budget.on_overflow(session, BASE, attempt, keep_at_least=turn.own_count())
+    assert question in session.messages and session.messages[-2].tool_calls
