@@ -19,7 +19,9 @@ One call, step by step:
    ``llm.first_byte_timeout``; and once bytes flow, a silence longer than ``llm.idle_timeout`` ends
    the try. So a hung server costs seconds, not the minutes a plain read timeout times the retries did.
 4. Retries exhausted on a retryable error: the next model of the chain. Auth and spend-limit errors,
-   context overflows and malformed answers are raised at once, because another try cannot help.
+   an unknown model and malformed answers are not tried again on the same model, since another try
+   cannot help there, but the next model of the chain is tried (another provider, another key, a model
+   the server has). A context overflow is raised at once: compaction, not another model, makes room.
 5. Success: usage and cost (from the catalog) are added to :class:`LLMStats` and reported, with the
    request's ``purpose``, to the ``usage`` observer (the daily ledger), so every call is counted:
    chat turns, compaction summaries and memory consolidation alike.
@@ -43,7 +45,7 @@ import structlog
 from bot.catalog import ModelCatalog, ModelInfo
 from bot.config import LLMSettings, ProviderSettings
 from bot.domain import Usage
-from bot.errors import LLMAuthError, LLMBadResponse, LLMError, LLMTimeout, LLMUnavailable
+from bot.errors import LLMAuthError, LLMBadResponse, LLMContextOverflow, LLMError, LLMTimeout, LLMUnavailable
 from bot.llm import anthropic, openai
 from bot.llm.endpoints import check_base_url, where
 from bot.llm.failures import Provider, key_setting, status_error
@@ -155,7 +157,7 @@ class LLMClient:
             try:
                 return await self._with_retries(model, request)
             except LLMError as exc:
-                if not exc.retryable or position == len(chain) - 1:
+                if isinstance(exc, LLMContextOverflow) or position == len(chain) - 1:
                     raise
                 self._failover(model, chain[position + 1], exc)
         raise AssertionError("the chain is never empty")
@@ -179,9 +181,9 @@ class LLMClient:
                     return
                 except LLMError as exc:
                     self._failed(model, exc)
-                    if started or not exc.retryable:
+                    if started or isinstance(exc, LLMContextOverflow):
                         raise
-                    if self._may_retry(exc, attempt):
+                    if exc.retryable and self._may_retry(exc, attempt):
                         await self._backoff(attempt, exc)
                         continue
                     if position == len(chain) - 1:

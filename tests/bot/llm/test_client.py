@@ -369,14 +369,21 @@ async def test_overloaded_anthropic_is_retried_and_reported_when_it_persists(
 
 
 @both
-async def test_auth_errors_are_neither_retried_nor_failed_over(
+async def test_auth_errors_are_not_retried_but_the_next_model_is_tried(
     make_client: Any, server: FakeLLMServer, api: str
 ) -> None:
-    llm, sleeps = make_client(api, fallback_models=["gpt-4o-mini"])
+    """Another try of the same model cannot help; a fallback (another provider, another key) can."""
+    alone, sleeps = make_client(api)
     server.script(FakeReply(status=401))
     with pytest.raises(LLMAuthError, match=f"MEMBOT_LLM__{api.upper()}__API_KEY"):
-        await llm.chat(ask("x"))
-    assert sleeps.calls == [] and len(server.requests) == 1 and llm.stats.failovers == 0
+        await alone.chat(ask("x"))
+    assert sleeps.calls == [] and len(server.requests) == 1
+
+    llm, sleeps = make_client(api, fallback_models=["gpt-4o-mini"])
+    server.script(FakeReply(status=401))
+    answer = await llm.chat(ask("x"))
+    assert answer.content and sleeps.calls == [] and llm.stats.failovers == 1
+    assert [r.body["model"] for r in server.requests[1:]][-1] == "gpt-4o-mini"
 
 
 async def test_a_wrong_key_is_reported_by_the_real_check(
@@ -434,7 +441,7 @@ async def test_a_wrong_key_is_reported_by_the_real_check(
 async def test_spend_limit_is_not_retried(
     make_client: Any, server: FakeLLMServer, api: str, status: int, error: dict[str, Any]
 ) -> None:
-    llm, sleeps = make_client(api, fallback_models=["gpt-4o-mini"])
+    llm, sleeps = make_client(api)
     server.script(FakeReply(status=status, error=error))
     with pytest.raises(LLMAuthError, match="quota or spend limit"):
         await llm.chat(ask("x"))
