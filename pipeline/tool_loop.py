@@ -137,6 +137,8 @@ class _TurnRun:
                 self.best = response.content
             if not response.tool_calls:
                 turn.reply = response.content
+                if response.cut_off and response.content.strip():  # the user should know it is not all
+                    turn.notes.append("The answer was cut off at the model's output limit: ask me to go on.")
                 return
             await self.run_calls(response.tool_calls)
 

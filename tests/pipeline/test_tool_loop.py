@@ -295,6 +295,17 @@ async def test_a_lone_surrogate_in_a_tool_result_never_reaches_a_request(
     assert tool_results(turn.session) == ["caf\ufffd.txt"]
 
 
+@pytest.mark.parametrize("api", APIS)
+async def test_an_answer_cut_at_the_output_limit_says_so(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    server.script(FakeReply(text="The three steps are: first, open the", cut_off=True))
+    turn = new_turn()
+    await loop_for(server, http, api, []).process(turn)
+    assert turn.reply == "The three steps are: first, open the"
+    assert turn.notes == ["The answer was cut off at the model's output limit: ask me to go on."]
+
+
 class Sink:
     def __init__(self) -> None:
         self.shown: list[str] = []
