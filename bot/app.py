@@ -35,7 +35,7 @@ from bot.inbox import Inbox
 from bot.lifecycle import EXIT_OK, ServiceRunner
 from bot.llm import ChatModel, LLMClient, llm_http_client
 from bot.logging import configure_logging
-from bot.memory import Embedder, MemoryService, MemoryTool, build_embedder
+from bot.memory import CONSOLIDATION_OUTPUT, Embedder, MemoryService, MemoryTool, build_embedder
 from bot.memory import operator as memory_operator
 from bot.sessions import JsonSessionStore, SessionService
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
@@ -182,7 +182,7 @@ async def build_core(
         model = llm if llm is not None else LLMClient(settings.llm, catalog, http, usage=ledger)
         edge = await stack.enter_async_context(contextlib.AsyncExitStack())  # after the drain, see Core
         counter = await _token_counter(settings, catalog)
-        memory = await _memory(settings, model, counter, embedder, http, metrics)
+        memory = await _memory(settings, model, counter, embedder, http, metrics, _window(settings, catalog))
         stack.push_async_callback(memory.close)  # runs after dispatcher.close, pushed below
         registry = _tools(settings, memory, web_http)
         budget = _context_budget(settings, catalog, model, counter, memory, registry, metrics)
@@ -254,6 +254,7 @@ async def _memory(
     embedder: Embedder | None,
     http: httpx.AsyncClient,
     metrics: Metrics | None,
+    window: int,
 ) -> MemoryService:
     """Always built and started (archive and raw fallbacks keep working); the LLM only when enabled."""
     enabled = settings.memory.enabled
@@ -269,9 +270,18 @@ async def _memory(
         embedder=embedder if enabled else None,
         maintain_every=timedelta(days=1),  # promotion, decay and log compaction
         observer=metrics,
+        consolidation_room=prompt_room(window, CONSOLIDATION_OUTPUT),
     )
     await memory.start()
     return memory
+
+
+def _window(settings: Settings, catalog: ModelCatalog) -> int:
+    """The model's window; a failover model must fit the same requests: the smallest of them all."""
+    info = catalog.get(settings.llm.model, _provider(settings, catalog))
+    return min(
+        [info.max_input_tokens, *(catalog.get(m).max_input_tokens for m in settings.llm.fallback_models)]
+    )
 
 
 async def _recover_memory(memory: MemoryService, sessions: SessionService) -> None:
@@ -317,10 +327,7 @@ def _context_budget(
     """The budget, and the compaction it runs when a session outgrows the model's window."""
     primary, provider = settings.llm.model, _provider(settings, catalog)
     info = catalog.get(primary, provider)
-    # A failover model must fit the same request: plan for the smallest window of them all.
-    window = min(
-        [info.max_input_tokens, *(catalog.get(m).max_input_tokens for m in settings.llm.fallback_models)]
-    )
+    window = _window(settings, catalog)
     # A server of one's own (base_url set) has the primary model, not the catalog's tier models.
     own_server = (settings.llm.anthropic if provider == "anthropic" else settings.llm.openai).base_url
     summary_model = primary if own_server else catalog.for_tier("balanced", provider, default=primary)

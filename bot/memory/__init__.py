@@ -2,7 +2,7 @@
 
 from bot.memory import operator
 from bot.memory.archive import TranscriptArchive
-from bot.memory.consolidation import ConsolidationResult
+from bot.memory.consolidation import CONSOLIDATION_OUTPUT, ConsolidationResult
 from bot.memory.embeddings import Embedder, build_embedder
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from bot.memory.longterm import Limits, LongTermMemory, NotUtf8
@@ -14,6 +14,7 @@ from bot.memory.tool import MemoryTool
 from bot.memory.vectors import VECTORS_DIR, VectorStore
 
 __all__ = [
+    "CONSOLIDATION_OUTPUT",
     "CONVERSATION_KEY",
     "VECTORS_DIR",
     "ConsolidationResult",

@@ -52,6 +52,7 @@ SYSTEM = (
     '"confidence": 0.0-1.0}]}\n'
     "Keep every fact the operator wrote in MEMORY.md unless the conversation shows it is wrong."
 )
+CONSOLIDATION_OUTPUT = 2048  # tokens a consolidation answer may take (a whole MEMORY.md, rewritten)
 MIN_LINES_TO_GUARD = 6  # below this, "most lines" is too few to judge: only dropping all of them is
 # Answers models give for memory_pruned when they pruned nothing: no reason for dropping lines.
 NO_REASONS = frozenset(
@@ -211,9 +212,16 @@ class Consolidator:
         max_memory_size: int,
         max_fact_chars: int = MAX_FACT_CHARS,
         model: str | None = None,
-        max_output_tokens: int = 2048,
+        max_output_tokens: int = CONSOLIDATION_OUTPUT,
         observer: ConsolidationObserver | None = None,
+        max_prompt_tokens: int | None = None,
+        count: Callable[[str], int] | None = None,
     ) -> None:
+        """``max_prompt_tokens`` (with ``count``): the model's window less the answer's room. A longer
+        request would be refused, so the oldest messages are left out (the archive keeps them) and a
+        MEMORY.md that leaves no room is a fallback with the reason, never an overflow."""
+        self._room = max_prompt_tokens
+        self._count = count
         self._llm = llm
         self._observer = observer
         self._longterm = longterm
@@ -227,6 +235,30 @@ class Consolidator:
         self._queue = asyncio.Lock()
         self.last_run: datetime | None = None
         self.last_result: ConsolidationResult | None = None
+
+    def _prompt_that_fits(
+        self, memory_text: str, messages: Sequence[Message], result: ConsolidationResult
+    ) -> str | None:
+        """The prompt with as many of the newest messages as the window takes (None: not even MEMORY.md
+        fits, and ``result`` says so)."""
+        start = 0
+        while True:
+            conversation = format_messages(messages[start:], self._tz)
+            prompt = build_prompt(memory_text, conversation, max_memory_size=self._max_memory_size)
+            if self._room is None or self._count is None:
+                return prompt
+            if self._count(SYSTEM) + self._count(prompt) <= self._room:
+                if start:
+                    log.warning("consolidation_messages_left_out", left_out=start, kept=len(messages) - start)
+                return prompt
+            if start >= len(messages):
+                result.raw_fallback = True
+                result.reason = (
+                    "MEMORY.md leaves no room in the model's window for a conversation: shrink it "
+                    "(membot memory edit) or use a model with a larger window (memory.consolidation_model)"
+                )
+                return None
+            start += max(1, (len(messages) - start) // 4)  # the oldest quarter of what is left
 
     async def run(
         self,
@@ -269,9 +301,9 @@ class Consolidator:
             await self._queue.acquire()
         try:
             base = await longterm.read()
-            prompt = build_prompt(
-                base.text, format_messages(messages, self._tz), max_memory_size=self._max_memory_size
-            )
+            prompt = self._prompt_that_fits(base.text, messages, result)
+            if prompt is None:
+                return
             remaining = max(0.1, deadline - asyncio.get_running_loop().time())
             request = ChatRequest(
                 messages=(Message(Role.USER, prompt),),

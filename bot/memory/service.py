@@ -127,11 +127,13 @@ class MemoryService:
         embedder: Embedder | None = None,
         maintain_every: timedelta | None = None,
         observer: ConsolidationObserver | None = None,
+        consolidation_room: int | None = None,
     ) -> None:
         """``maintain_every`` is for the running bot: it then promotes, decays and compacts items after
         every consolidation and at least that often while it answers. Operator commands and the bench
         leave it ``None``, so that they never rewrite item logs behind the bot's back. ``observer``
-        (``bot.metrics.Metrics``) is told about every consolidation.
+        (``bot.metrics.Metrics``) is told about every consolidation. ``consolidation_room``: the prompt
+        tokens the consolidation model's window takes (None: not checked).
         """
         self.settings = settings
         self.root = root
@@ -161,6 +163,8 @@ class MemoryService:
             max_fact_chars=settings.max_fact_chars,
             model=consolidation_model,
             observer=observer,
+            max_prompt_tokens=consolidation_room,
+            count=count_tokens,
         )
         self._tasks: set[asyncio.Task[ConsolidationResult]] = set()
         self._notes_writer = GroupWriter("notes-writer")

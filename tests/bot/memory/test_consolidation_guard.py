@@ -19,10 +19,12 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from bot.config import LLMSettings
+from bot.config import LLMSettings, MemorySettings
 from bot.domain import Message, Role
 from bot.llm import LLMClient
+from bot.memory import MemoryService
 from bot.memory.history import RAW_FALLBACK
+from bot.memory.pack import estimate_tokens
 from tests.bot.memory.conftest import CATALOG, Clock, make_memory
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
@@ -179,3 +181,40 @@ async def test_a_sound_update_is_still_written(
     reply = FakeReply(text=json.dumps({"history_entry": "x", "memory_update": FACTS + "- lives in Lisbon\n"}))
     result, text, _, _ = await consolidate_with(tmp_path, clock, client, reply, fake_llm)
     assert not result.raw_fallback and result.memory_changed and text == FACTS + "- lives in Lisbon\n"
+
+
+async def test_the_request_fits_the_window_or_is_not_sent(
+    tmp_path: Path, clock: Clock, client: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    """With a 30 KB MEMORY.md on an 8k model the request was 8,822 tokens + 2,048 to answer: refused
+    every time by a real server, so MEMORY.md could never be compressed."""
+    room = 1500  # tokens of prompt the model's window takes beside the answer
+    memory = MemoryService(
+        tmp_path / "memory",
+        MemorySettings(),
+        timezone="UTC",
+        llm=client,
+        clock=clock,
+        consolidation_room=room,
+    )
+    await memory.start()
+    await memory.longterm.update(lambda _: "".join(f"- fact {i}\n" for i in range(20)))
+    long_talk = [
+        Message(Role.USER, f"message {i}: " + "word " * 150, timestamp=clock.now + timedelta(minutes=i))
+        for i in range(30)
+    ]
+    fake_llm.script(FakeReply(text=json.dumps({"history_entry": "talked", "memory_update": None})))
+    result = await memory.consolidate("cli:me", long_talk, timeout=5)
+    (sent,) = fake_llm.requests
+    content = sent.body["messages"][-1]["content"]  # Anthropic's wire: a list of parts
+    prompt = content if isinstance(content, str) else "".join(part["text"] for part in content)
+    assert not result.raw_fallback and "message 29:" in prompt and "message 0:" not in prompt  # newest kept
+    assert estimate_tokens(prompt) <= room
+
+    await memory.longterm.update(
+        lambda _: "".join(f"- operator fact {i} " + "word " * 20 + "\n" for i in range(300))
+    )
+    result = await memory.consolidate("cli:me", long_talk[-2:], timeout=5)
+    assert result.raw_fallback and "leaves no room in the model's window" in result.reason
+    assert len(fake_llm.requests) == 1  # never sent
+    await memory.close()
