@@ -162,6 +162,7 @@ class StreamDecoder(StreamFold):
 
     def __init__(self, model: str, where: str = "Anthropic") -> None:
         super().__init__(model, where)
+        self._input_at_start: set[int] = set()  # tool calls whose input came whole in content_block_start
 
     @property
     def complete(self) -> bool:
@@ -190,8 +191,13 @@ class StreamDecoder(StreamFold):
         elif kind == "content_block_start":
             block = data.get("content_block") or {}
             if block.get("type") == "tool_use":
-                call = self._call(int(data.get("index", 0)))
+                index = int(data.get("index", 0))
+                call = self._call(index)
                 call["id"], call["name"] = str(block.get("id", "")), str(block.get("name", ""))
+                if isinstance(block.get("input"), dict) and block["input"]:
+                    # Some compatible servers send the whole input here and no input_json_delta.
+                    call["arguments"] = json.dumps(block["input"])
+                    self._input_at_start.add(index)
                 return [StreamEvent("tool_call", text=call["name"])]
         elif kind == "content_block_delta":
             return self._delta(int(data.get("index", 0)), data.get("delta") or {})
@@ -200,6 +206,8 @@ class StreamDecoder(StreamFold):
             usage = data.get("usage") or {}
             if usage.get("output_tokens") is not None:
                 self._usage.output_tokens = int(usage["output_tokens"])
+            if usage.get("input_tokens") and not self._usage.input_tokens:  # servers that count it late
+                self._usage.input_tokens = int(usage["input_tokens"])
         elif kind == "message_stop":
             self.done = True
         return []
@@ -208,5 +216,8 @@ class StreamDecoder(StreamFold):
         if delta.get("type") == "text_delta" and delta.get("text"):
             return self._said(str(delta["text"]))
         if delta.get("type") == "input_json_delta" and index in self._calls:
+            if index in self._input_at_start:  # the deltas say it all again
+                self._input_at_start.discard(index)
+                self._calls[index]["arguments"] = ""
             self._calls[index]["arguments"] += str(delta.get("partial_json", ""))
         return []

@@ -10,7 +10,7 @@ import pytest
 
 from bot.catalog import ModelCatalog
 from bot.domain import ImagePart, Message, Role, ToolCall
-from bot.errors import LLMBadResponse, LLMRateLimited, LLMUnavailable
+from bot.errors import LLMBadResponse, LLMError, LLMRateLimited, LLMUnavailable
 from bot.llm import ChatRequest, ToolSpec, anthropic, openai
 from bot.llm.sse import SSEvent
 from bot.llm.tool_pairs import MISSING_RESULT, paired
@@ -353,6 +353,40 @@ def test_anthropic_stream_decoder() -> None:
     assert decoder.done and final.content == "Hi there" and final.model == "claude-x"
     assert final.tool_calls == (ToolCall("tu", "files", '{"path": "a"}'),) and final.stop_reason == "tool_use"
     assert (final.usage.input_tokens, final.usage.output_tokens) == (12, 20)
+
+
+def test_anthropic_compatible_servers_input_in_the_block_start_and_usage_at_the_end() -> None:
+    """Whole tool input in content_block_start (no deltas) was read as {}; input tokens counted only in
+    message_delta were read as 0; an error event that is a bare string raised AttributeError."""
+    decoder = anthropic.StreamDecoder("m")
+    stream = [
+        ("message_start", {"type": "message_start", "message": {"usage": {"input_tokens": 0}}}),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "tool_use", "id": "tu", "name": "files", "input": {"path": "a"}},
+            },
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "tool_use"},
+                "usage": {"input_tokens": 30, "output_tokens": 5},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    for name, data in stream:
+        decoder.feed(sse(data, name))
+    final = decoder.finish()
+    assert final.tool_calls == (ToolCall("tu", "files", '{"path": "a"}'),)
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (30, 5)
+    with pytest.raises(LLMError, match="overloaded"):
+        anthropic.StreamDecoder("m").feed(sse({"type": "error", "error": "overloaded"}, "error"))
 
 
 @pytest.mark.parametrize(
