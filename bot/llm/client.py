@@ -337,7 +337,9 @@ class LLMClient:
                         else openai.StreamDecoder(model, target.where)
                     )
                     lines = _Quiet(response.aiter_lines(), self._settings.idle_timeout, target)
-                    async for sse in iter_sse(lines):
+                    # Keep-alives (comments, pings) are bytes but no progress: they must not keep a
+                    # hung answer open until the turn's deadline.
+                    async for sse in _Quiet(_events(iter_sse(lines)), self._settings.idle_timeout, target):
                         for event in decoder.feed(sse):
                             yield event
                         if decoder.done:
@@ -395,6 +397,13 @@ class _Quiet(Generic[T]):
                 "(llm.idle_timeout)",
                 model=self._target.model,
             ) from None
+
+
+async def _events(events: AsyncIterator[SSEvent]) -> AsyncIterator[SSEvent]:
+    """The events that carry something (Anthropic's ``ping`` does not; comments never arrive here)."""
+    async for event in events:
+        if event.event != "ping":
+            yield event
 
 
 def _replay(final: ChatResponse) -> Iterator[StreamEvent]:

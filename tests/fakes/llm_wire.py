@@ -51,6 +51,7 @@ class FakeReply:
     cached_tokens: int = 0
     stall_after: int | None = None
     stall: float = 60.0
+    keepalive: float | None = None  # while stalled, an SSE comment (": keep-alive") this often
 
 
 def tokens(text: str) -> int:
@@ -161,8 +162,14 @@ class _Sse:
         self._sent = 0
 
     async def send(self, data: dict[str, Any] | str, event: str | None = None) -> None:
-        if self._sent == self._reply.stall_after:
-            await asyncio.sleep(self._reply.stall)  # a server hung mid-answer
+        if self._sent == self._reply.stall_after:  # a server hung mid-answer (only pinging, maybe)
+            every = self._reply.keepalive
+            if every is None:
+                await asyncio.sleep(self._reply.stall)
+            else:
+                for _ in range(int(self._reply.stall / every)):
+                    await self._response.write(b": keep-alive\n\n")
+                    await asyncio.sleep(every)
         self._sent += 1
         text = data if isinstance(data, str) else json.dumps(data)
         prefix = f"event: {event}\n" if event else ""

@@ -63,6 +63,21 @@ async def test_a_stream_that_goes_silent_midway_fails_after_the_idle_limit(
 
 
 @both
+async def test_keep_alives_alone_do_not_keep_a_stalled_answer_open(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    """Comments (and pings) every 0.1 s kept a hung answer open until the turn's deadline (600 s)."""
+    llm, _ = make_client(api, **FAST)
+    server.script(
+        FakeReply(text="the first words and then only pings", stall_after=4, stall=HUNG, keepalive=0.1)
+    )
+    async with asyncio.timeout(10):
+        with pytest.raises(LLMTimeout, match=r"went silent for 0\.3 s"):
+            async for _ in llm.stream(ask()):
+                pass
+
+
+@both
 async def test_a_body_that_stalls_is_cut_by_the_idle_limit_and_the_retry_answers(
     make_client: Any, server: FakeLLMServer, api: str
 ) -> None:
