@@ -45,6 +45,10 @@ log = structlog.get_logger(__name__)
 
 RETRY = Backoff(2.0, 60.0)  # pauses before sending or writing again after a failure
 SEND_PATIENCE = 3600.0  # seconds an unsent answer holds its chat before it waits for the next start
+STORAGE_NOTICE = (
+    "⚠️ I have an answer but cannot save our conversation right now (a problem on the server). "
+    "I'll send it as soon as I can — nothing is lost."
+)
 
 
 class TurnObserver(Protocol):
@@ -331,7 +335,9 @@ class Dispatcher:
                 # The answer is on disk before it is sent: a crash from here on resends, never re-asks.
                 # A full disk holds the chat here until the save goes through (nothing else is lost).
                 await self._persist(
-                    "session_save", lambda: self._save(session, turn, replies=[reply] if entries else [])
+                    "session_save",
+                    lambda: self._save(session, turn, replies=[reply] if entries else []),
+                    notice=lambda: self._send(first, STORAGE_NOTICE, error=True),
                 )
                 self.turns_completed += 1
                 log.info("turn_finished", outcome=outcome, failures=len(turn.failures))
@@ -378,9 +384,16 @@ class Dispatcher:
         log.error("reply_kept_for_next_start", channel=reply.channel, chat_id=reply.chat_id, attempts=attempt)
         return False
 
-    async def _persist(self, what: str, write: Callable[[], Awaitable[object]]) -> None:
+    async def _persist(
+        self,
+        what: str,
+        write: Callable[[], Awaitable[object]],
+        *,
+        notice: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """``write`` again with growing pauses while storage refuses it (a full disk frees up; a
-        shutdown cancels the wait, and the inbox then has the work for the next start)."""
+        shutdown cancels the wait, and the inbox then has the work for the next start). ``notice``
+        tells the user once, so a chat that waits is not a chat that seems dead."""
         attempt = 0
         while True:
             try:
@@ -388,6 +401,8 @@ class Dispatcher:
             except (StorageError, OSError) as exc:
                 if attempt == 0:
                     log.error("storage_write_failed_retrying", what=what, error=str(exc))
+                    if notice is not None:
+                        await notice()
                 await asyncio.sleep(self._retry(attempt))
                 attempt += 1
                 continue

@@ -170,10 +170,12 @@ async def test_a_save_the_disk_refuses_is_written_when_it_can_and_answered_once(
     assert not folder.exists()  # made by the first save
     folder.write_text("")  # where the sessions go cannot be a folder now: every save fails
     model.gate.set()
+    [notice] = await channel.wait_for(1)
     await asyncio.sleep(0.2)
-    assert channel.sent == []  # never sent before it is on disk
+    assert "cannot save our conversation right now" in notice.text and notice.aside
+    assert len(channel.sent) == 1  # the answer itself is never sent before it is on disk
     folder.unlink()  # space is back
-    [sent] = await channel.wait_for(1)
+    sent = (await channel.wait_for(2))[1]
     await settled(tmp_path)
     assert sent.text == "answer to hello" and model.seen == ["hello"]
     await dispatcher.close(grace=1)
