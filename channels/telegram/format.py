@@ -2,13 +2,14 @@
 
 Telegram's HTML parse mode is the robust target for model output: only ``<``, ``>`` and ``&`` need
 escaping, and the tag set is small (b, i, s, code, pre, a, blockquote, ...). Telegram has no headings,
-lists or tables, so headings become bold lines and list items get "•"/"1." prefixes.
+lists or tables, so headings become bold lines, list items get "•"/"1." prefixes and a table becomes a
+``<pre>`` block with its columns aligned (raw pipes in a proportional font are hard to read).
 
 The reply is split *before* rendering (on the Markdown, with code fences closed and reopened by
 :func:`~channels.chunking.split_message`) and each piece is rendered on its own, so every chunk's HTML
-is balanced by construction and a split can never fall inside a tag or an entity. Rendering only ever
-shortens the visible text (markup characters disappear), and :func:`render_chunks` checks the
-rendered length anyway and splits finer if a piece still came out too long.
+is balanced by construction and a split can never fall inside a tag or an entity. Rendering nearly
+always shortens the visible text (markup characters disappear; a table's padding may add some), and
+:func:`render_chunks` checks the rendered length and splits finer if a piece came out too long.
 
     for chunk in render_chunks(reply):
         await bot.send_message(chat_id, chunk.html, parse_mode="HTML")   # or chunk.plain as a fallback
@@ -27,6 +28,7 @@ from markdown_it.token import Token
 from channels.chunking import split_message, utf16_len
 
 TELEGRAM_TEXT_LIMIT = 4096  # UTF-16 code units, counted after entity parsing
+MIN_PIECE = 64  # the finest split render_chunks tries
 _TAG = re.compile(r"<[^>]*>")
 _LANGUAGE = re.compile(r"[A-Za-z0-9_+#.\-]{1,32}")
 _SAFE_SCHEMES = ("http://", "https://", "tg://", "mailto:")
@@ -54,8 +56,10 @@ def render_chunks(markdown: str, limit: int = TELEGRAM_TEXT_LIMIT) -> list[Rende
             chunks.append(RenderedChunk(None, piece))
         elif utf16_len(visible_text(rendered)) <= limit:
             chunks.append(RenderedChunk(rendered, piece))
-        else:  # cannot happen for ordinary Markdown; stay correct if it ever does
-            chunks.extend(render_chunks(piece, max(limit * 3 // 4, 64)))
+        elif limit > MIN_PIECE:  # a table's padding, rarely: split finer
+            chunks.extend(render_chunks(piece, max(limit * 3 // 4, MIN_PIECE)))
+        else:  # a piece that will not split further and still renders too long: as written
+            chunks.append(RenderedChunk(None, piece))
     return chunks
 
 
@@ -64,7 +68,8 @@ def markdown_to_html(markdown: str) -> str:
     return _Renderer().render(_PARSER.parse(markdown)).strip()
 
 
-_PARSER = MarkdownIt("commonmark", {"html": True, "linkify": False}).enable("strikethrough")
+_PARSER = MarkdownIt("commonmark", {"html": True, "linkify": False}).enable(["strikethrough", "table"])
+_CELL_WIDTH = 40  # characters a table cell shows at most (a phone screen is narrow)
 
 _INLINE_TAGS = {
     "strong_open": "<b>",
@@ -85,6 +90,7 @@ class _Renderer:
         self._quotes = 0
         self._fresh = True  # just opened a list item or a quote: the next block needs no gap
         self._links: list[bool] = []  # whether each open link was rendered as <a>
+        self._table: list[list[str]] | None = None  # the rows of the table being read
 
     def render(self, tokens: Sequence[Token]) -> str:
         for token in tokens:
@@ -103,7 +109,9 @@ class _Renderer:
 
     def _block(self, token: Token) -> None:
         kind = token.type
-        if kind == "paragraph_open" and not token.hidden:
+        if self._table is not None or kind == "table_open":
+            self._table_token(token)
+        elif kind == "paragraph_open" and not token.hidden:
             self._gap(2)
         elif kind == "heading_open":
             self._gap(2)
@@ -145,6 +153,20 @@ class _Renderer:
             self._fresh = False
             self._inline(token.children or [])
 
+    def _table_token(self, token: Token) -> None:
+        """Collect a table's cells as plain text; at its end, lay it out in a ``<pre>`` block."""
+        kind = token.type
+        if kind == "table_open":
+            self._table = []
+        elif kind == "tr_open" and self._table is not None:
+            self._table.append([])
+        elif kind == "inline" and self._table:
+            self._table[-1].append(_plain(token.children or []))
+        elif kind == "table_close" and self._table is not None:
+            rows, self._table = self._table, None
+            self._gap(2)
+            self._out += f"<pre>{html.escape(_layout(rows), quote=False) or ' '}</pre>"
+
     # -- inline -------------------------------------------------------------------------------------
 
     def _inline(self, tokens: Sequence[Token]) -> None:
@@ -179,6 +201,27 @@ class _Renderer:
             self._out += f'<a href="{html.escape(src, quote=True)}">{alt}</a>'
         else:
             self._out += alt
+
+
+def _plain(tokens: Sequence[Token]) -> str:
+    """An inline's text without its markup (a table cell shown in a ``<pre>`` block)."""
+    text = "".join(" " if t.type in ("softbreak", "hardbreak") else t.content for t in tokens)
+    text = " ".join(text.split())
+    return text if len(text) <= _CELL_WIDTH else text[: _CELL_WIDTH - 1] + "…"
+
+
+def _layout(rows: list[list[str]]) -> str:
+    """Columns padded to their widest cell, the header ruled off from the rest."""
+    columns = max((len(row) for row in rows), default=0)
+    rows = [row + [""] * (columns - len(row)) for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(columns)]
+    lines = [
+        " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    if len(lines) > 1:
+        lines.insert(1, "-+-".join("-" * width for width in widths))
+    return "\n".join(lines)
 
 
 def _code_block(content: str, info: str) -> str:

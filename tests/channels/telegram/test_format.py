@@ -32,6 +32,10 @@ from tests.fakes.telegram_server import TelegramAPIError, parse_html, utf16_len
         ("<script>x</script> & <b>", "&lt;script&gt;x&lt;/script&gt; &amp; &lt;b&gt;"),
         ("![a cat](https://example.com/cat.png)", '<a href="https://example.com/cat.png">a cat</a>'),
         ("> > nested", "<blockquote>nested</blockquote>"),
+        (  # a table: aligned in monospace (raw pipes in a proportional font were hard to read)
+            "| Item | Price |\n|---|---:|\n| **Tea** | 3 |\n| Coffee & cake | 4.50 |",
+            "<pre>Item          | Price\n--------------+------\nTea           | 3\nCoffee &amp; cake | 4.50</pre>",
+        ),
     ],
 )
 def test_rendering(markdown: str, expected: str) -> None:
@@ -75,6 +79,9 @@ _BLOCK = st.one_of(
     st.lists(_LINE, min_size=1, max_size=5).map(lambda lines: "\n".join(f"- {line}" for line in lines)),
     st.lists(_LINE, min_size=1, max_size=5).map(lambda lines: "\n".join(f"> {line}" for line in lines)),
     st.lists(_LINE, min_size=0, max_size=30).map(lambda lines: "```py\n" + "\n".join(lines) + "\n```"),
+    st.lists(_LINE, min_size=1, max_size=8).map(
+        lambda lines: "| a | b |\n|---|---|\n" + "\n".join(f"| {line} | x |" for line in lines)
+    ),
 )
 
 
