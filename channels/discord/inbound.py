@@ -120,12 +120,22 @@ class DiscordAccess:
 
 
 def addresses_bot(message: discord.Message, bot_id: int) -> bool:
-    """Mentioned by id, or a reply to one of the bot's messages."""
+    """Mentioned by id or through its own role (a client's "@membot" often is the bot's managed
+    integration role, ``<@&role>``), or a reply to one of the bot's messages."""
     if any(user.id == bot_id for user in message.mentions) or _mentions_id(message.content, bot_id):
+        return True
+    own_role = _own_role(message)
+    if own_role is not None and any(role.id == own_role for role in message.role_mentions):
         return True
     reference = message.reference
     resolved = reference.resolved if reference is not None else None
     return isinstance(resolved, discord.Message) and resolved.author.id == bot_id
+
+
+def _own_role(message: discord.Message) -> int | None:
+    """The id of the bot's managed role in the message's guild, if it has one."""
+    role = message.guild.self_role if message.guild is not None else None
+    return role.id if role is not None else None
 
 
 def _mentions_id(content: str, user_id: int) -> bool:
@@ -144,7 +154,11 @@ def readable_text(message: discord.Message, bot_id: int) -> str:
             return ""
         return f"@{users.get(uid, 'user')}"
 
+    own_role = _own_role(message)
+
     def role(match: re.Match[str]) -> str:
+        if int(match.group(1)) == own_role:  # the bot addressed through its role: like its mention
+            return ""
         return f"@{roles.get(int(match.group(1)), 'role')}"
 
     def channel(match: re.Match[str]) -> str:

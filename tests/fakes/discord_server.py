@@ -107,6 +107,8 @@ class Guild:
     name: str
     channels: dict[str, str] = field(default_factory=dict)  # id -> name
     threads: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (parent id, name)
+    # The bot's managed integration role: what a client's "@membot" often is (<@&role>).
+    bot_role: str = field(default_factory=lambda: snowflake())
 
 
 class FakeDiscord:
@@ -233,6 +235,7 @@ class FakeDiscord:
         content: str,
         guild: Guild | None = None,
         mentions: tuple[FakeUser, ...] = (),
+        role_mentions: tuple[str, ...] = (),
         reply_to: Json | None = None,
         attachments: tuple[tuple[str, str, bytes], ...] = (),  # (filename, content type, data)
     ) -> Json:
@@ -247,7 +250,7 @@ class FakeDiscord:
             "tts": False,
             "mention_everyone": False,
             "mentions": [u.to_json() for u in mentions],
-            "mention_roles": [],
+            "mention_roles": list(role_mentions),
             "attachments": [self._attachment_json(*a) for a in attachments],
             "embeds": [],
             "pinned": False,
@@ -485,13 +488,25 @@ class FakeDiscord:
                     "managed": False,
                     "mentionable": False,
                     "flags": 0,
-                }
+                },
+                {
+                    "id": guild.bot_role,
+                    "name": self.bot.name,
+                    "permissions": "0",
+                    "position": 1,
+                    "color": 0,
+                    "hoist": False,
+                    "managed": True,
+                    "mentionable": False,
+                    "flags": 0,
+                    "tags": {"bot_id": self.bot.id},
+                },
             ],
             "emojis": [],
             "stickers": [],
             "channels": channels,
             "threads": threads,
-            "members": [{**self._member(), "user": self.bot.to_json()}],
+            "members": [{**self._member(), "roles": [guild.bot_role], "user": self.bot.to_json()}],
             "member_count": 2,
             "presences": [],
             "voice_states": [],

@@ -151,6 +151,12 @@ async def test_guild_messages_need_a_mention_or_a_reply(tmp_path: Path) -> None:
             channel_id=w.general, author=w.bob, content="and more?", guild=w.guild, reply_to=first
         )
         await d.wait_for_bot_messages(w.general, 2)
+        role = w.guild.bot_role  # "@membot" picked in a client is often the bot's own role
+        await d.user_message(
+            channel_id=w.general, author=w.bob, content=f"<@&{role}> and by role?", guild=w.guild,
+            role_mentions=(role,),
+        )  # fmt: skip
+        await d.wait_for_bot_messages(w.general, 3)
         await d.user_message(
             channel_id=w.quiet, author=w.bob, content="no mention needed here", guild=w.guild
         )
@@ -166,6 +172,7 @@ async def test_guild_messages_need_a_mention_or_a_reply(tmp_path: Path) -> None:
         assert w.user_texts() == [
             "ask @alice about #quiet",
             "and more?",  # a reply to the bot: its own words are in the history already
+            "and by role?",
             "no mention needed here",
             "The earth is flat",
             '[replying to alice: "The earth is flat"]\nis this true?',
