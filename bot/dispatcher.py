@@ -306,7 +306,7 @@ class Dispatcher:
                 turn = Turn(
                     session=session,
                     inbound=tuple(q.message for q in batch),
-                    on_partial=channel.partial_sink(lane.chat_id) if channel else None,
+                    on_partial=channel.partial_sink(lane.chat_id, first.message_id) if channel else None,
                     now=intake.turn_time(q.message for q in batch),
                 )
                 structlog.contextvars.bind_contextvars(turn_id=turn.id)

@@ -78,8 +78,9 @@ class Channel(ABC):
         """Shown while a turn for ``chat_id`` runs (a typing indicator). Default: nothing."""
         return contextlib.nullcontext()
 
-    def partial_sink(self, chat_id: str) -> PartialSink | None:
-        """A callback that receives the partial reply text while the model writes, if streaming is on."""
+    def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
+        """A callback that receives the partial reply text while the model writes, if streaming is on.
+        ``reply_to``: the message being answered (a platform that threads replies refers to it)."""
         return None
 
     async def handle_inbound(self, message: InboundMessage) -> None:

@@ -134,7 +134,7 @@ class TerminalChannel(Channel):
         self.health.sent += 1
         self._show_prompt()
 
-    def partial_sink(self, chat_id: str) -> PartialSink | None:
+    def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
         if not self._stream:
             return None
 

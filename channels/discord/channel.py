@@ -287,8 +287,8 @@ class DiscordChannel(Channel):
             return contextlib.nullcontext()
         return self._outbox.typing(chat_id)
 
-    def partial_sink(self, chat_id: str) -> PartialSink | None:
-        return self._outbox.partial_sink(chat_id) if self._client is not None else None
+    def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
+        return self._outbox.partial_sink(chat_id, reply_to) if self._client is not None else None
 
 
 class _GatewayClient(discord.Client):

@@ -185,7 +185,7 @@ class DiscordOutbox:
                 log.debug("discord_typing_failed", channel_id=chat_id, error=describe(exc))
             await asyncio.sleep(_TYPING_EVERY)
 
-    def partial_sink(self, chat_id: str) -> PartialSink | None:
+    def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
         if not self._settings.streaming:
             return None
 
@@ -194,7 +194,8 @@ class DiscordOutbox:
 
         async def post(preview: str) -> discord.Message:
             target = self._client().get_partial_messageable(int(chat_id))
-            ref = _reference(self._last_inbound.get(chat_id), chat_id)
+            # The message being answered, not the chat's latest (a question sent meanwhile).
+            ref = _reference(reply_to or self._last_inbound.get(chat_id), chat_id)
             options: dict[str, Any] = {"reference": ref} if ref is not None else {}
             return await target.send(preview + " …", **options)
 

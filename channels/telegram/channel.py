@@ -511,7 +511,7 @@ class TelegramChannel(Channel):
     def activity(self, chat_id: str) -> contextlib.AbstractAsyncContextManager[None]:
         return self._out.typing(chat_id)
 
-    def partial_sink(self, chat_id: str) -> PartialSink | None:
+    def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
         return self._out.stream(chat_id) if self._settings.streaming else None
 
 

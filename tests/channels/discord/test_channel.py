@@ -431,6 +431,24 @@ async def test_an_expired_interaction_is_answered_in_the_channel(tmp_path: Path)
         assert "/compact" in posted["content"] and "interaction_token" not in posted
 
 
+async def test_a_streamed_answer_replies_to_its_question_not_to_a_later_one(tmp_path: Path) -> None:
+    """The preview took the chat's latest message: an answer to A, streamed while B arrived, replied to B."""
+    async with discord_world(
+        tmp_path, discord_settings={"streaming": True, "stream_edit_interval": 0.2}
+    ) as w:
+        a = await w.discord.user_message(
+            channel_id=w.quiet, author=w.alice, content="question A", guild=w.guild
+        )
+        await w.discord.wait_for_bot_messages(w.quiet)
+        await w.discord.user_message(channel_id=w.quiet, author=w.alice, content="question B", guild=w.guild)
+        await w.discord.wait_for_bot_messages(w.quiet, 2)
+        show = w.channel.partial_sink(w.quiet, a["id"])  # as the dispatcher makes it for A's turn
+        assert show is not None
+        await show("the answer to A")
+        preview = (await w.discord.wait_for_bot_messages(w.quiet, 3))[-1]
+        assert str(preview["message_reference"]["message_id"]) == a["id"]
+
+
 async def test_streaming_edits_one_message(tmp_path: Path) -> None:
     async with discord_world(
         tmp_path, discord_settings={"streaming": True, "stream_edit_interval": 0.2}
