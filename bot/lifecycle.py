@@ -76,7 +76,8 @@ class ServiceRunner:
         settings: LifecycleSettings,
         *,
         hard_exit: HardExit = os._exit,
-        signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
+        # SIGHUP too: an ssh or tmux session hanging up must drain, not kill mid-turn.
+        signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP),
     ) -> None:
         self._settings = settings
         self._hard_exit = hard_exit

@@ -70,6 +70,7 @@ def doctor(
     checks.append(check)
     if settings is not None:
         checks.append(_workspace(settings.workspace))
+        checks.append(_channels(settings))
         catalog, check = _catalog(settings)
         checks.append(check)
         if catalog is not None:
@@ -118,6 +119,21 @@ def _config(ctx: typer.Context) -> tuple[Settings | None, Check]:
         hint = "correct the named setting in the config file or environment (see deploy/membot.example.toml)"
         return None, Check("config", "fail", str(exc), hint)
     return settings, Check("config", "pass", f"loaded ({source or 'no config file'}; env and .env applied)")
+
+
+def _channels(settings: Settings) -> Check:
+    """``membot run`` refuses to start without a channel: a service that passed doctor must start."""
+    from bot.app import configured_channels
+
+    names = configured_channels(settings)
+    if names:
+        return Check("channels", "pass", ", ".join(names))
+    return Check(
+        "channels",
+        "fail",
+        "none configured: membot run would not start (membot chat needs none)",
+        "set MEMBOT_TELEGRAM__TOKEN or MEMBOT_DISCORD__TOKEN, or MEMBOT_TERMINAL__ENABLED=true",
+    )
 
 
 def _workspace(path: Path) -> Check:
@@ -364,6 +380,8 @@ async def _probe(
         return Check(name, "fail", f"{shown}: no answer within {ONLINE_TIMEOUT:g} s", reach_hint)
     except httpx.HTTPError as exc:
         return Check(name, "fail", f"{shown}: cannot connect ({type(exc).__name__})", reach_hint)
+    except Exception as exc:  # a port past 65535, a token httpx cannot send: a fail line, not a traceback
+        return Check(name, "fail", f"{shown}: cannot be asked ({type(exc).__name__})", reach_hint)
     if response.status_code in auth_statuses:
         return Check(name, "fail", f"{shown}: HTTP {response.status_code}", auth_hint)
     if response.status_code >= 400:

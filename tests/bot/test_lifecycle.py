@@ -194,6 +194,20 @@ async def test_sigterm_mid_turn_lets_the_turn_finish_and_exits_cleanly(tmp_path:
     assert await Inbox(workspace / "inbox").load_pending() == [], "the inbox still holds the answered message"
 
 
+async def test_a_hangup_drains_like_sigterm(tmp_path: Path) -> None:
+    """SIGHUP (an ssh or tmux session hanging up) killed the process mid-turn with no drain."""
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="answered before the hangup ended it", delay=1))
+        async with membot_run(workspace, llm) as service:
+            await service.say("a question")
+            await wait_in_flight(llm)
+            service.process.send_signal(signal.SIGHUP)
+            code, out = await service.finish()
+    assert code == 0, service.stderr
+    assert "answered before the hangup ended it" in out and "membot_stopped" in service.stderr
+
+
 async def test_a_turn_over_the_grace_period_is_cancelled_and_the_message_kept(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     async with FakeLLMServer() as llm:

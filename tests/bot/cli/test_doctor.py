@@ -14,9 +14,11 @@ from tests.fakes.telegram_server import FakeTelegramServer
 
 
 async def doctor(tmp_path: Path, *args: str, offline: bool = False, **env: str) -> tuple[int, str]:
-    """``membot [args] doctor [--offline]`` with a clean environment plus ``env``."""
+    """``membot [args] doctor [--offline]`` with a clean environment plus ``env`` (the terminal channel
+    on unless ``env`` says otherwise: membot run needs a channel)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
-    clean.update(HOME=str(tmp_path), MEMBOT_WORKSPACE=str(tmp_path / "ws"), COLUMNS="80", **env)
+    clean.update(HOME=str(tmp_path), MEMBOT_WORKSPACE=str(tmp_path / "ws"), COLUMNS="80")
+    clean.update({"MEMBOT_TERMINAL__ENABLED": "true", **env})
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -157,3 +159,16 @@ async def test_a_model_the_server_does_not_list_fails_with_the_ones_it_does(tmp_
         )
         assert code == 0, out  # Ollama's "llama3.1:latest" is what "llama3.1" means
         assert line(out, "llm openai").startswith("✓ pass")
+
+
+async def test_no_channel_fails_since_membot_run_would_not_start(tmp_path: Path) -> None:
+    code, out = await doctor(tmp_path, offline=True, MEMBOT_TERMINAL__ENABLED="false")
+    assert code == 1 and "none configured: membot run would not start" in line(out, "channels")
+    assert "All checks passed" not in out
+
+
+async def test_a_base_url_doctor_cannot_ask_is_a_fail_line_not_a_traceback(tmp_path: Path) -> None:
+    code, out = await doctor(
+        tmp_path, MEMBOT_LLM__OPENAI__API_KEY="sk-x", MEMBOT_LLM__OPENAI__BASE_URL="http://127.0.0.1:99999/v1"
+    )
+    assert code == 1 and "Traceback" not in out and "cannot be asked" in out
