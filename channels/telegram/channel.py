@@ -267,6 +267,7 @@ class TelegramChannel(Channel):
             room=journal.room,
             storage_backoff=self._intake_outage.delay,
             fetch_one=self._fetch_one,
+            on_recovered=self._on_poll_recovered,
         )
         self._polling = asyncio.create_task(self._poller.run(), name="telegram-polling")
         self._polling.add_done_callback(self._on_polling_ended)
@@ -353,12 +354,20 @@ class TelegramChannel(Channel):
             raise ChannelError("the Telegram channel is stopping")
         await self._journal.accept([data])
 
+    def _on_poll_recovered(self) -> None:
+        if self.health.state == "degraded":
+            self.health.state = "running"
+        self.health.error = None
+        log.info("telegram_polling_recovered")
+
     async def _intake_update(self, data: dict[str, Any]) -> asyncio.Future[None] | None:
         update = Update.de_json(data, self.bot)
         return await self._intake(update.message) if update.message is not None else None
 
     def _on_poll_error(self, exc: TelegramError) -> None:
-        """PTB keeps polling with backoff after this; we only make the trouble visible."""
+        """Polling goes on with backoff after this; the trouble is made visible (/healthz: 503)."""
+        if self.health.state == "running":
+            self.health.state = "degraded"
         self.health.error = str(exc)
         hint = " (another process polls with the same token?)" if isinstance(exc, Conflict) else ""
         log.warning("telegram_polling_failed", error=f"{exc}{hint}")

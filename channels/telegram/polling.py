@@ -46,6 +46,7 @@ class UpdatePoller:
         accept: stores one batch (see :data:`Accept`).
         timeout: long-poll timeout in seconds.
         on_error: told about each failed poll (health, logs); polling goes on with backoff.
+        on_recovered: told when a poll succeeds after failed ones.
         room: waited for before each poll, so a full journal stops fetching (Telegram keeps the rest).
         storage_backoff: the pause before fetching again after the n-th batch in a row could not be stored.
         max_backoff: the longest pause after failed polls.
@@ -66,8 +67,10 @@ class UpdatePoller:
         storage_backoff: Callable[[int], float] = lambda n: min(30.0, 0.5 * 2 ** (n - 1)),
         max_backoff: float = 30.0,
         fetch_one: FetchOne | None = None,
+        on_recovered: Callable[[], None] | None = None,
     ) -> None:
         self._fetch_one = fetch_one
+        self._on_recovered = on_recovered
         self._fetch = fetch
         self._accept = accept
         self._timeout = timeout
@@ -104,6 +107,8 @@ class UpdatePoller:
                 if not await self._step_past_unreadable():
                     await asyncio.sleep(float(min(self._max_backoff, 2 ** (errors - 1))))
                 continue
+            if errors and self._on_recovered is not None:
+                self._on_recovered()
             errors = 0
             if not updates:
                 continue

@@ -173,3 +173,15 @@ async def test_a_message_answered_while_another_chat_types_is_not_answered_again
     assert answer.text == "answer to the typist"
     assert len(tg.sent_to(778)) == 1  # Telegram's redelivery (or the journal) did not answer it twice
     assert [r.body["messages"][-1]["content"] for r in llm.requests] == ["still typing"]
+
+
+async def test_failing_polls_show_as_degraded_until_a_poll_succeeds(tmp_path: Path) -> None:
+    """/healthz said 200 "running" while no update could be fetched, and kept the error after."""
+    async with FakeTelegramServer() as tg:
+        tg.fail("getUpdates", 502, "Bad Gateway", times=2)
+        async with running_channel(tg, tmp_path) as (channel, sink):
+            await tg.wait_for(lambda: channel.health.state == "degraded")
+            assert channel.health.error and "Bad Gateway" in channel.health.error
+            tg.push_message("after the outage")
+            await sink.wait_for(1)
+            assert (channel.health.state, channel.health.error) == ("running", None)
