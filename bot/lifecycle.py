@@ -50,6 +50,7 @@ log = structlog.get_logger(__name__)
 
 EXIT_OK = 0
 EXIT_CHANNEL_FAILED = 1
+WATCH_EVERY = 5.0  # seconds between looks at the channels' health while serving
 
 ChannelStarter = Callable[[str], Awaitable[ChannelPort]]
 Flush = Callable[[], Awaitable[None]]
@@ -76,11 +77,13 @@ class ServiceRunner:
         settings: LifecycleSettings,
         *,
         hard_exit: HardExit = os._exit,
+        watch_every: float = WATCH_EVERY,
         # SIGHUP too: an ssh or tmux session hanging up must drain, not kill mid-turn.
         signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP),
     ) -> None:
         self._settings = settings
         self._hard_exit = hard_exit
+        self._watch_every = watch_every
         self._signals = tuple(signals)
         self._stop = asyncio.Event()
         self._health: dict[str, ChannelHealth] = {}
@@ -139,9 +142,24 @@ class ServiceRunner:
         if not await self._start_all(channels, start_channel):
             return EXIT_CHANNEL_FAILED
         log.info("membot_started", channels=[c.name for c in self._started])
-        await self._stop.wait()
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._watch_every):
+                    await self._stop.wait()
+            if self._must_stop_now():
+                return EXIT_CHANNEL_FAILED
         log.info("membot_stopping", grace_period=self._settings.grace_period)
         return EXIT_OK
+
+    def _must_stop_now(self) -> bool:
+        """A channel that failed while serving (a revoked token) is judged like one that failed to start:
+        with the policy ``stop``, or with no channel left up, the service ends with a non-zero code, so a
+        supervisor (systemd ``Restart=on-failure``) sees it instead of a process that serves nothing."""
+        failed = [c.name for c in self._started if c.health.state == "failed"]
+        if not failed or (self._settings.on_channel_failure != "stop" and len(failed) < len(self._started)):
+            return False
+        log.error("membot_channel_failed", channels=failed, errors=[c.health.error for c in self._started])
+        return True
 
     # -- signals ------------------------------------------------------------------------------------
 

@@ -139,6 +139,35 @@ async def test_a_failing_channel_runs_degraded_when_allowed() -> None:
     assert log[-1] == "stop b"
 
 
+@pytest.mark.parametrize(("policy", "failing", "stops"), [("stop", "a", True), ("degraded", "a", False)])
+async def test_a_channel_that_fails_while_serving_is_judged_like_one_that_failed_to_start(
+    policy: str, failing: str, stops: bool
+) -> None:
+    """A token revoked while running left a process that served nothing and later exited 0."""
+    log: list[str] = []
+    channels: dict[str, Channel] = {}
+    start = starter(log)
+
+    async def remember(name: str) -> Channel:
+        channels[name] = await start(name)
+        return channels[name]
+
+    runner = ServiceRunner(LifecycleSettings(on_channel_failure=policy), signals=(), watch_every=0.01)  # type: ignore[arg-type]
+    task = asyncio.create_task(
+        runner.run(["a", "b"], start_channel=remember, dispatcher=RecordingDispatcher(log))
+    )
+    while "start b" not in log:
+        await asyncio.sleep(0)
+    channels[failing].health.state = "failed"  # as a channel marks itself when its platform refuses it
+    await asyncio.sleep(0.1)
+    if stops:
+        assert await task == EXIT_CHANNEL_FAILED
+    else:
+        assert not task.done()  # one channel is still up: degraded
+        channels["b"].health.state = "failed"  # now none is
+        assert await task == EXIT_CHANNEL_FAILED
+
+
 async def test_with_no_channel_up_it_always_stops() -> None:
     log: list[str] = []
     runner = ServiceRunner(LifecycleSettings(on_channel_failure="degraded"), signals=())
