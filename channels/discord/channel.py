@@ -251,8 +251,12 @@ class DiscordChannel(Channel):
                     place.channel_id, lambda: interaction.response.defer(thinking=True)
                 )
                 self._outbox.awaiting_answer(key, interaction)
-            except ChannelError:
-                pass  # logged; the reply is then posted in the channel instead
+            except ChannelError as exc:
+                # Its answer lost, a try Discord took: the retry is refused as "already acknowledged"
+                # (40060), yet the "thinking" is up and only an edit of it ends it.
+                if _already_acknowledged(exc):
+                    self._outbox.awaiting_answer(key, interaction)
+                # else logged; the reply is then posted in the channel instead
             await self._hand_over(
                 InboundMessage(
                     channel=self.name,
@@ -289,6 +293,14 @@ class DiscordChannel(Channel):
 
     def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
         return self._outbox.partial_sink(chat_id, reply_to) if self._client is not None else None
+
+
+def _already_acknowledged(exc: ChannelError) -> bool:
+    cause = exc.__cause__
+    return isinstance(cause, discord.HTTPException) and cause.code == ALREADY_ACKNOWLEDGED
+
+
+ALREADY_ACKNOWLEDGED = 40060  # Discord's code for a second response to one interaction
 
 
 class _GatewayClient(discord.Client):

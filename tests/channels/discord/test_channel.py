@@ -257,6 +257,18 @@ async def test_commands_as_text_and_as_slash_commands(
         assert {c["name"] for c in d.commands} >= {"status", "compact", "new", "stop", "help"}
 
 
+async def test_a_deferral_whose_answer_was_lost_is_still_answered_in_place(tmp_path: Path) -> None:
+    """Discord took the "thinking" but its answer never came back: the retry was refused (40060), the
+    reply went to the channel, and "membot is thinking…" stayed up for good."""
+    async with discord_world(tmp_path) as w:
+        d = w.discord
+        d.cut_after_commit("POST", "/interactions/")
+        interaction = await d.slash_command("help", channel_id=w.dm, user=w.alice)
+        [answer] = await d.wait_for_followups(interaction["token"])
+        assert "Commands:" in answer["content"]
+        assert d._interactions[interaction["token"]].get("original") is not None  # the "thinking", replaced
+
+
 async def test_slash_commands_are_registered_only_when_they_change(tmp_path: Path) -> None:
     async with discord_world(tmp_path) as w:
         state = w.workspace / "state" / "discord_commands.json"
