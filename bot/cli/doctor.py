@@ -98,8 +98,10 @@ def _print(checks: list[Check]) -> int:
             grid.add_row("", "", Text.assemble(("fix: ", "bold"), c.hint))
     console.print(grid)
     failed = sum(c.status == "fail" for c in checks)
+    warned = sum(c.status == "warn" for c in checks)
+    passed = "All checks passed" + (f", {warned} with a warning (see fix:)." if warned else ".")
     console.print(
-        f"\n{failed} check(s) failed." if failed else "\nAll checks passed.",
+        f"\n{failed} check(s) failed." if failed else f"\n{passed}",
         style="red" if failed else "green",
     )
     return failed
@@ -130,7 +132,7 @@ def _channels(settings: Settings) -> Check:
         return Check("channels", "pass", ", ".join(names))
     return Check(
         "channels",
-        "fail",
+        "warn",
         "none configured: membot run would not start (membot chat needs none)",
         "set MEMBOT_TELEGRAM__TOKEN or MEMBOT_DISCORD__TOKEN, or MEMBOT_TERMINAL__ENABLED=true",
     )
