@@ -29,6 +29,7 @@ from bot.retry import Backoff, retry
 from channels.base import ChannelHealth, PartialSink, while_running
 from channels.chunking import split_message
 from channels.streaming import StreamedMessage
+from channels.tables import tables_as_code
 
 log = structlog.get_logger(__name__)
 
@@ -83,7 +84,7 @@ class DiscordOutbox:
         self._streams.clear()
 
     async def send(self, message: OutboundMessage) -> None:
-        chunks = split_message(message.text, LIMIT)
+        chunks = split_message(tables_as_code(message.text), LIMIT)  # Discord shows no tables
         if not chunks:
             log.warning("discord_empty_reply", channel_id=message.chat_id)
             return

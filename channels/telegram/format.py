@@ -26,6 +26,7 @@ from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from channels.chunking import split_message, utf16_len
+from channels.tables import layout
 
 TELEGRAM_TEXT_LIMIT = 4096  # UTF-16 code units, counted after entity parsing
 MIN_PIECE = 64  # the finest split render_chunks tries
@@ -69,7 +70,6 @@ def markdown_to_html(markdown: str) -> str:
 
 
 _PARSER = MarkdownIt("commonmark", {"html": True, "linkify": False}).enable(["strikethrough", "table"])
-_CELL_WIDTH = 40  # characters a table cell shows at most (a phone screen is narrow)
 
 _INLINE_TAGS = {
     "strong_open": "<b>",
@@ -165,7 +165,7 @@ class _Renderer:
         elif kind == "table_close" and self._table is not None:
             rows, self._table = self._table, None
             self._gap(2)
-            self._out += f"<pre>{html.escape(_layout(rows), quote=False) or ' '}</pre>"
+            self._out += f"<pre>{html.escape(layout(rows), quote=False) or ' '}</pre>"
 
     # -- inline -------------------------------------------------------------------------------------
 
@@ -205,23 +205,7 @@ class _Renderer:
 
 def _plain(tokens: Sequence[Token]) -> str:
     """An inline's text without its markup (a table cell shown in a ``<pre>`` block)."""
-    text = "".join(" " if t.type in ("softbreak", "hardbreak") else t.content for t in tokens)
-    text = " ".join(text.split())
-    return text if len(text) <= _CELL_WIDTH else text[: _CELL_WIDTH - 1] + "…"
-
-
-def _layout(rows: list[list[str]]) -> str:
-    """Columns padded to their widest cell, the header ruled off from the rest."""
-    columns = max((len(row) for row in rows), default=0)
-    rows = [row + [""] * (columns - len(row)) for row in rows]
-    widths = [max(len(row[i]) for row in rows) for i in range(columns)]
-    lines = [
-        " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-    if len(lines) > 1:
-        lines.insert(1, "-+-".join("-" * width for width in widths))
-    return "\n".join(lines)
+    return "".join(" " if t.type in ("softbreak", "hardbreak") else t.content for t in tokens)
 
 
 def _code_block(content: str, info: str) -> str:

@@ -461,6 +461,15 @@ async def test_a_streamed_answer_replies_to_its_question_not_to_a_later_one(tmp_
         assert str(preview["message_reference"]["message_id"]) == a["id"]
 
 
+async def test_a_table_in_an_answer_arrives_as_aligned_columns(tmp_path: Path) -> None:
+    """Discord renders no Markdown tables: the raw pipes were hard to read."""
+    async with discord_world(tmp_path) as w:
+        w.llm.script(FakeReply(text="Prices:\n\n| Item | Price |\n|---|---|\n| Tea | 3 |"))
+        await w.discord.user_message(channel_id=w.dm, author=w.alice, content="prices?")
+        [reply] = await w.discord.wait_for_bot_messages(w.dm)
+    assert reply["content"] == "Prices:\n\n```\nItem | Price\n-----+------\nTea  | 3\n```"
+
+
 async def test_streaming_edits_one_message(tmp_path: Path) -> None:
     async with discord_world(
         tmp_path, discord_settings={"streaming": True, "stream_edit_interval": 0.2}
