@@ -26,8 +26,22 @@ __all__ = [
     "ChannelState",
     "InboundSink",
     "PartialSink",
+    "quote_reply",
     "while_running",
 ]
+
+QUOTE_CHARS = 500  # of a replied-to message shown with the reply
+
+
+def quote_reply(who: str, text: str) -> str:
+    """The message a user replies to, as the model sees it before the reply ("" when it says nothing):
+    "is this true?" means nothing without it."""
+    said = " ".join(text.split())
+    if not said:
+        return ""
+    if len(said) > QUOTE_CHARS:
+        said = said[:QUOTE_CHARS] + "…"
+    return f'[replying to {who}: "{said}"]'
 
 
 class Allowlist:

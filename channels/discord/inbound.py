@@ -21,7 +21,7 @@ import structlog
 
 from bot.config import DiscordSettings
 from bot.domain import Attachment
-from channels.base import Allowlist
+from channels.base import Allowlist, quote_reply
 
 log = structlog.get_logger(__name__)
 
@@ -171,21 +171,13 @@ def readable_text(message: discord.Message, bot_id: int) -> str:
     return re.sub(r"[ \t]{2,}", " ", text).strip()
 
 
-QUOTE_CHARS = 500  # of a replied-to message shown with the reply
-
-
 def quoted(message: discord.Message, bot_id: int) -> str:
     """The message ``message`` replies to, quoted for the model, unless it is the bot's own (the
     history holds it) or gone: "is this true?" means nothing without it."""
     replied = message.reference.resolved if message.reference is not None else None
     if not isinstance(replied, discord.Message) or replied.author.id == bot_id:
         return ""
-    said = " ".join(readable_text(replied, bot_id).split())
-    if not said:
-        return ""
-    if len(said) > QUOTE_CHARS:
-        said = said[:QUOTE_CHARS] + "…"
-    return f'[replying to {replied.author.display_name}: "{said}"]'
+    return quote_reply(replied.author.display_name, readable_text(replied, bot_id))
 
 
 async def read_attachments(

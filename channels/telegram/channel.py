@@ -49,7 +49,7 @@ from bot.errors import ChannelError, ConfigError
 from bot.pairing import PairingStore
 from bot.storage import atomic_write_text_async
 from bot.surrogates import scrub
-from channels.base import Allowlist, Channel, InboundSink, PartialSink
+from channels.base import Allowlist, Channel, InboundSink, PartialSink, quote_reply
 from channels.outage import StorageOutage
 from channels.telegram.handover import HandOver
 from channels.telegram.inbound import PasteJoiner, normalize_command, remove_utf16_spans
@@ -66,7 +66,6 @@ _RAW_GET_UPDATES = r"Please use 'Bot\.getUpdates' instead of 'Bot\.do_api_reques
 warnings.filterwarnings("ignore", message=_RAW_GET_UPDATES, category=PTBUserWarning)
 
 COMMANDS_STATE_FILE = "telegram_commands.json"
-QUOTE_CHARS = 500  # of a replied-to message shown with the reply
 _ALLOWED_UPDATES = ["message"]
 _COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")
 _MAX_ATTEMPTS = 3  # an update whose intake fails this often for another reason than storage is dropped
@@ -455,13 +454,8 @@ class TelegramChannel(Channel):
             return ""
         if message.is_topic_message and replied.message_id == message.message_thread_id:
             return ""
-        said = " ".join(scrub(replied.text or replied.caption or "").split())
-        if not said:
-            return ""
-        if len(said) > QUOTE_CHARS:
-            said = said[:QUOTE_CHARS] + "…"
         who = replied.from_user.full_name if replied.from_user is not None else "someone"
-        return f'[replying to {who}: "{said}"]'
+        return quote_reply(who, scrub(replied.text or replied.caption or ""))
 
     def _replies_to_me(self, message: Message) -> bool:
         replied = message.reply_to_message
