@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import re
+import secrets
 import stat
 import tempfile
 import time
@@ -71,6 +72,25 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write_at(folder: int, name: str, data: bytes) -> None:
+    """:func:`atomic_write_bytes` for ``name`` in an open ``folder`` (a descriptor), for a caller that
+    reached the folder without following links (bot/tools/files.py); the temp file has the shape
+    :func:`remove_stale_temp_files` knows."""
+    temp = f".{name[:40]}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE, dir_fd=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp, dir_fd=folder)
+        raise
+    os.fsync(folder)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

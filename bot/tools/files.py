@@ -14,13 +14,12 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import secrets
 import stat
 from collections.abc import Callable, Collection
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, TypeVar
 
-from bot.storage import DIR_MODE, FILE_MODE, TEMP_SUFFIX
+from bot.storage import DIR_MODE, FILE_MODE, atomic_write_at
 from bot.tools.base import ToolContext, ToolError, string_arg, untrusted
 from bot.tools.confine import MEMORY_FILE, READ_ONLY, Confinement, relative_path
 from bot.tools.paging import CUT_MARKER, PAGE_NOTE, ReadLog, footer, page_of
@@ -200,7 +199,7 @@ class FilesTool:
             if append:
                 size = self._append(folder, real.name, rel, content.encode("utf-8"))
                 return f"Appended {len(content)} characters to {rel} (now {size} bytes)."
-            _replace_in(folder, real.name, content.encode("utf-8"))
+            atomic_write_at(folder, real.name, content.encode("utf-8"))
         except OSError as exc:
             raise ToolError(f"could not write {rel}: {exc.strerror}") from None
         finally:
@@ -373,23 +372,6 @@ _PARTIAL = (
     "would delete what you have not seen. Read the remaining pages first (action 'read' with the "
     "offset the last page named), or use action 'append' to add to it."
 )
-
-
-def _replace_in(folder: int, name: str, data: bytes) -> None:
-    """Replace ``name`` in the open ``folder`` atomically and durably (temp file, fsync, rename)."""
-    temp = f".{name[:40]}.{secrets.token_hex(4)}{TEMP_SUFFIX}"  # the shape remove_stale_temp_files knows
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE, dir_fd=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp, dir_fd=folder)
-        raise
-    os.fsync(folder)
 
 
 def _refuse_cut_views(content: str) -> None:
