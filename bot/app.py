@@ -182,10 +182,11 @@ async def build_core(
         model = llm if llm is not None else LLMClient(settings.llm, catalog, http, usage=ledger)
         edge = await stack.enter_async_context(contextlib.AsyncExitStack())  # after the drain, see Core
         counter = await _token_counter(settings, catalog)
-        memory = await _memory(settings, model, counter, embedder, http, metrics, _window(settings, catalog))
+        window = _window(settings, catalog)
+        memory = await _memory(settings, model, counter, embedder, http, metrics, window)
         stack.push_async_callback(memory.close)  # runs after dispatcher.close, pushed below
         registry = _tools(settings, memory, web_http)
-        budget = _context_budget(settings, catalog, model, counter, memory, registry, metrics)
+        budget = _context_budget(settings, catalog, model, counter, memory, registry, metrics, window)
         # The client reports every model call to the ledger; an injected model does not.
         pipeline = _pipeline(
             settings, model, memory, registry, budget, None if llm is None else ledger, metrics
@@ -323,11 +324,11 @@ def _context_budget(
     memory: MemoryService,
     registry: ToolRegistry,
     metrics: Metrics | None,
+    window: int,
 ) -> ContextBudget:
-    """The budget, and the compaction it runs when a session outgrows the model's window."""
+    """The budget, and the compaction it runs when a session outgrows the model's ``window``."""
     primary, provider = settings.llm.model, _provider(settings, catalog)
     info = catalog.get(primary, provider)
-    window = _window(settings, catalog)
     # A server of one's own (base_url set) has the primary model, not the catalog's tier models.
     own_server = (settings.llm.anthropic if provider == "anthropic" else settings.llm.openai).base_url
     summary_model = primary if own_server else catalog.for_tier("balanced", provider, default=primary)
