@@ -37,7 +37,7 @@ from bot.errors import LLMError, StorageError, plain_reason
 from bot.inbox import Inbox
 from bot.outbox import PendingReply
 from bot.ports import ChannelPort
-from bot.retry import Backoff
+from bot.retry import Backoff, retry
 from bot.sessions import SessionService
 from pipeline import Pipeline, Turn
 
@@ -394,21 +394,20 @@ class Dispatcher:
         """``write`` again with growing pauses while storage refuses it (a full disk frees up; a
         shutdown cancels the wait, and the inbox then has the work for the next start). ``notice``
         tells the user once, so a chat that waits is not a chat that seems dead."""
-        attempt = 0
-        while True:
-            try:
-                await write()
-            except (StorageError, OSError) as exc:
-                if attempt == 0:
-                    log.error("storage_write_failed_retrying", what=what, error=str(exc))
-                    if notice is not None:
-                        await notice()
-                await asyncio.sleep(self._retry(attempt))
-                attempt += 1
-                continue
-            if attempt:
-                log.info("storage_write_recovered", what=what, attempts=attempt)
+        try:
+            await write()
             return
+        except (StorageError, OSError) as exc:
+            log.error("storage_write_failed_retrying", what=what, error=str(exc))
+        if notice is not None:
+            await notice()
+        await asyncio.sleep(self._retry(0))
+        await retry(
+            write,
+            retry_if=lambda exc, _: isinstance(exc, StorageError | OSError),
+            wait=lambda _, tries: self._retry(tries),
+        )
+        log.info("storage_write_recovered", what=what)
 
     async def _send(self, to: InboundMessage, text: str, *, error: bool = False) -> None:
         """A command's reply or a notice: beside whatever turn the chat is running."""
