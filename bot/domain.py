@@ -65,6 +65,11 @@ class ImagePart:
     data_b64: str
 
 
+# A user message's ``meta`` key: in a group, the sender's name, which the message's content starts with
+# ("Alice: ..."; bot/intake.py), so the model and memory know who said what.
+SPEAKER_META = "speaker"
+
+
 @dataclass(slots=True)
 class Message:
     """One entry of a conversation, as stored in a session and sent to the model."""

@@ -13,14 +13,27 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
-from bot.domain import ImagePart, InboundMessage, Message, Role, utcnow
+from bot.domain import SPEAKER_META, ImagePart, InboundMessage, Message, Role, utcnow
 
 INBOX_META = "inbox"  # user message meta: the inbox entries it came from, comma-separated
+SPEAKER_CHARS = 64  # the longest name put before a group message
 DEDUP_WINDOW = 100  # recent session messages searched for a redelivered platform message
 
 
+def speaker(inbound: InboundMessage) -> str:
+    """The name a group message is said under ("" in a private chat, or when the platform gave none):
+    one line, so a name cannot pass for text of the message."""
+    if not inbound.is_group:
+        return ""
+    return " ".join(inbound.sender_name.split())[:SPEAKER_CHARS].rstrip(":").strip()
+
+
 def user_message(inbound: InboundMessage, entries: Sequence[str] = ()) -> Message:
-    """The session's user message for ``inbound`` (attachments described or passed as images)."""
+    """The session's user message for ``inbound`` (attachments described or passed as images).
+
+    In a group several people talk in one session, so a message starts with its sender's name
+    ("Alice: ..."): the model knows who asks, and memory, the daily notes and summaries keep who said
+    what (see ``bot.memory.extract.Utterance.speaker``)."""
     parts = [inbound.text] if inbound.text else []
     images: list[ImagePart] = []
     for attachment in inbound.attachments:
@@ -36,6 +49,10 @@ def user_message(inbound: InboundMessage, entries: Sequence[str] = ()) -> Messag
     meta: dict[str, object] = {"sender_id": inbound.sender_id}
     if inbound.sender_name:
         meta["sender_name"] = inbound.sender_name
+    name = speaker(inbound)
+    if name and parts:
+        parts[0] = f"{name}: {parts[0]}"
+        meta[SPEAKER_META] = name
     if inbound.message_id:
         meta["message_id"] = inbound.message_id
     if entries:

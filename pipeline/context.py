@@ -16,6 +16,11 @@ from bot.memory import MemoryService, system_prompt
 from pipeline.base import Turn
 
 log = structlog.get_logger(__name__)
+# Said to the model in a group, where every message starts with its sender's name (bot/intake.py).
+GROUP_NOTE = (
+    "This is a group chat: several people write here, and each of their messages starts with the "
+    "sender's name."
+)
 
 
 class ContextBuildingSystem:
@@ -46,7 +51,10 @@ class ContextBuildingSystem:
             self._memory.prefetch(message.text)
 
     async def process(self, turn: Turn) -> None:
-        turn.system_prompt = system_prompt(self._base, "")
+        base = self._base
+        if any(m.is_group for m in turn.inbound):
+            base = f"{base.rstrip()}\n\n{GROUP_NOTE}"
+        turn.system_prompt = system_prompt(base, "")
         if self._memory is None:
             return
         context = await self._memory.context(
@@ -57,7 +65,7 @@ class ContextBuildingSystem:
             budget=self._budget.memory_budget(turn.session) if self._budget is not None else None,
         )
         turn.memory_context = context.text
-        turn.system_prompt = system_prompt(self._base, context.text)
+        turn.system_prompt = system_prompt(base, context.text)
         if self._budget is not None:
             self._budget.counted_prompt(turn.system_prompt, context.tokens)
         turn.diagnostics["memory"] = context.diagnostics

@@ -171,6 +171,23 @@ class Utterance:
     text: str
     at: datetime
     reference: Reference
+    # In a group: the sender's name, which ``text`` starts with ("Alice: ..."), and their platform id.
+    # Typed statements keep the name, and a subject is the speaker's own: Bob's "I live in Paris" does
+    # not make Alice's "I live in Berlin" out of date.
+    speaker: str = ""
+    speaker_id: str = ""
+
+    @property
+    def said(self) -> str:
+        """The words without the speaker's name."""
+        return self.text.removeprefix(f"{self.speaker}: ") if self.speaker else self.text
+
+    def by_speaker(self, sentence: str) -> str:
+        return f"{self.speaker}: {sentence}" if self.speaker else sentence
+
+    def subject_tag(self, subject: str) -> str:
+        owner = self.speaker_id or self.speaker
+        return f"{SUBJECT_PREFIX}{subject}@{owner}" if owner else SUBJECT_PREFIX + subject
 
 
 def passages(text: str, limit: int = PASSAGE_CHARS) -> list[str]:
@@ -260,7 +277,8 @@ def extract(utterances: Iterable[Utterance], *, source: str = "heuristic") -> li
     items: list[MemoryItem] = []
     for u in utterances:
         user = u.role == "user"
-        asks = user and is_question(u.text)
+        said = u.said
+        asks = user and is_question(said)
         tags = (u.role, QUESTION_TAG) if asks else (u.role,)
         salience = (0.35 if asks else 0.5) if user else 0.35
         pieces = passages(u.text)
@@ -271,13 +289,13 @@ def extract(utterances: Iterable[Utterance], *, source: str = "heuristic") -> li
             )
         if not user or asks:
             continue
-        typed = list(typed_sentences(u.text))
+        typed = list(typed_sentences(said))
         found_by = (u.role, SENTENCE_TAG)
-        for sentence in statements(u.text, skip={sentence for _, _, sentence in typed}):
+        for sentence in statements(said, skip={sentence for _, _, sentence in typed}):
             items.append(
                 _item(
                     ItemType.EPISODE,
-                    sentence,
+                    u.by_speaker(sentence),
                     u,
                     source,
                     found_by,
@@ -287,11 +305,11 @@ def extract(utterances: Iterable[Utterance], *, source: str = "heuristic") -> li
                 )
             )
         for item_type, confidence, sentence in typed:
-            typed_tags = (u.role, *(SUBJECT_PREFIX + s for s in subjects_of(sentence)))
+            typed_tags = (u.role, *(u.subject_tag(s) for s in subjects_of(sentence)))
             items.append(
                 _item(
                     item_type,
-                    sentence,
+                    u.by_speaker(sentence),
                     u,
                     source,
                     typed_tags,

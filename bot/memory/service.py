@@ -31,7 +31,7 @@ from zoneinfo import ZoneInfo
 import structlog
 
 from bot.config import MemorySettings
-from bot.domain import Message, Role, Session, utcnow
+from bot.domain import SPEAKER_META, Message, Role, Session, utcnow
 from bot.group_writer import GroupWriter
 from bot.memory.archive import TranscriptArchive
 from bot.memory.consolidation import ConsolidationObserver, ConsolidationResult, Consolidator
@@ -263,7 +263,9 @@ class MemoryService:
             for msg, turn in ((ex.user, ex.user_turn), (ex.assistant, ex.assistant_turn)):
                 if msg is not None and msg.content.strip():
                     ref = Reference(ex.session_id, msg.id, turn, conversation=ex.conversation)
-                    utterances.append(Utterance(msg.role.value, msg.content, msg.timestamp, ref))
+                    utterances.append(
+                        Utterance(msg.role.value, msg.content, msg.timestamp, ref, *_speaker(msg))
+                    )
         # The notes and the items are separate files: their writes (and fsyncs) go on side by side.
         async with contextlib.nullcontext() if sync else self._lazy.writing():
             stored, _ = await asyncio.gather(
@@ -715,6 +717,15 @@ def embeddable(item: MemoryItem) -> bool:
 @functools.cache
 def _acknowledgements() -> frozenset[str]:
     return frozenset(tokenize(ACKNOWLEDGEMENTS))
+
+
+def _speaker(message: Message) -> tuple[str, str]:
+    """Who said a group message: the name its text starts with, and their id (see bot/intake.py's
+    ``user_message``); empty in a private chat."""
+    name = message.meta.get(SPEAKER_META)
+    if not isinstance(name, str) or not name or not message.content.startswith(f"{name}: "):
+        return "", ""
+    return name, str(message.meta.get("sender_id") or "")
 
 
 def informative(text: str) -> bool:

@@ -145,7 +145,8 @@ async def test_guild_messages_need_a_mention_or_a_reply(tmp_path: Path) -> None:
             mentions=(bot, w.alice),
         )
         [first] = await d.wait_for_bot_messages(w.general)
-        assert first["content"] == "echo: ask @alice about #quiet"  # bot mention gone, others readable
+        # The bot mention gone, others readable; in a guild the model hears who is speaking.
+        assert first["content"] == "echo: bob: ask @alice about #quiet"
         assert first["allowed_mentions"]["parse"] == []  # never @everyone or roles
         await d.user_message(
             channel_id=w.general, author=w.bob, content="and more?", guild=w.guild, reply_to=first
@@ -170,12 +171,12 @@ async def test_guild_messages_need_a_mention_or_a_reply(tmp_path: Path) -> None:
         )
         await d.wait_for_bot_messages(w.quiet, 3)
         assert w.user_texts() == [
-            "ask @alice about #quiet",
-            "and more?",  # a reply to the bot: its own words are in the history already
-            "and by role?",
-            "no mention needed here",
-            "The earth is flat",
-            '[replying to alice: "The earth is flat"]\nis this true?',
+            "bob: ask @alice about #quiet",
+            "bob: and more?",  # a reply to the bot: its own words are in the history already
+            "bob: and by role?",
+            "bob: no mention needed here",
+            "alice: The earth is flat",
+            'bob: [replying to alice: "The earth is flat"]\nis this true?',
         ]
 
 
