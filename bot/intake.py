@@ -60,7 +60,9 @@ def user_message(inbound: InboundMessage, entries: Sequence[str] = ()) -> Messag
     return Message(
         role=Role.USER,
         content="\n\n".join(parts),
-        timestamp=inbound.timestamp,
+        # Dated as the turn is (see turn_time): a platform date ahead of our clock would put the
+        # question after its own answer, in the session and in memory.
+        timestamp=min(_aware(inbound.timestamp), utcnow()),
         images=tuple(images),
         meta=meta,
     )

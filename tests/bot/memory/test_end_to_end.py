@@ -339,3 +339,17 @@ async def test_what_was_said_in_passing_is_found_by_its_own_sentence(tmp_path: P
     assert "I took my niece to the Natural History Museum on 2/8" in pack
     assert pack.count("By the way") == 1  # the message is shown once, whole, not the sentence beside it
     assert "Which shops would you recommend" in pack
+
+
+async def test_a_message_dated_ahead_of_our_clock_is_remembered_before_its_answer(tmp_path: Path) -> None:
+    # Telegram dated the message 20 minutes after our clock (ours was behind, or stepped back by NTP).
+    ahead = datetime.now(UTC) + timedelta(minutes=20)
+    async with chat(tmp_path, memory={"embeddings": "none"}) as bot:
+        await bot.say("My sister Clara moved to Lisbon for her new design job.", ahead)
+        await bot.say("/new", datetime.now(UTC))
+        await bot.say("Where did my sister Clara move to?", datetime.now(UTC))
+        pack = section(bot.system_prompt(), "Relevant Memory")
+        future = [i for i in bot.core.memory.items.items() if i.created_at > datetime.now(UTC)]
+    said, answered = pack.find("- user: My sister Clara moved"), pack.find("- assistant (you):")
+    assert 0 <= said < answered  # the question, then its answer
+    assert not future  # nothing is remembered as said in the future
