@@ -260,6 +260,12 @@ class Consolidator:
                 return None
             start += max(1, (len(messages) - start) // 4)  # the oldest quarter of what is left
 
+    def _local_now(self) -> datetime:
+        """Now in the configured zone: a HISTORY heading and its month file follow the operator's
+        calendar, as the daily notes do (in UTC, an evening in California was filed under the next
+        day, and the last one of a month in the next month's file)."""
+        return self._clock().astimezone(self._tz)
+
     async def run(
         self,
         session_id: str,
@@ -281,7 +287,7 @@ class Consolidator:
             result.raw_fallback, result.reason = True, str(exc)
         if result.raw_fallback:
             log.warning("consolidation_fallback", session_id=session_id, reason=result.reason)
-            await self._history.append_raw_fallback(self._clock(), session_id, messages, result.reason)
+            await self._history.append_raw_fallback(self._local_now(), session_id, messages, result.reason)
         self.last_run, self.last_result = self._clock(), result
         if self._observer is not None:
             self._observer.consolidation(fallback=result.raw_fallback)
@@ -332,10 +338,9 @@ class Consolidator:
                 result.raw_fallback, result.reason = True, f"memory_update refused: {problem}"
                 return
             result.parse_tier, result.facts = reply.tier, reply.facts
-            now = self._clock()
             if reply.history_entry:
                 result.history_entry = reply.history_entry
-                await self._history.append(now, result.session_id, reply.history_entry)
+                await self._history.append(self._local_now(), result.session_id, reply.history_entry)
             memory = reply.memory_update
             if memory is not None and memory.strip() and memory.strip() != base.text.strip():
                 text = memory.rstrip("\n") + "\n"

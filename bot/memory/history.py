@@ -1,6 +1,7 @@
 """HISTORY.md: the consolidated story of past conversations, one dated entry per consolidation.
 
-Each entry goes to ``HISTORY.md`` and to the month file ``HISTORY-YYYY-MM.md`` (small enough to read).
+Each entry goes to ``HISTORY.md`` and to the month file ``HISTORY-YYYY-MM.md`` (small enough to read), dated
+in the configured time zone (the consolidator passes its local time).
 When the model could not consolidate, a ``[raw-fallback]`` entry keeps the last messages verbatim so
 nothing is lost between the archive and the summary.
 """

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -20,6 +21,9 @@ from bot.memory.items import ItemType, Layer
 from bot.metrics import Metrics
 from tests.bot.memory.conftest import UTC_ZONE, Clock, make_memory
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
+
+# Loaded at import (ZoneInfo caches it): reading tzdata inside a test's event loop is blocking I/O.
+ZoneInfo("America/Los_Angeles")
 
 
 def conversation(clock: Clock, n: int = 6) -> list[Message]:
@@ -64,6 +68,22 @@ async def test_happy_path_writes_history_month_file_memory_and_archive(
     assert semantic[0].references and semantic[0].references[0].session_id == "cli:me"
     prompt = fake_llm.requests[-1].body["messages"][-1]["content"]
     assert "[2024-05-20 09:30] USER: message 0 about the Lisbon trip" in prompt
+
+
+async def test_history_is_dated_and_filed_in_the_configured_time_zone(
+    tmp_path: Path, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    # 01:30 UTC on June 1st is still the evening of May 31st in California.
+    clock = Clock(datetime(2024, 6, 1, 1, 30, tzinfo=UTC))
+    memory = await make_memory(tmp_path, clock, llm, timezone="America/Los_Angeles")
+    fake_llm.script(FakeReply(text=reply()), FakeReply(text="no JSON at all"))
+
+    await memory.consolidate("cli:me", conversation(clock), timeout=5)
+    await memory.consolidate("cli:me", conversation(clock), timeout=5)  # a raw fallback
+
+    month = (memory.root / "HISTORY-2024-05.md").read_text()
+    assert month.count("## 2024-05-31T18:30:00-07:00 — cli:me") == 2
+    assert not (memory.root / "HISTORY-2024-06.md").exists()
 
 
 @pytest.mark.parametrize(
