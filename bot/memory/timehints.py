@@ -114,9 +114,8 @@ def periods(query: str, now: datetime, tz: ZoneInfo) -> list[Span]:
         month = MONTHS[(m.group(1) or m.group(4)).lower()]
         day = int(m.group(2) or m.group(3))
         year = local.year if (month, day) <= (local.month, local.day) else local.year - 1
-        try:
-            named = date(year, month, day)
-        except ValueError:  # "February 30": no such day
+        named = _latest(year, month, day)
+        if named is None:  # "February 30": no such day
             continue
         spans.append(_local_span(named - timedelta(days=1), named + timedelta(days=1), tz))
     for m in _WEEKDAY.finditer(query):
@@ -132,6 +131,18 @@ def periods(query: str, now: datetime, tz: ZoneInfo) -> list[Span]:
         else:
             spans.append(_local_span(date(year, 1, 1), date(year, 12, 31), tz))
     return spans
+
+
+def _latest(year: int, month: int, day: int) -> date | None:
+    """That day in ``year`` or, when the year has none ("February 29th" in 2025), the last year before
+    that has one (2024); ``None`` when no year has it. Eight years cover leap years skipped at a century.
+    """
+    for back in range(9):
+        try:
+            return date(year - back, month, day)
+        except ValueError:
+            continue
+    return None
 
 
 def _month_end(year: int, month: int) -> date:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -13,7 +13,7 @@ from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from bot.memory.lexical import LexicalIndex
 from bot.memory.retrieval import Retriever, ScoredItem, diversify
-from bot.memory.timehints import time_hint
+from bot.memory.timehints import periods, time_hint
 from bot.memory.words import tokenize
 
 NOW = datetime(2024, 5, 20, 12, 0, tzinfo=UTC)
@@ -226,6 +226,12 @@ def test_time_words_name_periods_relative_to_the_querys_own_date() -> None:
     assert time_hint("when was the Sunday mass?", now, UTCZ) is None  # a name, not a day
     assert time_hint("I may 2x the dose in 2023", now, UTCZ) is None
     assert time_hint("February 30th", now, UTCZ) is None  # no such day: no hint, no crash
+
+
+def test_a_leap_day_asked_about_in_a_later_year_is_the_last_one() -> None:
+    # Asked in March 2025, "February 29th" is 2024's: 2025 has none.
+    found = periods("what did we do on February 29th?", datetime(2025, 3, 10, 12, tzinfo=UTC), UTCZ)
+    assert [(start.date(), end.date()) for start, end in found] == [(date(2024, 2, 28), date(2024, 3, 1))]
 
 
 async def test_one_result_per_source_message(tmp_path: Path) -> None:
