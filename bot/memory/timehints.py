@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 MONTHS = {
@@ -150,6 +150,13 @@ def _month_end(year: int, month: int) -> date:
 
 
 def _local_span(first: date, last: date, tz: ZoneInfo) -> Span:
-    """From the start of ``first`` to the end of ``last`` in the user's time zone."""
-    start = datetime(first.year, first.month, first.day, tzinfo=tz)
-    return start, datetime(last.year, last.month, last.day, tzinfo=tz) + timedelta(days=1, microseconds=-1)
+    """From the start of ``first`` to the end of ``last`` in the user's time zone.
+
+    Both are UTC instants, and the end is the next day's start less a microsecond counted in UTC:
+    arithmetic on a zoned datetime is wall-clock arithmetic, and where clocks go back at midnight
+    (America/Santiago) "23:59:59.999999" names the first of the day's two last hours, so the second
+    one was left out of the day."""
+    after = last + timedelta(days=1)
+    start = datetime(first.year, first.month, first.day, tzinfo=tz).astimezone(UTC)
+    end = datetime(after.year, after.month, after.day, tzinfo=tz).astimezone(UTC) - timedelta(microseconds=1)
+    return start, end

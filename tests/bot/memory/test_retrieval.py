@@ -228,6 +228,16 @@ def test_time_words_name_periods_relative_to_the_querys_own_date() -> None:
     assert time_hint("February 30th", now, UTCZ) is None  # no such day: no hint, no crash
 
 
+def test_a_day_whose_last_hour_repeats_ends_after_the_second_one() -> None:
+    # Chile turned its clocks back at midnight ending 2024-04-06: 23:00-23:59 that Saturday came twice.
+    santiago = ZoneInfo("America/Santiago")
+    saturday = time_hint("what did I say last Saturday?", datetime(2024, 4, 8, 15, tzinfo=UTC), santiago)
+    assert saturday is not None
+    late = datetime(2024, 4, 7, 3, 30, tzinfo=UTC)  # Saturday 23:30, the second time
+    assert late.astimezone(santiago).date() == date(2024, 4, 6)
+    assert saturday(late) and not saturday(datetime(2024, 4, 7, 4, 0, tzinfo=UTC))  # Sunday 00:00
+
+
 def test_a_leap_day_asked_about_in_a_later_year_is_the_last_one() -> None:
     # Asked in March 2025, "February 29th" is 2024's: 2025 has none.
     found = periods("what did we do on February 29th?", datetime(2025, 3, 10, 12, tzinfo=UTC), UTCZ)
