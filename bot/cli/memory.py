@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
+from zoneinfo import ZoneInfo
 
 import typer
 from rich.table import Table
@@ -155,6 +156,7 @@ def search(
         console.print("nothing found")
         return
     table = Table("score", "layer", "type", "when", "content")
+    zone = ZoneInfo(settings.memory_timezone)  # the day of the daily note it is in
     for hit in found:
         item = hit.item
         text = " ".join(item.content.split())
@@ -162,7 +164,7 @@ def search(
             f"{hit.score:.2f}",
             item.layer,
             item.type,
-            f"{item.created_at:%Y-%m-%d}",
+            f"{item.created_at.astimezone(zone):%Y-%m-%d}",
             text[:200],
             end_section=False,
         )

@@ -102,7 +102,7 @@ class MemoryToolOps:
                 *lines,
                 *(
                     f"{s.item.id} [{s.item.layer.value}/{s.item.type.value}, "
-                    f"{s.item.created_at:%Y-%m-%d}] {s.item.content[:500]}"
+                    f"{s.item.created_at.astimezone(self._memory.tz):%Y-%m-%d}] {s.item.content[:500]}"
                     for s in found
                 ),
             ]

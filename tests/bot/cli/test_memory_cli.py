@@ -10,11 +10,32 @@ from pathlib import Path
 from tests.bot.cli.membot_process import run_membot
 
 
-def membot(*args: str, workspace: Path, editor: str = "") -> subprocess.CompletedProcess[str]:
+def membot(
+    *args: str, workspace: Path, editor: str = "", timezone: str = ""
+) -> subprocess.CompletedProcess[str]:
     env = {"MEMBOT_WORKSPACE": str(workspace), "HOME": str(workspace.parent), "COLUMNS": "100"}
+    if timezone:
+        env["MEMBOT_TIMEZONE"] = timezone
     if editor:
         env["EDITOR"] = editor
     return run_membot(*args, env=env)
+
+
+def test_search_shows_the_day_in_the_configured_time_zone(tmp_path: Path) -> None:
+    # 20:00 UTC on January 1st is the morning of January 2nd in Tokyo, the daily note's day.
+    export = tmp_path / "conv.json"
+    turns = [
+        {"role": "user", "content": "I love green tea from Kyoto"},
+        {"role": "assistant", "content": "Ok"},
+    ]
+    export.write_text(
+        json.dumps({"sessions": [{"id": "s1", "date": "2024-01-01T20:00:00Z", "turns": turns}]})
+    )
+    ws = tmp_path / "ws"
+    assert membot("memory", "import", str(export), workspace=ws, timezone="Asia/Tokyo").returncode == 0
+    assert (ws / "memory" / "2024-01-02.md").exists()
+    found = membot("memory", "search", "green tea", workspace=ws, timezone="Asia/Tokyo")
+    assert found.returncode == 0 and "2024-01-02" in found.stdout and "2024-01-01" not in found.stdout
 
 
 def test_import_then_search_stats_and_show(tmp_path: Path) -> None:

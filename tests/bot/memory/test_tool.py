@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -14,6 +16,8 @@ from bot.tools.base import ToolContext, ToolError
 from tests.bot.memory.conftest import Clock, make_memory
 
 CTX = ToolContext("cli:me", "cli", "turn1")
+# Loaded at import (ZoneInfo caches it): reading tzdata inside a test's event loop is blocking I/O.
+ZoneInfo("America/Los_Angeles")
 
 
 async def test_add_search_update_forget_items(memory: MemoryService) -> None:
@@ -31,6 +35,17 @@ async def test_add_search_update_forget_items(memory: MemoryService) -> None:
 
     assert await tool.run({"action": "forget", "id": item_id}, CTX) == f"Forgot {item_id}."
     assert await tool.run({"action": "search", "query": "cat"}, CTX) == "No matching memories."
+
+
+async def test_search_dates_what_it_finds_in_the_configured_time_zone(tmp_path: Path) -> None:
+    # 01:30 UTC on May 4th is the evening of May 3rd in California, as the notes and the pack say.
+    clock = Clock(datetime(2024, 5, 4, 1, 30, tzinfo=UTC))
+    memory = await make_memory(tmp_path, clock, timezone="America/Los_Angeles")
+    tool = MemoryTool(memory)
+    await tool.run({"action": "add", "content": "User's cat is called Miso", "type": "fact"}, CTX)
+    found = await tool.run({"action": "search", "query": "what is the cat called"}, CTX)
+    await memory.close()
+    assert "/fact, 2024-05-03] User's cat is called Miso" in found
 
 
 async def test_long_term_add_and_forget_go_through_memory_md(memory: MemoryService) -> None:
