@@ -16,6 +16,9 @@ The kernel writes dirty pages back within ~30 s by itself, so a power cut rarely
 - after each flush that left nothing unsynced, the marker's time moves to when the flush began, without
   an fsync: the time on disk is never later than the oldest write a power cut can lose (an older one,
   or a torn one, only makes the next start look further back);
+- a write made while the clock reads earlier than the marker (stepped back by NTP, say) first puts
+  that earlier time durably in place: the sessions saved meanwhile carry that clock's dates too, and a
+  start would not look back far enough to find them;
 - a start that finds the marker records again what the sessions changed since its time hold and
   memory lacks (:meth:`MemoryService.recover`, driven by ``bot/app.py``).
 """
@@ -44,12 +47,21 @@ class LazySync:
     """Tracks writes made without an fsync and syncs them (``flush``) a moment later; see the module doc."""
 
     def __init__(
-        self, marker: Path, flush: Callable[[], Awaitable[None]], *, delay: float = DELAY_SECONDS
+        self,
+        marker: Path,
+        flush: Callable[[], Awaitable[None]],
+        *,
+        delay: float = DELAY_SECONDS,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
+        """``clock`` must be the one the file system dates files by: a start compares the marker's
+        time with the sessions' modification times."""
         self._marker = marker
         self._flush = flush
         self._delay = delay
+        self._clock = clock
         self._placed = False  # the marker is on disk for this run (or left by the last one)
+        self._since: datetime | None = None  # the time the marker holds (or a later one)
         self._inherited = False  # the last run left it: only :meth:`recovered` lets it go
         self._dirty = False  # written since the last flush began
         self._writing = 0  # unsynced writes under way
@@ -72,19 +84,21 @@ class LazySync:
         try:
             when = datetime.fromisoformat(raw.decode("utf-8").strip())
         except ValueError:  # torn or damaged (not even UTF-8), by the same power cut: every session
-            return datetime.fromtimestamp(0, UTC)
-        return when if when.tzinfo else when.replace(tzinfo=UTC)
+            when = datetime.fromtimestamp(0, UTC)
+        self._since = when if when.tzinfo else when.replace(tzinfo=UTC)
+        return self._since
 
     @contextlib.asynccontextmanager
     async def writing(self) -> AsyncIterator[None]:
         """Around writes made without an fsync: the marker first, a sync scheduled after."""
         self._writing += 1
         try:
-            if not self._placed:
+            if self._needs_mark():
                 async with self._mark_lock:
-                    if not self._placed:
-                        await asyncio.to_thread(atomic_write_text, self._marker, utcnow().isoformat())
-                        self._placed = True
+                    if self._needs_mark():
+                        now = self._clock()
+                        await asyncio.to_thread(atomic_write_text, self._marker, now.isoformat())
+                        self._placed, self._since = True, now
             yield
         finally:
             self._writing -= 1
@@ -97,7 +111,7 @@ class LazySync:
         async with self._sync_lock:
             if not self.pending:
                 return
-            began, self._dirty = utcnow(), False
+            began, self._dirty = self._clock(), False
             try:
                 await self._flush()
             except BaseException:
@@ -105,6 +119,11 @@ class LazySync:
                 raise
             if not self.pending and not self._inherited:
                 await asyncio.to_thread(_restamp, self._marker, began)
+                self._since = began
+
+    def _needs_mark(self) -> bool:
+        """No marker yet, or the clock reads earlier than the one in place."""
+        return not self._placed or (self._since is not None and self._clock() < self._since)
 
     async def recovered(self) -> None:
         """What the last run may have lost was made again: its marker can go (called before any write)."""

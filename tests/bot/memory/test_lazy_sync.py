@@ -41,6 +41,24 @@ async def test_the_marker_lives_from_the_first_unsynced_write_to_a_clean_close(t
     assert not marker.exists()  # a clean stop leaves nothing to look for
 
 
+async def test_a_clock_stepped_back_moves_the_marker_back_before_the_next_write(tmp_path: Path) -> None:
+    """The sessions a turn saves are dated by the same clock: with the marker left at the later time, a
+    start after a power cut would not look back far enough to record their messages again."""
+
+    async def flush() -> None:
+        pass
+
+    now = [datetime(2024, 3, 4, 9, 0, tzinfo=UTC)]
+    marker = tmp_path / MARKER
+    lazy = LazySync(marker, flush, delay=3600, clock=lambda: now[0])
+    async with lazy.writing():
+        pass
+    now[0] -= timedelta(minutes=10)  # NTP steps the clock back
+    async with lazy.writing():
+        assert await asyncio.to_thread(marker.read_text) == "2024-03-04T08:50:00+00:00"
+    await lazy.close()
+
+
 async def test_a_marker_left_by_a_stopped_run_goes_only_once_recovered(tmp_path: Path) -> None:
     async def flush() -> None:
         pass
