@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -16,6 +17,35 @@ from pydantic import BaseModel, ValidationError
 from pydantic_settings import NoDecode, SettingsError
 
 ENV_PREFIX = "MEMBOT_"
+NOT_SETTINGS = frozenset({"MEMBOT_CONFIG"})  # ours, but read by the command line, not a setting
+
+
+def unknown_variables(root: type[BaseModel], environ: Mapping[str, str]) -> list[str]:
+    """A line for every ``MEMBOT_`` variable of the environment that names no top-level setting or
+    table, with the one it probably meant. pydantic-settings looks up only the names it knows, so
+    ``MEMBOT_TELEGRAM_TOKEN`` (one underscore) was ignored without a word and the bot started without its
+    token. (A wrong name inside a table, ``MEMBOT_LLM__MODLE``, reaches pydantic, which refuses it.)"""
+    lines = []
+    for name in sorted(environ):
+        upper = name.upper()
+        top = upper[len(ENV_PREFIX) :].split("__", 1)[0].lower()
+        if not upper.startswith(ENV_PREFIX) or upper in NOT_SETTINGS or top in root.model_fields:
+            continue
+        import difflib  # only on this error path: start-up stays lean
+
+        guess = difflib.get_close_matches(upper, list(_variable_names(root)), n=1, cutoff=0.6)
+        hint = f"; did you mean {guess[0]}?" if guess else ""
+        lines.append(f"  - {name}: no such setting{hint} (rename or unset it)")
+    return lines
+
+
+def _variable_names(root: type[BaseModel], prefix: str = ENV_PREFIX) -> Iterator[str]:
+    for key, field in root.model_fields.items():
+        name = prefix + key.upper()
+        yield name
+        model = field.annotation
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            yield from _variable_names(model, name + "__")
 
 
 def explain_validation(

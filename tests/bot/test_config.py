@@ -83,6 +83,20 @@ def test_unknown_keys_and_bad_zones_are_rejected(tmp_path: Path) -> None:
         load_settings(env_file=None, overrides={"timezone": "Mars/Olympus"})
 
 
+def test_a_misspelled_variable_is_refused_not_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMBOT_TELEGRAM_TOKEN", "123:abc")  # one underscore: the bot started tokenless
+    monkeypatch.setenv("MEMBOT_TELEGRAM__GROUPS__-100123", "{}")  # a key of a table: any name is fine
+    monkeypatch.setenv("MEMBOT_CONFIG", "")  # the command line's, not a setting
+    with pytest.raises(ConfigError) as info:
+        load_settings(env_file=None)
+    assert str(info.value).splitlines()[1:] == [
+        "  - MEMBOT_TELEGRAM_TOKEN: no such setting; did you mean MEMBOT_TELEGRAM__TOKEN? (rename or unset it)"
+    ]
+    monkeypatch.delenv("MEMBOT_TELEGRAM_TOKEN")
+    monkeypatch.setenv("MEMBOT_TELEGRAM__TOKEN", "123:abc")
+    assert load_settings(env_file=None).telegram.token is not None
+
+
 @pytest.mark.parametrize(
     ("section", "key", "value"),
     [
