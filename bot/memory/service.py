@@ -139,7 +139,6 @@ class MemoryService:
         self.root = root
         self.tz = ZoneInfo(settings.timezone or timezone)
         self._clock = clock
-        self._count = count_tokens
         limits = Limits.of(settings)
         self.longterm = LongTermMemory(root / "MEMORY.md", limits=limits)
         self.notes = DailyNotes(root, self.tz)
@@ -532,7 +531,7 @@ class MemoryService:
         started = time.perf_counter()
         hard = s.pack_hard_tokens if hard is None else hard
         soft = min(hard, s.pack_soft_tokens if soft is None else soft)
-        base = overhead(self._count)
+        base = overhead(self.recaller.count)
         memories, skipped = self.recaller.gather(await self._rank(query, session_id, now), skip=set(skip))
         recall = self.recaller.select(
             memories,
@@ -626,13 +625,16 @@ class MemoryService:
         chat = await self.chats.longterm(session_id).read() if self.chat_scope else None
         left = budget if budget is not None else self.default_budget()
         head = now_line(now, self.tz)
-        long_term = long_term_section(snap.text, s.inject_max_bytes, max_tokens=left // 2, count=self._count)
+        # The same few texts every turn (the headings, the minute's date line, MEMORY.md), counted once:
+        # a tokenizer call lets go of the GIL, and under load the loop can wait milliseconds to get it back.
+        count = self.recaller.count
+        long_term = long_term_section(snap.text, s.inject_max_bytes, max_tokens=left // 2, count=count)
         chat_text = (
-            chat_memory_section(chat.text, s.inject_max_bytes, max_tokens=left // 2, count=self._count)
+            chat_memory_section(chat.text, s.inject_max_bytes, max_tokens=left // 2, count=count)
             if chat is not None
             else ""
         )
-        fixed = sum(self._count(t) + 2 for t in (head, long_term, chat_text) if t) + self._count("# Memory")
+        fixed = sum(count(t) + 2 for t in (head, long_term, chat_text) if t) + count("# Memory")
         left -= fixed
         notes_cap = max(0, min(s.notes_max_tokens, left // 4))
         skip = {(session_id, mid) for mid in shown}

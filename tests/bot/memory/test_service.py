@@ -266,3 +266,29 @@ async def test_archive_keeps_every_message_around_damaged_lines(memory: MemorySe
     await memory.archive_messages("cli:me", later)
     archived = await memory.archive.read("cli:me")
     assert [m.content for m in archived] == ["before 0", "before 1", "after 0", "after 1"]
+
+
+async def test_a_turn_counts_no_text_the_turn_before_counted(tmp_path: Path, clock: Clock) -> None:
+    """The section's fixed texts (headings, the date line, MEMORY.md) are counted once, not every turn:
+    a tokenizer call lets go of the GIL, and a busy loop can wait milliseconds to get it back."""
+    counted: list[str] = []
+
+    def count(text: str) -> int:
+        counted.append(text)
+        return len(text) // 4 + 1
+
+    memory = MemoryService(
+        tmp_path / "memory", MemorySettings(), timezone="UTC", clock=clock, count_tokens=count
+    )
+    await memory.start()
+    try:
+        await memory.longterm.update(lambda _: "- Operator: user is called Sam\n")
+        await memory.record_exchanges([exchange(clock, "I bake sourdough every Sunday morning.", "Lovely.")])
+        await memory.context("when do I bake sourdough?", session_id="cli:me")
+        first = set(counted)
+        assert {"# Memory", "## Relevant Memory"} <= first
+        counted.clear()
+        await memory.context("when do I bake sourdough?", session_id="cli:me")
+        assert not set(counted) & first
+    finally:
+        await memory.close()
