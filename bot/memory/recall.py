@@ -137,15 +137,21 @@ class Recaller:
 
         Cheap: a candidate's text is put together only when :meth:`select` gets to it.
         """
-        groups: dict[MessageKey, list[ScoredItem]] = {}
+        # One candidate per message, made at its first (best) hit: most messages have one hit, and a
+        # list per message copied into a tuple doubled what a turn allocates here (hundreds of them).
+        groups: dict[MessageKey, Candidate] = {}
         skipped: set[MessageKey] = set()
         for scored in ranked:
             key = key_of(scored.item)
             if skip and key in skip:
                 skipped.add(key)
                 continue
-            groups.setdefault(key, []).append(scored)
-        return [Candidate(key, tuple(hits)) for key, hits in groups.items()], len(skipped)
+            found = groups.get(key)
+            if found is None:
+                groups[key] = Candidate(key, (scored,))
+            else:
+                found.hits += (scored,)
+        return list(groups.values()), len(skipped)
 
     def realize(self, candidate: Candidate, *, brief_assistant: bool = False) -> Memory:
         """The candidate's memory. ``brief_assistant``: an answer of the assistant's shows at most a third
