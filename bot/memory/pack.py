@@ -127,11 +127,18 @@ def memory_line(memory: Memory, tz: ZoneInfo) -> str:
         item = memory.hits[0].item
         line = f"- [{item.type.value}, {memory.when.astimezone(tz):%Y-%m-%d}] {_indent(memory.text)}"
     else:
-        line = f"- {speaker(memory)}: {_indent(memory.text)}"
+        line = _said(speaker(memory), memory.text)
     for older in memory.previously:
         when = older.when.astimezone(tz).strftime("%Y-%m-%d")
         line += f"\n  - previously ({when}): {_indent(older.text)}"
     return line
+
+
+@functools.lru_cache(maxsize=8192)
+def _said(who: str, text: str) -> str:
+    """Remembered: a turn prices every memory it looks at, then counts and renders the chosen ones,
+    each time with this line, and the same messages come back turn after turn."""
+    return f"- {who}: {_indent(text)}"
 
 
 def price(memory: Memory, count: TokenCounter, tz: ZoneInfo) -> int:
