@@ -175,6 +175,49 @@ async def test_a_batch_gives_each_text_its_own_vector_in_order(minilm: OnnxEmbed
     assert (await minilm.embed([])).shape == (0, 384)
 
 
+def _large_buffers_held_by(root: object, *, over: int = 1 << 20) -> list[int]:
+    """Sizes of the bytes objects over ``over`` reachable from ``root`` through Python references."""
+    import gc
+
+    seen: set[int] = set()
+    found: list[int] = []
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, type):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, bytes | bytearray) and len(obj) > over:
+            found.append(len(obj))
+        stack.extend(gc.get_referents(obj))
+    return found
+
+
+def test_a_loaded_model_keeps_no_copy_of_its_file(minilm: OnnxEmbedder) -> None:
+    # onnxruntime's wrapper kept the 22 MiB it was built from for the embedder's whole life.
+    assert _large_buffers_held_by(minilm) == []
+
+
+def test_the_vectors_are_those_of_a_plain_onnxruntime_session(minilm: OnnxEmbedder) -> None:
+    import onnxruntime
+
+    from bot.memory.embeddings import _minilm_int8_bytes, _unit_rows
+    from bot.memory.int8_graph import int8_weights
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    plain = onnxruntime.InferenceSession(
+        int8_weights(_minilm_int8_bytes(None))[0], options, providers=["CPUExecutionProvider"]
+    )
+    texts = ["are you there?", "we adopted a puppy named Biscuit", "tea " * 600]
+    for text, vector in zip(texts, minilm.encode(texts), strict=True):
+        ids = np.array([minilm._tokenizer.encode(text).ids], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        (hidden,) = plain.run(["last_hidden_state"], feeds)
+        assert vector.tobytes() == _unit_rows(hidden.mean(axis=1))[0].tobytes()
+
+
 async def test_a_model_file_that_is_not_the_known_one_is_refused(tmp_path: Path) -> None:
     import asyncio
 
