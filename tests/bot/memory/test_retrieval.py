@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
+from itertools import islice
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
+import simplemma
 
 from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from bot.memory.lexical import LexicalIndex
 from bot.memory.retrieval import Retriever, ScoredItem, diversify
 from bot.memory.timehints import periods, time_hint
-from bot.memory.words import tokenize
+from bot.memory.words import normalize_word, stem, tokenize
 
 NOW = datetime(2024, 5, 20, 12, 0, tzinfo=UTC)
 UTCZ = ZoneInfo("UTC")
@@ -69,6 +73,29 @@ def test_tokenizer_meets_irregular_forms_through_their_lemma() -> None:
     assert tokenize("I bought it") == tokenize("buy it")
     assert tokenize("my older brother") == tokenize("old brother")
     assert tokenize("the children went") == tokenize("child go")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_lemma_dictionary_takes_little_memory() -> None:
+    # simplemma's default backend unpacked the English dictionary into a 19 MiB dict for the bot's life.
+    probe = (
+        "from pathlib import Path\nfrom bot.allocator import release_free_memory\nfrom bot.memory import words\n"
+        "def rss(): return int(Path('/proc/self/statm').read_text().split()[1])\n"
+        "release_free_memory(); before = rss()\nwords.load_lemmas()\nrelease_free_memory()\n"
+        "print((rss() - before) * 4096)\n"
+    )
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=root)
+    assert int(done.stdout.split()[-1]) < 8 * 2**20, done.stderr
+
+
+def test_lemmas_are_those_of_the_full_dictionary() -> None:
+    from simplemma.strategies.dictionaries import DEFAULT_DICTIONARY_FACTORY
+
+    english = DEFAULT_DICTIONARY_FACTORY.get_dictionary("en")
+    sample = [*islice(english, 0, None, 25), "bought", "older", "children", "Went", "xyzzies", "naïve"]
+    for word in sample:
+        assert normalize_word(word) == stem(simplemma.lemmatize(word, lang="en").lower()), word
 
 
 def test_tokenizer_keeps_other_scripts_and_pairs_cjk_characters() -> None:
