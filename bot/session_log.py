@@ -8,8 +8,10 @@ session's header fields (usage, metadata, timestamps). The state record is the g
   only when the log itself is rewritten (the first save, compaction, /new), not on every turn;
 - a group cut short by a crash (no state record after it) is not part of the session; the loader
   stops before it and the next append cuts it off;
-- a damaged line followed by a committed group is not a torn append but damage, and is reported so
-  the store can move the files aside rather than silently drop what follows.
+- a damaged line followed by a committed group (or before the header's ``log_bytes``) is not a torn
+  append but damage: it is left out and reported, every other line is kept, and the store sets its
+  bytes aside (``bot/damaged.py``). A line that is valid JSON but not a record it can read (an unknown
+  role, a reply naming a lost message, a state record with a bad time) is damage of the same kind.
 
 Lines up to the header's ``log_bytes`` (the last rewrite) are committed whatever they hold, which also
 reads logs written before state records existed (their header was replaced on every save).
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from bot.damaged import UNREADABLE, DamagedLine, describe
 from bot.domain import Message, Role, Session, SessionState, Usage
 from bot.outbox import RECORD as REPLY_RECORD
 from bot.outbox import PendingReply
@@ -37,30 +40,43 @@ HEADER_VERSION = 1
 
 @dataclass(slots=True)
 class LogContent:
-    """What a log holds: the committed messages, replies and last state, and where the commits end."""
+    """What a log holds: the committed messages, replies and last state, and where the commits end.
+
+    ``damaged`` are the lines that could not be read among committed ones (each costs only itself);
+    ``unfinished`` is what follows the last commit (a save a crash cut short), cut off by the next append.
+    """
 
     messages: list[Message] = field(default_factory=list)
     replies: dict[str, PendingReply] = field(default_factory=dict)
     state: dict[str, Any] | None = None
     end: int = 0  # bytes up to the end of the last committed group: the next append starts here
+    damaged: list[DamagedLine] = field(default_factory=list)
+    unfinished: bytes = b""
     _texts: dict[str, str] = field(default_factory=dict)
 
-    def _apply(self, group: list[dict[str, Any]]) -> None:
-        for record in group:
-            kind = record.get("record")
-            if kind is None:
-                message = Message.from_dict(record)
-                self.messages.append(message)
-                self._texts[message.id] = message.content
-            elif kind == REPLY_RECORD:
-                reply = PendingReply.from_record(record, texts=self._texts)
-                self.replies[reply.id] = reply
-            elif kind == STATE_RECORD:
-                state = record["session"]
-                if not isinstance(state, dict):
-                    raise ValueError("a state record without a session object")
-                self.state = state
-            # another kind comes from a newer membot: skipped, so downgrading keeps the messages
+    def _apply(self, group: list[tuple[int, bytes, dict[str, Any]]]) -> None:
+        for offset, raw, record in group:
+            try:
+                self._apply_record(record)
+            except UNREADABLE as exc:  # valid JSON, but not a record membot can use: only it is lost
+                self.damaged.append(DamagedLine(offset, raw, describe(exc)))
+
+    def _apply_record(self, record: dict[str, Any]) -> None:
+        kind = record.get("record")
+        if kind is None:
+            message = Message.from_dict(record)
+            self.messages.append(message)
+            self._texts[message.id] = message.content
+        elif kind == REPLY_RECORD:
+            reply = PendingReply.from_record(record, texts=self._texts)
+            self.replies[reply.id] = reply
+        elif kind == STATE_RECORD:
+            state = record["session"]
+            if not isinstance(state, dict):
+                raise ValueError("a state record without a session object")
+            _State.parse(state)  # checked now, so applying it later cannot fail
+            self.state = state
+        # another kind comes from a newer membot: skipped, so downgrading keeps the messages
 
 
 def encode_group(
@@ -75,14 +91,16 @@ def encode_group(
 
 
 def read_log(data: bytes, *, committed: int) -> LogContent:
-    """Parse a log; ``committed`` bytes (the header's ``log_bytes``) must be whole and valid.
+    """Parse a log; ``committed`` bytes (the header's ``log_bytes``) were whole when written.
 
-    Raises ``ValueError`` (or ``KeyError``/``TypeError`` from a malformed message) on damage.
+    A damaged line among committed ones (before ``committed``, or followed by a complete group) is left
+    out and listed in ``damaged``: it costs only itself. What follows the last commit is ``unfinished``.
+    Raises ``ValueError`` only when the log is shorter than ``committed`` (bytes of it are gone).
     """
     if len(data) < committed:
         raise ValueError(f"the message log is shorter ({len(data)} bytes) than its header says ({committed})")
     content = LogContent()
-    group: list[dict[str, Any]] = []
+    group: list[tuple[int, bytes, dict[str, Any]]] = []
     pos = 0
     while pos < len(data):
         newline = data.find(b"\n", pos)
@@ -96,15 +114,18 @@ def read_log(data: bytes, *, committed: int) -> LogContent:
                 if not isinstance(record, dict):
                     raise ValueError("a line that is not a JSON object")
             except ValueError as exc:
-                if end <= committed or _commit_after(data, end):
-                    raise ValueError(f"damaged line at byte {pos} of the message log: {exc}") from None
-                break  # a group cut short by a crash: not part of the session
-            group.append(record)
-        if end == committed or (group and group[-1].get("record") == STATE_RECORD and end > committed):
+                if not (end <= committed or _commit_after(data, end)):
+                    break  # a group cut short by a crash: not part of the session
+                content.damaged.append(DamagedLine(pos, raw, describe(exc)))
+            else:
+                group.append((pos, raw, record))
+        if end == committed or (group and group[-1][2].get("record") == STATE_RECORD and end > committed):
             content._apply(group)
             content.end = end
             group = []
         pos = end
+    if data[content.end :].strip():
+        content.unfinished = data[content.end :]
     return content
 
 
@@ -149,10 +170,32 @@ def session_from_header(header: dict[str, Any]) -> Session:
     return session
 
 
+@dataclass(frozen=True, slots=True)
+class _State:
+    """What a save may change about a session, read from a state record or the header, and checked."""
+
+    metadata: dict[str, Any]
+    state: SessionState
+    updated_at: datetime
+    usage: Usage
+    compactions: int
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> _State:
+        return cls(
+            metadata=dict(data.get("metadata") or {}),
+            state=SessionState(data.get("state", "active")),
+            updated_at=datetime.fromisoformat(data["updated_at"]),
+            usage=Usage.from_dict(data.get("usage") or {}),
+            compactions=int(data.get("compactions", 0)),
+        )
+
+
 def apply_state(session: Session, state: dict[str, Any]) -> None:
     """Set what a save may change (a state record of the log, or the header) on ``session``."""
-    session.metadata = dict(state.get("metadata") or {})
-    session.state = SessionState(state.get("state", "active"))
-    session.updated_at = datetime.fromisoformat(state["updated_at"])
-    session.usage = Usage.from_dict(state.get("usage") or {})
-    session.compactions = int(state.get("compactions", 0))
+    parsed = _State.parse(state)
+    session.metadata = parsed.metadata
+    session.state = parsed.state
+    session.updated_at = parsed.updated_at
+    session.usage = parsed.usage
+    session.compactions = parsed.compactions

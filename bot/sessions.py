@@ -11,8 +11,11 @@ Layout under ``sessions/``, for a session id encoded to ``<name>`` (see :func:`e
   what changes on an ordinary turn travels in the log's state records.
 
 A crash during an append leaves a group without its state record; it is not part of the session, and
-the next append cuts it off. A header or log that cannot be read is moved aside as
-``*.corrupt-<timestamp>`` and a fresh session starts, so one bad file never takes the service down.
+the next append cuts it off. A damaged line costs only itself: the session keeps every other line and
+the next save rewrites the log without it. Both are first set aside, as ``<log>.damaged-<hash>``
+(``bot/damaged.py``), and logged. A header that cannot be read, or a log shorter than its header says,
+is moved aside as ``*.corrupt-<timestamp>`` and a fresh session starts, so one bad file never takes the
+service down.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from bot.damaged import UNREADABLE, DamagedLine, keep_aside
 from bot.domain import Session, session_id, utcnow
 from bot.errors import StorageError
 from bot.outbox import PendingReply
@@ -49,6 +53,7 @@ log = structlog.get_logger(__name__)
 
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
 _MAX_NAME = 120
+_UNREADABLE_FILE: tuple[type[Exception], ...] = (*UNREADABLE, OSError)
 
 
 def encode_id(sid: str) -> str:
@@ -151,11 +156,27 @@ class JsonSessionStore:
             if content.state is not None:
                 apply_state(session, content.state)
             session.log_bytes = content.end
-        except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        except _UNREADABLE_FILE as exc:
             self._move_aside(sid, header_path, reason=f"{type(exc).__name__}: {exc}")
             return None
+        if content.damaged or content.unfinished:
+            self._keep_unread(sid, session, content)
         session.persisted_count = len(session.messages)
         return session
+
+    def _keep_unread(self, sid: str, session: Session, content: LogContent) -> None:
+        """Set aside what the log holds beyond the session, before a save can drop it: damaged lines (the
+        next save rewrites the log without them) and a save a crash cut short (the next append cuts it
+        off; its messages are still pending in the inbox, so they are answered and saved again)."""
+        path = self._log_path(sid, session.log_generation)
+        unread = list(content.damaged)
+        if content.unfinished:
+            unread.append(DamagedLine(content.end, content.unfinished, "a save cut short (no state record)"))
+        event = "session_log_lines_set_aside" if content.damaged else "session_log_unfinished_save_set_aside"
+        if keep_aside(path, unread, event=event, session_id=sid, messages_kept=len(content.messages)) is None:
+            raise StorageError(f"cannot set aside the unreadable lines of {path}: fix the disk, then retry")
+        if content.damaged:
+            session.rewrite_needed = True
 
     def _read_log(self, sid: str, session: Session) -> LogContent:
         if session.log_generation == 0:
@@ -173,7 +194,7 @@ class JsonSessionStore:
             content = self._read_log(sid, session_from_header(header))
         except FileNotFoundError:
             return []
-        except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        except _UNREADABLE_FILE as exc:
             log.error("session_replies_unreadable", session_id=sid, error=f"{type(exc).__name__}: {exc}")
             return []
         return list(content.replies.values())
@@ -192,7 +213,7 @@ class JsonSessionStore:
                 count += len(tail.messages)
                 if tail.state is not None and tail.state.get("updated_at"):
                     updated = datetime.fromisoformat(tail.state["updated_at"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except _UNREADABLE_FILE:
             return None
         return SessionPeek(session.id, count, updated)
 

@@ -194,7 +194,9 @@ def _summarize(header_path: Path, settings: Settings) -> _Summary | None:
     sid = peek.id
     name = encode_id(sid)
     size = sum(
-        _file_size(p) for p in header_path.parent.glob(f"{glob_escape(name)}.*") if ".corrupt-" not in p.name
+        _file_size(p)
+        for p in header_path.parent.glob(f"{glob_escape(name)}.*")
+        if ".corrupt-" not in p.name and ".damaged-" not in p.name  # set aside: not the session's
     )
     archive = _archive(settings).path_for(sid)
     archived = 0
