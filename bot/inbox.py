@@ -19,7 +19,8 @@ When nothing of a session is pending any more the file is cut to zero length wit
 the cut be lost in a crash, the accept lines come back together with their done lines, so nothing is
 answered twice. A file that has gathered many finished lines while something is still pending (a chat
 that never pauses) is rewritten atomically with only what is pending. Damaged lines (a torn append)
-cost only themselves.
+cost only themselves: they are left out, and kept aside as ``<file>.damaged-<hash>`` (``bot/damaged.py``)
+before a cut or a rewrite could drop them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 
 import structlog
 
+from bot import damaged
 from bot.domain import Attachment, InboundMessage, new_id, utcnow
 from bot.group_writer import GroupWriter
 from bot.outbox import PendingReply
@@ -165,7 +167,7 @@ class Inbox:
             return found
         for path in sorted(self._dir.glob("*.jsonl")):
             try:
-                raws = path.read_bytes().splitlines()
+                raws = list(damaged.lines(path.read_bytes()))
             except OSError as exc:
                 log.error("inbox_unreadable", path=str(path), error=exc.strerror)
                 continue
@@ -173,11 +175,10 @@ class Inbox:
             replies: dict[str, tuple[PendingReply, str]] = {}
             done: set[str] = set()
             delivered: set[str] = set()
-            for raw in raws:
-                if not raw.strip():
-                    continue
+            unreadable: list[damaged.DamagedLine] = []
+            for offset, raw in raws:
                 try:  # line by line, so one damaged line (bad UTF-8, torn) costs only itself
-                    line = raw.decode("utf-8")
+                    line = raw.rstrip(b"\n").decode("utf-8")
                     data = json.loads(line)
                     if "done" in data:
                         done.update(str(e) for e in data["done"])
@@ -191,8 +192,10 @@ class Inbox:
                     else:
                         reply = PendingReply.from_record(data["reply"])
                         replies[reply.id] = (reply, line)
-                except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                    log.error("inbox_entry_unreadable", path=str(path), error=str(exc))
+                except damaged.UNREADABLE as exc:
+                    unreadable.append(damaged.DamagedLine(offset, raw, damaged.describe(exc)))
+            # Kept aside before a cut or a rewrite of the file (once everything is done) can drop it.
+            damaged.keep_aside(path, unreadable, event="inbox_lines_set_aside")
             pending = {e: v for e, v in accepted.items() if e not in done}
             kept = {r: v for r, v in replies.items() if r not in delivered and set(v[0].entries) - done}
             if not pending and not kept:

@@ -78,3 +78,40 @@ async def test_a_message_arriving_while_the_file_is_cut_is_kept(tmp_path: Path) 
     assert await reloaded(tmp_path) == ["arrived during the cut"]
     await inbox.finish("test:c1", {late})
     assert await reloaded(tmp_path) == []
+
+
+def found(folder: Path, pattern: str) -> list[Path]:
+    return sorted(folder.glob(pattern))
+
+
+DAMAGE = {
+    "torn json": b'{"entry":"x","message":{"tex',
+    "invalid utf-8": b'{"entry":"x","message":"\xff"}',
+    "not a record": b'{"entry":"x","message":[1]}',
+    "number out of range": (
+        b'{"entry":"x","message":{"channel":"test","chat_id":"c1","sender_id":"u1","text":"hi",'
+        b'"ts":"2026-01-01T00:00:00+00:00","attachments":[{"kind":"file","name":"a","mime_type":"x",'
+        b'"size":Infinity}]}}'
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE.values(), ids=DAMAGE.keys())
+async def test_a_damaged_line_costs_only_itself_and_is_kept_aside_before_the_cut(
+    tmp_path: Path, damage: bytes
+) -> None:
+    inbox = Inbox(tmp_path)
+    await inbox.load_pending()
+    added = [inbox.add(message(text)) for text in ("one", "two", "three")]
+    await asyncio.gather(*(durable for _, durable in added))
+    [path] = found(tmp_path, "*.jsonl")
+    lines = path.read_bytes().split(b"\n")
+    lines[1] = damage
+    path.write_bytes(b"\n".join(lines))
+
+    again = Inbox(tmp_path)
+    assert [e.message.text for e in await again.load_pending()] == ["one", "three"]
+    await again.finish("test:c1", set(again.pending_ids("test:c1")))
+    assert path.read_bytes() == b""  # nothing pending: the file is cut, as before
+    [kept] = found(tmp_path, "*.jsonl.damaged-*")
+    assert kept.read_bytes() == damage + b"\n"
