@@ -37,6 +37,8 @@ UNREADABLE: tuple[type[Exception], ...] = (
     OverflowError,  # a number out of range (Infinity where an int belongs)
 )
 """What decoding a damaged line raises, whatever the damage; anything else is a bug and propagates."""
+UNREADABLE_FILE: tuple[type[Exception], ...] = (*UNREADABLE, OSError)
+"""The same, for a whole file read and decoded at once."""
 
 SUFFIX = ".damaged-"
 

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from bot.damaged import UNREADABLE, DamagedLine, keep_aside
+from bot.damaged import UNREADABLE_FILE, DamagedLine, keep_aside
 from bot.domain import Session, session_id, utcnow
 from bot.errors import StorageError
 from bot.outbox import PendingReply
@@ -53,7 +53,6 @@ log = structlog.get_logger(__name__)
 
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
 _MAX_NAME = 120
-_UNREADABLE_FILE: tuple[type[Exception], ...] = (*UNREADABLE, OSError)
 
 
 def encode_id(sid: str) -> str:
@@ -156,7 +155,7 @@ class JsonSessionStore:
             if content.state is not None:
                 apply_state(session, content.state)
             session.log_bytes = content.end
-        except _UNREADABLE_FILE as exc:
+        except UNREADABLE_FILE as exc:
             self._move_aside(sid, header_path, reason=f"{type(exc).__name__}: {exc}")
             return None
         if content.damaged or content.unfinished:
@@ -194,7 +193,7 @@ class JsonSessionStore:
             content = self._read_log(sid, session_from_header(header))
         except FileNotFoundError:
             return []
-        except _UNREADABLE_FILE as exc:
+        except UNREADABLE_FILE as exc:
             log.error("session_replies_unreadable", session_id=sid, error=f"{type(exc).__name__}: {exc}")
             return []
         return list(content.replies.values())
@@ -213,7 +212,7 @@ class JsonSessionStore:
                 count += len(tail.messages)
                 if tail.state is not None and tail.state.get("updated_at"):
                     updated = datetime.fromisoformat(tail.state["updated_at"])
-        except _UNREADABLE_FILE:
+        except UNREADABLE_FILE:
             return None
         return SessionPeek(session.id, count, updated)
 

@@ -12,7 +12,8 @@ kill or crash loses at most the calls of the last moment (written lines are in t
 Every ``flush_interval`` seconds (and at close) the totals are written to ``usage.json`` atomically,
 with the journal's last line number, and the journal is emptied. A start reads ``usage.json`` and adds
 the journal lines past that number, so a crash between the two steps counts nothing twice. Only a power
-cut can lose the journal's last lines (torn lines are skipped). Before, a message that came more than
+cut can lose the journal's last lines (torn lines are skipped, and kept aside as
+``usage.json.journal.damaged-<hash>``, see ``bot/damaged.py``). Before, a message that came more than
 10 s after the last one rewrote ``usage.json`` on the reply path: two fsyncs and a rename per message
 at a human pace.
 """
@@ -33,6 +34,7 @@ from zoneinfo import ZoneInfo
 
 import structlog
 
+from bot import damaged
 from bot.domain import Session, Usage, utcnow
 from bot.group_writer import GroupWriter
 from bot.storage import atomic_write_text, line_bytes
@@ -186,26 +188,31 @@ class UsageLedger:
             folded = int(data.get("journal", 0))
         except FileNotFoundError:
             pass
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            # Daily figures are informational: start over rather than stop the bot, but keep the file.
-            aside = self._path.with_name(f"{self._path.name}.corrupt")
+        except damaged.UNREADABLE_FILE as exc:
+            # Daily figures are informational: start over rather than stop the bot, but keep the file
+            # (under a name of its own: an earlier damaged copy is not replaced).
+            aside = self._path.with_name(f"{self._path.name}.corrupt-{utcnow():%Y%m%dT%H%M%S%f}")
             log.error("usage_ledger_unreadable", path=str(self._path), error=str(exc), moved_to=aside.name)
             self._path.replace(aside)
         last = folded
         try:
-            lines = self._journal.read_bytes().splitlines()
+            data = self._journal.read_bytes()
         except FileNotFoundError:
-            lines = []
-        for raw in lines:
+            data = b""
+        unreadable: list[damaged.DamagedLine] = []
+        for offset, raw in damaged.lines(data):
             try:
                 entry = json.loads(raw)
                 number, usage = int(entry["line"]), Usage.from_dict(entry["usage"])
                 day, purpose = str(entry["day"]), str(entry["purpose"])
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue  # a line torn by a power cut
+            except damaged.UNREADABLE as exc:  # a line torn by a power cut, or damaged: it alone is lost
+                unreadable.append(damaged.DamagedLine(offset, raw, damaged.describe(exc)))
+                continue
             if number > folded:
                 days.setdefault(day, _Day()).add(usage, purpose)
             last = max(last, number)
+        # Kept aside before the next flush empties the journal.
+        damaged.keep_aside(self._journal, unreadable, event="usage_journal_lines_set_aside")
         return days, last
 
     async def _write(self, days: dict[str, _Day]) -> None:

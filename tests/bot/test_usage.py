@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -82,3 +83,23 @@ async def test_a_journal_left_after_the_ledger_was_written_is_not_counted_twice(
     await again.record("chat", "m", Usage(1, 1, calls=1))  # numbering goes on past what was read
     await again.written()
     assert json.loads(journal.read_bytes().splitlines()[-1])["line"] == 3
+
+
+async def test_a_damaged_journal_line_costs_only_itself_and_is_kept_aside(tmp_path: Path) -> None:
+    path = tmp_path / "usage.json"
+    await journaled(path, *[("chat", Usage(10, 1, calls=1))] * 3)
+    journal = path.with_name("usage.json.journal")
+    lines = journal.read_bytes().split(b"\n")
+    damage = b'{"line": Infinity, "day": "2025-03-04", "purpose": "chat", "usage": {"calls": 1}}'
+    lines[1] = damage
+    journal.write_bytes(b"\n".join(lines))
+
+    again = ledger(path)
+    assert (await again.day()).calls == 2  # the other two calls still count
+    await again.record("chat", "m", Usage(10, 1, calls=1))
+    await again.flush()
+    assert journal.read_bytes() == b""  # emptied by the flush, as before
+    assert (await ledger(path).day()).calls == 3
+    digest = hashlib.sha256(damage + b"\n").hexdigest()[:16]
+    kept = path.with_name(f"usage.json.journal.damaged-{digest}")
+    assert kept.read_bytes() == damage + b"\n"
