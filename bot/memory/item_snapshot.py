@@ -43,7 +43,8 @@ class Snapshot:
 
 
 def count_lines(data: bytes) -> int:
-    return sum(1 for raw in data.splitlines() if raw.strip())
+    """Non-blank lines, split at ``\\n`` only, as the store's reader counts them (bot/damaged.py)."""
+    return sum(1 for raw in data.split(b"\n") if raw.strip())
 
 
 def write(root: Path, items: Iterable[MemoryItem], lines: Mapping[Path, int]) -> bool:

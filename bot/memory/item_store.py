@@ -28,6 +28,7 @@ from typing import TypeVar
 
 import structlog
 
+from bot import damaged
 from bot.domain import new_id
 from bot.group_writer import GroupWriter
 from bot.memory import item_snapshot
@@ -160,7 +161,7 @@ class ItemStore:
                 if st.st_ino != mark.inode or st.st_size < mark.size:
                     return None
                 f.seek(mark.size)
-                lines[path] = mark.lines + _parse_into(items, f.read(), path)
+                lines[path] = mark.lines + _parse_into(items, f.read(), path, start=mark.size)
         return items, lines
 
     async def save_snapshot(self) -> bool:
@@ -531,22 +532,26 @@ class ItemStore:
         return rewritten
 
 
-def _parse_into(items: dict[str, MemoryItem], data: bytes, path: Path) -> int:
-    """Apply a log's lines (last version wins, tombstones remove) and return how many lines it held."""
+def _parse_into(items: dict[str, MemoryItem], data: bytes, path: Path, *, start: int = 0) -> int:
+    """Apply a log's lines (last version wins, tombstones remove) and return how many lines it held.
+
+    ``data`` is the log from byte ``start`` on. A damaged line costs only itself, and is kept aside
+    before a compaction of the log can drop it (``bot/damaged.py``).
+    """
     count = 0
-    for raw in data.splitlines():
-        if not raw.strip():
-            continue
+    unreadable: list[damaged.DamagedLine] = []
+    for offset, raw in damaged.lines(data):
         count += 1
         try:  # bytes, so one damaged line costs that line, not the file
             item = MemoryItem.from_dict(json.loads(raw))
-        except (ValueError, KeyError, TypeError):
-            log.warning("memory_item_unreadable", file=path.name)  # a torn last line
+        except damaged.UNREADABLE as exc:  # a torn last line, or damage
+            unreadable.append(damaged.DamagedLine(start + offset, raw, damaged.describe(exc)))
             continue
         if item.deleted:
             items.pop(item.id, None)
         else:
             items[item.id] = item
+    damaged.keep_aside(path, unreadable, event="memory_item_lines_set_aside")
     return count
 
 

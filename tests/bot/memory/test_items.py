@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from tests.bot.memory.conftest import Clock
@@ -200,3 +202,38 @@ async def test_neighbours_are_the_turns_around_a_message_in_its_own_conversation
     assert store.neighbours(("tg:1", "m2")) == [("tg:1", "m1")]
     await store.load()  # the same after a restart
     assert store.neighbours(("tg:1", "m2")) == [("tg:1", "m1")]
+
+
+def set_aside(folder: Path) -> list[Path]:
+    return sorted(folder.glob("semantic.jsonl.damaged-*"))
+
+
+DAMAGE = {
+    "not utf-8": b'{"id": "damaged \xff\xfe"}',
+    "reference not an object": b'{"id": "x", "layer": "semantic", "type": "fact", "created_at": "2025-01-01",'
+    b' "updated_at": "2025-01-01", "references": [5]}',
+    "number out of range": b'{"id": "x", "layer": "semantic", "type": "fact", "created_at": "2025-01-01",'
+    b' "updated_at": "2025-01-01", "references": [{"session_id": "s", "turn": Infinity}]}',
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE.values(), ids=DAMAGE.keys())
+async def test_a_damaged_line_costs_only_itself_and_is_kept_aside_before_compaction(
+    tmp_path: Path, clock: Clock, damage: bytes
+) -> None:
+    store = ItemStore(tmp_path)
+    await store.load()
+    await store.add(item(clock, "before", layer=Layer.SEMANTIC))
+    with (tmp_path / "semantic.jsonl").open("ab") as f:
+        f.write(damage + b"\n")
+    for _ in range(8):  # versions of one item after the damage: compaction will rewrite the log
+        clock.advance(minutes=1)
+        await store.add(item(clock, "after", layer=Layer.SEMANTIC))
+
+    reloaded = ItemStore(tmp_path)
+    await reloaded.load()
+    assert sorted(i.content for i in reloaded.items()) == ["after", "before"]
+    assert await reloaded.compact() == 1
+    assert damage not in (tmp_path / "semantic.jsonl").read_bytes()
+    [kept] = set_aside(tmp_path)
+    assert kept.read_bytes() == damage + b"\n"
