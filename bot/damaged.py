@@ -68,10 +68,15 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:200]
 
 
+def aside_path(path: Path, data: bytes) -> Path:
+    """Where ``data``, unreadable in ``path``, is kept: ``<path>.damaged-<hash of data>``."""
+    return path.with_name(f"{path.name}{SUFFIX}{hashlib.sha256(data).hexdigest()[:16]}")
+
+
 def set_aside(path: Path, damaged: Sequence[DamagedLine]) -> Path:
     """Write the damaged lines' bytes to ``<path>.damaged-<hash>`` (atomically, once; blocking)."""
     data = b"".join(d.data if d.data.endswith(b"\n") else d.data + b"\n" for d in damaged)
-    target = path.with_name(f"{path.name}{SUFFIX}{hashlib.sha256(data).hexdigest()[:16]}")
+    target = aside_path(path, data)
     if not target.exists():
         atomic_write_bytes(target, data)
     return target

@@ -49,6 +49,7 @@ from typing import Any
 
 import structlog
 
+from bot import damaged
 from bot.errors import StorageError
 from bot.storage import atomic_write_text
 from channels.outage import StorageOutage, is_storage_error
@@ -118,11 +119,8 @@ class UpdateJournal:
             raise StorageError(
                 f"cannot read {self._path}: {exc.strerror or exc} (fix the workspace's permissions)"
             ) from exc
-        held = [
-            u for u in data.get("held", []) if isinstance(u, dict) and isinstance(u.get("update_id"), int)
-        ]
-        same_bot = data.get("bot_id") == bot_id
-        done = [i for i in data.get("done", []) if isinstance(i, int)] if same_bot else []
+        held: list[Update] = data.get("held", [])  # checked by _read: updates with an integer update_id
+        done: list[int] = data.get("done", []) if data.get("bot_id") == bot_id else []
         self._bot_id = bot_id
         self._held = {u["update_id"]: u for u in held}
         self._done = dict.fromkeys(done[-self._done_limit :])
@@ -262,7 +260,11 @@ class UpdateJournal:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    """The journal's content; a damaged file is moved aside (kept for the operator) and logged."""
+    """The journal's content; a damaged file is moved aside (kept for the operator) and logged.
+
+    Within a readable file, a held entry that is not an update, or a *done* list that is not one, costs
+    only itself: the entries are kept aside (``bot/damaged.py``) and the rest is used.
+    """
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -270,8 +272,36 @@ def _read(path: Path) -> dict[str, Any]:
     with contextlib.suppress(ValueError):  # UnicodeDecodeError is one too: a byte that is not UTF-8
         data = json.loads(raw.decode("utf-8"))
         if isinstance(data, dict) and isinstance(data.get("held", []), list):
-            return data
-    aside = path.with_name(path.name + ".damaged")
+            return _checked(path, data)
+    aside = damaged.aside_path(path, raw)  # named by its bytes: an earlier damaged copy is not replaced
     path.replace(aside)
     log.error("telegram_journal_damaged", path=str(path), kept_as=str(aside))
     return {}
+
+
+def _checked(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    held: list[Any] = data.get("held", [])
+    done: Any = data.get("done", [])
+    bad = [
+        damaged.DamagedLine(
+            0, json.dumps(u).encode(), f"held[{i}] is not an update with an integer update_id"
+        )
+        for i, u in enumerate(held)
+        if not _is_update(u)
+    ]
+    if not isinstance(done, list):
+        bad.append(damaged.DamagedLine(0, json.dumps({"done": done}).encode(), "done is not a list"))
+        done = []
+    if bad:
+        kept = damaged.set_aside(path, bad)
+        reasons = [b.reason for b in bad]
+        log.warning("telegram_journal_entries_set_aside", path=str(path), reasons=reasons, kept_in=str(kept))
+    return {
+        **data,
+        "held": [u for u in held if _is_update(u)],
+        "done": [i for i in done if isinstance(i, int)],
+    }
+
+
+def _is_update(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("update_id"), int)

@@ -19,6 +19,10 @@ def update(update_id: int, text: str = "hi") -> dict[str, Any]:
     return {"update_id": update_id, "message": {"message_id": update_id, "text": text}}
 
 
+def set_aside(folder: Path) -> list[Path]:
+    return sorted(folder.glob(f"{JOURNAL_FILE}.damaged-*"))
+
+
 def on_disk(state: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((state / JOURNAL_FILE).read_text())
     return data
@@ -111,7 +115,30 @@ async def test_a_damaged_journal_is_kept_aside_and_a_fresh_one_started(tmp_path:
     (tmp_path / JOURNAL_FILE).write_bytes(damage)  # torn, or holding a byte that is not UTF-8
     journal = UpdateJournal(tmp_path / JOURNAL_FILE)
     assert await journal.load(bot_id=1) == 0
-    assert (tmp_path / f"{JOURNAL_FILE}.damaged").read_bytes() == damage
+    [kept] = set_aside(tmp_path)
+    assert kept.read_bytes() == damage
+
+
+async def test_a_second_damaged_journal_does_not_replace_the_first_kept_aside(tmp_path: Path) -> None:
+    for damage in (b'{"held": [{"upd', b'{"held": [{"update_id": 2, "mess'):
+        (tmp_path / JOURNAL_FILE).write_bytes(damage)
+        assert await UpdateJournal(tmp_path / JOURNAL_FILE).load(bot_id=1) == 0
+    assert sorted(p.read_bytes() for p in set_aside(tmp_path)) == [
+        b'{"held": [{"upd',
+        b'{"held": [{"update_id": 2, "mess',
+    ]
+
+
+async def test_a_bad_entry_costs_only_itself_and_a_bad_done_list_does_not_stop_the_start(
+    tmp_path: Path,
+) -> None:
+    document = {"bot_id": 1, "held": [update(5), 7, {"update_id": "x"}, update(6)], "done": 3}
+    (tmp_path / JOURNAL_FILE).write_text(json.dumps(document))
+    journal = UpdateJournal(tmp_path / JOURNAL_FILE)
+    assert await journal.load(bot_id=1) == 2  # updates 5 and 6 are taken in again
+    assert [(await journal.next())["update_id"] for _ in range(2)] == [5, 6]
+    [kept] = set_aside(tmp_path)
+    assert kept.read_bytes() == b'7\n{"update_id": "x"}\n{"done": 3}\n'
 
 
 async def test_an_unreadable_journal_stops_the_start_with_a_clear_error(tmp_path: Path) -> None:
