@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from bot import damaged
 from bot.domain import Message
 from bot.sessions import encode_id
 from bot.storage import append_bytes
@@ -68,7 +69,7 @@ class TranscriptArchive:
         for line in data.splitlines():
             try:  # bytes, so a damaged line (torn by a crash, bad UTF-8) costs only itself
                 out.append(Message.from_dict(json.loads(line)["message"]))
-            except (ValueError, KeyError, TypeError):
+            except damaged.UNREADABLE:  # never rewritten: the line stays in the file for the operator
                 continue
         return out
 
@@ -115,7 +116,7 @@ def search_archive(
             try:
                 entry = json.loads(line)
                 message = Message.from_dict(entry["message"])
-            except (ValueError, KeyError, TypeError):
+            except damaged.UNREADABLE:
                 continue
             text = message.content.lower()
             if all(n in text for n in needles):
