@@ -13,9 +13,10 @@ Layout under ``sessions/``, for a session id encoded to ``<name>`` (see :func:`e
 A crash during an append leaves a group without its state record; it is not part of the session, and
 the next append cuts it off. A damaged line costs only itself: the session keeps every other line and
 the next save rewrites the log without it. Both are first set aside, as ``<log>.damaged-<hash>``
-(``bot/damaged.py``), and logged. A header that cannot be read, or a log shorter than its header says,
-is moved aside as ``*.corrupt-<timestamp>`` and a fresh session starts, so one bad file never takes the
-service down.
+(``bot/damaged.py``), and logged. A damaged header is rebuilt from the newest log (its state records
+hold the same fields) and kept aside the same way. A header no log can stand in for, one naming another
+session, or a log shorter than its header says, is moved aside as ``*.corrupt-<timestamp>`` and a fresh
+session starts, so one bad file never takes the service down.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from bot.damaged import UNREADABLE_FILE, DamagedLine, keep_aside
+from bot.damaged import UNREADABLE, UNREADABLE_FILE, DamagedLine, describe, keep_aside
 from bot.domain import Session, session_id, utcnow
 from bot.errors import StorageError
 from bot.outbox import PendingReply
@@ -147,6 +148,13 @@ class JsonSessionStore:
             header = json.loads(raw)
             if not isinstance(header, dict):
                 raise ValueError("session header is not a JSON object")
+            session_from_header(header)
+        except UNREADABLE as exc:
+            header = self._header_from_log(sid, raw, reason=describe(exc))
+            if header is None:
+                self._move_aside(sid, header_path, reason=describe(exc))
+                return None
+        try:
             if header.get("id") != sid:
                 raise ValueError(f"file belongs to session {header.get('id')!r}")
             session = session_from_header(header)
@@ -162,6 +170,37 @@ class JsonSessionStore:
             self._keep_unread(sid, session, content)
         session.persisted_count = len(session.messages)
         return session
+
+    def _header_from_log(self, sid: str, raw: bytes, *, reason: str) -> dict[str, Any] | None:
+        """Rebuild a damaged header from its newest log, whose state records hold the same fields, and
+        write it (the damaged one kept aside); ``None`` when no log can stand in for it."""
+        name = encode_id(sid)
+        generations = [
+            int(number)
+            for path in self._dir.glob(f"{glob_escape(name)}.*.jsonl")
+            if (number := path.name[len(name) + 1 : -len(".jsonl")]).isdigit()
+        ]
+        if not generations:
+            return None
+        generation = max(generations)
+        try:
+            content = read_log(self._log_path(sid, generation).read_bytes(), committed=0)
+            if content.state is None or content.state.get("id") != sid:
+                return None  # a log written before state records, or not this session's
+            session = session_from_header({**content.state, "log_generation": generation})
+        except UNREADABLE_FILE:
+            return None
+        header = header_fields(session, generation=generation, count=len(content.messages), log_bytes=0)
+        kept = keep_aside(
+            self.header_path(sid),
+            [DamagedLine(0, raw, reason)],
+            event="session_header_rebuilt",
+            session_id=sid,
+        )
+        if kept is None:
+            return None
+        atomic_write_bytes(self.header_path(sid), utf8(json.dumps(header, ensure_ascii=False)))
+        return header
 
     def _keep_unread(self, sid: str, session: Session, content: LogContent) -> None:
         """Set aside what the log holds beyond the session, before a save can drop it: damaged lines (the

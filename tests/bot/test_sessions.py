@@ -102,19 +102,59 @@ def test_crash_during_atomic_write_leaves_previous_file(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]  # no temp file left behind
 
 
-@pytest.mark.parametrize("garbage", [b"{not json", b'{"id": "someone:else"}', b"[]", b""])
-async def test_corrupt_header_is_moved_aside_and_session_starts_fresh(tmp_path: Path, garbage: bytes) -> None:
+@pytest.mark.parametrize("garbage", [b"{not json", b'{"id": "someone:else"}', b"[]", b"", b'{"id": "\xff'])
+async def test_a_damaged_header_is_rebuilt_from_the_log_and_kept_aside(
+    tmp_path: Path, garbage: bytes
+) -> None:
     sessions = service(tmp_path)
     session = await sessions.get_or_create("cli", "me")
     session.append(Message(Role.USER, "hello"))
     await sessions.save(session)
+    session.append(Message(Role.USER, "again"))
+    session.usage.calls = 7
+    await sessions.save(session)
     (tmp_path / "sessions" / "cli:me.json").write_bytes(garbage)
+
+    for _ in range(2):  # the rebuilt header is written: the second load reads it
+        rebuilt = await service(tmp_path).get("cli:me")
+        assert rebuilt is not None
+        assert [m.content for m in rebuilt.messages] == ["hello", "again"] and rebuilt.usage.calls == 7
+    [kept] = (tmp_path / "sessions").glob("cli:me.json.damaged-*")
+    assert kept.read_bytes() == garbage + b"\n"
+    rebuilt.append(Message(Role.USER, "more"))
+    await sessions.save(rebuilt)
+    again = await service(tmp_path).get("cli:me")
+    assert again is not None and [m.content for m in again.messages] == ["hello", "again", "more"]
+
+
+async def test_a_header_no_log_stands_in_for_is_moved_aside_and_the_session_starts_fresh(
+    tmp_path: Path,
+) -> None:
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("cli", "me")
+    session.append(Message(Role.USER, "hello"))
+    await sessions.save(session)
+    (tmp_path / "sessions" / "cli:me.json").write_bytes(b"{not json")
+    (tmp_path / "sessions" / "cli:me.1.jsonl").write_bytes(b"")  # a log with no state record either
 
     fresh = await service(tmp_path).get_or_create("cli", "me")
     assert fresh.messages == []
     names = [p.name for p in (tmp_path / "sessions").iterdir()]
     assert any(n.startswith("cli:me.json.corrupt-") for n in names)
     assert any(n.startswith("cli:me.1.jsonl.corrupt-") for n in names)
+
+
+async def test_a_header_of_another_session_is_moved_aside(tmp_path: Path) -> None:
+    sessions = service(tmp_path)
+    for chat in ("me", "you"):
+        session = await sessions.get_or_create("cli", chat)
+        session.append(Message(Role.USER, f"hello {chat}"))
+        await sessions.save(session)
+    folder = tmp_path / "sessions"
+    (folder / "cli:me.json").write_bytes((folder / "cli:you.json").read_bytes())
+    fresh = await service(tmp_path).get_or_create("cli", "me")
+    assert fresh.messages == []
+    assert any(p.name.startswith("cli:me.json.corrupt-") for p in folder.iterdir())
 
 
 async def test_corrupt_log_line_is_moved_aside(tmp_path: Path) -> None:
