@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import structlog
 
@@ -33,7 +33,7 @@ from bot import intake, recovery
 from bot.commands import CommandRouter
 from bot.config import DispatcherSettings
 from bot.domain import InboundMessage, OutboundMessage, Session
-from bot.errors import LLMError, StorageError, plain_reason
+from bot.errors import ChannelRefused, LLMError, StorageError, plain_reason
 from bot.inbox import Inbox
 from bot.outbox import PendingReply
 from bot.ports import ChannelPort
@@ -45,6 +45,7 @@ log = structlog.get_logger(__name__)
 
 RETRY = Backoff(2.0, 60.0)  # pauses before sending or writing again after a failure
 SEND_PATIENCE = 3600.0  # seconds an unsent answer holds its chat before it waits for the next start
+_Delivery = Literal["sent", "failed", "refused"]  # went out; may go out later; never will as it is
 STORAGE_NOTICE = (
     "⚠️ I have an answer but cannot save our conversation right now (a problem on the server). "
     "I'll send it as soon as I can — nothing is lost."
@@ -76,6 +77,9 @@ class _Lane:
     batch: list[_Queued] = field(default_factory=list)  # what the running turn answers
     sent: bool = False  # the running turn's answer went out; only its bookkeeping is left
     overflow_noticed: bool = False
+    # Answers not delivered (refused for good, or past the patience), kept in the inbox: each is tried
+    # once more before the chat's next answer, so an unblocked chat gets them in order.
+    set_aside: list[PendingReply] = field(default_factory=list)
 
 
 class Dispatcher:
@@ -268,7 +272,7 @@ class Dispatcher:
                 head = lane.queue[0]
                 if isinstance(head, PendingReply):  # a saved answer from before a restart
                     lane.queue.popleft()
-                    await self._deliver(head)
+                    await self._deliver(head, lane)
                     continue
                 batch: list[_Queued] = []
                 while lane.queue and isinstance(queued := lane.queue[0], _Queued):
@@ -341,34 +345,67 @@ class Dispatcher:
                 )
                 self.turns_completed += 1
                 log.info("turn_finished", outcome=outcome, failures=len(turn.failures))
-                await self._deliver(reply, lane)
+                await self._deliver(reply, lane, answers_turn=True)
             finally:
                 if self._observer is not None:
                     self._observer.turn_finished(lane.channel, outcome, time.perf_counter() - started)
                 structlog.contextvars.unbind_contextvars("session_id", "channel", "turn_id")
 
-    async def _deliver(self, reply: PendingReply, lane: _Lane | None = None) -> None:
+    async def _deliver(self, reply: PendingReply, lane: _Lane, *, answers_turn: bool = False) -> None:
         """Send a saved answer; once it went out, its inbox entries are done.
 
-        A platform that refuses it past the channel's own retries (an outage): it is kept in the
-        inbox, so a restart sends it, and sent again here with growing pauses for up to
-        ``send_patience`` while the chat waits, so answers keep their order. A done mark the disk
+        Answers of the chat set aside earlier go first, once each. A platform that refuses the answer
+        past the channel's own retries (an outage): it is kept in the inbox, so a restart sends it, and
+        sent again here with growing pauses for up to ``send_patience`` while the chat waits, so answers
+        keep their order. A platform that refuses it for good (:class:`~bot.errors.ChannelRefused`:
+        the user blocked the bot, the chat is gone) would refuse every try: it is kept and set aside at
+        once, and the chat's later answers are each tried once, as this one was. A done mark the disk
         refuses is written again until it goes through: left out, the next start would answer twice."""
         inbox = self._inbox
-        sent = await self._send_out(reply.outbound())
-        if lane is not None:
+        await self._send_set_aside(lane)
+        outcome = await self._send_out(reply.outbound())
+        if answers_turn:
             lane.sent = True  # for /status and /stop the turn is over; the done mark is bookkeeping
         if inbox is None or not reply.entries:
             return
-        if not sent:
+        if outcome != "sent":
             await self._persist("reply_keep", lambda: inbox.keep(reply))
-            if not await self._resend(reply):
+            if outcome == "failed":
+                outcome = await self._resend(reply)
+            if outcome != "sent":
+                lane.set_aside.append(reply)
+                if outcome == "refused":
+                    where = str(inbox.file(f"{reply.channel}:{reply.chat_id}"))
+                    log.warning(
+                        "reply_set_aside",
+                        channel=reply.channel,
+                        chat_id=reply.chat_id,
+                        reply_id=reply.id,
+                        kept_in=where,
+                        tried_again="once before the chat's next answer, and at the next start",
+                    )
                 return
-        sid = f"{reply.channel}:{reply.chat_id}"
+        await self._finish(reply)
+
+    async def _send_set_aside(self, lane: _Lane) -> None:
+        """Try the chat's set-aside answers once each, oldest first, until one does not go out."""
+        while lane.set_aside:
+            reply = lane.set_aside[0]
+            if await self._send_out(reply.outbound()) != "sent":
+                return
+            lane.set_aside.pop(0)
+            log.info("reply_sent_late", channel=reply.channel, chat_id=reply.chat_id, reply_id=reply.id)
+            await self._finish(reply)
+
+    async def _finish(self, reply: PendingReply) -> None:
+        if self._inbox is None or not reply.entries:
+            return
+        inbox, sid = self._inbox, f"{reply.channel}:{reply.chat_id}"
         await self._persist("inbox_done_mark", lambda: inbox.finish(sid, set(reply.entries), reply=reply.id))
 
-    async def _resend(self, reply: PendingReply) -> bool:
-        """Send ``reply`` again with growing pauses for up to ``send_patience`` seconds."""
+    async def _resend(self, reply: PendingReply) -> _Delivery:
+        """Send ``reply`` again with growing pauses for up to ``send_patience`` seconds. "refused": a
+        refusal for good ends the wait at once; "failed": the patience ran out, or a shutdown began."""
         deadline = time.monotonic() + self._send_patience
         attempt = 0
         while time.monotonic() + (pause := self._retry(attempt)) <= deadline:
@@ -376,13 +413,15 @@ class Dispatcher:
                 async with asyncio.timeout(pause):
                     await self._closing.wait()
             if self._closing.is_set():  # shutting down: the next start sends it
-                return False
+                return "failed"
             attempt += 1
-            if await self._send_out(reply.outbound()):
+            outcome = await self._send_out(reply.outbound())
+            if outcome == "sent":
                 log.info("reply_sent_late", channel=reply.channel, chat_id=reply.chat_id, attempts=attempt)
-                return True
+            if outcome != "failed":
+                return outcome
         log.error("reply_kept_for_next_start", channel=reply.channel, chat_id=reply.chat_id, attempts=attempt)
-        return False
+        return "failed"
 
     async def _persist(
         self,
@@ -415,17 +454,27 @@ class Dispatcher:
             OutboundMessage(to.channel, to.chat_id, text, reply_to=to.message_id, is_error=error, aside=True)
         )
 
-    async def _send_out(self, out: OutboundMessage) -> bool:
+    async def _send_out(self, out: OutboundMessage) -> _Delivery:
         channel = self._channels.get(out.channel)
         if channel is None:
             log.error("reply_without_channel", channel=out.channel, chat_id=out.chat_id)
-            return False
+            return "failed"
         try:
             await channel.send(out)
+        except ChannelRefused as exc:  # no traceback: the platform's answer is the whole story
+            log.error(
+                "reply_refused",
+                channel=out.channel,
+                chat_id=out.chat_id,
+                reason=exc.reason,
+                fix=exc.fix,
+                error=str(exc),
+            )
+            return "refused"
         except Exception:
             log.exception("reply_failed", channel=out.channel, chat_id=out.chat_id)
-            return False
-        return True
+            return "failed"
+        return "sent"
 
     # -- SessionControl (used by commands) ----------------------------------------------------------
 

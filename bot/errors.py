@@ -3,7 +3,9 @@
 MembotError
 ├── ConfigError          a setting or file is wrong; the message names it and says how to fix it
 ├── StorageError         a workspace file could not be read or written
-├── ChannelError         a chat platform refused or failed (start-up, send)
+├── ChannelError         a chat platform refused or failed (start-up, send); may work later
+│   └── ChannelRefused   a send the platform refuses for good (the user blocked the bot, the chat
+│                        is gone): carries the reason and the fix, in words for the operator
 └── LLMError             the model provider failed; retry and failover decide by type
     ├── LLMTimeout       (also a builtin TimeoutError)
     ├── LLMRateLimited   carries retry_after (seconds) when the provider said so
@@ -33,6 +35,22 @@ class StorageError(MembotError):
 
 class ChannelError(MembotError):
     """A chat platform refused a request or could not be reached."""
+
+
+class ChannelRefused(ChannelError):
+    """The platform refused a send for good: the same send to that chat would be refused again (the
+    user blocked the bot, the bot was removed from the group, the chat no longer exists, the bot may
+    not write there). Sending it again with pauses only holds the chat's later answers back, so the
+    dispatcher sets it aside at once; an outage, a rate limit or a 5xx is a plain :class:`ChannelError`.
+
+    ``reason`` says what happened and ``fix`` what would make the chat reachable again, for the
+    operator's log; the message keeps the platform's own words.
+    """
+
+    def __init__(self, message: str, *, reason: str, fix: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.fix = fix
 
 
 class LLMError(MembotError):

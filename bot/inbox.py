@@ -147,6 +147,10 @@ class Inbox:
         await self._writer.append(self._path(sid), line_bytes(line))
         journal.replies[reply.id] = (reply, line)
 
+    def file(self, sid: str) -> Path:
+        """Where ``sid``'s journal is: the operator finds its kept answers there (``{"reply": …}``)."""
+        return self._path(sid)
+
     def kept_replies(self, sid: str) -> list[PendingReply]:
         journal = self._journals.get(sid)
         return [reply for reply, _ in journal.replies.values()] if journal else []

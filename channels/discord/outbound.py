@@ -5,7 +5,9 @@ block (:mod:`channels.chunking`); the first chunk replies to the user's message.
 down: never ``@everyone`` or roles, and of users only the author being answered. Server errors and
 network failures are retried with backoff (discord.py itself waits out 429s); each chunk carries a
 nonce Discord enforces, so a retry after a lost answer never posts twice. What still fails is logged
-with its channel id and raised as :class:`~bot.errors.ChannelError`, never dropped silently.
+with its channel id and raised as :class:`~bot.errors.ChannelError`, never dropped silently; as
+:class:`~bot.errors.ChannelRefused` when Discord refuses the channel for good (the user closed their
+DMs, the bot lost access: :mod:`channels.discord.refusals`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from bot.errors import ChannelError
 from bot.retry import Backoff, retry
 from channels.base import ChannelHealth, PartialSink, while_running
 from channels.chunking import split_message
+from channels.discord.refusals import as_channel_error
 from channels.streaming import StreamedMessage
 from channels.tables import tables_as_code
 
@@ -168,8 +171,8 @@ class DiscordOutbox:
     def _failed(self, chat_id: str, exc: BaseException, attempts: int) -> ChannelError:
         self._health.send_failures += 1
         log.error("discord_send_failed", channel_id=chat_id, attempts=attempts, error=describe(exc))
-        return ChannelError(
-            f"Discord request for channel {chat_id} failed after {attempts} tries: {describe(exc)}"
+        return as_channel_error(
+            f"Discord request for channel {chat_id} failed after {attempts} tries: {describe(exc)}", exc
         )
 
     # -- typing and streaming ---------------------------------------------------------------------

@@ -7,7 +7,9 @@ A reply is rendered into HTML chunks (:mod:`channels.telegram.format`) and sent 
 * 429 ``retry_after`` is honoured by PTB's ``AIORateLimiter`` (which also paces 30 msg/s overall and
   20/min per group); timeouts, connection errors and 5xx are retried here with exponential backoff;
 * per chat, a short burst goes out at once, then about one message per second (Telegram's advice);
-* what finally fails is logged with the chat id and raised as :class:`~bot.errors.ChannelError`.
+* what finally fails is logged with the chat id and raised as :class:`~bot.errors.ChannelError`, or
+  as :class:`~bot.errors.ChannelRefused` when Telegram refuses the chat for good (the user blocked
+  the bot, the bot was removed from the group: :mod:`channels.telegram.refusals`).
 
 ``telegram.error`` types are caught here and in :mod:`channels.telegram` only.
 """
@@ -26,12 +28,12 @@ from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, NetworkError, TelegramError
 
 from bot.domain import OutboundMessage
-from bot.errors import ChannelError
 from bot.retry import Backoff, retry
 from channels.base import PartialSink, while_running
 from channels.chunking import split_message, utf16_len
 from channels.streaming import StreamedMessage
 from channels.telegram.format import RenderedChunk, render_chunks
+from channels.telegram.refusals import as_channel_error
 
 log = structlog.get_logger(__name__)
 
@@ -88,7 +90,8 @@ class TelegramOutbox:
         self._delivered: dict[str, int] = {}  # chunks of a keyed answer that went out before a failure
 
     async def send(self, message: OutboundMessage) -> None:
-        """Deliver a whole reply; raises ChannelError (after logging it) if part of it could not go out."""
+        """Deliver a whole reply; raises ChannelError (after logging it) if part of it could not go out,
+        ChannelRefused if Telegram refuses the chat for good."""
         chat, thread = parse_chat(message.chat_id)
         chunks = render_chunks(message.text) or [RenderedChunk(None, "(empty reply)")]
         in_group = chat < 0  # quote the question in groups only; in a private chat it is noise
@@ -111,14 +114,14 @@ class TelegramOutbox:
                 self._delivered[message.key] = done
             log.error("telegram_send_failed", chat_id=message.chat_id, error=str(exc))
             reason = f"could not deliver a reply to Telegram chat {message.chat_id}: {exc}"
-            raise ChannelError(reason) from exc
+            raise as_channel_error(reason, exc) from exc
 
     async def send_plain(self, chat: int, text: str) -> None:
         try:
             await self.deliver(chat, None, RenderedChunk(None, text), None)
         except TelegramError as exc:
             log.error("telegram_send_failed", chat_id=chat, error=str(exc))
-            raise ChannelError(f"could not send to Telegram chat {chat}: {exc}") from exc
+            raise as_channel_error(f"could not send to Telegram chat {chat}: {exc}", exc) from exc
 
     async def deliver(self, chat: int, thread: int | None, chunk: RenderedChunk, reply_to: int | None) -> int:
         """Send one chunk as HTML, falling back to plain text; returns the message id."""

@@ -14,7 +14,7 @@ from bot.commands import CommandRouter
 from bot.config import DispatcherSettings
 from bot.dispatcher import Dispatcher
 from bot.domain import InboundMessage, OutboundMessage, Role, utcnow
-from bot.errors import ChannelError
+from bot.errors import ChannelError, ChannelRefused
 from bot.inbox import COMPACT_AFTER, Inbox
 from bot.retry import Backoff
 from bot.sessions import JsonSessionStore, SessionService
@@ -49,6 +49,24 @@ class FlakyChannel(RecordingChannel):
         if len(self.attempts) <= self.failures:
             raise ChannelError("could not deliver a reply: Bad Gateway")
         await super().send(message)
+
+
+class BlockedChannel(RecordingChannel):
+    """A platform that fails once (an outage), then refuses the chat for good (the user blocked the bot)."""
+
+    def __init__(self, submit: InboundSink) -> None:
+        super().__init__(submit)
+        self.attempts: list[OutboundMessage] = []
+
+    async def send(self, message: OutboundMessage) -> None:
+        self.attempts.append(message)
+        if len(self.attempts) == 1:
+            raise ChannelError("could not deliver a reply: Bad Gateway")
+        raise ChannelRefused(
+            "could not deliver a reply: Forbidden: bot was blocked by the user",
+            reason="the user blocked the bot",
+            fix="only the user can unblock the bot",
+        )
 
 
 QUICK = Backoff(0.01, 0.05)  # the dispatcher's pauses before sending or writing again, for tests
@@ -145,6 +163,18 @@ async def test_an_answer_refused_during_an_outage_is_sent_when_it_ends_and_befor
     assert [m.text for m in sent] == ["answer to first", "answer to second"]
     assert [m.text for m in flaky.attempts].count("answer to first") == 4  # 3 refused, then sent once
     assert model.seen == ["first", "second"]
+
+
+async def test_a_refusal_for_good_ends_the_wait_for_an_outage_to_pass(tmp_path: Path) -> None:
+    dispatcher, blocked, _ = build(tmp_path, ModelSystem(), BlockedChannel, send_patience=3600)
+    await dispatcher.recover()
+    dispatcher.attach(blocked)
+    await dispatcher.submit(msg("hello"))
+    async with asyncio.timeout(5):
+        await dispatcher.settled("test:c1")
+    assert len(blocked.attempts) == 2  # the outage, then the refusal: no more tries for an hour
+    await dispatcher.close(grace=1)
+    assert await pending(tmp_path) == ["hello"]  # kept: the next start tries it once more
 
 
 async def test_a_shutdown_does_not_wait_for_an_answer_being_sent_again(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@ It keeps the rules a bot meets on the real service, so an adapter that breaks th
 messages over 2000 characters are refused with error 50035, guild messages arrive with empty content
 when the IDENTIFY intents lack MESSAGE_CONTENT (unless they mention the bot), a privileged intent the
 application was not granted closes the gateway with 4014, rate limits answer 429 with ``retry_after``
-and a ``Via`` header, and every JSON answer carries exactly ``Content-Type: application/json``.
+and a ``Via`` header, and every JSON answer carries exactly ``Content-Type: application/json``. A
+channel can refuse the bot for good with Discord's own error bodies (:meth:`FakeDiscord.refuse_channel`:
+``CANNOT_DM``, ``UNKNOWN_CHANNEL``, ``MISSING_ACCESS``, ``MISSING_PERMISSIONS``).
 
 The gateway is one session at a time. Every dispatch gets the next sequence number and is kept, so a
 client that drops and RESUMEs receives what it missed, as on the real gateway.
@@ -36,6 +38,12 @@ CONTENT_LIMIT = 2000
 _snowflakes = itertools.count(1_300_000_000_000_000_000)
 
 Json = dict[str, Any]
+
+# What Discord answers every request to a channel the bot can no longer reach: (status, code, message).
+CANNOT_DM = (403, 50007, "Cannot send messages to this user")
+UNKNOWN_CHANNEL = (404, 10003, "Unknown Channel")
+MISSING_ACCESS = (403, 50001, "Missing Access")
+MISSING_PERMISSIONS = (403, 50013, "Missing Permissions")
 
 
 def snowflake() -> str:
@@ -130,6 +138,7 @@ class FakeDiscord:
         self.resumes = 0
         self.typing: list[str] = []
         self._faults: list[_Fault] = []
+        self.refused: dict[str, tuple[int, int, str]] = {}  # channel id -> (status, code, message)
         self._interactions: dict[str, Json] = {}  # token -> interaction
         self._nonces: dict[tuple[str, str], str] = {}  # (channel id, nonce) -> message id
         self._files: dict[str, bytes] = {}  # attachment id -> bytes, served as the CDN
@@ -208,6 +217,14 @@ class FakeDiscord:
 
     def fail(self, method: str, path_prefix: str, *, status: int = 503, times: int = 1) -> None:
         self._faults.append(_Fault(method, path_prefix, times, status))
+
+    def refuse_channel(self, channel_id: str, refusal: tuple[int, int, str] = CANNOT_DM) -> None:
+        """From now on answer every request to ``channel_id`` with ``refusal`` (the user does not accept
+        the bot's DMs, by default), as Discord does until someone acts; ``allow_channel`` undoes it."""
+        self.refused[channel_id] = refusal
+
+    def allow_channel(self, channel_id: str) -> None:
+        self.refused.pop(channel_id, None)
 
     def cut_after_commit(self, method: str, path_prefix: str, *, times: int = 1) -> None:
         """The next matching requests succeed on the server but the client never sees the answer."""
@@ -589,6 +606,9 @@ class FakeDiscord:
 
     def _channel_route(self, method: str, parts: list[str], body: Json) -> web.Response:
         channel_id = parts[1]
+        if channel_id in self.refused:
+            status, code, message = self.refused[channel_id]
+            return _json({"message": message, "code": code}, status)
         if parts[2:] == ["typing"] and method == "POST":
             self.typing.append(channel_id)
             return web.Response(status=204)

@@ -4,7 +4,9 @@ It speaks the wire protocol PTB uses (every method a POST to ``/bot<token>/<meth
 multipart or JSON bodies, ``{"ok": ..., "result": ...}`` envelopes), holds ``getUpdates`` open like the
 real long poll, and enforces the rules a wrong formatter or splitter would break: 4096 UTF-16 units
 counted after entity parsing, and only well-formed HTML with Telegram's tags. Errors can be injected
-per method (429 with ``retry_after``, 400 parse errors, 5xx).
+per method (429 with ``retry_after``, 400 parse errors, 5xx), and a chat can refuse the bot for good
+(:meth:`FakeTelegramServer.refuse_chat`, with the Bot API's own answers: ``BLOCKED``, ``KICKED``,
+``CHAT_NOT_FOUND``).
 
     async with FakeTelegramServer() as tg:
         app = ApplicationBuilder().token(tg.token).base_url(tg.base_url).base_file_url(tg.base_file_url)
@@ -95,6 +97,12 @@ def _check_plain(plain: str, offset: int) -> None:
             raise _parse_error(f"Unexpected character {char!r} at byte offset {offset + index}")
 
 
+# What the Bot API answers every request aimed at a chat the bot can no longer reach.
+BLOCKED = (403, "Forbidden: bot was blocked by the user")
+KICKED = (403, "Forbidden: bot was kicked from the group chat")
+CHAT_NOT_FOUND = (400, "Bad Request: chat not found")
+
+
 def _parse_error(detail: str) -> TelegramAPIError:
     return TelegramAPIError(400, f"Bad Request: can't parse entities: {detail}")
 
@@ -142,6 +150,7 @@ class FakeTelegramServer:
         self.webhook: dict[str, Any] | None = None
         self.failures: list[Failure] = []
         self.files: dict[str, tuple[str, bytes]] = {}  # file_id -> (file_path, content)
+        self.refused: dict[int, tuple[int, str]] = {}  # chat id -> (status, description)
         self._updates: list[dict[str, Any]] = []
         self._update_ids = itertools.count(1)
         self._message_ids = itertools.count(1000)
@@ -255,6 +264,14 @@ class FakeTelegramServer:
         """Answer the next ``times`` matching calls of ``method`` with an error."""
         self.failures.append(Failure(method, status, description, retry_after, times, when))
 
+    def refuse_chat(self, chat_id: int, refusal: tuple[int, str] = BLOCKED) -> None:
+        """From now on answer every request aimed at ``chat_id`` with ``refusal`` (the user blocked the
+        bot, by default), as Telegram does until someone acts; ``allow_chat`` undoes it."""
+        self.refused[chat_id] = refusal
+
+    def allow_chat(self, chat_id: int) -> None:
+        self.refused.pop(chat_id, None)
+
     async def post_webhook(self, update: dict[str, Any], *, secret: str | None) -> int:
         """Deliver an update to the registered webhook as Telegram does; returns the HTTP status.
 
@@ -317,6 +334,10 @@ class FakeTelegramServer:
             ):
                 failure.times -= 1
                 raise TelegramAPIError(failure.status, failure.description, failure.retry_after)
+        chat = params.get("chat_id")
+        refusal = self.refused.get(chat) if isinstance(chat, int) else None
+        if refusal is not None:
+            raise TelegramAPIError(*refusal)
 
     async def _m_getMe(self, params: dict[str, Any]) -> Any:
         return {**self.bot_user, "can_join_groups": True, "can_read_all_group_messages": False}

@@ -1,0 +1,132 @@
+"""Chats Telegram refuses for good (the user blocked the bot, the bot was kicked, the chat is gone), end
+to end: fake Telegram with the Bot API's own error bodies → real PTB → TelegramChannel → the real core.
+
+Such an answer used to be sent again with growing pauses for an hour while the chat's later answers
+waited behind it. Now it is set aside at once (kept in the inbox, logged with what to do), and the
+chat's later answers are each tried once. Rate limits and 5xx stay temporary: sent again, not set aside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bot.domain import OutboundMessage
+from bot.errors import ChannelRefused
+from bot.inbox import Inbox
+from tests.channels.telegram.kit import running_channel
+from tests.channels.telegram.test_end_to_end import settings_for, telegram_bot
+from tests.fakes.llm_server import FakeLLMServer
+from tests.fakes.telegram_server import BLOCKED, CHAT_NOT_FOUND, KICKED, FakeTelegramServer
+
+
+def logged(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, object]]:
+    return [r.msg for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == event]
+
+
+def tries(tg: FakeTelegramServer, chat: int) -> list[str]:
+    return [str(c.params["text"]) for c in tg.calls_to("sendMessage") if c.params.get("chat_id") == chat]
+
+
+async def test_an_answer_to_a_user_who_blocked_the_bot_is_set_aside_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It was sent again for an hour, its chat's later answers waiting behind it."""
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        settings = await settings_for(tmp_path / "ws", llm, tg, allowed_users=["42", "43"])
+        async with telegram_bot(settings, chat_interval=0.01) as core:
+            tg.refuse_chat(777)  # Alice blocked the bot; Bob (778) did not
+            tg.push_message("first", chat_id=777)
+            tg.push_message("hello", chat_id=778, user_id=43)
+            [other] = await tg.wait_for_messages(1, chat_id=778)
+            async with asyncio.timeout(5):
+                await core.dispatcher.settled("telegram:777")
+            assert other.text == "echo: hello"
+            assert tries(tg, 777) == ["echo: first"]  # once: no retry storm
+            [refused] = logged(caplog, "reply_refused")
+            assert refused["chat_id"] == "777" and refused["reason"] == "the user blocked the bot"
+            assert "unblock" in str(refused["fix"]) and "blocked by the user" in str(refused["error"])
+            [aside] = logged(caplog, "reply_set_aside")
+            assert aside["kept_in"] == str(core.inbox.file("telegram:777"))
+            assert [r.text for r in core.inbox.kept_replies("telegram:777")] == ["echo: first"]
+
+            # A later answer in the same chat is tried once too (after the one set aside), not held.
+            tg.push_message("second", chat_id=777)
+            await tg.wait_for(lambda: len(tries(tg, 777)) == 3)
+            async with asyncio.timeout(5):
+                await core.dispatcher.settled("telegram:777")
+            assert tries(tg, 777) == ["echo: first", "echo: first", "echo: second"]
+
+            # Unblocked: the next answer brings the ones set aside first, in order.
+            tg.allow_chat(777)
+            tg.push_message("third", chat_id=777)
+            delivered = await tg.wait_for_messages(3, chat_id=777)
+            async with asyncio.timeout(5):
+                await core.dispatcher.settled("telegram:777")
+            assert [m.text for m in delivered] == ["echo: first", "echo: second", "echo: third"]
+            assert core.inbox.kept_replies("telegram:777") == []
+    assert await Inbox(tmp_path / "ws" / "inbox").load_pending() == []  # all done: nothing sent twice
+
+
+async def test_an_answer_set_aside_is_sent_by_the_next_start_once_the_chat_is_reachable(
+    tmp_path: Path,
+) -> None:
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        settings = await settings_for(tmp_path / "ws", llm, tg)
+        async with telegram_bot(settings) as core:
+            tg.refuse_chat(777, KICKED)
+            tg.push_message("hello")
+            await tg.wait_for(lambda: len(tries(tg, 777)) == 1)
+            async with asyncio.timeout(5):
+                await core.dispatcher.settled("telegram:777")
+        tg.allow_chat(777)
+        async with telegram_bot(settings) as core:
+            await core.dispatcher.recover()  # as `membot run` does at start
+            [sent] = await tg.wait_for_messages(1)
+        assert sent.text == "echo: hello" and len(llm.requests) == 1  # the saved answer, not asked again
+
+
+@pytest.mark.parametrize(
+    ("refusal", "reason"),
+    [
+        (BLOCKED, "the user blocked the bot"),
+        (KICKED, "the bot was removed from the group"),
+        (CHAT_NOT_FOUND, "Telegram knows no such chat"),
+    ],
+)
+async def test_a_chat_refused_for_good_is_a_channel_refusal_with_its_reason(
+    tmp_path: Path, refusal: tuple[int, str], reason: str
+) -> None:
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (channel, _):
+        tg.refuse_chat(777, refusal)
+        with pytest.raises(ChannelRefused, match="777") as raised:
+            await channel.send(OutboundMessage("telegram", "777", "anyone there?"))
+    assert raised.value.reason.startswith(reason)
+    assert len(tg.calls_to("sendMessage")) == 1  # the channel does not retry it either
+
+
+@pytest.mark.parametrize(
+    ("status", "description", "retry_after"),
+    [(429, "Too Many Requests: retry after 1", 1), (502, "Bad Gateway", None)],
+    ids=["rate-limited", "5xx"],
+)
+async def test_rate_limits_and_server_errors_stay_temporary(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    status: int,
+    description: str,
+    retry_after: int | None,
+) -> None:
+    """Past the channel's retries they are sent again by the dispatcher, not set aside."""
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        settings = await settings_for(tmp_path / "ws", llm, tg)
+        async with telegram_bot(settings, max_retries=0, retry_base_delay=0.01) as core:
+            tg.fail("sendMessage", status, description, retry_after=retry_after)
+            tg.push_message("hello")
+            [sent] = await tg.wait_for_messages(1)
+            async with asyncio.timeout(5):
+                await core.dispatcher.settled("telegram:777")
+        assert sent.text == "echo: hello" and len(tries(tg, 777)) == 2
+        assert logged(caplog, "reply_sent_late") and not logged(caplog, "reply_refused")
