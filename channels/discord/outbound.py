@@ -4,10 +4,11 @@ A reply is split under the 2000-character limit at paragraph and line boundaries
 block (:mod:`channels.chunking`); the first chunk replies to the user's message. Mentions are locked
 down: never ``@everyone`` or roles, and of users only the author being answered. Server errors and
 network failures are retried with backoff (discord.py itself waits out 429s); each chunk carries a
-nonce Discord enforces, so a retry after a lost answer never posts twice. What still fails is logged
-with its channel id and raised as :class:`~bot.errors.ChannelError`, never dropped silently; as
-:class:`~bot.errors.ChannelRefused` when Discord refuses the channel for good (the user closed their
-DMs, the bot lost access: :mod:`channels.discord.refusals`).
+nonce Discord enforces, so a retry after a lost answer never posts twice (an interaction's follow-ups
+cannot carry one: before a retry the channel is searched for the part instead, see ``_follow_up``).
+What still fails is logged with its channel id and raised as :class:`~bot.errors.ChannelError`, never
+dropped silently; as :class:`~bot.errors.ChannelRefused` when Discord refuses the channel for good (the
+user closed their DMs, the bot lost access: :mod:`channels.discord.refusals`).
 """
 
 from __future__ import annotations
@@ -129,20 +130,56 @@ class DiscordOutbox:
         none = discord.AllowedMentions.none()
         answered = 0
         try:
-            await self.deliver(
+            original = await self.deliver(
                 chat_id, lambda: interaction.edit_original_response(content=chunks[0], allowed_mentions=none)
             )
-            answered = 1
+            answered, last = 1, original.id
             for chunk in chunks[1:]:
-
-                def follow(text: str = chunk) -> Awaitable[discord.WebhookMessage | None]:
-                    return interaction.followup.send(text, allowed_mentions=none, wait=True)
-
-                await self.deliver(chat_id, follow)
+                last = await self._follow_up(interaction, chunk, chat_id, after=last)
                 answered += 1
         except ChannelError:
             log.warning("discord_interaction_reply_failed", channel_id=chat_id, delivered=answered)
         return answered
+
+    async def _follow_up(
+        self, interaction: discord.Interaction, text: str, chat_id: str, *, after: int
+    ) -> int:
+        """Post one follow-up of an interaction's answer; returns its message id.
+
+        Discord takes no nonce on this path (Execute Webhook has none; ``enforce_nonce`` exists only for
+        channel messages), so a retry after an answer lost on its way back would post the part twice.
+        Before a retry, the channel's messages since ``after`` (the previous part) are searched for it
+        instead. Where the bot may not read the channel, it is posted again: twice is better than never.
+        """
+        none = discord.AllowedMentions.none()
+        tried = False
+
+        async def post() -> int:
+            nonlocal tried
+            if tried and (landed := await self._posted_since(chat_id, after, text, interaction)) is not None:
+                log.info("discord_followup_already_posted", channel_id=chat_id, message_id=landed)
+                return landed
+            tried = True
+            message = await interaction.followup.send(text, allowed_mentions=none, wait=True)
+            return message.id
+
+        return await self.deliver(chat_id, post)
+
+    async def _posted_since(
+        self, chat_id: str, after: int, text: str, interaction: discord.Interaction
+    ) -> int | None:
+        """The id of a message of this interaction's application posted with ``text`` after ``after``.
+        A failure to read that may pass (5xx, network) is raised, so the retry asks again."""
+        target = self._client().get_partial_messageable(int(chat_id))
+        try:
+            async for message in target.history(after=discord.Object(after), limit=100):
+                if message.webhook_id == interaction.application_id and message.content == text.strip():
+                    return message.id
+        except discord.HTTPException as exc:
+            if exc.status >= 500:
+                raise
+            log.warning("discord_followup_unverified", channel_id=chat_id, error=describe(exc))
+        return None
 
     async def deliver(self, chat_id: str, call: Callable[[], Awaitable[_T]]) -> _T:
         """Run one Discord request; retry 5xx and network failures with backoff (the library retries 429)."""

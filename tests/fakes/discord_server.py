@@ -25,7 +25,7 @@ import contextlib
 import itertools
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -589,7 +589,7 @@ class FakeDiscord:
         if method == "GET" and path == "/oauth2/applications/@me":
             return _json(self._application())
         if parts[0] == "channels" and len(parts) >= 2:
-            return self._channel_route(method, parts, body or {})
+            return self._channel_route(method, parts, body or {}, request.query)
         if parts[0] == "applications" and parts[2:] == ["commands"]:
             if method == "PUT":
                 self.command_puts += 1
@@ -604,7 +604,9 @@ class FakeDiscord:
             return self._webhook(method, parts, body or {})
         return _json({"message": "404: Not Found", "code": 0}, 404)
 
-    def _channel_route(self, method: str, parts: list[str], body: Json) -> web.Response:
+    def _channel_route(
+        self, method: str, parts: list[str], body: Json, query: Mapping[str, str]
+    ) -> web.Response:
         channel_id = parts[1]
         if channel_id in self.refused:
             status, code, message = self.refused[channel_id]
@@ -612,6 +614,13 @@ class FakeDiscord:
         if parts[2:] == ["typing"] and method == "POST":
             self.typing.append(channel_id)
             return web.Response(status=204)
+        if parts[2:] == ["messages"] and method == "GET":
+            # Up to ``limit`` messages right after ``after``, newest first, as Discord lists them.
+            after, limit = int(query.get("after", 0)), int(query.get("limit", 50))
+            found = [
+                m for m in self.messages.values() if m["channel_id"] == channel_id and int(m["id"]) > after
+            ]
+            return _json(sorted(found, key=lambda m: int(m["id"]))[:limit][::-1])
         if parts[2:] == ["messages"] and method == "POST":
             error = self._invalid(body)
             if error is not None:
@@ -698,7 +707,9 @@ class FakeDiscord:
             error = self._invalid(data)
             if error is not None:
                 return error
-            self._bot_message(interaction["channel_id"], data, interaction_token=token)
+            self._bot_message(
+                interaction["channel_id"], data, interaction_token=token, webhook_id=self.application_id
+            )
         return _json(
             {
                 "interaction": {
@@ -721,7 +732,9 @@ class FakeDiscord:
                 return error
             original = interaction.get("original")
             if original is None:
-                original = self._bot_message(channel_id, body, interaction_token=token)
+                original = self._bot_message(
+                    channel_id, body, interaction_token=token, webhook_id=self.application_id
+                )
                 interaction["original"] = original
             else:
                 original.update(content=body.get("content", original["content"]), edited_timestamp=_now())
@@ -730,7 +743,9 @@ class FakeDiscord:
             error = self._invalid(body)
             if error is not None:
                 return error
-            return _json(self._bot_message(channel_id, body, interaction_token=token))
+            return _json(
+                self._bot_message(channel_id, body, interaction_token=token, webhook_id=self.application_id)
+            )
         return _json({"message": "404: Not Found", "code": 0}, 404)
 
     def _application(self) -> Json:

@@ -436,6 +436,25 @@ async def test_a_long_slash_command_answer_continues_in_followups(tmp_path: Path
         assert len(patches) == 1  # the deferred answer was edited once, the rest followed up
 
 
+async def test_a_follow_up_whose_answer_was_lost_is_not_posted_twice(tmp_path: Path) -> None:
+    """Follow-ups carry no nonce: the retry after a lost answer posted the part a second time."""
+    async with discord_world(tmp_path) as w:
+
+        async def essay(call: CommandCall, control: SessionControl) -> str:
+            return "\n\n".join(f"part {i} " + "x" * 900 for i in range(5))
+
+        w.core.commands.add("essay", "a long answer", essay)
+        w.discord.cut_after_commit("POST", f"/webhooks/{w.discord.application_id}/")
+        interaction = await w.discord.slash_command("essay", channel_id=w.dm, user=w.alice)
+        await w.discord.wait_for_followups(interaction["token"], 3)
+        await w.discord.wait_until(  # the answer's last part went out after the lost one
+            lambda: any("part 4" in m["content"] for m in w.discord.bot_messages)
+        )
+        await asyncio.sleep(0.2)  # settle: a copy posted late would show now
+        starts = [m["content"].split(" x")[0] for m in w.discord.bot_messages]
+        assert starts == ["part 0", "part 2", "part 4"]  # each part once, in order
+
+
 async def test_an_expired_interaction_is_answered_in_the_channel(tmp_path: Path) -> None:
     async with discord_world(tmp_path) as w:
         w.discord.fail("PATCH", f"/webhooks/{w.discord.application_id}/", status=404)
