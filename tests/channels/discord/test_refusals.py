@@ -51,7 +51,7 @@ async def test_an_answer_to_a_user_who_closed_their_dms_is_set_aside_at_once(
         [other] = await w.discord.wait_for_bot_messages(w.quiet)
         async with asyncio.timeout(5):
             await w.core.dispatcher.settled(sid)
-        assert other["content"] == "echo: hello"
+        assert other["content"] == "echo: alice: hello"  # a guild channel: the model hears who speaks
         assert posts(w, w.dm) == ["echo: first"]  # once: no retry storm
         [refused] = logged(caplog, "reply_refused")
         assert refused["chat_id"] == w.dm and "does not let the bot message this user" in str(
