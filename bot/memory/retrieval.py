@@ -13,8 +13,8 @@ Who said what matters as much as the words: what the assistant said ranks below 
 (the model can be wrong, and the user's words are the facts) unless the query asks about the
 assistant's own words ("what did you recommend?"), and a user message that only asked a question
 ranks below statements. A query that names a subject ("what is my job?") also finds the statements
-tagged with it (see extract.py). Ties are broken by age and id, so the same memory always gives the
-same order, whatever order items were loaded in.
+tagged with it (see extract.py). Ties are broken by age and content (then id), so the same memory
+always gives the same order, whatever order items were loaded in and whatever ids they were given.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ class Retriever:
             if in_period is not None and in_period(item.created_at):
                 score += w.time_hint
             out.append(ScoredItem(item, score, relevance, lex, sim))
-        out.sort(key=lambda s: (-s.score, s.item.created_at, s.item.id))
+        out.sort(key=lambda s: (-s.score, s.item.created_at, s.item.fingerprint, s.item.id))
         return out
 
     def _with_second_hop(
@@ -240,14 +240,16 @@ class Retriever:
         results (the names, places and things they share), so an answer worded differently from the
         question is still found through what surrounds it."""
         w, index, asked = self.weights, self.words.index, set(tokens)
-        # The best ``hop_docs`` by score (ties: by id), without sorting every match.
+        # The best ``hop_docs`` by score, without sorting every match. Ties go by age and content, not
+        # by id: ids are random, and the same conversation remembered twice must hop the same way.
         store = self._store
-        shown = (i for i in first if (it := store.get(i)) is not None and (visible is None or visible(it)))
-        best = heapq.nsmallest(w.hop_docs, shown, key=lambda i: (-first[i], i))
+        shown = (it for i in first if (it := store.get(i)) is not None and (visible is None or visible(it)))
+        best = heapq.nsmallest(
+            w.hop_docs, shown, key=lambda it: (-first[it.id], it.created_at, it.fingerprint)
+        )
         weight: dict[str, float] = {}
-        for item_id in best:
-            item = self._store.get(item_id)
-            counts = self._terms_of(item) if item is not None else {}
+        for item in best:
+            counts = self._terms_of(item)
             length = sum(counts.values()) or 1
             for term, tf in counts.items():
                 if term not in asked and not term.isdigit():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import simplemma
 from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from bot.memory.lexical import LexicalIndex
-from bot.memory.retrieval import Retriever, ScoredItem, diversify
+from bot.memory.retrieval import Retriever, ScoredItem, Weights, diversify
 from bot.memory.timehints import periods, time_hint
 from bot.memory.words import normalize_word, stem, tokenize
 
@@ -295,6 +296,28 @@ async def test_index_follows_every_write_and_the_same_memory_ranks_the_same_afte
     await reloaded.load()
     await again.ready()
     assert [s.item.id for s in again.rank("green tea", NOW)] == before
+
+
+async def test_the_same_memory_ranks_the_same_whatever_ids_its_items_got(tmp_path: Path) -> None:
+    """Item ids are random: two memories of one conversation differ in them alone. A tie in the first
+    hop was broken by id, so the second hop followed one lunch or the other, and the bench's figures
+    moved between runs of the same code."""
+    said = [
+        make("Lunch with Maria at the harbour.", ref="m1"),
+        make("Lunch with Tomas at the bakery.", ref="m2"),
+        make("The harbour ferry was late again.", ref="m3", days_ago=3),
+        make("The bakery sells rye bread now.", ref="m4", days_ago=3),
+    ]
+    orders = []
+    for run, ids in enumerate((["a", "b", "c", "d"], ["b", "a", "d", "c"])):
+        store = ItemStore(tmp_path / f"items{run}")
+        await store.load()
+        retriever = Retriever(store, Weights(hop_docs=1))
+        await store.add_many([dataclasses.replace(item, id=i) for item, i in zip(said, ids, strict=True)])
+        await retriever.ready()
+        orders.append([s.item.content for s in retriever.rank("who was at lunch?", NOW, tz=UTCZ)])
+    assert orders[0] == orders[1]
+    assert len(orders[0]) == 3  # the two lunches, and what the second hop found around one of them
 
 
 async def test_a_promoted_item_and_its_origin_are_one_memory(tmp_path: Path) -> None:
