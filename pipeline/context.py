@@ -63,6 +63,7 @@ class ContextBuildingSystem:
             now=turn.now,
             shown=[m.id for m in turn.session.messages],
             budget=self._budget.memory_budget(turn.session) if self._budget is not None else None,
+            asker=turn.inbound[-1].sender_id if turn.inbound and turn.inbound[-1].is_group else "",
         )
         turn.memory_context = context.text
         turn.system_prompt = system_prompt(base, context.text)

@@ -186,8 +186,12 @@ class Utterance:
         return f"{self.speaker}: {sentence}" if self.speaker else sentence
 
     def subject_tag(self, subject: str) -> str:
-        owner = self.speaker_id or self.speaker
-        return f"{SUBJECT_PREFIX}{subject}@{owner}" if owner else SUBJECT_PREFIX + subject
+        return SUBJECT_PREFIX + owned_subject(subject, self.speaker_id or self.speaker)
+
+
+def owned_subject(subject: str, owner: str) -> str:
+    """A subject as one speaker's (``home@42``) in a group; as it is without an owner."""
+    return f"{subject}@{owner}" if owner else subject
 
 
 def passages(text: str, limit: int = PASSAGE_CHARS) -> list[str]:

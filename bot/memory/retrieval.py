@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from bot.memory.extract import QUESTION_TAG, subjects_in_query
+from bot.memory.extract import QUESTION_TAG, owned_subject, subjects_in_query
 from bot.memory.item_store import ItemStore, retrievable
 from bot.memory.items import ItemType, MemoryItem
 from bot.memory.lexical import Frequencies
@@ -152,19 +152,22 @@ class Retriever:
         visible: Callable[[MemoryItem], bool] | None = None,
         tz: ZoneInfo = _UTC,
         only: Collection[str] | None = None,
+        asker: str = "",
     ) -> WordMatch:
         """What the query's words find: BM25 (and its second hop), the subjects and the period it names.
 
         ``only`` limits the word match to those item ids (a chat's own, in chat scope), so that the
-        ``candidates`` best are the best of them rather than of everyone's."""
+        ``candidates`` best are the best of them rather than of everyone's. ``asker`` (a group member's
+        id) also finds their own statements on a subject: in a group a subject is its speaker's."""
         w = self.weights
         tokens = tokenize(query)
         lexical = self.words.index.scores(tokens, limit=w.candidates, only=only)
         if w.hop > 0 and lexical:
             lexical = self._with_second_hop(tokens, lexical, visible, only)
-        on_subject = {
-            stated.id for subject in subjects_in_query(query) for stated in self._store.with_subject(subject)
-        }
+        asked = subjects_in_query(query)
+        if asker:
+            asked += [owned_subject(subject, asker) for subject in asked]
+        on_subject = {stated.id for subject in asked for stated in self._store.with_subject(subject)}
         in_period = time_hint(query, now, tz) if w.time_hint else None
         return WordMatch(lexical, on_subject, in_period, asks_about_assistant(query))
 

@@ -461,7 +461,7 @@ class MemoryService:
             self.vectors.prefetch(query)
 
     async def _rank(
-        self, query: str, session_id: str | None, now: datetime | None = None
+        self, query: str, session_id: str | None, now: datetime | None = None, *, asker: str = ""
     ) -> list[ScoredItem]:
         await self.retriever.ready()
         # In chat scope a chat sees its own items; "" (no chat) sees none, None (the operator) all.
@@ -477,7 +477,7 @@ class MemoryService:
         if self.vectors is not None:
             self.vectors.prefetch(query)  # the model starts on the query in its thread, as words count
             await asyncio.sleep(0)  # (its task hands the text to the model's thread)
-        matched = self.retriever.match_words(query, now, visible=visible, tz=self.tz, only=own)
+        matched = self.retriever.match_words(query, now, visible=visible, tz=self.tz, only=own, asker=asker)
         similarities = await self._similarities(query, visible, own) if self.vectors is not None else None
         return self.retriever.rank(
             query, now, visible=visible, similarities=similarities, tz=self.tz, matched=matched
@@ -524,15 +524,18 @@ class MemoryService:
         session_id: str | None = None,
         now: datetime | None = None,
         skip: Collection[MessageKey] = (),
+        asker: str = "",
     ) -> MemoryPack:
         """The ``## Relevant Memory`` section for ``query``: the most relevant memories that fit the budget,
-        leaving out the messages in ``skip`` (those the prompt already shows)."""
+        leaving out the messages in ``skip`` (those the prompt already shows). ``asker``: in a group, the
+        sender's id, whose own statements a question about "my job" means."""
         s = self.settings
         started = time.perf_counter()
         hard = s.pack_hard_tokens if hard is None else hard
         soft = min(hard, s.pack_soft_tokens if soft is None else soft)
         base = overhead(self.recaller.count)
-        memories, skipped = self.recaller.gather(await self._rank(query, session_id, now), skip=set(skip))
+        ranked = await self._rank(query, session_id, now, asker=asker)
+        memories, skipped = self.recaller.gather(ranked, skip=set(skip))
         recall = self.recaller.select(
             memories,
             soft=max(0, soft - base),
@@ -609,6 +612,7 @@ class MemoryService:
         now: datetime | None = None,
         shown: Collection[str] = (),
         budget: int | None = None,
+        asker: str = "",
     ) -> MemoryContext:
         """The ``# Memory`` section for a turn of ``session_id`` whose user wrote ``query``.
 
@@ -616,7 +620,8 @@ class MemoryService:
         conversation, not the clock of the machine. ``shown`` are the ids of the messages in the active
         session: the model sees them already, so memory never repeats them. ``budget`` caps the
         section's tokens (the context-budget service sets it from the model's window); without it the
-        configured caps apply. MEMORY.md comes first, then the pack, then today's notes.
+        configured caps apply. ``asker`` is the sender's id in a group (see :meth:`pack`). MEMORY.md comes
+        first, then the pack, then today's notes.
         In chat scope it holds the operator's MEMORY.md and, of everything else, only this chat's.
         """
         s = self.settings
@@ -642,7 +647,7 @@ class MemoryService:
         if query.strip() and left - notes_cap > 0:
             hard = min(s.pack_hard_tokens, left - notes_cap)
             pack = await self.pack(query, soft=min(s.pack_soft_tokens, hard), hard=hard,
-                                   session_id=session_id, now=now, skip=skip)  # fmt: skip
+                                   session_id=session_id, now=now, skip=skip, asker=asker)  # fmt: skip
         skip |= {m.key for m in pack.memories} | {p.key for m in pack.memories for p in m.previously}
         notes_budget = max(0, min(notes_cap, left - pack.diagnostics.tokens - 8))
         local = now.astimezone(self.tz)

@@ -84,3 +84,26 @@ async def test_a_private_chat_has_no_group_note(tmp_path: Path) -> None:
     await memory.close()
 
     assert GROUP_NOTE not in turn.system_prompt
+
+
+async def test_my_job_in_a_group_is_the_askers_own(tmp_path: Path) -> None:
+    clock = Clock()
+    memory = await make_memory(tmp_path, clock)
+    persist = MemoryPersistSystem(memory, MemorySettings())
+    context = ContextBuildingSystem(memory, "You are membot.")
+    session = Session.new("telegram", GROUP)
+    await answered(persist, session, said("Alice", "1", "I work as a nurse."), clock)
+    clock.now += timedelta(days=2)
+
+    shown = {}
+    for name, user_id in (("Alice", "1"), ("Bob", "2")):
+        later = Session.new("telegram", GROUP)
+        question = said(name, user_id, "What is my job?")  # no word in common with her statement
+        later.append(user_message(question))
+        turn = Turn(session=later, inbound=(question,), now=clock.now)
+        await context.process(turn)
+        shown[name] = turn.memory_context.split("## Recent Context")[0]  # recall, not the group's notes
+    await memory.close()
+
+    assert "Alice: I work as a nurse" in shown["Alice"]
+    assert "nurse" not in shown["Bob"]  # her job is not his
