@@ -3,7 +3,9 @@
 For every session (``<channel>:<chat>``) there is a lane: a queue and at most one running turn.
 Messages that arrive during a turn wait in order; when the turn ends, the queued messages are taken
 together as the next turn's input (``collect`` mode) or one by one (``per_message``). Commands skip the
-queue and are answered at once, even while a slow turn runs. Different sessions run concurrently.
+queue and are answered at once, even while a slow turn runs; one that must wait for the turn (/new,
+/compact) takes its place in the lane and answers later, so it never holds up what the chat sends next
+(a /stop). Different sessions run concurrently.
 
 The durable path of a message (three fsyncs when it is answered):
 
@@ -30,7 +32,7 @@ from typing import Literal, Protocol
 import structlog
 
 from bot import intake, recovery
-from bot.commands import CommandRouter
+from bot.commands import CommandCall, CommandRouter
 from bot.config import DispatcherSettings
 from bot.domain import InboundMessage, OutboundMessage, Session
 from bot.errors import ChannelRefused, LLMError, StorageError, plain_reason
@@ -66,6 +68,18 @@ class _Queued:
 
 
 @dataclass(slots=True)
+class _Stop:
+    """A /stop of the running turn: its batch and the queued messages it keeps in the history. The lane's
+    worker does that bookkeeping as soon as the turn ended, before anything else takes the lane (a
+    command waiting for the turn, or a message that arrived meanwhile), so the kept messages are in
+    the history before them; ``done`` tells /stop it was done."""
+
+    stopped: list[_Queued]
+    kept: list[_Queued]
+    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+@dataclass(slots=True)
 class _Lane:
     channel: str
     chat_id: str
@@ -77,6 +91,7 @@ class _Lane:
     batch: list[_Queued] = field(default_factory=list)  # what the running turn answers
     sent: bool = False  # the running turn's answer went out; only its bookkeeping is left
     overflow_noticed: bool = False
+    stopping: _Stop | None = None  # what /stop asked of the running turn; the worker does it
     # Answers not delivered (refused for good, or past the patience), kept in the inbox: each is tried
     # once more before the chat's next answer, so an unblocked chat gets them in order.
     set_aside: list[PendingReply] = field(default_factory=list)
@@ -114,6 +129,9 @@ class Dispatcher:
         self._ready: set[str] = set()
         self._lanes: dict[str, _Lane] = {}
         self._accepting = True
+        # Commands that wait for their chat's running turn (/new, /compact), each with the event it sets
+        # once it holds its place in the lane: from then on ``submit`` need not wait for it.
+        self._commands_running: dict[asyncio.Task[None], asyncio.Event] = {}
         self._closing = asyncio.Event()  # set by close(): resends stop waiting (the inbox keeps them)
         self.turns_completed = 0  # finished turns since start (tests and operators wait on it)
 
@@ -147,12 +165,7 @@ class Dispatcher:
             if not self._accepting:
                 await self._send(message, "I'm restarting — please send that command again in a minute.")
                 return
-            try:
-                reply = await self._commands.handle(call, self)
-            except Exception:
-                log.exception("command_failed", command=call.name, session_id=message.session_id)
-                reply = f"/{call.name} failed; the details are in the log."
-            await self._send(message, reply)
+            await self._command(call)
             return
         lane = self._lane(message.session_id, message.channel, message.chat_id)
         async with lane.intake:  # one at a time per session, so the order of arrival is kept
@@ -178,6 +191,31 @@ class Dispatcher:
             await self._send(message, "I'm restarting — I'll answer this as soon as I'm back.")
         elif notice is not None:
             await notice
+
+    async def _command(self, call: CommandCall) -> None:
+        """Answer a command. Returns once it is answered, or once it waits for the chat's running turn
+        (:meth:`exclusive`): it then holds its place in the lane and answers when it is done. A channel
+        hands a chat's messages over one at a time, so a /new that kept ``submit`` waiting for a long
+        turn would keep the /stop, /status or message sent after it from reaching us until then."""
+        task = asyncio.create_task(self._answer(call), name=f"command:{call.name}:{call.session_id}")
+        placed = self._commands_running[task] = asyncio.Event()
+        task.add_done_callback(lambda t: self._commands_running.pop(t, None))
+        waiting = asyncio.ensure_future(placed.wait())
+        try:
+            await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+        if not task.done() and self.is_running(call.session_id):  # (not for a sent reply's bookkeeping)
+            wait = f"⏳ /{call.name} runs as soon as the current reply is done (/stop ends it now)."
+            await self._send(call.message, wait)
+
+    async def _answer(self, call: CommandCall) -> None:
+        try:
+            reply = await self._commands.handle(call, self)
+        except Exception:
+            log.exception("command_failed", command=call.name, session_id=call.session_id)
+            reply = f"/{call.name} failed; the details are in the log."
+        await self._send(call.message, reply)
 
     async def _save(self, session: Session, turn: Turn, *, replies: list[PendingReply]) -> None:
         """Save the session with ``replies``, and wait for the turn's own writes (``turn.writes``) in the
@@ -289,11 +327,14 @@ class Dispatcher:
                     current = asyncio.current_task()
                     if current is not None and current.cancelling():
                         raise  # the worker itself is being cancelled (shutdown)
-                    # else: the turn was stopped by /stop; stop() does the bookkeeping
+                    # else: the turn was stopped by /stop, whose bookkeeping follows below
                 except Exception:
                     log.exception("turn_crashed", session_id=sid)
                 finally:
                     lane.turn = None
+                    request, lane.stopping = lane.stopping, None
+                    if request is not None:
+                        await self._stopped(sid, lane, request)
 
     async def _run_turn(self, lane: _Lane, batch: list[_Queued]) -> None:
         started = time.perf_counter()
@@ -501,28 +542,42 @@ class Dispatcher:
 
     async def stop(self, sid: str) -> int | None:
         lane = self._lanes.get(sid)
-        if lane is None or lane.turn is None or lane.turn.done():
+        if lane is None or lane.turn is None or lane.turn.done() or lane.stopping is not None:
             return None
         kept = [q for q in lane.queue if isinstance(q, _Queued)]
         lane.queue = deque(q for q in lane.queue if not isinstance(q, _Queued))
-        stopped = list(lane.batch)
-        turn = lane.turn
-        turn.cancel()
-        await asyncio.wait({turn}, timeout=5)
-        async with lane.lock, self._sessions.lease(lane.channel, lane.chat_id) as session:
-            if kept:
-                for queued in kept:
-                    if not queued.in_session:
-                        session.append(intake.user_message(queued.message, queued.entries))
-                await self._sessions.save(session)
-            if self._inbox is not None:  # the user asked: these need no answer any more
-                await self._inbox.finish(sid, {e for q in stopped + kept for e in q.entries})
+        request = lane.stopping = _Stop(list(lane.batch), kept)
+        lane.turn.cancel()
+        await request.done  # the worker did the bookkeeping (see _Stop)
         return len(kept)
+
+    async def _stopped(self, sid: str, lane: _Lane, request: _Stop) -> None:
+        """/stop's bookkeeping, in the worker under the lane's lock: the kept messages go into the
+        history unanswered, and the inbox entries of all of them need no answer any more."""
+        try:
+            async with self._sessions.lease(lane.channel, lane.chat_id) as session:
+                if request.kept:
+                    for queued in request.kept:
+                        if not queued.in_session:
+                            session.append(intake.user_message(queued.message, queued.entries))
+                    await self._sessions.save(session)
+                if self._inbox is not None:  # the user asked: these need no answer any more
+                    entries = {e for q in request.stopped + request.kept for e in q.entries}
+                    await self._inbox.finish(sid, entries)
+        except BaseException as exc:
+            request.done.set_exception(exc)
+            request.done.exception()  # retrieved: /stop may be gone (a shutdown)
+            raise
+        request.done.set_result(None)
 
     @contextlib.asynccontextmanager
     async def exclusive(self, sid: str) -> AsyncIterator[None]:
         channel, _, chat = sid.partition(":")
-        async with self._lane(sid, channel, chat).lock:
+        lane = self._lane(sid, channel, chat)
+        placed = self._commands_running.get(asyncio.current_task())  # type: ignore[arg-type]
+        if placed is not None and lane.lock.locked():
+            placed.set()  # it waits for the lane: ``submit`` returns (the place is taken below, at once)
+        async with lane.lock:
             yield
 
     # -- shutdown ---------------------------------------------------------------------------------
@@ -531,11 +586,13 @@ class Dispatcher:
         """Stop taking messages, let running turns finish for ``grace`` seconds, then cancel the rest.
 
         Messages that arrive meanwhile are kept in the inbox but not queued; they, the queued ones that
-        never ran and the turns cut short stay pending and are finished after the next start.
+        never ran and the turns cut short stay pending and are finished after the next start. A command
+        still waiting for its chat's turn when the grace ends is dropped unanswered.
         """
         self._accepting = False
         self._closing.set()
         workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
+        workers += self._commands_running  # a /new waiting for a turn runs once that turn ended
         for lane in self._lanes.values():
             lane.queue.clear()  # still pending in the inbox: finished on the next start
         if workers:

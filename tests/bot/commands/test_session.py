@@ -33,6 +33,7 @@ from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry
 from bot.tools.base import Tool
 from bot.usage import UsageLedger
+from channels.telegram.inbound import PasteJoiner
 from pipeline import Pipeline
 from pipeline.compaction import AutoCompactionSystem
 from pipeline.tool_loop import ToolLoopSystem
@@ -437,3 +438,40 @@ async def test_status_says_memory_is_unavailable_in_plain_words(
         status = await bot.say("/status")
     assert "Memory: unavailable right now (the details are in the log)" in status
     assert "Error" not in status
+
+
+# ---- commands racing with a turn --------------------------------------------------------------------
+
+
+async def test_new_sent_during_a_turn_does_not_hold_up_a_stop_sent_after_it(
+    server: FakeLLMServer,
+    bot_on: Callable[..., Bot],
+) -> None:
+    """Channels hand a chat's messages over one at a time (here Telegram's paste joiner): a /new that
+    waits for the running turn must not keep the /stop sent after it from reaching the dispatcher."""
+    tool = SlowTool()
+    async with bot_on(tools=[tool]) as bot:
+        joiner = PasteJoiner(bot.dispatcher.submit, 0, max_chars=16000)
+        server.script(FakeReply(tool_calls=[("slow", {})]))
+        joiner.add(InboundMessage("test", "c1", "u1", "use the slow tool"))
+        async with asyncio.timeout(5):
+            await tool.started.wait()
+        queued = joiner.add(InboundMessage("test", "c1", "u1", "and this"))
+        new = joiner.add(InboundMessage("test", "c1", "u1", "/new"), alone=True)
+        started = time.monotonic()
+        stop = joiner.add(InboundMessage("test", "c1", "u1", "/stop"), alone=True)
+        async with asyncio.timeout(5):
+            await asyncio.gather(queued, new, stop)
+        assert time.monotonic() - started < 2.0
+        await wait_until(lambda: any(m.text == "Session cleared." for m in bot.channel.sent))
+        texts = [m.text for m in bot.channel.sent]
+        assert texts[0].startswith("⏳ /new runs as soon as the current reply is done")
+        stopped = "⏹ Stopped. 1 queued message kept in the history; your next message starts a new turn."
+        assert texts.index(stopped) < texts.index("Session cleared.")
+        assert await bot.on_disk() == []
+        # The message sent before /new went with the old conversation, into memory.
+        archived = [m.content for m in await bot.memory.archive.read(SID)]
+        assert archived[0] == "use the slow tool" and archived[-1] == "and this"
+        assert bot.dispatcher.total_queued() == 0
+        assert await bot.say("hello") == "echo: hello"  # the fresh session works
+        await joiner.close()
