@@ -7,6 +7,7 @@ and ``StreamDecoder`` folds SSE chunks into stream events. The client (client.py
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -81,7 +82,7 @@ def _message(message: Message) -> dict[str, Any] | None:
                 {
                     "id": c.id,
                     "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments or "{}"},
+                    "function": {"name": c.name, "arguments": _arguments(c.arguments)},
                 }
                 for c in message.tool_calls
             ],
@@ -94,6 +95,18 @@ def _message(message: Message) -> dict[str, Any] | None:
         ]
         return {"role": message.role.value, "content": parts}
     return {"role": message.role.value, "content": message.content}
+
+
+def _arguments(text: str) -> str:
+    """A call's arguments as sent back in the history: as the model wrote them when they are a JSON
+    object, else ``{}``. Local servers (vLLM, llama.cpp, SGLang, Ollama) parse them for the chat template
+    and refuse the whole request otherwise, so one broken call made every later request of the chat
+    fail; the call's result already tells the model what was wrong with them."""
+    try:
+        value = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return "{}"
+    return text if isinstance(value, dict) else "{}"
 
 
 def parse_usage(data: Any) -> Usage:

@@ -8,6 +8,7 @@ servers demand (:func:`check_strict_template`).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 # OpenAI reasoning models reject ``max_tokens`` and any temperature but the default.
@@ -44,11 +45,21 @@ def check_openai(body: Any, *, strict_template: bool = False) -> str | None:
 def check_strict_template(messages: list[Any]) -> str | None:
     """What strict chat templates (Llama, Mistral, Gemma ... served by Ollama, vLLM, llama.cpp or LM
     Studio) refuse: a system message anywhere but first, a first turn that is not the user's, or two
-    user or two assistant messages in a row (tool results may follow each other)."""
+    user or two assistant messages in a row (tool results may follow each other). The servers also
+    parse the arguments of every earlier tool call for the template and refuse the request when they
+    are not a JSON object (vLLM's ``_postprocess_messages``, llama-server, SGLang, Ollama)."""
     for i, message in enumerate(messages):
         role = message.get("role")
         if role in ("system", "developer") and i > 0:
             return f"messages[{i}]: System message must be at the beginning."
+        for call in message.get("tool_calls") or () if role == "assistant" else ():
+            arguments = (call.get("function") or {}).get("arguments") or "{}"
+            try:
+                parsed = json.loads(arguments)
+            except json.JSONDecodeError as exc:
+                return f"{exc.msg}: line {exc.lineno} column {exc.colno} (char {exc.pos})"
+            if not isinstance(parsed, dict):
+                return f"messages[{i}]: tool call arguments must be a JSON object"
     turns = [m.get("role") for m in messages if m.get("role") not in ("system", "developer")]
     if turns and turns[0] != "user":
         return "Conversation roles must alternate user/assistant/user/assistant/... (starting with user)"

@@ -247,6 +247,28 @@ async def test_invalid_json_arguments_are_answered_not_crashed_on(
     assert_paired(turn.session)
 
 
+async def test_broken_arguments_in_the_history_do_not_get_the_chat_refused(http: httpx.AsyncClient) -> None:
+    """vLLM, llama-server, SGLang and Ollama parse every earlier call's arguments for the chat template
+    and refuse the whole request when they are no JSON object: sent back as the model wrote them, one
+    broken call made the rest of the turn and every later turn of the chat fail."""
+    async with FakeLLMServer(strict_template=True) as local:
+        local.script(
+            FakeReply(tool_calls=[("add", '{"a": 1, "b": '), ("add", "[1, 2]")]),
+            FakeReply(text="All done now."),
+        )
+        system = loop_for(local, http, "openai", [AddTool()])
+        turn = new_turn()
+        await system.process(turn)
+        assert turn.reply == "All done now."
+        follow_up = new_turn("and now?", session=turn.session)
+        await system.process(follow_up)
+        assert follow_up.reply == "echo: and now?"
+        sent = local.requests[-1].body["messages"][2]["tool_calls"]
+        assert [c["function"]["arguments"] for c in sent] == ["{}", "{}"]
+    # What the model wrote stays in the session: only what is sent is made acceptable.
+    assert [c.arguments for c in turn.session.messages[1].tool_calls] == ['{"a": 1, "b": ', "[1, 2]"]
+
+
 ECHO_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"text": {"type": "string"}}}
 
 

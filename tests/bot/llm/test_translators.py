@@ -64,7 +64,8 @@ def test_openai_request(catalog: ModelCatalog) -> None:
     assert data["messages"][0]["content"] == "base\n\n[summary] earlier"
     assistant = data["messages"][2]
     assert assistant["content"] is None
-    assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == ['{"path": "a"}', "{bad json"]
+    # Broken arguments go back as an empty object: local servers refuse the whole request otherwise.
+    assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == ['{"path": "a"}', "{}"]
     assert data["messages"][4] == {"role": "tool", "tool_call_id": "t2", "content": ""}
     assert data["messages"][5]["content"] == [
         {"type": "text", "text": "thanks"},
