@@ -286,7 +286,7 @@ class _TurnRun:
         limit = self.settings.tool_timeout
         try:
             async with asyncio.timeout(limit) as window:
-                return await tool.run(args, self.ctx), "ok"
+                result: object = await tool.run(args, self.ctx)  # checked below, not trusted
         except TimeoutError:
             if window.expired():
                 return f"Error: {call.name} did not finish within {limit:g} s.", "timeout"
@@ -297,6 +297,10 @@ class _TurnRun:
         except Exception as exc:
             log.exception("tool_crashed", tool=call.name)
             return f"Error: {call.name} failed unexpectedly ({type(exc).__name__}).", "crashed"
+        if not isinstance(result, str):  # a tool that broke its contract: its value is no result to store
+            log.error("tool_result_not_text", tool=call.name, type=type(result).__name__)
+            return f"Error: {call.name} failed unexpectedly (it returned no text).", "crashed"
+        return result, "ok"
 
 
 async def _cancel_all(tasks: Any) -> None:

@@ -269,6 +269,46 @@ async def test_broken_arguments_in_the_history_do_not_get_the_chat_refused(http:
     assert [c.arguments for c in turn.session.messages[1].tool_calls] == ['{"a": 1, "b": ', "[1, 2]"]
 
 
+class NoTextTool:
+    """A tool that breaks its contract: it returns a value that is not text."""
+
+    name = "notext"
+    description = "Return nothing useful."
+    parameters = NO_ARGS
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return {"rows": 3} if args.get("dict") else None
+
+
+class Outcomes:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def tool_call(self, name: str, outcome: str) -> None:
+        self.seen.append((name, outcome))
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_tool_that_returns_no_text_is_a_failed_call(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    """Its value used to fail as the result was stored: the model read that the turn deadline had passed
+    (it had not), and the metrics counted the call as ok."""
+    server.script(
+        FakeReply(tool_calls=[("notext", {}), ("notext", {"dict": True}), ("add", {"a": 1, "b": 1})]),
+        FakeReply(text="ok"),
+    )
+    outcomes = Outcomes()
+    turn = new_turn()
+    settings = tool_settings(enabled=["notext", "add"])
+    await loop_for(server, http, api, [NoTextTool(), AddTool()], settings, observer=outcomes).process(turn)
+
+    assert turn.reply == "ok" and turn.notes == []
+    failed = "Error: notext failed unexpectedly (it returned no text)."
+    assert tool_results(turn.session) == [failed, failed, "2"]
+    assert sorted(outcomes.seen) == [("add", "ok"), ("notext", "crashed"), ("notext", "crashed")]
+
+
 ECHO_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"text": {"type": "string"}}}
 
 
