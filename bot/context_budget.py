@@ -17,8 +17,8 @@ for the answer (``max_output_tokens``). Invariant, for every request the bot sen
   reserve (AutoCompaction), when the provider refused a request as too long (the tool loop's retry),
   ``/compact``, and the retirement of a whole conversation on ``/new``;
 - **trimming**, the last resort: a request that still would not fit (one enormous message, a tool result
-  that filled the window mid-turn) is cut in what is sent — oldest history first, then the middle of the
-  longest message — never in the session itself.
+  that filled the window mid-turn) is cut in what is sent — oldest history first but never the turn's
+  own messages, then the middle of the longest messages — never in the session itself.
 """
 
 from __future__ import annotations
@@ -240,10 +240,12 @@ class ContextBudget:
         raw += self._counter.messages_tokens(list(request.messages))
         return self._counter.scale(session, raw) if session is not None else raw
 
-    def fit(self, request: ChatRequest, session: Session | None = None) -> ChatRequest:
+    def fit(self, request: ChatRequest, session: Session | None = None, *, keep: int = 1) -> ChatRequest:
         """``request``, cut if it must be so that it and the answer fit the window (see the module doc).
 
-        The request's ``max_output_tokens`` is set to the budget's, so the promise holds for what is sent.
+        ``keep``: the newest messages that are cut rather than left out (a turn's own: the question it
+        answers and its tool calls). The request's ``max_output_tokens`` is set to the budget's, so the
+        promise holds for what is sent.
         """
         request = dataclasses.replace(request, max_output_tokens=self.output)
         limit = self.window - self.output - self._margin
@@ -258,7 +260,7 @@ class ContextBudget:
         if self._counter.count_text(system) > system_room:
             system = _cut_text(system, system_room, self._counter)
         room = raw_limit - fixed - (self._counter.count_text(system) if system else 0)
-        messages = _trim_messages(list(request.messages), room, self._counter)
+        messages = _trim_messages(list(request.messages), room, self._counter, keep=keep)
         log.warning(
             "request_trimmed",
             messages_before=len(request.messages),
@@ -275,17 +277,30 @@ def _schemas(tools: Sequence[ToolSpec]) -> str:
     )
 
 
-def _trim_messages(messages: list[Message], room: int, counter: TokenCounter) -> list[Message]:
-    """Oldest messages out first (a tool result never without its call), then the longest cut in the
-    middle, until the messages fit ``room`` raw tokens. The newest message always stays."""
+def _trim_messages(
+    messages: list[Message], room: int, counter: TokenCounter, *, keep: int = 1
+) -> list[Message]:
+    """Oldest messages out first (a tool result never without its call) down to the newest ``keep``,
+    then the longest of those cut in the middle to one common length, until the messages fit ``room``
+    raw tokens. Only if that cannot fit do older ones go too, down to the newest message.
+
+    A turn's results that overflow the window (several long tool results at once) are so cut each to
+    a fair share: left out oldest first, they took the question and the calls with them, and the model
+    answered one orphaned result without knowing what was asked."""
 
     def total() -> int:
         return counter.messages_tokens(messages)
 
-    while len(messages) > 1 and total() > room:
-        messages.pop(0)
-        while len(messages) > 1 and messages[0].role is Role.TOOL:
+    def drop_oldest(down_to: int) -> None:
+        while len(messages) > max(1, down_to) and total() > room:
             messages.pop(0)
+            while len(messages) > 1 and messages[0].role is Role.TOOL:
+                messages.pop(0)
+
+    drop_oldest(keep)
+    if total() > room:
+        _cut_evenly(messages, room, counter)
+    drop_oldest(1)
     while messages and total() > room:
         longest = max(range(len(messages)), key=lambda i: counter.message_tokens(messages[i]))
         message = messages[longest]
@@ -296,6 +311,25 @@ def _trim_messages(messages: list[Message], room: int, counter: TokenCounter) ->
             break  # nothing left to cut: the caller's room is below one message's overhead
         messages[longest] = dataclasses.replace(message, content=cut, images=(), token_estimate=0)
     return messages
+
+
+def _cut_evenly(messages: list[Message], room: int, counter: TokenCounter) -> None:
+    """Cut every text longer than one common length (the longest that lets all fit ``room``) to it."""
+    sizes = [counter.count_text(m.content) for m in messages]
+    free = room - (counter.messages_tokens(messages) - sum(sizes))  # what the texts may use together
+    if free <= 0:
+        return
+    low, high = 0, max(sizes, default=0)
+    while low < high:  # the longest common length that fits, by binary search
+        level = (low + high + 1) // 2
+        if sum(min(size, level) for size in sizes) <= free:
+            low = level
+        else:
+            high = level - 1
+    for i, size in enumerate(sizes):
+        if size > low:
+            cut = _cut_text(messages[i].content, low, counter)
+            messages[i] = dataclasses.replace(messages[i], content=cut, token_estimate=0)
 
 
 def _cut_text(text: str, tokens: int, counter: TokenCounter) -> str:

@@ -159,7 +159,7 @@ class _TurnRun:
                     and await self.compact()
                 ):
                     continue  # made room: build the request again from the compacted session
-                request = budget.fit(request, session)
+                request = budget.fit(request, session, keep=self.turn.own_count())
             try:
                 async with asyncio.timeout(remaining) as window:
                     return await self._call(request)

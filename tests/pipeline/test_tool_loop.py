@@ -532,13 +532,15 @@ def overflow_reply(api: str) -> FakeReply:
     )
 
 
-def budget_for(server: FakeLLMServer, http: httpx.AsyncClient, api: str, **compaction: Any) -> ContextBudget:
+def budget_for(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str, *, window: int = 100_000, **compaction: Any
+) -> ContextBudget:
     """A real context budget over a compaction service that summarizes through the same fake model."""
     settings = CompactionSettings(**compaction)
     counter = TokenCounter.approximate()
     retirer = RecordingRetirer()
     service = CompactionService(llm_client(server, http, api), counter, retirer, settings, summary_model=None)
-    return ContextBudget(counter, service, retirer, settings, window=100_000, max_output_tokens=1024)
+    return ContextBudget(counter, service, retirer, settings, window=window, max_output_tokens=1024)
 
 
 def earlier(n: int) -> Session:
@@ -577,6 +579,43 @@ async def test_overflow_retries_are_bounded(server: FakeLLMServer, http: httpx.A
     chats = [r for r in server.requests if "compress the older part" not in json.dumps(r.body)]
     assert len(chats) == 3  # the first try and two retries
     assert turn.session.compactions == 2
+
+
+PAGE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"n": {"type": "integer"}}}
+
+
+class PageTool:
+    """Returns one long page, marked at both ends so what survives a cut can be told."""
+
+    name = "page"
+    description = "Fetch a long page."
+    parameters = PAGE_SCHEMA
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        return f"START{args['n']} " + "lorem ipsum " * 1300 + f" END{args['n']}"
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_results_that_overflow_the_window_are_cut_not_the_question(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    """Six results of ~4,000 tokens each after one call, in a 16k window: the next request used to keep
+    only the last result (as orphaned text), without the question or the calls that asked for it."""
+    server.script(FakeReply(tool_calls=[("page", {"n": n}) for n in range(6)]), FakeReply(text="ok"))
+    turn = new_turn("Which pages mention QUESTION-MARKER?")
+    budget = budget_for(server, http, api, window=16_000)
+    settings = tool_settings(enabled=["page"])
+    await loop_for(server, http, api, [PageTool()], settings, budget=budget).process(turn)
+
+    assert turn.reply == "ok"
+    sent = json.dumps(server.requests[1].body)
+    assert "QUESTION-MARKER" in sent
+    assert "earlier result of" not in sent  # every result still follows its call
+    assert all(f"START{n}" in sent and f"END{n}" in sent for n in range(6))  # each cut, none left out
+    assert sent.count("characters left out here") == 6
+    assert len(sent) // 4 + 1024 <= 16_000 * 1.1  # and it fits the window (as the fake counts, roughly)
+    assert_paired(turn.session)
+    assert len(tool_results(turn.session)[0]) > 15_000  # the session keeps them whole
 
 
 # ---- per-channel tools ------------------------------------------------------------------------------
