@@ -34,6 +34,11 @@ REPEAT_LIMIT = 2  # identical (tool, arguments) pairs allowed per turn
 CANCELLED = "Cancelled: the turn was stopped before this tool call finished."
 DEADLINE = "Not finished: the turn deadline passed."
 NOT_RUN = "Not run: the tool call limit for this turn was reached."
+# Said to the model (after the system prompt) on the turn's last model call, or once no tool may run.
+LAST_CALL = (
+    "This is your last step in this turn: no tool you call now will run. Answer the user now from what "
+    "you have found so far, and say what is still missing."
+)
 
 
 class ToolObserver(Protocol):
@@ -57,7 +62,9 @@ class ToolLoopSystem:
        ``tool_timeout``), store one tool result per call id, and go back to 1.
 
     Limits per turn (``max_llm_calls``, ``max_tool_calls``, ``turn_deadline``) end the loop with the best
-    text so far and a note in ``turn.notes``. Every request goes through the context ``budget`` first (it
+    text so far and a note in ``turn.notes``. The model call that is the last one (the next would pass
+    ``max_llm_calls``, or no tool call is left) tells the model so, and it answers from the results it
+    has rather than leaving the user with none. Every request goes through the context ``budget`` first (it
     and the answer must fit the window: bot/context_budget.py); a request that would not fit, or that the
     provider refused as too long, makes the budget compact the session and the call is retried, at most
     ``max_overflow_retries`` times. When ``turn.on_partial`` is set the answer
@@ -114,6 +121,7 @@ class _TurnRun:
         self.specs = system._registry.specs(turn.channel)
         self.seen: Counter[tuple[str, str]] = Counter()
         self.llm_calls = self.tool_runs = self.overflows = 0
+        self.not_run = 0  # calls refused for the tool-call limit
         self.best = ""
         self.partial_ok = turn.on_partial is not None
 
@@ -128,7 +136,9 @@ class _TurnRun:
         while True:
             if self.llm_calls >= s.max_llm_calls:
                 raise _Stop(f"it reached the limit of {s.max_llm_calls} model calls")
-            response = await self.ask()
+            out_of_tools = self.llm_calls > 0 and self.tool_runs >= s.max_tool_calls
+            last = out_of_tools or (self.llm_calls > 0 and self.llm_calls == s.max_llm_calls - 1)
+            response = await self.ask(last=last)
             self.llm_calls += 1
             turn.usage.add(response.usage)
             if response.content or response.tool_calls:
@@ -139,20 +149,30 @@ class _TurnRun:
                 turn.reply = response.content
                 if response.cut_off and response.content.strip():  # the user should know it is not all
                     turn.notes.append("The answer was cut off at the model's output limit: ask me to go on.")
+                if self.not_run:
+                    limit = s.max_tool_calls
+                    turn.notes.append(
+                        f"Some tool calls were not run: it reached the limit of {limit} tool calls."
+                    )
                 return
             await self.run_calls(response.tool_calls)
+            if out_of_tools:  # told that nothing would run, it called tools again
+                raise _Stop(f"it reached the limit of {s.max_tool_calls} tool calls")
 
-    async def ask(self) -> ChatResponse:
-        """One model call within the deadline; a request too long for the window compacts, then retries."""
+    async def ask(self, *, last: bool = False) -> ChatResponse:
+        """One model call within the deadline; a request too long for the window compacts, then retries.
+        ``last``: the model is told that this is its last step (:data:`LAST_CALL`). The tools are still
+        offered: Anthropic refuses a history with tool calls in a request that defines none."""
         budget = self.system._budget
+        system = self.turn.system_prompt
+        if last:
+            system = f"{system}\n\n{LAST_CALL}" if system.strip() else LAST_CALL
         while True:
             remaining = self.remaining()
             if remaining <= 0:
                 raise self.deadline_stop()
             session = self.turn.session
-            request = ChatRequest(
-                messages=tuple(session.messages), system=self.turn.system_prompt, tools=self.specs
-            )
+            request = ChatRequest(messages=tuple(session.messages), system=system, tools=self.specs)
             if budget is not None:
                 if (
                     budget.request_tokens(request, session) + budget.output > budget.window
@@ -210,10 +230,12 @@ class _TurnRun:
     async def run_calls(self, calls: tuple[ToolCall, ...]) -> None:
         """Run one response's tool calls (concurrently, bounded) and record one result per call.
 
-        Raises :class:`_Stop` after recording when the tool-call limit or the deadline cut the batch.
+        Raises :class:`_Stop` after recording when the deadline cut the batch; calls past the tool-call
+        limit are answered :data:`NOT_RUN` (the next model call is then the last).
         """
         budget = max(0, self.settings.max_tool_calls - self.tool_runs)
         results: dict[int, str] = {i: NOT_RUN for i in range(budget, len(calls))}
+        self.not_run += len(results)
         gate = asyncio.Semaphore(max(1, self.settings.max_parallel))
 
         async def one(index: int, call: ToolCall) -> None:
@@ -241,8 +263,6 @@ class _TurnRun:
                 self.turn.add_message(Message(Role.TOOL, text, tool_call_id=call.id, name=call.name))
         if timed_out:
             raise self.deadline_stop()
-        if budget < len(calls):
-            raise _Stop(f"it reached the limit of {self.settings.max_tool_calls} tool calls")
 
     async def run_one(self, call: ToolCall) -> str:
         outcome = "ok"

@@ -20,7 +20,7 @@ from bot.llm import LLMClient
 from bot.tokens import TokenCounter
 from bot.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
 from pipeline.base import Turn
-from pipeline.tool_loop import CANCELLED, NOT_RUN, ToolLoopSystem, cap
+from pipeline.tool_loop import CANCELLED, LAST_CALL, NOT_RUN, ToolLoopSystem, cap
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.recording import SlowTool
 from tests.session_kit import RecordingRetirer, conversation
@@ -412,6 +412,27 @@ async def test_model_call_limit_gives_best_answer_and_a_note(
     assert len(server.requests) == 3
     assert turn.reply == "partial answer"
     assert turn.notes == ["Stopped early: it reached the limit of 3 model calls."]
+    # The last call is told so: a model that keeps calling tools is asked to answer from what it has.
+    assert [LAST_CALL in json.dumps(r.body) for r in server.requests] == [False, False, True]
+    assert_paired(turn.session)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_model_stuck_on_one_call_answers_on_its_last_call(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    """The same call again and again, with no text: the user got "I couldn't finish this one." after
+    the limit, though the results were there to answer from."""
+    server.responder = lambda _api, body: (
+        FakeReply(text="1 + 2 is 3.")
+        if LAST_CALL in json.dumps(body)
+        else FakeReply(tool_calls=[("add", {"a": 1, "b": 2})])
+    )
+    turn = new_turn()
+    await loop_for(server, http, api, [AddTool()], tool_settings(max_llm_calls=5)).process(turn)
+
+    assert len(server.requests) == 5
+    assert turn.reply == "1 + 2 is 3." and turn.notes == []
     assert_paired(turn.session)
 
 
@@ -420,14 +441,35 @@ async def test_tool_call_limit_stops_after_recording_every_result(
     server: FakeLLMServer, http: httpx.AsyncClient, api: str
 ) -> None:
     add = AddTool()
-    server.script(FakeReply(text="step", tool_calls=[("add", {"a": i, "b": 0}) for i in range(3)]))
+    server.script(
+        FakeReply(text="step", tool_calls=[("add", {"a": i, "b": 0}) for i in range(3)]),
+        FakeReply(text="0 and 1; I could not add 2."),
+    )
     turn = new_turn()
     await loop_for(server, http, api, [add], tool_settings(max_tool_calls=2)).process(turn)
 
     assert len(add.calls) == 2
     assert tool_results(turn.session) == ["0", "1", NOT_RUN]
-    assert turn.reply == "step"
-    assert turn.notes == ["Stopped early: it reached the limit of 2 tool calls."]
+    # The model reads what did run and answers from it, told that nothing more will run.
+    assert turn.reply == "0 and 1; I could not add 2."
+    assert turn.notes == ["Some tool calls were not run: it reached the limit of 2 tool calls."]
+    assert [LAST_CALL in json.dumps(r.body) for r in server.requests] == [False, True]
+    assert_paired(turn.session)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_tool_calls_past_the_tool_call_limit_are_not_run_and_the_turn_stops(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    add = AddTool()
+    server.responder = lambda _api, _body: FakeReply(text="more", tool_calls=[("add", {"a": 1, "b": 1})])
+    turn = new_turn()
+    await loop_for(server, http, api, [add], tool_settings(max_tool_calls=1)).process(turn)
+
+    assert len(server.requests) == 2 and len(add.calls) == 1
+    assert tool_results(turn.session) == ["2", NOT_RUN]
+    assert turn.reply == "more"
+    assert turn.notes == ["Stopped early: it reached the limit of 1 tool calls."]
     assert_paired(turn.session)
 
 
