@@ -108,6 +108,9 @@ class DispatcherSettings(_Section):
     queue_limit: int = Field(default=20, ge=1)
     turn_timeout: float = Field(default=900.0, gt=0)
     recover_max_age: float = Field(default=21600.0, ge=0)  # seconds; 0: answer recovered messages of any age
+    # Seconds an answer that could not be delivered stays in the inbox to be tried again; older ones are
+    # moved to inbox/expired/. 0: tried again whatever their age.
+    kept_reply_max_age: float = Field(default=604800.0, ge=0)
 
 
 class CompactionSettings(_Section):

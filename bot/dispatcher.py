@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,7 +35,7 @@ import structlog
 from bot import intake, recovery
 from bot.commands import CommandCall, CommandRouter
 from bot.config import DispatcherSettings
-from bot.domain import InboundMessage, OutboundMessage, Session
+from bot.domain import InboundMessage, OutboundMessage, Session, utcnow
 from bot.errors import ChannelRefused, LLMError, StorageError, plain_reason
 from bot.inbox import Inbox
 from bot.outbox import PendingReply
@@ -248,7 +249,12 @@ class Dispatcher:
         its channel is ready, before anything that arrives later."""
         if self._inbox is None:
             return 0
-        planned = await recovery.recover(self._inbox, self._sessions, max_age=self._settings.recover_max_age)
+        planned = await recovery.recover(
+            self._inbox,
+            self._sessions,
+            max_age=self._settings.recover_max_age,
+            kept_max_age=self._settings.kept_reply_max_age,
+        )
         for sid, work in planned.items():
             first = work[0]
             lane = self._lane(sid, first.channel, first.chat_id)
@@ -429,9 +435,14 @@ class Dispatcher:
         await self._finish(reply)
 
     async def _send_set_aside(self, lane: _Lane) -> None:
-        """Try the chat's set-aside answers once each, oldest first, until one does not go out."""
+        """Try the chat's set-aside answers once each, oldest first, until one does not go out. One kept
+        past ``kept_reply_max_age`` is not tried any more: the inbox moves it to its expired folder."""
         while lane.set_aside:
             reply = lane.set_aside[0]
+            if self._inbox is not None and reply.expired(self._settings.kept_reply_max_age, utcnow()):
+                await self._persist("reply_expire", functools.partial(self._inbox.expire, reply))
+                lane.set_aside.pop(0)
+                continue
             if await self._send_out(reply.outbound()) != "sent":
                 return
             lane.set_aside.pop(0)

@@ -15,6 +15,10 @@ the next start send an answer again):
 - ``{"done": [ids], "reply": id | null}``: finished;
 - ``{"reply": {...}}``: an answer whose send failed for good, kept for the next start (bot/outbox.py).
 
+A kept answer older than ``dispatcher.kept_reply_max_age`` (its chat refused the bot for weeks) is not
+tried again: :meth:`Inbox.expire` moves it to ``inbox/expired/<session>.jsonl``, where the operator can
+still find it, and marks its entries done, so the file can be cut and no start asks the platform again.
+
 When nothing of a session is pending any more the file is cut to zero length without an fsync: should
 the cut be lost in a crash, the accept lines come back together with their done lines, so nothing is
 answered twice. A file that has gathered many finished lines while something is still pending (a chat
@@ -47,6 +51,7 @@ from bot.storage import atomic_write_text, line_bytes
 log = structlog.get_logger(__name__)
 
 COMPACT_AFTER = 64  # finished lines a file may gather while something is pending, before a rewrite
+EXPIRED = "expired"  # the folder, inside the inbox's, of kept answers too old to send (see the module doc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +151,28 @@ class Inbox:
             return
         await self._writer.append(self._path(sid), line_bytes(line))
         journal.replies[reply.id] = (reply, line)
+
+    async def expire(self, reply: PendingReply) -> Path:
+        """Move a kept answer too old to be worth sending to ``inbox/expired/`` and mark its entries done;
+        returns the file it went to. Written there (durably) before the done mark: a crash in between
+        leaves it in both places, and the next start moves it again (one line twice, nothing lost)."""
+        sid = f"{reply.channel}:{reply.chat_id}"
+        where = self._dir / EXPIRED / f"{encode_id(sid)}.jsonl"
+        line = json.dumps(
+            {"reply": reply.to_record(), "expired_at": self._clock().isoformat()}, ensure_ascii=False
+        )
+        await self._writer.append(where, line_bytes(line))
+        await self.finish(sid, set(reply.entries), reply=reply.id)
+        log.warning(
+            "kept_reply_expired",
+            channel=reply.channel,
+            chat_id=reply.chat_id,
+            reply_id=reply.id,
+            kept_since=reply.created_at.isoformat(),
+            moved_to=str(where),
+            tried_again="no: past dispatcher.kept_reply_max_age",
+        )
+        return where
 
     def file(self, sid: str) -> Path:
         """Where ``sid``'s journal is: the operator finds its kept answers there (``{"reply": …}``)."""

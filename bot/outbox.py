@@ -16,7 +16,7 @@ journal, where a later compaction of the session cannot drop it, and is sent aga
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from bot.domain import OutboundMessage, new_id, utcnow
@@ -36,6 +36,10 @@ class PendingReply:
     is_error: bool = False
     id: str = field(default_factory=new_id)
     created_at: datetime = field(default_factory=utcnow)
+
+    def expired(self, max_age: float, now: datetime) -> bool:
+        """Kept longer than ``max_age`` seconds (``dispatcher.kept_reply_max_age``; 0: never too old)."""
+        return bool(max_age) and now - self.created_at > timedelta(seconds=max_age)
 
     def outbound(self) -> OutboundMessage:
         return OutboundMessage(

@@ -3,7 +3,9 @@
 For every pending inbox entry (``bot/inbox.py``) of a session, in arrival order:
 
 1. its answer was saved (a reply record in the session log, or kept in the inbox after a failed
-   send): send that answer again; the model is not asked twice;
+   send): send that answer again; the model is not asked twice. An answer kept in the inbox for
+   longer than ``dispatcher.kept_reply_max_age`` (its chat has refused the bot since) is moved to
+   ``inbox/expired/`` instead (:meth:`~bot.inbox.Inbox.expire`), and its messages are done;
 2. it was accepted longer than ``dispatcher.recover_max_age`` ago: tell the user it was skipped
    rather than answer a question that has gone stale;
 3. the session already holds it (the turn was cut short after saving the question: grace period
@@ -49,7 +51,9 @@ class Answer:
 Work = Answer | PendingReply
 
 
-async def recover(inbox: Inbox, sessions: SessionService, *, max_age: float) -> dict[str, list[Work]]:
+async def recover(
+    inbox: Inbox, sessions: SessionService, *, max_age: float, kept_max_age: float = 0.0
+) -> dict[str, list[Work]]:
     """Load the inbox's pending entries and plan each session's work (see the module doc).
 
     A saved answer found only in the session log is first copied into the inbox, so that a rewrite
@@ -59,9 +63,23 @@ async def recover(inbox: Inbox, sessions: SessionService, *, max_age: float) -> 
     for entry in await inbox.load_pending():
         by_session.setdefault(entry.message.session_id, []).append(entry)
     planned: dict[str, list[Work]] = {}
-    counts = {"resend": 0, "skip": 0, "answer": 0, "resume": 0}
+    counts = {"resend": 0, "skip": 0, "answer": 0, "resume": 0, "expired": 0}
+    now = utcnow()
     for sid, entries in by_session.items():
-        kept = {r.id: r for r in inbox.kept_replies(sid)}
+        kept: dict[str, PendingReply] = {}
+        for reply in inbox.kept_replies(sid):
+            if reply.expired(kept_max_age, now):
+                try:
+                    await inbox.expire(reply)
+                    counts["expired"] += 1
+                    continue
+                except (StorageError, OSError) as exc:  # a full disk: tried once more, moved next time
+                    log.error("kept_reply_expiry_failed", session_id=sid, reply_id=reply.id, error=str(exc))
+            kept[reply.id] = reply
+        still = set(inbox.pending_ids(sid))  # an expired answer's messages are done
+        entries = [e for e in entries if e.entry_id in still]
+        if not entries:
+            continue
         try:
             session = await sessions.get(sid)
             saved = {r.id: r for r in await sessions.replies(sid)}
@@ -72,7 +90,7 @@ async def recover(inbox: Inbox, sessions: SessionService, *, max_age: float) -> 
             entries,
             messages=session.messages if session else (),
             replies=[*kept.values(), *saved.values()],
-            now=utcnow(),
+            now=now,
             max_age=max_age,
         )
         for item in work:
@@ -85,7 +103,7 @@ async def recover(inbox: Inbox, sessions: SessionService, *, max_age: float) -> 
             else:
                 counts["skip"] += 1
         planned[sid] = work
-    if planned:
+    if planned or counts["expired"]:
         log.info("inbox_recovered", sessions=len(planned), **counts)
     return planned
 

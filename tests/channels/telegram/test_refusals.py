@@ -9,10 +9,12 @@ chat's later answers are each tried once. Rate limits and 5xx stay temporary: se
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
 
+from bot.config import Settings
 from bot.domain import OutboundMessage
 from bot.errors import ChannelRefused
 from bot.inbox import Inbox
@@ -86,6 +88,66 @@ async def test_an_answer_set_aside_is_sent_by_the_next_start_once_the_chat_is_re
             await core.dispatcher.recover()  # as `membot run` does at start
             [sent] = await tg.wait_for_messages(1)
         assert sent.text == "echo: hello" and len(llm.requests) == 1  # the saved answer, not asked again
+
+
+def kept_for_long(settings: Settings, seconds: float) -> Settings:
+    """``settings`` with ``dispatcher.kept_reply_max_age`` set to ``seconds``."""
+    dispatcher = settings.dispatcher.model_copy(update={"kept_reply_max_age": seconds})
+    return settings.model_copy(update={"dispatcher": dispatcher})
+
+
+async def test_an_answer_set_aside_for_too_long_is_moved_to_the_expired_folder_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It was tried once at every start, forever, and its chat's inbox file never emptied."""
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        settings = await settings_for(tmp_path / "ws", llm, tg)
+        async with telegram_bot(settings) as core:
+            tg.refuse_chat(777)
+            tg.push_message("hello")
+            await tg.wait_for(lambda: len(tries(tg, 777)) == 1)
+            async with asyncio.timeout(5):
+                await core.dispatcher.settled("telegram:777")
+            inbox_file = core.inbox.file("telegram:777")
+        await asyncio.sleep(0.2)
+        for _ in range(2):  # two starts: neither asks Telegram again
+            async with telegram_bot(kept_for_long(settings, 0.1)) as core:
+                await core.dispatcher.recover()
+                await asyncio.sleep(0.2)
+        assert tries(tg, 777) == ["echo: hello"]
+    [expired] = logged(caplog, "kept_reply_expired")
+    moved_to = tmp_path / "ws" / "inbox" / "expired" / inbox_file.name
+    assert expired["chat_id"] == "777" and expired["moved_to"] == str(moved_to)
+    [line] = moved_to.read_text().splitlines()
+    assert json.loads(line)["reply"]["text"] == "echo: hello"  # the operator can still read it
+    assert inbox_file.read_bytes() == b""  # nothing pending any more: the file was cut
+    assert await Inbox(tmp_path / "ws" / "inbox").load_pending() == []
+
+
+async def test_an_answer_set_aside_for_too_long_is_not_tried_before_the_chats_next_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        settings = await settings_for(tmp_path / "ws", llm, tg)
+        async with telegram_bot(kept_for_long(settings, 0.3)) as core:
+            tg.refuse_chat(777)
+            tg.push_message("first")
+            await tg.wait_for(lambda: len(tries(tg, 777)) == 1)
+            async with asyncio.timeout(5):
+                await core.dispatcher.settled("telegram:777")
+            await asyncio.sleep(0.4)
+            tg.allow_chat(777)
+            tg.push_message("second")
+            [sent] = await tg.wait_for_messages(1)
+            async with asyncio.timeout(5):
+                await core.dispatcher.settled("telegram:777")
+            assert sent.text == "echo: second" and tries(tg, 777) == ["echo: first", "echo: second"]
+            assert core.inbox.kept_replies("telegram:777") == []
+    [expired] = logged(caplog, "kept_reply_expired")
+    moved_to = tmp_path / "ws" / "inbox" / "expired" / core.inbox.file("telegram:777").name
+    assert expired["moved_to"] == str(moved_to)
+    assert json.loads(moved_to.read_text())["reply"]["text"] == "echo: first"
+    assert await Inbox(tmp_path / "ws" / "inbox").load_pending() == []
 
 
 @pytest.mark.parametrize(
