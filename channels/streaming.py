@@ -33,6 +33,8 @@ class StreamedMessage(Generic[M, P]):
         on_error: told about each tolerated failure (to log it).
         keep_trying: after a failure, whether later previews try again; if not, the stream stops and
             :attr:`message` is None from then on, so the final reply goes out as new messages.
+        gives_up: whether a failure ends the tries even so (the chat refuses the bot for good, so every
+            later preview of the turn would be refused too); :attr:`message` stays, for the final reply.
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class StreamedMessage(Generic[M, P]):
         errors: tuple[type[Exception], ...],
         on_error: Callable[[Exception], None],
         keep_trying: bool,
+        gives_up: Callable[[Exception], bool] = lambda exc: False,
     ) -> None:
         self._render = render
         self._shown_as = shown_as
@@ -57,9 +60,11 @@ class StreamedMessage(Generic[M, P]):
         self._errors = errors
         self._on_error = on_error
         self._keep_trying = keep_trying
+        self._gives_up = gives_up
         self._message: M | None = None
         self._last_edit = -math.inf
         self._broken = False
+        self._stopped = False  # no more previews; unlike broken, the final reply may still edit the message
         self.shown = ""  # what the message says now
 
     @property
@@ -68,7 +73,7 @@ class StreamedMessage(Generic[M, P]):
         return None if self._broken else self._message
 
     async def show(self, text_so_far: str) -> None:
-        if self._broken:
+        if self._broken or self._stopped:
             return
         now = self._clock()
         # Throttle before rendering: rendering the whole text on every token would cost more than it shows.
@@ -88,6 +93,7 @@ class StreamedMessage(Generic[M, P]):
                 await self._edit(self._message, preview)
         except self._errors as exc:
             self._broken = not self._keep_trying
+            self._stopped = self._gives_up(exc)
             self._on_error(exc)
             return
         self.shown = shown

@@ -33,7 +33,7 @@ from channels.base import PartialSink, while_running
 from channels.chunking import split_message, utf16_len
 from channels.streaming import StreamedMessage
 from channels.telegram.format import RenderedChunk, render_chunks
-from channels.telegram.refusals import as_channel_error
+from channels.telegram.refusals import as_channel_error, refuses_for_good
 
 log = structlog.get_logger(__name__)
 
@@ -241,7 +241,8 @@ class TelegramOutbox:
             await self._edit(chat, message_id, chunk, stream.shown)
 
         def failed(exc: Exception) -> None:  # the final reply still goes out (edited in or sent anew)
-            log.warning("telegram_stream_failed", chat_id=chat_id, error=str(exc))
+            stopped = refuses_for_good(exc)  # then it takes the dispatcher's refused path
+            log.warning("telegram_stream_failed", chat_id=chat_id, error=str(exc), stopped=stopped)
 
         stream = self._streams[chat_id] = StreamedMessage(
             render=first_chunk,
@@ -253,6 +254,7 @@ class TelegramOutbox:
             errors=(TelegramError,),
             on_error=failed,
             keep_trying=True,  # the next partial tries again; the final reply still edits this message
+            gives_up=refuses_for_good,  # a blocked user: one refusal, not one every interval all turn
         )
         return stream.show
 

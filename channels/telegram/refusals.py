@@ -45,6 +45,11 @@ _KNOWN: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def refuses_for_good(exc: Exception) -> bool:
+    """Whether ``exc`` says the chat refuses the bot for good: a streamed preview stops trying then."""
+    return isinstance(exc, TelegramError) and isinstance(as_channel_error("", exc), ChannelRefused)
+
+
 def as_channel_error(message: str, exc: TelegramError) -> ChannelError:
     """``exc`` (a failed send's final error) as the core sees it: refused for good, or maybe later."""
     if isinstance(exc, ChatMigrated):

@@ -24,6 +24,7 @@ from tests.fakes.discord_server import (
     MISSING_PERMISSIONS,
     UNKNOWN_CHANNEL,
 )
+from tests.fakes.llm_wire import FakeReply
 
 
 def logged(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, object]]:
@@ -75,6 +76,28 @@ async def test_an_answer_to_a_user_who_closed_their_dms_is_set_aside_at_once(
             await w.core.dispatcher.settled(sid)
         assert w.discord.bot_texts(w.dm) == ["echo: first", "echo: second", "echo: third"]
         assert w.core.inbox.kept_replies(sid) == []
+
+
+async def test_a_streamed_answer_stops_trying_a_channel_that_refused_its_first_preview(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As on Telegram, one refused preview ends the previews of the turn; the answer takes the refused path."""
+    async with discord_world(
+        tmp_path, discord_settings={"streaming": True, "stream_edit_interval": 0.2}
+    ) as w:
+        sid = f"discord:{w.dm}"
+        w.discord.refuse_channel(w.dm)
+        w.llm.script(FakeReply(text="The answer, streamed in three parts, is forty-two."))
+        await w.discord.user_message(channel_id=w.dm, author=w.alice, content="stream please")
+        async with asyncio.timeout(5):
+            while not logged(caplog, "reply_set_aside"):
+                await asyncio.sleep(0.01)
+            await w.core.dispatcher.settled(sid)
+        [preview, final] = posts(w, w.dm)
+        assert final == "The answer, streamed in three parts, is forty-two."
+        assert preview.endswith(" …") and final.startswith(preview.removesuffix(" …"))
+        assert len(logged(caplog, "discord_stream_failed")) == 1
+        assert [r.text for r in w.core.inbox.kept_replies(sid)] == [final]
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from bot.inbox import Inbox
 from tests.channels.telegram.kit import running_channel
 from tests.channels.telegram.test_end_to_end import settings_for, telegram_bot
 from tests.fakes.llm_server import FakeLLMServer
+from tests.fakes.llm_wire import FakeReply
 from tests.fakes.telegram_server import BLOCKED, CHAT_NOT_FOUND, KICKED, FakeTelegramServer
 
 
@@ -148,6 +149,27 @@ async def test_an_answer_set_aside_for_too_long_is_not_tried_before_the_chats_ne
     assert expired["moved_to"] == str(moved_to)
     assert json.loads(moved_to.read_text())["reply"]["text"] == "echo: first"
     assert await Inbox(tmp_path / "ws" / "inbox").load_pending() == []
+
+
+async def test_a_streamed_answer_stops_trying_a_chat_that_refused_its_first_preview(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every later preview of the turn was posted again (about every 1.5 s for as long as it ran)."""
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        settings = await settings_for(tmp_path / "ws", llm, tg, streaming=True)
+        async with telegram_bot(settings, stream_interval=0.0) as core:
+            tg.refuse_chat(777)
+            llm.script(FakeReply(text="The answer, streamed in three parts, is forty-two."))
+            tg.push_message("hello")
+            await tg.wait_for(lambda: logged(caplog, "reply_set_aside"))
+            async with asyncio.timeout(5):
+                await core.dispatcher.settled("telegram:777")
+            [preview, final] = tries(tg, 777)
+            assert final == "The answer, streamed in three parts, is forty-two."
+            assert final.startswith(preview) and preview != final
+            [stream_failed] = logged(caplog, "telegram_stream_failed")
+            assert stream_failed["stopped"] is True
+            assert [r.text for r in core.inbox.kept_replies("telegram:777")] == [final]  # the normal path
 
 
 @pytest.mark.parametrize(
