@@ -9,6 +9,9 @@ nothing here is authenticated. Put a reverse proxy in front if it must be reache
 orchestrator or an operator should look. The LLM's reachability (from the last real call; no probe is
 made, so a health check costs nothing) is reported in the body but does not change the status code:
 restarting membot cannot fix a provider outage, and a restart loop would only drop running turns.
+Nor do ``kept_answers`` (answers a platform refused, kept in the inbox per chat: a user blocked the
+bot, a channel is gone; ``reply_refused`` in the log says why): an operator acts on them, a restart
+does not.
 
     async with AdminServer(settings.admin, metrics, channels=runner.channel_health, llm_stats=stats):
         ...  # serving until the block ends
@@ -36,10 +39,15 @@ log = structlog.get_logger(__name__)
 
 ChannelsSource = Callable[[], Mapping[str, ChannelHealth]]
 StatsSource = Callable[[], LLMStats | None]
+KeptSource = Callable[[], Mapping[str, int]]  # session id -> answers kept aside, undelivered
 
 
 def health_report(
-    channels: Mapping[str, ChannelHealth], llm: LLMStats | None, *, uptime: float
+    channels: Mapping[str, ChannelHealth],
+    llm: LLMStats | None,
+    *,
+    uptime: float,
+    kept: Mapping[str, int] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """The /healthz status code and body (see the module doc for when it is 503)."""
     healthy = bool(channels) and all(h.state == "running" for h in channels.values())
@@ -57,6 +65,7 @@ def health_report(
             for name, h in channels.items()
         },
         "llm": _llm_report(llm),
+        "kept_answers": {"total": sum((kept or {}).values()), "chats": dict(sorted((kept or {}).items()))},
     }
     return (200 if healthy else 503), body
 
@@ -86,12 +95,14 @@ class AdminServer:
         *,
         channels: ChannelsSource,
         llm_stats: StatsSource,
+        kept_answers: KeptSource = dict,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
         self._channels = channels
         self._llm_stats = llm_stats
+        self._kept_answers = kept_answers
         self._clock = clock
         self._started = clock()
         self._runner: web.AppRunner | None = None
@@ -131,7 +142,10 @@ class AdminServer:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         status, body = health_report(
-            self._channels(), self._llm_stats(), uptime=self._clock() - self._started
+            self._channels(),
+            self._llm_stats(),
+            uptime=self._clock() - self._started,
+            kept=self._kept_answers(),
         )
         return web.Response(
             status=status, text=json.dumps(body, ensure_ascii=False), content_type="application/json"

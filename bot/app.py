@@ -55,6 +55,7 @@ from pipeline import (
 )
 
 if TYPE_CHECKING:
+    from bot.admin import AdminServer
     from bot.metrics import Metrics
     from bot.pairing import PairingStore
     from channels import TerminalChannel
@@ -479,7 +480,7 @@ async def run_service(settings: Settings) -> int:
     with runner.handling_signals():
         async with build_core(settings, metrics=metrics) as core:
             if metrics is not None:
-                await _serve_ops(core, metrics, runner)
+                await serve_ops(core, metrics, runner)
             log.info("membot_starting", channels=wanted, model=settings.llm.model)
             code = await runner.serve(
                 wanted, start_channel=lambda name: _start_channel(name, core), recover=core.dispatcher.recover
@@ -490,8 +491,8 @@ async def run_service(settings: Settings) -> int:
     return code
 
 
-async def _serve_ops(core: Core, metrics: Metrics, runner: ServiceRunner) -> None:
-    """/healthz and /metrics, served until ``core.edge`` closes (after the channels)."""
+async def serve_ops(core: Core, metrics: Metrics, runner: ServiceRunner) -> AdminServer:
+    """/healthz and /metrics, served until ``core.edge`` closes (after the channels); returns the server."""
     from bot.admin import AdminServer  # aiohttp, for the ops endpoints only
 
     stats = getattr(core.llm, "stats", None)  # the LLM client's; an injected model may have none
@@ -500,9 +501,16 @@ async def _serve_ops(core: Core, metrics: Metrics, runner: ServiceRunner) -> Non
         queued=core.dispatcher.total_queued,
         running_turns=core.dispatcher.running_turns,
         active_sessions=lambda: core.sessions.cached,
+        kept_answers=lambda: sum(core.inbox.kept_counts().values()),
     )
-    admin = AdminServer(core.settings.admin, metrics, channels=runner.channel_health, llm_stats=lambda: stats)
-    await core.edge.enter_async_context(admin)
+    admin = AdminServer(
+        core.settings.admin,
+        metrics,
+        channels=runner.channel_health,
+        llm_stats=lambda: stats,
+        kept_answers=core.inbox.kept_counts,
+    )
+    return await core.edge.enter_async_context(admin)
 
 
 def configured_channels(settings: Settings) -> list[str]:

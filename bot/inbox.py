@@ -174,6 +174,10 @@ class Inbox:
         )
         return where
 
+    def kept_counts(self) -> dict[str, int]:
+        """Answers kept aside per session (only sessions that have some): for the operator's views."""
+        return {sid: len(j.replies) for sid, j in self._journals.items() if j.replies}
+
     def file(self, sid: str) -> Path:
         """Where ``sid``'s journal is: the operator finds its kept answers there (``{"reply": …}``)."""
         return self._path(sid)
@@ -198,44 +202,20 @@ class Inbox:
             return found
         for path in sorted(self._dir.glob("*.jsonl")):
             try:
-                raws = list(damaged.lines(path.read_bytes()))
+                read = _read(path)
             except OSError as exc:
                 log.error("inbox_unreadable", path=str(path), error=exc.strerror)
                 continue
-            accepted: dict[str, tuple[InboxEntry, str]] = {}
-            replies: dict[str, tuple[PendingReply, str]] = {}
-            done: set[str] = set()
-            delivered: set[str] = set()
-            unreadable: list[damaged.DamagedLine] = []
-            for offset, raw in raws:
-                try:  # line by line, so one damaged line (bad UTF-8, torn) costs only itself
-                    line = raw.rstrip(b"\n").decode("utf-8")
-                    data = json.loads(line)
-                    if "done" in data:
-                        done.update(str(e) for e in data["done"])
-                        if data.get("reply"):
-                            delivered.add(str(data["reply"]))
-                    elif "entry" in data:
-                        message = _decode(data["message"])
-                        at = datetime.fromisoformat(data["at"]) if "at" in data else message.timestamp
-                        entry = InboxEntry(str(data["entry"]), message, at)
-                        accepted.setdefault(entry.entry_id, (entry, line))
-                    else:
-                        reply = PendingReply.from_record(data["reply"])
-                        replies[reply.id] = (reply, line)
-                except damaged.UNREADABLE as exc:
-                    unreadable.append(damaged.DamagedLine(offset, raw, damaged.describe(exc)))
             # Kept aside before a cut or a rewrite of the file (once everything is done) can drop it.
-            damaged.keep_aside(path, unreadable, event="inbox_lines_set_aside")
-            pending = {e: v for e, v in accepted.items() if e not in done}
-            kept = {r: v for r, v in replies.items() if r not in delivered and set(v[0].entries) - done}
+            damaged.keep_aside(path, read.unreadable, event="inbox_lines_set_aside")
+            pending, kept = read.pending, read.kept
             if not pending and not kept:
                 continue
             sid = next(iter(pending.values()))[0].message.session_id if pending else _sid(kept)
             journal = self._journal(sid)
             journal.pending = {**pending, **journal.pending}
             journal.replies = {**kept, **journal.replies}
-            journal.finished_lines = len(raws) - len(pending) - len(kept)
+            journal.finished_lines = read.lines - len(pending) - len(kept)
             found.extend(entry for entry, _ in pending.values())
         return found
 
@@ -247,6 +227,62 @@ class Inbox:
 
     def _path(self, sid: str) -> Path:
         return self._dir / f"{encode_id(sid)}.jsonl"
+
+
+def kept_on_disk(directory: Path) -> dict[str, int]:
+    """Answers kept aside per session, as the files in ``directory`` hold them now; reads only, so
+    ``membot doctor`` may call it beside a running bot (a line being appended counts as unreadable)."""
+    counts: dict[str, int] = {}
+    if not directory.is_dir():
+        return counts
+    for path in sorted(directory.glob("*.jsonl")):
+        try:
+            kept = _read(path).kept
+        except OSError:
+            continue
+        if kept:
+            counts[_sid(kept)] = len(kept)
+    return counts
+
+
+@dataclass(slots=True)
+class _Read:
+    """What one journal file says: its pending entries and kept answers, with their lines."""
+
+    pending: dict[str, tuple[InboxEntry, str]]
+    kept: dict[str, tuple[PendingReply, str]]
+    unreadable: list[damaged.DamagedLine]
+    lines: int
+
+
+def _read(path: Path) -> _Read:
+    raws = list(damaged.lines(path.read_bytes()))
+    accepted: dict[str, tuple[InboxEntry, str]] = {}
+    replies: dict[str, tuple[PendingReply, str]] = {}
+    done: set[str] = set()
+    delivered: set[str] = set()
+    unreadable: list[damaged.DamagedLine] = []
+    for offset, raw in raws:
+        try:  # line by line, so one damaged line (bad UTF-8, torn) costs only itself
+            line = raw.rstrip(b"\n").decode("utf-8")
+            data = json.loads(line)
+            if "done" in data:
+                done.update(str(e) for e in data["done"])
+                if data.get("reply"):
+                    delivered.add(str(data["reply"]))
+            elif "entry" in data:
+                message = _decode(data["message"])
+                at = datetime.fromisoformat(data["at"]) if "at" in data else message.timestamp
+                entry = InboxEntry(str(data["entry"]), message, at)
+                accepted.setdefault(entry.entry_id, (entry, line))
+            else:
+                reply = PendingReply.from_record(data["reply"])
+                replies[reply.id] = (reply, line)
+        except damaged.UNREADABLE as exc:
+            unreadable.append(damaged.DamagedLine(offset, raw, damaged.describe(exc)))
+    pending = {e: v for e, v in accepted.items() if e not in done}
+    kept = {r: v for r, v in replies.items() if r not in delivered and set(v[0].entries) - done}
+    return _Read(pending, kept, unreadable, len(raws))
 
 
 def _sid(replies: dict[str, tuple[PendingReply, str]]) -> str:

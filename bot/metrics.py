@@ -101,6 +101,7 @@ class Metrics:
         queued: IntSource | None = None,
         running_turns: IntSource | None = None,
         active_sessions: IntSource | None = None,
+        kept_answers: IntSource | None = None,
     ) -> None:
         """Name the callables read at every scrape (replacing earlier ones). Unset sources export nothing."""
         if llm_stats is not None:
@@ -111,6 +112,8 @@ class Metrics:
             self._live.running_turns = running_turns
         if active_sessions is not None:
             self._live.active_sessions = active_sessions
+        if kept_answers is not None:
+            self._live.kept_answers = kept_answers
 
     def render(self) -> bytes:
         """The registry in the Prometheus text format (served with :data:`CONTENT_TYPE`)."""
@@ -125,6 +128,7 @@ class _LiveCollector(Collector):
         self.queued: IntSource | None = None
         self.running_turns: IntSource | None = None
         self.active_sessions: IntSource | None = None
+        self.kept_answers: IntSource | None = None
 
     def describe(self) -> list[Metric]:
         # Describing nothing keeps the registry from calling collect() (and the sources) at registration.
@@ -135,6 +139,11 @@ class _LiveCollector(Collector):
         yield from _gauge("membot_running_turns", "Turns running right now.", self.running_turns)
         yield from _gauge(
             "membot_active_sessions", "Sessions held in memory (recently active).", self.active_sessions
+        )
+        yield from _gauge(
+            "membot_kept_answers",
+            "Answers a platform refused, kept in the inbox to be tried again (see /healthz per chat).",
+            self.kept_answers,
         )
         stats = self.llm_stats() if self.llm_stats is not None else None
         if stats is not None:

@@ -70,6 +70,7 @@ def doctor(
     checks.append(check)
     if settings is not None:
         checks.append(_workspace(settings.workspace))
+        checks.append(_kept_answers(settings))
         checks.append(_channels(settings))
         catalog, check = _catalog(settings)
         checks.append(check)
@@ -170,6 +171,29 @@ def _workspace(path: Path) -> Check:
             f"chmod -R go-rwx {path}",
         )
     return Check(name, "pass", f"{path} (mode {mode:o}, writable)")
+
+
+def _kept_answers(settings: Settings) -> Check:
+    """Answers a platform refused (a user blocked the bot, a channel is gone) wait in the inbox; the
+    log says why once, so this is where an operator who missed it sees that some chats get nothing."""
+    from bot.inbox import EXPIRED, kept_on_disk
+
+    inbox = settings.workspace / "inbox"
+    kept = kept_on_disk(inbox)
+    expired = f"; older ones are in {inbox / EXPIRED}" if (inbox / EXPIRED).is_dir() else ""
+    if not kept:
+        return Check("kept answers", "pass", f"none waiting in {inbox}{expired}")
+    chats = ", ".join(f"{sid} ({n})" for sid, n in sorted(kept.items()))
+    days = settings.dispatcher.kept_reply_max_age / 86400
+    until = f"for {days:g} days" if days else "until delivered"
+    return Check(
+        "kept answers",
+        "warn",
+        f"{sum(kept.values())} answer(s) not delivered, kept in {inbox}: {chats}{expired}",
+        "the platform refused these chats: reply_refused in the log says why and how to fix it. Each is "
+        f"tried again before its chat's next answer and at every start, {until} "
+        "(dispatcher.kept_reply_max_age)",
+    )
 
 
 def _existing_parent(path: Path) -> Path | None:

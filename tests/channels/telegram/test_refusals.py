@@ -12,12 +12,17 @@ import asyncio
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
+from bot.app import serve_ops
 from bot.config import Settings
 from bot.domain import OutboundMessage
 from bot.errors import ChannelRefused
 from bot.inbox import Inbox
+from bot.lifecycle import ServiceRunner
+from bot.metrics import Metrics
+from tests.bot.cli.test_doctor import doctor, line
 from tests.channels.telegram.kit import running_channel
 from tests.channels.telegram.test_end_to_end import settings_for, telegram_bot
 from tests.fakes.llm_server import FakeLLMServer
@@ -170,6 +175,47 @@ async def test_a_streamed_answer_stops_trying_a_chat_that_refused_its_first_prev
             [stream_failed] = logged(caplog, "telegram_stream_failed")
             assert stream_failed["stopped"] is True
             assert [r.text for r in core.inbox.kept_replies("telegram:777")] == [final]  # the normal path
+
+
+async def test_the_operators_views_count_the_answers_kept_aside_per_chat(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the log said that a chat gets nothing: /healthz, /metrics and doctor did not."""
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        settings = await settings_for(tmp_path / "ws", llm, tg)
+        admin = settings.admin.model_copy(update={"enabled": True, "port": 0})
+        settings = settings.model_copy(update={"admin": admin})
+        llm_env = {
+            "MEMBOT_LLM__OPENAI__BASE_URL": llm.openai_base_url,
+            "MEMBOT_LLM__OPENAI__API_KEY": "sk-test-1234567890abcdef",
+        }
+        async with telegram_bot(settings) as core:
+            server = await serve_ops(core, Metrics(), ServiceRunner(settings.lifecycle))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
+                tg.refuse_chat(777)
+                tg.push_message("hello")
+                await tg.wait_for(lambda: len(tries(tg, 777)) == 1)
+                async with asyncio.timeout(5):
+                    await core.dispatcher.settled("telegram:777")
+                health = (await http.get("/healthz")).json()
+                page = (await http.get("/metrics")).text
+                code, out = await doctor(tmp_path, offline=True, **llm_env)  # beside the running bot
+
+                tg.allow_chat(777)
+                tg.push_message("again")
+                await tg.wait_for_messages(2)
+                async with asyncio.timeout(5):
+                    await core.dispatcher.settled("telegram:777")
+                after = (await http.get("/healthz")).json()
+                _, out_after = await doctor(tmp_path, offline=True, **llm_env)
+    assert health["kept_answers"] == {"total": 1, "chats": {"telegram:777": 1}}
+    assert "membot_kept_answers 1.0" in page.splitlines()
+    assert code == 0, out
+    check = line(out, "kept answers")
+    assert "warn" in check and "1 answer(s) not delivered" in check and "telegram:777 (1)" in check
+    assert "reply_refused" in check and "7 days" in check
+    assert after["kept_answers"] == {"total": 0, "chats": {}}
+    assert "pass" in line(out_after, "kept answers")
 
 
 @pytest.mark.parametrize(
