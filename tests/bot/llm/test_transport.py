@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -92,6 +94,33 @@ async def test_credentials_in_the_url_are_sent_as_basic_auth(client: httpx.Async
         or b"authorization: Basic Ym9iOnMzY3JldA==" in seen[0]
     )
     assert b"s3cret" not in seen[0].split(b"\r\n")[0]  # not in the request line
+
+
+async def test_a_response_read_and_closed_is_freed_without_the_cycle_collector(
+    client: httpx.AsyncClient,
+) -> None:
+    """httpx's BoundAsyncStream points back at its response; closed, the response must not be in that
+    cycle any more, or every request's objects wait for the cyclic GC (issue 19)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+    server, url = await serve(answer)
+    async with server:
+        # Both ways the model client reads: whole, and streamed then closed.
+        whole = await client.get(url)
+        async with client.stream("GET", url) as streamed:
+            assert await streamed.aread() == b"ok"
+    assert whole.text == "ok" and whole.elapsed.total_seconds() > 0
+    refs = [weakref.ref(whole), weakref.ref(streamed)]
+    gc.disable()
+    try:
+        del whole, streamed
+        assert [ref() for ref in refs] == [None, None]  # freed by reference counting alone
+    finally:
+        gc.enable()
 
 
 async def test_a_proxy_in_the_environment_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
