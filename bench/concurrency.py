@@ -37,6 +37,7 @@ from instant_llm import InstantLLM
 
 from bot.app import build_core
 from bot.domain import InboundMessage
+from bot.lifecycle import settle_heap
 from bot.logging import configure_logging
 
 # Realistic user messages: some carry a preference or a fact, which memory extracts as typed items.
@@ -85,6 +86,7 @@ async def run(
     async with build_core(settings) as core:
         channel = BenchChannel(core.dispatcher.submit, core.dispatcher.queue_depth)
         core.dispatcher.attach(channel)
+        settle_heap()  # what `membot run` does once its channels are up (bot/lifecycle.py)
         cpu_before, turns_before = cpu_seconds(), core.dispatcher.turns_completed
         started = time.perf_counter()
         if mode == "closed":

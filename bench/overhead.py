@@ -31,6 +31,7 @@ from instant_llm import InstantLLM
 
 from bot.app import build_core
 from bot.domain import InboundMessage, Message, Role
+from bot.lifecycle import settle_heap
 from bot.logging import configure_logging
 
 WARM_UP = 20
@@ -58,6 +59,7 @@ async def measure(size: int, turns: int, *, memory: bool, column: str, llm: Inst
             role = Role.USER if i % 2 == 0 else Role.ASSISTANT
             session.append(Message(role, f"message number {i} about topic {i % 17}"))
         await core.sessions.save(session)
+        settle_heap()  # what `membot run` does once its channels are up (bot/lifecycle.py)
         replies = channel.inbox("chat")
         samples: list[float] = []
         cpu = 0.0

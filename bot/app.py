@@ -32,7 +32,7 @@ from bot.context_budget import ContextBudget, prompt_room
 from bot.dispatcher import Dispatcher
 from bot.errors import ConfigError
 from bot.inbox import Inbox
-from bot.lifecycle import EXIT_OK, ServiceRunner
+from bot.lifecycle import EXIT_OK, ServiceRunner, settle_heap
 from bot.llm import ChatModel, LLMClient, llm_http_client
 from bot.logging import configure_logging
 from bot.memory import CONSOLIDATION_OUTPUT, Embedder, MemoryService, MemoryTool, build_embedder
@@ -451,6 +451,7 @@ async def run_chat(settings: Settings) -> None:
         )
         await core.dispatcher.recover()
         await _open(channel, core)  # stopped by core.edge, once the dispatcher has drained
+        settle_heap()  # started: as ``membot run`` does (bot/lifecycle.py)
         try:
             await channel.wait_closed()
             # The input ended (``echo hi | membot chat``, Ctrl-D): what was typed is answered first.

@@ -7,8 +7,10 @@ the second runs the real ``membot run`` as a subprocess against the fake LLM and
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -19,7 +21,7 @@ from bot.config import LifecycleSettings
 from bot.domain import OutboundMessage
 from bot.errors import ChannelError
 from bot.inbox import Inbox
-from bot.lifecycle import EXIT_CHANNEL_FAILED, EXIT_OK, ServiceRunner
+from bot.lifecycle import EXIT_CHANNEL_FAILED, EXIT_OK, GC_THRESHOLDS, ServiceRunner
 from channels.base import Channel
 from tests.bot.membot_service import membot_run, session_headers_parse, stored, wait_in_flight
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
@@ -100,6 +102,32 @@ async def test_shutdown_drains_then_flushes_then_stops_channels_in_reverse() -> 
     runner.request_stop()
     assert await task == EXIT_OK
     assert log == ["recover", "start a", "start b", "close 7", "flush memory", "stop b", "stop a"]
+
+
+@pytest.fixture
+def unfrozen_gc() -> Iterator[None]:
+    """Start with nothing frozen and give the rest of the test process the collector it had."""
+    thresholds = gc.get_threshold()
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
+@pytest.mark.usefixtures("unfrozen_gc")
+async def test_once_started_the_heap_is_frozen_and_the_collector_tuned() -> None:
+    log: list[str] = []
+    runner = ServiceRunner(LifecycleSettings(), signals=())
+    task = asyncio.create_task(
+        runner.run(["a"], start_channel=starter(log), dispatcher=RecordingDispatcher(log))
+    )
+    while "start a" not in log:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert gc.get_freeze_count() > 0  # start-up's objects: see bot.lifecycle.settle_heap
+    assert gc.get_threshold() == GC_THRESHOLDS
+    runner.request_stop()
+    assert await task == EXIT_OK
 
 
 async def test_a_failing_channel_stops_the_service_when_asked(caplog: pytest.LogCaptureFixture) -> None:
