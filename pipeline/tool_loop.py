@@ -39,6 +39,11 @@ LAST_CALL = (
     "This is your last step in this turn: no tool you call now will run. Answer the user now from what "
     "you have found so far, and say what is still missing."
 )
+# Said the same way on the one extra call after the model answered tool results with no text at all.
+ANSWER_NOW = (
+    "Your last reply to the user had no text. Answer the user now, in plain text, from the tool results "
+    "you have."
+)
 
 
 class ToolObserver(Protocol):
@@ -64,10 +69,12 @@ class ToolLoopSystem:
     Limits per turn (``max_llm_calls``, ``max_tool_calls``, ``turn_deadline``) end the loop with the best
     text so far and a note in ``turn.notes``. The model call that is the last one (the next would pass
     ``max_llm_calls``, or no tool call is left) tells the model so, and it answers from the results it
-    has rather than leaving the user with none. Every request goes through the context ``budget`` first (it
-    and the answer must fit the window: bot/context_budget.py); a request that would not fit, or that the
-    provider refused as too long, makes the budget compact the session and the call is retried, at most
-    ``max_overflow_retries`` times. When ``turn.on_partial`` is set the answer
+    has rather than leaving the user with none. An answer with no text after tool calls gets one more
+    call a turn, told to answer in plain text (:data:`ANSWER_NOW`); if that is blank too, ``turn.reply``
+    is ``""`` and the dispatcher sends its failed-turn text. Every request goes through the context
+    ``budget`` first (it and the answer must fit the window: bot/context_budget.py); a request that would
+    not fit, or that the provider refused as too long, makes the budget compact the session and the call
+    is retried, at most ``max_overflow_retries`` times. When ``turn.on_partial`` is set the answer
     is streamed and the sink receives the text of the current model call so far, after every delta.
     """
 
@@ -122,6 +129,7 @@ class _TurnRun:
         self.seen: Counter[tuple[str, str]] = Counter()
         self.llm_calls = self.tool_runs = self.overflows = 0
         self.not_run = 0  # calls refused for the tool-call limit
+        self.asked_again = False  # after an empty answer (once a turn)
         self.best = ""
         self.partial_ok = turn.on_partial is not None
 
@@ -133,21 +141,27 @@ class _TurnRun:
 
     async def loop(self) -> None:
         s, turn = self.settings, self.turn
+        note = ""  # what the next model call is told after the system prompt
         while True:
             if self.llm_calls >= s.max_llm_calls:
                 raise _Stop(f"it reached the limit of {s.max_llm_calls} model calls")
             out_of_tools = self.llm_calls > 0 and self.tool_runs >= s.max_tool_calls
             last = out_of_tools or (self.llm_calls > 0 and self.llm_calls == s.max_llm_calls - 1)
-            response = await self.ask(last=last)
+            response = await self.ask(note=LAST_CALL if last else note)
+            note = ""
             self.llm_calls += 1
             turn.usage.add(response.usage)
-            if response.content or response.tool_calls:
+            said = bool(response.content.strip())
+            if said or response.tool_calls:  # a blank answer is not kept: the next call reads the results
                 turn.add_message(Message(Role.ASSISTANT, response.content, tool_calls=response.tool_calls))
-            if response.content.strip():
+            if said:
                 self.best = response.content
             if not response.tool_calls:
-                turn.reply = response.content
-                if response.cut_off and response.content.strip():  # the user should know it is not all
+                if not said and self.empty_answer():
+                    note = ANSWER_NOW
+                    continue
+                turn.reply = response.content if said else ""  # "": the dispatcher's failed-turn reply
+                if response.cut_off and said:  # the user should know it is not all
                     turn.notes.append("The answer was cut off at the model's output limit: ask me to go on.")
                 if self.not_run:
                     limit = s.max_tool_calls
@@ -159,14 +173,34 @@ class _TurnRun:
             if out_of_tools:  # told that nothing would run, it called tools again
                 raise _Stop(f"it reached the limit of {s.max_tool_calls} tool calls")
 
-    async def ask(self, *, last: bool = False) -> ChatResponse:
+    def empty_answer(self) -> bool:
+        """The model answered with no text and no call; True if it is asked once more.
+
+        After tool results, local models often stop there, as if the results were the answer. The
+        user expects one, so the model is asked once a turn (:data:`ANSWER_NOW`), within the model-call
+        limit; otherwise the turn ends with no reply and the dispatcher sends its failed-turn text, so a
+        blank message never goes out (Discord dropped it unseen, Telegram showed "(empty reply)")."""
+        called_tools = self.tool_runs + self.not_run > 0
+        again = called_tools and not self.asked_again and self.llm_calls < self.settings.max_llm_calls
+        self.asked_again = self.asked_again or again
+        log.warning(
+            "empty_answer",
+            action="asked again" if again else "fallback",
+            after_tools=called_tools,
+            llm_calls=self.llm_calls,
+            tool_calls=self.tool_runs,
+        )
+        return again
+
+    async def ask(self, *, note: str = "") -> ChatResponse:
         """One model call within the deadline; a request too long for the window compacts, then retries.
-        ``last``: the model is told that this is its last step (:data:`LAST_CALL`). The tools are still
-        offered: Anthropic refuses a history with tool calls in a request that defines none."""
+        ``note`` is said to the model after the system prompt (:data:`LAST_CALL`, :data:`ANSWER_NOW`).
+        The tools are still offered: Anthropic refuses a history with tool calls in a request that
+        defines none."""
         budget = self.system._budget
         system = self.turn.system_prompt
-        if last:
-            system = f"{system}\n\n{LAST_CALL}" if system.strip() else LAST_CALL
+        if note:
+            system = f"{system}\n\n{note}" if system.strip() else note
         while True:
             remaining = self.remaining()
             if remaining <= 0:

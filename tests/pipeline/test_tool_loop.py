@@ -11,18 +11,23 @@ import httpx
 import pytest
 
 from bot.catalog import load_catalog
+from bot.commands import CommandRouter
 from bot.compaction import CompactionService
-from bot.config import CompactionSettings, LLMSettings, ToolSettings
+from bot.config import CompactionSettings, DispatcherSettings, LLMSettings, ToolSettings
 from bot.context_budget import ContextBudget
+from bot.dispatcher import Dispatcher
 from bot.domain import InboundMessage, Message, Role, Session
 from bot.errors import LLMContextOverflow
+from bot.inbox import Inbox
 from bot.llm import LLMClient
+from bot.sessions import JsonSessionStore, SessionService
 from bot.tokens import TokenCounter
 from bot.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
+from pipeline import Pipeline
 from pipeline.base import Turn
-from pipeline.tool_loop import CANCELLED, LAST_CALL, NOT_RUN, ToolLoopSystem, cap
+from pipeline.tool_loop import ANSWER_NOW, CANCELLED, LAST_CALL, NOT_RUN, ToolLoopSystem, cap
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
-from tests.recording import SlowTool
+from tests.recording import RecordingChannel, SlowTool
 from tests.session_kit import RecordingRetirer, conversation
 
 APIS = ["openai", "anthropic"]
@@ -393,6 +398,86 @@ async def test_streaming_shows_partial_text(server: FakeLLMServer, http: httpx.A
     assert sink.shown[-1] == "All done now, the answer is 2."
     assert len(sink.shown) > 2  # more than one update per answer: it really streamed
     assert all(r.body.get("stream") for r in server.requests)
+
+
+# ---- empty answers ----------------------------------------------------------------------------------
+
+
+def logged(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, object]]:
+    return [r.msg for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == event]
+
+
+async def chat_answer(system: ToolLoopSystem, tmp_path: Path) -> str:
+    """What the user reads: the loop behind the real dispatcher, one question, the one reply sent."""
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    dispatcher = Dispatcher(
+        Pipeline([system]), sessions, CommandRouter(), DispatcherSettings(), inbox=Inbox(tmp_path / "inbox")
+    )
+    channel = RecordingChannel(dispatcher.submit)
+    dispatcher.attach(channel)
+    await dispatcher.submit(InboundMessage("test", "chat", "u1", "what is 1 + 2?"))
+    [reply] = await channel.wait_for(1)
+    return reply.text
+
+
+@pytest.mark.parametrize("blank", ["", " \n "])
+@pytest.mark.parametrize("api", APIS)
+async def test_an_empty_answer_after_tools_is_asked_for_once_more(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str, blank: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Local models often end a turn with nothing after reading a tool result. The user got "Sorry, I
+    couldn't answer this time (the model returned an empty answer)" for an empty one, and a blank
+    message for one of whitespace (Telegram showed "(empty reply)", Discord sent nothing at all)."""
+    server.script(
+        FakeReply(tool_calls=[("add", {"a": 1, "b": 2})]), FakeReply(text=blank), FakeReply(text="It is 3.")
+    )
+    turn = new_turn()
+    await loop_for(server, http, api, [AddTool()]).process(turn)
+
+    assert turn.reply == "It is 3." and turn.notes == []
+    # One more call, told that a plain answer is needed now; the blank answer is not kept in the history.
+    assert [ANSWER_NOW in json.dumps(r.body) for r in server.requests] == [False, False, True]
+    assert [m.role for m in turn.session.messages] == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.ASSISTANT]
+    assert_paired(turn.session)
+    [line] = logged(caplog, "empty_answer")
+    assert line["action"] == "asked again" and line["llm_calls"] == 2
+
+
+@pytest.mark.parametrize("blank", ["", " \n "])
+@pytest.mark.parametrize("api", APIS)
+async def test_two_empty_answers_after_tools_get_the_failed_turn_fallback(
+    server: FakeLLMServer,
+    http: httpx.AsyncClient,
+    api: str,
+    blank: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server.script(
+        FakeReply(tool_calls=[("add", {"a": 1, "b": 2})]), FakeReply(text=blank), FakeReply(text=blank)
+    )
+    text = await chat_answer(loop_for(server, http, api, [AddTool()]), tmp_path)
+
+    assert text == (
+        "⚠️ Sorry, I couldn't answer this time (the model returned an empty answer). "
+        "Your message is saved — send another message to try again."
+    )
+    assert len(server.requests) == 3  # asked once more, not again and again
+    assert [line["action"] for line in logged(caplog, "empty_answer")] == ["asked again", "fallback"]
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_no_extra_call_for_an_empty_answer_past_the_model_call_limit(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.script(FakeReply(tool_calls=[("add", {"a": 1, "b": 2})]), FakeReply(text=" \n "))
+    turn = new_turn()
+    await loop_for(server, http, api, [AddTool()], tool_settings(max_llm_calls=2)).process(turn)
+
+    assert len(server.requests) == 2
+    assert turn.reply == ""  # not a blank message: the dispatcher sends its failed-turn fallback
+    [line] = logged(caplog, "empty_answer")
+    assert line["action"] == "fallback" and line["llm_calls"] == 2
 
 
 # ---- limits -----------------------------------------------------------------------------------------
