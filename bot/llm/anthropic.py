@@ -134,9 +134,9 @@ def parse_response(body: Any, model: str, where: str = "Anthropic") -> ChatRespo
             if block.get("type") == "text":
                 text.append(str(block.get("text") or ""))
             elif block.get("type") == "tool_use":
-                calls.append(
-                    ToolCall(str(block["id"]), str(block["name"]), json.dumps(block.get("input") or {}))
-                )
+                # A compatible server may send no id: the client names it (call_ids.py).
+                call_id, input_ = str(block.get("id") or ""), block.get("input") or {}
+                calls.append(ToolCall(call_id, str(block["name"]), json.dumps(input_)))
         return ChatResponse(
             "".join(text),
             tuple(calls),
@@ -193,7 +193,7 @@ class StreamDecoder(StreamFold):
             if block.get("type") == "tool_use":
                 index = int(data.get("index", 0))
                 call = self._call(index)
-                call["id"], call["name"] = str(block.get("id", "")), str(block.get("name", ""))
+                call["id"], call["name"] = str(block.get("id") or ""), str(block.get("name") or "")
                 if isinstance(block.get("input"), dict) and block["input"]:
                     # Some compatible servers send the whole input here and no input_json_delta.
                     call["arguments"] = json.dumps(block["input"])

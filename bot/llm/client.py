@@ -22,9 +22,10 @@ One call, step by step:
    an unknown model and malformed answers are not tried again on the same model, since another try
    cannot help there, but the next model of the chain is tried (another provider, another key, a model
    the server has). A context overflow is raised at once: compaction, not another model, makes room.
-5. Success: usage and cost (from the catalog) are added to :class:`LLMStats` and reported, with the
-   request's ``purpose``, to the ``usage`` observer (the daily ledger), so every call is counted:
-   chat turns, compaction summaries and memory consolidation alike.
+5. Success: each tool call gets an id no other call of the conversation has (call_ids.py); usage
+   and cost (from the catalog) are added to :class:`LLMStats` and reported, with the request's
+   ``purpose``, to the ``usage`` observer (the daily ledger), so every call is counted: chat turns,
+   compaction summaries and memory consolidation alike.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from bot.config import LLMSettings, ProviderSettings
 from bot.domain import Usage
 from bot.errors import LLMAuthError, LLMBadResponse, LLMContextOverflow, LLMError, LLMTimeout, LLMUnavailable
 from bot.llm import anthropic, openai
+from bot.llm.call_ids import made_unique
 from bot.llm.endpoints import check_base_url, where
 from bot.llm.failures import Provider, key_setting, status_error
 from bot.llm.httpx_errors import HTTPX_ERRORS, httpx_errors, map_httpx_error
@@ -294,7 +296,7 @@ class LLMClient:
             raise LLMTimeout(f"{target.where} did not answer within {seconds:g} s", model=model) from None
         if response.status_code >= 400:
             raise _error_answer(target, response, body.decode("utf-8", "replace"))
-        return _parse(target, body)
+        return _unique_ids(target, request, _parse(target, body))
 
     async def _read_body(self, target: _Target, response: httpx.Response) -> bytes:
         chunks = _Quiet(response.aiter_bytes(), self._settings.idle_timeout, target)
@@ -351,6 +353,7 @@ class LLMClient:
                     final = decoder.finish()
         finally:
             await response.aclose()
+        final = _unique_ids(target, request, final)
         await self._succeeded(model, request, final, time.monotonic() - started)
         yield StreamEvent("done", response=final)
 
@@ -422,6 +425,11 @@ def _parse(target: _Target, content: bytes) -> ChatResponse:
         ) from None
     parse = anthropic.parse_response if target.provider == "anthropic" else openai.parse_response
     return parse(body, target.model, target.where)
+
+
+def _unique_ids(target: _Target, request: ChatRequest, response: ChatResponse) -> ChatResponse:
+    prefix = "toolu_" if target.provider == "anthropic" else "call_"
+    return made_unique(response, request, prefix, target.model)
 
 
 def _error_answer(target: _Target, response: httpx.Response, text: str) -> LLMError:

@@ -150,11 +150,11 @@ def parse_response(body: Any, model: str, where: str = "OpenAI") -> ChatResponse
         message = choice["message"]
         calls = tuple(
             ToolCall(
-                id=str(c.get("id") or f"call_{n}"),  # some local servers send no ids
+                id=str(c.get("id") or ""),  # some local servers send none: the client names it
                 name=str(c["function"]["name"]),
                 arguments=str(c["function"].get("arguments") or ""),
             )
-            for n, c in enumerate(message.get("tool_calls") or ())
+            for c in message.get("tool_calls") or ()
         )
         # A refusal arrives instead of content; showing it beats an empty reply.
         content = text_of(message.get("content")) or text_of(message.get("refusal"))

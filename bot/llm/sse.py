@@ -75,9 +75,10 @@ class StreamFold:
         return self._calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
 
     def finish(self) -> ChatResponse:
+        """The whole answer. A call keeps the id the server sent, "" if none: the client makes each id
+        unique in the conversation (call_ids.py)."""
         calls = tuple(
-            ToolCall(c["id"] or f"call_{index}", c["name"], c["arguments"] or "{}")
-            for index, c in sorted(self._calls.items())
+            ToolCall(c["id"], c["name"], c["arguments"] or "{}") for _, c in sorted(self._calls.items())
         )
         model = self._served_by or self._model
         return ChatResponse("".join(self._text), calls, self._usage, model, self._stop)

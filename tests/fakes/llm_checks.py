@@ -145,6 +145,7 @@ def _check_anthropic_messages(messages: list[Any]) -> str | None:
     if messages[0].get("role") != "user":
         return 'messages: first message must use the "user" role'
     open_uses: set[str] = set()
+    all_uses: set[str] = set()  # tool_use ids are unique in the whole request, not per message
     for i, message in enumerate(messages):
         role = message.get("role")
         if role not in ("user", "assistant"):
@@ -172,7 +173,12 @@ def _check_anthropic_messages(messages: list[Any]) -> str | None:
                 return f"messages.{i}: tool_result blocks must come first in the content"
             open_uses = set()
         else:
-            open_uses = {b["id"] for b in blocks if b.get("type") == "tool_use"}
+            uses = [(j, b["id"]) for j, b in enumerate(blocks) if b.get("type") == "tool_use"]
+            for j, use in uses:
+                if use in all_uses:
+                    return f"messages.{i}.content.{j}: `tool_use` ids must be unique"
+                all_uses.add(use)
+            open_uses = {use for _, use in uses}
     if open_uses:
         return "messages: the final assistant message has `tool_use` blocks without results"
     return None

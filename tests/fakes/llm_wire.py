@@ -34,7 +34,8 @@ class FakeReply:
     max_tokens``), as the APIs do when ``max_tokens`` runs out mid-answer. ``stream_error_after=n``
     fails a streamed answer after ``n`` text pieces: Anthropic sends an ``error`` event of type
     ``stream_error``, OpenAI drops the connection. ``usage=(input, output)`` and ``cached_tokens`` set
-    the reported token counts.
+    the reported token counts. ``call_ids``: the id sent for each tool call, in order (``None``: no id
+    at all), as local servers that repeat or omit ids send them; by default each gets a fresh one.
     """
 
     text: str = ""
@@ -52,6 +53,13 @@ class FakeReply:
     stall_after: int | None = None
     stall: float = 60.0
     keepalive: float | None = None  # while stalled, an SSE comment (": keep-alive") this often
+    call_ids: list[str | None] | None = None
+
+    def ids(self, api: str) -> list[str | None]:
+        """The id each tool call is sent with (``None``: sent without one)."""
+        if self.call_ids is not None:
+            return list(self.call_ids)
+        return [call_id(api) for _ in self.tool_calls]
 
 
 def tokens(text: str) -> int:
@@ -117,8 +125,8 @@ def openai_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[s
     message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
     if reply.tool_calls:
         message["tool_calls"] = [
-            {"id": call_id("openai"), "type": "function", "function": {"name": n, "arguments": args_text(a)}}
-            for n, a in reply.tool_calls
+            _with_id({"type": "function", "function": {"name": n, "arguments": args_text(a)}}, i)
+            for (n, a), i in zip(reply.tool_calls, reply.ids("openai"), strict=True)
         ]
     return {
         "id": "chatcmpl-" + uuid.uuid4().hex[:8],
@@ -131,10 +139,8 @@ def openai_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[s
 
 def anthropic_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[str, Any]:
     content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
-    for name, args in reply.tool_calls:
-        content.append(
-            {"type": "tool_use", "id": call_id("anthropic"), "name": name, "input": args_object(args)}
-        )
+    for (name, args), i in zip(reply.tool_calls, reply.ids("anthropic"), strict=True):
+        content.append(_with_id({"type": "tool_use", "name": name, "input": args_object(args)}, i))
     return {
         "id": "msg_" + uuid.uuid4().hex[:8],
         "type": "message",
@@ -145,6 +151,10 @@ def anthropic_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dic
         "stop_sequence": None,
         "usage": anthropic_usage(usage),
     }
+
+
+def _with_id(call: dict[str, Any], id_: str | None) -> dict[str, Any]:
+    return call if id_ is None else {"id": id_, **call}
 
 
 def pieces(text: str, parts: int = 3) -> list[str]:
@@ -220,8 +230,8 @@ async def stream_openai(
         assert request.transport is not None
         request.transport.close()  # OpenAI has no error event: the connection just drops mid-answer
         return response
-    for index, (name, args) in enumerate(reply.tool_calls):
-        first = {"index": index, "id": call_id("openai"), "type": "function"}
+    for index, ((name, args), id_) in enumerate(zip(reply.tool_calls, reply.ids("openai"), strict=True)):
+        first = _with_id({"index": index, "type": "function"}, id_)
         await sse.send(chunk({"tool_calls": [{**first, "function": {"name": name, "arguments": ""}}]}))
         for part in pieces(args_text(args)):
             await sse.send(chunk({"tool_calls": [{"index": index, "function": {"arguments": part}}]}))
@@ -261,8 +271,8 @@ async def stream_anthropic(
                 )
         await sse.send({"type": "content_block_stop", "index": 0}, "content_block_stop")
         index = 1
-    for name, args in reply.tool_calls:
-        block = {"type": "tool_use", "id": call_id("anthropic"), "name": name, "input": {}}
+    for (name, args), id_ in zip(reply.tool_calls, reply.ids("anthropic"), strict=True):
+        block = _with_id({"type": "tool_use", "name": name, "input": {}}, id_)
         await sse.send(
             {"type": "content_block_start", "index": index, "content_block": block}, "content_block_start"
         )

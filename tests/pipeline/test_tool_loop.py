@@ -480,6 +480,88 @@ async def test_no_extra_call_for_an_empty_answer_past_the_model_call_limit(
     assert line["action"] == "fallback" and line["llm_calls"] == 2
 
 
+# ---- tool-call ids ----------------------------------------------------------------------------------
+
+
+def sent_calls(api: str, body: dict[str, Any]) -> tuple[list[str], list[tuple[str, str]]]:
+    """The call ids of a request in order, and its results as ``(the id answered, text)`` in order."""
+    calls: list[str] = []
+    results: list[tuple[str, str]] = []
+    for message in body["messages"]:
+        if api == "openai":
+            calls += [c["id"] for c in message.get("tool_calls") or ()]
+            if message["role"] == "tool":
+                results.append((message["tool_call_id"], message["content"]))
+        elif isinstance(message["content"], list):
+            for block in message["content"]:
+                if block["type"] == "tool_use":
+                    calls.append(block["id"])
+                elif block["type"] == "tool_result":
+                    results.append((block["tool_use_id"], block["content"]))
+    return calls, results
+
+
+def call_ids(session: Session) -> list[str]:
+    return [c.id for m in session.messages for c in m.tool_calls]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("api", APIS)
+async def test_repeated_tool_call_ids_get_one_result_each(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str, stream: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """llama-server, Ollama and some vLLM versions send one id for two calls of an answer, or start at
+    ``call_0`` in every answer. The first result was sent as the answer to both calls and the second as
+    plain user text (OpenAI); Anthropic refuses a request with an id twice ("`tool_use` ids must be
+    unique")."""
+    add = AddTool()
+    server.script(
+        FakeReply(tool_calls=[("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})], call_ids=["call_0"] * 2),
+        FakeReply(tool_calls=[("add", {"a": 5, "b": 6})], call_ids=["call_0"]),
+        FakeReply(text="3, 7 and 11."),
+    )
+    turn = new_turn()
+    if stream:
+        turn.on_partial = Sink()
+    await loop_for(server, http, api, [add]).process(turn)
+
+    assert turn.reply == "3, 7 and 11." and turn.failures == []
+    assert len(add.calls) == 3
+    ids = call_ids(turn.session)
+    assert ids[0] == "call_0" and len(set(ids)) == 3  # the first keeps its id, the others get new ones
+    assert_paired(turn.session)
+    calls, results = sent_calls(api, server.requests[-1].body)
+    assert calls == ids and [answered for answered, _ in results] == ids
+    assert [text for _, text in results] == ["3", "7", "11"]  # each result answers its own call
+    assert [line["replaced"] for line in logged(caplog, "tool_call_ids_replaced")] == [["call_0"], ["call_0"]]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("api", APIS)
+async def test_tool_calls_without_an_id_get_one(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str, stream: bool
+) -> None:
+    """A call sent with no id, or an empty one: Anthropic's answer was refused as malformed, and an
+    empty id made the next request fail (both APIs need one to pair the result with)."""
+    server.script(
+        FakeReply(tool_calls=[("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})], call_ids=[None, ""]),
+        FakeReply(tool_calls=[("add", {"a": 5, "b": 6})], call_ids=[None]),
+        FakeReply(text="3, 7 and 11."),
+    )
+    turn = new_turn()
+    if stream:
+        turn.on_partial = Sink()
+    await loop_for(server, http, api, [AddTool()]).process(turn)
+
+    assert turn.reply == "3, 7 and 11." and turn.failures == []
+    ids = call_ids(turn.session)
+    prefix = "toolu_" if api == "anthropic" else "call_"
+    assert len(set(ids)) == 3 and all(i.startswith(prefix) and len(i) > len(prefix) for i in ids)
+    assert_paired(turn.session)
+    calls, results = sent_calls(api, server.requests[-1].body)
+    assert calls == ids and results == list(zip(ids, ["3", "7", "11"], strict=True))
+
+
 # ---- limits -----------------------------------------------------------------------------------------
 
 

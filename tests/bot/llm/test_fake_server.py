@@ -56,6 +56,8 @@ def gpt(messages: list[dict[str, Any]], model: str = "gpt-4.1-mini", **extra: An
         claude([user("go"), assistant([USE]), user([{"type": "text", "text": "x"}, RESULT])]),
         claude([user([{"type": "text", "text": "  "}])]),
         claude([user("go"), assistant([USE])]),
+        claude([user("go"), assistant([USE, USE]), user([RESULT, RESULT])]),  # tool_use ids must be unique
+        claude([user("go"), assistant([USE]), user([RESULT]), assistant([USE]), user([RESULT])]),
         claude([user("hi")], temperature=1.5),
         claude([user([{"type": "image", "source": {"type": "url"}}])]),
     ],
