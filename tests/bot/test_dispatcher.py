@@ -187,6 +187,25 @@ async def test_no_reply_becomes_an_honest_error(tmp_path: Path) -> None:
     assert session is not None and session.messages[0].content == "hello"  # the question is kept
 
 
+async def test_a_blank_reply_is_never_sent_blank(tmp_path: Path) -> None:
+    class Blank:
+        name, order, enabled = "blank", 30, True
+
+        def should_process(self, turn: Turn) -> bool:
+            return True
+
+        async def process(self, turn: Turn) -> None:
+            turn.reply = " \n\t "  # Discord drops such a message unseen, Telegram shows "(empty reply)"
+
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    dispatcher = Dispatcher(Pipeline([Blank()]), sessions, CommandRouter(), DispatcherSettings())
+    channel = RecordingChannel(dispatcher.submit)
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("hello"))
+    sent = await channel.wait_for(1)
+    assert sent[0].is_error and "empty answer" in sent[0].text
+
+
 async def test_accepted_messages_survive_a_crash(tmp_path: Path) -> None:
     model = ModelSystem()
     model.gate = asyncio.Event()  # the first "process" never finishes its turn
