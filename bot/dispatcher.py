@@ -622,7 +622,7 @@ def _reply_text(turn: Turn) -> tuple[str, bool]:
     type: its text names servers, settings and exception types, which belong in the log (where the
     pipeline put it, secrets redacted), not in a chat."""
     notes = "\n\n".join(f"_{note}_" for note in turn.notes)
-    if turn.reply.strip():  # a blank answer is no answer: channels drop or mangle it
+    if turn.reply and turn.reply.strip():  # a blank answer is no answer: channels drop or mangle it
         return (turn.reply + (f"\n\n{notes}" if notes else "")), False
     if turn.failures:
         model_failure = next((f for f in turn.failures if issubclass(f.kind, LLMError)), None)
