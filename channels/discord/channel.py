@@ -6,10 +6,13 @@ thread are separate sessions). The library keeps the gateway alive (heartbeats, 
 the dispatcher in arrival order, answers slash commands (:mod:`channels.discord.commands`) and
 delivers replies in chunks under Discord's 2000-character limit without losing one silently.
 
-Discord never delivers a message again (a RESUME replays only events the client had not received, so
-there is nothing to deduplicate either). A message the dispatcher cannot store (a full disk) is
-therefore submitted again with bounded exponential backoff, the outage logged once, and the chat's
-later messages wait behind it; only stopping the channel during the outage gives it up (logged).
+Discord never delivers a message again: a RESUME replays only events the client had not received, and
+a fresh session (IDENTIFY) replays nothing, so at each one the chats the bot talks in are read for what
+they missed (:mod:`channels.discord.catch_up`, from the marks of :mod:`channels.discord.seen`); the
+dispatcher takes a message that comes both ways once. A message the dispatcher cannot store (a full
+disk) is submitted again with bounded exponential backoff, the outage logged once, and the chat's later
+messages wait behind it; stopping the channel during the outage leaves it to the next start's catch-up
+(its chat's mark never moved past it).
 
     channel = DiscordChannel(settings.discord, dispatcher.submit, pairing=store,
                              commands=router.commands, vision_supported=lambda: True,
@@ -32,9 +35,6 @@ from typing import Any, ClassVar
 import aiohttp
 import discord
 import structlog
-import yarl
-from discord.gateway import DiscordWebSocket
-from discord.http import Route
 
 from bot.config import DiscordSettings
 from bot.domain import InboundMessage, OutboundMessage
@@ -42,16 +42,20 @@ from bot.errors import ChannelError, ConfigError
 from bot.pairing import PairingStore
 from bot.retry import retry
 from channels.base import Channel, InboundSink, PartialSink
+from channels.discord.catch_up import CatchUp
 from channels.discord.commands import interaction_text, sync_commands
+from channels.discord.connect import point_library_at, startup_error
 from channels.discord.inbound import (
     DiscordAccess,
     Place,
     addresses_bot,
+    from_a_person,
     quoted,
     read_attachments,
     readable_text,
 )
-from channels.discord.outbound import DiscordOutbox, describe
+from channels.discord.outbound import DiscordOutbox
+from channels.discord.seen import SEEN_FILE, SeenMarks
 from channels.outage import StorageOutage, is_storage_error
 
 log = structlog.get_logger(__name__)
@@ -97,6 +101,14 @@ class DiscordChannel(Channel):
         self._outage = StorageOutage(
             "taking Discord messages in", first_delay=storage_retry_delay, max_delay=storage_retry_max_delay
         )
+        self._seen = SeenMarks(state_dir / SEEN_FILE)
+        self._catch_up = CatchUp(
+            settings,
+            self._seen,
+            self._live_client,
+            lambda message: self._take_in(message, live=False),
+            self._lock_of,
+        )
 
     def _live_client(self) -> discord.Client:
         if self._client is None:
@@ -108,7 +120,8 @@ class DiscordChannel(Channel):
     async def start(self) -> None:
         self.health.state = "starting"
         self._ready.clear()
-        self._restore_library = _point_library_at(self._settings.api_base, self._settings.gateway_url)
+        await self._seen.load()
+        self._restore_library = point_library_at(self._settings.api_base, self._settings.gateway_url)
         intents = discord.Intents.default()
         intents.message_content = True
         self._client = _GatewayClient(
@@ -128,7 +141,7 @@ class DiscordChannel(Channel):
         finally:
             ready.cancel()
         if not self._ready.is_set():
-            error = _startup_error(self._gateway, self._settings.start_timeout)
+            error = startup_error(self._gateway, self._settings.start_timeout)
             await self.stop()
             self.health.state, self.health.error = "failed", str(error)
             raise error
@@ -142,6 +155,7 @@ class DiscordChannel(Channel):
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._catch_up.close()
         client, self._client = self._client, None  # later sends fail as ChannelError, not in aiohttp
         if client is not None:
             await client.close()
@@ -151,6 +165,7 @@ class DiscordChannel(Channel):
             self._restore_library()
             self._restore_library = None
         self._outbox.clear()
+        await self._seen.close()
         self.health.state = "stopped"
 
     def _gateway_ended(self, task: asyncio.Task[None]) -> None:
@@ -176,45 +191,59 @@ class DiscordChannel(Channel):
 
     async def _on_message(self, message: discord.Message) -> None:
         bot = self._live_client().user
-        if bot is None or message.author.bot or message.author.id == bot.id:
-            return
-        if message.type not in (discord.MessageType.default, discord.MessageType.reply):
+        if bot is None or not from_a_person(message, bot.id):
             return
         chat_id = str(message.channel.id)
-        # FIFO lock taken before any await: messages of one chat reach the dispatcher in order.
-        async with self._intake.setdefault(chat_id, asyncio.Lock()):
-            guild_id = message.guild.id if message.guild else getattr(message.channel, "guild_id", None)
-            place = Place.of(message.channel, guild_id)
-            user_id = str(message.author.id)
-            # Gate on the mention first: chatter not meant for the bot is ignored without a trace.
-            if self._access.requires_mention(place) and not addresses_bot(message, bot.id):
-                return
-            if not await self._admitted(user_id, message.author.display_name, place, message):
-                return
-            text = "\n".join(
-                part for part in (quoted(message, bot.id), readable_text(message, bot.id)) if part
+        gate = self._catch_up.gate(chat_id)
+        if gate is not None:  # what the chat missed while the bot was away goes first
+            await gate.wait()
+        # FIFO lock taken before any other await: messages of one chat reach the dispatcher in order.
+        async with self._lock_of(chat_id):
+            handed = await self._take_in(message)
+            self._seen.saw(chat_id, message.id, start=handed)
+
+    async def _take_in(self, message: discord.Message, *, live: bool = True) -> bool:
+        """The path of a message, live or caught up, under its chat's lock: the access checks and mention
+        rules, then the hand-over. True when the dispatcher took it (it is in the inbox on disk then).
+        Only a live DM from a stranger is offered a pairing code: one caught up would get it late."""
+        bot = self._live_client().user
+        if bot is None or not from_a_person(message, bot.id):
+            return False
+        chat_id = str(message.channel.id)
+        guild_id = message.guild.id if message.guild else getattr(message.channel, "guild_id", None)
+        place = Place.of(message.channel, guild_id)
+        user_id = str(message.author.id)
+        # Gate on the mention first: chatter not meant for the bot is ignored without a trace.
+        if self._access.requires_mention(place) and not addresses_bot(message, bot.id):
+            return False
+        if not await self._admitted(user_id, message.author.display_name, place, message if live else None):
+            return False
+        text = "\n".join(part for part in (quoted(message, bot.id), readable_text(message, bot.id)) if part)
+        attachments = await read_attachments(
+            message,
+            max_bytes=self._settings.max_attachment_bytes,
+            vision_supported=self._vision_supported,
+        )
+        if not text and not attachments:
+            return False
+        self._outbox.received(chat_id, str(message.id), message.author.id)
+        await self._hand_over(
+            InboundMessage(
+                channel=self.name,
+                chat_id=chat_id,
+                sender_id=user_id,
+                text=text,
+                sender_name=message.author.display_name,
+                message_id=str(message.id),
+                timestamp=message.created_at,
+                attachments=attachments,
+                is_group=not place.is_dm,
             )
-            attachments = await read_attachments(
-                message,
-                max_bytes=self._settings.max_attachment_bytes,
-                vision_supported=self._vision_supported,
-            )
-            if not text and not attachments:
-                return
-            self._outbox.received(chat_id, str(message.id), message.author.id)
-            await self._hand_over(
-                InboundMessage(
-                    channel=self.name,
-                    chat_id=chat_id,
-                    sender_id=user_id,
-                    text=text,
-                    sender_name=message.author.display_name,
-                    message_id=str(message.id),
-                    timestamp=message.created_at,
-                    attachments=attachments,
-                    is_group=not place.is_dm,
-                )
-            )
+        )
+        return True
+
+    def _lock_of(self, chat_id: str) -> asyncio.Lock:
+        return self._intake.setdefault(chat_id, asyncio.Lock())
 
     async def _admitted(
         self, user_id: str, user_name: str, place: Place, message: discord.Message | None
@@ -239,7 +268,7 @@ class DiscordChannel(Channel):
         user = interaction.user
         channel: Any = interaction.channel or discord.Object(interaction.channel_id)
         place = Place.of(channel, interaction.guild_id)
-        async with self._intake.setdefault(place.channel_id, asyncio.Lock()):
+        async with self._lock_of(place.channel_id):
             if not await self._admitted(str(user.id), user.display_name, place, None):
                 pairing = self._pairing
                 await self._outbox.deliver(place.channel_id, lambda: _refusal(interaction, place, pairing))
@@ -310,7 +339,12 @@ class _GatewayClient(discord.Client):
         super().__init__(**options)
         self._channel = channel
 
+    async def on_connect(self) -> None:
+        """READY after IDENTIFY (a RESUME is ``on_resumed``): Discord replayed nothing, so catch up."""
+        self._channel._catch_up.session_started()
+
     async def on_ready(self) -> None:
+        self._channel._catch_up.session_ready()
         self._channel._ready.set()
         self._channel.health.state = "running"
 
@@ -330,37 +364,6 @@ class _GatewayClient(discord.Client):
 
     async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
         log.exception("discord_event_failed", event=event_method)
-
-
-def _point_library_at(api_base: str | None, gateway_url: str | None) -> Callable[[], None]:
-    """Aim discord.py at other endpoints (tests, proxies); returns the undo.
-
-    The library keeps both addresses as class attributes, so the undo runs in ``stop``.
-    """
-    old_base, old_gateway = Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY
-    if api_base:
-        Route.BASE = api_base.rstrip("/")
-    if gateway_url:
-        DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(gateway_url)
-
-    def restore() -> None:
-        Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY = old_base, old_gateway
-
-    return restore
-
-
-def _startup_error(gateway: asyncio.Task[None], timeout: float) -> ChannelError:
-    if not gateway.done():
-        return ChannelError(f"Discord did not become ready within {timeout:g} s (discord.start_timeout)")
-    exc = gateway.exception() if not gateway.cancelled() else None
-    if isinstance(exc, discord.PrivilegedIntentsRequired):
-        return ChannelError(
-            "Discord refused the message-content intent. In the Discord developer portal open your "
-            "application → Bot → Privileged Gateway Intents, enable MESSAGE CONTENT INTENT, then restart."
-        )
-    if isinstance(exc, discord.LoginFailure):
-        return ChannelError("Discord rejected the bot token: check MEMBOT_DISCORD__TOKEN / [discord] token")
-    return ChannelError(f"could not connect to Discord: {describe(exc)}")
 
 
 async def _refusal(interaction: discord.Interaction, place: Place, pairing: PairingStore | None) -> None:

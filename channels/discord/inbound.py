@@ -119,6 +119,13 @@ class DiscordAccess:
         return self._require_mention
 
 
+def from_a_person(message: discord.Message, bot_id: int) -> bool:
+    """A user's plain message or reply: not the bot's own, not another bot's, not a join or pin notice."""
+    if message.author.bot or message.author.id == bot_id:
+        return False
+    return message.type in (discord.MessageType.default, discord.MessageType.reply)
+
+
 def addresses_bot(message: discord.Message, bot_id: int) -> bool:
     """Mentioned by id or through its own role (a client's "@membot" often is the bot's managed
     integration role, ``<@&role>``), or a reply to one of the bot's messages."""

@@ -35,7 +35,9 @@ from aiohttp import WSMsgType, web
 MESSAGE_CONTENT = 1 << 15
 PRIVILEGED_INTENTS = (1 << 1) | (1 << 8) | MESSAGE_CONTENT  # members, presences, message content
 CONTENT_LIMIT = 2000
-_snowflakes = itertools.count(1_300_000_000_000_000_000)
+DISCORD_EPOCH_MS = 1_420_070_400_000
+_sequence = itertools.count()
+_last = 0
 
 Json = dict[str, Any]
 
@@ -46,8 +48,15 @@ MISSING_ACCESS = (403, 50001, "Missing Access")
 MISSING_PERMISSIONS = (403, 50013, "Missing Permissions")
 
 
-def snowflake() -> str:
-    return str(next(_snowflakes))
+def snowflake(at: datetime | None = None) -> str:
+    """A new id that carries its time, as Discord's do (discord.py reads ``created_at`` from it): now and
+    larger than every id before it, or of the moment ``at`` for a message written in the past."""
+    global _last
+    when = at or datetime.now(UTC)
+    value = (int(when.timestamp() * 1000) - DISCORD_EPOCH_MS) << 22 | next(_sequence) % (1 << 22)
+    if at is None:
+        value = _last = max(value, _last + 1)
+    return str(value)
 
 
 def _now() -> str:
@@ -236,6 +245,11 @@ class FakeDiscord:
         if gateway is not None and gateway.request.transport is not None:
             gateway.request.transport.abort()
 
+    def invalidate_session(self) -> None:
+        """The session can no longer be resumed (Discord answers RESUME with op 9): the client has to
+        IDENTIFY again, and the events it missed are not replayed."""
+        self._session_id = None
+
     async def request_reconnect(self) -> None:
         """Op 7 RECONNECT: the client should reconnect and RESUME."""
         gateway = self._gateway
@@ -255,14 +269,16 @@ class FakeDiscord:
         role_mentions: tuple[str, ...] = (),
         reply_to: Json | None = None,
         attachments: tuple[tuple[str, str, bytes], ...] = (),  # (filename, content type, data)
+        at: datetime | None = None,  # written then (its id says so too); default now
     ) -> Json:
-        """A user writes in a channel; MESSAGE_CREATE goes to the bot (now, or on its RESUME)."""
+        """A user writes in a channel; MESSAGE_CREATE goes to the bot (now, or on its RESUME; a bot that
+        is down and starts a new session gets it only from the channel's history)."""
         message: Json = {
-            "id": snowflake(),
+            "id": snowflake(at),
             "channel_id": channel_id,
             "author": author.to_json(),
             "content": content,
-            "timestamp": _now(),
+            "timestamp": (at or datetime.now(UTC)).isoformat(),
             "edited_timestamp": None,
             "tts": False,
             "mention_everyone": False,
@@ -614,13 +630,17 @@ class FakeDiscord:
         if parts[2:] == ["typing"] and method == "POST":
             self.typing.append(channel_id)
             return web.Response(status=204)
+        if not parts[2:] and method == "GET":
+            return self._channel(channel_id)
         if parts[2:] == ["messages"] and method == "GET":
-            # Up to ``limit`` messages right after ``after``, newest first, as Discord lists them.
+            # Up to ``limit`` messages right after ``after``, newest first, as Discord lists them; the
+            # content rules of the gateway apply to the history too.
             after, limit = int(query.get("after", 0)), int(query.get("limit", 50))
             found = [
                 m for m in self.messages.values() if m["channel_id"] == channel_id and int(m["id"]) > after
             ]
-            return _json(sorted(found, key=lambda m: int(m["id"]))[:limit][::-1])
+            listed = sorted(found, key=lambda m: int(m["id"]))[:limit][::-1]
+            return _json([self._as_seen_by_bot(m) for m in listed])
         if parts[2:] == ["messages"] and method == "POST":
             error = self._invalid(body)
             if error is not None:
@@ -642,6 +662,22 @@ class FakeDiscord:
             existing.update(content=body.get("content", existing["content"]), edited_timestamp=_now())
             return _json(existing)
         return _json({"message": "404: Not Found", "code": 0}, 404)
+
+    def _channel(self, channel_id: str) -> web.Response:
+        """GET /channels/{id}: a guild channel or thread, or a DM (known by its messages)."""
+        for guild in self.guilds.values():
+            created = self._guild_create(guild)
+            for listed in created["channels"] + created["threads"]:
+                if listed["id"] == channel_id:
+                    return _json(listed)
+        authors = [
+            m["author"]
+            for m in self.messages.values()
+            if m["channel_id"] == channel_id and m["author"]["id"] != self.bot.id
+        ]
+        if not authors:
+            return _json({"message": "Unknown Channel", "code": 10003}, 404)
+        return _json({"id": channel_id, "type": 1, "recipients": authors[:1], "last_message_id": None})
 
     def _invalid(self, body: Json, *, edit: bool = False) -> web.Response | None:
         content = body.get("content")

@@ -14,12 +14,12 @@ import pytest
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
-from bot.app import Core, build_core
+from bot.app import Core
 from bot.commands import CommandCall, SessionControl
-from bot.config import load_settings
 from bot.errors import ChannelError
-from bot.pairing import PAIRING_FILE, PairingStore, approve_code
+from bot.pairing import approve_code
 from channels.discord import DiscordChannel
+from tests.channels.discord.kit import running_bot
 from tests.fakes.discord_server import FakeDiscord, FakeUser, Guild
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
@@ -52,11 +52,6 @@ class World:
         return texts
 
 
-async def _commands_for_tests(call: CommandCall, control: SessionControl) -> str:
-    """Stand-ins for /status, /compact and /new until their real handlers are registered by the app."""
-    return f"{call.name} done ({call.args or 'no args'}) for {call.session_id}"
-
-
 @contextlib.asynccontextmanager
 async def discord_world(
     tmp_path: Path,
@@ -75,49 +70,24 @@ async def discord_world(
         alice, bob = fake.user("alice"), fake.user("bob")
         workspace = tmp_path / "ws"
         section: dict[str, Any] = {
-            "token": fake.token,
-            "api_base": fake.api_base,
-            "gateway_url": fake.gateway_url,
             "allowed_users": [alice.id],
             "allowed_guilds": [guild.id],
             "mention_overrides": {quiet: False},
-            "send_retry_delay": 0.01,
         }
         section.update(discord_settings or {})
-        overrides = {
-            "workspace": workspace,
-            "llm": {
-                "model": "gpt-4.1-mini",
-                "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-123456"},
-            },
-            "discord": section,
-        }
-        settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
-        async with build_core(settings) as core:
-            for name in ("status", "compact", "new"):
-                if name not in dict(core.commands.commands):
-                    core.commands.add(name, f"the {name} command", _commands_for_tests)
-            channel = DiscordChannel(
-                settings.discord,
-                core.dispatcher.submit,
-                pairing=PairingStore(workspace / PAIRING_FILE),
-                commands=core.commands.commands,
-                vision_supported=lambda: vision,
-                state_dir=workspace / "state",
-                guild_ready_timeout=0.05,
-            )
-            core.dispatcher.attach(channel)
+        worlds: list[World] = []
+
+        def build(core: Core, channel: DiscordChannel) -> None:
             world = World(
                 fake, llm, core, channel, workspace, alice, bob, fake.dm_channel(), fake.dm_channel(),
                 guild, general, quiet, thread, other_guild, other_channel,
             )  # fmt: skip
+            worlds.append(world)
             if configure is not None:
                 configure(world)
-            await channel.start()
-            try:
-                yield world
-            finally:
-                await channel.stop()
+
+        async with running_bot(fake, llm, workspace, section, vision=vision, before_start=build):
+            yield worlds[0]
 
 
 async def test_dm_round_trip_through_the_whole_pipeline(tmp_path: Path) -> None:

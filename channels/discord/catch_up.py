@@ -1,0 +1,222 @@
+"""Catching up at every fresh gateway session on what users wrote in the bot's chats while it was away.
+
+Telegram keeps updates while a bot is down; Discord does not: a session that starts with IDENTIFY (a
+start, a deploy, a crash, or a connection that could not RESUME) replays nothing. So at each READY
+after IDENTIFY (discord.py's ``on_connect``; a RESUME replays missed events itself and is left alone)
+every chat the bot talks in (:class:`~channels.discord.seen.SeenMarks`) has its history read after the
+newest message seen there, oldest first, and each message goes down the live path: the same access
+checks and mention rules, the same normalized message, the same durable hand-over. A message that
+arrives both live and in the history is taken once, since the dispatcher takes a platform message id
+once (``Dispatcher.submit``: the inbox, then the session).
+
+Bounded: at most ``discord.catch_up_max_messages`` per chat, none older than
+``discord.catch_up_max_age``; what is too old is counted in the log (``discord_catch_up_too_old``).
+A chat whose history cannot be read is logged and skipped (one the bot lost for good is no longer
+tracked); the others and the bot go on. The work runs as a task: the bot is ready at once, and only
+the live messages of a chat still being caught up wait, so that chat's messages stay in order.
+
+    catch_up = CatchUp(settings, seen, live_client, take_in, lock_of)
+    catch_up.session_started()         # on_connect: sync, before any later gateway event is handled
+    catch_up.session_ready()           # on_ready: guild channels are known
+    gate = catch_up.gate(chat_id)      # the live path waits on it, if any, before the chat's lock
+    await catch_up.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import aiohttp
+import discord
+import structlog
+
+from bot.config import DiscordSettings
+from bot.errors import ChannelRefused
+from channels.discord.outbound import describe
+from channels.discord.refusals import as_channel_error
+from channels.discord.seen import SeenMarks
+
+log = structlog.get_logger(__name__)
+
+CONCURRENCY = 4  # chats read at once: enough to be quick, few enough to stay clear of rate limits
+
+Readable = discord.abc.Messageable
+
+
+@dataclass(frozen=True, slots=True)
+class Missed:
+    """What a chat's history holds after the mark, as far as it was read."""
+
+    messages: tuple[discord.Message, ...]  # young enough, oldest first (the bot's own included)
+    newest_id: int | None  # the newest message read, too old or not
+    too_old: int
+    too_old_at_least: bool  # more too-old messages were left unread
+    more_waiting: bool  # the limit was reached: younger messages may wait unread
+
+
+async def read_missed(where: Readable, after: int, *, limit: int, max_age: float) -> Missed:
+    """Up to ``limit`` messages after ``after``, oldest first, the too-old ones only counted.
+
+    One request when the chat was quiet. When the first ``limit`` messages are all too old (the bot was
+    away for longer than ``max_age``), the rest of them is skipped unread and the read starts again at
+    the age limit, so a long absence still gets its last day answered.
+    """
+    cutoff = discord.utils.utcnow() - timedelta(seconds=max_age) if max_age > 0 else None
+    page = [m async for m in where.history(limit=limit, after=discord.Object(after))]
+    old = [m for m in page if cutoff is not None and m.created_at < cutoff]
+    newest = page[-1].id if page else None
+    jumped = bool(page) and len(page) == limit and len(old) == len(page)
+    if jumped and cutoff is not None:
+        page = [m async for m in where.history(limit=limit, after=cutoff)]
+        newest = page[-1].id if page else newest
+    fresh = tuple(m for m in page if cutoff is None or m.created_at >= cutoff)
+    return Missed(fresh, newest, len(old), jumped, len(page) == limit)
+
+
+async def open_chat(client: discord.Client, chat_id: int) -> Readable:
+    """The chat as discord.py knows it: guild channels and threads from the cache, DMs from Discord."""
+    found = client.get_channel(chat_id)
+    if isinstance(found, Readable):
+        return found
+    fetched = await client.fetch_channel(chat_id)
+    if not isinstance(fetched, Readable):
+        raise TypeError(f"channel {chat_id} has no messages ({type(fetched).__name__})")
+    return fetched
+
+
+class CatchUp:
+    """Runs the catch-up of every fresh session (see the module doc); owned by the Discord channel.
+
+    Args:
+        settings: the bounds (``catch_up_max_messages``: 0 turns the catch-up off; ``catch_up_max_age``).
+        seen: the marks; the catch-up moves them as it takes messages in.
+        client: the live discord.py client.
+        take_in: the live path for any message read (the bot's own included: it skips them as live),
+            called under the chat's lock; true when the message was handed to the dispatcher.
+        lock_of: the chat's intake lock, which the live path holds too.
+    """
+
+    def __init__(
+        self,
+        settings: DiscordSettings,
+        seen: SeenMarks,
+        client: Callable[[], discord.Client],
+        take_in: Callable[[discord.Message], Awaitable[bool]],
+        lock_of: Callable[[str], asyncio.Lock],
+    ) -> None:
+        self._limit = settings.catch_up_max_messages
+        self._max_age = settings.catch_up_max_age
+        self._timeout = settings.start_timeout  # for READY, and for reading one chat
+        self._seen = seen
+        self._client = client
+        self._take_in = take_in
+        self._lock_of = lock_of
+        self._gates: dict[str, asyncio.Event] = {}  # chats being caught up: their live messages wait
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def session_started(self) -> None:
+        """A READY after IDENTIFY. Synchronous on purpose: the gates are up before discord.py hands
+        over any later event, so a chat's live messages come after what it missed."""
+        if self._limit == 0:
+            return
+        if self._task is not None:
+            self._task.cancel()  # a session replaced before its catch-up ended: its chats are read again
+        since = self._seen.begin()
+        for chat_id in since:
+            self._gates.setdefault(chat_id, asyncio.Event())
+        self._ready = asyncio.Event()
+        self._task = asyncio.create_task(self._run(since, self._ready), name="discord-catch-up")
+
+    def session_ready(self) -> None:
+        self._ready.set()
+
+    def gate(self, chat_id: str) -> asyncio.Event | None:
+        """What a live message of ``chat_id`` waits for before it takes the chat's lock (None: nothing)."""
+        return self._gates.get(chat_id)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        for gate in self._gates.values():  # nothing waits for a channel that stopped
+            gate.set()
+        self._gates.clear()
+
+    async def _run(self, since: dict[str, int], ready: asyncio.Event) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                await ready.wait()
+        except TimeoutError:
+            log.warning("discord_catch_up_without_ready", waited=self._timeout)
+        slots = asyncio.Semaphore(CONCURRENCY)
+
+        async def one(chat_id: str, after: int) -> None:
+            async with slots, self._lock_of(chat_id):
+                try:
+                    await self._chat(chat_id, after)
+                except Exception:  # a bug, or a hand-over given up: logged, and the other chats go on
+                    log.exception("discord_catch_up_failed", chat_id=chat_id)
+                    self._seen.caught_up(chat_id)
+                # Not when cancelled: the session that replaced this one keeps the gate until it is done.
+                self._open(chat_id)
+
+        await asyncio.gather(*(one(chat_id, after) for chat_id, after in since.items()))
+
+    async def _chat(self, chat_id: str, after: int) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                where = await open_chat(self._client(), int(chat_id))
+                missed = await read_missed(where, after, limit=self._limit, max_age=self._max_age)
+        except (discord.HTTPException, aiohttp.ClientError, TimeoutError, TypeError) as exc:
+            self._unreadable(chat_id, exc)
+            return
+        taken = 0
+        for message in missed.messages:
+            if await self._take_in(message):
+                taken += 1
+            self._seen.caught_up_to(chat_id, message.id)
+        if missed.newest_id is not None:
+            self._seen.caught_up_to(chat_id, missed.newest_id)  # past the too-old and the bot's own
+        self._seen.caught_up(chat_id)
+        log.info(
+            "discord_caught_up",
+            chat_id=chat_id,
+            read=len(missed.messages) + missed.too_old,
+            handed_over=taken,
+            too_old=missed.too_old,
+            more_waiting=missed.more_waiting,
+        )
+        if missed.too_old:
+            log.warning(
+                "discord_catch_up_too_old",
+                chat_id=chat_id,
+                skipped=missed.too_old,
+                at_least=missed.too_old_at_least,
+                max_age=self._max_age,
+                hint="older than discord.catch_up_max_age: not answered",
+            )
+
+    def _unreadable(self, chat_id: str, exc: BaseException) -> None:
+        refused = as_channel_error(f"cannot read Discord channel {chat_id}", exc)
+        if isinstance(refused, ChannelRefused):
+            self._seen.forget(chat_id)  # tracked again once the bot answers there
+            log.warning(
+                "discord_catch_up_failed",
+                chat_id=chat_id,
+                error=describe(exc),
+                reason=refused.reason,
+                fix=refused.fix,
+            )
+        else:
+            self._seen.caught_up(chat_id)
+            log.warning("discord_catch_up_failed", chat_id=chat_id, error=describe(exc))
+
+    def _open(self, chat_id: str) -> None:
+        gate = self._gates.pop(chat_id, None)
+        if gate is not None:
+            gate.set()
