@@ -8,7 +8,7 @@ from pathlib import Path
 from bot.commands import CommandRouter
 from bot.config import DispatcherSettings
 from bot.dispatcher import Dispatcher
-from bot.domain import InboundMessage, Message, Role
+from bot.domain import InboundMessage, Message, OutboundMessage, Role
 from bot.inbox import Inbox
 from bot.sessions import JsonSessionStore, SessionService
 from pipeline import Pipeline, Turn
@@ -165,6 +165,14 @@ async def test_overflow_is_folded_not_dropped(tmp_path: Path) -> None:
     assert model.seen[1] == "q0\n\nq1\n\nq2\n\nq3\n\nq4\n\nq5"
 
 
+async def answer_once(dispatcher: Dispatcher) -> list[OutboundMessage]:
+    """What the chat is sent for one "hello"."""
+    channel = RecordingChannel(dispatcher.submit)
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("hello"))
+    return await channel.wait_for(1)
+
+
 async def test_no_reply_becomes_an_honest_error(tmp_path: Path) -> None:
     class Broken:
         name, order, enabled = "broken", 30, True
@@ -176,11 +184,9 @@ async def test_no_reply_becomes_an_honest_error(tmp_path: Path) -> None:
             raise RuntimeError("provider exploded")
 
     sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
-    dispatcher = Dispatcher(Pipeline([Broken()]), sessions, CommandRouter(), DispatcherSettings())
-    channel = RecordingChannel(dispatcher.submit)
-    dispatcher.attach(channel)
-    await dispatcher.submit(msg("hello"))
-    sent = await channel.wait_for(1)
+    sent = await answer_once(
+        Dispatcher(Pipeline([Broken()]), sessions, CommandRouter(), DispatcherSettings())
+    )
     assert sent[0].is_error and "something went wrong on my side" in sent[0].text
     assert "provider exploded" not in sent[0].text and "RuntimeError" not in sent[0].text  # log only
     session = await sessions.get("test:c1")
@@ -198,11 +204,7 @@ async def test_a_blank_reply_is_never_sent_blank(tmp_path: Path) -> None:
             turn.reply = " \n\t "  # Discord drops such a message unseen, Telegram shows "(empty reply)"
 
     sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
-    dispatcher = Dispatcher(Pipeline([Blank()]), sessions, CommandRouter(), DispatcherSettings())
-    channel = RecordingChannel(dispatcher.submit)
-    dispatcher.attach(channel)
-    await dispatcher.submit(msg("hello"))
-    sent = await channel.wait_for(1)
+    sent = await answer_once(Dispatcher(Pipeline([Blank()]), sessions, CommandRouter(), DispatcherSettings()))
     assert sent[0].is_error and "empty answer" in sent[0].text
 
 
