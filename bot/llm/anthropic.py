@@ -19,6 +19,7 @@ from bot.llm.failures import stream_error
 from bot.llm.sse import SSEvent, StreamFold
 from bot.llm.turns import OPENING, normalized
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent, Wire
+from bot.llm.wire_ids import ANTHROPIC_IDS
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
@@ -58,7 +59,7 @@ def messages(request: ChatRequest) -> tuple[str, list[dict[str, Any]]]:
     they are merged with the user text after them: the results of one assistant message's tool calls
     land together in a single user turn, before any text.
     """
-    system, history = normalized(request)
+    system, history = normalized(request, ANTHROPIC_IDS)
     turns: list[dict[str, Any]] = []
     for message in history:
         role = "assistant" if message.role is Role.ASSISTANT else "user"

@@ -18,6 +18,7 @@ from bot.llm.failures import stream_error
 from bot.llm.sse import SSEvent, StreamFold
 from bot.llm.turns import normalized
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent, Wire
+from bot.llm.wire_ids import OPENAI_IDS
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -57,7 +58,7 @@ def build_request(request: ChatRequest, wire: Wire) -> httpx.Request:
 
 def messages(request: ChatRequest) -> list[dict[str, Any]]:
     """The ``messages`` array: one system message, then alternating turns (bot/llm/turns.py)."""
-    system, history = normalized(request)
+    system, history = normalized(request, OPENAI_IDS)
     out: list[dict[str, Any]] = []
     if system:
         out.append({"role": "system", "content": system})

@@ -6,6 +6,7 @@ alternate"), and a session gets both in ordinary use: ``/stop`` leaves a questio
 before the next one, and ``/compact`` puts its summary in a system message. Both translators send
 :func:`normalized` messages, so every request has this shape:
 
+- tool-call ids the wire format accepts, each used once (:func:`~bot.llm.wire_ids.renamed`);
 - tool calls paired with their results (:func:`~bot.llm.tool_pairs.paired`), and otherwise untouched;
 - system messages (compaction summaries) folded into the system prompt, in order;
 - consecutive user messages merged into one, and so are consecutive assistant texts;
@@ -18,16 +19,18 @@ from __future__ import annotations
 from bot.domain import Message, Role
 from bot.llm.tool_pairs import paired
 from bot.llm.types import ChatRequest
+from bot.llm.wire_ids import IdRule, renamed
 
 # Stands in where a template needs a user turn the history lacks (it must start with one).
 OPENING = "(the conversation so far continues)"
 
 
-def normalized(request: ChatRequest) -> tuple[str, list[Message]]:
-    """``(system prompt, messages)`` in the shape described in the module doc."""
+def normalized(request: ChatRequest, ids: IdRule) -> tuple[str, list[Message]]:
+    """``(system prompt, messages)`` in the shape described in the module doc, with tool-call ids
+    as ``ids`` (the wire format's rule) accepts them."""
     system = [request.system] if _says_something(request.system) else []
     out: list[Message] = []
-    for message in paired(request.messages):
+    for message in paired(renamed(request.messages, ids)):
         if message.role is Role.SYSTEM:
             if _says_something(message.content):
                 system.append(message.content)

@@ -9,10 +9,14 @@ servers demand (:func:`check_strict_template`).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 # OpenAI reasoning models reject ``max_tokens`` and any temperature but the default.
 _REASONING_PREFIXES = ("gpt-5", "o1", "o3", "o4")
+# The tool-call ids each API takes: OpenAI's are at most 40 characters, Anthropic's match this pattern.
+_OPENAI_MAX_ID = 40
+_ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]+")
 
 
 def check_openai(body: Any, *, strict_template: bool = False) -> str | None:
@@ -96,10 +100,16 @@ def _check_openai_messages(messages: list[Any]) -> str | None:
             calls = message.get("tool_calls") or []
             if content is None and not calls:
                 return f"messages[{i}].content: expected a string, got null."
-            for call in calls:
+            for k, call in enumerate(calls):
                 function = call.get("function") or {}
                 if call.get("type") != "function" or not call.get("id") or not function.get("name"):
                     return f"messages[{i}].tool_calls: each call needs id, type 'function' and a name"
+                if len(call["id"]) > _OPENAI_MAX_ID:
+                    return (
+                        f"Invalid 'messages[{i}].tool_calls[{k}].id': string too long. Expected a string "
+                        f"with maximum length {_OPENAI_MAX_ID}, but got a string with length "
+                        f"{len(call['id'])} instead."
+                    )
                 if not isinstance(function.get("arguments"), str):
                     return f"messages[{i}].tool_calls[].function.arguments: expected a string"
                 pending.add(call["id"])
@@ -200,6 +210,8 @@ def _check_blocks(i: int, role: str, blocks: list[Any]) -> str | None:
         if kind == "tool_use":
             if not block.get("id") or not block.get("name"):
                 return f"{where}: tool_use needs id and name"
+            if not _ANTHROPIC_ID.fullmatch(str(block["id"])):
+                return f"{where}.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'"
             if not isinstance(block.get("input"), dict):
                 return f"{where}.input: Input should be a valid dictionary"
         if kind == "tool_result" and not block.get("tool_use_id"):

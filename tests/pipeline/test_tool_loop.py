@@ -103,7 +103,7 @@ class FakeClock:
 # ---- set-up -----------------------------------------------------------------------------------------
 
 
-def llm_client(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> LLMClient:
+def llm_client(server: FakeLLMServer, http: httpx.AsyncClient, api: str, **values: Any) -> LLMClient:
     settings = LLMSettings.model_validate(
         {
             "model": MODELS[api],
@@ -111,6 +111,7 @@ def llm_client(server: FakeLLMServer, http: httpx.AsyncClient, api: str) -> LLMC
             "anthropic": {"base_url": server.anthropic_base_url, "api_key": "sk-ant-test"},
             "timeout": 10.0,
             "max_retries": 0,
+            **values,
         }
     )
     return LLMClient(settings, CATALOG, http)
@@ -560,6 +561,38 @@ async def test_tool_calls_without_an_id_get_one(
     assert_paired(turn.session)
     calls, results = sent_calls(api, server.requests[-1].body)
     assert calls == ids and results == list(zip(ids, ["3", "7", "11"], strict=True))
+
+
+async def test_a_failover_to_anthropic_sends_the_calls_an_openai_compatible_server_named(
+    server: FakeLLMServer, http: httpx.AsyncClient
+) -> None:
+    """Kimi K2 on vLLM names its calls ``functions.add:0``. When the next call of the turn failed over
+    to Claude (``llm.fallback_models``), Anthropic refused the history (``tool_use.id: String should
+    match pattern``), and so every later request of the chat, after a switch to Claude too."""
+    llm = llm_client(server, http, "openai", fallback_models=["claude-haiku-4-5"])
+    server.script(
+        FakeReply(
+            tool_calls=[("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})],
+            call_ids=["functions.add:0", "functions.add:1"],
+        ),
+        FakeReply(status=503),
+        FakeReply(text="3 and 7."),
+    )
+    tools = tool_settings()
+    loop = ToolLoopSystem(llm, ToolRegistry([AddTool()], tools), tools)
+    turn = new_turn()
+    await loop.process(turn)
+
+    assert turn.reply == "3 and 7." and turn.failures == []
+    assert [r.api for r in server.requests] == ["openai", "openai", "anthropic"]
+    assert call_ids(turn.session) == ["functions.add:0", "functions.add:1"]  # as the model wrote them
+    calls, results = sent_calls("anthropic", server.requests[-1].body)
+    assert len(set(calls)) == 2 and results == list(zip(calls, ["3", "7"], strict=True))
+
+    server.script(FakeReply(text="10."))  # the operator switches the chat to Claude
+    later = new_turn("and 3 + 7?", session=turn.session)
+    await loop_for(server, http, "anthropic", [AddTool()]).process(later)
+    assert later.reply == "10." and later.failures == []
 
 
 # ---- limits -----------------------------------------------------------------------------------------

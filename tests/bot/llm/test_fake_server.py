@@ -14,6 +14,8 @@ ANTHROPIC_HEADERS = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
 USE = {"type": "tool_use", "id": "tu1", "name": "f", "input": {}}
 RESULT = {"type": "tool_result", "tool_use_id": "tu1", "content": "ok"}
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+KIMI_USE = {**USE, "id": "functions.f:0"}  # as Kimi K2 on vLLM names its calls: refused by Anthropic
+LONG_CALL = {**CALL, "id": "c" * 41}  # OpenAI takes ids of at most 40 characters
 
 
 def user(content: Any) -> dict[str, Any]:
@@ -58,6 +60,7 @@ def gpt(messages: list[dict[str, Any]], model: str = "gpt-4.1-mini", **extra: An
         claude([user("go"), assistant([USE])]),
         claude([user("go"), assistant([USE, USE]), user([RESULT, RESULT])]),  # tool_use ids must be unique
         claude([user("go"), assistant([USE]), user([RESULT]), assistant([USE]), user([RESULT])]),
+        claude([user("go"), assistant([KIMI_USE]), user([{**RESULT, "tool_use_id": KIMI_USE["id"]}])]),
         claude([user("hi")], temperature=1.5),
         claude([user([{"type": "image", "source": {"type": "url"}}])]),
     ],
@@ -100,6 +103,13 @@ async def test_anthropic_accepts_a_proper_tool_exchange(server: FakeLLMServer) -
         gpt([user("hi")], model="gpt-5", temperature=0.5),
         gpt([user("hi")], model="gpt-5", max_tokens=10),
         gpt([user([{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}])]),
+        gpt(
+            [
+                user("go"),
+                assistant(None, tool_calls=[LONG_CALL]),
+                {"role": "tool", "tool_call_id": "c" * 41, "content": "r"},
+            ]
+        ),
     ],
 )
 async def test_openai_refuses_what_the_real_api_refuses(server: FakeLLMServer, body: dict[str, Any]) -> None:

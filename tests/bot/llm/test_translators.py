@@ -16,6 +16,7 @@ from bot.llm.sse import SSEvent
 from bot.llm.tool_pairs import MISSING_RESULT, paired
 from bot.llm.turns import OPENING, normalized
 from bot.llm.types import Wire
+from bot.llm.wire_ids import OPENAI_IDS
 
 TIMEOUT = httpx.Timeout(5.0)
 TOOL = ToolSpec("files", "Read a file", {"type": "object", "properties": {"path": {"type": "string"}}})
@@ -455,7 +456,7 @@ def test_history_is_normalized_for_strict_templates_and_tool_pairs_are_kept() ->
         Message(Role.ASSISTANT, ""),
         Message(Role.USER, "third"),
     )
-    system, out = normalized(ChatRequest(messages=history, system="base"))
+    system, out = normalized(ChatRequest(messages=history, system="base"), OPENAI_IDS)
     assert system == "base\n\n[summary] likes tea"
     assert [(m.role, m.content) for m in out] == [
         (Role.USER, OPENING),
