@@ -39,7 +39,8 @@ from bot.config import MemorySettings
 from bot.domain import Message, Role
 from bot.logging import configure_logging
 from bot.memory.importer import read_json
-from bot.memory.service import Exchange, MemoryService
+from bot.memory.recorder import Exchange
+from bot.memory.service import MemoryService
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "bench" / "longmemeval_s_100.json.gz"
 START = datetime(2023, 1, 1, tzinfo=UTC)

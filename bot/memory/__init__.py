@@ -8,8 +8,10 @@ from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from bot.memory.longterm import Limits, LongTermMemory, NotUtf8
 from bot.memory.pack import MemoryPack
 from bot.memory.prompt import system_prompt
+from bot.memory.recorder import CONVERSATION_KEY, Exchange
 from bot.memory.retrieval import ScoredItem
-from bot.memory.service import CONVERSATION_KEY, Exchange, MemoryContext, MemoryService
+from bot.memory.section import MemoryContext
+from bot.memory.service import MemoryService
 from bot.memory.tool import MemoryTool
 from bot.memory.vectors import VECTORS_DIR, VectorStore
 

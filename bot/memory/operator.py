@@ -16,8 +16,9 @@ from bot.domain import Message, Role
 from bot.memory.importer import ImportSession, read_json, sessions_from
 from bot.memory.items import Layer
 from bot.memory.prompt import system_prompt
+from bot.memory.recorder import Exchange
 from bot.memory.retrieval import ScoredItem
-from bot.memory.service import Exchange, MemoryService
+from bot.memory.service import MemoryService
 
 Progress = Callable[[int, int], None]  # (sessions done, sessions total)
 

@@ -28,6 +28,11 @@ def belongs_to(item: MemoryItem, session_id: str) -> bool:
     return any(ref.session_id == session_id for ref in item.references)
 
 
+def may_see(session_id: str | None, item: MemoryItem, *, chat_scope: bool) -> bool:
+    """Whether ``session_id`` may see ``item``; ``None`` is the operator, who sees everything."""
+    return not chat_scope or session_id is None or belongs_to(item, session_id)
+
+
 def of_chat(items: Iterable[MemoryItem], session_id: str) -> list[MemoryItem]:
     return [item for item in items if belongs_to(item, session_id)]
 

@@ -24,7 +24,8 @@ from bot.config import CompactionSettings, MemorySettings, ToolSettings
 from bot.context_budget import ContextBudget, prompt_room
 from bot.domain import InboundMessage, Message, Role, Session, ToolCall, Usage
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
-from bot.memory.service import Exchange, MemoryService
+from bot.memory.recorder import Exchange
+from bot.memory.service import MemoryService
 from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry
 from pipeline import Pipeline, Turn

@@ -14,7 +14,7 @@ from bot.domain import Message, Role
 from bot.llm import LLMClient
 from bot.memory import Exchange, MemoryService
 from bot.memory import operator as memory_operator
-from bot.memory.service import SEMANTIC_CANDIDATES
+from bot.memory.relevant import SEMANTIC_CANDIDATES
 from bot.memory.tool import MemoryTool
 from bot.sessions import encode_id
 from bot.tools import builtin_tools

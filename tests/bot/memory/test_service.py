@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 from bot.config import MemorySettings
 from bot.domain import Message, Role
 from bot.memory import Exchange, Layer, MemoryService
-from bot.memory.service import informative
+from bot.memory.recent import informative
 from tests.bot.memory.conftest import Clock, make_memory
 
 TOKYO = ZoneInfo("Asia/Tokyo")  # loaded at import, off the event loop (as settings validation does)

@@ -1,0 +1,79 @@
+"""Item upkeep: promoting what was just written, and the running bot's promote, decay and compact pass."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+
+import structlog
+
+from bot.config import MemorySettings
+from bot.memory.item_store import ItemStore
+from bot.memory.items import MemoryItem
+from bot.memory.retrieval import Retriever
+
+log = structlog.get_logger(__name__)
+
+
+class Upkeep:
+    """Keeps the item layers in shape after writes.
+
+    Every write promotes its own new items (:meth:`promote`). :meth:`maintain` promotes, decays and
+    compacts all of them; with ``every`` set (the running bot) :meth:`run` does so after every
+    consolidation and at least that often while the bot answers. Operator commands and the bench leave
+    ``every`` ``None``, so that they never rewrite item logs behind the bot's back.
+    """
+
+    def __init__(
+        self,
+        items: ItemStore,
+        retriever: Retriever,
+        settings: MemorySettings,
+        *,
+        clock: Callable[[], datetime],
+        every: timedelta | None = None,
+    ) -> None:
+        self._items = items
+        self._retriever = retriever
+        self._settings = settings
+        self._clock = clock
+        self._every = every
+        self._maintained_at: datetime | None = None
+
+    async def promote(self, candidates: Sequence[MemoryItem]) -> None:
+        """Promote what was just written, if confident enough (never a scan of every item)."""
+        await self._items.promote(self._clock(), self._settings.promotion_confidence, candidates)
+
+    async def maintain(self) -> dict[str, int]:
+        """Promotion, decay and log compaction: in-memory scans plus a write only for what changed."""
+        now = self._clock()
+        await self._items.flush_touches()
+        promoted = await self._items.promote(now, self._settings.promotion_confidence)
+        decayed = await self._items.decay(now, self._settings.decay_days)
+        compacted = await self._items.compact()
+        await self._items.save_snapshot()
+        await self._retriever.save()
+        return {"promoted": len(promoted), "decayed": decayed, "compacted": compacted}
+
+    async def run(self, *, when_due: bool = False) -> None:
+        """:meth:`maintain` for the running bot only (``every`` set); ``when_due`` waits for ``every``
+        since the last run. A failure is logged, never the user's problem."""
+        every, last = self._every, self._maintained_at
+        if every is None or (when_due and last is not None and self._clock() - last < every):
+            return
+        self._maintained_at = self._clock()
+        try:
+            report = await self.maintain()
+        except OSError as exc:
+            log.error("memory_maintenance_failed", error=repr(exc))
+            return
+        if any(report.values()):
+            log.info("memory_maintained", **report)
+
+    async def close(self) -> None:
+        """The running bot writes which items were recalled since the last maintenance."""
+        if self._every is not None:
+            try:
+                await self._items.flush_touches()
+            except OSError as exc:
+                log.error("memory_touches_not_saved", error=repr(exc))
