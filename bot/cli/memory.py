@@ -236,14 +236,16 @@ def reindex(
         bool, typer.Option("--full", help="Forget this model's vectors first and embed every item again.")
     ] = False,
 ) -> None:
-    """Embed every memory item with the configured embedding model (after changing the model).
+    """Embed the memory items with the configured embedding model (after changing the model).
 
-    Items that already have a vector are skipped, so a stopped run resumes. Safe next to a running bot.
+    What the bot embeds is embedded (what users said and the facts, not the answers); items that
+    already have a vector are skipped, so a stopped run resumes. Safe next to a running bot.
     """
     import httpx
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from bot.memory import VECTORS_DIR, VectorStore, build_embedder
+    from bot.memory import operator as ops
 
     settings = settings_from(ctx)
     if settings.memory.embeddings == "none":
@@ -255,7 +257,7 @@ def reindex(
             embedder = build_embedder(settings.memory, http)
             assert embedder is not None
             async with _service(settings) as service:
-                items = service.items.items()
+                items = ops.items_to_embed(service)
             store = VectorStore(settings.memory_dir / VECTORS_DIR, embedder)
             await store.start()
             try:

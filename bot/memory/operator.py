@@ -2,7 +2,8 @@
 
 - ``show``   → :func:`render_for_session`: the system prompt the model would see for a session;
 - ``edit``   → :func:`memory_file`: the MEMORY.md path to open in ``$EDITOR`` (edits are picked up live);
-- ``search`` → :func:`search`; ``stats`` → :func:`stats`; ``import`` → :func:`import_conversations`.
+- ``search`` → :func:`search`; ``stats`` → :func:`stats`; ``import`` → :func:`import_conversations`;
+- ``reindex`` → :func:`items_to_embed`: the items the bot gives a vector.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from pathlib import Path
 
 from bot.domain import Message, Role
 from bot.memory.importer import ImportSession, read_json, sessions_from
-from bot.memory.items import Layer
+from bot.memory.items import Layer, MemoryItem
 from bot.memory.prompt import system_prompt
 from bot.memory.recorder import Exchange
+from bot.memory.relevant import embeddable
 from bot.memory.retrieval import ScoredItem
 from bot.memory.service import MemoryService
 
@@ -51,6 +53,12 @@ async def search(
 ) -> list[ScoredItem]:
     """Items matching ``query``: of every chat, or in chat scope of ``session_id``'s chat only."""
     return await service.search(query, k=k, session_id=session_id)
+
+
+def items_to_embed(service: MemoryService) -> list[MemoryItem]:
+    """The items the running bot embeds (what the user said and the facts, not the answers): what
+    ``membot memory reindex`` embeds, so that a bot started after it has nothing left to do."""
+    return [item for item in service.items.items() if embeddable(item)]
 
 
 @dataclass(frozen=True, slots=True)

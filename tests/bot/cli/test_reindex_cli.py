@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import httpx
+
+from bot.config import MemorySettings, Settings
+from bot.memory import MemoryService, build_embedder, vector_file
 from tests.bot.cli.membot_process import run_membot
 
 EXPORT = {
@@ -38,6 +44,8 @@ def membot(*args: str, workspace: Path, **settings: str) -> subprocess.Completed
 
 
 def imported(tmp_path: Path) -> tuple[Path, int]:
+    """A workspace with EXPORT imported, and how many of its items get a vector (the bot embeds what
+    the user said, not the assistant's answers)."""
     export = tmp_path / "conv.json"
     export.write_text(json.dumps(EXPORT))
     ws = tmp_path / "ws"
@@ -45,7 +53,14 @@ def imported(tmp_path: Path) -> tuple[Path, int]:
     assert result.returncode == 0, result.stderr
     found = re.search(r"(\d+) memory items", result.stdout)
     assert found, result.stdout
-    return ws, int(found.group(1))
+    items = stored_items(ws)
+    assert len(items) == int(found.group(1))
+    return ws, sum(1 for item in items if "assistant" not in item["tags"])
+
+
+def stored_items(ws: Path) -> list[dict[str, Any]]:
+    logs = sorted((ws / "memory" / "items").rglob("*.jsonl"))
+    return [json.loads(line) for log in logs for line in log.read_text().splitlines() if line.strip()]
 
 
 def test_reindex_embeds_every_item_once_with_the_bundled_model(tmp_path: Path) -> None:
@@ -66,6 +81,33 @@ def test_reindex_embeds_every_item_once_with_the_bundled_model(tmp_path: Path) -
     full = membot("memory", "reindex", "--full", workspace=ws, embeddings="local")
     assert full.returncode == 0 and f"embedded {items} items" in full.stdout
     assert vectors.stat().st_size == 512 + items * (32 + 2 * 384)  # rebuilt, not appended twice
+
+
+def test_reindex_embeds_what_the_bot_embeds_and_a_started_bot_finds_nothing_left(tmp_path: Path) -> None:
+    # The bot gives no vector to the assistant's answers (bot/memory/relevant.py, embeddable); reindex
+    # embedded them too: twice the model's time, and meaning search then ranked answers the bot left out.
+    ws, embeddable = imported(tmp_path)
+    result = membot("memory", "reindex", workspace=ws, embeddings="local")
+    assert result.returncode == 0, result.stderr
+    assert f"embedded {embeddable} items" in result.stdout
+    vectors = ws / "memory" / "vectors" / "all-MiniLM-L6-v2-int8-dq.vec"
+    keys = set(vector_file.read(vectors, "all-MiniLM-L6-v2-int8-dq")[1].keys)
+    answers = {item["fingerprint"] for item in stored_items(ws) if "assistant" in item["tags"]}
+    assert len(keys) == embeddable and answers and not keys & answers
+
+    async def queued_at_start() -> int:  # what a bot started now would still embed
+        settings = Settings(workspace=ws, memory=MemorySettings(embeddings="local"))
+        async with httpx.AsyncClient() as http:
+            service = MemoryService(
+                settings.memory_dir, settings.memory, embedder=build_embedder(settings.memory, http)
+            )
+            await service.start()
+            assert service.vectors is not None
+            pending = service.vectors.pending
+            await service.close()
+        return pending
+
+    assert asyncio.run(queued_at_start()) == 0
 
 
 def test_reindex_says_what_to_set_when_embeddings_are_off(tmp_path: Path) -> None:
