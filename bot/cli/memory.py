@@ -83,7 +83,7 @@ def edit(ctx: typer.Context) -> None:
 
     You edit a copy, saved when the editor exits; what the bot wrote meanwhile is merged in.
     """
-    from bot.memory import Limits, LongTermMemory, NotUtf8
+    from bot.memory import Conflict, Limits, LongTermMemory, NotUtf8
 
     settings = settings_from(ctx)
     path = _run(settings, lambda service: _path(service))
@@ -123,6 +123,12 @@ def edit(ctx: typer.Context) -> None:
         merged = memory.apply_operator_edit(start, edited)
     except NotUtf8:  # saved in another encoding by something else while you edited
         fail(f"{path} is no longer UTF-8 text: MEMORY.md left as it was; your text is in {copy}")
+    except (OSError, Conflict) as exc:  # a full disk, say: the copy is all the operator has
+        reason = exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
+        fail(
+            f"cannot save {path} ({reason}): MEMORY.md left as it was; your text is in {copy}. "
+            "Fix the cause, then copy it over MEMORY.md (or paste it into `membot memory edit`)"
+        )
     shutil.rmtree(folder, ignore_errors=True)
     path.chmod(0o600)
     if merged:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +180,44 @@ def test_an_item_with_a_naive_timestamp_does_not_break_retrieval(tmp_path: Path)
     found = membot("memory", "search", "sailing boat", workspace=ws)
     assert found.returncode == 0, found.stderr
     assert "red sailing boat" in found.stdout and "named Gull" in found.stdout
+
+
+def test_an_edit_that_cannot_be_saved_says_where_the_operators_text_is(tmp_path: Path) -> None:
+    """A full disk (here: a file size limit, which fails the write the same way) when the edit is put in
+    place said only "error: File too large"; the text was kept, in a temporary folder nobody named."""
+    ws = tmp_path / "ws"
+    memory_md = ws / "memory" / "MEMORY.md"
+    memory_md.parent.mkdir(parents=True)
+    memory_md.write_text("# Facts\n- likes tea\n")
+    typed = "".join(f"- operator fact {i}: typed with care for an hour\n" for i in range(200))
+    editor = tmp_path / "editor.py"  # the editor itself may write files of any size
+    editor.write_text(
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+        f"open(sys.argv[1], 'a').write({typed!r})\n"
+    )
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_") and k != "VISUAL"}
+    env.update(
+        MEMBOT_WORKSPACE=str(ws), HOME=str(tmp_path), TMPDIR=str(temp), EDITOR=f"{sys.executable} {editor}"
+    )
+
+    def small_files() -> None:  # membot's writes past 4 KiB fail with EFBIG, as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "bot", "memory", "edit"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=small_files,
+    )
+
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert memory_md.read_text() == "# Facts\n- likes tea\n"
+    [copy] = temp.glob("membot-edit-*/MEMORY.md")
+    assert copy.read_text() == "# Facts\n- likes tea\n" + typed
+    assert str(copy) in " ".join(result.stderr.split()), result.stderr
+    assert "MEMORY.md left as it was" in result.stderr
