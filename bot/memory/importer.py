@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -60,7 +61,7 @@ def read_json(path: Path) -> Any:
     try:
         with opener(path, "rt", encoding="utf-8") as f:
             return json.load(f)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zlib.error) as exc:  # a .gz cut short, or damaged
         raise ConfigError(f"cannot read conversations from {path}: {exc}") from exc
 
 

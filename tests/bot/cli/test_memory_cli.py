@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import resource
@@ -221,3 +222,30 @@ def test_an_edit_that_cannot_be_saved_says_where_the_operators_text_is(tmp_path:
     assert copy.read_text() == "# Facts\n- likes tea\n" + typed
     assert str(copy) in " ".join(result.stderr.split()), result.stderr
     assert "MEMORY.md left as it was" in result.stderr
+
+
+def test_import_of_a_truncated_or_damaged_gzip_export_is_a_clear_error(tmp_path: Path) -> None:
+    """A .json.gz cut short (a copy that stopped, a full disk) printed only "Aborted."."""
+    sessions = [
+        {"id": f"s{i}", "date": "2024-01-01 10:00", "turns": [{"role": "user", "content": f"fact {i}"}]}
+        for i in range(2000)
+    ]
+    whole = gzip.compress(json.dumps({"sessions": sessions}).encode())
+    export = tmp_path / "conv.json.gz"
+    export.write_bytes(whole[: len(whole) // 2])
+    ws = tmp_path / "ws"
+
+    result = membot("memory", "import", str(export), workspace=ws)
+
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"cannot read conversations from {export}" in " ".join(result.stderr.split())
+    assert "ended before the end" in result.stderr
+    assert not list((ws / "memory").glob("*.md")) and not list((ws / "memory").rglob("*.jsonl"))
+
+    garbled = bytearray(whole)
+    garbled[100:500] = bytes(400)  # in the deflate stream: zlib.error, not a CRC mismatch
+    export.write_bytes(garbled)  # zlib's own error escaped as a traceback
+    result = membot("memory", "import", str(export), workspace=ws)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"cannot read conversations from {export}" in " ".join(result.stderr.split())
+    assert not list((ws / "memory").glob("*.md")) and not list((ws / "memory").rglob("*.jsonl"))
