@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shlex
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,11 +57,23 @@ def parse_date(value: str, tz: ZoneInfo) -> datetime:
 
 
 def read_json(path: Path) -> Any:
-    """Load a (possibly gzip'd) JSON file; blocking, call it in a thread."""
+    """Load a (possibly gzip'd) UTF-8 JSON file (a byte-order mark is allowed); blocking, call it in a
+    thread."""
     opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            return json.load(f)
+        with opener(path, "rb") as f:
+            raw: bytes = f.read()
+        return json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:  # a ValueError: which line, and what to do, is what helps here
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - raw.rfind(b"\n", 0, exc.start)
+        source = shlex.quote(str(path))
+        iconv = "iconv -f latin1 -t utf-8"
+        convert = f"zcat {source} | {iconv}" if path.suffix == ".gz" else f"{iconv} {source}"
+        raise ConfigError(
+            f"{path} is not UTF-8 text (line {line}, column {column} is not): convert it first, e.g. "
+            f"`{convert} > converted.json`, and import that"
+        ) from exc
     except (OSError, ValueError, EOFError, zlib.error) as exc:  # a .gz cut short, or damaged
         raise ConfigError(f"cannot read conversations from {path}: {exc}") from exc
 

@@ -249,3 +249,33 @@ def test_import_of_a_truncated_or_damaged_gzip_export_is_a_clear_error(tmp_path:
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert f"cannot read conversations from {export}" in " ".join(result.stderr.split())
     assert not list((ws / "memory").glob("*.md")) and not list((ws / "memory").rglob("*.jsonl"))
+
+
+def test_import_of_an_export_in_another_encoding_names_the_line_and_how_to_convert_it(
+    tmp_path: Path,
+) -> None:
+    """A Latin-1 export said "'utf-8' codec can't decode byte 0xe9 in position 97": which line of a
+    large file, and what to do, was left to the operator. A UTF-8 file that starts with a byte-order
+    mark (Windows Notepad's UTF-8) was refused as not JSON."""
+    turns = [{"role": "user", "content": "I love crème brûlée"}, {"role": "assistant", "content": "Noted."}]
+    text = json.dumps(
+        {"sessions": [{"id": "s1", "date": "2024-01-01 10:00", "turns": turns}]}, indent=1, ensure_ascii=False
+    )
+    export = tmp_path / "conv.json"
+    export.write_bytes(text.encode("latin-1"))
+    line, column = next(
+        (n, row.index("è") + 1) for n, row in enumerate(text.splitlines(), start=1) if "crème" in row
+    )
+    ws = tmp_path / "ws"
+
+    result = membot("memory", "import", str(export), workspace=ws)
+
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "Traceback" not in said, said
+    assert f"{export} is not UTF-8 text (line {line}, column {column} is not)" in said
+    assert "iconv -f latin1 -t utf-8" in said
+    assert not list((ws / "memory").glob("*.md")) and not list((ws / "memory").rglob("*.jsonl"))
+
+    export.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    result = membot("memory", "import", str(export), workspace=ws)
+    assert result.returncode == 0 and "imported 1 sessions, 2 turns" in result.stdout, result.stderr
