@@ -91,15 +91,21 @@ def _walk(data: Any, tz: ZoneInfo) -> Iterator[ImportSession]:
             yield from _walk(entry, tz)
     elif isinstance(data, dict) and "haystack_sessions" in data:
         ids, dates, sessions = data["haystack_session_ids"], data["haystack_dates"], data["haystack_sessions"]
+        if not len(ids) == len(dates) == len(sessions):
+            raise ConfigError(
+                f"haystack_session_ids ({len(ids)}), haystack_dates ({len(dates)}) and haystack_sessions "
+                f"({len(sessions)}) must be lists of the same length, one entry per session"
+            )
         for sid, date, turns in zip(ids, dates, sessions, strict=True):
-            yield _session(str(sid), parse_date(str(date), tz), turns, tz)
+            yield _session(str(sid), _date(date, f"session {sid!r}", tz), turns, tz)
     elif isinstance(data, dict) and "sessions" in data:
         yield from _walk(data["sessions"], tz)
     elif isinstance(data, dict) and "turns" in data:
         date = data.get("date") or data.get("started_at") or data.get("timestamp")
         if not date:
             raise ConfigError(f"session {data.get('id')!r} has no date")
-        yield _session(str(data.get("id") or date), parse_date(str(date), tz), data["turns"], tz)
+        sid = str(data.get("id") or date)
+        yield _session(sid, _date(date, f"session {sid!r}", tz), data["turns"], tz)
     else:
         raise ConfigError("unrecognized conversation format (expected sessions with turns; see membot docs)")
 
@@ -118,7 +124,15 @@ def _session(sid: str, started: datetime, turns: Any, tz: ZoneInfo) -> ImportSes
         if role not in ("user", "assistant"):
             continue
         stamp = turn.get("timestamp")
-        when = parse_date(str(stamp), tz) if stamp else started + timedelta(seconds=i)
+        when = _date(stamp, f"session {sid!r}, turn {i}", tz) if stamp else started + timedelta(seconds=i)
         message = Message(Role(role), str(turn.get("content") or ""), timestamp=when, id=f"{sid}#{i}")
         out.append(ImportTurn(i, message))
     return ImportSession(sid, started, out)
+
+
+def _date(value: object, where: str, tz: ZoneInfo) -> datetime:
+    """:func:`parse_date`, with an error that says which session or turn holds the bad date."""
+    try:
+        return parse_date(str(value), tz)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc

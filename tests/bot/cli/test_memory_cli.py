@@ -279,3 +279,28 @@ def test_import_of_an_export_in_another_encoding_names_the_line_and_how_to_conve
     export.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
     result = membot("memory", "import", str(export), workspace=ws)
     assert result.returncode == 0 and "imported 1 sessions, 2 turns" in result.stdout, result.stderr
+
+
+def test_import_errors_name_the_session_turn_or_field_at_fault(tmp_path: Path) -> None:
+    """A bad timestamp said only "cannot read the date 'yesterday'" (in which of thousands of sessions?),
+    and LongMemEval lists of different lengths "zip() argument 2 is shorter than argument 1"."""
+    ws, export = tmp_path / "ws", tmp_path / "conv.json"
+    good = {"id": "s1", "date": "2024-01-01 10:00", "turns": [{"role": "user", "content": "kept?"}]}
+    stamped = {"role": "user", "content": "x", "timestamp": "yesterday"}
+    bad = {"id": "s7", "date": "2024-01-02 10:00", "turns": [{"role": "user", "content": "ok"}, stamped]}
+    export.write_text(json.dumps({"sessions": [good, bad]}))
+    result = membot("memory", "import", str(export), workspace=ws)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "session 's7', turn 1: cannot read the date 'yesterday'" in " ".join(result.stderr.split())
+
+    lme = {
+        "haystack_session_ids": ["a", "b"],
+        "haystack_dates": ["2024/01/01 (Mon) 10:00"],
+        "haystack_sessions": [[], []],
+    }
+    export.write_text(json.dumps([lme]))
+    result = membot("memory", "import", str(export), workspace=ws)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "Traceback" not in said
+    assert "haystack_session_ids (2), haystack_dates (1) and haystack_sessions (2)" in said, said
+    assert not list((ws / "memory").glob("*.md")) and not list((ws / "memory").rglob("*.jsonl"))
