@@ -115,11 +115,28 @@ class SessionPeek:
     updated_at: datetime | None
 
 
-class JsonSessionStore:
-    """Sessions as a header JSON plus an append-only JSON-lines message log (see the module doc)."""
+READ_TRIES = 5  # a read-only load's tries when the bot keeps replacing the session's log under it
 
-    def __init__(self, directory: Path) -> None:
+
+class _LogReplaced(Exception):
+    """The log a header named was gone when read: the session was rewritten in between."""
+
+
+class JsonSessionStore:
+    """Sessions as a header JSON plus an append-only JSON-lines message log (see the module doc).
+
+    ``read_only``: for a reader beside a running bot (``membot sessions show|export``). Its loads
+    change nothing on disk: no file moved aside, no header rebuilt, no damaged line set aside (those
+    are the owner's to do, at its next load); a damaged session is a :class:`StorageError` instead. A
+    log the bot replaced between the reads of the header and of the log (a rewrite: the first save,
+    compaction, /new) is looked up again from the new header. A reader that repaired instead would
+    move a live session's files aside in that gap, and the bot's next save would start a log no
+    header names.
+    """
+
+    def __init__(self, directory: Path, *, read_only: bool = False) -> None:
         self._dir = directory
+        self._read_only = read_only
 
     @property
     def directory(self) -> Path:
@@ -137,6 +154,16 @@ class JsonSessionStore:
         return await asyncio.to_thread(self._load_sync, sid)
 
     def _load_sync(self, sid: str) -> Session | None:
+        if not self._read_only:
+            return self._load_once(sid)
+        for _ in range(READ_TRIES):
+            try:
+                return self._load_once(sid)
+            except _LogReplaced:
+                continue  # the bot rewrote the session meanwhile: its new header names the new log
+        raise StorageError(f"session {sid} kept changing while it was read: try again")
+
+    def _load_once(self, sid: str) -> Session | None:
         header_path = self.header_path(sid)
         try:
             raw = header_path.read_bytes()
@@ -150,6 +177,11 @@ class JsonSessionStore:
                 raise ValueError("session header is not a JSON object")
             session_from_header(header)
         except UNREADABLE as exc:
+            if self._read_only:
+                raise StorageError(
+                    f"session file {header_path} is damaged ({describe(exc)}): the bot rebuilds it from"
+                    " its log when it next loads the session (start it, or let it answer in that chat)"
+                ) from exc
             header = self._header_from_log(sid, raw, reason=describe(exc))
             if header is None:
                 self._move_aside(sid, header_path, reason=describe(exc))
@@ -163,10 +195,17 @@ class JsonSessionStore:
             if content.state is not None:
                 apply_state(session, content.state)
             session.log_bytes = content.end
-        except UNREADABLE_FILE as exc:
+        except FileNotFoundError as exc:
+            if self._read_only:
+                raise _LogReplaced from exc
             self._move_aside(sid, header_path, reason=f"{type(exc).__name__}: {exc}")
             return None
-        if content.damaged or content.unfinished:
+        except UNREADABLE_FILE as exc:
+            if self._read_only:
+                raise StorageError(f"session {sid} cannot be read ({type(exc).__name__}: {exc})") from exc
+            self._move_aside(sid, header_path, reason=f"{type(exc).__name__}: {exc}")
+            return None
+        if (content.damaged or content.unfinished) and not self._read_only:
             self._keep_unread(sid, session, content)
         session.persisted_count = len(session.messages)
         return session

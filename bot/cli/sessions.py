@@ -236,9 +236,10 @@ def _resolve(settings: Settings, given: str) -> str:
 def _load(settings: Settings, sid: str) -> Session:
     from bot.sessions import JsonSessionStore
 
-    loaded = asyncio.run(JsonSessionStore(settings.sessions_dir).load(sid))
+    # Read-only: this runs beside the bot, which owns the files (and repairs them when it loads them).
+    loaded = asyncio.run(JsonSessionStore(settings.sessions_dir, read_only=True).load(sid))
     if loaded is None:
-        fail(f"session {sid} could not be read (a corrupt file is moved aside; see the log)")
+        fail(f"no session {sid} in {settings.sessions_dir} (see `membot sessions list`)")
     return loaded
 
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.domain import Message, Role, ToolCall
+from bot.errors import StorageError
 from bot.sessions import JsonSessionStore, SessionService, encode_id
 from bot.storage import atomic_write_bytes
 
@@ -301,3 +302,54 @@ async def test_changed_since_names_the_sessions_written_after_a_time(tmp_path: P
         "discord:old",
         "discord:v1.2.3",
     ]
+
+
+async def test_a_reader_beside_the_bot_never_moves_its_session_aside(tmp_path: Path) -> None:
+    """``membot sessions show|export`` read while the bot rewrites the session (first save, compaction,
+    /new: a new log generation, the header swapped, the old log unlinked). A reader that repaired what
+    it could not read moved the live files aside in that gap; a read-only one reads the new log."""
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("cli", "me")
+    session.append(Message(Role.USER, "hello"))
+    await sessions.save(session)
+    reader = JsonSessionStore(tmp_path / "sessions", read_only=True)
+    done = False
+    seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        while not done:
+            try:
+                loaded = asyncio.run(reader.load("cli:me"))
+                seen.append(len(loaded.messages) if loaded is not None else -1)
+            except BaseException as exc:  # collected for the assertion
+                errors.append(exc)
+
+    thread = asyncio.get_running_loop().run_in_executor(None, read)
+    for i in range(300):  # a rewrite every save: the race's gap opens 300 times
+        session.append(Message(Role.USER, f"m{i}"))
+        session.replace_messages(session.messages[-3:])
+        await sessions.save(session)
+        await asyncio.sleep(0)
+    done = True
+    await thread
+    folder = tmp_path / "sessions"
+    assert not [p.name for p in folder.iterdir() if ".corrupt-" in p.name]
+    assert errors == [] and seen and -1 not in seen
+    final = await service(tmp_path).get("cli:me")
+    assert final is not None and [m.content for m in final.messages] == ["m297", "m298", "m299"]
+
+
+async def test_a_reader_beside_the_bot_leaves_a_damaged_session_to_the_bot(tmp_path: Path) -> None:
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("cli", "me")
+    session.append(Message(Role.USER, "hello"))
+    await sessions.save(session)
+    folder = tmp_path / "sessions"
+    (folder / "cli:me.json").write_bytes(b"{not json")
+    before = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(StorageError, match="damaged"):
+        await JsonSessionStore(folder, read_only=True).load("cli:me")
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing rebuilt, moved or set aside
+    rebuilt = await service(tmp_path).get("cli:me")  # the owner repairs it
+    assert rebuilt is not None and [m.content for m in rebuilt.messages] == ["hello"]
