@@ -153,7 +153,8 @@ def search(
         typer.Option(help='Search as this chat would (memory.scope = "chat"); default: every chat.'),
     ] = None,
 ) -> None:
-    """Search structured memory the way the bot does before answering."""
+    """Search structured memory by its words (BM25 over lemmas, as the bot ranks them; the meaning side
+    of the bot's hybrid search is left out here, so that no model is loaded for a lookup)."""
     from bot.memory import operator as ops
 
     settings = settings_from(ctx)
