@@ -8,6 +8,8 @@ routes SIGINT to :meth:`TerminalChannel.interrupt`); Ctrl-C at the prompt or Ctr
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import sys
 from typing import ClassVar, TextIO
 
@@ -154,8 +156,28 @@ class TerminalChannel(Channel):
 
 
 async def stdin_reader() -> asyncio.StreamReader:
-    """An asyncio reader over this process's standard input (terminal or pipe)."""
+    """An asyncio reader over this process's standard input: a terminal, a pipe or a file.
+
+    A terminal, a pipe or a socket is watched by the event loop. Anything else (``membot chat <
+    questions.txt``, ``< /dev/null``) cannot be: a regular file is refused by ``connect_read_pipe`` and
+    epoll refuses ``/dev/null``, so it is read in a thread instead, where a read never waits for a person.
+    """
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    mode = os.fstat(sys.stdin.fileno()).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or sys.stdin.isatty():
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    else:
+        task = asyncio.create_task(_read_file(sys.stdin.fileno(), reader), name="terminal-file-input")
+        _file_readers.add(task)
+        task.add_done_callback(_file_readers.discard)
     return reader
+
+
+_file_readers: set[asyncio.Task[None]] = set()  # referenced until done: the loop keeps only weak ones
+
+
+async def _read_file(fd: int, reader: asyncio.StreamReader) -> None:
+    while chunk := await asyncio.to_thread(os.read, fd, 1 << 16):
+        reader.feed_data(chunk)
+    reader.feed_eof()

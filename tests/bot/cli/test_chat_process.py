@@ -255,3 +255,57 @@ async def test_input_that_ends_while_answers_are_coming_gets_them_first(tmp_path
             assert await chat.exit_code() == 0, chat.err
     answers = chat.out.split("bye — the conversation is saved.")[0]
     assert "first answer" in answers and "echo: more\n\nand more" in answers and "Uptime:" in answers
+
+
+async def membot_chat_reading(home: Path, llm: FakeLLMServer, stdin: Path) -> tuple[int, str, str]:
+    """``membot chat < FILE``: runs to the end of the file; returns the exit code, stdout and stderr."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
+    env.update(
+        HOME=str(home),
+        MEMBOT_WORKSPACE=str(home / "ws"),
+        MEMBOT_LLM__OPENAI__BASE_URL=llm.openai_base_url,
+        MEMBOT_LLM__OPENAI__API_KEY="sk-test-key-123456",
+    )
+    with stdin.open("rb") as source:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bot",
+            "chat",
+            stdin=source,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=home,
+        )
+    try:
+        async with asyncio.timeout(30):
+            out, err = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_input_from_a_file_is_answered_in_order_then_the_chat_ends(tmp_path: Path) -> None:
+    """``membot chat < questions.txt``: a regular file cannot be watched like a pipe or a terminal (it
+    stopped the chat with a ValueError before the first line)."""
+    questions = tmp_path / "questions.txt"
+    questions.write_text("first\nsecond\nthird\n")
+    async with FakeLLMServer(strict_template=True) as llm:
+        code, out, err = await membot_chat_reading(tmp_path, llm, questions)
+    assert code == 0, out + err
+    answers = out.split("bye — the conversation is saved.")[0]
+    assert "echo: first" in answers and "third" in answers  # collect mode may join the queued lines
+    assert answers.index("echo: first") < answers.index("second") < answers.index("third")
+
+
+async def test_input_from_dev_null_ends_the_chat_at_once(tmp_path: Path) -> None:
+    """``membot chat < /dev/null`` (cron, nohup, a service without a terminal): the input is over before
+    it starts, so the chat says bye and exits 0 (epoll refuses /dev/null, and the chat waited forever)."""
+    async with FakeLLMServer() as llm:
+        code, out, err = await membot_chat_reading(tmp_path, llm, Path(os.devnull))
+    assert code == 0, out + err
+    assert "bye — the conversation is saved." in out
