@@ -125,13 +125,13 @@ class TerminalChannel(Channel):
         if self._streamed and message.text.startswith(self._streamed):
             # The stream already showed the beginning; print only what it had not shown yet.
             rest = message.text[len(self._streamed) :]
-            self._writer.write(rest + "\n")
+            self._writer.write(_printable(rest) + "\n")
         else:
             if self._streamed:
                 self._writer.write("\n")
             marked = not message.is_error or message.text.startswith("⚠️")  # one warning sign is enough
             marker = "" if marked else "! "
-            self._writer.write(f"membot › {marker}{message.text}\n")
+            self._writer.write(f"membot › {marker}{_printable(message.text)}\n")
         self._streamed = ""
         self.health.sent += 1
         self._show_prompt()
@@ -144,7 +144,7 @@ class TerminalChannel(Channel):
             if not self._streamed:
                 self._writer.write("\rmembot › ")
             if text_so_far.startswith(self._streamed):
-                self._writer.write(text_so_far[len(self._streamed) :])
+                self._writer.write(_printable(text_so_far[len(self._streamed) :]))
                 self._writer.flush()
                 self._streamed = text_so_far
 
@@ -153,6 +153,22 @@ class TerminalChannel(Channel):
     def _show_prompt(self) -> None:
         self._writer.write(self._prompt)
         self._writer.flush()
+
+
+# A reply is shown, never obeyed: the terminal would act on the control characters in it (ESC starts
+# sequences that retitle the window, clear the screen or write the clipboard; \r and \b write over
+# what was shown). Each is printed as its visible symbol (ESC as ␛, C1 controls as �); \r is dropped so
+# that "\r\n" stays a line end. Per character, so a stream's pieces map like the whole answer.
+_SHOWN = {
+    **{code: chr(0x2400 + code) for code in range(0x20) if chr(code) not in "\n\t"},
+    0x0D: None,
+    0x7F: "\u2421",
+    **dict.fromkeys(range(0x80, 0xA0), "\ufffd"),
+}
+
+
+def _printable(text: str) -> str:
+    return text.translate(_SHOWN)
 
 
 async def stdin_reader() -> asyncio.StreamReader:

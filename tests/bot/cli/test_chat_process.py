@@ -309,3 +309,26 @@ async def test_input_from_dev_null_ends_the_chat_at_once(tmp_path: Path) -> None
         code, out, err = await membot_chat_reading(tmp_path, llm, Path(os.devnull))
     assert code == 0, out + err
     assert "bye — the conversation is saved." in out
+
+
+async def test_control_sequences_in_an_answer_are_shown_not_obeyed(tmp_path: Path) -> None:
+    """An answer is text to read: ESC sequences from the model (or a page it quotes) retitled the
+    window, cleared the screen and wrote the clipboard (OSC 52), and \\r or \\b hid what came before."""
+    evil = (
+        "title \x1b]0;PWNED\x07 clear \x1b[2J\x1b[31mred\x1b[0m clip \x1b]52;c;cm0gLXJmIH4=\x07"
+        " csi \x9b2J back\x08\x08 rm -rf ~\rls\r\nnext line\tend"
+    )
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text=evil))
+        async with membot_chat(tmp_path, llm) as chat:
+            await chat.type("hello")
+            await chat.wait_for("end\nyou › ")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+    answer = chat.out.split("membot › ", 1)[1].split("\nyou › ", 1)[0]
+    for control in ("\x1b", "\x07", "\x9b", "\x08", "\r"):
+        assert control not in answer, repr(answer)
+    assert "]0;PWNED" in answer and "rm -rf ~" in answer and "next line\tend" in answer  # all still shown
+    session = await JsonSessionStore(tmp_path / "ws" / "sessions").load("cli:ana")
+    assert session is not None and session.messages[-1].content == evil  # kept as the model wrote it
