@@ -450,6 +450,7 @@ async def run_chat(settings: Settings) -> None:
             f"Log: {settings.chat_log}\n"
         )
         await core.dispatcher.recover()
+        channel.show_unanswered([m.text for m in core.inbox.pending_messages(channel.session_id)])
         await _open(channel, core)  # stopped by core.edge, once the dispatcher has drained
         settle_heap()  # started: as ``membot run`` does (bot/lifecycle.py)
         try:

@@ -190,6 +190,11 @@ class Inbox:
         journal = self._journals.get(sid)
         return list(journal.pending) if journal else []
 
+    def pending_messages(self, sid: str) -> list[InboundMessage]:
+        """The messages of ``sid`` not finished yet, oldest first (a chat shows what it will answer)."""
+        journal = self._journals.get(sid)
+        return [entry.message for entry, _ in journal.pending.values()] if journal else []
+
     async def load_pending(self) -> list[InboxEntry]:
         """Entries a previous run accepted and never finished, oldest first per session."""
         entries = await asyncio.to_thread(self._load_sync)

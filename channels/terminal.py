@@ -11,6 +11,7 @@ import asyncio
 import os
 import stat
 import sys
+from collections.abc import Sequence
 from typing import ClassVar, TextIO
 
 import structlog
@@ -19,6 +20,8 @@ from bot.domain import InboundMessage, OutboundMessage
 from channels.base import Channel, InboundSink, PartialSink
 
 log = structlog.get_logger(__name__)
+
+_SHOWN_CHARS = 200  # of each unanswered message shown at start (its first line)
 
 
 class TerminalChannel(Channel):
@@ -77,6 +80,18 @@ class TerminalChannel(Channel):
         self._writer.write(f"\n{text}\n")
         self._streamed = ""
         self._show_prompt()
+
+    def show_unanswered(self, texts: Sequence[str]) -> None:
+        """Before :meth:`start`: the messages a previous run took and did not answer (it was killed or
+        its terminal closed), which are answered first. The new terminal does not show what was typed,
+        so without this an answer would come to a question the user cannot see."""
+        if not texts:
+            return
+        self._writer.write("membot stopped before it answered:\n")
+        for text in texts:
+            first, *more = text.splitlines() or [""]
+            cut = more or len(first) > _SHOWN_CHARS
+            self._writer.write(f"  {self._prompt}{_printable(first[:_SHOWN_CHARS])}{' …' if cut else ''}\n")
 
     @property
     def waiting_for_reply(self) -> bool:

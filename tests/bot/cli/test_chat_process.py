@@ -332,3 +332,25 @@ async def test_control_sequences_in_an_answer_are_shown_not_obeyed(tmp_path: Pat
     assert "]0;PWNED" in answer and "rm -rf ~" in answer and "next line\tend" in answer  # all still shown
     session = await JsonSessionStore(tmp_path / "ws" / "sessions").load("cli:ana")
     assert session is not None and session.messages[-1].content == evil  # kept as the model wrote it
+
+
+async def test_after_a_kill_the_next_chat_shows_the_question_it_answers_once(tmp_path: Path) -> None:
+    """SIGKILL (or SIGTERM, which ends ``membot chat`` the same way) mid-answer: the next start answers
+    the question once, and first shows it, since the new terminal does not show what was typed."""
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="never finished", delay=30))
+        async with membot_chat(tmp_path, llm) as chat:
+            await chat.type("what was the \x1b[31mquestion?")
+            await wait_in_flight(llm)
+            chat.process.kill()
+            await chat.exit_code()
+        llm.script(FakeReply(text="the answer"))
+        async with membot_chat(tmp_path, llm) as chat:
+            await chat.wait_for("membot › the answer\nyou › ")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+    before, after = chat.out.split("membot › the answer")
+    assert "what was the ␛[31mquestion?" in before  # shown, not obeyed
+    assert "question?" not in after and after.count("membot ›") == 0
+    assert len(llm.requests) == 2
