@@ -437,6 +437,8 @@ async def run_chat(settings: Settings) -> None:
             if not (channel.waiting_for_reply and core.dispatcher.is_running(channel.session_id)):
                 channel.close()
                 return
+            if stopping:  # a second press while the first stop runs: one stop, one "[stopped]"
+                return
             channel.notice("[stopping the answer — Ctrl-C again at the prompt quits]")
             task = loop.create_task(core.dispatcher.stop(channel.session_id))
             stopping.add(task)

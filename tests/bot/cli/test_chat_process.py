@@ -354,3 +354,26 @@ async def test_after_a_kill_the_next_chat_shows_the_question_it_answers_once(tmp
     assert "what was the ␛[31mquestion?" in before  # shown, not obeyed
     assert "question?" not in after and after.count("membot ›") == 0
     assert len(llm.requests) == 2
+
+
+async def test_ctrl_c_twice_mid_answer_stops_it_once(tmp_path: Path) -> None:
+    """An impatient double Ctrl-C: one stop, one "[stopped]" (each press started a stop of its own and
+    every notice was printed twice); what was typed still reaches the model with the next message."""
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="a very slow answer", delay=30))
+        async with membot_chat(tmp_path, llm) as chat:
+            await chat.type("think hard")
+            await chat.type("typed ahead")
+            await wait_in_flight(llm)
+            chat.process.send_signal(signal.SIGINT)
+            chat.process.send_signal(signal.SIGINT)
+            await chat.wait_for("[stopped]\nyou › ")
+            await asyncio.sleep(0.5)
+            assert chat.out.count("[stopping the answer") == 1 and chat.out.count("[stopped]") == 1
+            await chat.type("and now?")
+            await chat.wait_for("and now?\nyou › ")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+    sent = [m["content"] for m in llm.requests[-1].body["messages"] if m["role"] == "user"]
+    assert "think hard" in sent[-1] and "typed ahead" in sent[-1] and "and now?" in sent[-1]
