@@ -46,6 +46,7 @@ class TerminalChannel(Channel):
         self._task: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self._streamed = ""
+        self._interrupted = False  # a reply was printed below the streaming answer (see send)
         self._waiting = 0
 
     @property
@@ -79,6 +80,7 @@ class TerminalChannel(Channel):
         """A line from membot itself (not a reply), followed by a fresh prompt."""
         self._writer.write(f"\n{text}\n")
         self._streamed = ""
+        self._interrupted = False
         self._show_prompt()
 
     def show_unanswered(self, texts: Sequence[str]) -> None:
@@ -137,31 +139,52 @@ class TerminalChannel(Channel):
 
     async def send(self, message: OutboundMessage) -> None:
         self._waiting = max(0, self._waiting - 1)
-        if self._streamed and message.text.startswith(self._streamed):
+        self.health.sent += 1
+        if message.aside and self._streamed:
+            # A command's reply while an answer streams: on a line of its own, and the answer goes on
+            # after it from where it was, never printed again from its start.
+            if not self._interrupted:
+                self._writer.write("\n")
+            self._interrupted = True
+            self._write_reply(message)
+        elif self._streamed and message.text.startswith(self._streamed):
             # The stream already showed the beginning; print only what it had not shown yet.
             rest = message.text[len(self._streamed) :]
+            self._streamed = ""
+            if self._interrupted:
+                self._interrupted = False
+                if not rest:
+                    return  # all of it was on the screen before the reply that came between
+                self._writer.write("\rmembot › …")
             self._writer.write(_printable(rest) + "\n")
         else:
-            if self._streamed:
+            if self._streamed and not self._interrupted:
                 self._writer.write("\n")
-            marked = not message.is_error or message.text.startswith("⚠️")  # one warning sign is enough
-            marker = "" if marked else "! "
-            self._writer.write(f"membot › {marker}{_printable(message.text)}\n")
-        self._streamed = ""
-        self.health.sent += 1
+            self._streamed = ""
+            self._interrupted = False
+            self._write_reply(message)
         self._show_prompt()
+
+    def _write_reply(self, message: OutboundMessage) -> None:
+        marked = not message.is_error or message.text.startswith("⚠️")  # one warning sign is enough
+        marker = "" if marked else "! "
+        self._writer.write(f"membot › {marker}{_printable(message.text)}\n")
 
     def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
         if not self._stream:
             return None
 
         async def show(text_so_far: str) -> None:
+            if not text_so_far.startswith(self._streamed):
+                return
             if not self._streamed:
                 self._writer.write("\rmembot › ")
-            if text_so_far.startswith(self._streamed):
-                self._writer.write(_printable(text_so_far[len(self._streamed) :]))
-                self._writer.flush()
-                self._streamed = text_so_far
+            elif self._interrupted:  # a command's reply came between: the answer goes on below it
+                self._writer.write("\rmembot › …")
+                self._interrupted = False
+            self._writer.write(_printable(text_so_far[len(self._streamed) :]))
+            self._writer.flush()
+            self._streamed = text_so_far
 
         return show
 

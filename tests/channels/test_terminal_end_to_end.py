@@ -11,6 +11,7 @@ from typing import Any
 
 from bot.app import build_core
 from bot.config import Settings, load_settings
+from bot.domain import InboundMessage, OutboundMessage
 from channels.terminal import TerminalChannel
 from tests.fakes.llm_server import FakeLLMServer
 
@@ -123,3 +124,23 @@ async def test_with_a_server_of_ones_own_summaries_ask_for_its_model(tmp_path: P
         out = await chat_once(settings, lines, "Compacted")
     assert "No summary" not in out
     assert {r.body["model"] for r in llm.requests} == {"llama3.1"}
+
+
+async def test_a_command_reply_between_a_streamed_answer_and_its_end_does_not_print_it_twice() -> None:
+    """The stream showed the whole answer, then a ``/status`` reply came before the turn had saved and
+    sent it: the answer was printed a second time, whole."""
+    screen = Screen()
+
+    async def nobody_types(message: InboundMessage) -> None:
+        raise AssertionError(message)
+
+    channel = TerminalChannel(nobody_types, user="alice", reader=asyncio.StreamReader(), writer=screen)
+    show = channel.partial_sink("alice")
+    assert show is not None
+    await show("the whole answer")
+    await channel.send(OutboundMessage("cli", "alice", "Uptime: 0s", aside=True))
+    await channel.send(OutboundMessage("cli", "alice", "the whole answer"))
+    await channel.send(OutboundMessage("cli", "alice", "next"))
+    assert screen.getvalue() == (
+        "\rmembot › the whole answer\nmembot › Uptime: 0s\nyou › membot › next\nyou › "
+    )

@@ -377,3 +377,23 @@ async def test_ctrl_c_twice_mid_answer_stops_it_once(tmp_path: Path) -> None:
             assert await chat.exit_code() == 0, chat.err
     sent = [m["content"] for m in llm.requests[-1].body["messages"] if m["role"] == "user"]
     assert "think hard" in sent[-1] and "typed ahead" in sent[-1] and "and now?" in sent[-1]
+
+
+async def test_a_command_typed_while_an_answer_streams_does_not_print_the_answer_again(
+    tmp_path: Path,
+) -> None:
+    """``/status`` mid-answer is answered at once, on a line of its own; the answer then goes on where it
+    was (it started over, so its beginning was on the screen twice)."""
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="alpha beta gamma delta epsilon zeta", stall_after=3, stall=2))
+        async with membot_chat(tmp_path, llm) as chat:
+            await chat.type("hi")
+            await chat.wait_for("membot › alpha")
+            await chat.type("/status")
+            await chat.wait_for("zeta\nyou › ")
+            await asyncio.sleep(0.5)
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+    assert chat.out.count("alpha") == 1 and chat.out.count("zeta") == 1, chat.out
+    assert chat.out.index("alpha") < chat.out.index("Uptime:") < chat.out.index("zeta")
