@@ -576,6 +576,8 @@ async def _terminal(core: Core) -> TerminalChannel:
         user=core.settings.terminal.user,
         reader=await stdin_reader(),
         writer=sys.stdout,
+        # A person pastes at a terminal; piped or file input is one message per line, as scripts expect.
+        join_pastes=sys.stdin.isatty(),
     )
 
 

@@ -1,14 +1,16 @@
 """The terminal channel: ``membot chat`` as a REPL over the same dispatcher and pipeline as every chat.
 
 Input lines come from an asyncio stream (stdin in production, a pipe in tests); replies are printed as
-they arrive. Session id ``cli:<user>``. Ctrl-C while a reply is being written stops that turn (the app
-routes SIGINT to :meth:`TerminalChannel.interrupt`); Ctrl-C at the prompt or Ctrl-D ends the chat.
+they arrive. At a terminal, lines pasted together are one message (see :class:`TerminalChannel`); piped
+or file input is one message per line. Session id ``cli:<user>``. Ctrl-C while a reply is being written
+stops that turn (``bot/app.py`` routes SIGINT); Ctrl-C at the prompt or Ctrl-D ends the chat.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import stat
 import sys
 from collections.abc import Sequence
@@ -23,8 +25,31 @@ log = structlog.get_logger(__name__)
 
 _SHOWN_CHARS = 200  # of each unanswered message shown at start (its first line)
 
+# A paste reaches a terminal's reader line after line without a pause (one line per read, microseconds
+# apart, a few ms when the terminal writes a long paste in pieces), while a person needs well over 100 ms
+# to type a line and press Enter again: a line that follows within this window belongs to the same paste.
+_PASTE_WINDOW = 0.05  # seconds
+
 
 class TerminalChannel(Channel):
+    """The terminal as a channel: reads what the user types, prints the replies.
+
+    ``join_pastes`` (``membot chat`` sets it when stdin is a terminal) makes a multi-line paste one
+    message: every line that arrives within 50 ms of the previous one joins it, so a pasted snippet, log
+    or email is answered once, whole (each line was a message of its own: a 4,000-line paste cost ~300
+    model calls, and a snippet's first answer was to its first line alone). Without it (pipes and files)
+    each line is a message, as scripts expect.
+
+    Why a time window and not the terminal's own signal, bracketed paste (``ESC[?2004h``, which wraps a
+    paste in ``ESC[200~`` … ``ESC[201~``): the terminal is read in canonical mode, so that the kernel
+    does the line editing (Backspace, Ctrl-U, Ctrl-W) and hands over whole lines. In that mode the end
+    marker that follows a paste's last newline stays in the kernel's line buffer until the next Enter,
+    so the paste's end is not seen until the user types again, and the start marker is echoed as
+    ``^[[200~``. Bracketed paste needs cbreak mode, and line editing written here (prompt_toolkit's
+    job, not a dependency). The window's cost: lines typed ahead while membot's loop was busy for
+    longer than that are joined too, which the dispatcher's collect mode would do anyway.
+    """
+
     name: ClassVar[str] = "cli"
 
     def __init__(
@@ -36,10 +61,12 @@ class TerminalChannel(Channel):
         writer: TextIO,
         prompt: str = "you › ",
         stream_replies: bool = True,
+        join_pastes: bool = False,
     ) -> None:
         super().__init__(submit)
         self._user = user
         self._reader = reader
+        self._paste_window = _PASTE_WINDOW if join_pastes else None
         self._writer = writer
         self._prompt = prompt
         self._stream = stream_replies
@@ -107,10 +134,10 @@ class TerminalChannel(Channel):
 
     async def _read_loop(self) -> None:
         while True:
-            raw = await self._read_line()
+            raw = await self._read_message()
             if not raw:
                 break
-            text = raw.decode("utf-8", errors="replace").strip()
+            text = _message_text(raw)
             if not text:
                 self._show_prompt()
                 continue
@@ -122,14 +149,30 @@ class TerminalChannel(Channel):
             )
         self._closed.set()
 
-    async def _read_line(self) -> bytes:
+    async def _read_message(self) -> bytes:
+        """The next line, with the lines that follow it within the paste window (a paste); b"" at the
+        end of input. A line that ends the input (no newline) ends the message too."""
+        lines = [await self._read_line()]
+        if self._paste_window is None:
+            return lines[0]
+        while lines[-1].endswith(b"\n") and (more := await self._read_line(self._paste_window)):
+            lines.append(more)
+        return b"".join(lines)
+
+    async def _read_line(self, within: float | None = None) -> bytes:
         """One whole input line, however long (``readline`` gives up past the reader's 64 KiB limit
-        and loses the line); b"" at the end of input. The dispatcher truncates an oversized message
-        with a note, so a huge paste is answered, not dropped."""
+        and loses the line); b"" at the end of input, or when no line began to arrive ``within``
+        seconds. The dispatcher truncates an oversized message with a note, so a huge paste is
+        answered, not dropped."""
         parts: list[bytes] = []
         while True:
             try:
-                parts.append(await self._reader.readuntil(b"\n"))
+                # Only the wait for the first piece is timed: a cut readuntil leaves the reader's buffer
+                # as it was, a cut after pieces were taken would lose them.
+                async with asyncio.timeout(None if parts else within):
+                    parts.append(await self._reader.readuntil(b"\n"))
+            except TimeoutError:
+                return b""
             except asyncio.IncompleteReadError as end:  # input ended without a final newline
                 parts.append(end.partial)
             except asyncio.LimitOverrunError as over:  # no newline within the limit yet: take a piece
@@ -207,6 +250,18 @@ _SHOWN = {
 
 def _printable(text: str) -> str:
     return text.translate(_SHOWN)
+
+
+_BLANK_LINES = re.compile(r"\A(?:[ \t]*\r?\n)+")
+
+
+def _message_text(raw: bytes) -> str:
+    """What was typed, without surrounding blank space; a paste of several lines keeps its first
+    line's indentation (a snippet copied from inside a function would lose its shape)."""
+    text = raw.decode("utf-8", errors="replace").rstrip()
+    if "\n" not in text.strip():
+        return text.strip()
+    return _BLANK_LINES.sub("", text)
 
 
 async def stdin_reader() -> asyncio.StreamReader:
