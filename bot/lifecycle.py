@@ -112,6 +112,7 @@ class ServiceRunner:
         self._watch_every = watch_every
         self._signals = tuple(signals)
         self._stop = asyncio.Event()
+        self._stop_signal: signal.Signals | None = None
         self._health: dict[str, ChannelHealth] = {}
         self._started: list[ChannelPort] = []
 
@@ -122,6 +123,16 @@ class ServiceRunner:
     def request_stop(self) -> None:
         """Begin the graceful shutdown (what the first signal does)."""
         self._stop.set()
+
+    async def wait_stop(self) -> None:
+        """Returns once a stop was requested: for ``membot chat``, which serves no channel list but
+        ends on SIGTERM and SIGHUP as ``membot run`` does (a second one still exits at once)."""
+        await self._stop.wait()
+
+    @property
+    def stop_signal(self) -> signal.Signals | None:
+        """The signal that requested the stop; None before one did, or after :meth:`request_stop`."""
+        return self._stop_signal
 
     async def run(
         self,
@@ -193,6 +204,7 @@ class ServiceRunner:
     def _on_signal(self, sig: signal.Signals) -> None:
         if not self._stop.is_set():
             log.info("signal_received", signal=sig.name, action="graceful shutdown; again to exit at once")
+            self._stop_signal = sig
             self._stop.set()
             return
         log.warning("signal_received", signal=sig.name, action="exiting now")

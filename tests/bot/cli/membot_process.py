@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.fakes.llm_server import FakeLLMServer
 
 
 def run_membot(
@@ -23,3 +26,10 @@ def run_membot(
         cwd=cwd,
         timeout=60,
     )
+
+
+async def wait_in_flight(llm: FakeLLMServer) -> None:
+    """Until the model server is answering a request (the answer is being written)."""
+    async with asyncio.timeout(30):
+        while llm.in_flight == 0:
+            await asyncio.sleep(0.02)

@@ -13,7 +13,8 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from tests.fakes.llm_server import FakeLLMServer
+from tests.bot.cli.membot_process import wait_in_flight
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 # The child makes the pseudo-terminal its controlling terminal, as a login shell's is, then becomes
 # membot: closing the terminal (its master side) then sends it SIGHUP, as closing a window does.
@@ -138,3 +139,24 @@ async def test_a_paste_is_one_message_and_lines_typed_apart_are_two(tmp_path: Pa
         chat.type("\x04")  # Ctrl-D
         assert await chat.exit_code() == 0, chat.screen
     assert "bye — the conversation is saved." in chat.screen
+
+
+async def test_closing_the_terminal_mid_answer_ends_the_chat_and_the_next_start_answers(
+    tmp_path: Path,
+) -> None:
+    """Closing the window sends SIGHUP, which killed ``membot chat`` (exit -1). It now stops at once (no
+    one would see the answer: it waits no grace period), exits 0, and the next start answers."""
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="never finished", delay=30))
+        async with membot_chat_on_a_terminal(tmp_path, llm) as chat:
+            chat.type("what was the question?\n")
+            await wait_in_flight(llm)
+            chat.close_terminal()
+            assert await chat.exit_code(timeout=10) == 0  # well within the 20 s grace period
+        llm.script(FakeReply(text="the answer"))
+        async with membot_chat_on_a_terminal(tmp_path, llm) as chat:
+            await chat.wait_for("membot › the answer\nyou › ")
+            chat.type("\x04")
+            assert await chat.exit_code() == 0, chat.screen
+    assert "membot stopped before it answered:\n  you › what was the question?" in chat.screen
+    assert chat_requests(llm) == ["what was the question?"] * 2

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from bot.sessions import JsonSessionStore
+from tests.bot.cli.membot_process import wait_in_flight
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 
@@ -80,12 +81,6 @@ async def membot_chat(home: Path, llm: FakeLLMServer, **settings: str) -> AsyncI
         if process.returncode is None:
             process.kill()
             await process.wait()
-
-
-async def wait_in_flight(llm: FakeLLMServer) -> None:
-    async with asyncio.timeout(30):
-        while llm.in_flight == 0:
-            await asyncio.sleep(0.02)
 
 
 async def test_ctrl_c_stops_the_answer_then_quits_at_the_prompt_and_the_chat_continues_later(
@@ -335,8 +330,8 @@ async def test_control_sequences_in_an_answer_are_shown_not_obeyed(tmp_path: Pat
 
 
 async def test_after_a_kill_the_next_chat_shows_the_question_it_answers_once(tmp_path: Path) -> None:
-    """SIGKILL (or SIGTERM, which ends ``membot chat`` the same way) mid-answer: the next start answers
-    the question once, and first shows it, since the new terminal does not show what was typed."""
+    """SIGKILL mid-answer: the next start answers the question once, and first shows it, since the new
+    terminal does not show what was typed."""
     async with FakeLLMServer() as llm:
         llm.script(FakeReply(text="never finished", delay=30))
         async with membot_chat(tmp_path, llm) as chat:
@@ -354,6 +349,40 @@ async def test_after_a_kill_the_next_chat_shows_the_question_it_answers_once(tmp
     assert "what was the ␛[31mquestion?" in before  # shown, not obeyed
     assert "question?" not in after and after.count("membot ›") == 0
     assert len(llm.requests) == 2
+
+
+async def test_sigterm_mid_answer_ends_the_chat_gracefully_and_the_next_start_answers(tmp_path: Path) -> None:
+    """SIGTERM (``kill``, a logout, systemd) ended ``membot chat`` as a kill does: exit -15, no "bye". It
+    now stops as ``membot run`` does: the answer gets the grace period, then is cut short; exit 0."""
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="never finished", delay=30))
+        async with membot_chat(tmp_path, llm, MEMBOT_LIFECYCLE__GRACE_PERIOD="0.5") as chat:
+            await chat.type("what was the question?")
+            await wait_in_flight(llm)
+            chat.process.send_signal(signal.SIGTERM)
+            assert await chat.exit_code(timeout=10) == 0, chat.err
+        assert "bye — the conversation is saved." in chat.out and "never finished" not in chat.out
+        llm.script(FakeReply(text="the answer"))
+        async with membot_chat(tmp_path, llm) as chat:
+            await chat.wait_for("membot › the answer\nyou › ")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+    assert "membot stopped before it answered:\n  you › what was the question?" in chat.out
+    assert len(llm.requests) == 2
+
+
+async def test_a_second_sigterm_while_the_answer_gets_its_grace_period_exits_at_once(tmp_path: Path) -> None:
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="never finished", delay=30))
+        async with membot_chat(tmp_path, llm) as chat:  # the default grace period: 20 s
+            await chat.type("think hard")
+            await wait_in_flight(llm)
+            chat.process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            assert chat.process.returncode is None  # the answer has its grace period
+            chat.process.send_signal(signal.SIGTERM)
+            assert await chat.exit_code(timeout=10) == 128 + signal.SIGTERM
 
 
 async def test_ctrl_c_twice_mid_answer_stops_it_once(tmp_path: Path) -> None:
