@@ -252,13 +252,8 @@ class MemoryService:
         *,
         timeout: float | None = None,
     ) -> ConsolidationResult:
-        """Archive, then consolidate ``messages_to_retire`` into HISTORY/MEMORY.md; awaited.
-
-        In chat scope the MEMORY.md is the chat's own (:meth:`longterm_for`), never the operator's.
-
-        Used by compaction and ``/new``. On timeout or failure a raw-fallback entry is written and
-        ``result.raw_fallback`` is True; the caller may drop the messages from the session either way.
-        """
+        """Archive, then consolidate ``messages_to_retire`` into HISTORY/MEMORY.md (compaction, ``/new``);
+        see :meth:`Retirement.consolidate <bot.memory.retirement.Retirement.consolidate>`."""
         return await self._retirement.consolidate(session, messages_to_retire, timeout=timeout)
 
     def consolidate_in_background(
@@ -304,9 +299,8 @@ class MemoryService:
         skip: Collection[MessageKey] = (),
         asker: str = "",
     ) -> MemoryPack:
-        """The ``## Relevant Memory`` section for ``query``: the most relevant memories that fit the budget,
-        leaving out the messages in ``skip`` (those the prompt already shows). ``asker``: in a group, the
-        sender's id, whose own statements a question about "my job" means."""
+        """The ``## Relevant Memory`` section for ``query``; see
+        :meth:`RelevantMemory.pack <bot.memory.relevant.RelevantMemory.pack>`."""
         return await self._relevant.pack(
             query, soft=soft, hard=hard, session_id=session_id, now=now, skip=skip, asker=asker
         )
