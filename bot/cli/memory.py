@@ -133,6 +133,10 @@ def edit(ctx: typer.Context) -> None:
     path.chmod(0o600)
     if merged:
         console.print("saved; the bot had changed MEMORY.md meanwhile and its change was merged into yours")
+    elif start.strip() and not edited.strip():  # emptied: say where the lines are, in case it was a slip
+        console.print(
+            f"saved an empty MEMORY.md; the lines it held are in {path.with_name('MEMORY.replaced.md')}"
+        )
     else:
         console.print("saved")
 

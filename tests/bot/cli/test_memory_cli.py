@@ -127,6 +127,18 @@ def test_edit_opens_the_editor_on_memory_md_and_keeps_it_private(tmp_path: Path)
     assert "## Long-term Memory" in shown.stdout and "allergic to peanuts" in shown.stdout
 
 
+def test_an_edit_that_empties_memory_md_says_where_its_lines_went(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "memory" / "MEMORY.md").write_text("- The user is allergic to peanuts.\n")
+    emptier = tmp_path / "emptier.py"
+    emptier.write_text("import sys\nopen(sys.argv[1], 'w').close()\n")
+    edited = membot("memory", "edit", workspace=ws, editor=f"{sys.executable} {emptier}")
+    assert edited.returncode == 0, edited.stderr
+    assert "MEMORY.replaced.md" in edited.stdout
+    assert "allergic to peanuts" in (ws / "memory" / "MEMORY.replaced.md").read_text()
+
+
 def test_edit_with_a_missing_editor_says_how_to_fix_it(tmp_path: Path) -> None:
     result = membot("memory", "edit", workspace=tmp_path / "ws", editor="no-such-editor-here")
     assert result.returncode == 2
