@@ -111,6 +111,13 @@ class DispatcherSettings(_Section):
     # Seconds an answer that could not be delivered stays in the inbox to be tried again; older ones are
     # moved to inbox/expired/. 0: tried again whatever their age.
     kept_reply_max_age: float = Field(default=604800.0, ge=0)
+    # A turn the model could not answer (unreachable, rate limited, too slow, past the LLM client's own
+    # retries and fallbacks) is tried again by itself: first after model_retry_first seconds, then with
+    # pauses doubling up to model_retry_max, for up to model_retry_max_age seconds since it first failed;
+    # then the chat is told to send it again. 0: no waiting, the chat is told at once.
+    model_retry_first: float = Field(default=30.0, gt=0)
+    model_retry_max: float = Field(default=300.0, gt=0)
+    model_retry_max_age: float = Field(default=3600.0, ge=0)
 
 
 class CompactionSettings(_Section):

@@ -14,7 +14,9 @@ The durable path of a message (three fsyncs when it is answered):
 3. once the channel confirmed the send, the inbox marks the message done.
 
 A kill at any point leaves the message pending in the inbox, and :meth:`Dispatcher.recover` finishes
-it on the next start (bot/recovery.py). ``recover`` runs before any channel starts; a chat's turns run
+it on the next start (bot/recovery.py). A turn the model could not answer for now (down, rate limited,
+too slow) is not answered: its messages stay pending and the lane tries it again later, by itself
+(bot/model_wait.py). ``recover`` runs before any channel starts; a chat's turns run
 once its channel is :meth:`~Dispatcher.ready`, so answers never go to a channel that cannot send yet.
 """
 
@@ -38,6 +40,8 @@ from bot.config import DispatcherSettings
 from bot.domain import InboundMessage, OutboundMessage, Session, utcnow
 from bot.errors import ChannelRefused, LLMError, StorageError, plain_reason
 from bot.inbox import Inbox
+from bot.model_wait import NOTICE as MODEL_NOTICE
+from bot.model_wait import ModelWait, waits_for_model
 from bot.outbox import PendingReply
 from bot.ports import ChannelPort
 from bot.retry import Backoff, retry
@@ -96,6 +100,9 @@ class _Lane:
     # Answers not delivered (refused for good, or past the patience), kept in the inbox: each is tried
     # once more before the chat's next answer, so an unblocked chat gets them in order.
     set_aside: list[PendingReply] = field(default_factory=list)
+    # The model was out of reach: the failed turn's messages are back at the head of the queue, and the
+    # worker waits for the next try (bot/model_wait.py).
+    model_wait: ModelWait | None = None
 
 
 class Dispatcher:
@@ -298,6 +305,8 @@ class Dispatcher:
                 )
         else:
             lane.queue.append(queued)
+        if lane.model_wait is not None:  # it joins the waiting messages, and they are tried now
+            lane.model_wait.wake()
         if lane.channel in self._ready:
             self._start_worker(sid, lane)
         return notice
@@ -310,6 +319,8 @@ class Dispatcher:
 
     async def _work(self, sid: str, lane: _Lane) -> None:
         while lane.queue:
+            if lane.model_wait is not None:  # outside the lock: commands (/new, /compact) run meanwhile
+                await lane.model_wait.until_next_try()
             async with lane.lock:
                 if not lane.queue:
                     break
@@ -340,6 +351,7 @@ class Dispatcher:
                     lane.turn = None
                     request, lane.stopping = lane.stopping, None
                     if request is not None:
+                        lane.model_wait = None  # /stop of a try: no more tries
                         await self._stopped(sid, lane, request)
 
     async def _run_turn(self, lane: _Lane, batch: list[_Queued]) -> None:
@@ -351,8 +363,11 @@ class Dispatcher:
         async with self._sessions.lease(lane.channel, lane.chat_id) as session:
             structlog.contextvars.bind_contextvars(session_id=session.id, channel=lane.channel)
             try:
+                # A message the session held when it was queued may be gone since (a /new while the lane
+                # waited for the model): it is added again, or the answer would not know the question.
+                held = intake.entries_in(session.messages) if any(q.in_session for q in batch) else set()
                 for queued in batch:
-                    if not queued.in_session:
+                    if not (queued.in_session and held.issuperset(queued.entries)):
                         session.append(intake.user_message(queued.message, queued.entries))
                 turn = Turn(
                     session=session,
@@ -377,6 +392,23 @@ class Dispatcher:
                     # inbox entries stay pending and the next start answers them.
                     await asyncio.shield(self._save(session, turn, replies=[]))
                     raise
+                if (
+                    outcome == "ok"
+                    and waits_for_model(turn)
+                    and await self._wait_for_model(lane, batch, session, turn)
+                ):
+                    outcome = "waiting"
+                    return
+                if lane.model_wait is not None:
+                    waited = time.monotonic() - lane.model_wait.since
+                    log.info(
+                        "turn_retried",
+                        chat_id=lane.chat_id,
+                        attempts=lane.model_wait.attempts + 1,
+                        waited_seconds=round(waited, 1),
+                        answered=bool(turn.reply and turn.reply.strip()),
+                    )
+                    lane.model_wait = None
                 text, is_error = _reply_text(turn)
                 if is_error and outcome == "ok":
                     outcome = "error"
@@ -397,6 +429,33 @@ class Dispatcher:
                 if self._observer is not None:
                     self._observer.turn_finished(lane.channel, outcome, time.perf_counter() - started)
                 structlog.contextvars.unbind_contextvars("session_id", "channel", "turn_id")
+
+    async def _wait_for_model(self, lane: _Lane, batch: list[_Queued], session: Session, turn: Turn) -> bool:
+        """Keep a turn the model could not answer for now, to try it again later (bot/model_wait.py);
+        ``False`` once the chat has waited ``model_retry_max_age``: the turn then fails as any other.
+
+        The turn's messages (and what it did) are saved in the session, unanswered, and go back to the
+        head of the queue; their inbox entries stay pending, so a restart meanwhile answers them once.
+        The chat is told once, at the first failure; the notice is an aside, never the answer."""
+        settings = self._settings
+        wait = lane.model_wait or ModelWait()
+        backoff = Backoff(settings.model_retry_first, settings.model_retry_max)
+        pause = wait.schedule(backoff, settings.model_retry_max_age)
+        if pause is None:
+            if lane.model_wait is not None:  # (with model_retry_max_age = 0 nothing waited)
+                log.warning("model_wait_gave_up", chat_id=lane.chat_id, attempts=wait.attempts + 1)
+            return False
+        await self._persist("session_save", lambda: self._save(session, turn, replies=[]))
+        for queued in batch:
+            queued.in_session = True
+        lane.queue.extendleft(reversed(batch))  # before what arrived meanwhile: the order holds
+        first_failure, lane.model_wait = lane.model_wait is None, wait
+        log.warning(
+            "turn_waiting_for_model", chat_id=lane.chat_id, attempt=wait.attempts, next_try_in=round(pause, 1)
+        )
+        if first_failure:
+            await self._send(batch[0].message, MODEL_NOTICE)
+        return True
 
     async def _deliver(self, reply: PendingReply, lane: _Lane, *, answers_turn: bool = False) -> None:
         """Send a saved answer; once it went out, its inbox entries are done.
@@ -540,6 +599,14 @@ class Dispatcher:
         while lane is not None and lane.worker is not None and not lane.worker.done():
             await asyncio.wait([lane.worker])
 
+    def model_wait(self, sid: str) -> float | None:
+        """Seconds until ``sid``'s waiting answers are tried again, ``None`` if it does not wait for the
+        model (a try running now counts as running, see :meth:`is_running`)."""
+        lane = self._lanes.get(sid)
+        if lane is None or lane.model_wait is None or self.is_running(sid):
+            return None
+        return lane.model_wait.next_try_in()
+
     def queue_depth(self, sid: str) -> int:
         lane = self._lanes.get(sid)
         return len(lane.queue) if lane else 0
@@ -553,13 +620,29 @@ class Dispatcher:
 
     async def stop(self, sid: str) -> int | None:
         lane = self._lanes.get(sid)
-        if lane is None or lane.turn is None or lane.turn.done() or lane.stopping is not None:
+        if lane is None or lane.stopping is not None:
             return None
+        if lane.turn is None or lane.turn.done():
+            return await self._stop_waiting(sid, lane) if lane.model_wait is not None else None
         kept = [q for q in lane.queue if isinstance(q, _Queued)]
         lane.queue = deque(q for q in lane.queue if not isinstance(q, _Queued))
         request = lane.stopping = _Stop(list(lane.batch), kept)
         lane.turn.cancel()
         await request.done  # the worker did the bookkeeping (see _Stop)
+        return len(kept)
+
+    async def _stop_waiting(self, sid: str, lane: _Lane) -> int:
+        """/stop while the chat waits for the model: no more tries. Its messages are kept in the history
+        unanswered, as /stop keeps queued ones (the waiting ones are there already)."""
+        assert lane.model_wait is not None
+        lane.model_wait.wake()  # the worker finds nothing to try and ends
+        lane.model_wait = None
+        kept = [q for q in lane.queue if isinstance(q, _Queued)]
+        lane.queue = deque(q for q in lane.queue if not isinstance(q, _Queued))
+        request = _Stop([], kept)
+        async with lane.lock:  # taken before the worker can take it again (asyncio.Lock is fair)
+            await self._stopped(sid, lane, request)
+        log.info("model_wait_stopped", chat_id=lane.chat_id, kept=len(kept))
         return len(kept)
 
     async def _stopped(self, sid: str, lane: _Lane, request: _Stop) -> None:
@@ -606,6 +689,8 @@ class Dispatcher:
         workers += self._commands_running  # a /new waiting for a turn runs once that turn ended
         for lane in self._lanes.values():
             lane.queue.clear()  # still pending in the inbox: finished on the next start
+            if lane.model_wait is not None:
+                lane.model_wait.wake()  # nothing left to try: its worker ends now
         if workers:
             _, pending = await asyncio.wait(workers, timeout=grace)
             for task in pending:

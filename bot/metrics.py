@@ -76,7 +76,7 @@ class Metrics:
     # -- recording calls ----------------------------------------------------------------------------
 
     def turn_finished(self, channel: str, outcome: str, seconds: float) -> None:
-        """``TurnObserver``: outcome is ok, error, timeout or stopped."""
+        """``TurnObserver``: outcome is ok, error, timeout, stopped or waiting (for the model)."""
         self._turns.labels(channel, outcome).inc()
         self._turn_seconds.labels(channel).observe(max(0.0, seconds))
 

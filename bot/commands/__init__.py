@@ -28,8 +28,12 @@ class SessionControl(Protocol):
 
     def queue_depth(self, sid: str) -> int: ...
 
+    def model_wait(self, sid: str) -> float | None:
+        """Seconds until the answers waiting for the model are tried again; ``None`` if none wait."""
+
     async def stop(self, sid: str) -> int | None:
-        """Cancel the running turn; ``None`` if nothing ran, else how many queued messages were kept."""
+        """Cancel the running turn, or the wait for the model; ``None`` if there was neither, else how
+        many queued (or waiting) messages were kept."""
 
     def exclusive(self, sid: str) -> AbstractAsyncContextManager[None]:
         """Wait for the running turn to end and keep new turns out while held (for /compact, /new)."""
@@ -91,9 +95,16 @@ class CommandRouter:
 
 
 async def _stop(call: CommandCall, control: SessionControl) -> str:
+    waiting = control.model_wait(call.session_id) is not None
     kept = await control.stop(call.session_id)
     if kept is None:
         return "Nothing is running."
+    if waiting:
+        plural = "message is" if kept == 1 else "messages are"
+        return (
+            f"⏹ Stopped waiting for the AI model: your {kept} waiting {plural} kept in the history, "
+            "unanswered; your next message starts a new turn."
+        )
     if kept:
         plural = "message" if kept == 1 else "messages"
         return f"⏹ Stopped. {kept} queued {plural} kept in the history; your next message starts a new turn."

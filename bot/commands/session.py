@@ -108,6 +108,8 @@ class SessionCommands:
         else:
             lines.append("Memory: off")
         running = "answering now" if control.is_running(sid) else "idle"
+        if (next_try := control.model_wait(sid)) is not None:
+            running = f"waiting for the AI model (next try in {_duration(next_try)})"
         lines.append(f"Queue: {control.queue_depth(sid)} waiting · {running}")
         lines.append(f"Uptime: {_duration(self._monotonic() - self._started)}")
         return "\n".join(lines)

@@ -11,6 +11,7 @@ import asyncio
 import signal
 from pathlib import Path
 
+from bot.model_wait import NOTICE
 from tests.bot.membot_service import membot_run, stored, telegram_env, wait_in_flight
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.fakes.telegram_server import FakeTelegramServer
@@ -70,6 +71,32 @@ async def test_a_turn_cut_by_the_grace_period_is_answered_after_restart(tmp_path
     assert await asyncio.to_thread(stored, workspace, "telegram:777") == [
         ("user", "a slow question"),
         ("assistant", "the considered answer"),
+    ]
+
+
+async def test_a_question_waiting_for_the_model_is_answered_once_after_a_kill_and_restart(
+    tmp_path: Path,
+) -> None:
+    """The model is down (503 past the client's retries): the chat is told once and the question waits,
+    unanswered; killed meanwhile, the next start answers it once the model is back."""
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        down = True
+        llm.responder = lambda api, body: FakeReply(status=503) if down else None
+        env = telegram_env(tg, MEMBOT_LLM__MAX_RETRIES="0", MEMBOT_DISPATCHER__MODEL_RETRY_FIRST="60")
+        async with membot_run(workspace, llm, **env) as service:
+            tg.push_message("is anyone there?", chat_id=777, user_id=42)
+            await wait_answer(tg, 777, NOTICE)
+            await service.wait_log("turn_waiting_for_model")
+            await service.kill()
+        down = False
+        async with membot_run(workspace, llm, **env) as service:
+            await wait_answer(tg, 777, "echo: is anyone there?")
+            await stop(service)
+        assert [m.text for m in tg.sent_to(777)] == [NOTICE, "echo: is anyone there?"]
+    assert await asyncio.to_thread(stored, workspace, "telegram:777") == [
+        ("user", "is anyone there?"),
+        ("assistant", "echo: is anyone there?"),
     ]
 
 

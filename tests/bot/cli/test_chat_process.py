@@ -158,7 +158,11 @@ async def test_an_unreachable_model_is_one_plain_line_and_the_details_go_to_the_
     async with FakeLLMServer() as llm:
         unreachable = "http://bob:hunter2-secret@127.0.0.1:9/v1"  # a proxy password in the URL
         async with membot_chat(
-            tmp_path, llm, MEMBOT_LLM__OPENAI__BASE_URL=unreachable, MEMBOT_LLM__MAX_RETRIES="0"
+            tmp_path,
+            llm,
+            MEMBOT_LLM__OPENAI__BASE_URL=unreachable,
+            MEMBOT_LLM__MAX_RETRIES="0",
+            MEMBOT_DISPATCHER__MODEL_RETRY_MAX_AGE="0",  # told at once (bot/model_wait.py: not waited for)
         ) as chat:
             await chat.type("hello?")
             await chat.wait_for("send another message to try again.\nyou › ")

@@ -66,6 +66,7 @@ class Bot:
         mode: str = "collect",
         tools: Sequence[Tool] = (),
         turn_timeout: float = 600.0,
+        dispatcher: dict[str, float] | None = None,
     ) -> None:
         self.root = root
         self.ledger = UsageLedger(root / "usage.json", tz=ZoneInfo("UTC"))
@@ -120,7 +121,7 @@ class Bot:
             pipeline,
             self.sessions,
             router,
-            DispatcherSettings(mode=mode, turn_timeout=turn_timeout),  # type: ignore[arg-type]
+            DispatcherSettings(mode=mode, turn_timeout=turn_timeout, **(dispatcher or {})),  # type: ignore[arg-type]
             inbox=Inbox(root / "inbox"),
         )
         self.channel = RecordingChannel(self.dispatcher.submit)

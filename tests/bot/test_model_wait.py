@@ -1,0 +1,245 @@
+"""A model out of reach: the chat is told once, and the lane answers by itself when the model is back.
+
+End to end: the dispatcher, pipeline and real LLM client (no client retries) of ``Bot`` against the fake
+model server, made to answer 503 or 429 while it is "down". A "restart" is a second ``Bot`` over the same
+workspace, as a new process would build it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bot.catalog import ModelCatalog
+from bot.domain import InboundMessage, Role
+from bot.inbox import Inbox
+from bot.model_wait import NOTICE
+from bot.tokens import TokenCounter
+from tests.bot.commands.test_session import MODEL, SID, Bot, wait_until
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+
+QUICK = {"model_retry_first": 0.05, "model_retry_max": 0.1, "model_retry_max_age": 60.0}
+PATIENT = {"model_retry_first": 30.0, "model_retry_max": 30.0, "model_retry_max_age": 60.0}  # no try by time
+TODAY = "Your message is saved — send another message to try again."
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter.offline(model=MODEL, provider="openai")
+
+
+@pytest.fixture
+def bot_on(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+) -> Callable[..., Bot]:
+    """A membot wired as bot/app.py wires it, on this test's workspace: ``async with bot_on() as bot``."""
+    return lambda **options: Bot(tmp_path, server, catalog, http, counter, **options)
+
+
+class Model:
+    """Switches the fake server between down (every chat request gets ``status``) and up (it echoes)."""
+
+    def __init__(self, server: FakeLLMServer, status: int = 503) -> None:
+        self.down = True
+        self.status = status
+        server.responder = lambda api, body: FakeReply(status=self.status) if self.down else None
+
+
+def msg(text: str, chat: str = "c1") -> InboundMessage:
+    return InboundMessage("test", chat, "u1", text)
+
+
+async def pending(root: Path) -> list[str]:
+    return [e.message.text for e in await Inbox(root / "inbox").load_pending()]
+
+
+async def inbox_done(root: Path) -> None:
+    """Until nothing is pending in the inbox on disk (the done mark follows the send)."""
+    async with asyncio.timeout(5):
+        while await pending(root):
+            await asyncio.sleep(0.01)
+
+
+def logged(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, object]]:
+    return [r.msg for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == event]
+
+
+def texts(bot: Bot) -> list[str]:
+    return [m.text for m in bot.channel.sent]
+
+
+@pytest.mark.parametrize("status", [503, 429])
+async def test_a_model_out_of_reach_is_told_once_and_the_answer_comes_by_itself(
+    bot_on: Callable[..., Bot],
+    server: FakeLLMServer,
+    tmp_path: Path,
+    status: int,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = Model(server, status)
+    async with bot_on(dispatcher=QUICK) as bot:
+        assert await bot.say("hello?") == NOTICE
+        assert bot.channel.sent[0].aside  # beside the turn: not its answer
+        await wait_until(lambda: len(server.requests) >= 4)  # tried again and again, told once
+        assert texts(bot) == [NOTICE]
+        assert await pending(tmp_path) == ["hello?"]  # unanswered: a restart would answer it
+        assert await bot.on_disk() == [(Role.USER, "hello?")]
+        model.down = False
+        await bot.channel.wait_for(2)
+        await asyncio.sleep(0.3)  # more tries would have been due by now
+        assert texts(bot) == [NOTICE, "echo: hello?"]
+        assert not bot.channel.sent[1].aside
+        assert await bot.on_disk() == [(Role.USER, "hello?"), (Role.ASSISTANT, "echo: hello?")]
+        await inbox_done(tmp_path)
+    waits = logged(caplog, "turn_waiting_for_model")
+    assert [w["attempt"] for w in waits] == list(range(1, len(waits) + 1)) and len(waits) >= 3
+    assert all(w["chat_id"] == "c1" and isinstance(w["next_try_in"], float) for w in waits)
+    [retried] = logged(caplog, "turn_retried")
+    assert retried["attempts"] == len(waits) + 1 and retried["answered"] is True
+
+
+async def test_a_message_sent_while_waiting_joins_and_is_tried_at_once(
+    bot_on: Callable[..., Bot], server: FakeLLMServer, tmp_path: Path
+) -> None:
+    model = Model(server)
+    async with bot_on(dispatcher=PATIENT) as bot:
+        assert await bot.say("first") == NOTICE
+        status = await bot.say("/status")
+        assert re.search(r"^Queue: 1 waiting · waiting for the AI model \(next try in \d+s\)$", status, re.M)
+        tries = len(server.requests)
+        model.down = False
+        answer = "echo: first\n\nsecond"  # the fake echoes the user's messages since the last answer
+        assert await bot.say("second") == answer  # at once, not after the 30 s pause
+        await asyncio.sleep(0.1)
+        assert texts(bot)[2:] == [answer]  # one answer
+        assert len(server.requests) == tries + 1
+        asked = [m["content"] for m in server.requests[-1].body["messages"] if m["role"] == "user"]
+        assert asked[-1] == "first\n\nsecond"  # it covers both (the request joins a run of user messages)
+        assert await bot.on_disk() == [
+            (Role.USER, "first"),
+            (Role.USER, "second"),
+            (Role.ASSISTANT, answer),
+        ]
+        await inbox_done(tmp_path)
+        assert "Queue: 0 waiting · idle" in await bot.say("/status")
+
+
+async def test_stop_while_waiting_ends_the_wait_and_keeps_the_messages(
+    bot_on: Callable[..., Bot], server: FakeLLMServer, tmp_path: Path
+) -> None:
+    model = Model(server)
+    async with bot_on(dispatcher=PATIENT) as bot:
+        assert await bot.say("hello?") == NOTICE
+        await bot.dispatcher.submit(msg("anyone?"))  # tried at once, fails again: no second notice
+        await wait_until(lambda: len(server.requests) == 2 and bot.dispatcher.model_wait(SID) is not None)
+        stopped = (
+            "⏹ Stopped waiting for the AI model: your 2 waiting messages are kept in the history, "
+            "unanswered; your next message starts a new turn."
+        )
+        assert await bot.say("/stop") == stopped
+        async with asyncio.timeout(1):
+            await bot.dispatcher.settled(SID)  # the lane's worker ended: nothing will answer them
+        assert bot.dispatcher.model_wait(SID) is None
+        assert await pending(tmp_path) == []
+        assert await bot.say("/stop") == "Nothing is running."
+        model.down = False
+        await asyncio.sleep(0.2)
+        assert texts(bot) == [NOTICE, stopped, "Nothing is running."]  # no answer of their own
+        answer = "echo: hello?\n\nanyone?\n\nand now?"  # the next turn sees them in the history
+        assert await bot.say("and now?") == answer
+        assert await bot.on_disk() == [
+            (Role.USER, "hello?"),
+            (Role.USER, "anyone?"),
+            (Role.USER, "and now?"),
+            (Role.ASSISTANT, answer),
+        ]
+
+
+async def test_past_the_max_age_the_chat_is_asked_to_send_it_again(
+    bot_on: Callable[..., Bot], server: FakeLLMServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    Model(server)
+    async with bot_on(dispatcher={**QUICK, "model_retry_max_age": 0.4}) as bot:
+        assert await bot.say("hello?") == NOTICE
+        [_, failed] = await bot.channel.wait_for(2)
+        assert failed.text == (
+            f"⚠️ Sorry, I couldn't answer this time (the AI model cannot be reached right now). {TODAY}"
+        )
+        assert failed.is_error and not failed.aside
+        await inbox_done(tmp_path)  # done, as before
+        tries = len(server.requests)
+        assert tries >= 3
+        await asyncio.sleep(0.3)
+        assert len(server.requests) == tries and len(texts(bot)) == 2
+        assert bot.dispatcher.model_wait(SID) is None
+        users = [text for role, text in await bot.on_disk() if role is Role.USER]
+        assert users == ["hello?"]
+    assert len(logged(caplog, "model_wait_gave_up")) == 1
+
+
+async def test_a_restart_while_waiting_answers_once_after_the_start(
+    server: FakeLLMServer, tmp_path: Path, bot_on: Callable[..., Bot]
+) -> None:
+    model = Model(server)
+    async with bot_on(dispatcher=PATIENT) as before:
+        assert await before.say("hello?") == NOTICE
+        stopping = time.monotonic()
+    assert time.monotonic() - stopping < 2  # the shutdown does not wait for the next try
+    assert texts(before) == [NOTICE]
+    assert await pending(tmp_path) == ["hello?"]
+    model.down = False
+    async with bot_on(dispatcher=PATIENT) as after:
+        assert await after.dispatcher.recover() == 1
+        await after.channel.wait_for(1)
+        await asyncio.sleep(0.1)
+        assert texts(after) == ["echo: hello?"]
+        assert await after.on_disk() == [(Role.USER, "hello?"), (Role.ASSISTANT, "echo: hello?")]
+        await inbox_done(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (
+            FakeReply(status=401),
+            "the AI model refused the bot's access; the operator needs to check its settings",
+        ),
+        (FakeReply(malformed=True), "the AI model sent an answer that could not be used"),
+    ],
+)
+async def test_a_failure_that_would_repeat_is_told_at_once_and_not_retried(
+    bot_on: Callable[..., Bot], server: FakeLLMServer, tmp_path: Path, reply: FakeReply, reason: str
+) -> None:
+    server.responder = lambda api, body: reply
+    async with bot_on(dispatcher=QUICK) as bot:
+        assert await bot.say("hello?") == f"⚠️ Sorry, I couldn't answer this time ({reason}). {TODAY}"
+        await inbox_done(tmp_path)
+        await asyncio.sleep(0.3)
+        assert len(server.requests) == 1 and len(texts(bot)) == 1
+        assert bot.dispatcher.model_wait(SID) is None
+
+
+async def test_other_chats_are_answered_while_one_waits(
+    bot_on: Callable[..., Bot], server: FakeLLMServer, tmp_path: Path
+) -> None:
+    def answer(api: str, body: dict[str, Any]) -> FakeReply | None:
+        return FakeReply(status=503) if body["messages"][-1]["content"] == "hello?" else None
+
+    server.responder = answer
+    async with bot_on(dispatcher=QUICK) as bot:
+        assert await bot.say("hello?") == NOTICE
+        await bot.dispatcher.submit(msg("elsewhere", chat="c2"))
+        await bot.channel.wait_for(2)
+        assert bot.channel.sent[1].chat_id == "c2" and bot.channel.sent[1].text == "echo: elsewhere"
+        assert bot.dispatcher.model_wait(SID) is not None or bot.dispatcher.is_running(SID)
