@@ -134,9 +134,8 @@ def edit(ctx: typer.Context) -> None:
     if merged:
         console.print("saved; the bot had changed MEMORY.md meanwhile and its change was merged into yours")
     elif start.strip() and not edited.strip():  # emptied: say where the lines are, in case it was a slip
-        console.print(
-            f"saved an empty MEMORY.md; the lines it held are in {path.with_name('MEMORY.replaced.md')}"
-        )
+        where = path.with_name("MEMORY.replaced.md")  # unwrapped, so the path can be copied whole
+        console.print(f"saved an empty MEMORY.md; the lines it held are in {where}", soft_wrap=True)
     else:
         console.print("saved")
 
