@@ -38,10 +38,10 @@ from bot import intake, recovery
 from bot.commands import CommandCall, CommandRouter
 from bot.config import DispatcherSettings
 from bot.domain import InboundMessage, OutboundMessage, Session, utcnow
-from bot.errors import ChannelRefused, LLMError, StorageError, plain_reason
+from bot.errors import ChannelRefused, StorageError, plain_reason
 from bot.inbox import Inbox
 from bot.model_wait import NOTICE as MODEL_NOTICE
-from bot.model_wait import ModelWait, waits_for_model
+from bot.model_wait import ModelWait, model_failure, waits_for_model
 from bot.outbox import PendingReply
 from bot.ports import ChannelPort
 from bot.retry import Backoff, retry
@@ -481,7 +481,7 @@ class Dispatcher:
             if outcome != "sent":
                 lane.set_aside.append(reply)
                 if outcome == "refused":
-                    where = str(inbox.file(f"{reply.channel}:{reply.chat_id}"))
+                    where = str(inbox.file(reply.session_id))
                     log.warning(
                         "reply_set_aside",
                         channel=reply.channel,
@@ -511,7 +511,7 @@ class Dispatcher:
     async def _finish(self, reply: PendingReply) -> None:
         if self._inbox is None or not reply.entries:
             return
-        inbox, sid = self._inbox, f"{reply.channel}:{reply.chat_id}"
+        inbox, sid = self._inbox, reply.session_id
         await self._persist("inbox_done_mark", lambda: inbox.finish(sid, set(reply.entries), reply=reply.id))
 
     async def _resend(self, reply: PendingReply) -> _Delivery:
@@ -710,8 +710,7 @@ def _reply_text(turn: Turn) -> tuple[str, bool]:
     if turn.reply and turn.reply.strip():  # a blank answer is no answer: channels drop or mangle it
         return (turn.reply + (f"\n\n{notes}" if notes else "")), False
     if turn.failures:
-        model_failure = next((f for f in turn.failures if issubclass(f.kind, LLMError)), None)
-        reason = plain_reason((model_failure or turn.failures[-1]).kind)
+        reason = plain_reason((model_failure(turn) or turn.failures[-1]).kind)
     elif turn.notes:
         reason = " ".join(turn.notes)
     else:

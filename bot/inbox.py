@@ -144,7 +144,7 @@ class Inbox:
 
     async def keep(self, reply: PendingReply) -> None:
         """Keep an answer that could not be sent, so the next start sends it (see bot/outbox.py)."""
-        sid = f"{reply.channel}:{reply.chat_id}"
+        sid = reply.session_id
         journal = self._journal(sid)
         line = json.dumps({"reply": reply.to_record()}, ensure_ascii=False)
         if reply.id in journal.replies:
@@ -156,7 +156,7 @@ class Inbox:
         """Move a kept answer too old to be worth sending to ``inbox/expired/`` and mark its entries done;
         returns the file it went to. Written there (durably) before the done mark: a crash in between
         leaves it in both places, and the next start moves it again (one line twice, nothing lost)."""
-        sid = f"{reply.channel}:{reply.chat_id}"
+        sid = reply.session_id
         where = self._dir / EXPIRED / f"{encode_id(sid)}.jsonl"
         line = json.dumps(
             {"reply": reply.to_record(), "expired_at": self._clock().isoformat()}, ensure_ascii=False
@@ -291,8 +291,7 @@ def _read(path: Path) -> _Read:
 
 
 def _sid(replies: dict[str, tuple[PendingReply, str]]) -> str:
-    reply = next(iter(replies.values()))[0]
-    return f"{reply.channel}:{reply.chat_id}"
+    return next(iter(replies.values()))[0].session_id
 
 
 def _encode(message: InboundMessage) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from bot.errors import LLMError, LLMRateLimited, LLMTimeout, LLMUnavailable
 from bot.retry import Backoff
-from pipeline import Turn
+from pipeline import SystemFailure, Turn
 
 TRANSIENT: tuple[type[LLMError], ...] = (LLMUnavailable, LLMRateLimited, LLMTimeout)
 
@@ -35,8 +35,13 @@ def waits_for_model(turn: Turn) -> bool:
     failure ``_reply_text`` would report is one of :data:`TRANSIENT`)."""
     if turn.stopped or (turn.reply and turn.reply.strip()):
         return False
-    failure = next((f for f in turn.failures if issubclass(f.kind, LLMError)), None)
+    failure = model_failure(turn)
     return failure is not None and issubclass(failure.kind, TRANSIENT)
+
+
+def model_failure(turn: Turn) -> SystemFailure | None:
+    """The turn's first failure of the model itself: the one the chat is told about."""
+    return next((f for f in turn.failures if issubclass(f.kind, LLMError)), None)
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from bot.domain import OutboundMessage, new_id, utcnow
+from bot.domain import OutboundMessage, new_id, session_id, utcnow
 
 RECORD = "reply"  # the ``record`` tag of a pending reply in the session log
 
@@ -36,6 +36,10 @@ class PendingReply:
     is_error: bool = False
     id: str = field(default_factory=new_id)
     created_at: datetime = field(default_factory=utcnow)
+
+    @property
+    def session_id(self) -> str:
+        return session_id(self.channel, self.chat_id)
 
     def expired(self, max_age: float, now: datetime) -> bool:
         """Kept longer than ``max_age`` seconds (``dispatcher.kept_reply_max_age``; 0: never too old)."""
