@@ -440,7 +440,10 @@ class Dispatcher:
         settings = self._settings
         wait = lane.model_wait or ModelWait()
         backoff = Backoff(settings.model_retry_first, settings.model_retry_max)
-        pause = wait.schedule(backoff, settings.model_retry_max_age)
+        failure = model_failure(turn)
+        pause = wait.schedule(
+            backoff, settings.model_retry_max_age, hint=failure.retry_after if failure else None
+        )
         if pause is None:
             if lane.model_wait is not None:  # (with model_retry_max_age = 0 nothing waited)
                 log.warning("model_wait_gave_up", chat_id=lane.chat_id, attempts=wait.attempts + 1)

@@ -58,15 +58,18 @@ class ModelWait:
     next_at: float = 0.0  # time.monotonic() of the next try
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def schedule(self, backoff: Backoff, max_age: float) -> float | None:
+    def schedule(self, backoff: Backoff, max_age: float, *, hint: float | None = None) -> float | None:
         """Count a failed try and set the next one; returns the pause before it in seconds, or ``None``
         once the chat has waited ``max_age`` seconds (the turn then fails as any other). The last try
-        falls at ``max_age``, not after it."""
+        falls at ``max_age``, not after it.
+
+        ``hint`` is the provider's Retry-After: a try before it would only be refused again (and count
+        against a rate limit), so the pause is at least that long, even past the backoff's cap."""
         now = time.monotonic()
         left = self.since + max_age - now
         if left <= 0:
             return None
-        pause = min(backoff(self.attempts), left)
+        pause = min(max(backoff(self.attempts), hint or 0.0), left)
         self.attempts += 1
         self.next_at = now + pause
         self._wake.clear()  # only what arrives during the pause brings the next try forward

@@ -62,6 +62,7 @@ class SystemFailure:
     system: str
     error: str
     kind: type[Exception] = Exception
+    retry_after: float | None = None  # seconds the provider asked us to wait (its Retry-After), if it said
 
 
 @dataclass

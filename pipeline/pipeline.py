@@ -76,4 +76,12 @@ class Pipeline:
             raise
         except Exception as exc:
             log.exception("system_failed", system=system.name)
-            turn.failures.append(SystemFailure(system.name, f"{type(exc).__name__}: {exc}", type(exc)))
+            hint = getattr(exc, "retry_after", None)
+            turn.failures.append(
+                SystemFailure(
+                    system.name,
+                    f"{type(exc).__name__}: {exc}",
+                    type(exc),
+                    retry_after=float(hint) if isinstance(hint, int | float) and hint > 0 else None,
+                )
+            )

@@ -243,3 +243,22 @@ async def test_other_chats_are_answered_while_one_waits(
         await bot.channel.wait_for(2)
         assert bot.channel.sent[1].chat_id == "c2" and bot.channel.sent[1].text == "echo: elsewhere"
         assert bot.dispatcher.model_wait(SID) is not None or bot.dispatcher.is_running(SID)
+
+
+async def test_the_next_try_waits_for_the_providers_retry_after(
+    bot_on: Callable[..., Bot], server: FakeLLMServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rate limit that says when to come back: trying sooner would only be refused again (and count
+    against the limit), so the pause is at least Retry-After, though the backoff alone is 0.05 s."""
+    down = True
+    server.responder = lambda api, body: FakeReply(status=429, headers={"retry-after": "1"}) if down else None
+    async with bot_on(dispatcher=QUICK) as bot:
+        assert await bot.say("hello?") == NOTICE
+        await asyncio.sleep(0.6)  # QUICK's own pauses (0.05 s, 0.1 s) would have tried again 5 times
+        assert len(server.requests) == 1
+        down = False
+        [_, answered] = await bot.channel.wait_for(2)
+        assert answered.text == "echo: hello?"
+        assert len(server.requests) == 2
+    [wait] = logged(caplog, "turn_waiting_for_model")
+    assert wait["next_try_in"] == 1.0
