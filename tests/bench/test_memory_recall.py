@@ -120,3 +120,20 @@ def test_reads_the_shared_longmemeval_subset(tmp_path: Path) -> None:
     assert "2 questions" in result.stdout and "retrieval latency median" in result.stdout
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(len(x["ranked"]) == 10 for x in lines)
+
+
+def test_ablations_and_halves(tmp_path: Path) -> None:
+    """The generalization checks: a mechanism turned off by name, and two fixed halves of the questions."""
+    questions = [question(f"q{i}", "Which dog breed did I adopt?") for i in range(6)]
+    data = write(tmp_path / "q.json", questions)
+    result = run(data, "--weights", "hop=0,question=1", "--no-feedback", "--halves")
+    assert result.returncode == 0, result.stderr
+    assert "changed: hop=0.0, question=1.0, no feedback" in result.stdout
+    section = result.stdout.split("TURN level", 1)[1]
+    halves = {line.split()[1]: int(line.split()[2]) for line in section.splitlines() if line.startswith("half")}
+    assert set(halves) <= {"a", "b"} and sum(halves.values()) == 6  # every scored question in one half
+    again = run(data, "--halves")
+    assert again.stdout.split("TURN level", 1)[1].count("half") == section.count("half")  # a fixed split
+    for bad, message in (("hopp=1", "no weight 'hopp'"), ("hop", "'hop' is not name=number")):
+        result = run(data, "--weights", bad)
+        assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
