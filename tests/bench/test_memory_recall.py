@@ -130,7 +130,9 @@ def test_ablations_and_halves(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "changed: hop=0.0, question=1.0, no feedback" in result.stdout
     section = result.stdout.split("TURN level", 1)[1]
-    halves = {line.split()[1]: int(line.split()[2]) for line in section.splitlines() if line.startswith("half")}
+    halves = {
+        line.split()[1]: int(line.split()[2]) for line in section.splitlines() if line.startswith("half")
+    }
     assert set(halves) <= {"a", "b"} and sum(halves.values()) == 6  # every scored question in one half
     again = run(data, "--halves")
     assert again.stdout.split("TURN level", 1)[1].count("half") == section.count("half")  # a fixed split
