@@ -25,27 +25,26 @@ from collections import Counter
 from functools import cache
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-_F = descriptor_pb2.FieldDescriptorProto
-# The subset of onnx.proto (proto2) the rewrite reads or writes: (message, field, number, type, label).
-_SCHEMA: tuple[tuple[str, str, int, int, int], ...] = (
-    ("OperatorSetIdProto", "domain", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL),
-    ("OperatorSetIdProto", "version", 2, _F.TYPE_INT64, _F.LABEL_OPTIONAL),
-    ("TensorProto", "dims", 1, _F.TYPE_INT64, _F.LABEL_REPEATED),
-    ("TensorProto", "name", 8, _F.TYPE_STRING, _F.LABEL_OPTIONAL),
-    ("NodeProto", "input", 1, _F.TYPE_STRING, _F.LABEL_REPEATED),
-    ("NodeProto", "output", 2, _F.TYPE_STRING, _F.LABEL_REPEATED),
-    ("NodeProto", "name", 3, _F.TYPE_STRING, _F.LABEL_OPTIONAL),
-    ("NodeProto", "attribute", 5, _F.TYPE_MESSAGE, _F.LABEL_REPEATED),
-    ("AttributeProto", "name", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL),
-    ("AttributeProto", "i", 3, _F.TYPE_INT64, _F.LABEL_OPTIONAL),
-    ("NodeProto", "op_type", 4, _F.TYPE_STRING, _F.LABEL_OPTIONAL),
-    ("NodeProto", "domain", 7, _F.TYPE_STRING, _F.LABEL_OPTIONAL),
-    ("GraphProto", "node", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED),
-    ("GraphProto", "initializer", 5, _F.TYPE_MESSAGE, _F.LABEL_REPEATED),
-    ("ModelProto", "graph", 7, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL),
-    ("ModelProto", "opset_import", 8, _F.TYPE_MESSAGE, _F.LABEL_REPEATED),
+# The subset of onnx.proto (proto2) the rewrite reads or writes: (message, field, number, type, label), the
+# type and label as named in protobuf's FieldDescriptorProto. protobuf itself is imported when a model is
+# rewritten (2.5 MiB): a bot without the local model never does.
+_SCHEMA: tuple[tuple[str, str, int, str, str], ...] = (
+    ("OperatorSetIdProto", "domain", 1, "TYPE_STRING", "LABEL_OPTIONAL"),
+    ("OperatorSetIdProto", "version", 2, "TYPE_INT64", "LABEL_OPTIONAL"),
+    ("TensorProto", "dims", 1, "TYPE_INT64", "LABEL_REPEATED"),
+    ("TensorProto", "name", 8, "TYPE_STRING", "LABEL_OPTIONAL"),
+    ("NodeProto", "input", 1, "TYPE_STRING", "LABEL_REPEATED"),
+    ("NodeProto", "output", 2, "TYPE_STRING", "LABEL_REPEATED"),
+    ("NodeProto", "name", 3, "TYPE_STRING", "LABEL_OPTIONAL"),
+    ("NodeProto", "attribute", 5, "TYPE_MESSAGE", "LABEL_REPEATED"),
+    ("AttributeProto", "name", 1, "TYPE_STRING", "LABEL_OPTIONAL"),
+    ("AttributeProto", "i", 3, "TYPE_INT64", "LABEL_OPTIONAL"),
+    ("NodeProto", "op_type", 4, "TYPE_STRING", "LABEL_OPTIONAL"),
+    ("NodeProto", "domain", 7, "TYPE_STRING", "LABEL_OPTIONAL"),
+    ("GraphProto", "node", 1, "TYPE_MESSAGE", "LABEL_REPEATED"),
+    ("GraphProto", "initializer", 5, "TYPE_MESSAGE", "LABEL_REPEATED"),
+    ("ModelProto", "graph", 7, "TYPE_MESSAGE", "LABEL_OPTIONAL"),
+    ("ModelProto", "opset_import", 8, "TYPE_MESSAGE", "LABEL_REPEATED"),
 )
 _MESSAGE_FIELDS = {"node": "NodeProto", "initializer": "TensorProto", "graph": "GraphProto",
                    "opset_import": "OperatorSetIdProto", "attribute": "AttributeProto"}  # fmt: skip
@@ -54,14 +53,19 @@ _MS_DOMAIN = "com.microsoft"  # onnxruntime's contrib operators, DynamicQuantize
 
 @cache
 def _model_class() -> Any:
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field_type = descriptor_pb2.FieldDescriptorProto
     file = descriptor_pb2.FileDescriptorProto(name="membot_onnx_subset.proto", package="membot_onnx")
     file.syntax = "proto2"
     messages: dict[str, descriptor_pb2.DescriptorProto] = {}
     for message, field, number, kind, label in _SCHEMA:
         if message not in messages:
             messages[message] = file.message_type.add(name=message)
-        spec = messages[message].field.add(name=field, number=number, type=kind, label=label)
-        if kind == _F.TYPE_MESSAGE:
+        spec = messages[message].field.add(
+            name=field, number=number, type=getattr(field_type, kind), label=getattr(field_type, label)
+        )
+        if kind == "TYPE_MESSAGE":
             spec.type_name = f".membot_onnx.{_MESSAGE_FIELDS[field]}"
     pool = descriptor_pool.DescriptorPool()
     pool.AddSerializedFile(file.SerializeToString())

@@ -7,6 +7,8 @@ nested a hundred thousand deep is just long.
 
 Like every HTML5 parser lexbor is quadratic in nesting depth (200,000 nested ``<div>`` take it minutes),
 so :func:`page_text` runs it on a thread of its own: lexbor releases the GIL, and the bot goes on.
+
+selectolax is imported there, at the first page: a bot that never fetches one does not hold it (2.8 MiB).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import asyncio
 import contextlib
 import re
 import threading
+from typing import TYPE_CHECKING
 
-from selectolax.lexbor import LexborHTMLParser, LexborNode
+if TYPE_CHECKING:
+    from selectolax.lexbor import LexborNode
 
 _SKIP = frozenset({"script", "style", "noscript", "template", "svg", "head", "iframe", "object", "canvas"})
 _BLOCK = frozenset(
@@ -33,6 +37,8 @@ def html_to_text(html: str) -> str:
 
     The page title, when there is one, comes first as ``Title: ...``.
     """
+    from selectolax.lexbor import LexborHTMLParser
+
     doc = LexborHTMLParser(html)
     found = doc.css_first("title")
     title = " ".join(found.text().split()) if found is not None else ""

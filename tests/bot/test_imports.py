@@ -20,14 +20,18 @@ ROOT = Path(__file__).resolve().parents[2]
 HEAVY = (
     "aiohttp",  # the ops endpoints and the Telegram webhook
     "discord",
+    "google.protobuf",  # the local embedding model's graph rewrite
     "httpx",
     "numpy",  # the lexical index and vectors (memory retrieval)
+    "onnxruntime",  # the local embedding model
     "prometheus_client",  # /metrics
     "pydantic",  # settings
+    "selectolax",  # web_fetch's HTML parser
     "simplemma",
     "structlog",
     "telegram",
     "tiktoken",
+    "tokenizers",  # the local embedding model's WordPiece
 )
 
 
@@ -66,6 +70,26 @@ def test_the_composition_root_imports_no_channel_or_ops_library() -> None:
     # endpoints are enabled, tiktoken when the token counter loads an encoding.
     loaded = loaded_after("import bot.app\n")
     assert not {"aiohttp", "discord", "prometheus_client", "telegram", "tiktoken"} & set(loaded)
+
+
+def test_the_embedding_model_s_libraries_load_with_the_model() -> None:
+    # onnxruntime, tokenizers and protobuf (the graph rewrite) load when the local model does, not with
+    # the memory package: a bot with memory off, or embeddings from an endpoint, holds none of them.
+    code = "import bot.app, bot.memory.embeddings, bot.memory.int8_graph\n"
+    model = {"google.protobuf", "onnxruntime", "tokenizers"}
+    assert not model & set(loaded_after(code))
+    assert model <= set(loaded_after(code + "bot.memory.embeddings.OnnxEmbedder().load()\n"))
+
+
+def test_the_tools_load_the_html_parser_only_for_a_page() -> None:
+    # web_fetch is always registered, but its parser (selectolax) loads with the first page it reads.
+    code = (
+        "from bot.tools import html_text, web_fetch\n"
+        "assert 'selectolax' not in sys.modules\n"
+        "print(html_text.html_to_text('<title>t</title><p>x</p>'))\n"
+    )
+    assert "selectolax" in loaded_after(code)
+    assert "selectolax" not in loaded_after("from bot.tools import html_text, web_fetch\nimport bot.app\n")
 
 
 def test_the_telegram_channel_loads_aiohttp_only_for_webhooks() -> None:
