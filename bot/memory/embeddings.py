@@ -163,6 +163,8 @@ def _word_table(mapped: mmap.mmap) -> NDArray[np.int8]:
     load on. Mapped, only the pages read so far are resident, and they are the file's: clean, so the
     kernel can drop them under pressure and read them again. Not few for long: a read maps the 64 KiB
     around its page, so after 100 varied texts 8.4 MiB of it are resident, after 1,000 10.3 MiB.
+    The file must not be truncated in place under a running bot (a lookup past its new end would be a
+    SIGBUS): pip moves an installed file away before it writes its successor, so upgrades are safe.
     """
     rows, width = _WORD_TABLE_SHAPE
     table = np.frombuffer(mapped, dtype=np.int8, count=rows * width, offset=_WORD_TABLE_AT)
