@@ -36,11 +36,12 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from bot.memory.lexical_segment import K1, B, Segment, by_term, merge
 from bot.storage import atomic_write_bytes
 
-K1 = 1.5
-B = 0.75
 FORMAT = 1
+FOLD_AT = 256  # delta documents kept as dicts before they are frozen into a segment
+SEGMENT_MAX = 4096  # documents past which two segments are no longer merged into one (the base takes them)
 
 Frequencies = Mapping[str, int]
 
@@ -58,10 +59,14 @@ class LexicalIndex:
         self._post_tfs: NDArray[np.float32] = np.zeros(0, dtype=np.float32)
         self._lengths: NDArray[np.float32] = np.zeros(0, dtype=np.float32)
         self._alive: NDArray[np.bool_] = np.zeros(0, dtype=np.bool_)
-        # Delta (dicts): what was written since the base was built.
-        self._postings: dict[str, dict[str, int]] = {}
-        self._docs: dict[str, Frequencies] = {}
+        # Delta: what was written since the base was built; the newest as dicts (the tail), the rest
+        # frozen into segments of FOLD_AT documents (merged pairwise up to SEGMENT_MAX).
+        self._segments: list[Segment] = []
+        self._tail: dict[str, Frequencies] = {}
+        self._postings: dict[str, dict[str, int]] = {}  # the tail's, by term
+        self._docs: dict[str, Frequencies] = {}  # every live delta document, in the order written
         self._delta_lengths: dict[str, int] = {}
+        self._delta_df: dict[str, int] = {}  # live delta documents holding each term
         # Live totals over both.
         self._count = 0
         self._total_length = 0.0
@@ -86,18 +91,35 @@ class LexicalIndex:
     def upsert(self, key: str, frequencies: Frequencies) -> None:
         """Index ``key`` with these term counts, replacing what it had."""
         self.remove(key)
-        self._docs[key] = frequencies
+        self._docs[key] = self._tail[key] = frequencies
         self._delta_lengths[key] = length = sum(frequencies.values())
         self._count += 1
         self._total_length += length
+        df = self._delta_df
         for term, count in frequencies.items():
             self._postings.setdefault(term, {})[key] = count
+            df[term] = df.get(term, 0) + 1
+        if len(self._tail) >= FOLD_AT:
+            self._fold()
 
     def remove(self, key: str) -> None:
         old = self._docs.pop(key, None)
         if old is not None:
             self._count -= 1
             self._total_length -= self._delta_lengths.pop(key)
+            df = self._delta_df
+            for term in old:
+                if df[term] == 1:
+                    del df[term]
+                else:
+                    df[term] -= 1
+            if self._tail.pop(key, None) is None:
+                for segment in self._segments:
+                    at = segment.slot.get(key)
+                    if at is not None and segment.alive[at]:
+                        segment.alive[at] = False
+                        break
+                return
             for term in old:
                 posting = self._postings.get(term)
                 if posting is not None:
@@ -111,12 +133,39 @@ class LexicalIndex:
             self._count -= 1
             self._total_length -= float(self._lengths[slot])
 
+    def _fold(self) -> None:
+        """Freeze the tail into a segment; merge the newest segments while they are of a size (a binary
+        counter: each document is merged a few times, and a query looks at a few segments)."""
+        keys = list(self._tail)
+        slot = {key: i for i, key in enumerate(keys)}
+        terms = list(self._postings)
+        t, d, f = [], [], []
+        for index, posting in enumerate(self._postings.values()):
+            for key, tf in posting.items():
+                t.append(index)
+                d.append(slot[key])
+                f.append(tf)
+        lengths = np.asarray([self._delta_lengths[k] for k in keys], dtype=np.float64)
+        triples = (
+            np.asarray(t, dtype=np.int64),
+            np.asarray(d, dtype=np.int64),
+            np.asarray(f, dtype=np.float64),
+        )
+        self._segments.append(Segment.of(keys, terms, triples, lengths))
+        self._tail, self._postings = {}, {}
+        segments = self._segments
+        while len(segments) > 1 and len(segments[-2].keys) <= len(segments[-1].keys):
+            if len(segments[-2].keys) + len(segments[-1].keys) > SEGMENT_MAX:
+                break
+            last = segments.pop()
+            segments[-1] = merge(segments[-1], last)
+
     # -- reading ------------------------------------------------------------------------------------
 
     def df(self, term: str) -> int:
         at = self._term_index.get(term)
         base = int(self._offsets[at + 1] - self._offsets[at]) if at is not None else 0
-        return base + len(self._postings.get(term, ()))
+        return base + self._delta_df.get(term, 0)
 
     def idf(self, term: str) -> float:
         df = min(self.df(term), self._count)  # masked base documents may still be counted
@@ -134,10 +183,12 @@ class LexicalIndex:
         average = self._total_length / self._count or 1.0
         out: dict[str, float] = {}
         base: NDArray[np.float32] | None = None
+        weighted: list[tuple[str, float]] = []
         for term in dict.fromkeys(terms):
             idf = self.idf(term)
             if idf <= 0:
                 continue
+            weighted.append((term, idf))
             at = self._term_index.get(term)
             if at is not None:
                 start, end = int(self._offsets[at]), int(self._offsets[at + 1])
@@ -151,13 +202,23 @@ class LexicalIndex:
                     continue
                 scale = tf + K1 * (1 - B + B * self._delta_lengths[key] / average)
                 out[key] = out.get(key, 0.0) + idf * tf * (K1 + 1) / scale
+        for segment in self._segments if weighted else ():
+            found = segment.scores(weighted, average)
+            if found is None:
+                continue
+            hit = np.flatnonzero(found)
+            keys = segment.keys
+            for slot, score in zip(hit.tolist(), found[hit].tolist(), strict=True):
+                key = keys[slot]
+                if only is None or key in only:
+                    out[key] = score
         if base is not None:
             base[~(self._alive if only is None else self._alive & self._mask(only))] = 0.0
-            found = np.flatnonzero(base)
-            if limit is not None and len(found) > limit:
-                found = found[np.argpartition(-base[found], limit - 1)[:limit]]
+            hit = np.flatnonzero(base)
+            if limit is not None and len(hit) > limit:
+                hit = hit[np.argpartition(-base[hit], limit - 1)[:limit]]
             keys = self._keys
-            for slot, score in zip(found.tolist(), base[found].tolist(), strict=True):
+            for slot, score in zip(hit.tolist(), base[hit].tolist(), strict=True):
                 out[keys[slot]] = score
         return out
 
@@ -182,31 +243,36 @@ class LexicalIndex:
         term_of = np.repeat(np.arange(len(self._term_index), dtype=np.int64), np.diff(self._offsets))
         keep = self._alive[self._post_docs] if len(self._post_docs) else np.zeros(0, dtype=np.bool_)
         all_terms = dict(self._term_index)
-        for term in self._postings:
-            all_terms.setdefault(term, len(all_terms))
-        terms = list(all_terms)
-        base_t = term_of[keep]
-        base_d = remap[self._post_docs[keep]]
-        base_f = self._post_tfs[keep]
+        ts, ds, fs = (
+            [term_of[keep]],
+            [remap[self._post_docs[keep]]],
+            [self._post_tfs[keep].astype(np.float64)],
+        )
         first_delta = len(live)
         delta_slot = {key: first_delta + i for i, key in enumerate(self._docs)}
+        for segment in self._segments:
+            terms, t, d, f = segment.postings()
+            to_all = np.asarray(
+                [all_terms.setdefault(term, len(all_terms)) for term in terms], dtype=np.int64
+            )
+            to_slot = np.asarray([delta_slot.get(key, -1) for key in segment.keys], dtype=np.int64)
+            ts.append(to_all[t] if len(t) else t)
+            ds.append(to_slot[d] if len(d) else d)
+            fs.append(f)
         d_t, d_d, d_f = [], [], []
         for term, posting in self._postings.items():
-            index = all_terms[term]
+            index = all_terms.setdefault(term, len(all_terms))
             for key, tf in posting.items():
                 d_t.append(index)
                 d_d.append(delta_slot[key])
                 d_f.append(tf)
-        t = np.concatenate([base_t, np.asarray(d_t, dtype=np.int64)])
-        d = np.concatenate([base_d, np.asarray(d_d, dtype=np.int64)])
-        f = np.concatenate([base_f, np.asarray(d_f, dtype=np.float32)])
-        order = np.lexsort((d, t))
-        t, d, f = t[order], d[order], f[order]
-        counts = np.bincount(t, minlength=len(terms)) if len(t) else np.zeros(len(terms), dtype=np.int64)
+        t = np.concatenate([*ts, np.asarray(d_t, dtype=np.int64)])
+        d = np.concatenate([*ds, np.asarray(d_d, dtype=np.int64)])
+        f = np.concatenate([*fs, np.asarray(d_f, dtype=np.float64)])
         lengths = np.concatenate(
             [self._lengths[live], np.asarray([self._delta_lengths[k] for k in self._docs], dtype=np.float32)]
         )
-        return LexicalIndex._from_arrays(keys, terms, counts, d, f, lengths)
+        return LexicalIndex._from_arrays(keys, list(all_terms), t, d, f, lengths)
 
     def copy(self) -> LexicalIndex:
         """A copy a thread can merge while this one keeps taking writes."""
@@ -214,8 +280,11 @@ class LexicalIndex:
         other._keys, other._slot, other._term_index = self._keys, self._slot, self._term_index
         other._offsets, other._post_docs, other._post_tfs = self._offsets, self._post_docs, self._post_tfs
         other._lengths, other._alive = self._lengths, self._alive.copy()
+        other._segments = [segment.copy() for segment in self._segments]
+        other._tail = dict(self._tail)
         other._postings = {t: dict(p) for t, p in self._postings.items()}
         other._docs, other._delta_lengths = dict(self._docs), dict(self._delta_lengths)
+        other._delta_df = dict(self._delta_df)
         other._count, other._total_length = self._count, self._total_length
         return other
 
@@ -224,20 +293,18 @@ class LexicalIndex:
         cls,
         keys: list[str],
         terms: list[str],
-        counts: NDArray[np.int64],
+        t: NDArray[np.int64],
         docs: NDArray[np.int64],
-        tfs: NDArray[np.float32],
+        tfs: NDArray[np.floating],
         lengths: NDArray[np.float32],
     ) -> LexicalIndex:
+        """An index whose base holds these ``(term, doc, tf)`` postings (in any order)."""
         index = cls()
-        # Terms no live document holds any more are dropped.
-        used = np.flatnonzero(counts)
+        index._term_index, index._offsets, sorted_docs, sorted_tfs = by_term(terms, t, docs, tfs)
         index._keys = keys
         index._slot = {key: i for i, key in enumerate(keys)}
-        index._term_index = {terms[i]: n for n, i in enumerate(used.tolist())}
-        index._offsets = np.concatenate([[0], np.cumsum(counts[used])]).astype(np.int64)
-        index._post_docs = docs.astype(np.int32)
-        index._post_tfs = tfs.astype(np.float32)
+        index._post_docs = sorted_docs.astype(np.int32)
+        index._post_tfs = sorted_tfs.astype(np.float32)
         index._lengths = lengths.astype(np.float32)
         index._alive = np.ones(len(keys), dtype=np.bool_)
         index._count = len(keys)
@@ -296,6 +363,6 @@ class LexicalIndex:
             return None
         if len(versions) != len(keys) or (len(docs) and (docs.max() >= len(keys) or docs.min() < 0)):
             return None
-        counts = np.diff(offsets)
-        index = cls._from_arrays(keys, terms, counts, docs.astype(np.int64), tfs, lengths)
+        term_of = np.repeat(np.arange(len(terms), dtype=np.int64), np.diff(offsets))
+        index = cls._from_arrays(keys, terms, term_of, docs.astype(np.int64), tfs, lengths)
         return index, str(header.get("signature", "")), dict(zip(keys, versions, strict=True))

@@ -26,17 +26,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from operator import itemgetter
 from zoneinfo import ZoneInfo
 
+import numpy as np
+from numpy.typing import NDArray
+
 from bot.memory.extract import QUESTION_TAG, owned_subject, subjects_in_query
-from bot.memory.item_store import ItemStore, retrievable
+from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, MemoryItem
 from bot.memory.lexical import Frequencies
-from bot.memory.timehints import time_hint
+from bot.memory.timehints import TimeHint, microseconds, time_hint
 from bot.memory.word_index import WordIndex, frequencies
 from bot.memory.words import tokenize
 
 _UTC = ZoneInfo("UTC")
+FACTS_CACHE = 200_000  # items whose ranking facts are remembered (all of them, in most memories)
 TERMS_CACHE = 4096  # items whose term counts a query may look inside (second hop, restated questions)
 _ABOUT_ASSISTANT = re.compile(
     r"\byou (?:said|told|mentioned|recommended|suggested|gave|wrote|listed|explained|described|shared|"
@@ -83,6 +88,11 @@ class Weights:
     candidates: int = 300  # best lexical matches looked at per query, at any memory size
 
 
+# Of an item, for ranking: said by the assistant, only asked, salience, confidence, type weight, when
+# said (microseconds since 1970); and the item they were read from.
+_Facts = tuple[bool, bool, float, float, float, int, MemoryItem]
+
+
 @dataclass(slots=True)  # not frozen: a query makes hundreds, and a frozen one costs 4x to build
 class ScoredItem:
     item: MemoryItem
@@ -99,7 +109,7 @@ class WordMatch:
 
     scores: dict[str, float]  # BM25 by item id, second hop included
     on_subject: set[str]  # items stating the subject the query names
-    in_period: Callable[[datetime], bool] | None  # the period the query names, if any
+    in_period: TimeHint | None  # the period the query names, if any
     about_assistant: bool
 
 
@@ -120,6 +130,7 @@ class Retriever:
         self._store = store
         self.words = WordIndex(store)
         self._terms: OrderedDict[tuple[str, str], Frequencies] = OrderedDict()
+        self._item_facts: dict[str, _Facts] = {}
 
     async def ready(self) -> None:
         await self.words.ready()
@@ -194,43 +205,81 @@ class Retriever:
             similarities = {k: v for k, v in similarities.items() if v >= w.semantic_floor}
             candidates |= set(similarities)
             top_sim = max(similarities.values(), default=0.0)
+        get = self._store.get
         found: list[MemoryItem] = []
         for item_id in candidates:
-            item = self._store.get(item_id)
-            if item is not None and retrievable(item) and (visible is None or visible(item)):
-                found.append(item)
+            item = get(item_id)
+            if (
+                item is not None
+                and not item.deleted
+                and not item.promoted_to
+                and (visible is None or visible(item))
+            ):
+                found.append(item)  # (retrievable(item), inlined: this runs for every candidate)
+        if not found:
+            return []
         talks = _conversation_scores(found, lexical, top) if w.conversation > 0 and top > 0 else {}
-        decay = math.log(2) / (w.recency_half_life_days * 86400)  # per second of age
-        out: list[ScoredItem] = []
-        for item in found:
-            item_id = item.id
-            lex = lexical.get(item_id, 0.0) / top if top > 0 else 0.0
-            if talks:  # said in a conversation that is about the query: an answer may not repeat its words
-                lex = (1 - w.conversation) * lex + w.conversation * talks.get(conversation_of(item), 0.0)
-            if item_id in on_subject:  # the statement answers what the query names: relevant without a word
-                lex = max(lex, w.subject)
+        # Each signal as an array over ``found``, combined in the order (and so to the bit) of the
+        # per-item formula the doc describes; a Python loop over hundreds of candidates cost more.
+        lex = (
+            np.array([lexical.get(item.id, 0.0) for item in found]) / top if top > 0 else np.zeros(len(found))
+        )
+        if talks:  # said in a conversation that is about the query: an answer may not repeat its words
+            said_in = np.array([talks.get(conversation_of(item), 0.0) for item in found])
+            lex = (1 - w.conversation) * lex + w.conversation * said_in
+        if on_subject:  # the statement answers what the query names: relevant without a word
+            stated = np.array([item.id in on_subject for item in found])
+            lex = np.where(stated, np.maximum(lex, w.subject), lex)
+        if similarities:
             # Meaning, on the words' scale: the query's nearest item in meaning is 1.
-            sim = max(0.0, similarities.get(item_id, 0.0)) / top_sim if similarities and top_sim > 0 else 0.0
-            relevance = (1 - w.embedding_share) * lex + w.embedding_share * sim if similarities else lex
-            if "assistant" in item.tags and not match.about_assistant:
-                relevance *= w.assistant
-            if QUESTION_TAG in item.tags:
-                relevance *= w.question
-            if relevance <= 0.0:
-                continue
-            age = max(0.0, (now - item.created_at).total_seconds())
-            score = (
-                w.lexical * relevance
-                + w.recency * math.exp(-decay * age)
-                + w.salience * item.salience
-                + w.confidence * item.confidence
-                + w.type * TYPE_WEIGHT.get(item.type, 0.5)
+            sims = np.array([similarities.get(item.id, 0.0) for item in found])
+            sim = np.maximum(0.0, sims) / top_sim if top_sim > 0 else np.zeros(len(found))
+            relevance = (1 - w.embedding_share) * lex + w.embedding_share * sim
+        else:
+            sim, relevance = np.zeros(len(found)), lex
+        facts = [self._facts(item) for item in found]
+        stamps = np.array([f[5] for f in facts], dtype=np.int64)
+        if not match.about_assistant:
+            relevance = np.where([f[0] for f in facts], relevance * w.assistant, relevance)
+        relevance = np.where([f[1] for f in facts], relevance * w.question, relevance)
+        decay = math.log(2) / (w.recency_half_life_days * 86400)  # per second of age
+        # Ages in seconds, as timedelta.total_seconds() gives them (whole microseconds / 10**6, rounded
+        # once), and exp() from math: the same figures as item by item.
+        ages = np.maximum(0.0, (microseconds(now) - stamps) / 1e6)
+        exp = math.exp
+        recency = [exp(x) for x in (-decay * ages).tolist()]
+        score = (
+            w.lexical * relevance
+            + w.recency * np.array(recency)
+            + w.salience * np.array([f[2] for f in facts])
+            + w.confidence * np.array([f[3] for f in facts])
+            + w.type * np.array([f[4] for f in facts])
+        )
+        if in_period is not None:
+            said_then = in_period.among([item.created_at for item in found], stamps)
+            score = np.where(said_then, score + w.time_hint, score)
+        order = _best_first(score, found)
+        keep = (relevance > 0.0).tolist()
+        scores, relevances, lexes, sems = score.tolist(), relevance.tolist(), lex.tolist(), sim.tolist()
+        return [ScoredItem(found[i], scores[i], relevances[i], lexes[i], sems[i]) for i in order if keep[i]]
+
+    def _facts(self, item: MemoryItem) -> _Facts:
+        """What ranking reads of an item besides its age and match (remembered: the same items come
+        back query after query, and a changed item is a new object)."""
+        found = self._item_facts.get(item.id)
+        if found is None or found[6] is not item:
+            if len(self._item_facts) >= FACTS_CACHE:
+                self._item_facts.clear()
+            found = self._item_facts[item.id] = (
+                "assistant" in item.tags,
+                QUESTION_TAG in item.tags,
+                item.salience,
+                item.confidence,
+                TYPE_WEIGHT.get(item.type, 0.5),
+                microseconds(item.created_at),
+                item,
             )
-            if in_period is not None and in_period(item.created_at):
-                score += w.time_hint
-            out.append(ScoredItem(item, score, relevance, lex, sim))
-        out.sort(key=lambda s: (-s.score, s.item.created_at, s.item.fingerprint, s.item.id))
-        return out
+        return found
 
     def _with_second_hop(
         self,
@@ -243,10 +292,16 @@ class Retriever:
         results (the names, places and things they share), so an answer worded differently from the
         question is still found through what surrounds it."""
         w, index, asked = self.weights, self.words.index, set(tokens)
-        # The best ``hop_docs`` by score, without sorting every match. Ties go by age and content, not
-        # by id: ids are random, and the same conversation remembered twice must hop the same way.
-        store = self._store
-        shown = (it for i in first if (it := store.get(i)) is not None and (visible is None or visible(it)))
+        # The best ``hop_docs`` by score. Ties go by age and content, not by id: ids are random, and the
+        # same conversation remembered twice must hop the same way. Only the matches scoring at least
+        # the ``hop_docs``-th shown one can be among them, so the rest are never looked up.
+        store, shown = self._store, list[MemoryItem]()
+        for key, score in sorted(first.items(), key=itemgetter(1), reverse=True):  # (stable: ties keep order)
+            if len(shown) >= w.hop_docs and (not shown or score < first[shown[-1].id]):
+                break
+            item = store.get(key)
+            if item is not None and (visible is None or visible(item)):
+                shown.append(item)
         best = heapq.nsmallest(
             w.hop_docs, shown, key=lambda it: (-first[it.id], it.created_at, it.fingerprint)
         )
@@ -262,11 +317,32 @@ class Retriever:
         top1, top2 = max(first.values()), max(second.values(), default=0.0)
         if top2 <= 0:
             return first
-        # Fused on the first hop's scale: a second-hop match adds up to ``hop`` of the best first-hop one.
-        return {
-            key: first.get(key, 0.0) + w.hop * top1 * second.get(key, 0.0) / top2
-            for key in first.keys() | second.keys()
-        }
+        # Fused on the first hop's scale: a second-hop match adds up to ``hop`` of the best first-hop one
+        # (a first-hop match the second hop missed keeps its score: it adds nothing).
+        fused, scale = dict(first), w.hop * top1
+        for key, score in second.items():
+            fused[key] = fused.get(key, 0.0) + scale * score / top2
+        return fused
+
+
+def _best_first(score: NDArray[np.float64], items: Sequence[MemoryItem]) -> list[int]:
+    """Positions by score, best first; equal scores by age, then content, then id (the same memory
+    always ranks the same)."""
+    order = np.argsort(-score, kind="stable")
+    ranked = score[order]
+    tied = np.flatnonzero(ranked[1:] == ranked[:-1])
+    out: list[int] = order.tolist()
+    if len(tied) == 0:
+        return out
+    # Runs of equal scores (rare: the same words, age and weight) are put in order one by one.
+    start = int(tied[0])
+    for at, following in zip(tied.tolist(), [*tied[1:].tolist(), -1], strict=True):
+        if following != at + 1:
+            run = out[start : at + 2]
+            run.sort(key=lambda i: (items[i].created_at, items[i].fingerprint, items[i].id))
+            out[start : at + 2] = run
+            start = following
+    return out
 
 
 def _restates(asked: set[str], terms: Mapping[str, int]) -> bool:

@@ -9,9 +9,13 @@ because people misremember dates: "two weeks ago" matches anything from one to t
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
+
+import numpy as np
+from numpy.typing import NDArray
 
 MONTHS = {
     name: i
@@ -78,19 +82,50 @@ _WEEKDAY = re.compile(r"\b(?:(last|this past|past)|on)\s+(" + "|".join(WEEKDAYS)
 
 TimeMatch = Callable[[datetime], bool]
 Span = tuple[datetime, datetime]
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
 
 
-def time_hint(query: str, now: datetime, tz: ZoneInfo) -> TimeMatch | None:
-    """A predicate for "said in the period the query names", or ``None`` when it names none."""
-    months = {MONTHS[m.group(1).lower()] for m in _MONTH.finditer(query)}
+def microseconds(when: datetime) -> int:
+    """``when`` as whole microseconds since 1970 (UTC): exact, so comparisons and differences in these
+    agree with the datetimes'."""
+    return (when - EPOCH) // MICROSECOND
+
+
+@dataclass(frozen=True, slots=True)
+class TimeHint:
+    """ "Said in the period the query names": any of ``spans``, or in one of ``months`` (any year, in the
+    user's time zone). Call it with one time, or :meth:`among` with many at once."""
+
+    spans: tuple[Span, ...]
+    months: frozenset[int]
+    tz: ZoneInfo
+
+    def __call__(self, when: datetime) -> bool:
+        return (
+            any(start <= when <= end for start, end in self.spans)
+            or when.astimezone(self.tz).month in self.months
+        )
+
+    def among(self, times: Sequence[datetime], stamps: NDArray[np.int64]) -> NDArray[np.bool_]:
+        """Which of ``times`` (``stamps``: the same, as :func:`microseconds`) fall in the period."""
+        found = np.zeros(len(stamps), dtype=np.bool_)
+        for start, end in self.spans:
+            found |= (microseconds(start) <= stamps) & (stamps <= microseconds(end))
+        if self.months:
+            found |= np.array(
+                [when.astimezone(self.tz).month in self.months for when in times], dtype=np.bool_
+            )
+        return found
+
+
+def time_hint(query: str, now: datetime, tz: ZoneInfo) -> TimeHint | None:
+    """What "said in the period the query names" means, or ``None`` when it names none."""
+    months = frozenset(MONTHS[m.group(1).lower()] for m in _MONTH.finditer(query))
     spans = periods(query, now, tz)
     if not months and not spans:
         return None
-
-    def matches(when: datetime) -> bool:
-        return any(start <= when <= end for start, end in spans) or when.astimezone(tz).month in months
-
-    return matches
+    return TimeHint(tuple(spans), months, tz)
 
 
 def periods(query: str, now: datetime, tz: ZoneInfo) -> list[Span]:
