@@ -40,7 +40,7 @@ from bot.memory.lexical_segment import K1, B, Segment, by_term, merge
 from bot.storage import atomic_write_bytes
 
 FORMAT = 1
-FOLD_AT = 256  # delta documents kept as dicts before they are frozen into a segment
+FOLD_AT = 64  # delta documents kept as dicts before they are frozen into a segment
 SEGMENT_MAX = 4096  # documents past which two segments are no longer merged into one (the base takes them)
 
 Frequencies = Mapping[str, int]

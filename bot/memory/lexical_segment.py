@@ -70,9 +70,14 @@ class Segment:
         ]
         if not spans:
             return None
-        held = np.concatenate([np.arange(start, end) for start, end, _ in spans])
-        idf = np.repeat([idf for _, _, idf in spans], [end - start for start, end, _ in spans])
-        docs, tfs = self.docs[held], self.tfs[held]
+        idf: float | NDArray[np.float64]
+        if len(spans) == 1:
+            start, end, idf = spans[0]
+            docs, tfs = self.docs[start:end], self.tfs[start:end]
+        else:
+            docs = np.concatenate([self.docs[start:end] for start, end, _ in spans])
+            tfs = np.concatenate([self.tfs[start:end] for start, end, _ in spans])
+            idf = np.repeat([w for _, _, w in spans], [end - start for start, end, _ in spans])
         norm = tfs + K1 * (1 - B + B * self.lengths[docs] / average)
         # bincount adds in input order, so each document's sum runs over the terms in query order.
         weights = idf * tfs * (K1 + 1) / norm

@@ -1,0 +1,105 @@
+"""The lexical index's delta: folded into numpy segments, it scores exactly as plain BM25 over dicts."""
+
+from __future__ import annotations
+
+import math
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import numpy as np
+import pytest
+
+from bot.memory.lexical import FOLD_AT, SEGMENT_MAX, LexicalIndex
+from bot.memory.lexical_segment import K1, B
+from bot.memory.timehints import microseconds, time_hint
+
+WORDS = [f"w{n}" for n in range(60)]
+
+
+def bm25(docs: dict[str, dict[str, int]], terms: list[str]) -> dict[str, float]:
+    """Okapi BM25 with Lucene's idf, one document and one term at a time, in Python floats."""
+    count = len(docs)
+    average = sum(sum(d.values()) for d in docs.values()) / count or 1.0
+    out: dict[str, float] = {}
+    for term in dict.fromkeys(terms):
+        df = sum(1 for d in docs.values() if term in d)
+        if not df:
+            continue
+        idf = math.log(1 + (count - df + 0.5) / (df + 0.5))
+        for key, d in docs.items():
+            if term in d:
+                tf = d[term]
+                scale = tf + K1 * (1 - B + B * sum(d.values()) / average)
+                out[key] = out.get(key, 0.0) + idf * tf * (K1 + 1) / scale
+    return out
+
+
+def writes(index: LexicalIndex, live: dict[str, dict[str, int]], n: int, rnd: random.Random) -> None:
+    """``n`` random writes: new documents, new versions of old ones, removals."""
+    for _ in range(n):
+        roll = rnd.random()
+        if roll < 0.15 and live:
+            key = rnd.choice(sorted(live))
+            index.remove(key)
+            del live[key]
+            continue
+        key = rnd.choice(sorted(live)) if roll < 0.3 and live else f"doc{rnd.randrange(10**9)}"
+        doc = {w: rnd.randint(1, 3) for w in rnd.sample(WORDS, rnd.randint(1, 8))}
+        index.upsert(key, doc)
+        live[key] = doc
+
+
+def test_delta_segments_score_exactly_like_the_dicts_they_were_folded_from(tmp_path: Path) -> None:
+    rnd = random.Random(19)
+    index, live = LexicalIndex(), {}
+    writes(index, live, 4 * FOLD_AT + 37, rnd)  # several folds, merges of segments, and a tail
+    assert index._segments and index._tail and index.delta_size == len(live) == len(index)
+    queries = [rnd.sample(WORDS, rnd.randint(1, 6)) for _ in range(30)]
+    for terms in queries:
+        assert index.scores(terms) == bm25(live, terms)  # to the bit, tail and segments alike
+    mine = set(rnd.sample(sorted(live), 40)) | {"not-there"}
+    assert index.scores(queries[0], only=mine) == {
+        k: v for k, v in bm25(live, queries[0]).items() if k in mine
+    }
+    # A copy merges in a thread while the index takes writes: neither sees the other's changes.
+    copy = index.copy()
+    before = copy.scores(queries[1])
+    writes(index, dict(live), FOLD_AT, random.Random(5))
+    assert copy.scores(queries[1]) == before
+    # Merged into the base (float32) and saved: the same documents and, to float32, the same scores.
+    merged = copy.merged()
+    assert merged.delta_size == 0 and len(merged) == len(live)
+    for terms in queries[:5]:
+        assert merged.scores(terms) == pytest.approx(bm25(live, terms), rel=1e-5)
+    copy.save(tmp_path / "lexical.npz", "", {})
+    loaded = LexicalIndex.load(tmp_path / "lexical.npz")
+    assert loaded is not None and loaded[0].scores(queries[2]) == pytest.approx(
+        bm25(live, queries[2]), rel=1e-5
+    )
+
+
+def test_segments_stay_few_and_removed_documents_leave_them() -> None:
+    rnd = random.Random(3)
+    index, live = LexicalIndex(), {}
+    writes(index, live, 12 * FOLD_AT, rnd)
+    sizes = [len(s.keys) for s in index._segments]
+    assert 2 <= len(sizes) <= 6 and max(sizes) <= SEGMENT_MAX
+    for key in sorted(live)[:50]:
+        index.remove(key)
+        del live[key]
+    terms = WORDS[:10]
+    assert index.scores(terms) == bm25(live, terms)
+    assert all(index.df(w) == sum(1 for d in live.values() if w in d) for w in WORDS)
+
+
+def test_a_time_hint_checks_many_times_as_it_checks_one() -> None:
+    tz = ZoneInfo("America/Santiago")
+    now = datetime(2024, 4, 8, 15, tzinfo=UTC)
+    times = [now - timedelta(hours=h, microseconds=m) for h in range(0, 24 * 120, 7) for m in (0, 1)]
+    stamps = np.array([microseconds(t) for t in times], dtype=np.int64)
+    for query in ("what did I say last Saturday?", "two weeks ago", "in March", "yesterday", "on March 3rd"):
+        hint = time_hint(query, now, tz)
+        assert hint is not None
+        assert hint.among(times, stamps).tolist() == [hint(t) for t in times]
