@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from bot.memory.lexical_segment import K1, B, Segment, by_term, merge
+from bot.memory.lexical_segment import K1, B, Segment, by_term, held, merge
 from bot.storage import atomic_write_bytes
 
 FORMAT = 1
@@ -272,7 +272,8 @@ class LexicalIndex:
         lengths = np.concatenate(
             [self._lengths[live], np.asarray([self._delta_lengths[k] for k in self._docs], dtype=np.float32)]
         )
-        return LexicalIndex._from_arrays(keys, list(all_terms), t, d, f, lengths)
+        term_index, offsets, docs, tfs = by_term(list(all_terms), t, d, f)
+        return LexicalIndex._from_arrays(keys, term_index, offsets, docs, tfs, lengths)
 
     def copy(self) -> LexicalIndex:
         """A copy a thread can merge while this one keeps taking writes."""
@@ -292,19 +293,19 @@ class LexicalIndex:
     def _from_arrays(
         cls,
         keys: list[str],
-        terms: list[str],
-        t: NDArray[np.int64],
-        docs: NDArray[np.int64],
+        term_index: dict[str, int],
+        offsets: NDArray[np.int64],
+        docs: NDArray[np.integer],
         tfs: NDArray[np.floating],
         lengths: NDArray[np.float32],
     ) -> LexicalIndex:
-        """An index whose base holds these ``(term, doc, tf)`` postings (in any order)."""
+        """An index whose base holds these postings, by term (see :func:`by_term`)."""
         index = cls()
-        index._term_index, index._offsets, sorted_docs, sorted_tfs = by_term(terms, t, docs, tfs)
+        index._term_index, index._offsets = term_index, offsets
         index._keys = keys
         index._slot = {key: i for i, key in enumerate(keys)}
-        index._post_docs = sorted_docs.astype(np.int32)
-        index._post_tfs = sorted_tfs.astype(np.float32)
+        index._post_docs = docs.astype(np.int32)
+        index._post_tfs = tfs.astype(np.float32)
         index._lengths = lengths.astype(np.float32)
         index._alive = np.ones(len(keys), dtype=np.bool_)
         index._count = len(keys)
@@ -363,6 +364,6 @@ class LexicalIndex:
             return None
         if len(versions) != len(keys) or (len(docs) and (docs.max() >= len(keys) or docs.min() < 0)):
             return None
-        term_of = np.repeat(np.arange(len(terms), dtype=np.int64), np.diff(offsets))
-        index = cls._from_arrays(keys, terms, term_of, docs.astype(np.int64), tfs, lengths)
+        term_index, offsets = held(terms, np.diff(offsets))
+        index = cls._from_arrays(keys, term_index, offsets, docs, tfs, lengths)
         return index, str(header.get("signature", "")), dict(zip(keys, versions, strict=True))

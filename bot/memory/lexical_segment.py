@@ -94,10 +94,17 @@ def by_term(
     order = np.lexsort((d, t))
     t, d, f = t[order], d[order], f[order]
     counts = np.bincount(t, minlength=len(terms)) if len(t) else np.zeros(len(terms), dtype=np.int64)
-    used = np.flatnonzero(counts)  # terms no live document holds any more are dropped
+    term_index, offsets = held(terms, counts)
+    return term_index, offsets, d, f
+
+
+def held(terms: list[str], counts: NDArray[np.int64]) -> tuple[dict[str, int], NDArray[np.int64]]:
+    """The terms some document holds (by their index among them) and their postings' offsets, from each
+    term's count of postings: terms no live document holds any more are dropped."""
+    used = np.flatnonzero(counts)
     term_index = {terms[i]: n for n, i in enumerate(used.tolist())}
     offsets = np.concatenate([[0], np.cumsum(counts[used])]).astype(np.int64)
-    return term_index, offsets, d, f
+    return term_index, offsets
 
 
 def merge(older: Segment, newer: Segment) -> Segment:
