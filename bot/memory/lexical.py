@@ -31,6 +31,7 @@ import math
 import zipfile
 import zlib
 from collections.abc import Collection, Iterable, Mapping
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -137,20 +138,17 @@ class LexicalIndex:
         """Freeze the tail into a segment; merge the newest segments while they are of a size (a binary
         counter: each document is merged a few times, and a query looks at a few segments)."""
         keys = list(self._tail)
-        slot = {key: i for i, key in enumerate(keys)}
-        terms = list(self._postings)
-        t, d, f = [], [], []
-        for index, posting in enumerate(self._postings.values()):
-            for key, tf in posting.items():
-                t.append(index)
-                d.append(slot[key])
-                f.append(tf)
-        lengths = np.asarray([self._delta_lengths[k] for k in keys], dtype=np.float64)
+        slot = dict(zip(keys, range(len(keys)), strict=True))
+        postings = list(self._postings.values())
+        sizes = [len(posting) for posting in postings]
+        total = sum(sizes)
         triples = (
-            np.asarray(t, dtype=np.int64),
-            np.asarray(d, dtype=np.int64),
-            np.asarray(f, dtype=np.float64),
+            np.repeat(np.arange(len(postings), dtype=np.int64), sizes),
+            np.fromiter(map(slot.__getitem__, chain.from_iterable(postings)), dtype=np.int64, count=total),
+            np.fromiter(chain.from_iterable(p.values() for p in postings), dtype=np.float64, count=total),
         )
+        lengths = np.fromiter(map(self._delta_lengths.__getitem__, keys), dtype=np.float64, count=len(keys))
+        terms = list(self._postings)
         self._segments.append(Segment.of(keys, terms, triples, lengths))
         self._tail, self._postings = {}, {}
         segments = self._segments

@@ -9,6 +9,7 @@ term per document, so its figures are those the dicts gave, to the bit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,7 +44,7 @@ class Segment:
     ) -> Segment:
         """From ``(term, doc, tf)`` triples (term: an index into ``terms``, doc: into ``keys``)."""
         term_index, offsets, docs, tfs = by_term(terms, *postings)
-        slot = {key: i for i, key in enumerate(keys)}
+        slot = dict(zip(keys, range(len(keys)), strict=True))
         alive = np.ones(len(keys), dtype=np.bool_)
         return cls(keys, slot, term_index, offsets, docs, tfs.astype(np.float64), lengths, alive)
 
@@ -102,13 +103,18 @@ def held(terms: list[str], counts: NDArray[np.int64]) -> tuple[dict[str, int], N
     """The terms some document holds (by their index among them) and their postings' offsets, from each
     term's count of postings: terms no live document holds any more are dropped."""
     used = np.flatnonzero(counts)
-    term_index = {terms[i]: n for n, i in enumerate(used.tolist())}
+    kept = terms if len(used) == len(terms) else [terms[i] for i in used.tolist()]
+    term_index = dict(zip(kept, range(len(kept)), strict=True))
     offsets = np.concatenate([[0], np.cumsum(counts[used])]).astype(np.int64)
     return term_index, offsets
 
 
 def merge(older: Segment, newer: Segment) -> Segment:
-    """One segment holding the live documents of both (a key dead in one may live in the other)."""
+    """One segment holding the live documents of both (a key dead in one may live in the other).
+
+    Without sorting: each segment's postings are by term then document, and the older's documents come
+    first, so a posting's place is its term's start, plus the older's postings of that term when it is
+    the newer's, plus its rank among its own segment's postings of that term."""
     keys: list[str] = []
     remaps = []
     for segment in (older, newer):
@@ -117,14 +123,24 @@ def merge(older: Segment, newer: Segment) -> Segment:
         remap[live] = np.arange(len(keys), len(keys) + len(live))
         keys += [segment.keys[i] for i in live.tolist()]
         remaps.append(remap)
-    all_terms: dict[str, int] = {}
-    ts, ds, fs = [], [], []
-    for segment, remap in zip((older, newer), remaps, strict=True):
-        terms, t, d, f = segment.postings()
-        to_all = np.asarray([all_terms.setdefault(x, len(all_terms)) for x in terms], dtype=np.int64)
-        ts.append(to_all[t] if len(t) else t)
-        ds.append(remap[d])
-        fs.append(f)
+    parts = [segment.postings() for segment in (older, newer)]
+    union = list(dict.fromkeys(chain(parts[0][0], parts[1][0])))  # (the older's terms first, in order)
+    index = dict(zip(union, range(len(union)), strict=True))
+    placed: list[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]] = []
+    counts = np.zeros(len(union), dtype=np.int64)
+    for (terms, t, d, f), remap in zip(parts, remaps, strict=True):
+        to_all = np.fromiter(map(index.__getitem__, terms), dtype=np.int64, count=len(terms))
+        own = np.bincount(t, minlength=len(terms))
+        rank = np.arange(len(t)) - (np.cumsum(own) - own)[t]
+        placed.append((to_all[t], rank + counts[to_all[t]], remap[d], f))
+        counts[to_all] += own
+    term_index, offsets = held(union, counts)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    docs = np.empty(int(counts.sum()), dtype=np.int64)
+    tfs = np.empty(len(docs), dtype=np.float64)
+    for term, rank, d, f in placed:
+        docs[starts[term] + rank] = d
+        tfs[starts[term] + rank] = f
     lengths = np.concatenate([older.lengths[older.alive], newer.lengths[newer.alive]])
-    triples = (np.concatenate(ts), np.concatenate(ds), np.concatenate(fs))
-    return Segment.of(keys, list(all_terms), triples, lengths)
+    slot = dict(zip(keys, range(len(keys)), strict=True))
+    return Segment(keys, slot, term_index, offsets, docs, tfs, lengths, np.ones(len(keys), dtype=np.bool_))
