@@ -237,7 +237,8 @@ class Retriever:
             relevance = (1 - w.embedding_share) * lex + w.embedding_share * sim
         else:
             sim, relevance = np.zeros(len(found)), lex
-        facts = [self._facts(item) for item in found]
+        known, read = self._item_facts, self._facts
+        facts = [f if (f := known.get(i.id)) is not None and f[6] is i else read(i) for i in found]
         stamps = np.array([f[5] for f in facts], dtype=np.int64)
         if not match.about_assistant:
             relevance = np.where([f[0] for f in facts], relevance * w.assistant, relevance)
@@ -264,21 +265,19 @@ class Retriever:
         return [ScoredItem(found[i], scores[i], relevances[i], lexes[i], sems[i]) for i in order if keep[i]]
 
     def _facts(self, item: MemoryItem) -> _Facts:
-        """What ranking reads of an item besides its age and match (remembered: the same items come
-        back query after query, and a changed item is a new object)."""
-        found = self._item_facts.get(item.id)
-        if found is None or found[6] is not item:
-            if len(self._item_facts) >= FACTS_CACHE:
-                self._item_facts.clear()
-            found = self._item_facts[item.id] = (
-                "assistant" in item.tags,
-                QUESTION_TAG in item.tags,
-                item.salience,
-                item.confidence,
-                TYPE_WEIGHT.get(item.type, 0.5),
-                microseconds(item.created_at),
-                item,
-            )
+        """What ranking reads of an item besides its age and match, read now and remembered (the same
+        items come back query after query; a changed item is a new object, read again)."""
+        if len(self._item_facts) >= FACTS_CACHE:
+            self._item_facts.clear()
+        found = self._item_facts[item.id] = (
+            "assistant" in item.tags,
+            QUESTION_TAG in item.tags,
+            item.salience,
+            item.confidence,
+            TYPE_WEIGHT.get(item.type, 0.5),
+            microseconds(item.created_at),
+            item,
+        )
         return found
 
     def _with_second_hop(
