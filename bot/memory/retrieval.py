@@ -41,7 +41,6 @@ from bot.memory.word_index import WordIndex, frequencies
 from bot.memory.words import tokenize
 
 _UTC = ZoneInfo("UTC")
-FACTS_CACHE = 200_000  # items whose ranking facts are remembered (all of them, in most memories)
 TERMS_CACHE = 4096  # items whose term counts a query may look inside (second hop, restated questions)
 _ABOUT_ASSISTANT = re.compile(
     r"\byou (?:said|told|mentioned|recommended|suggested|gave|wrote|listed|explained|described|shared|"
@@ -88,11 +87,6 @@ class Weights:
     candidates: int = 300  # best lexical matches looked at per query, at any memory size
 
 
-# Of an item, for ranking: said by the assistant, only asked, salience, confidence, type weight, when
-# said (microseconds since 1970); and the item they were read from.
-_Facts = tuple[bool, bool, float, float, float, int, MemoryItem]
-
-
 @dataclass(slots=True)  # not frozen: a query makes hundreds, and a frozen one costs 4x to build
 class ScoredItem:
     item: MemoryItem
@@ -130,7 +124,6 @@ class Retriever:
         self._store = store
         self.words = WordIndex(store)
         self._terms: OrderedDict[tuple[str, str], Frequencies] = OrderedDict()
-        self._item_facts: dict[str, _Facts] = {}
 
     async def ready(self) -> None:
         await self.words.ready()
@@ -237,12 +230,12 @@ class Retriever:
             relevance = (1 - w.embedding_share) * lex + w.embedding_share * sim
         else:
             sim, relevance = np.zeros(len(found)), lex
-        known, read = self._item_facts, self._facts
-        facts = [f if (f := known.get(i.id)) is not None and f[6] is i else read(i) for i in found]
-        stamps = np.array([f[5] for f in facts], dtype=np.int64)
+        stamps = np.array([microseconds(item.created_at) for item in found], dtype=np.int64)
         if not match.about_assistant:
-            relevance = np.where([f[0] for f in facts], relevance * w.assistant, relevance)
-        relevance = np.where([f[1] for f in facts], relevance * w.question, relevance)
+            theirs = ["assistant" in item.tags for item in found]
+            relevance = np.where(theirs, relevance * w.assistant, relevance)
+        asked = [QUESTION_TAG in item.tags for item in found]
+        relevance = np.where(asked, relevance * w.question, relevance)
         decay = math.log(2) / (w.recency_half_life_days * 86400)  # per second of age
         # Ages in seconds, as timedelta.total_seconds() gives them (whole microseconds / 10**6, rounded
         # once), and exp() from math: the same figures as item by item.
@@ -252,9 +245,9 @@ class Retriever:
         score = (
             w.lexical * relevance
             + w.recency * np.array(recency)
-            + w.salience * np.array([f[2] for f in facts])
-            + w.confidence * np.array([f[3] for f in facts])
-            + w.type * np.array([f[4] for f in facts])
+            + w.salience * np.array([item.salience for item in found])
+            + w.confidence * np.array([item.confidence for item in found])
+            + w.type * np.array([TYPE_WEIGHT.get(item.type, 0.5) for item in found])
         )
         if in_period is not None:
             said_then = in_period.among([item.created_at for item in found], stamps)
@@ -263,22 +256,6 @@ class Retriever:
         keep = (relevance > 0.0).tolist()
         scores, relevances, lexes, sems = score.tolist(), relevance.tolist(), lex.tolist(), sim.tolist()
         return [ScoredItem(found[i], scores[i], relevances[i], lexes[i], sems[i]) for i in order if keep[i]]
-
-    def _facts(self, item: MemoryItem) -> _Facts:
-        """What ranking reads of an item besides its age and match, read now and remembered (the same
-        items come back query after query; a changed item is a new object, read again)."""
-        if len(self._item_facts) >= FACTS_CACHE:
-            self._item_facts.clear()
-        found = self._item_facts[item.id] = (
-            "assistant" in item.tags,
-            QUESTION_TAG in item.tags,
-            item.salience,
-            item.confidence,
-            TYPE_WEIGHT.get(item.type, 0.5),
-            microseconds(item.created_at),
-            item,
-        )
-        return found
 
     def _with_second_hop(
         self,
