@@ -5,7 +5,9 @@ Memory grows by a few items per answered turn and a query looks at a few words, 
 - the **base** holds the postings of everything indexed when it was last built, term by term, in flat
   numpy arrays (CSR): a query term is a slice, scored for all its documents in one vectorized step, and
   loading 100,000 items' index from disk is reading a few arrays, not re-tokenizing them;
-- the **delta** holds what was written since, as plain dicts (cost per write: the item's own terms);
+- the **delta** holds what was written since: the newest as plain dicts (cost per write: the item's own
+  terms), frozen every FOLD_AT documents into small numpy segments (bot/memory/lexical_segment.py)
+  that a query scores in a few array steps, with the same figures the dicts gave;
 - a removed or changed item is masked in the base; :meth:`merged` folds the delta into a new base
   (in a thread, when the delta has grown) and :meth:`save` writes the base next to the items.
 
