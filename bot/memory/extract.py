@@ -15,6 +15,13 @@ scored as a whole the message is about its main topic, its length diluting the w
 Each statement sentence is an episode of its own (tagged ``sentence``), with the same weight as the
 message; it brings the message up, and recall shows the message, not the sentence alone.
 
+What the user *told* of their life answers "what did I …" better than what they asked for: a user
+episode that states no event or fact of theirs (only a request, a plan, thanks: "Can you recommend a
+tent?", "I'll check those out") is tagged ``no-fact``, and retrieval ranks it a little below the
+messages that do ("I took my niece to the museum", "my tank has 10 tetras") unless the query asks for
+advice, where what the user asked for says what they want. The tag marks the many that tell nothing,
+so items written before it existed rank as they did.
+
 Typed facts about a *subject* the user can hold only one value of at a time (where they live, their
 job, their name, …) carry a ``subject:<key>`` tag: recall shows the newest statement on a subject as
 current and older ones as "previously", and a question that names the subject ("what is my job?")
@@ -33,6 +40,7 @@ from bot.memory.items import SENTENCE_TAG, ItemType, Layer, MemoryItem, Referenc
 PASSAGE_CHARS = 900
 SENTENCE_CHARS = 400
 QUESTION_TAG = "question"
+NO_FACT_TAG = "no-fact"
 SUBJECT_PREFIX = "subject:"
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -45,6 +53,21 @@ _ASKS = re.compile(
 )
 _FIRST_PERSON = re.compile(r"^(?:i|i'm|im|i've|i'd|i'll|my|we|we're|we've|our|me)\b", re.I)
 _OPENERS = re.compile(r"^(?:(?:so|and|but|also|ok(?:ay)?|well|hey|hi|oh|btw|by the way)[,!]?\s+)+", re.I)
+# A first-person event ("I went", "we've moved", "I recently bought") or state ("I have two cats", "I work
+# nights", "I'm a nurse", "my sister is 30"); "I'm looking for …", "I'm thinking of …" state nothing yet.
+_ADVERB = r"(?:recently |just |finally |already |actually |also |even |once |first |still |only |really )?"
+_PAST = (
+    r"(?:\w+ed|went|saw|got|bought|took|made|had|did|met|ran|came|began|spent|gave|found|left|sold|won|"
+    r"read|wrote|flew|drove|rode|been|caught|built|brought|chose|ate|drank|fell|felt|forgot|heard|kept|"
+    r"knew|lost|paid|put|said|sent|set|sat|slept|stood|swam|taught|thought|told|threw|wore)"
+)
+_EVENT = re.compile(rf"\b(?:I|we)(?:'ve| have| had)? {_ADVERB}{_PAST}\b", re.I)
+_STATE = re.compile(
+    rf"\b(?:I|we) {_ADVERB}(?:have|own|work|live|am|use|keep|play|do|volunteer|usually|always|never|"
+    r"'m (?!looking|thinking|planning|trying|wondering|going|interested|curious|considering|hoping|not sure|"
+    r"so |glad|excited|happy))\b|\b(?:my|our) (?:[\w'-]+ ){0,2}(?:is|are|was|were|has|have)\b",
+    re.I,
+)
 _ABOUT_YOU = r"(?!\s+(?:that|how|it when|the way|when)\s+you\b)(?!\s+(?:you|your)\b)"
 
 _PATTERNS: tuple[tuple[ItemType, float, re.Pattern[str]], ...] = (
@@ -236,6 +259,12 @@ def is_question_sentence(sentence: str) -> bool:
     return bare.rstrip("\"')*").endswith("?") or bool(_ASKS.match(bare))
 
 
+def tells_fact(text: str) -> bool:
+    """Whether a text tells an event or a fact of the speaker's life, rather than only asking, planning
+    or thanking (see the module doc)."""
+    return bool(_EVENT.search(text) or _STATE.search(text))
+
+
 def is_question(text: str) -> bool:
     """Whether a message only asks: every sentence a question or a request, none a statement."""
     found = sentences_of(text)
@@ -288,8 +317,9 @@ def extract(utterances: Iterable[Utterance], *, source: str = "heuristic") -> li
         pieces = passages(u.text)
         for part, piece in enumerate(pieces):
             ref = u.reference if len(pieces) == 1 else _with_part(u.reference, part)
+            told = tags if not user or tells_fact(piece) else (*tags, NO_FACT_TAG)
             items.append(
-                _item(ItemType.EPISODE, piece, u, source, tags, confidence=0.5, salience=salience, ref=ref)
+                _item(ItemType.EPISODE, piece, u, source, told, confidence=0.5, salience=salience, ref=ref)
             )
         if not user or asks:
             continue
@@ -302,7 +332,7 @@ def extract(utterances: Iterable[Utterance], *, source: str = "heuristic") -> li
                     u.by_speaker(sentence),
                     u,
                     source,
-                    found_by,
+                    found_by if tells_fact(sentence) else (*found_by, NO_FACT_TAG),
                     confidence=0.5,
                     salience=0.5,
                     ref=u.reference,

@@ -32,7 +32,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 from numpy.typing import NDArray
 
-from bot.memory.extract import QUESTION_TAG, owned_subject, subjects_in_query
+from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG, owned_subject, subjects_in_query
 from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, MemoryItem
 from bot.memory.lexical import Frequencies
@@ -50,6 +50,9 @@ _ABOUT_ASSISTANT = re.compile(
     re.I,
 )
 
+_ADVICE = re.compile(
+    r"\b(?:suggest|suggestions?|recommend|recommendations?|ideas?|tips|advice|should I|any good)\b", re.I
+)
 
 TYPE_WEIGHT: Mapping[ItemType, float] = {
     ItemType.PREFERENCE: 1.0,
@@ -78,6 +81,7 @@ class Weights:
     semantic_floor: float = 0.2  # cosine below which meaning counts for nothing (unrelated texts: ~0)
     assistant: float = 0.75  # relevance of what the assistant said, relative to the user's words
     question: float = 0.6  # relevance of a user message that only asked, relative to a statement
+    no_fact: float = 0.85  # relevance of a user episode that tells no event or fact (extract.NO_FACT_TAG)
     subject: float = 0.6  # relevance a statement on the subject a query names gets at least (of the top)
     time_hint: float = 0.1  # bonus for items said in the period the query names ("in March")
     hop: float = 0.3  # weight of the second hop (terms of the first hop's best results), 0: off
@@ -105,6 +109,12 @@ class WordMatch:
     on_subject: set[str]  # items stating the subject the query names
     in_period: TimeHint | None  # the period the query names, if any
     about_assistant: bool
+    asks_advice: bool = False  # "can you suggest …": what the user asked for says what they want
+
+
+def asks_for_advice(query: str) -> bool:
+    """Whether the query asks for suggestions or advice, rather than about what happened."""
+    return bool(_ADVICE.search(query))
 
 
 def asks_about_assistant(query: str) -> bool:
@@ -173,7 +183,7 @@ class Retriever:
             asked += [owned_subject(subject, asker) for subject in asked]
         on_subject = {stated.id for subject in asked for stated in self._store.with_subject(subject)}
         in_period = time_hint(query, now, tz) if w.time_hint else None
-        return WordMatch(lexical, on_subject, in_period, asks_about_assistant(query))
+        return WordMatch(lexical, on_subject, in_period, asks_about_assistant(query), asks_for_advice(query))
 
     def rank(
         self,
@@ -236,6 +246,9 @@ class Retriever:
             relevance = np.where(theirs, relevance * w.assistant, relevance)
         asked = [QUESTION_TAG in item.tags for item in found]
         relevance = np.where(asked, relevance * w.question, relevance)
+        if not match.asks_advice:  # what the user told of their life answers; asked for advice, all may
+            untold = [NO_FACT_TAG in item.tags for item in found]
+            relevance = np.where(untold, relevance * w.no_fact, relevance)
         decay = math.log(2) / (w.recency_half_life_days * 86400)  # per second of age
         # Ages in seconds, as timedelta.total_seconds() gives them (whole microseconds / 10**6, rounded
         # once), and exp() from math: the same figures as item by item.

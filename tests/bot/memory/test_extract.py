@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bot.memory.extract import (
+    NO_FACT_TAG,
     PASSAGE_CHARS,
     Utterance,
     extract,
@@ -15,6 +16,7 @@ from bot.memory.extract import (
     passages,
     subjects_in_query,
     subjects_of,
+    tells_fact,
     typed_sentences,
 )
 from bot.memory.items import SENTENCE_TAG, ItemType, Reference
@@ -125,3 +127,37 @@ def test_a_single_sentence_or_a_question_is_not_split_and_a_sentence_is_not_its_
     sentence = next(i for i in told if SENTENCE_TAG in i.tags and "niece" in i.content)
     # The same words as message "a": a different memory, so neither message ever shows the other's text.
     assert sentence.content == one[0].content and sentence.fingerprint != one[0].fingerprint
+
+
+def test_what_tells_an_event_or_a_fact_is_told_from_requests_plans_and_thanks() -> None:
+    for told in (
+        "I took my niece to the museum on 2/8.",
+        "We've finally moved to Denver.",
+        "I recently bought a Tamiya Spitfire kit.",
+        "I have two cats and a dog.",
+        "I'm a nurse, so I work nights.",
+        "My 20-gallon tank has 10 neon tetras.",
+        "I usually ride on paved roads.",
+    ):
+        assert tells_fact(told), told
+    for untold in (
+        "Can you recommend some good brands?",
+        "I'm looking for a new screen protector.",
+        "I'm thinking of visiting some galleries this weekend.",
+        "I'll definitely check those out, thanks!",
+        "That's a great list.",
+    ):
+        assert not tells_fact(untold), untold
+
+
+def test_user_episodes_that_tell_nothing_are_tagged_so_and_nothing_else_is() -> None:
+    def tags(role: str, text: str) -> list[tuple[str, ...]]:
+        return [i.tags for i in extract([Utterance(role, text, NOW, Reference("cli:me", text[:8]))])]
+
+    assert tags("user", "I'll check those out, thanks!") == [("user", NO_FACT_TAG)]
+    assert tags("user", "I took my niece to the museum.") == [("user",)]
+    assert tags("assistant", "I'll check those out, thanks!") == [("assistant",)]  # the user's only
+    assert tags("user", "Can you recommend a tent?") == [("user", "question", NO_FACT_TAG)]
+    # A message that tells something is not tagged; of its sentences, only those that tell nothing are.
+    both = tags("user", "I'll look at tents later, thanks for that. By the way, I went to Lisbon in May.")
+    assert both == [("user",), ("user", SENTENCE_TAG, NO_FACT_TAG), ("user", SENTENCE_TAG)]

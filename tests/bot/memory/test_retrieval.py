@@ -206,6 +206,21 @@ async def test_a_question_ranks_below_a_statement(tmp_path: Path) -> None:
     assert ranked[1].relevance < ranked[0].relevance
 
 
+async def test_what_was_told_ranks_above_what_only_asked_or_planned_unless_advice_is_asked(
+    tmp_path: Path,
+) -> None:
+    # The same words (and lemmas: "saw" is "see"); the plan is newer and more salient.
+    plan = make("We'll see galleries on Sunday.", ref="p", tags=("user", "no-fact"), salience=0.9)
+    told = make("We saw galleries on Sunday.", ref="t", days_ago=30)
+    ranked = await rank(tmp_path / "1", [plan, told], "Which galleries did we see on Sunday?")
+    assert [s.item.id for s in ranked] == [told.id, plan.id]
+    assert ranked[0].lexical == ranked[1].lexical  # the words tie: only the telling differs
+    # Asked for advice, what the user planned says what they want: no penalty, the newer one leads.
+    ranked = await rank(tmp_path / "2", [plan, told], "Can you suggest galleries to see on Sunday?")
+    assert [s.item.id for s in ranked] == [plan.id, told.id]
+    assert ranked[0].relevance == ranked[1].relevance
+
+
 async def test_a_question_naming_a_subject_finds_a_statement_sharing_no_word(tmp_path: Path) -> None:
     nurse = make("I work as a nurse", type=ItemType.FACT, tags=("user", "subject:work"), ref="n")
     items = [nurse, make("what is a good job interview outfit", ref="o", tags=("user", "question"))]
