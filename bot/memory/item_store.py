@@ -240,8 +240,11 @@ class ItemStore:
 
     def with_fingerprint(self, fingerprint: str) -> list[MemoryItem]:
         """The live, retrievable items saying exactly this (one per layer, and per chat with ``per_chat``)."""
-        found = [self._items[i] for i in self._by_fingerprint.get(fingerprint, ())]
-        return [i for i in found if retrievable(i)]
+        ids = self._by_fingerprint.get(fingerprint)
+        if not ids:
+            return []
+        items = self._items  # retrievable(), inlined: every turn asks this of ~100 fingerprints
+        return [item for i in ids if not (item := items[i]).deleted and not item.promoted_to]
 
     def with_subject(self, subject: str) -> list[MemoryItem]:
         """Live, retrievable items stating ``subject`` (a ``subject:`` tag), oldest first."""

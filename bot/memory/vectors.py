@@ -31,6 +31,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import structlog
@@ -57,6 +58,12 @@ IDLE_TRIM = 1.0  # seconds without new items after a batch before freed memory g
 Progress = Callable[[int, int], None]  # (done, total)
 
 
+class Keys(Protocol):
+    """The key of each scored row, by its position (a list, or rows named when asked)."""
+
+    def __getitem__(self, i: int, /) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Feedback:
     """Pseudo-relevance feedback in meaning (Rocchio): the query's vector is moved toward the mean of its
@@ -76,7 +83,7 @@ class Feedback:
     floor: float = 0.2  # a seed is at least this near the query (unrelated texts score ~0)
     usable: Callable[[str], bool] | None = None  # by fingerprint
 
-    def pick(self, keys: list[str], scores: NDArray[np.float32]) -> list[int]:
+    def pick(self, keys: Keys, scores: NDArray[np.float32]) -> list[int]:
         """Indices of the seeds: the best-scored keys that are usable and near enough, among the
         ``LOOKED_AT`` best (no seeds if none of those is usable: the query is then scored as it is)."""
         out: list[int] = []
@@ -124,6 +131,12 @@ class _Matrix:
     def view(self) -> NDArray[np.float32]:
         assert self._data is not None
         return self._data[: len(self.keys)]
+
+    def pick(self, keys: Iterable[str]) -> NDArray[np.int64]:
+        """The rows of ``keys`` that have one, in their first order, each once."""
+        rows = self.rows
+        found = [row for key in dict.fromkeys(keys) if (row := rows.get(key)) is not None]
+        return np.array(found, dtype=np.int64)
 
     def reserve(self, extra: int, dim: int) -> None:
         """Make room for ``extra`` more rows of ``dim`` (blocking: the copy of a large matrix)."""
@@ -467,8 +480,12 @@ class VectorStore:
         q = await self._query(query)
         if q is None:
             return {}
-        keys, scores = await self._score(q, fingerprints)
-        return dict(zip(keys, scores.tolist(), strict=True))
+        matrix = self._matrix
+        keys = matrix.keys  # rows are only ever appended (or overwritten in place): indices hold
+        picked = None if fingerprints is None else matrix.pick(fingerprints)
+        scores = await self._score(matrix.view(), q, picked)
+        named = keys[: len(scores)] if picked is None else [keys[i] for i in picked.tolist()]
+        return dict(zip(named, scores.tolist(), strict=True))
 
     async def nearest(
         self,
@@ -479,22 +496,32 @@ class VectorStore:
         feedback: Feedback | None = None,
     ) -> list[tuple[str, float]]:
         """The ``k`` fingerprints most similar to ``query`` (among ``fingerprints``), best first;
-        with ``feedback``, to the query moved toward its nearest items (see :class:`Feedback`)."""
+        with ``feedback``, to the query moved toward its nearest items (see :class:`Feedback`).
+
+        Rows are handled as index arrays and named only for the ``k`` returned: naming every scored
+        row (a list of keys per pass, and a dict look-up per key to score again) was most of its time
+        on the event loop's thread."""
         q = await self._query(query)
         if q is None or k <= 0:
             return []
-        keys, scores = await self._score(q, fingerprints)
+        matrix = self._matrix
+        keys = matrix.keys  # rows are only ever appended (or overwritten in place): indices hold
+        rows = matrix.view()
+        picked = None if fingerprints is None else matrix.pick(fingerprints)
+        scores = await self._score(rows, q, picked)
         if feedback is not None and feedback.seeds > 0:
-            seeds = feedback.pick(keys, scores)
+            seeds = feedback.pick(_Named(keys, picked), scores)
             if seeds:
-                rows = self._matrix.view()[[self._matrix.rows[keys[i]] for i in seeds]]
-                moved = _unit((q + feedback.weight * rows.mean(axis=0))[None, :])[0]
-                if len(keys) > RESCORED:  # the moved query re-ranks what the query found, not all
-                    keys = [keys[i] for i in np.argpartition(-scores, RESCORED - 1)[:RESCORED]]
-                keys, scores = await self._score(moved, keys)
+                at = seeds if picked is None else picked[seeds]
+                moved = _unit((q + feedback.weight * rows[at].mean(axis=0))[None, :])[0]
+                if len(scores) > RESCORED:  # the moved query re-ranks what the query found, not all
+                    best = np.argpartition(-scores, RESCORED - 1)[:RESCORED]
+                    picked = best if picked is None else picked[best]
+                scores = await self._score(rows, moved, picked)
         top = np.argpartition(-scores, k - 1)[:k] if len(scores) > k else np.arange(len(scores))
         top = top[np.argsort(-scores[top], kind="stable")]
-        return [(keys[i], float(scores[i])) for i in top]
+        found = top if picked is None else picked[top]
+        return [(keys[i], s) for i, s in zip(found.tolist(), scores[top].tolist(), strict=True)]
 
     def prefetch(self, query: str) -> None:
         """Start embedding ``query`` without waiting for it, so the caller can work meanwhile (memory
@@ -538,17 +565,11 @@ class VectorStore:
         return q
 
     async def _score(
-        self, q: NDArray[np.float32], fingerprints: Iterable[str] | None
-    ) -> tuple[list[str], NDArray[np.float32]]:
-        matrix = self._matrix
-        if fingerprints is None:
-            keys, picked = list(matrix.keys), None
-        else:
-            keys = [f for f in dict.fromkeys(fingerprints) if f in matrix.rows]
-            picked = np.fromiter((matrix.rows[f] for f in keys), dtype=np.int64, count=len(keys))
-        if not keys:
-            return [], np.zeros(0, dtype=np.float32)
-        rows = matrix.view()
+        self, rows: NDArray[np.float32], q: NDArray[np.float32], picked: NDArray[np.int64] | None
+    ) -> NDArray[np.float32]:
+        """Cosine of ``q`` with ``rows`` (those at ``picked``, in its order, when given)."""
+        if picked is not None and not len(picked):
+            return np.zeros(0, dtype=np.float32)
 
         def score() -> NDArray[np.float32]:
             chosen = rows if picked is None else rows[picked]
@@ -556,9 +577,22 @@ class VectorStore:
             # 1.3 ms for 2,000 rows, 11 against 19 ms for 100,000 on 2 cores: its thread hand-offs cost).
             return np.asarray(np.einsum("ij,j->i", chosen, q), dtype=np.float32)
 
-        if len(keys) > THREAD_SCORING_ROWS:  # ~10 ms of numpy: keep it off the event loop
-            return keys, await asyncio.to_thread(score)
-        return keys, score()
+        if (len(rows) if picked is None else len(picked)) > THREAD_SCORING_ROWS:  # ~10 ms of numpy
+            return await asyncio.to_thread(score)  # keep it off the event loop
+        return score()
+
+
+class _Named:
+    """The keys of scored rows, named only when asked (:meth:`Feedback.pick` asks for a few)."""
+
+    __slots__ = ("_keys", "_picked")
+
+    def __init__(self, keys: list[str], picked: NDArray[np.int64] | None) -> None:
+        self._keys = keys
+        self._picked = picked
+
+    def __getitem__(self, i: int) -> str:
+        return self._keys[i if self._picked is None else int(self._picked[i])]
 
 
 def _remove(path: Path) -> bool:
