@@ -43,6 +43,7 @@ NEIGHBOUR_SPAN = timedelta(hours=6)  # how far apart the turns of one exchange m
 # Last use is kept to the hour: decay counts in days, and a new version per recall per turn cost more
 # than the recall itself.
 TOUCH_RESOLUTION = timedelta(hours=1)
+NEWEST_CHUNK = 64  # entries newest_between copies at a time
 SUBJECT_TAG = "subject:"  # tags naming what a statement is about (see extract.py)
 _LAYERS = tuple(Layer)  # iterating the enum class itself is slow on the retrieval path
 
@@ -207,17 +208,24 @@ class ItemStore:
         (today's notes in a busy workspace) sorts one day's items, not all of them."""
         day = (end - timedelta(microseconds=1)).astimezone(UTC).date()
         first = start.astimezone(UTC).date()
+        items = self._items
         while day >= first:
             entries = (
                 self._by_day.get(day) if session_id is None else self._by_session_day.get((session_id, day))
             )
-            # A copy of the part before ``end``: the caller may write items while it reads on.
-            for at, item_id in reversed(entries[: bisect.bisect_left(entries, (end,))] if entries else ()):
-                if at < start:
-                    return
-                item = self._items.get(item_id)
-                if item is not None and retrievable(item):
-                    yield item
+            stop = bisect.bisect_left(entries, (end,)) if entries else 0
+            while entries and stop > 0:
+                # A copy of a few entries at a time, found again by the first of them: the caller may
+                # write items while it reads on. (A copy of the whole busy day, every turn for the few
+                # newest, was most of the time of today's notes.)
+                chunk = entries[max(0, stop - NEWEST_CHUNK) : stop]
+                for at, item_id in reversed(chunk):
+                    if at < start:
+                        return
+                    item = items.get(item_id)
+                    if item is not None and not item.deleted and not item.promoted_to:  # retrievable
+                        yield item
+                stop = bisect.bisect_left(entries, chunk[0])
             day -= timedelta(days=1)
 
     def neighbours(

@@ -14,16 +14,18 @@ from zoneinfo import ZoneInfo
 
 from bot.memory.item_store import ItemStore
 from bot.memory.notes import fold
-from bot.memory.recall import Candidate, Memory, MessageKey, Recaller, key_of
+from bot.memory.recall import STANDALONE_SOURCES, Candidate, Memory, MessageKey, Recaller
 from bot.memory.retrieval import ScoredItem
-from bot.memory.scope import may_see
+from bot.memory.scope import belongs_to
 from bot.memory.words import tokenize
 
+_Note = tuple[Memory, str, int]  # a message's memory, its note line, the line's tokens and newline
 INFORMATIVE_TOKENS = 2  # a note line says something: "thanks a lot!" and "ok, great" stay out
 INFORMATIVE_HEAD = 200  # characters of a message that decide that, nearly always
 ACKNOWLEDGEMENTS = "thanks thank ok okay great cool sure sound good nice perfect awesome yes lot"
 NOTE_USER_CHARS = 300
 NOTE_ASSISTANT_CHARS = 200
+NOTES_CACHE = 20_000  # messages whose note line is remembered
 
 
 class RecentNotes:
@@ -37,6 +39,10 @@ class RecentNotes:
         self._recaller = recaller
         self._tz = tz
         self._chat_scope = chat_scope
+        # A message's note (its memory, line and tokens; None: not informative) as of its stamp: every
+        # turn's notes are mostly the same newest messages, and realizing, folding and pricing them
+        # again was most of the notes' time.
+        self._notes: dict[MessageKey, tuple[int, _Note | None]] = {}
 
     def said_between(
         self, start: datetime, end: datetime, session_id: str, skip: set[MessageKey]
@@ -46,16 +52,20 @@ class RecentNotes:
         pending: dict[MessageKey, list[ScoredItem]] = {}
         at: datetime | None = None
         own = session_id if self._chat_scope and session_id else None  # chat scope: only this chat's
+        # may_see(), hoisted: this chat's items are read from its own index, and without a chat (chat
+        # scope's "") each item is asked.
+        ask = self._chat_scope and own is None
         for item in self._items.newest_between(start, end, session_id=own):
-            if item.source in ("tool", "consolidation"):
+            if item.source in STANDALONE_SOURCES:
                 continue
-            if not may_see(session_id, item, chat_scope=self._chat_scope):
+            if ask and not belongs_to(item, session_id):
                 continue
             if at is not None and item.created_at < at:  # every item of a message shares its time
                 yield from (Candidate(key, tuple(hits)) for key, hits in pending.items())
                 pending.clear()
             at = item.created_at
-            key = key_of(item)
+            ref = item.references[0] if item.references else None  # key_of(), inlined: a hot path
+            key = (ref.session_id, ref.message_id) if ref and ref.message_id else ("item", item.id)
             if key not in skip:
                 pending.setdefault(key, []).append(ScoredItem(item, 0.0, 0.0))
         yield from (Candidate(key, tuple(hits)) for key, hits in pending.items())
@@ -66,16 +76,36 @@ class RecentNotes:
         chosen: list[tuple[Memory, str]] = []
         used = 0
         for candidate in newest_first:
-            memory = self._recaller.realize(candidate)
-            if not informative(memory.text):
+            note = self._note(candidate)
+            if note is None:
                 continue
-            line = note_of(memory, self._tz)
-            cost = self._recaller.count(line) + 1
+            memory, line, cost = note
             if used + cost > budget:
                 break
             chosen.append((memory, line))
             used += cost
         return sorted(chosen, key=lambda chosen: (chosen[0].when, chosen[0].key))
+
+    def _note(self, candidate: Candidate) -> _Note | None:
+        """The candidate's memory, note line and its tokens (line and newline), or None when it says
+        nothing worth a line; remembered while the message's stamp holds and it is shown whole (then its
+        line depends on nothing but its items)."""
+        key = candidate.key
+        stamp = self._items.stamp_of(key) if key[0] != "item" else 0
+        if stamp:
+            found = self._notes.get(key)
+            if found is not None and found[0] == stamp:
+                return found[1]
+        memory = self._recaller.realize(candidate)
+        note = None
+        if informative(memory.text):
+            line = note_of(memory, self._tz)
+            note = (memory, line, self._recaller.count(line) + 1)
+        if stamp and memory.whole:
+            if len(self._notes) >= NOTES_CACHE:
+                self._notes.clear()
+            self._notes[key] = (stamp, note)
+        return note
 
 
 @functools.cache
