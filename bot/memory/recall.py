@@ -162,7 +162,7 @@ class Recaller:
         """The candidate's memory. ``brief_assistant``: an answer of the assistant's shows at most a third
         of ``max_message_tokens`` (the parts that matched): it costs less, and the user's own words are
         what most questions are about."""
-        return self._memory(candidate.key, list(candidate.hits), brief_assistant=brief_assistant)
+        return self._memory(candidate.key, candidate.hits, brief_assistant=brief_assistant)
 
     def count(self, text: str) -> int:
         """Tokens of ``text``, remembered: the same messages are priced turn after turn."""
@@ -179,18 +179,20 @@ class Recaller:
             item = self._store.get(key[1])
             if item is None or not retrievable(item):
                 return None
-            return self._memory(key, [ScoredItem(item, score, 0.0)])
+            return self._memory(key, (ScoredItem(item, score, 0.0),))
         items = [i for i in self._store.of_message(key) if retrievable(i)]
         if not items:
             return None
-        return self._memory(key, [ScoredItem(items[0], score, 0.0)])
+        return self._memory(key, (ScoredItem(items[0], score, 0.0),))
 
-    def _memory(self, key: MessageKey, hits: list[ScoredItem], *, brief_assistant: bool = False) -> Memory:
+    def _memory(
+        self, key: MessageKey, hits: tuple[ScoredItem, ...], *, brief_assistant: bool = False
+    ) -> Memory:
         best = hits[0]
         item = best.item
         if key[0] == "item":
             return Memory(
-                key, item.content.strip(), "fact", item.created_at, best.score, best.relevance, tuple(hits),
+                key, item.content.strip(), "fact", item.created_at, best.score, best.relevance, hits,
                 durable=item.layer is not Layer.EPISODIC, subjects=_subjects([item]),
             )  # fmt: skip
         role = "assistant" if "assistant" in item.tags else "user"
@@ -213,7 +215,7 @@ class Recaller:
                     self._built.clear()
                 self._built[(key, limit)] = built
         return Memory(
-            key, built.text, role, built.when, best.score, best.relevance, tuple(hits),
+            key, built.text, role, built.when, best.score, best.relevance, hits,
             durable=built.durable, question=built.question, whole=built.whole, subjects=built.subjects,
         )  # fmt: skip
 
@@ -283,25 +285,19 @@ class Recaller:
         standing for the older ones."""
         diag = diagnostics or RecallDiagnostics()
         diag.candidates = len(candidates)
-        # The floor is a share of the best memory that says more than the question itself: the same
-        # question asked before (or repeated back) must not raise the bar and push the answer out.
-        top = 0.0
-        for candidate in sorted(candidates, key=lambda c: -c.relevance):
-            top = top or candidate.relevance
-            if restates is None or not all(restates(h.item) for h in candidate.hits):
-                top = candidate.relevance
-                break
+        relevance = [c.hits[0].relevance for c in candidates]  # Candidate.relevance, read once
+        bar = floor * _top(candidates, relevance, restates)
         chosen: list[Memory] = []
         used = 0
         diag.stop = "exhausted"
         for position, candidate in enumerate(candidates):
-            if candidate.relevance < floor * top:  # rank order is not relevance order: look on
+            if relevance[position] < bar:  # rank order is not relevance order: look on
                 diag.below_floor += 1
                 continue
             if used >= soft:
-                rest = candidates[position:]
-                diag.dropped_for_budget += sum(1 for c in rest if c.relevance >= floor * top)
-                diag.below_floor += sum(1 for c in rest if c.relevance < floor * top)
+                rest = relevance[position:]
+                diag.dropped_for_budget += sum(1 for r in rest if r >= bar)
+                diag.below_floor += sum(1 for r in rest if r < bar)
                 diag.stop = "budget"
                 break
             # The best few are shown whole even when brief: the answer may be in what the assistant said.
@@ -389,6 +385,28 @@ class Recaller:
             out.append(memory)
         out.sort(key=lambda m: (-m.score, m.when, m.key))
         return out
+
+
+def _top(
+    candidates: Sequence[Candidate], relevance: Sequence[float], restates: Callable[[MemoryItem], bool] | None
+) -> float:
+    """What the floor is a share of: the best relevance of a memory that says more than the question
+    itself. The same question asked before (or repeated back) must not raise the bar and push the
+    answer out. Nearly always the most relevant candidate (the first of them, as a stable sort puts
+    it); the sort is made only when that one restates the question."""
+    if not candidates:
+        return 0.0
+    best = max(relevance)
+    first = candidates[relevance.index(best)]
+    if restates is None or not all(restates(h.item) for h in first.hits):
+        return best
+    top = 0.0
+    for candidate in sorted(candidates, key=lambda c: -c.relevance):
+        top = top or candidate.relevance
+        if not all(restates(h.item) for h in candidate.hits):
+            top = candidate.relevance
+            break
+    return top
 
 
 def _subjects(items: Iterable[MemoryItem]) -> tuple[str, ...]:
