@@ -320,10 +320,17 @@ class ItemStore:
 
     def touch(self, item_id: str, now: datetime) -> None:
         """Record use in memory only; the item's next written version carries it to disk."""
-        item = self._items.get(item_id)
-        if item is not None and now - item.last_accessed_at >= TOUCH_RESOLUTION:
-            self._items[item_id] = item.with_changes(last_accessed_at=now)
-            self._touched.add(item_id)
+        self.touch_many((item_id,), now)
+
+    def touch_many(self, item_ids: Iterable[str], now: datetime) -> None:
+        """:meth:`touch` for each of ``item_ids``: a turn touches every item behind its pack."""
+        due = now - TOUCH_RESOLUTION  # last used at or before it: touched again
+        items = self._items
+        for item_id in item_ids:
+            item = items.get(item_id)
+            if item is not None and item.last_accessed_at <= due:
+                items[item_id] = item.with_changes(last_accessed_at=now)
+                self._touched.add(item_id)
 
     async def flush_touches(self) -> int:
         """Write the last use of touched items (one append per file), so a restart keeps it for decay."""

@@ -134,9 +134,7 @@ class RelevantMemory:
 
     async def _touch(self, chosen: Sequence[ScoredItem]) -> None:
         """Remember use in memory only; the next write of the item persists it (no write per query)."""
-        now = self._clock()
-        for scored in chosen:
-            self._items.touch(scored.item.id, now)
+        self._items.touch_many((scored.item.id for scored in chosen), self._clock())
 
     async def pack(
         self,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.memory.item_store import ItemStore
+from bot.memory.item_store import NEWEST_CHUNK, ItemStore
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from tests.bot.memory.conftest import Clock
 
@@ -237,3 +237,28 @@ async def test_a_damaged_line_costs_only_itself_and_is_kept_aside_before_compact
     assert damage not in (tmp_path / "semantic.jsonl").read_bytes()
     [kept] = set_aside(tmp_path)
     assert kept.read_bytes() == damage + b"\n"
+
+
+async def test_newest_between_reads_a_busy_day_newest_first_while_items_are_written(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """Today's notes read the newest few of a busy day a few entries at a time: items written or
+    forgotten meanwhile neither repeat one nor skip another."""
+    store = ItemStore(tmp_path)
+    await store.load()
+    start = clock.now
+    written = []
+    for n in range(3 * NEWEST_CHUNK + 5):
+        written.append(await store.add(item(clock, f"note number {n} of the day")))
+        clock.advance(seconds=1)
+    end = clock.now
+    forgotten = {written[10].id, written[NEWEST_CHUNK + 3].id}
+    seen = []
+    for found in store.newest_between(start, end):
+        seen.append(found.id)
+        if len(seen) == 50:  # a new item, a repeat merged into one not read yet, two older ones forgotten
+            await store.add(item(clock, "said later"))
+            await store.add(item(clock, "note number 3 of the day", confidence=0.9))
+            for item_id in forgotten:
+                await store.delete(item_id, clock.now)
+    assert seen == [i.id for i in reversed(written) if i.id not in forgotten]

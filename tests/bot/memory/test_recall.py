@@ -17,6 +17,7 @@ from bot.memory.item_store import ItemStore
 from bot.memory.items import Reference
 from bot.memory.pack import assemble, estimate_tokens, price
 from bot.memory.recall import Recaller
+from bot.memory.recent import RecentNotes
 from bot.memory.retrieval import Retriever
 from bot.tokens import TokenCounter
 
@@ -207,3 +208,19 @@ async def test_the_best_memories_bring_the_turns_around_them(tmp_path: Path) -> 
     assert "They love a short sprint" in shown  # the reply to it, though it shares no word with the query
     assert pack.diagnostics.recall.expanded >= 1  # type: ignore[attr-defined]
     assert "plumber" not in shown
+
+
+async def test_todays_notes_show_each_message_as_it_is_now(tmp_path: Path) -> None:
+    """Notes are remembered per message between turns; a message whose items change is noted afresh."""
+    store, _, recaller = await setup(tmp_path, [("user", "we fixed the boiler in the cellar", 0.01)])
+    notes = RecentNotes(store, recaller, tz=UTCZ, chat_scope=False)
+
+    def lines() -> list[str]:
+        found = notes.said_between(NOW - timedelta(days=1), NOW, "cli:me", set())
+        return [line for _, line in notes.fit(found, 200)]
+
+    assert [line.split(": ", 1)[1] for line in lines()] == ["we fixed the boiler in the cellar"]
+    assert lines() == lines()  # remembered: the same line
+    (passage,) = store.passages(("cli:me", "m0"))
+    await store.put(passage.with_changes(content="we fixed the boiler and the radiator", updated_at=NOW))
+    assert [line.split(": ", 1)[1] for line in lines()] == ["we fixed the boiler and the radiator"]
