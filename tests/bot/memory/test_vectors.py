@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import random
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -177,6 +178,46 @@ async def test_feedback_scores_again_only_what_the_query_found_first(
     moved = dict(await store.nearest("aquarium fish count", k=4, feedback=Feedback(seeds=2)))
     assert set(moved) == {*(s.fingerprint for s in seeds), near.fingerprint}
     await store.close()
+
+
+async def test_nearest_among_some_items_names_each_score_by_its_own_item(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows are scored by index and named only at the end: among a subset (given in any order, repeated,
+    with fingerprints that have no vector) each score is its own item's, and feedback moves the query
+    toward the subset's own nearest rows (worked out here by hand, the way the module doc says)."""
+    monkeypatch.setattr(vectors, "RESCORED", 4)  # a large memory, in small: the second pass re-ranks
+    words = ["aquarium", "fish", "tank", "gravel", "plants", "tetras", "dentist", "friday", "garden", "basil"]
+    pick = random.Random(7)
+    everything = [item(" ".join(pick.choices(words, k=6)) + f" n{i}") for i in range(24)]
+    embedder = WordsEmbedder(dim=256)
+    store = await filled(tmp_path / "vectors", embedder, everything)
+    some = everything[1::3]
+    fingerprints = [i.fingerprint for i in some]
+    asked = [fingerprints[3], "0" * 64, *fingerprints, fingerprints[0]]
+    order = list(dict.fromkeys(asked[:1] + asked[2:]))  # as nearest() takes them: each once, first first
+    rows = unit(np.array([embedder.vector(i.content) for i in some])).astype(np.float16).astype(np.float32)
+    rows = rows[[fingerprints.index(f) for f in order]]
+    for query in ("aquarium fish tank", "garden basil friday"):
+        cosines = await store.similarities(query, fingerprints)
+        plain = await store.nearest(query, 5, asked)
+        assert all(cosines[f] == score for f, score in plain)
+        assert [score for _, score in plain] == sorted(cosines.values(), reverse=True)[:5]
+
+        q = unit(np.array([embedder.vector(query)]))[0]
+        scores = rows @ q
+        seeds = Feedback(seeds=2).pick(order, scores)
+        moved = unit((q + 0.5 * rows[seeds].mean(axis=0))[None, :])[0]
+        first = np.argsort(-scores, kind="stable")[:4]  # what the query found first, scored again
+        expected = sorted(((order[i], float(rows[i] @ moved)) for i in first), key=lambda fs: -fs[1])
+        found = await store.nearest(query, 5, asked, feedback=Feedback(seeds=2))
+        assert [f for f, _ in found] == [f for f, _ in expected]
+        assert [s for _, s in found] == pytest.approx([s for _, s in expected], abs=1e-5)
+    await store.close()
+
+
+def unit(matrix: np.ndarray) -> np.ndarray:
+    return matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
 
 
 def test_feedback_seeds_are_the_best_usable_items() -> None:
