@@ -31,6 +31,7 @@ import structlog
 from bot import damaged
 from bot.domain import new_id
 from bot.group_writer import GroupWriter
+from bot.heap import collector_paused
 from bot.memory import item_snapshot
 from bot.memory.items import SENTENCE_TAG, ItemType, Layer, MemoryItem, promoted_layer
 from bot.storage import atomic_write_text, ensure_private_dir
@@ -101,6 +102,10 @@ class ItemStore:
     # -- reading ----------------------------------------------------------------------------------
 
     async def load(self) -> None:
+        with collector_paused():  # millions of objects at 100,000 items, none of them garbage
+            await self._load()
+
+    async def _load(self) -> None:
         loaded, lines = await asyncio.to_thread(self._read_all)
         self._items = {i.id: i for i in loaded.values() if not i.deleted}
         self._by_fingerprint.clear()
