@@ -14,20 +14,29 @@ import gc
 from collections.abc import Iterator
 
 
+class Paused:
+    """The block's say on what happens when the collector resumes: ``freeze`` what was built."""
+
+    freeze: bool = False
+
+
 @contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[Paused]:
     """Run the block without cyclic collections; nested or while already paused, the outermost resumes.
 
-    What the block built is then frozen (``gc.freeze``: the collector never walks it again), else the
-    first collection after it walks all of it at once as young objects: 0.3 s at 100,000 items. Only
-    what is part of a cycle would need the collector, and items, indexes and vectors hold none;
-    reference counting frees them when they are dropped.
+    A block that built much sets ``freeze``: what it built is then frozen (``gc.freeze``: the collector
+    never walks it again), else the first collection after it walks all of it at once as young objects,
+    0.3 s at 100,000 items. Only what is part of a cycle needs the collector, and items, indexes and
+    vectors hold none; reference counting frees them when they are dropped. (A small load is not
+    frozen: freezing takes the rest of the heap along, cycles included, for little gain.)
     """
     was_enabled = gc.isenabled()
+    paused = Paused()
     gc.disable()
     try:
-        yield
+        yield paused
     finally:
         if was_enabled:
-            gc.freeze()
+            if paused.freeze:
+                gc.freeze()
             gc.enable()

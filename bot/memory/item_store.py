@@ -38,6 +38,8 @@ from bot.storage import atomic_write_text, ensure_private_dir
 
 log = structlog.get_logger(__name__)
 
+FREEZE_AT = 10_000  # items whose load is frozen from the collector afterwards (bot/heap.py)
+
 DECAY_FACTOR = 0.5
 MIN_SALIENCE = 0.05
 NEIGHBOUR_SPAN = timedelta(hours=6)  # how far apart the turns of one exchange may be
@@ -102,8 +104,9 @@ class ItemStore:
     # -- reading ----------------------------------------------------------------------------------
 
     async def load(self) -> None:
-        with collector_paused():  # millions of objects at 100,000 items, none of them garbage
+        with collector_paused() as paused:  # millions of objects at 100,000 items, none of them garbage
             await self._load()
+            paused.freeze = len(self._items) >= FREEZE_AT
 
     async def _load(self) -> None:
         loaded, lines = await asyncio.to_thread(self._read_all)

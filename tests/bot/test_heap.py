@@ -31,6 +31,20 @@ def collections() -> Iterator[list[int]]:
         gc.callbacks.remove(count)
 
 
+def test_what_a_large_load_built_is_frozen_and_a_small_one_is_not() -> None:
+    before = gc.get_freeze_count()
+    try:
+        with collector_paused():
+            kept = [[n] for n in range(1000)]
+        assert gc.get_freeze_count() == before
+        with collector_paused() as paused:
+            kept += [[n] for n in range(1000)]
+            paused.freeze = True
+        assert gc.get_freeze_count() >= before + 1000
+    finally:
+        gc.unfreeze()
+
+
 def test_paused_nested_and_after_an_error_it_resumes_once() -> None:
     assert gc.isenabled()
     with pytest.raises(RuntimeError), collector_paused():
