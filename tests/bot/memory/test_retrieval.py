@@ -17,7 +17,7 @@ import simplemma
 from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from bot.memory.lexical import LexicalIndex
-from bot.memory.retrieval import Retriever, ScoredItem, Weights, diversify
+from bot.memory.retrieval import Retriever, ScoredItem, Weights, diversify, reciprocal_rank_fusion
 from bot.memory.timehints import periods, time_hint
 from bot.memory.words import normalize_word, stem, tokenize
 
@@ -349,3 +349,52 @@ async def test_a_promoted_item_and_its_origin_are_one_memory(tmp_path: Path) -> 
     assert [(s.item.id, s.item.layer) for s in again.rank("green tea", NOW)] == [
         (s.item.id, s.item.layer) for s in ranked
     ]
+
+
+def test_reciprocal_rank_fusion_adds_each_lists_rank_share() -> None:
+    first = {"a": 9.0, "b": 3.0, "c": 1.0}
+    second = {"c": 0.9, "d": 0.2}
+    fused = reciprocal_rank_fusion(first, second, k=10, weight=0.5)
+    assert fused == pytest.approx({"a": 1 / 11, "b": 1 / 12, "c": 1 / 13 + 0.5 / 11, "d": 0.5 / 12})
+    # Only ranks count: the same orders at other scales fuse alike.
+    scaled = reciprocal_rank_fusion({k: v * 100 for k, v in first.items()}, second, k=10, weight=0.5)
+    assert scaled == fused
+
+
+async def test_the_second_hop_can_fuse_by_reciprocal_rank(tmp_path: Path) -> None:
+    # "Lisbon" is asked; the trip's other message names no Lisbon but shares the trip's words.
+    items = [
+        make("Our Lisbon trip: we took the tram 28 to Alfama", ref="a"),
+        make("The tram 28 to Alfama was packed, we walked back", ref="b"),
+        make("Buy milk and eggs", ref="c"),
+    ]
+    _, retriever = await retriever_over(tmp_path, items)
+    now = NOW + timedelta(days=1)
+    summed = retriever.match_words("What did we do in Lisbon?", now).scores
+    retriever.weights = dataclasses.replace(retriever.weights, hop_fusion_k=20)
+    fused = retriever.match_words("What did we do in Lisbon?", now).scores
+    assert set(fused) == set(summed) and items[1].id in fused  # found by the hop either way
+    assert fused[items[0].id] == pytest.approx(1 / 21 + 0.3 / 21)  # first in both hops
+    assert fused[items[1].id] == pytest.approx(0.3 / 22)  # second hop only, its second best
+
+
+async def test_a_conversation_about_the_query_lifts_its_turns_when_weighed(tmp_path: Path) -> None:
+    """Sessions as units (``Weights.conversation``, off by default): a turn gains from how much its
+    conversation is about the query."""
+
+    def said_in(item: MemoryItem, session: str) -> MemoryItem:
+        return dataclasses.replace(item, references=(Reference(session, item.references[0].message_id),))
+
+    planning = said_in(make("kayak trip kayak trip planning", ref="a1", days_ago=5), "cli:a")
+    aside = said_in(make("kayak paddled slowly", ref="a2", days_ago=5), "cli:a")
+    elsewhere = said_in(make("kayak rental prices", ref="b1"), "cli:b")
+    _, retriever = await retriever_over(tmp_path, [planning, aside, elsewhere])
+    now = NOW + timedelta(days=1)
+
+    def order() -> list[str]:
+        ranked = retriever.rank("kayak trip", now)
+        return [s.item.id for s in ranked if s.item.id != planning.id]
+
+    assert order() == [elsewhere.id, aside.id]  # the same words: the newer first
+    retriever.weights = dataclasses.replace(retriever.weights, conversation=0.5)
+    assert order() == [aside.id, elsewhere.id]  # its conversation is the one about the kayak trip
