@@ -231,7 +231,7 @@ class ItemStore:
                     if at < start:
                         return
                     item = items.get(item_id)
-                    if item is not None and not item.deleted and not item.promoted_to:  # retrievable
+                    if item is not None and retrievable(item):
                         yield item
                 stop = bisect.bisect_left(entries, chunk[0])
             day -= timedelta(days=1)
@@ -259,8 +259,8 @@ class ItemStore:
         ids = self._by_fingerprint.get(fingerprint)
         if not ids:
             return []
-        items = self._items  # retrievable(), inlined: every turn asks this of ~100 fingerprints
-        return [item for i in ids if not (item := items[i]).deleted and not item.promoted_to]
+        items = self._items
+        return [item for i in ids if retrievable(item := items[i])]
 
     def with_subject(self, subject: str) -> list[MemoryItem]:
         """Live, retrievable items stating ``subject`` (a ``subject:`` tag), oldest first."""

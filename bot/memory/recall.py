@@ -142,12 +142,7 @@ class Recaller:
         groups: dict[MessageKey, Candidate] = {}
         skipped: set[MessageKey] = set()
         for scored in ranked:
-            item = scored.item
-            refs = item.references  # key_of(), inlined: once per ranked item, every turn
-            if refs and (ref := refs[0]).message_id and item.source not in STANDALONE_SOURCES:
-                key = (ref.session_id, ref.message_id)
-            else:
-                key = ("item", item.id)
+            key = key_of(scored.item)
             if skip and key in skip:
                 skipped.add(key)
                 continue

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 from bot.memory.item_store import ItemStore
 from bot.memory.notes import fold
-from bot.memory.recall import STANDALONE_SOURCES, Candidate, Memory, MessageKey, Recaller
+from bot.memory.recall import STANDALONE_SOURCES, Candidate, Memory, MessageKey, Recaller, key_of
 from bot.memory.retrieval import ScoredItem
 from bot.memory.scope import belongs_to
 from bot.memory.words import tokenize
@@ -64,8 +64,7 @@ class RecentNotes:
                 yield from (Candidate(key, tuple(hits)) for key, hits in pending.items())
                 pending.clear()
             at = item.created_at
-            ref = item.references[0] if item.references else None  # key_of(), inlined: a hot path
-            key = (ref.session_id, ref.message_id) if ref and ref.message_id else ("item", item.id)
+            key = key_of(item)
             if key not in skip:
                 pending.setdefault(key, []).append(ScoredItem(item, 0.0, 0.0))
         yield from (Candidate(key, tuple(hits)) for key, hits in pending.items())

@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG, owned_subject, subjects_in_query
-from bot.memory.item_store import ItemStore
+from bot.memory.item_store import ItemStore, retrievable
 from bot.memory.items import ItemType, MemoryItem
 from bot.memory.lexical import Frequencies
 from bot.memory.timehints import TimeHint, microseconds, time_hint
@@ -215,13 +215,8 @@ class Retriever:
         found: list[MemoryItem] = []
         for item_id in candidates:
             item = get(item_id)
-            if (
-                item is not None
-                and not item.deleted
-                and not item.promoted_to
-                and (visible is None or visible(item))
-            ):
-                found.append(item)  # (retrievable(item), inlined: this runs for every candidate)
+            if item is not None and retrievable(item) and (visible is None or visible(item)):
+                found.append(item)
         if not found:
             return []
         talks = _conversation_scores(found, lexical, top) if w.conversation > 0 and top > 0 else {}

@@ -9,7 +9,7 @@ because people misremember dates: "two weeks ago" matches anything from one to t
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -83,7 +83,6 @@ _WEEKDAY = re.compile(r"\b(?:(last|this past|past)|on)\s+(" + "|".join(WEEKDAYS)
 # Any of the patterns above: a query it does not match names no time.
 _NAMED = (_MONTH, _LAST_MONTH, _DAY, _AGO, *(pattern for pattern, _ in _WINDOWS), _YEAR, _WEEKDAY)
 _ANY = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in _NAMED), re.I)
-TimeMatch = Callable[[datetime], bool]
 Span = tuple[datetime, datetime]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MICROSECOND = timedelta(microseconds=1)
