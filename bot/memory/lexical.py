@@ -11,8 +11,9 @@ Memory grows by a few items per answered turn and a query looks at a few words, 
 - a removed or changed item is masked in the base; :meth:`merged` folds the delta into a new base
   (in a thread, when the delta has grown) and :meth:`save` writes the base next to the items.
 
-A query scores only the documents holding its terms, and hands back the ``limit`` best of the base
-(by ``argpartition``) plus the delta's, so the per-item work after it stays bounded at any size.
+A query scores only the documents holding its terms, and hands back the ``limit`` best of them all,
+base and delta alike (ties at the limit by key), so the per-item work after it stays bounded at any size
+and the same documents give the same candidates however much of them is merged yet.
 
 Scores follow Okapi BM25 (k1 = 1.5, b = 0.75) with Lucene's idf, ``log(1 + (N - df + 0.5) / (df +
 0.5))``, which stays positive: the classic Okapi idf goes negative for terms in over half the
@@ -47,6 +48,17 @@ FOLD_AT = 64  # delta documents kept as dicts before they are frozen into a segm
 SEGMENT_MAX = 4096  # documents past which two segments are no longer merged into one (the base takes them)
 
 Frequencies = Mapping[str, int]
+
+
+def _best(scores: dict[str, float], limit: int) -> dict[str, float]:
+    """The ``limit`` best of ``scores``; of equal scores at the limit, the smallest keys (the same
+    scores give the same candidates, whatever order the documents were indexed in)."""
+    keys = list(scores)
+    values = np.fromiter(scores.values(), dtype=np.float64, count=len(keys))
+    threshold = np.partition(values, len(values) - limit)[len(values) - limit]  # the limit-th best
+    above = np.flatnonzero(values > threshold).tolist()
+    tied = sorted(keys[i] for i in np.flatnonzero(values == threshold).tolist())
+    return {key: scores[key] for key in chain((keys[i] for i in above), tied[: limit - len(above)])}
 
 
 class LexicalIndex:
@@ -175,9 +187,9 @@ class LexicalIndex:
         self, terms: Iterable[str], *, limit: int | None = None, only: Collection[str] | None = None
     ) -> dict[str, float]:
         """BM25 of the documents holding at least one of ``terms`` (each term counted once); with
-        ``limit``, only the ``limit`` best of the base (every delta document is kept); with ``only``,
-        among those keys alone (one chat's items among everyone's: others' cannot crowd them out of
-        the ``limit``)."""
+        ``limit``, only the ``limit`` best (equal scores at the limit: the smallest keys); with
+        ``only``, among those keys alone (one chat's items among everyone's: others' cannot crowd them
+        out of the ``limit``)."""
         if self._count == 0:
             return {}
         average = self._total_length / self._count or 1.0
@@ -215,12 +227,13 @@ class LexicalIndex:
         if base is not None:
             base[~(self._alive if only is None else self._alive & self._mask(only))] = 0.0
             hit = np.flatnonzero(base)
-            if limit is not None and len(hit) > limit:
-                hit = hit[np.argpartition(-base[hit], limit - 1)[:limit]]
+            if limit is not None and len(hit) > limit:  # the rest cannot be among the best (ties kept)
+                found = base[hit]
+                hit = hit[found >= np.partition(found, len(found) - limit)[len(found) - limit]]
             keys = self._keys
             for slot, score in zip(hit.tolist(), base[hit].tolist(), strict=True):
                 out[keys[slot]] = score
-        return out
+        return _best(out, limit) if limit is not None and len(out) > limit else out
 
     def _mask(self, keys: Collection[str]) -> NDArray[np.bool_]:
         """The base documents among ``keys``."""

@@ -94,6 +94,30 @@ def test_segments_stay_few_and_removed_documents_leave_them() -> None:
     assert all(index.df(w) == sum(1 for d in live.values() if w in d) for w in WORDS)
 
 
+def test_the_limit_keeps_the_best_of_base_and_delta_alike_and_ties_by_key() -> None:
+    rnd = random.Random(7)
+    index, live = LexicalIndex(), {}
+    writes(index, live, 3 * FOLD_AT, rnd)
+    index = index.merged()  # a base ...
+    writes(index, live, 2 * FOLD_AT + 9, rnd)  # ... segments and a tail
+    assert len(index) > index.delta_size > FOLD_AT
+    for terms in ([WORDS[0]], WORDS[:3], WORDS[5:12]):
+        full = index.scores(terms)
+        limit = len(full) // 3
+        limited = index.scores(terms, limit=limit)
+        best = sorted(full.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+        assert limit > 3 and limited == dict(best)  # not all the delta's plus the base's best
+    # Equal scores at the limit: the smallest keys, whatever order the documents came in.
+    same = [f"doc{n:02}" for n in range(30)]
+    ranked = []
+    for order in (same, same[::-1]):
+        twins = LexicalIndex()
+        for key in order:
+            twins.upsert(key, {"tea": 1})
+        ranked.append(twins.scores(["tea"], limit=5))
+    assert ranked[0] == ranked[1] and sorted(ranked[0]) == same[:5]
+
+
 def test_a_time_hint_checks_many_times_as_it_checks_one() -> None:
     tz = ZoneInfo("America/Santiago")
     now = datetime(2024, 4, 8, 15, tzinfo=UTC)
