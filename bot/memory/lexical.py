@@ -228,8 +228,9 @@ class LexicalIndex:
             base[~(self._alive if only is None else self._alive & self._mask(only))] = 0.0
             hit = np.flatnonzero(base)
             if limit is not None and len(hit) > limit:  # the rest cannot be among the best (ties kept)
-                found = base[hit]
-                hit = hit[found >= np.partition(found, len(found) - limit)[len(found) - limit]]
+                held_scores = base[hit]
+                cut = np.partition(held_scores, len(hit) - limit)[len(hit) - limit]
+                hit = hit[held_scores >= cut]
             keys = self._keys
             for slot, score in zip(hit.tolist(), base[hit].tolist(), strict=True):
                 out[keys[slot]] = score
