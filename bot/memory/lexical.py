@@ -12,8 +12,8 @@ Memory grows by a few items per answered turn and a query looks at a few words, 
   (in a thread, when the delta has grown) and :meth:`save` writes the base next to the items.
 
 A query scores only the documents holding its terms, and hands back the ``limit`` best of them all,
-base and delta alike (ties at the limit by key), so the per-item work after it stays bounded at any size
-and the same documents give the same candidates however much of them is merged yet.
+base and delta alike, so the per-item work after it stays bounded at any size, however much of the memory
+is merged yet.
 
 Scores follow Okapi BM25 (k1 = 1.5, b = 0.75) with Lucene's idf, ``log(1 + (N - df + 0.5) / (df +
 0.5))``, which stays positive: the classic Okapi idf goes negative for terms in over half the
@@ -187,7 +187,8 @@ class LexicalIndex:
         self, terms: Iterable[str], *, limit: int | None = None, only: Collection[str] | None = None
     ) -> dict[str, float]:
         """BM25 of the documents holding at least one of ``terms`` (each term counted once); with
-        ``limit``, only the ``limit`` best (equal scores at the limit: the smallest keys); with
+        ``limit``, only the ``limit`` best (equal scores at the limit: the smallest keys, but among
+        the base's own, those numpy's partition picks: sorting thousands of ties cost ms); with
         ``only``, among those keys alone (one chat's items among everyone's: others' cannot crowd them
         out of the ``limit``)."""
         if self._count == 0:
@@ -227,10 +228,8 @@ class LexicalIndex:
         if base is not None:
             base[~(self._alive if only is None else self._alive & self._mask(only))] = 0.0
             hit = np.flatnonzero(base)
-            if limit is not None and len(hit) > limit:  # the rest cannot be among the best (ties kept)
-                held_scores = base[hit]
-                cut = np.partition(held_scores, len(hit) - limit)[len(hit) - limit]
-                hit = hit[held_scores >= cut]
+            if limit is not None and len(hit) > limit:  # the rest cannot be among the best
+                hit = hit[np.argpartition(-base[hit], limit - 1)[:limit]]
             keys = self._keys
             for slot, score in zip(hit.tolist(), base[hit].tolist(), strict=True):
                 out[keys[slot]] = score
