@@ -38,6 +38,7 @@ from bot.llm import ChatModel, LLMClient, llm_http_client
 from bot.logging import configure_logging
 from bot.memory import CONSOLIDATION_OUTPUT, Embedder, MemoryService, MemoryTool, build_embedder
 from bot.memory import operator as memory_operator
+from bot.model_wait import WAIT_FILE, WaitRecords
 from bot.sessions import JsonSessionStore, SessionService
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
 from bot.tokens import TokenCounter
@@ -208,6 +209,7 @@ async def build_core(
             inbox=inbox,
             max_inbound_chars=settings.sessions.max_inbound_chars,
             observer=metrics,
+            waits=WaitRecords(settings.workspace / "state" / WAIT_FILE),
         )
         stack.push_async_callback(dispatcher.close, settings.lifecycle.grace_period)
         yield Core(settings, catalog, sessions, inbox, commands, dispatcher, model, memory, edge)

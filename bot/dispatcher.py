@@ -5,7 +5,8 @@ Messages that arrive during a turn wait in order; when the turn ends, the queued
 together as the next turn's input (``collect`` mode) or one by one (``per_message``). Commands skip the
 queue and are answered at once, even while a slow turn runs; one that must wait for the turn (/new,
 /compact) takes its place in the lane and answers later, so it never holds up what the chat sends next
-(a /stop). Different sessions run concurrently.
+(a /stop). Such a waiting command is kept in the inbox like a message (the chat was told it will run):
+after a kill the next start runs it once, in the order it was sent. Different sessions run concurrently.
 
 The durable path of a message (three fsyncs when it is answered):
 
@@ -41,7 +42,7 @@ from bot.domain import InboundMessage, OutboundMessage, Session, utcnow
 from bot.errors import ChannelRefused, StorageError, plain_reason
 from bot.inbox import Inbox
 from bot.model_wait import NOTICE as MODEL_NOTICE
-from bot.model_wait import ModelWait, model_failure, waits_for_model
+from bot.model_wait import ModelWait, WaitRecords, model_failure, waits_for_model
 from bot.outbox import PendingReply
 from bot.ports import ChannelPort
 from bot.retry import Backoff, retry
@@ -73,6 +74,27 @@ class _Queued:
 
 
 @dataclass(slots=True)
+class _Command:
+    """A command being answered. One that waits for its chat's lane (:meth:`Dispatcher.exclusive`) sets
+    ``placed`` once it holds its place there, and is kept in the inbox from then on (``entry``, durable
+    once ``durable`` is done) until it ran, so the next start runs it should this run end first."""
+
+    call: CommandCall
+    placed: asyncio.Event = field(default_factory=asyncio.Event)
+    entry: str | None = None
+    durable: asyncio.Task[None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _KeptCommand:
+    """A command that waited for its chat's lane when the last run ended (see :class:`_Command`): the
+    lane's worker runs it in its place, after what was sent before it."""
+
+    call: CommandCall
+    entry: str
+
+
+@dataclass(slots=True)
 class _Stop:
     """A /stop of the running turn: its batch and the queued messages it keeps in the history. The lane's
     worker does that bookkeeping as soon as the turn ended, before anything else takes the lane (a
@@ -88,7 +110,7 @@ class _Stop:
 class _Lane:
     channel: str
     chat_id: str
-    queue: deque[_Queued | PendingReply] = field(default_factory=deque)  # replies: answers to resend
+    queue: deque[_Queued | PendingReply | _KeptCommand] = field(default_factory=deque)  # replies: to resend
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     intake: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps arrival order through dedup
     worker: asyncio.Task[None] | None = None
@@ -123,6 +145,7 @@ class Dispatcher:
         observer: TurnObserver | None = None,
         retry: Backoff = RETRY,
         send_patience: float = SEND_PATIENCE,
+        waits: WaitRecords | None = None,
     ) -> None:
         self._retry = retry
         self._send_patience = send_patience
@@ -131,15 +154,16 @@ class Dispatcher:
         self._commands = commands
         self._settings = settings
         self._inbox = inbox
+        self._waits = waits  # the chats waiting for the model, as a restart finds them
         self._max_chars = max_inbound_chars
         self._observer = observer
         self._channels: dict[str, ChannelPort] = {}
         self._ready: set[str] = set()
         self._lanes: dict[str, _Lane] = {}
         self._accepting = True
-        # Commands that wait for their chat's running turn (/new, /compact), each with the event it sets
-        # once it holds its place in the lane: from then on ``submit`` need not wait for it.
-        self._commands_running: dict[asyncio.Task[None], asyncio.Event] = {}
+        # Commands being answered; one that waits for its chat's running turn (/new, /compact) sets its
+        # ``placed`` once it holds its place in the lane: from then on ``submit`` need not wait for it.
+        self._commands_running: dict[asyncio.Task[None], _Command] = {}
         self._closing = asyncio.Event()  # set by close(): resends stop waiting (the inbox keeps them)
         self.turns_completed = 0  # finished turns since start (tests and operators wait on it)
 
@@ -173,6 +197,15 @@ class Dispatcher:
             if not self._accepting:
                 await self._send(message, "I'm restarting — please send that command again in a minute.")
                 return
+            if (
+                message.message_id is not None
+                and self._inbox is not None
+                and self._inbox.holds(call.session_id, message.message_id)
+            ):
+                log.info(
+                    "duplicate_command_ignored", session_id=call.session_id, message_id=message.message_id
+                )
+                return  # kept while it waits for its turn (a redelivery after a crash): it runs once
             await self._command(call)
             return
         lane = self._lane(message.session_id, message.channel, message.chat_id)
@@ -205,17 +238,32 @@ class Dispatcher:
         (:meth:`exclusive`): it then holds its place in the lane and answers when it is done. A channel
         hands a chat's messages over one at a time, so a /new that kept ``submit`` waiting for a long
         turn would keep the /stop, /status or message sent after it from reaching us until then."""
-        task = asyncio.create_task(self._answer(call), name=f"command:{call.name}:{call.session_id}")
-        placed = self._commands_running[task] = asyncio.Event()
-        task.add_done_callback(lambda t: self._commands_running.pop(t, None))
-        waiting = asyncio.ensure_future(placed.wait())
+        task, command = self._start_command(call)
+        waiting = asyncio.ensure_future(command.placed.wait())
         try:
             await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiting.cancel()
+        if command.durable is not None:
+            try:  # kept in the inbox before the channel confirms it, as a message is
+                await command.durable
+            except BaseException:
+                task.cancel()  # not kept: it does not run, and the platform's redelivery is taken as new
+                raise
         if not task.done() and self.is_running(call.session_id):  # (not for a sent reply's bookkeeping)
-            wait = f"⏳ /{call.name} runs as soon as the current reply is done (/stop ends it now)."
+            wait = (
+                f"⏳ /{call.name} runs as soon as the current reply is done. "
+                f"Send /stop to end that reply now; /{call.name} then runs at once."
+            )
             await self._send(call.message, wait)
+
+    def _start_command(
+        self, call: CommandCall, *, entry: str | None = None
+    ) -> tuple[asyncio.Task[None], _Command]:
+        task = asyncio.create_task(self._answer(call), name=f"command:{call.name}:{call.session_id}")
+        command = self._commands_running[task] = _Command(call, entry=entry)
+        task.add_done_callback(lambda t: self._commands_running.pop(t, None))
+        return task, command
 
     async def _answer(self, call: CommandCall) -> None:
         try:
@@ -223,7 +271,18 @@ class Dispatcher:
         except Exception:
             log.exception("command_failed", command=call.name, session_id=call.session_id)
             reply = f"/{call.name} failed; the details are in the log."
+        current = asyncio.current_task()
+        command = self._commands_running.get(current) if current else None
+        await self._command_done(command)  # (done already if it waited for the lane: see exclusive)
         await self._send(call.message, reply)
+
+    async def _command_done(self, command: _Command | None) -> None:
+        """A kept command ran (or failed for good): the next start must not run it again."""
+        if command is None or command.entry is None or self._inbox is None:
+            return
+        inbox, sid, entry = self._inbox, command.call.session_id, command.entry
+        command.entry = None
+        await self._persist("inbox_done_mark", lambda: inbox.finish(sid, {entry}))
 
     async def _save(self, session: Session, turn: Turn, *, replies: list[PendingReply]) -> None:
         """Save the session with ``replies``, and wait for the turn's own writes (``turn.writes``) in the
@@ -262,16 +321,29 @@ class Dispatcher:
             max_age=self._settings.recover_max_age,
             kept_max_age=self._settings.kept_reply_max_age,
         )
+        records = await self._waits.load() if self._waits is not None else {}
         for sid, work in planned.items():
             first = work[0]
             lane = self._lane(sid, first.channel, first.chat_id)
+            answered: set[str] = set()
             for item in work:
-                if isinstance(item, recovery.Answer):
-                    lane.queue.append(_Queued(item.message, [item.entry_id], in_session=item.in_session))
-                else:
+                if not isinstance(item, recovery.Answer):
                     lane.queue.append(item)
+                elif (call := self._commands.parse(item.message)) is not None:
+                    lane.queue.append(_KeptCommand(call, item.entry_id))  # it waited for a turn
+                else:
+                    lane.queue.append(_Queued(item.message, [item.entry_id], in_session=item.in_session))
+                    answered.add(item.entry_id)
+            record = records.pop(sid, None)
+            if record is not None and answered & record.entries:
+                lane.model_wait = record.resumed()  # the same wait goes on: the chat was told already
+            elif record is not None:
+                records[sid] = record
             if lane.channel in self._ready:
                 self._start_worker(sid, lane)
+        for sid in records:  # waits whose messages were answered (or are not to be) before the last stop
+            assert self._waits is not None
+            await self._waits.end(sid)
         return sum(len(w) for w in planned.values())
 
     def _lane(self, sid: str, channel: str, chat_id: str) -> _Lane:
@@ -319,12 +391,18 @@ class Dispatcher:
 
     async def _work(self, sid: str, lane: _Lane) -> None:
         while lane.queue:
+            if (kept := _next_command(lane)) is not None:  # it takes the lane itself (exclusive)
+                task, _ = self._start_command(kept.call, entry=kept.entry)
+                await asyncio.wait([task])
+                continue
             if lane.model_wait is not None:  # outside the lock: commands (/new, /compact) run meanwhile
                 await lane.model_wait.until_next_try()
             async with lane.lock:
                 if not lane.queue:
                     break
                 head = lane.queue[0]
+                if isinstance(head, _KeptCommand):  # (left at the head by a /stop of the wait)
+                    continue
                 if isinstance(head, PendingReply):  # a saved answer from before a restart
                     lane.queue.popleft()
                     await self._deliver(head, lane)
@@ -351,7 +429,7 @@ class Dispatcher:
                     lane.turn = None
                     request, lane.stopping = lane.stopping, None
                     if request is not None:
-                        lane.model_wait = None  # /stop of a try: no more tries
+                        await self._wait_over(sid, lane)  # /stop of a try: no more tries
                         await self._stopped(sid, lane, request)
 
     async def _run_turn(self, lane: _Lane, batch: list[_Queued]) -> None:
@@ -408,7 +486,7 @@ class Dispatcher:
                         waited_seconds=round(waited, 1),
                         answered=bool(turn.reply and turn.reply.strip()),
                     )
-                    lane.model_wait = None
+                    await self._wait_over(session.id, lane)
                 text, is_error = _reply_text(turn)
                 if is_error and outcome == "ok":
                     outcome = "error"
@@ -436,7 +514,8 @@ class Dispatcher:
 
         The turn's messages (and what it did) are saved in the session, unanswered, and go back to the
         head of the queue; their inbox entries stay pending, so a restart meanwhile answers them once.
-        The chat is told once, at the first failure; the notice is an aside, never the answer."""
+        The chat is told once, at the first failure; the notice is an aside, never the answer. The wait
+        is recorded before the notice goes out, so a restart goes on with it without telling again."""
         settings = self._settings
         wait = lane.model_wait or ModelWait()
         backoff = Backoff(settings.model_retry_first, settings.model_retry_max)
@@ -457,8 +536,16 @@ class Dispatcher:
             "turn_waiting_for_model", chat_id=lane.chat_id, attempt=wait.attempts, next_try_in=round(pause, 1)
         )
         if first_failure:
+            if self._waits is not None:
+                await self._waits.begin(batch[0].message.session_id, [e for q in batch for e in q.entries])
             await self._send(batch[0].message, MODEL_NOTICE)
         return True
+
+    async def _wait_over(self, sid: str, lane: _Lane) -> None:
+        """The chat waits for the model no more (answered, given up, or /stop): a restart starts afresh."""
+        lane.model_wait = None
+        if self._waits is not None:
+            await self._waits.end(sid)
 
     async def _deliver(self, reply: PendingReply, lane: _Lane, *, answers_turn: bool = False) -> None:
         """Send a saved answer; once it went out, its inbox entries are done.
@@ -645,6 +732,8 @@ class Dispatcher:
         request = _Stop([], kept)
         async with lane.lock:  # taken before the worker can take it again (asyncio.Lock is fair)
             await self._stopped(sid, lane, request)
+            if self._waits is not None:
+                await self._waits.end(sid)
         log.info("model_wait_stopped", chat_id=lane.chat_id, kept=len(kept))
         return len(kept)
 
@@ -669,13 +758,23 @@ class Dispatcher:
 
     @contextlib.asynccontextmanager
     async def exclusive(self, sid: str) -> AsyncIterator[None]:
+        """See :class:`~bot.commands.SessionControl`. A command that has to wait is kept in the inbox
+        (its line queued now, before anything the chat sends after it) and marked done once it ran,
+        before the lane goes on: a restart never runs it again after what came next."""
         channel, _, chat = sid.partition(":")
         lane = self._lane(sid, channel, chat)
-        placed = self._commands_running.get(asyncio.current_task())  # type: ignore[arg-type]
-        if placed is not None and lane.lock.locked():
-            placed.set()  # it waits for the lane: ``submit`` returns (the place is taken below, at once)
+        command = self._commands_running.get(asyncio.current_task())  # type: ignore[arg-type]
+        if command is not None and command.entry is None and lane.lock.locked():
+            if self._inbox is not None:
+                command.entry, command.durable = self._inbox.add(command.call.message)
+            command.placed.set()  # it waits: ``submit`` returns (the place is taken below, at once)
         async with lane.lock:
-            yield
+            try:
+                yield
+            except Exception:
+                await self._command_done(command)  # it failed: a restart would not do better
+                raise
+            await self._command_done(command)
 
     # -- shutdown ---------------------------------------------------------------------------------
 
@@ -683,8 +782,8 @@ class Dispatcher:
         """Stop taking messages, let running turns finish for ``grace`` seconds, then cancel the rest.
 
         Messages that arrive meanwhile are kept in the inbox but not queued; they, the queued ones that
-        never ran and the turns cut short stay pending and are finished after the next start. A command
-        still waiting for its chat's turn when the grace ends is dropped unanswered.
+        never ran, the turns cut short and the commands still waiting for their chat's turn stay pending
+        and are finished after the next start.
         """
         self._accepting = False
         self._closing.set()
@@ -703,6 +802,21 @@ class Dispatcher:
         for session in self._sessions.cached_sessions():
             if session.rewrite_needed or session.persisted_count != len(session.messages):
                 await self._sessions.save(session)
+
+
+def _next_command(lane: _Lane) -> _KeptCommand | None:
+    """The kept command to run now, taken out of the queue: the one at its head or, while the chat waits
+    for the model, the first one queued (a command does not wait for the model, as before the restart)."""
+    head = lane.queue[0]
+    if isinstance(head, _KeptCommand):
+        lane.queue.popleft()
+        return head
+    if lane.model_wait is not None:
+        for item in lane.queue:
+            if isinstance(item, _KeptCommand):
+                lane.queue.remove(item)
+                return item
+    return None
 
 
 def _reply_text(turn: Turn) -> tuple[str, bool]:

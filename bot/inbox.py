@@ -11,7 +11,8 @@ One file per session, ``inbox/<session>.jsonl``, appended durably through one :c
 waits behind a burst of arrivals one fsync at a time, which widened the window in which a kill makes
 the next start send an answer again):
 
-- ``{"entry": id, "at": accepted, "message": {...}}``: accepted;
+- ``{"entry": id, "at": accepted, "message": {...}}``: accepted (a message, or a command the chat was
+  told waits for its running turn, /new or /compact: bot/dispatcher.py);
 - ``{"done": [ids], "reply": id | null}``: finished;
 - ``{"reply": {...}}``: an answer whose send failed for good, kept for the next start (bot/outbox.py).
 

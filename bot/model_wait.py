@@ -9,18 +9,36 @@ answers them, once), the chat is told once that the answer will come, and its la
 by itself (bot/dispatcher.py) with growing pauses, for a bounded time. Other failures (a refused key,
 a prompt too long for the model, an answer we cannot use, a bug) would fail again the same way: the
 chat is told at once, as before.
+
+A restart does not start a wait over: :class:`WaitRecords` keeps, per waiting chat, since when it waits
+and which inbox entries it was told about (``state/model_wait.json``, the bot's own state), so the next
+start goes on with the same wait: no second notice for the same messages, and the same max age.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
 
-from bot.errors import LLMError, LLMRateLimited, LLMTimeout, LLMUnavailable
+import structlog
+
+from bot import damaged
+from bot.domain import utcnow
+from bot.errors import LLMError, LLMRateLimited, LLMTimeout, LLMUnavailable, StorageError
 from bot.retry import Backoff
+from bot.storage import atomic_write_text
 from pipeline import SystemFailure, Turn
+
+log = structlog.get_logger(__name__)
+
+WAIT_FILE = "model_wait.json"  # in the workspace's state/ folder (see WaitRecords)
 
 TRANSIENT: tuple[type[LLMError], ...] = (LLMUnavailable, LLMRateLimited, LLMTimeout)
 
@@ -86,3 +104,75 @@ class ModelWait:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.next_try_in()):
                 await self._wake.wait()
+
+
+@dataclass(frozen=True, slots=True)
+class WaitRecord:
+    """A chat's wait as a restart finds it: since when (wall clock) and the entries it was told about."""
+
+    since: datetime
+    entries: frozenset[str]
+
+    def resumed(self) -> ModelWait:
+        """The wait as this process goes on with it: same age, told already, next try at once."""
+        waited = max(0.0, (utcnow() - self.since).total_seconds())
+        return ModelWait(since=time.monotonic() - waited)
+
+
+class WaitRecords:
+    """The chats waiting for the model, on disk (see the module doc). ``load`` once at start-up.
+
+    The whole file is rewritten atomically at each change (a wait begins or ends: rare), one write at a
+    time. A write that fails is logged and costs only what the file is for: a second notice after a restart.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._records: dict[str, WaitRecord] = {}
+        self._lock = asyncio.Lock()
+
+    async def load(self) -> dict[str, WaitRecord]:
+        self._records = await asyncio.to_thread(_read, self._path)
+        return dict(self._records)
+
+    async def begin(self, sid: str, entries: Collection[str]) -> None:
+        """``sid`` waits from now on, and was told about ``entries``."""
+        self._records[sid] = WaitRecord(utcnow(), frozenset(entries))
+        await self._write()
+
+    async def end(self, sid: str) -> None:
+        if self._records.pop(sid, None) is not None:
+            await self._write()
+
+    async def _write(self) -> None:
+        async with self._lock:  # the snapshot is taken inside: the last write holds the newest state
+            data = {
+                sid: {"since": r.since.isoformat(), "entries": sorted(r.entries)}
+                for sid, r in self._records.items()
+            }
+            try:
+                await asyncio.to_thread(atomic_write_text, self._path, json.dumps(data) + "\n")
+            except (StorageError, OSError) as exc:
+                log.error("model_wait_state_not_saved", path=str(self._path), error=str(exc))
+
+
+def _read(path: Path) -> dict[str, WaitRecord]:
+    """The records on disk; a damaged file is moved aside (kept for the operator) and logged."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        log.error("model_wait_state_unreadable", path=str(path), error=exc.strerror or str(exc))
+        return {}
+    try:
+        data: Any = json.loads(raw.decode("utf-8"))
+        return {
+            str(sid): WaitRecord(datetime.fromisoformat(r["since"]), frozenset(str(e) for e in r["entries"]))
+            for sid, r in data.items()
+        }
+    except (ValueError, TypeError, KeyError, AttributeError):
+        aside = damaged.aside_path(path, raw)
+        path.replace(aside)
+        log.error("model_wait_state_damaged", path=str(path), kept_as=str(aside))
+        return {}

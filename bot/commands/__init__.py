@@ -36,7 +36,8 @@ class SessionControl(Protocol):
         many queued (or waiting) messages were kept."""
 
     def exclusive(self, sid: str) -> AbstractAsyncContextManager[None]:
-        """Wait for the running turn to end and keep new turns out while held (for /compact, /new)."""
+        """Wait for the running turn to end and keep new turns out while held (for /compact, /new). A
+        command that has to wait is kept durably meanwhile: a restart runs it, once."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,34 @@ async def test_a_question_waiting_for_the_model_is_answered_once_after_a_kill_an
     ]
 
 
+async def test_a_new_waiting_for_a_turn_when_killed_runs_once_after_restart(tmp_path: Path) -> None:
+    """The chat was told the /new "runs as soon as the current reply is done": a kill before then must
+    not lose it. The next start answers the question, then starts the fresh conversation."""
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        llm.script(FakeReply(text="never finished", delay=60))
+        async with membot_run(workspace, llm, **telegram_env(tg)) as service:
+            tg.push_message("a slow question", chat_id=777, user_id=42)
+            await wait_in_flight(llm)
+            tg.push_message("/new", chat_id=777, user_id=42)
+            await wait_answer(tg, 777, "⏳ /new runs as soon as the current reply is done")
+            await service.kill()
+        async with membot_run(workspace, llm, **telegram_env(tg)) as service:
+            await wait_answer(tg, 777, "Session cleared.")
+            tg.push_message("a fresh start", chat_id=777, user_id=42)
+            await wait_answer(tg, 777, "echo: a fresh start")
+            await stop(service)
+        assert [m.text for m in tg.sent_to(777)][1:] == [
+            "echo: a slow question",
+            "Session cleared.",
+            "echo: a fresh start",
+        ]
+    assert await asyncio.to_thread(stored, workspace, "telegram:777") == [
+        ("user", "a fresh start"),
+        ("assistant", "echo: a fresh start"),
+    ]
+
+
 async def test_an_answer_saved_but_not_sent_is_delivered_once_after_restart(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     async with FakeLLMServer() as llm, FakeTelegramServer() as tg:

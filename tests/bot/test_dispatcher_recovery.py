@@ -10,7 +10,7 @@ import asyncio
 from datetime import timedelta
 from pathlib import Path
 
-from bot.commands import CommandRouter
+from bot.commands import CommandCall, CommandRouter, SessionControl
 from bot.config import DispatcherSettings
 from bot.dispatcher import Dispatcher
 from bot.domain import InboundMessage, OutboundMessage, Role, utcnow
@@ -323,3 +323,44 @@ async def test_the_inbox_file_is_emptied_when_nothing_is_pending_and_compacted_w
         await inbox.finish("test:c1", {entry_id})
     assert len(path.read_text().splitlines()) < COMPACT_AFTER  # rewritten with what is pending
     assert [e.entry_id for e in await Inbox(tmp_path / "inbox").load_pending()] == [keep_id]
+
+
+async def test_a_waiting_command_redelivered_after_a_crash_runs_once(tmp_path: Path) -> None:
+    """A /new kept while it waited for a turn, then cut by the stop: the platform hands it over again
+    after the restart (its confirmation was lost with the process), and it still runs once, in its place."""
+    ran: list[str] = []
+
+    async def new(call: CommandCall, control: SessionControl) -> str:
+        async with control.exclusive(call.session_id):
+            ran.append(call.message.text)
+            return "Session cleared."
+
+    def dispatcher_on(model: ModelSystem) -> tuple[Dispatcher, RecordingChannel]:
+        router = CommandRouter()
+        router.add("new", "Start a fresh conversation", new)
+        sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+        inbox = Inbox(tmp_path / "inbox")
+        dispatcher = Dispatcher(Pipeline([model]), sessions, router, DispatcherSettings(), inbox=inbox)
+        return dispatcher, RecordingChannel(dispatcher.submit)
+
+    model = ModelSystem()
+    model.gate = asyncio.Event()  # the turn never ends
+    before, channel = dispatcher_on(model)
+    await before.recover()
+    before.attach(channel)
+    await before.submit(msg("question", message_id="1"))
+    await model.started.wait()
+    await before.submit(msg("/new", message_id="2"))  # returns once it waits (kept in the inbox)
+    await before.close(grace=0)
+    assert ran == [] and await pending(tmp_path) == ["question", "/new"]
+    after, channel = dispatcher_on(ModelSystem())
+    assert await after.recover() == 2
+    after.attach(channel)
+    await after.submit(msg("/new", message_id="2"))  # the redelivery: ignored
+    await after.submit(msg("/new", message_id="3"))  # a new one: runs too, after the question
+    await settled(tmp_path)
+    await asyncio.sleep(0.1)
+    assert ran == ["/new", "/new"]
+    answers = [m.text for m in channel.sent if not m.text.startswith("⏳")]  # ("3" may wait for the turn)
+    assert answers == ["answer to question", "Session cleared.", "Session cleared."]
+    await after.close(grace=1)

@@ -208,6 +208,80 @@ async def test_a_restart_while_waiting_answers_once_after_the_start(
         await inbox_done(tmp_path)
 
 
+async def test_a_restart_while_the_model_is_still_down_does_not_tell_the_chat_again(
+    server: FakeLLMServer, tmp_path: Path, bot_on: Callable[..., Bot]
+) -> None:
+    """The chat was told once that its answer waits for the model; a restart during the outage tries the
+    same messages again, and they still wait: the chat is not told a second time. A later outage is."""
+    model = Model(server)
+    async with bot_on(dispatcher=PATIENT) as before:
+        assert await before.say("hello?") == NOTICE
+    async with bot_on(dispatcher=QUICK) as after:
+        assert await after.dispatcher.recover() == 1
+        await wait_until(lambda: len(server.requests) >= 4)  # tried again after the start, still down
+        assert texts(after) == []
+        assert await pending(tmp_path) == ["hello?"]
+        model.down = False
+        await after.channel.wait_for(1)
+        await asyncio.sleep(0.2)
+        assert texts(after) == ["echo: hello?"]
+        await inbox_done(tmp_path)
+    model.down = True
+    async with bot_on(dispatcher=PATIENT) as later:
+        assert await later.dispatcher.recover() == 0
+        assert await later.say("and now?") == NOTICE  # a new wait: told again
+
+
+async def test_a_restart_does_not_restart_the_waits_clock(
+    server: FakeLLMServer, tmp_path: Path, bot_on: Callable[..., Bot]
+) -> None:
+    """``model_retry_max_age`` counts from the first failure, across a restart: a chat that has waited
+    that long is told to send it again at the first failed try after the start, not after another wait."""
+    Model(server)
+    slow = {"model_retry_first": 30.0, "model_retry_max": 30.0, "model_retry_max_age": 1.0}
+    async with bot_on(dispatcher=slow) as before:
+        assert await before.say("hello?") == NOTICE
+    await asyncio.sleep(1.1)
+    async with bot_on(dispatcher=slow) as after:
+        tries = len(server.requests)
+        assert await after.dispatcher.recover() == 1
+        [failed] = await after.channel.wait_for(1, timeout=0.8)
+        assert failed.text == (
+            f"⚠️ Sorry, I couldn't answer this time (the AI model cannot be reached right now). {TODAY}"
+        )
+        assert len(server.requests) == tries + 1
+        await inbox_done(tmp_path)
+
+
+async def test_a_new_kept_over_a_restart_does_not_wait_for_the_model(
+    server: FakeLLMServer, tmp_path: Path, bot_on: Callable[..., Bot]
+) -> None:
+    """A /new that waited for a try when the bot stopped runs after the start while the chat waits for
+    the model, as it would have without the restart; the waiting question is answered in the fresh
+    conversation once the model is back."""
+    model = Model(server)
+    server.responder = lambda api, body: FakeReply(status=503, delay=0.5) if model.down else None
+    async with bot_on(dispatcher=PATIENT) as before:
+        await before.dispatcher.submit(msg("hello?"))
+        await wait_until(lambda: server.in_flight > 0)
+        await before.dispatcher.submit(msg("/new"))
+        [waiting] = await before.channel.wait_for(1)
+        assert waiting.text.startswith("⏳ /new runs as soon as the current reply is done")
+        before.grace = 0
+    async with bot_on(dispatcher=PATIENT) as after:
+        assert await after.dispatcher.recover() == 2
+        sent = await after.channel.wait_for(2, timeout=5)  # well before the next try, 30 s away
+        assert [m.text for m in sent] == [NOTICE, "Session cleared."]
+        model.down = False
+        assert await after.say("still there?") == "echo: hello?\n\nstill there?"
+        assert await after.on_disk() == [
+            (Role.USER, "hello?"),
+            (Role.USER, "still there?"),
+            (Role.ASSISTANT, "echo: hello?\n\nstill there?"),
+        ]
+        await inbox_done(tmp_path)
+
+
 @pytest.mark.parametrize(
     ("reply", "reason"),
     [

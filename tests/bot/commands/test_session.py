@@ -28,6 +28,7 @@ from bot.domain import InboundMessage, Role
 from bot.inbox import Inbox
 from bot.memory import MemoryService
 from bot.memory import operator as memory_operator
+from bot.model_wait import WAIT_FILE, WaitRecords
 from bot.sessions import JsonSessionStore, SessionService
 from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry
@@ -123,16 +124,18 @@ class Bot:
             router,
             DispatcherSettings(mode=mode, turn_timeout=turn_timeout, **(dispatcher or {})),  # type: ignore[arg-type]
             inbox=Inbox(root / "inbox"),
+            waits=WaitRecords(root / "state" / WAIT_FILE),
         )
         self.channel = RecordingChannel(self.dispatcher.submit)
         self.dispatcher.attach(self.channel)
+        self.grace = 5.0  # seconds the shutdown lets running work finish (0: cut it, as a kill would)
 
     async def __aenter__(self) -> Bot:
         await self.memory.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.dispatcher.close(grace=5)
+        await self.dispatcher.close(grace=self.grace)
         await self.memory.close()
 
     async def say(self, text: str) -> str:
@@ -476,3 +479,45 @@ async def test_new_sent_during_a_turn_does_not_hold_up_a_stop_sent_after_it(
         assert bot.dispatcher.total_queued() == 0
         assert await bot.say("hello") == "echo: hello"  # the fresh session works
         await joiner.close()
+
+
+async def test_a_new_waiting_for_a_turn_runs_once_after_a_restart_in_its_place(
+    server: FakeLLMServer,
+    bot_on: Callable[..., Bot],
+    tmp_path: Path,
+) -> None:
+    """A /new told "runs as soon as the current reply is done" was acknowledged: a stop that cuts the turn
+    short (past the grace period, as a kill would) must not lose it. The next start answers the question,
+    then runs the /new, then answers what was sent after it, in the fresh conversation, each once."""
+    tool = SlowTool()
+    async with bot_on(tools=[tool]) as before:
+        server.script(FakeReply(tool_calls=[("slow", {})]))
+        await before.dispatcher.submit(InboundMessage("test", "c1", "u1", "use the slow tool"))
+        async with asyncio.timeout(5):
+            await tool.started.wait()
+        await before.dispatcher.submit(InboundMessage("test", "c1", "u1", "/new"))
+        await before.dispatcher.submit(InboundMessage("test", "c1", "u1", "after the new"))
+        [waiting] = await before.channel.wait_for(1)
+        assert waiting.text.startswith("⏳ /new runs as soon as the current reply is done")
+        before.grace = 0  # the turn and the waiting /new are cut short
+    assert [m.text for m in before.channel.sent] == [waiting.text]
+    async with bot_on() as after:
+        assert await after.dispatcher.recover() == 3
+        sent = await after.channel.wait_for(3)
+        await asyncio.sleep(0.2)  # nothing more comes
+        assert [m.text for m in after.channel.sent] == [
+            "echo: use the slow tool",
+            "Session cleared.",
+            "echo: after the new",
+        ]
+        assert sent[1].reply_to == sent[0].reply_to or sent[1].aside  # the command's own reply
+        assert await after.on_disk() == [
+            (Role.USER, "after the new"),
+            (Role.ASSISTANT, "echo: after the new"),
+        ]
+        archived = [m.content for m in await after.memory.archive.read(SID)]
+        assert archived[0] == "use the slow tool" and "after the new" not in archived
+    async with bot_on() as again:
+        assert await again.dispatcher.recover() == 0  # done: a later start runs it no more
+        await asyncio.sleep(0.1)
+        assert again.channel.sent == []
