@@ -20,7 +20,7 @@ import pytest
 from bot.catalog import ModelCatalog
 from bot.domain import InboundMessage, Role
 from bot.inbox import Inbox
-from bot.model_wait import NOTICE
+from bot.model_wait import NOTICE, WAIT_FILE
 from bot.tokens import TokenCounter
 from tests.bot.commands.test_session import MODEL, SID, Bot, wait_until
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
@@ -336,3 +336,19 @@ async def test_the_next_try_waits_for_the_providers_retry_after(
         assert len(server.requests) == 2
     [wait] = logged(caplog, "turn_waiting_for_model")
     assert wait["next_try_in"] == 1.0
+
+
+async def test_a_damaged_wait_file_costs_only_a_second_notice(
+    server: FakeLLMServer, tmp_path: Path, bot_on: Callable[..., Bot]
+) -> None:
+    """The file is kept aside for the operator; the start and the wait go on without it."""
+    Model(server)
+    async with bot_on(dispatcher=PATIENT) as before:
+        assert await before.say("hello?") == NOTICE
+    state = tmp_path / "state"
+    await asyncio.to_thread((state / WAIT_FILE).write_text, '{"test:c1": {"since": ')  # a torn write
+    async with bot_on(dispatcher=PATIENT) as after:
+        assert await after.dispatcher.recover() == 1
+        [told] = await after.channel.wait_for(1)
+        assert told.text == NOTICE
+        assert [p.name for p in state.iterdir() if p.name.startswith(f"{WAIT_FILE}.damaged-")]
