@@ -6,7 +6,7 @@ can last longer than that. Telling the user "send another message to try again" 
 question unanswered unless the user notices; a bot that never forgets answers it once it can. So such
 a turn is not answered: its messages stay in the session and pending in the inbox (a restart still
 answers them, once), the chat is told once that the answer will come, and its lane tries the turn again
-by itself (bot/dispatcher.py) with growing pauses, for a bounded time. Other failures (a refused key,
+by itself (bot/dispatcher/turns.py) with growing pauses, for a bounded time. Other failures (a refused key,
 a prompt too long for the model, an answer we cannot use, a bug) would fail again the same way: the
 chat is told at once, as before.
 
@@ -50,7 +50,7 @@ NOTICE = (
 
 def waits_for_model(turn: Turn) -> bool:
     """Whether ``turn`` ended without an answer because the model was out of reach for now (the model
-    failure ``_reply_text`` would report is one of :data:`TRANSIENT`)."""
+    failure ``bot.dispatcher.turns.reply_text`` would report is one of :data:`TRANSIENT`)."""
     if turn.stopped or (turn.reply and turn.reply.strip()):
         return False
     failure = model_failure(turn)

@@ -11,7 +11,7 @@ For every pending inbox entry (``bot/inbox.py``) of a session, in arrival order:
 3. the session already holds it (the turn was cut short after saving the question: grace period
    over, a cancelled tool loop): answer it without adding it to the session a second time;
 4. otherwise: answer it as if it had just arrived (an entry that is a command, /new or /compact kept
-   while it waited for a turn, is run in its place instead: bot/dispatcher.py).
+   while it waited for a turn, is run in its place instead: bot/dispatcher/turns.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,106 @@
+"""A chat's lane: its queue of work in order, its running turn and the state a turn leaves behind.
+
+The lane is plain state, shared by the parts of the dispatcher that act on it: intake appends to the
+queue (bot/dispatcher/dispatcher.py), the lane's worker takes work off its head and runs it
+(bot/dispatcher/turns.py), and delivery keeps the answers the platform would not take
+(bot/dispatcher/delivery.py). Everything here runs on the event loop; ``lock`` is held while a turn or a
+command that waits for the turn (:meth:`~bot.dispatcher.Dispatcher.exclusive`) has the lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+from bot.commands import CommandCall
+from bot.domain import InboundMessage
+from bot.model_wait import ModelWait
+from bot.outbox import PendingReply
+
+
+@dataclass(slots=True)
+class Queued:
+    """A message waiting for its turn, with the inbox entries that are done once it is answered."""
+
+    message: InboundMessage
+    entries: list[str] = field(default_factory=list)  # inbox entry ids folded into this message
+    in_session: bool = False  # recovered after a turn that saved it: the session holds it already
+
+
+@dataclass(slots=True)
+class Command:
+    """A command being answered. One that waits for its chat's lane (:meth:`Dispatcher.exclusive`) sets
+    ``placed`` once it holds its place there, and is kept in the inbox from then on (``entry``, durable
+    once ``durable`` is done) until it ran, so the next start runs it should this run end first."""
+
+    call: CommandCall
+    placed: asyncio.Event = field(default_factory=asyncio.Event)
+    entry: str | None = None
+    durable: asyncio.Task[None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeptCommand:
+    """A command that waited for its chat's lane when the last run ended (see :class:`Command`): the
+    lane's worker runs it in its place, after what was sent before it."""
+
+    call: CommandCall
+    entry: str
+
+
+@dataclass(slots=True)
+class Stop:
+    """A /stop of the running turn: its batch and the queued messages it keeps in the history. The lane's
+    worker does that bookkeeping as soon as the turn ended, before anything else takes the lane (a
+    command waiting for the turn, or a message that arrived meanwhile), so the kept messages are in
+    the history before them; ``done`` tells /stop it was done."""
+
+    stopped: list[Queued]
+    kept: list[Queued]
+    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+@dataclass(slots=True)
+class Lane:
+    """One chat's queue and at most one running turn (see the package doc)."""
+
+    channel: str
+    chat_id: str
+    queue: deque[Queued | PendingReply | KeptCommand] = field(default_factory=deque)  # replies: to resend
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    intake: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps arrival order through dedup
+    worker: asyncio.Task[None] | None = None
+    turn: asyncio.Task[None] | None = None
+    batch: list[Queued] = field(default_factory=list)  # what the running turn answers
+    sent: bool = False  # the running turn's answer went out; only its bookkeeping is left
+    overflow_noticed: bool = False
+    stopping: Stop | None = None  # what /stop asked of the running turn; the worker does it
+    # Answers not delivered (refused for good, or past the patience), kept in the inbox: each is tried
+    # once more before the chat's next answer, so an unblocked chat gets them in order.
+    set_aside: list[PendingReply] = field(default_factory=list)
+    # The model was out of reach: the failed turn's messages are back at the head of the queue, and the
+    # worker waits for the next try (bot/model_wait.py).
+    model_wait: ModelWait | None = None
+
+
+def take_messages(lane: Lane) -> list[Queued]:
+    """The queued messages, taken out of the queue (what /stop keeps in the history); the rest stays."""
+    kept = [q for q in lane.queue if isinstance(q, Queued)]
+    lane.queue = deque(q for q in lane.queue if not isinstance(q, Queued))
+    return kept
+
+
+def next_command(lane: Lane) -> KeptCommand | None:
+    """The kept command to run now, taken out of the queue: the one at its head or, while the chat waits
+    for the model, the first one queued (a command does not wait for the model, as before the restart)."""
+    head = lane.queue[0]
+    if isinstance(head, KeptCommand):
+        lane.queue.popleft()
+        return head
+    if lane.model_wait is not None:
+        for item in lane.queue:
+            if isinstance(item, KeptCommand):
+                lane.queue.remove(item)
+                return item
+    return None

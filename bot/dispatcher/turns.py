@@ -1,0 +1,301 @@
+"""A lane's worker: it takes the chat's queued work in order and runs it, one turn at a time.
+
+A turn leases the session, adds the batch's messages, runs the pipeline and saves the messages with
+the answer before the answer is sent (bot/dispatcher/delivery.py). A turn the model could not answer
+for now is kept to try again later (bot/model_wait.py), and a /stop's bookkeeping is done here, by
+the worker, before anything else takes the lane. Saved answers from before a restart and commands
+that waited for a turn (both queued by recovery) take their place in the same order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+import structlog
+
+from bot import intake
+from bot.config import DispatcherSettings
+from bot.dispatcher.delivery import Delivery
+from bot.dispatcher.lanes import KeptCommand, Lane, Queued, Stop, next_command, take_messages
+from bot.domain import Session
+from bot.errors import plain_reason
+from bot.inbox import Inbox
+from bot.model_wait import NOTICE as MODEL_NOTICE
+from bot.model_wait import ModelWait, WaitRecords, model_failure, waits_for_model
+from bot.outbox import PendingReply
+from bot.ports import ChannelPort
+from bot.retry import Backoff
+from bot.sessions import SessionService
+from pipeline import Pipeline, Turn
+
+log = structlog.get_logger(__name__)
+
+STORAGE_NOTICE = (
+    "⚠️ I have an answer but cannot save our conversation right now (a problem on the server). "
+    "I'll send it as soon as I can — nothing is lost."
+)
+
+
+class TurnObserver(Protocol):
+    """Told about every finished turn (metrics)."""
+
+    def turn_finished(self, channel: str, outcome: str, seconds: float) -> None: ...
+
+
+class Turns:
+    """Runs the lanes' work. ``run_kept`` runs a command that waited for its chat's turn when the last
+    run ended and returns once it ran (the dispatcher answers commands); ``completed`` counts the
+    finished turns since start."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        sessions: SessionService,
+        settings: DispatcherSettings,
+        channels: Mapping[str, ChannelPort],
+        delivery: Delivery,
+        run_kept: Callable[[KeptCommand], Awaitable[None]],
+        *,
+        inbox: Inbox | None = None,
+        waits: WaitRecords | None = None,
+        observer: TurnObserver | None = None,
+    ) -> None:
+        self._pipeline = pipeline
+        self._sessions = sessions
+        self._settings = settings
+        self._channels = channels
+        self._delivery = delivery
+        self._run_kept = run_kept
+        self._inbox = inbox
+        self._waits = waits
+        self._observer = observer
+        self.completed = 0
+
+    async def work(self, sid: str, lane: Lane) -> None:
+        """The lane's worker: runs until its queue is empty."""
+        while lane.queue:
+            if (kept := next_command(lane)) is not None:  # it takes the lane itself (exclusive)
+                await self._run_kept(kept)
+                continue
+            if lane.model_wait is not None:  # outside the lock: commands (/new, /compact) run meanwhile
+                await lane.model_wait.until_next_try()
+            async with lane.lock:
+                if not lane.queue:
+                    break
+                head = lane.queue[0]
+                if isinstance(head, KeptCommand):  # (left at the head by a /stop of the wait)
+                    continue
+                if isinstance(head, PendingReply):  # a saved answer from before a restart
+                    lane.queue.popleft()
+                    await self._delivery.deliver(head, lane)
+                    continue
+                batch: list[Queued] = []
+                while lane.queue and isinstance(queued := lane.queue[0], Queued):
+                    lane.queue.popleft()
+                    batch.append(queued)
+                    if self._settings.mode != "collect":
+                        break
+                lane.overflow_noticed = False
+                lane.batch, lane.sent = batch, False
+                lane.turn = asyncio.create_task(self._run_turn(lane, batch), name=f"turn:{sid}")
+                try:
+                    await lane.turn
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise  # the worker itself is being cancelled (shutdown)
+                    # else: the turn was stopped by /stop, whose bookkeeping follows below
+                except Exception:
+                    log.exception("turn_crashed", session_id=sid)
+                finally:
+                    lane.turn = None
+                    request, lane.stopping = lane.stopping, None
+                    if request is not None:
+                        await self._wait_over(sid, lane)  # /stop of a try: no more tries
+                        await self._stopped(sid, lane, request)
+
+    async def _run_turn(self, lane: Lane, batch: list[Queued]) -> None:
+        started = time.perf_counter()
+        outcome = "ok"
+        first = batch[0].message
+        channel = self._channels.get(lane.channel)
+        entries = tuple(e for q in batch for e in q.entries)
+        async with self._sessions.lease(lane.channel, lane.chat_id) as session:
+            structlog.contextvars.bind_contextvars(session_id=session.id, channel=lane.channel)
+            try:
+                # A message the session held when it was queued may be gone since (a /new while the lane
+                # waited for the model): it is added again, or the answer would not know the question.
+                held = intake.entries_in(session.messages) if any(q.in_session for q in batch) else set()
+                for queued in batch:
+                    if not (queued.in_session and held.issuperset(queued.entries)):
+                        session.append(intake.user_message(queued.message, queued.entries))
+                turn = Turn(
+                    session=session,
+                    inbound=tuple(q.message for q in batch),
+                    on_partial=channel.partial_sink(lane.chat_id, first.message_id) if channel else None,
+                    now=intake.turn_time(q.message for q in batch),
+                )
+                structlog.contextvars.bind_contextvars(turn_id=turn.id)
+                log.info("turn_started", messages=len(batch))
+                try:
+                    activity = channel.activity(lane.chat_id) if channel else contextlib.nullcontext()
+                    async with activity, asyncio.timeout(self._settings.turn_timeout):
+                        await self._pipeline.run(turn)
+                except TimeoutError:
+                    outcome = "timeout"
+                    limit = f"{self._settings.turn_timeout:g}"
+                    turn.notes.append(f"Stopped: this answer took longer than {limit} s.")
+                    log.warning("turn_timed_out", seconds=self._settings.turn_timeout)
+                except asyncio.CancelledError:
+                    outcome = "stopped"
+                    # The question (and what the turn did) is kept; unless /stop asked for it, the
+                    # inbox entries stay pending and the next start answers them.
+                    await asyncio.shield(self._save(session, turn, replies=[]))
+                    raise
+                if (
+                    outcome == "ok"
+                    and waits_for_model(turn)
+                    and await self._wait_for_model(lane, batch, session, turn)
+                ):
+                    outcome = "waiting"
+                    return
+                if lane.model_wait is not None:
+                    waited = time.monotonic() - lane.model_wait.since
+                    log.info(
+                        "turn_retried",
+                        chat_id=lane.chat_id,
+                        attempts=lane.model_wait.attempts + 1,
+                        waited_seconds=round(waited, 1),
+                        answered=bool(turn.reply and turn.reply.strip()),
+                    )
+                    await self._wait_over(session.id, lane)
+                text, is_error = reply_text(turn)
+                if is_error and outcome == "ok":
+                    outcome = "error"
+                reply = PendingReply(
+                    lane.channel, lane.chat_id, text, entries, reply_to=first.message_id, is_error=is_error
+                )
+                # The answer is on disk before it is sent: a crash from here on resends, never re-asks.
+                # A full disk holds the chat here until the save goes through (nothing else is lost).
+                await self._delivery.persist(
+                    "session_save",
+                    lambda: self._save(session, turn, replies=[reply] if entries else []),
+                    notice=lambda: self._delivery.send(first, STORAGE_NOTICE, error=True),
+                )
+                self.completed += 1
+                log.info("turn_finished", outcome=outcome, failures=len(turn.failures))
+                await self._delivery.deliver(reply, lane, answers_turn=True)
+            finally:
+                if self._observer is not None:
+                    self._observer.turn_finished(lane.channel, outcome, time.perf_counter() - started)
+                structlog.contextvars.unbind_contextvars("session_id", "channel", "turn_id")
+
+    async def _save(self, session: Session, turn: Turn, *, replies: list[PendingReply]) -> None:
+        """Save the session with ``replies``, and wait for the turn's own writes (``turn.writes``) in the
+        meantime: both are on disk before the reply goes out. A failed write of the turn's is logged like
+        a failed system (the answer still goes out: its messages are in the session, saved)."""
+        writes = asyncio.gather(*turn.writes, return_exceptions=True)
+        try:
+            await self._sessions.save(session, replies=replies)
+        finally:
+            for result in await asyncio.shield(writes):
+                if isinstance(result, Exception):
+                    error = f"{type(result).__name__}: {result}"
+                    log.error("turn_write_failed", error=error, exc_info=result)
+
+    async def _wait_for_model(self, lane: Lane, batch: list[Queued], session: Session, turn: Turn) -> bool:
+        """Keep a turn the model could not answer for now, to try it again later (bot/model_wait.py);
+        ``False`` once the chat has waited ``model_retry_max_age``: the turn then fails as any other.
+
+        The turn's messages (and what it did) are saved in the session, unanswered, and go back to the
+        head of the queue; their inbox entries stay pending, so a restart meanwhile answers them once.
+        The chat is told once, at the first failure; the notice is an aside, never the answer. The wait
+        is recorded before the notice goes out, so a restart goes on with it without telling again."""
+        settings = self._settings
+        wait = lane.model_wait or ModelWait()
+        backoff = Backoff(settings.model_retry_first, settings.model_retry_max)
+        failure = model_failure(turn)
+        pause = wait.schedule(
+            backoff, settings.model_retry_max_age, hint=failure.retry_after if failure else None
+        )
+        if pause is None:
+            if lane.model_wait is not None:  # (with model_retry_max_age = 0 nothing waited)
+                log.warning("model_wait_gave_up", chat_id=lane.chat_id, attempts=wait.attempts + 1)
+            return False
+        await self._delivery.persist("session_save", lambda: self._save(session, turn, replies=[]))
+        for queued in batch:
+            queued.in_session = True
+        lane.queue.extendleft(reversed(batch))  # before what arrived meanwhile: the order holds
+        first_failure, lane.model_wait = lane.model_wait is None, wait
+        log.warning(
+            "turn_waiting_for_model", chat_id=lane.chat_id, attempt=wait.attempts, next_try_in=round(pause, 1)
+        )
+        if first_failure:
+            if self._waits is not None:
+                await self._waits.begin(batch[0].message.session_id, [e for q in batch for e in q.entries])
+            await self._delivery.send(batch[0].message, MODEL_NOTICE)
+        return True
+
+    async def _wait_over(self, sid: str, lane: Lane) -> None:
+        """The chat waits for the model no more (answered, given up, or /stop): a restart starts afresh."""
+        lane.model_wait = None
+        if self._waits is not None:
+            await self._waits.end(sid)
+
+    async def stop_waiting(self, sid: str, lane: Lane) -> int:
+        """/stop while the chat waits for the model: no more tries. Its messages are kept in the history
+        unanswered, as /stop keeps queued ones (the waiting ones are there already)."""
+        assert lane.model_wait is not None
+        lane.model_wait.wake()  # the worker finds nothing to try and ends
+        lane.model_wait = None
+        kept = take_messages(lane)
+        request = Stop([], kept)
+        async with lane.lock:  # taken before the worker can take it again (asyncio.Lock is fair)
+            await self._stopped(sid, lane, request)
+            if self._waits is not None:
+                await self._waits.end(sid)
+        log.info("model_wait_stopped", chat_id=lane.chat_id, kept=len(kept))
+        return len(kept)
+
+    async def _stopped(self, sid: str, lane: Lane, request: Stop) -> None:
+        """/stop's bookkeeping, in the worker under the lane's lock: the kept messages go into the
+        history unanswered, and the inbox entries of all of them need no answer any more."""
+        try:
+            async with self._sessions.lease(lane.channel, lane.chat_id) as session:
+                if request.kept:
+                    for queued in request.kept:
+                        if not queued.in_session:
+                            session.append(intake.user_message(queued.message, queued.entries))
+                    await self._sessions.save(session)
+                if self._inbox is not None:  # the user asked: these need no answer any more
+                    entries = {e for q in request.stopped + request.kept for e in q.entries}
+                    await self._inbox.finish(sid, entries)
+        except BaseException as exc:
+            request.done.set_exception(exc)
+            request.done.exception()  # retrieved: /stop may be gone (a shutdown)
+            raise
+        request.done.set_result(None)
+
+
+def reply_text(turn: Turn) -> tuple[str, bool]:
+    """The reply and whether it reports a failure. A failure is told in plain words chosen by its
+    type: its text names servers, settings and exception types, which belong in the log (where the
+    pipeline put it, secrets redacted), not in a chat."""
+    notes = "\n\n".join(f"_{note}_" for note in turn.notes)
+    if turn.reply and turn.reply.strip():  # a blank answer is no answer: channels drop or mangle it
+        return (turn.reply + (f"\n\n{notes}" if notes else "")), False
+    if turn.failures:
+        reason = plain_reason((model_failure(turn) or turn.failures[-1]).kind)
+    elif turn.notes:
+        reason = " ".join(turn.notes)
+    else:
+        reason = "the model returned an empty answer"
+    text = (
+        f"⚠️ Sorry, I couldn't answer this time ({reason}). "
+        "Your message is saved — send another message to try again."
+    )
+    return text, True
