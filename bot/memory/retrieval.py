@@ -32,11 +32,12 @@ from zoneinfo import ZoneInfo
 import numpy as np
 from numpy.typing import NDArray
 
+from bot.memory.anchors import event_span
 from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG, owned_subject, subjects_in_query
 from bot.memory.item_store import ItemStore, retrievable
 from bot.memory.items import ItemType, MemoryItem
 from bot.memory.lexical import Frequencies
-from bot.memory.timehints import TimeHint, microseconds, time_hint
+from bot.memory.timehints import TimeHint, anchor_of, microseconds, time_hint
 from bot.memory.word_index import WordIndex, frequencies
 from bot.memory.words import tokenize
 
@@ -84,6 +85,9 @@ class Weights:
     no_fact: float = 0.85  # relevance of a user episode that tells no event or fact (extract.NO_FACT_TAG)
     subject: float = 0.6  # relevance a statement on the subject a query names gets at least (of the top)
     time_hint: float = 0.1  # bonus for items said in the period the query names ("in March")
+    # "Before/after <event>": matches of the event's words said at other times and scoring at least this
+    # share of its best match make its time unclear (no hint). See anchors.py.
+    anchor_lead: float = 0.8
     hop: float = 0.3  # weight of the second hop (terms of the first hop's best results), 0: off
     hop_docs: int = 5  # first-hop results the second hop's terms come from
     hop_terms: int = 10  # terms the second hop adds
@@ -185,8 +189,38 @@ class Retriever:
         if asker:
             asked += [owned_subject(subject, asker) for subject in asked]
         on_subject = {stated.id for subject in asked for stated in self._store.with_subject(subject)}
-        in_period = time_hint(query, now, tz) if w.time_hint else None
+        in_period = self._period(query, now, tz, visible, only) if w.time_hint else None
         return WordMatch(lexical, on_subject, in_period, asks_about_assistant(query), asks_for_advice(query))
+
+    def _period(
+        self,
+        query: str,
+        now: datetime,
+        tz: ZoneInfo,
+        visible: Callable[[MemoryItem], bool] | None,
+        only: Collection[str] | None,
+    ) -> TimeHint | None:
+        """The period the query names: its dates, and before or after an event it names, found in
+        memory (anchors.py)."""
+        hint = time_hint(query, now, tz)
+        anchor = anchor_of(query)
+        if anchor is None:
+            return hint
+        span = event_span(
+            anchor,
+            now,
+            index=self.words.index,
+            get=self._store.get,
+            terms_of=self._terms_of,
+            weights=self.weights,
+            visible=visible,
+            only=only,
+        )
+        if span is None:
+            return hint
+        if hint is None:
+            return TimeHint((span,), frozenset(), tz)
+        return TimeHint((*hint.spans, span), hint.months, tz)
 
     def rank(
         self,

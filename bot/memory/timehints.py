@@ -1,9 +1,13 @@
-"""Time words in a query ("in March", "last May", "two weeks ago", "yesterday", "last Thursday") as a
-preference for what was said then.
+"""Time words in a query ("in March", "last May", "two weeks ago", "yesterday", "last Thursday",
+"on 7/22", "before May 3rd", "since March") as a preference for what was said then.
 
 Memory knows when everything was said, and the query's own date is "now", so a question that names a
 time can prefer what was said in that period. The hint only adds to a score; it never hides an item,
 because people misremember dates: "two weeks ago" matches anything from one to three weeks back.
+
+"Before"/"after"/"since" a date is an open period ("before May 3rd": everything up to that day). Before
+or after an event that is not a date ("before getting the air fryer") is only the event's words here
+(:func:`anchor_of`): when it happened is in memory, so the retriever finds it (bot/memory/anchors.py).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ MONTHS = {
 }
 _MONTH_NAMES = "|".join(sorted(MONTHS, key=len, reverse=True))
 # "in March", "early May": that month in any year (memory rarely spans several).
-_MONTH = re.compile(r"\b(?:in|during|since|of|early|late|mid|this past)\s+(" + _MONTH_NAMES + r")\b", re.I)
+_MONTH = re.compile(r"\b(?:in|during|of|early|late|mid|this past)\s+(" + _MONTH_NAMES + r")\b", re.I)
 # "last May": the most recent May before the current month.
 _LAST_MONTH = re.compile(r"\blast\s+(" + _MONTH_NAMES + r")\b", re.I)
 # "on May 3rd", "May 3", "3 May", "the 3rd of May": that day, a day either side.
@@ -80,8 +84,33 @@ WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", 
 # name is often part of another ("Sunday mass", "Friday drinks"), so it names no day.
 _WEEKDAY = re.compile(r"\b(?:(last|this past|past)|on)\s+(" + "|".join(WEEKDAYS) + r")\b", re.I)
 
+# Numeric dates. ISO ("2023-07-22", "2023/07/22") always. A slashed date is month first, as in the US
+# ("7/22", "07/22/2023"), where most chat apps' English users write it; a first number over 12 can only be
+# a day ("22/7/2023"). A dotted one is day first ("22.7.2023"). Without a year a slashed pair is often no
+# date at all ("1/2 cup", "8/10", "24/7"), a dotted one a decimal ("22.7."), so those name a day only
+# when they cannot be a fraction or a score (see _numeric_days), or when a word says a date comes
+# ("on 22/7", "before 3.5.").
+_ISO = re.compile(r"(?<![\w/.:-])(\d{4})[-/](\d{1,2})[-/](\d{1,2})(?![\w/-]|[.,]\d)")
+_SLASHED = re.compile(r"(?<![\w/.:-])(\d{1,2})/(\d{1,2})(?:/(\d{4}|\d{2}))?(?![\w/]|[.,]\d)")
+_DOTTED = re.compile(r"(?<![\w/.:-])(\d{1,2})\.(\d{1,2})\.(\d{4})?(?![\w/]|[.,]?\d)")
+_DATE_WORD = re.compile(r"\b(?:on|before|after|since|until|till|prior to)\s+(?:the\s+)?$", re.I)
+# What makes a slashed pair a quantity: a unit or "of" after it ("1/2 cup", "3/4 of the way").
+_UNIT = re.compile(
+    r"\s*(?:of\b|cups?\b|c\b|tsp\b|tbsp\b|teaspoons?\b|tablespoons?\b|inch|in\b|\"|miles?\b|mi\b|km\b|lbs?\b|"
+    r"pounds?\b|oz\b|ounces?\b|stars?\b|points?\b|scale\b|time\b|split\b|rating\b)",
+    re.I,
+)
+_DENOMINATORS = frozenset({2, 3, 4, 5, 6, 8, 10, 12, 16, 32, 64})
+# "Before"/"after"/"since" a date: an open period, not the day itself. "Since March" is from March on.
+_SIDE = r"\b(before|prior to|after|since)\s+(?:the\s+)?"
+_SIDE_OF = re.compile(_SIDE + "$", re.I)
+_SIDE_MONTH = re.compile(_SIDE + r"(" + _MONTH_NAMES + r")\b", re.I)
+
 # Any of the patterns above: a query it does not match names no time.
-_NAMED = (_MONTH, _LAST_MONTH, _DAY, _AGO, *(pattern for pattern, _ in _WINDOWS), _YEAR, _WEEKDAY)
+_NAMED = (
+    _MONTH, _LAST_MONTH, _DAY, _AGO, *(pattern for pattern, _ in _WINDOWS), _YEAR, _WEEKDAY,
+    _ISO, _SLASHED, _DOTTED, _SIDE_MONTH,
+)  # fmt: skip
 _ANY = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in _NAMED), re.I)
 Span = tuple[datetime, datetime]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -121,6 +150,32 @@ class TimeHint:
         return found
 
 
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """ "Before/after/since <event>" where the event is no date ("before getting the air fryer"): the
+    event's ``words``, and whether the query means what came ``after`` it (else what came before)."""
+
+    words: str
+    after: bool
+
+
+# The event runs to the end of its clause: "since I recovered from the flu when I went jogging".
+_EVENT = re.compile(r"\b(before|prior to|after|since)\s+([^?!.,;:]+)", re.I)
+_CLAUSE_END = re.compile(r"\b(?:when|while|whereas|because|but|so that|and then|then|if)\b", re.I)
+# Not an event: "before long", "ever since", "after all", "before then", "since then".
+_NO_EVENT = re.compile(r"^(?:long|then|that|this|all|it|now|ever|yet|which|too|again)\b", re.I)
+
+
+def anchor_of(query: str) -> Anchor | None:
+    """The event the query places its question before or after, if it names one that is not a time
+    ("before the 7/22 trip", "since last week" are :func:`periods`)."""
+    for m in _EVENT.finditer(query):
+        clause = _CLAUSE_END.split(m.group(2), maxsplit=1)[0].strip()
+        if clause and not _NO_EVENT.match(clause) and not _ANY.search(clause):
+            return Anchor(clause, after=m.group(1).lower() in ("after", "since"))
+    return None
+
+
 def time_hint(query: str, now: datetime, tz: ZoneInfo) -> TimeHint | None:
     """What "said in the period the query names" means, or ``None`` when it names none."""
     if not _ANY.search(query):  # most queries name no time: one search instead of a dozen
@@ -133,8 +188,8 @@ def time_hint(query: str, now: datetime, tz: ZoneInfo) -> TimeHint | None:
 
 
 def periods(query: str, now: datetime, tz: ZoneInfo) -> list[Span]:
-    """The periods the query names, each as [start, end] (end never past ``now``); a month named
-    without a year ("in March") is not one of them."""
+    """The periods the query names, each as [start, end] (end never past ``now``; "before May 3rd"
+    starts at 1970); a month named without a year ("in March") is not one of them."""
     spans: list[Span] = []
     days = next((d for pattern, d in _WINDOWS if pattern.search(query)), None)
     if days is not None:
@@ -145,18 +200,20 @@ def periods(query: str, now: datetime, tz: ZoneInfo) -> list[Span]:
         slack = max(1.0, back / 2)  # "two weeks ago" is one to three weeks back
         spans.append((now - timedelta(days=back + slack), now - timedelta(days=max(0.0, back - slack))))
     local = now.astimezone(tz)
-    for m in _LAST_MONTH.finditer(query):
-        month = MONTHS[m.group(1).lower()]
-        year = local.year if month < local.month else local.year - 1
-        spans.append(_local_span(date(year, month, 1), _month_end(year, month), tz))
-    for m in _DAY.finditer(query):
-        month = MONTHS[(m.group(1) or m.group(4)).lower()]
-        day = int(m.group(2) or m.group(3))
-        year = local.year if (month, day) <= (local.month, local.day) else local.year - 1
-        named = _latest(year, month, day)
-        if named is None:  # "February 30": no such day
+    for mention in _dates(query, local.date()):
+        side = _SIDE_OF.search(query, 0, mention.start)
+        if side is None:
+            if mention.plain is not None:
+                spans.append(_local_span(*mention.plain, tz))
             continue
-        spans.append(_local_span(named - timedelta(days=1), named + timedelta(days=1), tz))
+        start, end = _local_span(mention.first, mention.last, tz)
+        word = side.group(1).lower()
+        if word in ("before", "prior to"):
+            spans.append((EPOCH, start - MICROSECOND))
+        elif word == "since":
+            spans.append((start, now))
+        elif end < now:  # "after May 3rd" asked on May 3rd names nothing yet
+            spans.append((end + MICROSECOND, now))
     for m in _WEEKDAY.finditer(query):
         back = (local.weekday() - WEEKDAYS.index(m.group(2).lower())) % 7
         if m.group(1) and back == 0:
@@ -170,6 +227,92 @@ def periods(query: str, now: datetime, tz: ZoneInfo) -> list[Span]:
         else:
             spans.append(_local_span(date(year, 1, 1), date(year, 12, 31), tz))
     return spans
+
+
+@dataclass(frozen=True, slots=True)
+class _Mention:
+    """A date the query names: where (``start``, ``end`` in the query), the days it names (``first`` to
+    ``last``), and the days it means on its own (``plain``: a day one either side, a whole month, or
+    ``None`` for a bare month name, which names a period only after "before", "after" or "since")."""
+
+    start: int
+    end: int
+    first: date
+    last: date
+    plain: tuple[date, date] | None
+
+
+def _dates(query: str, today: date) -> list[_Mention]:
+    """The dates ``query`` names, each once (a day's month is not a month of its own), in order.
+
+    A date without a year is its latest one not after ``today``."""
+    found: list[_Mention] = []
+
+    def add(start: int, end: int, first: date, last: date, plain: tuple[date, date] | None) -> None:
+        if not any(start < m.end and m.start < end for m in found):
+            found.append(_Mention(start, end, first, last, plain))
+
+    def day(start: int, end: int, named: date | None) -> None:
+        if named is not None:
+            add(start, end, named, named, (named - timedelta(days=1), named + timedelta(days=1)))
+
+    for start, end, named in _numeric_days(query, today):
+        day(start, end, named)
+    for m in _DAY.finditer(query):
+        month = MONTHS[(m.group(1) or m.group(4)).lower()]
+        number = int(m.group(2) or m.group(3))
+        year = today.year if (month, number) <= (today.month, today.day) else today.year - 1
+        day(m.start(), m.end(), _latest(year, month, number))  # None: "February 30", no such day
+    for m in _LAST_MONTH.finditer(query):
+        month = MONTHS[m.group(1).lower()]
+        year = today.year if month < today.month else today.year - 1
+        whole = (date(year, month, 1), _month_end(year, month))
+        add(m.start(), m.end(), *whole, whole)
+    for m in _SIDE_MONTH.finditer(query):
+        month = MONTHS[m.group(2).lower()]
+        year = today.year if month <= today.month else today.year - 1
+        add(m.start(2), m.end(), date(year, month, 1), _month_end(year, month), None)
+    return sorted(found, key=lambda m: m.start)
+
+
+def _numeric_days(query: str, today: date) -> list[tuple[int, int, date | None]]:
+    """The numeric dates in ``query`` (see _ISO, _SLASHED, _DOTTED), each with where it stands; ``None``
+    for one that looks like a date but names no day ("2/30")."""
+    out: list[tuple[int, int, date | None]] = []
+    for m in _ISO.finditer(query):
+        out.append((m.start(), m.end(), _valid(int(m.group(1)), int(m.group(2)), int(m.group(3)))))
+    for m in _SLASHED.finditer(query):
+        first, second, year = int(m.group(1)), int(m.group(2)), m.group(3)
+        announced = _DATE_WORD.search(query, 0, m.start()) is not None
+        if year is None and not announced:
+            # "1/2 cup", "3/4", "8/10", "10/10": a fraction or a score. "24/7", "22/7": no month first.
+            if first > 12 or (first <= second and second in _DENOMINATORS) or _UNIT.match(query, m.end()):
+                continue
+        elif year is None and _UNIT.match(query, m.end()):
+            continue  # "after 3/4 of the season"
+        month, number = (first, second) if first <= 12 else (second, first)
+        out.append((m.start(), m.end(), _named(month, number, year, today)))
+    for m in _DOTTED.finditer(query):
+        if m.group(3) is None and _DATE_WORD.search(query, 0, m.start()) is None:
+            continue  # "it was 22.7." is more likely a decimal
+        out.append((m.start(), m.end(), _named(int(m.group(2)), int(m.group(1)), m.group(3), today)))
+    return out
+
+
+def _named(month: int, day: int, year: str | None, today: date) -> date | None:
+    """The day a numeric date names: in ``year`` ("23" is 2023), else its latest one not after today."""
+    if year is not None:
+        return _valid(int(year) + (2000 if len(year) == 2 else 0), month, day)
+    if not (1 <= month <= 12 and 1 <= day <= 31):
+        return None
+    return _latest(today.year if (month, day) <= (today.month, today.day) else today.year - 1, month, day)
+
+
+def _valid(year: int, month: int, day: int) -> date | None:
+    try:
+        return date(year, month, day)
+    except ValueError:
+        return None
 
 
 def _latest(year: int, month: int, day: int) -> date | None:

@@ -1,0 +1,80 @@
+"""When an event the query names happened: "before getting the air fryer", "since I started my new job".
+
+A query can place its question before or after an event that is no date (timehints.anchor_of). Memory
+knows when the user told of it, so the event's time is when the user said what best matches its words:
+what came before it, or after, is then a period like any other (the time hint's bonus, never a filter).
+
+A wrong time would lift the wrong half of memory, so the event must be found clearly: its best match
+holds most of its words (by weight), and every match nearly as good was said within a day of it (the
+same telling, not another event with the same words: "since the trip" after two trips names none).
+What the user said counts over what the assistant said, and a statement over a question or a plan,
+with the ranking's own weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG
+from bot.memory.item_store import retrievable
+from bot.memory.items import MemoryItem
+from bot.memory.lexical import LexicalIndex
+from bot.memory.timehints import EPOCH, Anchor, Span
+from bot.memory.words import tokenize
+
+if TYPE_CHECKING:
+    from bot.memory.retrieval import Weights
+
+COVER = 0.5  # of the event's word weight (idf) its best match must hold
+SAME_TELLING = timedelta(days=1)  # how far apart the matches of one event may have been said
+
+
+def event_span(
+    anchor: Anchor,
+    now: datetime,
+    *,
+    index: LexicalIndex,
+    get: Callable[[str], MemoryItem | None],
+    terms_of: Callable[[MemoryItem], Mapping[str, int]],
+    weights: Weights,
+    visible: Callable[[MemoryItem], bool] | None = None,
+    only: Collection[str] | None = None,
+) -> Span | None:
+    """What came before the event (from 1970 to when it was told, that telling included) or after it
+    (from then to ``now``), or ``None`` when memory does not clearly tell when it was."""
+    tokens = tokenize(anchor.words)
+    if not tokens:
+        return None
+    weighed: list[tuple[float, MemoryItem]] = []
+    for key, score in index.scores(tokens, limit=weights.candidates, only=only).items():
+        item = get(key)
+        if item is None or not retrievable(item) or item.created_at > now:
+            continue
+        if visible is None or visible(item):
+            weighed.append((score * _said_weight(item, weights), item))
+    if not weighed:
+        return None
+    top, best = max(weighed, key=lambda pair: (pair[0], -pair[1].created_at.timestamp(), pair[1].fingerprint))
+    asked = set(tokens)
+    held = asked & terms_of(best).keys()
+    if sum(index.idf(t) for t in held) < COVER * sum(index.idf(t) for t in asked):
+        return None
+    told = [item.created_at for score, item in weighed if score >= weights.anchor_lead * top]
+    if max(told) - min(told) > SAME_TELLING:
+        return None
+    when = min(told)
+    return (when, now) if anchor.after else (EPOCH, when)
+
+
+def _said_weight(item: MemoryItem, weights: Weights) -> float:
+    """How much an item's words count as the user telling of an event (the ranking's weights)."""
+    weight = 1.0
+    if "assistant" in item.tags:
+        weight *= weights.assistant
+    if QUESTION_TAG in item.tags:
+        weight *= weights.question
+    if NO_FACT_TAG in item.tags:
+        weight *= weights.no_fact
+    return weight
