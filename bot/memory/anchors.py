@@ -4,11 +4,11 @@ A query can place its question before or after an event that is no date (timehin
 knows when the user told of it, so the event's time is when the user said what best matches its words:
 what came before it, or after, is then a period like any other (the time hint's bonus, never a filter).
 
-A wrong time would lift the wrong half of memory, so the event must be found clearly: its best match
-holds most of its words (by weight), and every match nearly as good was said within a day of it (the
-same telling, not another event with the same words: "since the trip" after two trips names none).
-What the user said counts over what the assistant said, and a statement over a question or a plan,
-with the ranking's own weights.
+A wrong time would lift the wrong half of memory, so the event must be found clearly: the user's
+statement that best matches it (not a question, not the assistant's words) holds most of its words (by
+weight), and every match nearly as good, whoever said it (weighed as the ranking weighs them), was said
+within a day of it: the same telling, not another event with the same words ("since the trip" after
+two trips names none).
 """
 
 from __future__ import annotations
@@ -54,9 +54,12 @@ def event_span(
             continue
         if visible is None or visible(item):
             weighed.append((score * _said_weight(item, weights), item))
-    if not weighed:
+    told_by_user = [pair for pair in weighed if _statement(pair[1])]
+    if not told_by_user:
         return None
-    top, best = max(weighed, key=lambda pair: (pair[0], -pair[1].created_at.timestamp(), pair[1].fingerprint))
+    top, best = max(
+        told_by_user, key=lambda pair: (pair[0], -pair[1].created_at.timestamp(), pair[1].fingerprint)
+    )
     asked = set(tokens)
     held = asked & terms_of(best).keys()
     if sum(index.idf(t) for t in held) < COVER * sum(index.idf(t) for t in asked):
@@ -66,6 +69,11 @@ def event_span(
         return None
     when = min(told)
     return (when, now) if anchor.after else (EPOCH, when)
+
+
+def _statement(item: MemoryItem) -> bool:
+    """Whether the user told it (a question or the assistant's words tell of no event of theirs)."""
+    return "assistant" not in item.tags and QUESTION_TAG not in item.tags
 
 
 def _said_weight(item: MemoryItem, weights: Weights) -> float:
