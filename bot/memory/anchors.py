@@ -42,8 +42,9 @@ def event_span(
     visible: Callable[[MemoryItem], bool] | None = None,
     only: Collection[str] | None = None,
 ) -> Span | None:
-    """What came before the event (from 1970 to when it was told, that telling included) or after it
-    (from then to ``now``), or ``None`` when memory does not clearly tell when it was."""
+    """What came before the event (from 1970 to when it was told) or after it (from then to ``now``),
+    its telling included either way (the statement is what the answer needs most), or ``None`` when
+    memory does not clearly tell when it was."""
     tokens = tokenize(anchor.words)
     if not tokens:
         return None
@@ -67,8 +68,7 @@ def event_span(
     told = [item.created_at for score, item in weighed if score >= weights.anchor_lead * top]
     if max(told) - min(told) > SAME_TELLING:
         return None
-    when = min(told)
-    return (when, now) if anchor.after else (EPOCH, when)
+    return (min(told), now) if anchor.after else (EPOCH, max(told))
 
 
 def _statement(item: MemoryItem) -> bool:
