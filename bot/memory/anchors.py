@@ -1,8 +1,9 @@
 """When an event the query names happened: "before getting the air fryer", "since I started my new job".
 
 A query can place its question before or after an event that is no date (timehints.anchor_of). Memory
-knows when the user told of it, so the event's time is when the user said what best matches its words:
-what came before it, or after, is then a period like any other (the time hint's bonus, never a filter).
+knows when the user told of it, so the event's time is when the user said what best matches its words
+(not the first or last match of the same talk: what lies between is no nearer the event): what came
+before it, or after, is then a period like any other (the time hint's bonus, never a filter).
 
 A wrong time would lift the wrong half of memory, so the event must be found clearly: the user's
 statement that best matches it (not a question, not the assistant's words) holds most of its words (by
@@ -42,9 +43,9 @@ def event_span(
     visible: Callable[[MemoryItem], bool] | None = None,
     only: Collection[str] | None = None,
 ) -> Span | None:
-    """What came before the event (from 1970 to when it was told) or after it (from then to ``now``),
-    its telling included either way (the statement is what the answer needs most), or ``None`` when
-    memory does not clearly tell when it was."""
+    """What came before the event (from 1970 to when the user's statement that best matches it was
+    said) or after it (from then to ``now``), that statement included either way (the answer usually
+    needs it), or ``None`` when memory does not clearly tell when it was."""
     tokens = tokenize(anchor.words)
     if not tokens:
         return None
@@ -68,7 +69,7 @@ def event_span(
     told = [item.created_at for score, item in weighed if score >= weights.anchor_lead * top]
     if max(told) - min(told) > SAME_TELLING:
         return None
-    return (min(told), now) if anchor.after else (EPOCH, max(told))
+    return (best.created_at, now) if anchor.after else (EPOCH, best.created_at)
 
 
 def _statement(item: MemoryItem) -> bool:
