@@ -1,15 +1,17 @@
 """When an event the query names happened: "before getting the air fryer", "since I started my new job".
 
 A query can place its question before or after an event that is no date (timehints.anchor_of). Memory
-knows when the user told of it, so the event's time is when the user said what best matches its words
-(not the first or last match of the same talk: what lies between is no nearer the event): what came
-before it, or after, is then a period like any other (the time hint's bonus, never a filter).
+knows when the user told of it: the user's statements that best match its words, said in one talk.
+What was said before that talk, or after it, is then a period like any other (the time hint's bonus,
+never a filter), and so are those statements themselves: the answer usually needs them. The rest of
+the talk is on neither side: a message said a minute before the event's is no more "before the event"
+than one said a minute after (a talk often tells of earlier and later things in any order).
 
 A wrong time would lift the wrong half of memory, so the event must be found clearly: the user's
 statement that best matches it (not a question, not the assistant's words) holds most of its words (by
 weight), and every match nearly as good, whoever said it (weighed as the ranking weighs them), was said
-within a day of it: the same telling, not another event with the same words ("since the trip" after
-two trips names none).
+within a day of it: the same talk, not another event with the same words ("since the trip" after two
+trips names none).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG
 from bot.memory.item_store import retrievable
 from bot.memory.items import MemoryItem
 from bot.memory.lexical import LexicalIndex
-from bot.memory.timehints import EPOCH, Anchor, Span
+from bot.memory.timehints import EPOCH, MICROSECOND, Anchor, Span
 from bot.memory.words import tokenize
 
 if TYPE_CHECKING:
@@ -32,7 +34,7 @@ COVER = 0.5  # of the event's word weight (idf) its best match must hold
 SAME_TELLING = timedelta(days=1)  # how far apart the matches of one event may have been said
 
 
-def event_span(
+def event_spans(
     anchor: Anchor,
     now: datetime,
     *,
@@ -42,10 +44,10 @@ def event_span(
     weights: Weights,
     visible: Callable[[MemoryItem], bool] | None = None,
     only: Collection[str] | None = None,
-) -> Span | None:
-    """What came before the event (from 1970 to when the user's statement that best matches it was
-    said) or after it (from then to ``now``), that statement included either way (the answer usually
-    needs it), or ``None`` when memory does not clearly tell when it was."""
+) -> tuple[Span, ...] | None:
+    """What was said before the talk that tells of the event (from 1970) or after it (to ``now``), and
+    the moments its matching statements were said, or ``None`` when memory does not clearly tell when
+    it was."""
     tokens = tokenize(anchor.words)
     if not tokens:
         return None
@@ -66,10 +68,13 @@ def event_span(
     held = asked & terms_of(best).keys()
     if sum(index.idf(t) for t in held) < COVER * sum(index.idf(t) for t in asked):
         return None
-    told = [item.created_at for score, item in weighed if score >= weights.anchor_lead * top]
-    if max(told) - min(told) > SAME_TELLING:
+    strong = [item for score, item in weighed if score >= weights.anchor_lead * top]
+    talk = [item.created_at for item in strong]
+    if max(talk) - min(talk) > SAME_TELLING:
         return None
-    return (best.created_at, now) if anchor.after else (EPOCH, best.created_at)
+    side = (max(talk) + MICROSECOND, now) if anchor.after else (EPOCH, min(talk) - MICROSECOND)
+    statements = sorted({item.created_at for item in strong if _statement(item)})
+    return (side, *((when, when) for when in statements))
 
 
 def _statement(item: MemoryItem) -> bool:

@@ -32,7 +32,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 from numpy.typing import NDArray
 
-from bot.memory.anchors import event_span
+from bot.memory.anchors import event_spans
 from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG, owned_subject, subjects_in_query
 from bot.memory.item_store import ItemStore, retrievable
 from bot.memory.items import ItemType, MemoryItem
@@ -206,7 +206,7 @@ class Retriever:
         anchor = anchor_of(query)
         if anchor is None:
             return hint
-        span = event_span(
+        spans = event_spans(
             anchor,
             now,
             index=self.words.index,
@@ -216,11 +216,11 @@ class Retriever:
             visible=visible,
             only=only,
         )
-        if span is None:
+        if spans is None:
             return hint
         if hint is None:
-            return TimeHint((span,), frozenset(), tz)
-        return TimeHint((*hint.spans, span), hint.months, tz)
+            return TimeHint(spans, frozenset(), tz)
+        return TimeHint((*hint.spans, *spans), hint.months, tz)
 
     def rank(
         self,

@@ -134,8 +134,9 @@ async def test_before_or_after_an_event_lifts_what_was_said_on_that_side(tmp_pat
     fryer = said("I got the Air Fryer yesterday", 20)
     # The same talk, minutes later, in fewer words: the best match, so the event's time.
     again = said("I got the Air Fryer", 20 - 0.003)
+    between = said("I bought a waffle maker for the kitchen", 20 - 0.001)  # in that talk: on no side
     mixer = said("I bought a stand mixer for the kitchen", 5)
-    retriever = await retriever_over(tmp_path, [pot, fryer, again, mixer])
+    retriever = await retriever_over(tmp_path, [pot, fryer, between, again, mixer])
 
     def order(query: str) -> list[str]:
         return [s.item.id for s in retriever.rank(query, NOW, tz=UTCZ) if s.item.id in (pot.id, mixer.id)]
@@ -150,7 +151,12 @@ async def test_before_or_after_an_event_lifts_what_was_said_on_that_side(tmp_pat
     assert set(ids[:2]) == {fryer.id, again.id}
     hint = retriever.match_words("before getting the Air Fryer", NOW, tz=UTCZ).in_period
     assert hint is not None and hint(pot.created_at) and not hint(mixer.created_at)
-    assert hint(again.created_at) and hint(fryer.created_at)
+    assert hint(again.created_at) and hint(fryer.created_at) and not hint(between.created_at)
+    after = retriever.match_words("after getting the Air Fryer", NOW, tz=UTCZ).in_period
+    assert (
+        after is not None and after(mixer.created_at) and after(again.created_at) and after(fryer.created_at)
+    )
+    assert not after(between.created_at) and not after(pot.created_at)
 
 
 async def test_an_event_whose_time_memory_does_not_clearly_tell_names_no_period(tmp_path: Path) -> None:
