@@ -85,8 +85,12 @@ class Weights:
     no_fact: float = 0.85  # relevance of a user episode that tells no event or fact (extract.NO_FACT_TAG)
     subject: float = 0.6  # relevance a statement on the subject a query names gets at least (of the top)
     time_hint: float = 0.1  # bonus for items said in the period the query names ("in March")
-    # "Before/after <event>": matches of the event's words said at other times and scoring at least this
-    # share of its best match make its time unclear (no hint). See anchors.py.
+    # Bonus for items said before/after the event the query names ("before getting the air fryer"):
+    # less than a named period's, as the event's time is inferred, and people tell of an earlier event
+    # after a later one ("I viewed four houses before the offer", told after telling of the offer).
+    event_hint: float = 0.05
+    # Matches of the event's words said at other times and scoring at least this share of its best
+    # match make its time unclear (no hint). See anchors.py.
     anchor_lead: float = 0.8
     hop: float = 0.3  # weight of the second hop (terms of the first hop's best results), 0: off
     hop_docs: int = 5  # first-hop results the second hop's terms come from
@@ -115,6 +119,7 @@ class WordMatch:
     scores: dict[str, float]  # BM25 by item id, second hop included
     on_subject: set[str]  # items stating the subject the query names
     in_period: TimeHint | None  # the period the query names, if any
+    around_event: TimeHint | None  # before or after the event the query names, if memory tells when
     about_assistant: bool
     asks_advice: bool = False  # "can you suggest …": what the user asked for says what they want
 
@@ -189,10 +194,18 @@ class Retriever:
         if asker:
             asked += [owned_subject(subject, asker) for subject in asked]
         on_subject = {stated.id for subject in asked for stated in self._store.with_subject(subject)}
-        in_period = self._period(query, now, tz, visible, only) if w.time_hint else None
-        return WordMatch(lexical, on_subject, in_period, asks_about_assistant(query), asks_for_advice(query))
+        in_period = time_hint(query, now, tz) if w.time_hint else None
+        around_event = self._around_event(query, now, tz, visible, only) if w.event_hint else None
+        return WordMatch(
+            lexical,
+            on_subject,
+            in_period,
+            around_event,
+            asks_about_assistant(query),
+            asks_for_advice(query),
+        )
 
-    def _period(
+    def _around_event(
         self,
         query: str,
         now: datetime,
@@ -200,12 +213,10 @@ class Retriever:
         visible: Callable[[MemoryItem], bool] | None,
         only: Collection[str] | None,
     ) -> TimeHint | None:
-        """The period the query names: its dates, and before or after an event it names, found in
-        memory (anchors.py)."""
-        hint = time_hint(query, now, tz)
+        """Before or after the event the query names, found in memory (anchors.py)."""
         anchor = anchor_of(query)
         if anchor is None:
-            return hint
+            return None
         spans = event_spans(
             anchor,
             now,
@@ -216,11 +227,7 @@ class Retriever:
             visible=visible,
             only=only,
         )
-        if spans is None:
-            return hint
-        if hint is None:
-            return TimeHint(spans, frozenset(), tz)
-        return TimeHint((*hint.spans, *spans), hint.months, tz)
+        return TimeHint(spans, frozenset(), tz) if spans is not None else None
 
     def rank(
         self,
@@ -294,9 +301,10 @@ class Retriever:
             + w.confidence * np.array([item.confidence for item in found])
             + w.type * np.array([TYPE_WEIGHT.get(item.type, 0.5) for item in found])
         )
-        if in_period is not None:
-            said_then = in_period.among([item.created_at for item in found], stamps)
-            score = np.where(said_then, score + w.time_hint, score)
+        for period, bonus in ((in_period, w.time_hint), (match.around_event, w.event_hint)):
+            if period is not None:
+                said_then = period.among([item.created_at for item in found], stamps)
+                score = np.where(said_then, score + bonus, score)
         order = _best_first(score, found)
         keep = (relevance > 0.0).tolist()
         scores, relevances, lexes, sems = score.tolist(), relevance.tolist(), lex.tolist(), sim.tolist()

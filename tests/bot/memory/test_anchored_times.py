@@ -149,10 +149,10 @@ async def test_before_or_after_an_event_lifts_what_was_said_on_that_side(tmp_pat
     # The event itself keeps its place (the answer needs it): its telling is on that side too.
     ids = [s.item.id for s in before]
     assert set(ids[:2]) == {fryer.id, again.id}
-    hint = retriever.match_words("before getting the Air Fryer", NOW, tz=UTCZ).in_period
+    hint = retriever.match_words("before getting the Air Fryer", NOW, tz=UTCZ).around_event
     assert hint is not None and hint(pot.created_at) and not hint(mixer.created_at)
     assert hint(again.created_at) and hint(fryer.created_at) and not hint(between.created_at)
-    after = retriever.match_words("after getting the Air Fryer", NOW, tz=UTCZ).in_period
+    after = retriever.match_words("after getting the Air Fryer", NOW, tz=UTCZ).around_event
     assert (
         after is not None and after(mixer.created_at) and after(again.created_at) and after(fryer.created_at)
     )
@@ -169,7 +169,7 @@ async def test_an_event_whose_time_memory_does_not_clearly_tell_names_no_period(
     retriever = await retriever_over(tmp_path, [*trips, asked, other])
 
     def period(query: str) -> TimeHint | None:
-        return retriever.match_words(query, NOW, tz=UTCZ).in_period
+        return retriever.match_words(query, NOW, tz=UTCZ).around_event
 
     assert period("what did I buy since the Lisbon trip?") is None  # two trips, weeks apart: which one?
     assert period("what did I buy since I got my hiking boots?") is not None
@@ -177,10 +177,10 @@ async def test_an_event_whose_time_memory_does_not_clearly_tell_names_no_period(
     # Among what a chat may see: the other trip is not there, and a question tells of no event.
     last = retriever.match_words(
         "what did I buy since the Lisbon trip?", NOW, tz=UTCZ, visible=lambda item: item.id != trips[0].id
-    ).in_period
+    ).around_event
     assert last is not None and last(NOW) and not last(NOW - timedelta(days=11))
     unseen = {trip.id for trip in trips}
     asked_only = retriever.match_words(
         "what did I buy since the Lisbon trip?", NOW, tz=UTCZ, visible=lambda item: item.id not in unseen
-    ).in_period
+    ).around_event
     assert asked_only is None
