@@ -7,7 +7,9 @@ light suffix stripper, so the words a user asks with meet the words they used. A
 Chinese and Japanese, written without spaces, are indexed as overlapping character pairs. The score is
 normalized to 0..1 per query and blended with the other signals, so relevance leads and the rest break
 ties: a recent, salient preference beats an old chat line that says the same words.
-An optional embedding similarity (see embeddings.py) is fused with the lexical score.
+An optional embedding similarity (see embeddings.py) is fused with the lexical score. The turns of the
+conversations most about the query gain a little (conversations.py: sessions ranked as units, then
+turns within them).
 
 Who said what matters as much as the words: what the assistant said ranks below what the user said
 (the model can be wrong, and the user's words are the facts) unless the query asks about the
@@ -33,6 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bot.memory.anchors import event_spans
+from bot.memory.conversations import conversation_of, conversation_scores, session_rank_bonus
 from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG, owned_subject, subjects_in_query
 from bot.memory.item_store import ItemStore, retrievable
 from bot.memory.items import ItemType, MemoryItem
@@ -96,6 +99,14 @@ class Weights:
     hop_docs: int = 5  # first-hop results the second hop's terms come from
     hop_terms: int = 10  # terms the second hop adds
     conversation: float = 0.0  # relevance an item gains from the conversation it was said in (0..1 share)
+    # Sessions as units, in two stages (conversations.py): the score a turn of one of the ``session_top``
+    # best conversations gains, ``session_rank`` for the best, times (k + 1) / (k + rank) with
+    # ``session_rank_k`` (60: nearly alike for the five); a conversation is ranked by its
+    # ``session_turns`` best turns. 0: off. Measured in README, "Memory recall".
+    session_rank: float = 0.05
+    session_rank_k: int = 60
+    session_top: int = 5
+    session_turns: int = 3
     # 0: the second hop adds its scores, scaled to the first's; k > 0: reciprocal-rank fusion, 1 / (k +
     # rank) from each hop, the second's times ``hop``. Measured no better (README, "Memory recall").
     hop_fusion_k: int = 0
@@ -260,7 +271,7 @@ class Retriever:
                 found.append(item)
         if not found:
             return []
-        talks = _conversation_scores(found, lexical, top) if w.conversation > 0 and top > 0 else {}
+        talks = conversation_scores(found, lexical, top) if w.conversation > 0 and top > 0 else {}
         # Each signal as an array over ``found``, combined in the order (and so to the bit) of the
         # per-item formula the doc describes; a Python loop over hundreds of candidates cost more.
         lex = (
@@ -301,6 +312,11 @@ class Retriever:
             + w.confidence * np.array([item.confidence for item in found])
             + w.type * np.array([TYPE_WEIGHT.get(item.type, 0.5) for item in found])
         )
+        if w.session_rank > 0:
+            gains = session_rank_bonus(
+                found, relevance, turns=w.session_turns, top=w.session_top, k=w.session_rank_k
+            )
+            score = score + w.session_rank * gains
         for period, bonus in ((in_period, w.time_hint), (match.around_event, w.event_hint)):
             if period is not None:
                 said_then = period.among([item.created_at for item in found], stamps)
@@ -395,28 +411,6 @@ def _restates(asked: set[str], terms: Mapping[str, int]) -> bool:
     if not asked or not terms:
         return False
     return len(asked & terms.keys()) >= 0.8 * len(asked) and len(terms) <= 2 * len(asked)
-
-
-def conversation_of(item: MemoryItem) -> str:
-    """The conversation an item was said in: its own id, else the whole session's."""
-    ref = item.references[0] if item.references else None
-    return (ref.conversation or ref.session_id) if ref is not None else ""
-
-
-def _conversation_scores(
-    items: Sequence[MemoryItem], lexical: Mapping[str, float], top: float
-) -> dict[str, float]:
-    """How much each conversation is about the query, 0..1: its three best matches, the first counting
-    most, relative to the best conversation."""
-    best: dict[str, list[float]] = {}
-    for item in items:
-        best.setdefault(conversation_of(item), []).append(lexical.get(item.id, 0.0) / top)
-    raw = {
-        key: sum(s * w for s, w in zip(sorted(v, reverse=True)[:3], (1.0, 0.5, 0.25), strict=False))
-        for key, v in best.items()
-    }
-    peak = max(raw.values(), default=0.0)
-    return {key: value / peak for key, value in raw.items()} if peak > 0 else {}
 
 
 def message_key(item: MemoryItem) -> tuple[str, str] | None:

@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import simplemma
 
+from bot.memory.conversations import rank_conversations
 from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from bot.memory.lexical import LexicalIndex
@@ -385,14 +386,11 @@ async def test_the_second_hop_can_fuse_by_reciprocal_rank(tmp_path: Path) -> Non
 async def test_a_conversation_about_the_query_lifts_its_turns_when_weighed(tmp_path: Path) -> None:
     """Sessions as units (``Weights.conversation``, off by default): a turn gains from how much its
     conversation is about the query."""
-
-    def said_in(item: MemoryItem, session: str) -> MemoryItem:
-        return dataclasses.replace(item, references=(Reference(session, item.references[0].message_id),))
-
     planning = said_in(make("kayak trip kayak trip planning", ref="a1", days_ago=5), "cli:a")
     aside = said_in(make("kayak paddled slowly", ref="a2", days_ago=5), "cli:a")
     elsewhere = said_in(make("kayak rental prices", ref="b1"), "cli:b")
     _, retriever = await retriever_over(tmp_path, [planning, aside, elsewhere])
+    retriever.weights = dataclasses.replace(retriever.weights, session_rank=0.0)  # the blend alone
     now = NOW + timedelta(days=1)
 
     def order() -> list[str]:
@@ -402,3 +400,52 @@ async def test_a_conversation_about_the_query_lifts_its_turns_when_weighed(tmp_p
     assert order() == [elsewhere.id, aside.id]  # the same words: the newer first
     retriever.weights = dataclasses.replace(retriever.weights, conversation=0.5)
     assert order() == [aside.id, elsewhere.id]  # its conversation is the one about the kayak trip
+
+
+def said_in(item: MemoryItem, session: str, conversation: str = "") -> MemoryItem:
+    """``item`` as said in chat ``session`` (and conversation ``conversation`` of it, when given)."""
+    ref = Reference(session, item.references[0].message_id, conversation=conversation)
+    return dataclasses.replace(item, references=(ref,))
+
+
+def test_conversations_rank_as_units_by_their_best_turns_each_message_once() -> None:
+    a_best = said_in(make("a1", ref="a1"), "cli:a")
+    a_sentence = said_in(make("a1, one sentence", ref="a1"), "cli:a")  # the same message
+    a_next = said_in(make("a2", ref="a2"), "cli:a")
+    b_best = said_in(make("b1", ref="b1"), "cli:b")
+    b_next = said_in(make("b2", ref="b2"), "cli:b")
+    c_only = said_in(make("c1", ref="c1"), "cli:c", conversation="cli:c#2")
+    gone = said_in(make("d1", ref="d1"), "cli:d")
+    items = [a_best, a_sentence, a_next, b_best, b_next, c_only, gone]
+    relevance = [0.8, 0.8, 0.2, 0.7, 0.6, 0.75, 0.0]
+    # Best turn alone: c (0.75) before b (0.7); a's message counts once, not 0.8 + 0.8 / 2.
+    assert rank_conversations(items, relevance, turns=1) == ["cli:a", "cli:c#2", "cli:b"]
+    # The next turns count half as much as the one before: b 0.7 + 0.3 = 1.0, a 0.8 + 0.1, c 0.75.
+    assert rank_conversations(items, relevance, turns=3) == ["cli:b", "cli:a", "cli:c#2"]
+
+
+async def test_the_best_conversations_lift_their_turns_in_a_second_stage(tmp_path: Path) -> None:
+    """Sessions as units, in two stages (``Weights.session_rank``): conversations ranked by their turns'
+    relevance, then each turn of the best ones lifted by its conversation's rank. Turns keep their order
+    within a conversation, and those of the other conversations keep their score."""
+    planning = said_in(make("kayak trip kayak trip planning", ref="a1", days_ago=5), "cli:a")
+    aside = said_in(make("kayak paddled slowly", ref="a2", days_ago=5), "cli:a")
+    elsewhere = said_in(make("kayak rental prices", ref="b1"), "cli:b")
+    _, retriever = await retriever_over(tmp_path, [planning, aside, elsewhere])
+    now = NOW + timedelta(days=1)
+    retriever.weights = dataclasses.replace(retriever.weights, session_rank=0.0)
+
+    def ranked() -> dict[str, float]:
+        return {s.item.id: s.score for s in retriever.rank("kayak trip", now)}
+
+    alone = ranked()
+    assert list(alone) == [planning.id, elsewhere.id, aside.id]  # the same words: the newer first
+    retriever.weights = dataclasses.replace(retriever.weights, session_rank=0.05, session_top=1)
+    staged = ranked()
+    assert list(staged) == [planning.id, aside.id, elsewhere.id]  # said in the conversation on the trip
+    assert staged[planning.id] - alone[planning.id] == pytest.approx(0.05)
+    assert staged[aside.id] - alone[aside.id] == pytest.approx(0.05)  # every turn of it alike
+    assert staged[elsewhere.id] == alone[elsewhere.id]  # not among the best: its own score
+    # Among the best five (k 60), the second conversation gains 61 / 62 of the first's lift.
+    retriever.weights = dataclasses.replace(retriever.weights, session_top=5, session_rank_k=60)
+    assert ranked()[elsewhere.id] - alone[elsewhere.id] == pytest.approx(0.05 * 61 / 62)
