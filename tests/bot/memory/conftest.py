@@ -1,4 +1,5 @@
-"""Shared pieces for memory tests: a settable clock, a fresh memory folder, and an LLM over the fake."""
+"""Shared pieces for memory tests: a settable clock, a fresh memory folder, an LLM over the fake, and
+items said some days before a given moment."""
 
 from __future__ import annotations
 
@@ -15,9 +16,42 @@ from bot.catalog import load_catalog
 from bot.config import LLMSettings, MemorySettings
 from bot.llm import LLMClient
 from bot.memory import MemoryService
+from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from tests.fakes.llm_server import FakeLLMServer
 
 UTC_ZONE = ZoneInfo("UTC")
+
+
+def said_before(
+    now: datetime,
+    content: str,
+    *,
+    days_ago: float = 0,
+    layer: Layer = Layer.EPISODIC,
+    type: ItemType = ItemType.EPISODE,
+    ref: str = "",
+    tags: tuple[str, ...] = ("user",),
+    salience: float = 0.5,
+    source: str = "heuristic",
+) -> MemoryItem:
+    """An item of ``content`` said ``days_ago`` days before ``now``, from the message ``ref`` (else one
+    named after its first words) of the chat cli:me."""
+    at = now - timedelta(days=days_ago)
+    return MemoryItem(
+        layer=layer,
+        type=type,
+        title=content[:30],
+        content=content,
+        created_at=at,
+        updated_at=at,
+        last_accessed_at=at,
+        tags=tags,
+        salience=salience,
+        source=source,
+        references=(Reference("cli:me", ref or content[:12]),),
+    )
+
+
 CATALOG = load_catalog()  # read at import: blocking file I/O is not allowed inside the test's loop
 
 

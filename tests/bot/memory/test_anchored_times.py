@@ -9,9 +9,10 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from bot.memory.item_store import ItemStore
-from bot.memory.items import ItemType, Layer, MemoryItem, Reference
+from bot.memory.items import MemoryItem
 from bot.memory.retrieval import Retriever
 from bot.memory.timehints import EPOCH, Anchor, TimeHint, anchor_of, periods, time_hint
+from tests.bot.memory.conftest import said_before
 
 NOW = datetime(2023, 12, 6, 11, 18, tzinfo=UTC)  # a Wednesday
 UTCZ = ZoneInfo("UTC")
@@ -105,19 +106,7 @@ def test_an_event_is_the_clause_after_before_after_or_since() -> None:
 
 
 def said(content: str, days_ago: float, *, tags: tuple[str, ...] = ("user",), ref: str = "") -> MemoryItem:
-    at = NOW - timedelta(days=days_ago)
-    return MemoryItem(
-        layer=Layer.EPISODIC,
-        type=ItemType.EPISODE,
-        title=content[:30],
-        content=content,
-        created_at=at,
-        updated_at=at,
-        last_accessed_at=at,
-        tags=tags,
-        source="heuristic",
-        references=(Reference("cli:me", ref or content[:12]),),
-    )
+    return said_before(NOW, content, days_ago=days_ago, tags=tags, ref=ref)
 
 
 async def retriever_over(tmp_path: Path, items: list[MemoryItem]) -> Retriever:

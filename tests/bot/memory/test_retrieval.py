@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from itertools import islice
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -21,36 +22,14 @@ from bot.memory.lexical import LexicalIndex
 from bot.memory.retrieval import Retriever, ScoredItem, Weights, diversify, reciprocal_rank_fusion
 from bot.memory.timehints import periods, time_hint
 from bot.memory.words import normalize_word, stem, tokenize
+from tests.bot.memory.conftest import said_before
 
 NOW = datetime(2024, 5, 20, 12, 0, tzinfo=UTC)
 UTCZ = ZoneInfo("UTC")
 
 
-def make(
-    content: str,
-    *,
-    days_ago: float = 0,
-    layer: Layer = Layer.EPISODIC,
-    type: ItemType = ItemType.EPISODE,
-    ref: str = "",
-    tags: tuple[str, ...] = ("user",),
-    salience: float = 0.5,
-    source: str = "heuristic",
-) -> MemoryItem:
-    at = NOW - timedelta(days=days_ago)
-    return MemoryItem(
-        layer=layer,
-        type=type,
-        title=content[:30],
-        content=content,
-        created_at=at,
-        updated_at=at,
-        last_accessed_at=at,
-        tags=tags,
-        salience=salience,
-        source=source,
-        references=(Reference("cli:me", ref or content[:12]),),
-    )
+def make(content: str, **fields: Any) -> MemoryItem:
+    return said_before(NOW, content, **fields)
 
 
 async def retriever_over(tmp_path: Path, items: list[MemoryItem]) -> tuple[ItemStore, Retriever]:
