@@ -16,11 +16,12 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from bot.config import MemorySettings
+from bot.memory.asks import asks_about_assistant
 from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem
 from bot.memory.pack import MemoryPack, assemble, overhead, price
 from bot.memory.recall import MessageKey, Recaller
-from bot.memory.retrieval import Retriever, ScoredItem, asks_about_assistant, diversify
+from bot.memory.retrieval import Retriever, ScoredItem, diversify
 from bot.memory.scope import belongs_to
 from bot.memory.vectors import Feedback, VectorStore
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bot.memory.anchors import event_spans
+from bot.memory.asks import asks_about_assistant, asks_for_advice
 from bot.memory.conversations import conversation_of, conversation_scores, session_rank_bonus
 from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG, owned_subject, subjects_in_query
 from bot.memory.item_store import ItemStore, retrievable
@@ -46,18 +46,6 @@ from bot.memory.words import tokenize
 
 _UTC = ZoneInfo("UTC")
 TERMS_CACHE = 4096  # items whose term counts a query may look inside (second hop, restated questions)
-_ABOUT_ASSISTANT = re.compile(
-    r"\byou (?:said|told|mentioned|recommended|suggested|gave|wrote|listed|explained|described|shared|"
-    r"provided|came up with|named|offered)\b|\byour (?:answer|suggestion|recommendation|advice|list|reply)\b"
-    r"|\bremind me (?:what|of|about) (?:you|the)\b|\byou (?:created|made|drafted|composed)\b"
-    r"|\bour (?:previous|last|earlier) (?:conversation|chat|discussion)",
-    re.I,
-)
-
-_ADVICE = re.compile(
-    r"\b(?:suggest|suggestions?|recommend|recommendations?|ideas?|tips|advice|should I|any good)\b", re.I
-)
-
 TYPE_WEIGHT: Mapping[ItemType, float] = {
     ItemType.PREFERENCE: 1.0,
     ItemType.CONSTRAINT: 1.0,
@@ -133,16 +121,6 @@ class WordMatch:
     around_event: TimeHint | None  # before or after the event the query names, if memory tells when
     about_assistant: bool
     asks_advice: bool = False  # "can you suggest …": what the user asked for says what they want
-
-
-def asks_for_advice(query: str) -> bool:
-    """Whether the query asks for suggestions or advice, rather than about what happened."""
-    return bool(_ADVICE.search(query))
-
-
-def asks_about_assistant(query: str) -> bool:
-    """Whether the query is about what the assistant itself said ("what did you recommend?")."""
-    return bool(_ABOUT_ASSISTANT.search(query))
 
 
 class Retriever:
