@@ -50,7 +50,8 @@ def rank_conversations(items: Sequence[MemoryItem], relevance: Sequence[float], 
     most relevant messages, the best counting fully and each next one half the one before (1: the best
     turn alone). A message counts once, by its best item (a message and its sentences are one turn).
     Equal scores go by the conversation's key; items said in no conversation are left out."""
-    return _ranked(items, [conversation_of(item) for item in items], relevance, turns)
+    scores = np.asarray(relevance, dtype=np.float64)
+    return _ranked(items, [conversation_of(item) for item in items], scores, turns)
 
 
 def session_rank_bonus(
@@ -60,28 +61,39 @@ def session_rank_bonus(
     ``top`` best conversations (1 for the best, ranks from 1) and nothing for the rest. The same for
     every turn of a conversation, so its turns keep their order among themselves."""
     keys = [conversation_of(item) for item in items]
-    ranked = _ranked(items, keys, relevance.tolist(), turns)[:top]
+    ranked = _ranked(items, keys, relevance, turns)[:top]
     gain = {key: (k + 1) / (k + rank) for rank, key in enumerate(ranked, start=1)}
     return np.array([gain.get(key, 0.0) for key in keys])
 
 
 def _ranked(
-    items: Sequence[MemoryItem], keys: Sequence[str], relevance: Sequence[float], turns: int
+    items: Sequence[MemoryItem], keys: Sequence[str], relevance: NDArray[np.float64], turns: int
 ) -> list[str]:
-    """:func:`rank_conversations`, given each item's conversation (``keys``)."""
+    """:func:`rank_conversations`, given each item's conversation (``keys``).
+
+    Items are read best first, so a message's first item is its best and a conversation's first
+    ``turns`` messages are the ones it is scored by: the rest are passed over (a query's candidates are
+    hundreds, and this runs for every query)."""
+    order = np.argsort(-relevance, kind="stable")  # (ties keep their order)
+    order = order[relevance[order] > 0.0]
     best: dict[str, dict[object, float]] = {}
-    for item, conversation, score in zip(items, keys, relevance, strict=True):
-        if score > 0.0 and conversation:
-            ref = item.references[0]
-            message = (ref.session_id, ref.message_id) if ref.message_id else item.id
-            said = best.get(conversation)
-            if said is None:
-                best[conversation] = {message: score}
-            elif score > said.get(message, 0.0):
-                said[message] = score
+    for i, score in zip(order.tolist(), relevance[order].tolist(), strict=True):
+        conversation = keys[i]
+        if not conversation:
+            continue
+        said = best.get(conversation)
+        if said is None:
+            said = best[conversation] = {}
+        elif len(said) >= turns:
+            continue
+        item = items[i]
+        ref = item.references[0]
+        message = (ref.session_id, ref.message_id) if ref.message_id else item.id
+        if message not in said:
+            said[message] = score
     shares = [0.5**i for i in range(turns)]
     unit = {
-        key: sum(s * share for s, share in zip(sorted(said.values(), reverse=True), shares, strict=False))
+        key: sum(s * share for s, share in zip(said.values(), shares, strict=False))
         for key, said in best.items()
     }
     return sorted(unit, key=lambda key: (-unit[key], key))
