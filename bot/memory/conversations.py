@@ -22,6 +22,8 @@ from numpy.typing import NDArray
 
 from bot.memory.items import MemoryItem
 
+READ = 100  # most relevant items the conversations are ranked by
+
 
 def conversation_of(item: MemoryItem) -> str:
     """The conversation an item was said in: its own id, else the whole session's."""
@@ -72,9 +74,10 @@ def _ranked(
     """:func:`rank_conversations`, given each item's conversation (``keys``).
 
     Items are read best first, so a message's first item is its best and a conversation's first
-    ``turns`` messages are the ones it is scored by: the rest are passed over (a query's candidates are
-    hundreds, and this runs for every query)."""
-    order = np.argsort(-relevance, kind="stable")  # (ties keep their order)
+    ``turns`` messages are the ones it is scored by, and only the :data:`READ` best are read: a query's
+    candidates are hundreds, and this runs for every query (a conversation none of whose turns is among
+    the hundred most relevant is not among the few best)."""
+    order = np.argsort(-relevance, kind="stable")[:READ]  # (ties keep their order)
     order = order[relevance[order] > 0.0]
     best: dict[str, dict[object, float]] = {}
     for i, score in zip(order.tolist(), relevance[order].tolist(), strict=True):

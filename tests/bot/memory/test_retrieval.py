@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import simplemma
 
-from bot.memory.conversations import rank_conversations
+from bot.memory.conversations import READ, rank_conversations
 from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from bot.memory.lexical import LexicalIndex
@@ -401,6 +401,16 @@ def test_conversations_rank_as_units_by_their_best_turns_each_message_once() -> 
     assert rank_conversations(items, relevance, turns=1) == ["cli:a", "cli:c#2", "cli:b"]
     # The next turns count half as much as the one before: b 0.7 + 0.3 = 1.0, a 0.8 + 0.1, c 0.75.
     assert rank_conversations(items, relevance, turns=3) == ["cli:b", "cli:a", "cli:c#2"]
+
+
+def test_conversations_are_ranked_by_the_most_relevant_candidates_only() -> None:
+    """A conversation none of whose turns is among the READ most relevant is not among the best, however
+    many lesser turns it has: reading hundreds of candidates per query for it cost ~0.1 ms."""
+    singles = [said_in(make(f"s{n}", ref=f"s{n}"), f"cli:s{n}") for n in range(READ)]
+    lesser = [said_in(make(f"x{n}", ref=f"x{n}"), "cli:x") for n in range(3)]
+    relevance = [0.6] * READ + [0.5] * 3  # x: 0.5 + 0.25 + 0.125 = 0.875 > 0.6, were it read
+    ranked = rank_conversations([*singles, *lesser], relevance, turns=3)
+    assert "cli:x" not in ranked and len(ranked) == READ
 
 
 async def test_the_best_conversations_lift_their_turns_in_a_second_stage(tmp_path: Path) -> None:
