@@ -276,8 +276,7 @@ def _dates(query: str, today: date) -> list[_Mention]:
     for m in _DAY.finditer(query):
         month = MONTHS[(m.group(1) or m.group(4)).lower()]
         number = int(m.group(2) or m.group(3))
-        year = today.year if (month, number) <= (today.month, today.day) else today.year - 1
-        day(m.start(), m.end(), _latest(year, month, number))  # None: "February 30", no such day
+        day(m.start(), m.end(), _named(month, number, None, today))  # None: "February 30", no such day
     for m in _LAST_MONTH.finditer(query):
         month = MONTHS[m.group(1).lower()]
         year = today.year if month < today.month else today.year - 1
@@ -315,7 +314,7 @@ def _numeric_days(query: str, today: date) -> list[tuple[int, int, date | None]]
 
 
 def _named(month: int, day: int, year: str | None, today: date) -> date | None:
-    """The day a numeric date names: in ``year`` ("23" is 2023), else its latest one not after today."""
+    """The day a date names: in ``year`` ("23" is 2023), else its latest one not after today."""
     if year is not None:
         return _valid(int(year) + (2000 if len(year) == 2 else 0), month, day)
     if not (1 <= month <= 12 and 1 <= day <= 31):
