@@ -256,8 +256,7 @@ class Turns:
         request = Stop([], kept)
         async with lane.lock:  # taken before the worker can take it again (asyncio.Lock is fair)
             await self._stopped(sid, lane, request)
-            if self._waits is not None:
-                await self._waits.end(sid)
+            await self._wait_over(sid, lane)  # (its lane.model_wait went above, for the worker)
         log.info("model_wait_stopped", chat_id=lane.chat_id, kept=len(kept))
         return len(kept)
 
