@@ -58,6 +58,22 @@ def test_help_imports_none_of_the_heavy_libraries() -> None:
     assert loaded_after(code) == []
 
 
+def test_help_is_formatted_without_a_markdown_parser() -> None:
+    # typer's rich help imports rich.markdown and markdown_it: a third of `membot --help`'s time.
+    code = (
+        "sys.argv = ['membot', '--help']\n"
+        "from bot.cli import main\n"
+        "atexit.register(lambda: print('MARKDOWN', 'markdown_it' in sys.modules or 'rich.markdown' in sys.modules))\n"
+        "main()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
+    done = subprocess.run(
+        [sys.executable, "-c", "import atexit, sys\n" + code],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=60,
+    )  # fmt: skip
+    assert "MARKDOWN False" in done.stdout, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("group", ["sessions", "memory", "pairing", "doctor", "config", "models"])
 def test_subcommand_help_imports_none_of_the_heavy_libraries(group: str) -> None:
     code = f"sys.argv = ['membot', {group!r}, '--help']\nfrom bot.cli import main\nmain()\n"

@@ -19,6 +19,12 @@ def test_help_lists_the_commands(home: dict[str, str], tmp_path: Path) -> None:
     assert result.returncode == 0
     for command in ("run", "chat", "config", "models"):
         assert command in result.stdout
+    # Each command's first sentence is shown whole, wrapped to the terminal, not cut with "...".
+    listed = " ".join(result.stdout.split("Commands:")[1].split())
+    assert (
+        "run Start every configured channel (Telegram, Discord, terminal) and serve until stopped." in listed
+    )
+    assert "..." not in listed
 
 
 def test_chat_without_a_model_says_what_to_set(home: dict[str, str], tmp_path: Path) -> None:
