@@ -57,12 +57,19 @@ def rank_conversations(items: Sequence[MemoryItem], relevance: Sequence[float], 
 
 
 def session_rank_bonus(
-    items: Sequence[MemoryItem], relevance: NDArray[np.float64], *, turns: int, top: int, k: int
+    items: Sequence[MemoryItem],
+    relevance: NDArray[np.float64],
+    *,
+    turns: int,
+    top: int,
+    k: int,
+    keys: Sequence[str] | None = None,
 ) -> NDArray[np.float64]:
     """Stage two: what each item gains from its conversation's rank, ``(k + 1) / (k + rank)`` for the
     ``top`` best conversations (1 for the best, ranks from 1) and nothing for the rest. The same for
-    every turn of a conversation, so its turns keep their order among themselves."""
-    keys = [conversation_of(item) for item in items]
+    every turn of a conversation, so its turns keep their order among themselves. ``keys``: each
+    item's :func:`conversation_of`, when the caller has them."""
+    keys = [conversation_of(item) for item in items] if keys is None else keys
     ranked = _ranked(items, keys, relevance, turns)[:top]
     gain = {key: (k + 1) / (k + rank) for rank, key in enumerate(ranked, start=1)}
     return np.array([gain.get(key, 0.0) for key in keys])

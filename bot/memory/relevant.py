@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from collections.abc import Set as AbstractSet
 from datetime import datetime
+from itertools import islice
 from zoneinfo import ZoneInfo
 
 from bot.config import MemorySettings
@@ -72,7 +73,7 @@ class RelevantMemory:
         ranked = await self._rank(query, session_id)
         if layers is not None:
             ranked = [s for s in ranked if s.item.layer in layers]
-        out = list(diversify(ranked))[:k]
+        out = list(islice(diversify(ranked), k))
         if touch:
             await self._touch(out)
         return out

@@ -164,6 +164,22 @@ async def test_recency_and_user_words_break_ties(tmp_path: Path) -> None:
     assert ranked[1].relevance < ranked[0].relevance
 
 
+async def test_a_ranking_follows_a_changed_item_it_ranked_before(tmp_path: Path) -> None:
+    # What ranking reads of an item is remembered per version: a new version ranks by its own traits.
+    user = make("the garden has tomatoes", ref="u", days_ago=10)
+    other = make("the garden has tomatoes too", ref="o", days_ago=10)
+    store, retriever = await retriever_over(tmp_path, [user, other])
+    first = {s.item.id: s for s in retriever.rank("garden tomatoes", NOW, tz=UTCZ)}
+    assert first[user.id].relevance == first[other.id].relevance
+    await store.put(user.with_changes(tags=("assistant",), salience=0.9))
+    again = {s.item.id: s for s in retriever.rank("garden tomatoes", NOW, tz=UTCZ)}
+    assert again[user.id].relevance < first[user.id].relevance  # now the assistant's words
+    assert again[other.id].relevance == first[other.id].relevance
+    assert again[user.id].score - again[user.id].relevance * retriever.weights.lexical > (
+        first[user.id].score - first[user.id].relevance * retriever.weights.lexical
+    )  # and more salient
+
+
 async def test_what_the_assistant_said_ranks_below_the_user_unless_asked_about(tmp_path: Path) -> None:
     # The model once misheard "Hanna" as "Anna": its own line must not outrank the user's words.
     user = make("My sister's name is Hanna.", ref="u", days_ago=1)
