@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import chain
 from operator import itemgetter
 from typing import NamedTuple
 from zoneinfo import ZoneInfo
@@ -274,7 +275,8 @@ class Retriever:
         traits = self._traits_of(found)
         stamps = np.array([t.stamp for t in traits], dtype=np.int64)
         # salience, confidence, type weight, and 1.0 for: the assistant's, a question, no fact told
-        table = np.array([t.values for t in traits], dtype=np.float64).reshape(len(found), 6)
+        values = chain.from_iterable(t.values for t in traits)  # (np.array of tuples takes twice as long)
+        table = np.fromiter(values, dtype=np.float64, count=6 * len(found)).reshape(len(found), 6)
         if not match.about_assistant:
             relevance = np.where(table[:, 3] > 0, relevance * w.assistant, relevance)
         relevance = np.where(table[:, 4] > 0, relevance * w.question, relevance)
