@@ -48,7 +48,7 @@ from bot.memory.words import tokenize
 
 _UTC = ZoneInfo("UTC")
 TERMS_CACHE = 4096  # items whose term counts a query may look inside (second hop, restated questions)
-TRAITS_CACHE = 50_000  # items whose ranking traits are remembered (a query ranks hundreds of candidates)
+TRAITS_CACHE = 20_000  # items whose ranking traits are remembered (~250 bytes each; a query ranks hundreds)
 TYPE_WEIGHT: Mapping[ItemType, float] = {
     ItemType.PREFERENCE: 1.0,
     ItemType.CONSTRAINT: 1.0,
@@ -373,6 +373,9 @@ class Retriever:
         return fused
 
 
+_FLAG = (0.0, 1.0)  # shared floats: a cached item's flags allocate nothing
+
+
 class _Traits(NamedTuple):
     """What ranking reads of one version of an item (``item``), besides its words and meaning (a tuple:
     a frozen dataclass took three times as long to make, and a first query makes hundreds)."""
@@ -389,9 +392,9 @@ class _Traits(NamedTuple):
             item.salience,
             item.confidence,
             TYPE_WEIGHT.get(item.type, 0.5),
-            float("assistant" in tags),
-            float(QUESTION_TAG in tags),
-            float(NO_FACT_TAG in tags),
+            _FLAG["assistant" in tags],
+            _FLAG[QUESTION_TAG in tags],
+            _FLAG[NO_FACT_TAG in tags],
         )
         return cls(item, microseconds(item.created_at), values, conversation_of(item))
 
