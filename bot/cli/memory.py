@@ -17,18 +17,13 @@ from zoneinfo import ZoneInfo
 import typer
 from rich.table import Table
 
-from bot.cli.root import Group, app, console, fail, settings_from
+from bot.cli.root import app, command_group, console, fail, settings_from
 
 if TYPE_CHECKING:
     from bot.config import Settings
     from bot.memory import MemoryService
 
-memory_app = typer.Typer(
-    help="See, edit, search and import what membot remembers.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    cls=Group,
-)
+memory_app = command_group("See, edit, search and import what membot remembers.")
 app.add_typer(memory_app, name="memory")
 
 T = TypeVar("T")

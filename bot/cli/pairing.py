@@ -7,15 +7,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from bot.cli.root import Group, app, console, fail, settings_from
+from bot.cli.root import app, command_group, console, fail, settings_from
 from bot.pairing import approve_code, list_pairings, revoke_user
 
-pairing_app = typer.Typer(
-    help="Approve chat users who asked for access (pairing codes).",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    cls=Group,
-)
+pairing_app = command_group("Approve chat users who asked for access (pairing codes).")
 app.add_typer(pairing_app, name="pairing")
 
 

@@ -22,12 +22,14 @@ if TYPE_CHECKING:
 # rich and light modules of ours. Settings (pydantic), httpx, memory (numpy, simplemma), channel
 # libraries and tiktoken are imported inside the commands that use them (tests/bot/test_imports.py).
 
+WHOLE_SENTENCE = 300  # characters of a command's first sentence shown in a command list
+
 
 class Group(TyperGroup):
     """Click's plain help, with each command's first sentence whole (wrapped, not cut at one line).
 
     Not typer's rich help: its formatter imports a Markdown parser, a third of ``membot --help``'s time
-    (0.37 against 0.26 s here). Every ``typer.Typer`` of the CLI is made with ``cls=Group``."""
+    (0.37 against 0.26 s here). The app and every :func:`command_group` are made with it."""
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = []
@@ -40,7 +42,10 @@ class Group(TyperGroup):
                 formatter.write_dl(rows)
 
 
-WHOLE_SENTENCE = 300  # characters of a command's first sentence shown in a command list
+def command_group(help: str) -> typer.Typer:
+    """A group of subcommands (``membot memory ...``), with the same plain help as the app."""
+    return typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None, cls=Group)
+
 
 app = typer.Typer(
     name="membot",

@@ -23,7 +23,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from bot.cli.root import Group, app, console, err_console, fail, settings_from
+from bot.cli.root import app, command_group, console, err_console, fail, settings_from
 from bot.domain import Message, Session
 from bot.storage import atomic_write_text
 from bot.workspace_lock import WorkspaceLock
@@ -32,12 +32,7 @@ if TYPE_CHECKING:
     from bot.config import Settings
     from bot.memory import TranscriptArchive
 
-sessions_app = typer.Typer(
-    help="List, show, export and delete stored conversations.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    cls=Group,
-)
+sessions_app = command_group("List, show, export and delete stored conversations.")
 app.add_typer(sessions_app, name="sessions")
 
 T = TypeVar("T")
