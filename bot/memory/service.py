@@ -78,8 +78,8 @@ class MemoryService:
         observer: ConsolidationObserver | None = None,
         consolidation_room: int | None = None,
     ) -> None:
-        """``maintain_every`` is for the running bot: it then promotes, decays and compacts items after
-        every consolidation and at least that often while it answers. Operator commands and the bench
+        """``maintain_every`` is for the running bot: it then promotes, decays and compacts items that
+        often, while it answers or consolidates. Operator commands and the bench
         leave it ``None``, so that they never rewrite item logs behind the bot's back. ``observer``
         (``bot.metrics.Metrics``) is told about every consolidation. ``consolidation_room``: the prompt
         tokens the consolidation model's window takes (None: not checked).

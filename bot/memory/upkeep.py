@@ -19,9 +19,11 @@ class Upkeep:
     """Keeps the item layers in shape after writes.
 
     Every write promotes its own new items (:meth:`promote`). :meth:`maintain` promotes, decays and
-    compacts all of them; with ``every`` set (the running bot) :meth:`run` does so after every
-    consolidation and at least that often while the bot answers. Operator commands and the bench leave
-    ``every`` ``None``, so that they never rewrite item logs behind the bot's back.
+    compacts all of them; with ``every`` set (the running bot) :meth:`run` does so that often, checked
+    after each answer and each consolidation. Not after every consolidation: an active chat consolidates
+    every ~20 exchanges, and at 100,000 items a maintenance with nothing to do took ~3 s, 1.5 s of them
+    holding up every chat's turns (``bench/memory_scale.py`` prints it). Operator commands and the
+    bench leave ``every`` ``None``, so that they never rewrite item logs behind the bot's back.
     """
 
     def __init__(

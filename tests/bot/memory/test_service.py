@@ -201,7 +201,7 @@ async def test_a_question_that_names_only_a_time_is_shown_what_was_said_then(
     assert "garden" not in named  # "on Thursday" is the last one (05-16): nothing was said then
 
 
-async def test_the_running_bot_maintains_items_daily_and_after_consolidation(
+async def test_the_running_bot_maintains_items_when_due_also_at_a_consolidation(
     tmp_path: Path, clock: Clock
 ) -> None:
     def running_bot(every: timedelta) -> MemoryService:
@@ -224,8 +224,11 @@ async def test_the_running_bot_maintains_items_daily_and_after_consolidation(
     assert salience(daily, "clouds") == start / 2  # a day had passed: decayed while answering
     assert salience(yearly, "clouds") == start  # not due yet...
     await yearly.consolidate("cli:me", [Message(Role.USER, "retired", timestamp=clock.now)])
-    assert salience(yearly, "clouds") == start / 2  # ...but every consolidation maintains
-    assert salience(yearly, "rain") == start
+    assert salience(yearly, "clouds") == start  # ...nor at a consolidation (a full pass over every item)
+    clock.advance(days=365)
+    await yearly.consolidate("cli:me", [Message(Role.USER, "retired later", timestamp=clock.now)])
+    assert salience(yearly, "clouds") == start / 2  # due: a consolidation maintains too
+    assert salience(yearly, "rain") == start / 2
     await daily.close()
     await yearly.close()
 
