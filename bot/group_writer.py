@@ -65,8 +65,13 @@ class GroupWriter:
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run blocking ``fn`` in a thread once everything queued before is written (a barrier)."""
-        result: T = await self._enqueue(fn, b"")
+        result: T = await self.submit_call(fn)
         return result
+
+    def submit_call(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """:meth:`call`, its place taken now: the future of ``fn``'s result."""
+        future: asyncio.Future[T] = self._enqueue(fn, b"")
+        return future
 
     async def drain(self) -> None:
         """Wait until everything queued so far is written."""

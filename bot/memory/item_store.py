@@ -19,12 +19,12 @@ import bisect
 import functools
 import json
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeGuard, TypeVar
 
 import structlog
 
@@ -47,6 +47,8 @@ NEIGHBOUR_SPAN = timedelta(hours=6)  # how far apart the turns of one exchange m
 # than the recall itself.
 TOUCH_RESOLUTION = timedelta(hours=1)
 NEWEST_CHUNK = 64  # entries newest_between copies at a time
+# Items maintenance changes at a time before the chats' turns get the loop back (a few ms each step).
+MAINTENANCE_STEP = 100
 SUBJECT_TAG = "subject:"  # tags naming what a statement is about (see extract.py)
 _LAYERS = tuple(Layer)  # iterating the enum class itself is slow on the retrieval path
 
@@ -97,9 +99,13 @@ class ItemStore:
         return self._root
 
     def path_for(self, item: MemoryItem) -> Path:
-        if item.layer is Layer.EPISODIC:
-            return self._root / "episodic" / f"{item.created_at.date().isoformat()}.jsonl"
-        return self._root / f"{item.layer.value}.jsonl"
+        return self._log_path(_log_of(item))
+
+    def _log_path(self, log: tuple[Layer, date | None]) -> Path:
+        layer, day = log
+        if day is not None:
+            return self._root / "episodic" / f"{day.isoformat()}.jsonl"
+        return self._root / f"{layer.value}.jsonl"
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -451,14 +457,18 @@ class ItemStore:
 
     async def _write(self, items: list[MemoryItem], *, sync: bool = True) -> None:
         """Queue the items' lines (one payload per file) and wait until they are durable (written)."""
+        await asyncio.gather(*self._submit(items, sync=sync))
+
+    def _submit(self, items: list[MemoryItem], *, sync: bool = True) -> list[asyncio.Future[None]]:
+        """Queue the items' lines now, in the order of the changes; the futures of their writes."""
         groups: dict[Path, list[str]] = defaultdict(list)
         for item in items:
             groups[self.path_for(item)].append(json.dumps(item.to_dict(), ensure_ascii=False))
         writes = []
         for path, lines in groups.items():
             self._lines[path] += len(lines)
-            writes.append(self._writer.append(path, ("\n".join(lines) + "\n").encode("utf-8"), sync=sync))
-        await asyncio.gather(*writes)
+            writes.append(self._writer.submit(path, ("\n".join(lines) + "\n").encode("utf-8"), sync=sync))
+        return writes
 
     async def drain(self) -> None:
         """Wait until every change made so far is on disk."""
@@ -522,16 +532,39 @@ class ItemStore:
         daily notes keep the full record, so decay only changes ranking.
         """
         stale = now - timedelta(days=days)
-        faded = [
-            item.with_changes(
-                salience=max(MIN_SALIENCE, item.salience * DECAY_FACTOR), updated_at=now, last_accessed_at=now
+
+        def fading(item: MemoryItem | None) -> TypeGuard[MemoryItem]:
+            return (
+                item is not None
+                and item.layer is Layer.EPISODIC
+                and not item.promoted_to
+                and item.last_accessed_at <= stale
+                and item.salience > MIN_SALIENCE
             )
-            for item in self.items(Layer.EPISODIC)
-            if not item.promoted_to and item.last_accessed_at <= stale and item.salience > MIN_SALIENCE
-        ]
-        if faded:
-            await self.put_many(faded)
-        return len(faded)
+
+        due = [item.id for item in self._items.values() if fading(item)]
+        writes: list[asyncio.Future[None]] = []
+        count = 0
+        for start in range(0, len(due), MAINTENANCE_STEP):
+            if start:
+                await asyncio.sleep(0)  # the chats' turns go on between two steps (a month away: all)
+            # Each step decides from the items as they are now (a turn may have changed one meanwhile)
+            # and records with no await in between.
+            faded = [
+                item.with_changes(
+                    salience=max(MIN_SALIENCE, item.salience * DECAY_FACTOR),
+                    updated_at=now,
+                    last_accessed_at=now,
+                )
+                for item in map(self._items.get, due[start : start + MAINTENANCE_STEP])
+                if fading(item)
+            ]
+            for item in faded:
+                self._remember(item)
+            writes += self._submit(faded)
+            count += len(faded)
+        await asyncio.gather(*writes)
+        return count
 
     async def compact(self) -> int:
         """Rewrite logs holding at least twice as many lines as live items; return files rewritten.
@@ -539,22 +572,43 @@ class ItemStore:
         A log that another process (``membot memory import`` next to the running bot) appended to
         since we read it is left alone: rewriting it from our view would drop that process's items.
         """
-        live: dict[Path, list[MemoryItem]] = defaultdict(list)
+        # Counted by log (layer and day), not by path: a Path per item made this ~0.5 s at 100,000 items,
+        # all of it holding up the chats' turns.
+        live = Counter(map(_log_of, self._items.values()))
+        named = {self._log_path(where): where for where in live}
+        due = [
+            path
+            for path, lines in self._lines.items()
+            if lines >= 8 and lines >= 2 * (live[named[path]] if path in named else 0)
+        ]
+        if not due:
+            return 0
+        keep: dict[tuple[Layer, date | None], list[MemoryItem]] = {named[p]: [] for p in due if p in named}
         for item in self._items.values():
-            live[self.path_for(item)].append(item)
-        rewritten = 0
-        for path, count in list(self._lines.items()):
-            keep = live.get(path, [])
-            if count < 8 or count < 2 * len(keep):
-                continue
-            text = "".join(json.dumps(i.to_dict(), ensure_ascii=False) + "\n" for i in keep)
-            # Through the writer: after the lines queued so far, before any queued later.
-            rewrite = functools.partial(_rewrite_if_unchanged, self._root, path, count, text)
-            if await self._writer.call(rewrite):
-                self._lines[path] = len(keep) + self._lines[path] - count  # lines queued meanwhile stay
+            kept = keep.get(_log_of(item))
+            if kept is not None:
+                kept.append(item)
+        # Every rewrite is queued now, with the line counts and items of this moment (no await since they
+        # were read): each lands after the lines queued so far and before any queued later. Their lines
+        # are made in the writer's thread, so a big log holds up no turn for long.
+        queued = []
+        for path in due:
+            where = named.get(path)
+            items, lines = keep[where] if where is not None else [], self._lines[path]
+            rewrite = functools.partial(_rewrite_if_unchanged, self._root, path, lines, items)
+            queued.append((path, lines, len(items), self._writer.submit_call(rewrite)))
+        results = await asyncio.gather(*(done for *_, done in queued), return_exceptions=True)
+        rewritten, error = 0, None
+        for (path, lines, kept_count, _), result in zip(queued, results, strict=True):
+            if isinstance(result, BaseException):
+                error = error or result
+            elif result:
+                self._lines[path] += kept_count - lines  # lines queued meanwhile stay
                 rewritten += 1
             else:
                 log.warning("memory_items_changed_elsewhere", file=path.name)
+        if error is not None:
+            raise error
         return rewritten
 
 
@@ -593,8 +647,8 @@ def _file(table: dict[K, set[str]], key: K, item_id: str, *, add: bool) -> None:
             del table[key]
 
 
-def _rewrite_if_unchanged(root: Path, path: Path, lines: int, text: str) -> bool:
-    """Replace a log with ``text`` unless someone appended to it; the snapshot (which marks where this
+def _rewrite_if_unchanged(root: Path, path: Path, lines: int, items: list[MemoryItem]) -> bool:
+    """Replace a log with ``items`` unless someone appended to it; the snapshot (which marks where this
     log ended) is voided first, since the new file may even get the old one's inode number."""
     try:
         on_disk = item_snapshot.count_lines(path.read_bytes())
@@ -603,5 +657,10 @@ def _rewrite_if_unchanged(root: Path, path: Path, lines: int, text: str) -> bool
     if on_disk != lines:
         return False
     item_snapshot.remove(root)
-    atomic_write_text(path, text)
+    atomic_write_text(path, "".join(json.dumps(i.to_dict(), ensure_ascii=False) + "\n" for i in items))
     return True
+
+
+def _log_of(item: MemoryItem) -> tuple[Layer, date | None]:
+    """Which log holds ``item``: its layer, and for episodic items the day it was made."""
+    return item.layer, item.created_at.date() if item.layer is Layer.EPISODIC else None

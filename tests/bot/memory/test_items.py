@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from bot.memory import item_store
 from bot.memory.item_store import NEWEST_CHUNK, ItemStore
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from tests.bot.memory.conftest import Clock
@@ -123,6 +125,34 @@ async def test_decay_fades_stale_items_but_never_promoted_ones(tmp_path: Path, c
     assert len(store.items()) == 4  # decay never deletes
     clock.advance(days=1)
     assert await store.decay(clock.now, 30) == 0  # decayed items wait another period
+
+
+async def test_decay_lets_turns_run_between_its_steps_and_follows_what_they_changed(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A month away, every item decays at the next maintenance: 100,000 of them held every chat's turns
+    for ~5 s in one go. Now it goes in steps, and a step decides from the items as they are by then."""
+    monkeypatch.setattr(item_store, "MAINTENANCE_STEP", 2)
+    store = ItemStore(tmp_path)
+    await store.load()
+    chatter = [
+        await store.add(item(clock, f"chatter {n}", type=ItemType.EPISODE, salience=0.6)) for n in range(6)
+    ]
+    clock.advance(days=40)
+    recalled_during: list[bool] = []
+
+    async def a_turn_recalls_the_last_one() -> None:
+        last = store.get(chatter[-1].id)
+        assert last is not None
+        await store.put(last.with_changes(last_accessed_at=clock.now))
+        recalled_during.append(not decaying.done())
+
+    decaying = asyncio.create_task(store.decay(clock.now, 30))  # starts first: the last one is due
+    turn = asyncio.create_task(a_turn_recalls_the_last_one())
+    assert await decaying == 5
+    await turn
+    assert recalled_during == [True]
+    assert [store.get(c.id).salience for c in chatter] == [0.3] * 5 + [0.6]  # type: ignore[union-attr]
 
 
 async def store_with_ten_versions(root: Path, clock: Clock) -> tuple[ItemStore, MemoryItem]:
