@@ -8,13 +8,42 @@ item came from and are carried through every step, so any item can be traced bac
 from __future__ import annotations
 
 import hashlib
+import operator
 import re
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from bot.domain import new_id
+
+_Value = TypeVar("_Value")
+
+
+def _pickled_by_tuple(cls: type[_Value]) -> type[_Value]:
+    """Pickle a frozen slotted dataclass as the tuple of its fields, read in one C call.
+
+    The item snapshot (item_snapshot.py) pickles every live item at once, and a start unpickles them.
+    dataclasses' own state methods look the class's fields up again for every object: two thirds of
+    the time of either, 1.9 s for 100,000 items. The state is the same values in the same order (a
+    tuple, not a list), so a snapshot written before loads as it did.
+    """
+    names = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+    read = operator.attrgetter(*names)
+    assign = object.__setattr__  # frozen: as dataclasses' __init__ sets them
+
+    def getstate(self: _Value) -> tuple[object, ...]:
+        values: tuple[object, ...] = read(self)
+        return values
+
+    def setstate(self: _Value, state: Sequence[object]) -> None:
+        for name, value in zip(names, state, strict=True):
+            assign(self, name, value)
+
+    setattr(cls, "__getstate__", getstate)  # noqa: B010 (a method of the class, not an attribute)
+    setattr(cls, "__setstate__", setstate)  # noqa: B010
+    return cls
 
 
 class Layer(StrEnum):
@@ -48,6 +77,7 @@ def promoted_layer(item_type: ItemType) -> Layer | None:
     return Layer.PROCEDURAL if item_type in PROCEDURAL_TYPES else Layer.SEMANTIC
 
 
+@_pickled_by_tuple
 @dataclass(frozen=True, slots=True)
 class Reference:
     """Where an item came from: a session, one of its messages, (for imports) the turn index, for a
@@ -107,6 +137,7 @@ def fingerprint(item_type: ItemType, content: str, tags: tuple[str, ...] = ()) -
     return hashlib.sha256(f"{kind}\n{normalize(content)}".encode()).hexdigest()[:24]
 
 
+@_pickled_by_tuple
 @dataclass(frozen=True, slots=True)
 class MemoryItem:
     """One memory. Build new ones with keyword arguments; change them with :meth:`with_changes`."""

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import io
 import json
+import pickle
 from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bot.memory.item_snapshot import SNAPSHOT
+from bot.memory import item_snapshot
+from bot.memory.item_snapshot import MAGIC, SNAPSHOT
 from bot.memory.item_store import ItemStore
-from bot.memory.items import Layer
+from bot.memory.items import Layer, MemoryItem
 from bot.memory.lexical import FORMAT
 from bot.memory.retrieval import Retriever
 from bot.memory.word_index import INDEX_FILE
@@ -77,8 +82,39 @@ async def test_lines_another_process_appended_are_never_hidden_behind_a_snapshot
 async def test_a_damaged_snapshot_costs_only_speed(tmp_path: Path, clock: Clock) -> None:
     store = await stored(tmp_path, clock, "alpha fact")
     assert await store.save_snapshot()
-    (tmp_path / SNAPSHOT).write_bytes(b"membot items snapshot 1\n\x80garbage")
+    (tmp_path / SNAPSHOT).write_bytes(MAGIC + b"\x80garbage")
     assert [i.content for i in (await reloaded(tmp_path)).items()] == ["alpha fact"]
+
+
+async def test_a_snapshot_whose_items_do_not_add_up_is_not_used(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Items are saved in chunks (one memo each); a file that ends after a whole chunk is still a valid
+    stream of pickles, so the header's count is what tells it is short."""
+    monkeypatch.setattr(item_snapshot, "CHUNK", 2)
+    store = await stored(tmp_path, clock, *(f"fact {i}" for i in range(5)))
+    assert await store.save_snapshot()
+    whole = (tmp_path / SNAPSHOT).read_bytes()
+    stream = io.BytesIO(whole)
+    stream.seek(len(MAGIC))
+    assert pickle.load(stream)["items"] == 5 and len(pickle.load(stream)) == 2  # header, first chunk
+    (tmp_path / SNAPSHOT).write_bytes(whole[: stream.tell()])  # the rest is lost
+    assert await asyncio.to_thread(item_snapshot.read, tmp_path) is None
+    assert len((await reloaded(tmp_path)).items()) == 5  # from the logs (with it, 3 would be missing)
+    (tmp_path / SNAPSHOT).write_bytes(whole)
+    again = await asyncio.to_thread(item_snapshot.read, tmp_path)
+    assert again is not None and len(again.items) == 5
+
+
+def test_an_item_pickles_as_the_tuple_of_its_fields_and_loads_the_list_a_snapshot_1_held(
+    clock: Clock,
+) -> None:
+    one = item(clock, "my bike is a red Gazelle", tags=("subject:bike",))
+    assert pickle.loads(pickle.dumps(one)) == one
+    assert one.__getstate__() == tuple(getattr(one, f.name) for f in dataclasses.fields(one))
+    before = object.__new__(MemoryItem)  # as pickle makes it, then hands it the state
+    before.__setstate__([getattr(one, f.name) for f in dataclasses.fields(one)])  # dataclasses' own form
+    assert before == one and before.references == one.references
 
 
 async def test_the_saved_index_is_checked_against_the_items_at_start(tmp_path: Path, clock: Clock) -> None:
