@@ -6,7 +6,11 @@ the user and assistant turns of the LongMemEval file cycled with a counter so no
 A second, fresh process then starts the memory service on that folder (what ``membot run`` does) and
 measures start-up, the first query (cold) and the same kind of query again (warm, median of 50
 different questions), and its RSS. It also counts embedder calls after the restart: there must be none
-(vectors are loaded, never recomputed).
+(vectors are loaded, never recomputed). Last it runs the daily maintenance twice (promotion, decay, log
+compaction, the snapshot and the lexical index saved) while a ticker task measures how long the event
+loop, which every chat's turns share, was held up at a time: the first finds every item 400 days
+unused (all of them decay, and their logs are compacted: a bot back after a long pause), the second
+has nothing to change (the usual day).
 
     python bench/memory_scale.py [DATA] [--sizes 500,10000,100000] [--embeddings none|hash|local]
 
@@ -130,19 +134,50 @@ async def measure(folder: Path, asked: list[str], kind: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         await memory.context(question, session_id="bench:chat")
         warm.append((time.perf_counter() - t0) * 1000)
+    rss = peak_rss_mib()  # serving: before the maintenance's snapshot (a pickle of every item) adds its own
+    heavy, heavy_stall = await held_up(memory.maintain())
+    usual, usual_stall = await held_up(memory.maintain())
     await memory.close()
     return {
+        "maintain_all_s": heavy,
+        "maintain_all_stall_ms": heavy_stall,
+        "maintain_s": usual,
+        "maintain_stall_ms": usual_stall,
         "items": len(memory.items.items()),
         "startup_s": startup,
         "cold_ms": cold,
         "warm_ms": statistics.median(warm),
         "warm_p95_ms": sorted(warm)[int(len(warm) * 0.95)],
-        "rss_mib": peak_rss_mib(),
+        "rss_mib": rss,
         # Texts embedded after the restart, the 51 questions aside: items must not be embedded again.
         "embeds_after_restart": getattr(embedder, "texts", 0) - embedded_at_start - 51
         if kind == "hash"
         else None,
     }
+
+
+async def held_up(work: Any) -> tuple[float, float]:
+    """Seconds ``work`` took, and the longest the event loop went without running a ticker that asks for
+    it every millisecond (what a turn arriving meanwhile would have waited), in ms."""
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0.01)
+    started = time.perf_counter()
+    await work
+    took = time.perf_counter() - started
+    done.set()
+    await ticking
+    return took, max(gaps) * 1000
 
 
 def peak_rss_mib() -> float:
@@ -191,7 +226,8 @@ def main() -> None:
         f"memory at scale; embeddings: {args.embeddings}; each size built, then measured in a fresh process"
     )
     print(
-        f"{'items':>8} {'build s':>8} {'start s':>8} {'cold ms':>8} {'warm ms':>8} {'p95 ms':>8} {'RSS MiB':>8} {'re-embeds':>9}"
+        f"{'items':>8} {'build s':>8} {'start s':>8} {'cold ms':>8} {'warm ms':>8} {'p95 ms':>8} {'RSS MiB':>8} "
+        f"{'re-embeds':>9}  maintenance s (longest hold-up ms): all decay / usual"
     )
     for size in (int(s) for s in args.sizes.split(",")):
         with tempfile.TemporaryDirectory(prefix="membot-scale-") as tmp:
@@ -202,7 +238,10 @@ def main() -> None:
         again = "-" if seen["embeds_after_restart"] is None else str(seen["embeds_after_restart"])
         print(
             f"{seen['items']:>8} {built['build_s']:>8.1f} {seen['startup_s']:>8.2f} {seen['cold_ms']:>8.1f} "
-            f"{seen['warm_ms']:>8.1f} {seen['warm_p95_ms']:>8.1f} {seen['rss_mib']:>8.0f} {again:>9}"
+            f"{seen['warm_ms']:>8.1f} {seen['warm_p95_ms']:>8.1f} {seen['rss_mib']:>8.0f} {again:>9}  "
+            f"{seen['maintain_all_s']:.1f} ({seen['maintain_all_stall_ms']:.0f}) / "
+            f"{seen['maintain_s']:.1f} ({seen['maintain_stall_ms']:.0f})",
+            flush=True,
         )
     print(
         "targets: warm <= 20 ms at 500 turns and <= 50 ms at 100,000 items; start-up <= 3 s at 100,000; 0 re-embeds"
