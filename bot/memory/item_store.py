@@ -101,8 +101,8 @@ class ItemStore:
     def path_for(self, item: MemoryItem) -> Path:
         return self._log_path(_log_of(item))
 
-    def _log_path(self, log: tuple[Layer, date | None]) -> Path:
-        layer, day = log
+    def _log_path(self, where: tuple[Layer, date | None]) -> Path:
+        layer, day = where
         if day is not None:
             return self._root / "episodic" / f"{day.isoformat()}.jsonl"
         return self._root / f"{layer.value}.jsonl"
@@ -529,7 +529,9 @@ class ItemStore:
         """Halve the salience of episodic items nobody used for ``days``; nothing is deleted.
 
         Promoted items are left alone (their durable copy carries on), and the transcript archive and
-        daily notes keep the full record, so decay only changes ranking.
+        daily notes keep the full record, so decay only changes ranking. It goes :data:`MAINTENANCE_STEP`
+        items at a time: after a month without the bot every item is due, and 100,000 of them in one go
+        held every chat's turns for 5 s.
         """
         stale = now - timedelta(days=days)
 
@@ -547,9 +549,9 @@ class ItemStore:
         count = 0
         for start in range(0, len(due), MAINTENANCE_STEP):
             if start:
-                await asyncio.sleep(0)  # the chats' turns go on between two steps (a month away: all)
-            # Each step decides from the items as they are now (a turn may have changed one meanwhile)
-            # and records with no await in between.
+                await asyncio.sleep(0)  # the chats' turns go on between two steps
+            # A step decides from the items as they are now (a turn may have changed one since the list
+            # was made) and records with no await in between.
             faded = [
                 item.with_changes(
                     salience=max(MIN_SALIENCE, item.salience * DECAY_FACTOR),
