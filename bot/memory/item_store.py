@@ -457,7 +457,7 @@ class ItemStore:
 
     async def _write(self, items: list[MemoryItem], *, sync: bool = True) -> None:
         """Queue the items' lines (one payload per file) and wait until they are durable (written)."""
-        await asyncio.gather(*self._submit(items, sync=sync))
+        await _all_written(self._submit(items, sync=sync))
 
     def _submit(self, items: list[MemoryItem], *, sync: bool = True) -> list[asyncio.Future[None]]:
         """Queue the items' lines now, in the order of the changes; the futures of their writes."""
@@ -565,7 +565,7 @@ class ItemStore:
                 self._remember(item)
             writes += self._submit(faded)
             count += len(faded)
-        await asyncio.gather(*writes)
+        await _all_written(writes)
         return count
 
     async def compact(self) -> int:
@@ -661,6 +661,14 @@ def _rewrite_if_unchanged(root: Path, path: Path, lines: int, items: list[Memory
     item_snapshot.remove(root)
     atomic_write_text(path, "".join(json.dumps(i.to_dict(), ensure_ascii=False) + "\n" for i in items))
     return True
+
+
+async def _all_written(writes: list[asyncio.Future[None]]) -> None:
+    """Wait for every write, then raise the first failure: a full disk fails them all, and each
+    failure left unread would be logged again as never retrieved."""
+    for result in await asyncio.gather(*writes, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result
 
 
 def _log_of(item: MemoryItem) -> tuple[Layer, date | None]:
