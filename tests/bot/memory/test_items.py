@@ -174,6 +174,28 @@ async def test_compaction_rewrites_logs_full_of_old_versions(tmp_path: Path, clo
     assert reloaded.get(x.id) == x
 
 
+async def test_compaction_keeps_a_version_written_while_it_runs(tmp_path: Path, clock: Clock) -> None:
+    """Two logs to rewrite, and a turn writes to the second while the first is rewritten: both are
+    rewritten as they were when compaction looked (all rewrites are queued at once) and the turn's line
+    lands after. (Before, the second was left for another day, logged as changed by another process.)"""
+    store, semantic = await store_with_ten_versions(tmp_path, clock)
+    procedural = await store.add(item(clock, "run the tests first", layer=Layer.PROCEDURAL))
+    for n in range(10):
+        procedural = await store.put(procedural.with_changes(salience=n / 10))
+
+    async def a_turn_writes_meanwhile() -> None:
+        await store.put(procedural.with_changes(content="run the tests first, always"))
+
+    compacting = asyncio.create_task(store.compact())
+    await asyncio.sleep(0)  # compaction has started: its first rewrite is under way
+    await a_turn_writes_meanwhile()
+    assert await compacting == 2
+    reloaded = ItemStore(tmp_path)
+    await reloaded.load()
+    assert reloaded.get(procedural.id).content == "run the tests first, always"  # type: ignore[union-attr]
+    assert reloaded.get(semantic.id) == semantic
+
+
 async def test_compaction_never_drops_what_another_process_appended(tmp_path: Path, clock: Clock) -> None:
     bot, _ = await store_with_ten_versions(tmp_path, clock)
     importer = ItemStore(tmp_path)  # `membot memory import` while the bot runs
