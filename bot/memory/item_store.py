@@ -5,7 +5,8 @@ Layout under ``items/``: ``episodic/YYYY-MM-DD.jsonl`` (by creation day), ``sema
 ``deleted`` version is a tombstone. An item that repeats a live one of its layer merges into it; with
 ``per_chat`` (memory.scope = "chat") only within one chat, since a merged item belongs to every chat its
 references name and shows the message of its first. All live items are kept in memory, so retrieval
-never touches the disk; ``compact`` rewrites a log atomically when it holds mostly old versions.
+never touches the disk; ``compact`` rewrites a log atomically when it holds mostly old versions, or a
+damaged line the load set aside (a record a kill cut short: it would stay in the middle of the log).
 
 Every change is made in memory at once (no await between deciding and recording it, so concurrent
 chats never act on a stale view: an item is promoted once) and then written by a :class:`GroupWriter`,
@@ -74,6 +75,7 @@ class ItemStore:
         self._by_fingerprint: dict[str, set[str]] = defaultdict(set)
         self._merges: dict[tuple[Layer, str, str], str] = {}  # what a repeat merges into (_merge_key)
         self._lines: dict[Path, int] = defaultdict(int)
+        self._damaged: set[Path] = set()  # logs holding lines the load could not read (kept aside)
         self._touched: set[str] = set()  # ids whose last use is newer in memory than on disk
         self._by_message: dict[tuple[str, str], set[str]] = defaultdict(set)
         # A stamp per message, new whenever one of its items changes: what recall built from a message
@@ -115,7 +117,7 @@ class ItemStore:
             paused.freeze = len(self._items) >= FREEZE_AT
 
     async def _load(self) -> None:
-        loaded, lines = await asyncio.to_thread(self._read_all)
+        loaded, lines, self._damaged = await asyncio.to_thread(self._read_all)
         self._items = {i.id: i for i in loaded.values() if not i.deleted}
         self._by_fingerprint.clear()
         self._merges = {self._merge_key(i): i.id for i in self._items.values()}
@@ -143,24 +145,26 @@ class ItemStore:
         """Call ``listener`` on every change of the live items (retrieval keeps its index current)."""
         self._listeners.append(listener)
 
-    def _read_all(self) -> tuple[dict[str, MemoryItem], dict[Path, int]]:
+    def _read_all(self) -> tuple[dict[str, MemoryItem], dict[Path, int], set[Path]]:
         """Every item's last version: from the snapshot plus the logs' tails when it holds, else from
-        every line of every log."""
+        every line of every log; and the logs found holding damaged lines (kept aside)."""
         ensure_private_dir(self._root)
         ensure_private_dir(self._root / "episodic")
         logs = sorted(self._root.glob("*.jsonl")) + sorted((self._root / "episodic").glob("*.jsonl"))
         snap = item_snapshot.read(self._root)
+        damaged_logs: set[Path] = set()
         if snap is not None:
-            found = self._read_tails(snap, logs)
+            found = self._read_tails(snap, logs, damaged_logs)
             if found is not None:
-                return found
+                return (*found, damaged_logs)
             log.info("memory_snapshot_stale", reason="a log was rewritten since it was taken")
+            damaged_logs.clear()  # read again below, whole
         items: dict[str, MemoryItem] = {}
-        lines: dict[Path, int] = {path: _parse_into(items, path.read_bytes(), path) for path in logs}
-        return items, lines
+        lines = {path: _parse_into(items, path.read_bytes(), path, damaged_logs) for path in logs}
+        return items, lines, damaged_logs
 
     def _read_tails(
-        self, snap: item_snapshot.Snapshot, logs: list[Path]
+        self, snap: item_snapshot.Snapshot, logs: list[Path], damaged_logs: set[Path]
     ) -> tuple[dict[str, MemoryItem], dict[Path, int]] | None:
         items = {item.id: item for item in snap.items}
         lines: dict[Path, int] = {}
@@ -171,12 +175,12 @@ class ItemStore:
             with path.open("rb") as f:
                 st = os.fstat(f.fileno())
                 if mark is None:  # a log the snapshot never saw: read it whole
-                    lines[path] = _parse_into(items, f.read(), path)
+                    lines[path] = _parse_into(items, f.read(), path, damaged_logs)
                     continue
                 if st.st_ino != mark.inode or st.st_size < mark.size:
                     return None
                 f.seek(mark.size)
-                lines[path] = mark.lines + _parse_into(items, f.read(), path, start=mark.size)
+                lines[path] = mark.lines + _parse_into(items, f.read(), path, damaged_logs, start=mark.size)
         return items, lines
 
     async def save_snapshot(self) -> bool:
@@ -569,7 +573,9 @@ class ItemStore:
         return count
 
     async def compact(self) -> int:
-        """Rewrite logs holding at least twice as many lines as live items; return files rewritten.
+        """Rewrite logs holding at least twice as many lines as live items, or a damaged line (kept
+        aside at load: a record a kill cut short would stay in the middle of the log); return files
+        rewritten.
 
         A log that another process (``membot memory import`` next to the running bot) appended to
         since we read it is left alone: rewriting it from our view would drop that process's items.
@@ -581,7 +587,8 @@ class ItemStore:
         due = [
             path
             for path, lines in self._lines.items()
-            if lines >= 8 and lines >= 2 * (live[named[path]] if path in named else 0)
+            if path in self._damaged
+            or (lines >= 8 and lines >= 2 * (live[named[path]] if path in named else 0))
         ]
         if not due:
             return 0
@@ -606,6 +613,7 @@ class ItemStore:
                 error = error or result
             elif result:
                 self._lines[path] += kept_count - lines  # lines queued meanwhile stay
+                self._damaged.discard(path)
                 rewritten += 1
             else:
                 log.warning("memory_items_changed_elsewhere", file=path.name)
@@ -614,11 +622,13 @@ class ItemStore:
         return rewritten
 
 
-def _parse_into(items: dict[str, MemoryItem], data: bytes, path: Path, *, start: int = 0) -> int:
+def _parse_into(
+    items: dict[str, MemoryItem], data: bytes, path: Path, damaged_logs: set[Path], *, start: int = 0
+) -> int:
     """Apply a log's lines (last version wins, tombstones remove) and return how many lines it held.
 
     ``data`` is the log from byte ``start`` on. A damaged line costs only itself, and is kept aside
-    before a compaction of the log can drop it (``bot/damaged.py``).
+    (``bot/damaged.py``); the log is then added to ``damaged_logs``, for compaction to rewrite without it.
     """
     count = 0
     unreadable: list[damaged.DamagedLine] = []
@@ -633,7 +643,8 @@ def _parse_into(items: dict[str, MemoryItem], data: bytes, path: Path, *, start:
             items.pop(item.id, None)
         else:
             items[item.id] = item
-    damaged.keep_aside(path, unreadable, event="memory_item_lines_set_aside")
+    if damaged.keep_aside(path, unreadable, event="memory_item_lines_set_aside") is not None:
+        damaged_logs.add(path)
     return count
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -224,6 +225,31 @@ async def test_torn_last_line_is_ignored(tmp_path: Path, clock: Clock) -> None:
     again = ItemStore(tmp_path)
     await again.load()
     assert sorted(i.content for i in again.items()) == ["kept", "written after the crash"]
+
+
+async def test_a_log_with_damaged_lines_is_rewritten_without_them_once_they_are_kept_aside(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A kill can cut an append short where it crosses a page (seen in the soak test: a record cut at
+    128 KiB). The next start keeps the fragment aside and records its message again; the first
+    compaction then rewrites the log, so the fragment does not stay in the middle of it for good."""
+    store = ItemStore(tmp_path)
+    await store.load()
+    await store.add(item(clock, "kept", layer=Layer.SEMANTIC))
+    log = tmp_path / "semantic.jsonl"
+    with log.open("ab") as f:
+        f.write(b'{"id": "torn", "layer": "sem')
+    reloaded = ItemStore(tmp_path)
+    await reloaded.load()
+    await reloaded.add(item(clock, "written after the crash", layer=Layer.SEMANTIC))
+    assert await reloaded.compact() == 1  # two live items in three lines: only the damage is due
+    assert [json.loads(line)["content"] for line in log.read_text().splitlines()] == [
+        "kept",
+        "written after the crash",
+    ]
+    [kept] = set_aside(tmp_path)
+    assert kept.read_bytes() == b'{"id": "torn", "layer": "sem\n'
+    assert await reloaded.compact() == 0  # done once
 
 
 async def test_neighbours_are_the_turns_around_a_message_in_its_own_conversation(
