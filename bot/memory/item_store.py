@@ -100,6 +100,11 @@ class ItemStore:
     def root(self) -> Path:
         return self._root
 
+    @property
+    def damaged(self) -> bool:
+        """Whether a log holds lines the load could not read (kept aside; :meth:`compact` drops them)."""
+        return bool(self._damaged)
+
     def path_for(self, item: MemoryItem) -> Path:
         return self._log_path(_log_of(item))
 
@@ -184,7 +189,12 @@ class ItemStore:
         return items, lines
 
     async def save_snapshot(self) -> bool:
-        """Write the snapshot of the live items (after every queued line is on disk); best effort."""
+        """Write the snapshot of the live items (after every queued line is on disk); best effort.
+
+        Not while a log holds damaged lines: the next load would read only past them, and the running
+        bot, which rewrites such a log at its start, would never learn of them."""
+        if self._damaged:
+            return False
         items = list(self._items.values())
         lines = dict(self._lines)
         try:

@@ -126,6 +126,7 @@ class MemoryService:
         )
         self._recorder = Recorder(self.items, self.notes_for, marker=root / MARKER, clock=clock)
         self._upkeep = Upkeep(self.items, self.retriever, settings, clock=clock, every=maintain_every)
+        self._rewrites_logs = maintain_every is not None  # the running bot
         self._retirement = Retirement(
             self.archive,
             self.consolidator,
@@ -173,6 +174,10 @@ class MemoryService:
             log.warning("memory_permissions_fixed", count=fixed, root=str(self.root))
         self.unsynced_since = await asyncio.to_thread(self._recorder.lazy.left_by_last_run)
         await self.items.load()
+        if self._rewrites_logs and self.items.damaged:
+            # A kill cut a record short (an append crossing a page): its message is recorded again,
+            # and the fragment, kept aside, leaves the middle of its log now.
+            await self.items.compact()
         if self.chat_scope and (split := await self.items.separate_chats()):
             # Merged across chats by an earlier version (or while the scope was "workspace").
             log.warning("memory_items_separated_by_chat", count=split)

@@ -201,6 +201,31 @@ async def test_a_question_that_names_only_a_time_is_shown_what_was_said_then(
     assert "garden" not in named  # "on Thursday" is the last one (05-16): nothing was said then
 
 
+async def test_the_running_bot_starts_by_rewriting_a_log_a_kill_left_a_torn_record_in(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """The fragment is kept aside and its message recorded again (recover); the log is rewritten at
+    start, not at the first maintenance, which a start with nothing to answer would never reach."""
+    first = MemoryService(tmp_path, MemorySettings(), clock=clock, maintain_every=timedelta(days=1))
+    await first.start()
+    await first.record_exchanges([exchange(clock, "my bike is a red Gazelle", "nice bike")])
+    await first.close()
+    (log,) = (tmp_path / "items" / "episodic").glob("*.jsonl")
+    with log.open("ab") as f:
+        f.write(b'{"id": "cut short by a kill", "layer": "epi')
+    operator = MemoryService(tmp_path, MemorySettings(), clock=clock)  # `membot memory ...`: reads only
+    await operator.start()
+    assert log.read_bytes().endswith(b'"layer": "epi')
+    await operator.close()
+    bot = MemoryService(tmp_path, MemorySettings(), clock=clock, maintain_every=timedelta(days=1))
+    await bot.start()
+    assert all(line.startswith(b"{") and line.endswith(b"}") for line in log.read_bytes().splitlines()), (
+        log.read_bytes()[-300:]
+    )
+    assert any("Gazelle" in i.content for i in bot.items.items())
+    await bot.close()
+
+
 async def test_the_running_bot_maintains_items_when_due_also_at_a_consolidation(
     tmp_path: Path, clock: Clock
 ) -> None:
