@@ -3,7 +3,9 @@
 Location: ``memory/archive/<encoded session id>.jsonl`` (the session id is encoded as in
 bot/sessions.py, so it cannot escape the folder). It lives under ``memory/`` because memory decides
 when messages retire (consolidation, compaction, /new), and because the operator backs up one folder
-to keep everything the bot knows. Each line: ``{"archived_at", "session_id", "message"}``.
+to keep everything the bot knows. Each line: ``{"archived_at", "session_id", "message"}``. Lines are
+never rewritten; a damaged one costs only itself, and a last record a kill cut short is kept aside and
+cut at the next append (see :func:`_append`).
 
 :func:`search_archive` finds exact words in it (the memory tool's ``search_archive``): retrieval ranks
 memories, but a line of a pasted log is best found verbatim.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +27,7 @@ from bot.sessions import encode_id
 from bot.storage import append_bytes
 
 ARCHIVED = "archived"  # Message.meta flag: this message is already in the archive
+TAIL_BLOCK = 64 * 1024  # bytes read at a time, from the end back, to find where a cut-short record starts
 
 
 class TranscriptArchive:
@@ -52,7 +56,7 @@ class TranscriptArchive:
             for m in fresh
         ).encode("utf-8")
         async with self._lock:
-            await asyncio.to_thread(append_bytes, self.path_for(session_id), payload, whole_lines=True)
+            await asyncio.to_thread(_append, self.path_for(session_id), payload)
         for message in fresh:
             message.meta[ARCHIVED] = True
         return len(fresh)
@@ -72,6 +76,47 @@ class TranscriptArchive:
             except damaged.UNREADABLE:  # never rewritten: the line stays in the file for the operator
                 continue
         return out
+
+
+def _append(path: Path, payload: bytes) -> None:
+    """Append ``payload`` (whole lines) after cutting a record a kill left unfinished at the end.
+
+    A kill can cut a write short where it crosses a page. The bot is the archive's only writer and ends
+    every record with a newline, so an unterminated last line is always such a record; the retirement it
+    belonged to did not finish, and archives its messages again. The fragment is kept aside
+    (``bot/damaged.py``) and cut, instead of staying in the middle of the file for good; should keeping
+    it aside fail, it stays, and ``whole_lines`` starts the new records on a line of their own.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        size = 0
+    start = _last_line_start(path, size) if size else 0
+    if start < size:
+        with path.open("rb") as f:
+            f.seek(start)
+            fragment = f.read()
+        torn = damaged.DamagedLine(start, fragment, "a record cut short (no newline at the end)")
+        if damaged.keep_aside(path, [torn], event="archive_lines_set_aside") is not None:
+            os.truncate(path, start)
+    append_bytes(path, payload, whole_lines=True)
+
+
+def _last_line_start(path: Path, size: int) -> int:
+    """Where the file's unterminated last line starts, or ``size`` when it ends with a newline."""
+    with path.open("rb") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return size
+        end = size
+        while end > 0:
+            begin = max(0, end - TAIL_BLOCK)
+            f.seek(begin)
+            newline = f.read(end - begin).rfind(b"\n")
+            if newline >= 0:
+                return begin + newline + 1
+            end = begin
+        return 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bot.domain import Message, Role
+from bot.memory import archive as archive_module
 from bot.memory.archive import TranscriptArchive, search_archive
 
 DAMAGE = {
@@ -30,3 +31,28 @@ async def test_a_damaged_line_costs_only_itself(tmp_path: Path, damage: bytes) -
     assert [m.content for m in await archive.read("cli:me")] == ["needle one", "needle two"]
     hits = await asyncio.to_thread(search_archive, tmp_path, ["needle"], session_id="cli:me")
     assert sorted(h.message.content for h in hits) == ["needle one", "needle two"]
+
+
+@pytest.mark.parametrize(
+    "before",
+    [b"", b'{"archived_at": "2025-03-04"}\n'],
+    ids=["the file holds only the cut record", "after a whole record"],
+)
+async def test_a_record_a_kill_cut_short_is_kept_aside_and_cut_before_the_next(
+    tmp_path: Path, before: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Longer than the blocks the end is read back in: its start is still found."""
+    monkeypatch.setattr(archive_module, "TAIL_BLOCK", 8)
+    archive = TranscriptArchive(tmp_path)
+    path = archive.path_for("cli:me")
+    cut = b'{"archived_at": "2025-03-04", "message": {"role": "user", "content": "half a'
+    await asyncio.to_thread(path.write_bytes, before + cut)
+    await archive.append(
+        "cli:me", [Message(Role.USER, "after the restart")], datetime(2025, 3, 5, tzinfo=UTC)
+    )
+
+    data = await asyncio.to_thread(path.read_bytes)
+    assert data.startswith(before) and cut not in data and data.endswith(b"\n")
+    assert [m.content for m in await archive.read("cli:me")] == ["after the restart"]
+    kept = await asyncio.to_thread(lambda: [p.read_bytes() for p in tmp_path.glob("*.damaged-*")])
+    assert kept == [cut + b"\n"]

@@ -294,6 +294,12 @@ async def test_archive_keeps_every_message_around_damaged_lines(memory: MemorySe
     await memory.archive_messages("cli:me", later)
     archived = await memory.archive.read("cli:me")
     assert [m.content for m in archived] == ["before 0", "before 1", "after 0", "after 1"]
+    # The record a kill cut short is kept aside and cut: it does not stay in the middle of the file.
+    path = memory.archive.path_for("cli:me")
+    lines = path.read_bytes().splitlines()
+    assert b'{"archived_at": "torn' not in lines and len(lines) == 5  # the bad UTF-8 line stays
+    (aside,) = path.parent.glob(path.name + ".damaged-*")
+    assert aside.read_bytes() == b'{"archived_at": "torn\n'
 
 
 async def test_a_turn_counts_no_text_the_turn_before_counted(tmp_path: Path, clock: Clock) -> None:
