@@ -84,7 +84,7 @@ class Retirement:
         )
         result.archived = archived
         await self._store_facts(session_id, messages_to_retire, result)
-        await self._upkeep.run(when_due=True)
+        self._upkeep.start_when_due()
         return result
 
     def in_background(

@@ -204,6 +204,7 @@ class MemoryService:
         """Wait for background consolidations (each has its own deadline, so this ends); the running
         bot also writes which items were recalled since the last maintenance."""
         await self._retirement.close()
+        await self._upkeep.settled()  # one an answer or a consolidation started
         if self.vectors is not None:
             await self.vectors.close()
         await asyncio.gather(self.items.drain(), self._recorder.drain())
@@ -222,7 +223,7 @@ class MemoryService:
         ``replay`` and ``sync``); what was stored is then promoted, and maintained when due."""
         stored = await self._recorder.record(exchanges, replay=replay, sync=sync)
         await self._upkeep.promote(stored)
-        await self._upkeep.run(when_due=True)
+        self._upkeep.start_when_due()
         return stored
 
     async def recover(self, session: Session) -> int:
@@ -238,6 +239,11 @@ class MemoryService:
         """Every session was checked (:meth:`recover`): the marker a previous run left can go."""
         await self._recorder.lazy.recovered()
         self.unsynced_since = None
+
+    async def settled(self) -> None:
+        """Return once the maintenance an answer or a consolidation started in the background (the
+        running bot's, when due) has finished."""
+        await self._upkeep.settled()
 
     async def maintain(self) -> dict[str, int]:
         """Promotion, decay and log compaction: in-memory scans plus a write only for what changed."""

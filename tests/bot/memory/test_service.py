@@ -241,17 +241,23 @@ async def test_the_running_bot_maintains_items_when_due_also_at_a_consolidation(
     for service in (daily, yearly):
         await service.start()
         await service.record_exchanges([exchange(clock, "chit chat about clouds", "indeed")])
+        await service.settled()  # the first maintenance after a start
     start = salience(daily, "clouds")
     clock.advance(days=40)
-    for service in (daily, yearly):
-        await service.record_exchanges([exchange(clock, "and now the rain", "yes")])
-
+    await daily.record_exchanges([exchange(clock, "and now the rain", "yes")])
+    # Due, and started in the background: the answer's writes (which its reply waits for) are done first.
+    assert salience(daily, "clouds") == start
+    await daily.settled()
     assert salience(daily, "clouds") == start / 2  # a day had passed: decayed while answering
+    await yearly.record_exchanges([exchange(clock, "and now the rain", "yes")])
+    await yearly.settled()
     assert salience(yearly, "clouds") == start  # not due yet...
     await yearly.consolidate("cli:me", [Message(Role.USER, "retired", timestamp=clock.now)])
+    await yearly.settled()
     assert salience(yearly, "clouds") == start  # ...nor at a consolidation (a full pass over every item)
     clock.advance(days=365)
     await yearly.consolidate("cli:me", [Message(Role.USER, "retired later", timestamp=clock.now)])
+    await yearly.settled()
     assert salience(yearly, "clouds") == start / 2  # due: a consolidation maintains too
     assert salience(yearly, "rain") == start / 2
     await daily.close()
