@@ -283,9 +283,10 @@ class ItemStore:
         return [item for i in ids if retrievable(item := items[i])]
 
     def with_subject(self, subject: str) -> list[MemoryItem]:
-        """Live, retrievable items stating ``subject`` (a ``subject:`` tag), oldest first."""
-        found = [self._items[i] for i in self._by_subject.get(subject, ()) if i in self._items]
-        return sorted((i for i in found if retrievable(i)), key=lambda i: (i.created_at, i.id))
+        """Live, retrievable items stating ``subject`` (a ``subject:`` tag), in no particular order: every
+        chat's, a list that grows with all that was ever said on it (filter it, never sort it per query)."""
+        found = (self._items.get(i) for i in self._by_subject.get(subject, ()))
+        return [item for item in found if item is not None and retrievable(item)]
 
     def of_session(self, session_id: str) -> AbstractSet[str]:
         """Ids of the items a reference ties to chat ``session_id`` (chat scope's own items); read only."""

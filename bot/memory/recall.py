@@ -275,9 +275,11 @@ class Recaller:
         brief_assistant: bool = False,
         restates: Callable[[MemoryItem], bool] | None = None,
         diagnostics: RecallDiagnostics | None = None,
+        visible: Callable[[MemoryItem], bool] | None = None,
     ) -> Recall:
         """The best memories within the budgets (see the module doc), newest statements on a subject
-        standing for the older ones."""
+        standing for the older ones. ``visible`` (chat scope) limits what is brought in besides the
+        candidates (a newer statement on a subject, the turns around one) to what the chat may see."""
         diag = diagnostics or RecallDiagnostics()
         diag.candidates = len(candidates)
         relevance = [c.hits[0].relevance for c in candidates]  # Candidate.relevance, read once
@@ -305,13 +307,19 @@ class Recaller:
             used += price
         if diag.stop == "exhausted" and diag.below_floor:
             diag.stop = "floor"
-        used += self._expand(chosen, diag, room=max(0, hard - used), cost=cost)
-        chosen = self._resolve_subjects(chosen, diag, room=max(0, hard - used), cost=cost)
+        used += self._expand(chosen, diag, room=max(0, hard - used), cost=cost, visible=visible)
+        chosen = self._resolve_subjects(chosen, diag, room=max(0, hard - used), cost=cost, visible=visible)
         diag.chosen = len(chosen)
         return Recall(chosen, diag)
 
     def _expand(
-        self, chosen: list[Memory], diag: RecallDiagnostics, *, room: int, cost: Callable[[Memory], int]
+        self,
+        chosen: list[Memory],
+        diag: RecallDiagnostics,
+        *,
+        room: int,
+        cost: Callable[[Memory], int],
+        visible: Callable[[MemoryItem], bool] | None = None,
     ) -> int:
         """Context expansion: the best of the user's memories bring the turns around them (the reply that
         answers them, the turn before: an answer often spans two turns), while the hard budget allows.
@@ -325,7 +333,7 @@ class Recaller:
                 if key in have:
                     continue
                 near = self.memory_of(key, score=memory.score * 0.5)
-                if near is None:
+                if near is None or (visible is not None and not visible(near.hits[0].item)):
                     continue
                 near = replace(near, relevance=memory.relevance * 0.5)
                 price = cost(near)
@@ -338,20 +346,34 @@ class Recaller:
         return added
 
     def _resolve_subjects(
-        self, chosen: list[Memory], diag: RecallDiagnostics, *, room: int, cost: Callable[[Memory], int]
+        self,
+        chosen: list[Memory],
+        diag: RecallDiagnostics,
+        *,
+        room: int,
+        cost: Callable[[Memory], int],
+        visible: Callable[[MemoryItem], bool] | None = None,
     ) -> list[Memory]:
         """Newest statement per subject leads; older ones ride along as "previously" (current facts win).
 
         An older message rides along only when the newer one speaks to all it was about: "I live in
-        Paris and work as a nurse" is not out of date because of "I moved to Berlin"."""
+        Paris and work as a nurse" is not out of date because of "I moved to Berlin". In chat scope
+        (``visible``) the newest is the chat's own: another chat's "I moved to Berlin" is someone else's.
+        """
         by_key = {m.key: m for m in chosen}
+        latest: dict[str, MemoryItem | None] = {}  # per subject: all ever said on it is scanned once
         for memory in list(chosen):
             for subject in memory.subjects:
-                statements = self._store.with_subject(subject)
-                if not statements:
+                if subject not in latest:
+                    stated = self._store.with_subject(subject)
+                    if visible is not None:
+                        stated = [item for item in stated if visible(item)]
+                    latest[subject] = max(stated, key=lambda i: (i.created_at, i.id), default=None)
+                statement = latest[subject]
+                if statement is None:
                     continue
-                newest = key_of(statements[-1])
-                if newest in by_key or statements[-1].created_at <= memory.when:
+                newest = key_of(statement)
+                if newest in by_key or statement.created_at <= memory.when:
                     continue
                 current = self.memory_of(newest, score=memory.score)
                 if current is not None and cost(current) <= room:

@@ -88,13 +88,10 @@ class RelevantMemory:
         self, query: str, session_id: str | None, now: datetime | None = None, *, asker: str = ""
     ) -> list[ScoredItem]:
         await self._retriever.ready()
-        # In chat scope a chat sees its own items; "" (no chat) sees none, None (the operator) all.
-        visible = None
+        visible = self._visible(session_id)
         own: AbstractSet[str] | None = None  # the ids candidates are drawn from, when not all
-        if self._chat_scope and session_id is not None:
-            chat = session_id
-            visible = lambda i: belongs_to(i, chat)  # noqa: E731
-            mine = self._items.of_session(chat)
+        if visible is not None and session_id is not None:
+            mine = self._items.of_session(session_id)
             if len(mine) * 2 < len(self._items):  # others' items are the many: they must not crowd out
                 own = mine  # this chat's (the rest of the time, filtering the best of all is cheaper)
         now = now or self._clock()
@@ -106,6 +103,13 @@ class RelevantMemory:
         return self._retriever.rank(
             query, now, visible=visible, similarities=similarities, tz=self._tz, matched=matched
         )
+
+    def _visible(self, session_id: str | None) -> Callable[[MemoryItem], bool] | None:
+        """What ``session_id`` may see: in chat scope its own items ("" (no chat) none, None (the
+        operator) all); ``None``: everything."""
+        if not self._chat_scope or session_id is None:
+            return None
+        return lambda item: belongs_to(item, session_id)
 
     def embed_later(self, old: MemoryItem | None, new: MemoryItem | None) -> None:
         """Every new or changed item is queued for its vector (the store skips what it has); an item
@@ -167,6 +171,7 @@ class RelevantMemory:
             cost=lambda m: price(m, self._recaller.count, self._tz),
             brief_assistant=not asks_about_assistant(query),
             restates=lambda item: self._retriever.restates(item, query),
+            visible=self._visible(session_id),
         )
         recall.diagnostics.skipped_shown = skipped
         pack = assemble(recall, hard=hard, count=self._recaller.count, tz=self._tz, query=query)

@@ -186,7 +186,12 @@ class Retriever:
         asked = subjects_in_query(query)
         if asker:
             asked += [owned_subject(subject, asker) for subject in asked]
-        on_subject = {stated.id for subject in asked for stated in self._store.with_subject(subject)}
+        on_subject = {
+            stated.id
+            for subject in asked
+            for stated in self._store.with_subject(subject)
+            if only is None or stated.id in only
+        }
         in_period = time_hint(query, now, tz) if w.time_hint else None
         around_event = self._around_event(query, now, tz, visible, only) if w.event_hint else None
         return WordMatch(

@@ -342,3 +342,19 @@ async def test_items_merged_across_chats_before_are_split_by_chat_at_start(
     assert sorted(i.id for i in again.items.items() if i.content == ADOPTED) == sorted(
         [merged.id, said[B].id]
     )
+
+
+async def test_a_newer_statement_in_another_chat_never_shows_as_a_chats_current_one(
+    tmp_path: Path, clock: Clock
+) -> None:
+    memory = await chat_memory(tmp_path, clock)
+    await memory.record_exchanges([exchange(clock, A, "I live in Paris, near the Canal Saint-Martin.")])
+    clock.advance(days=3)
+    await memory.record_exchanges([exchange(clock, B, "I moved to Berlin, Kreuzberg, last spring.")])
+    clock.advance(days=1)
+
+    mine = await memory.context("where do I live?", session_id=A)
+    theirs = await memory.context("where do I live?", session_id=B)
+
+    assert "Canal Saint-Martin" in mine.text and "Kreuzberg" not in mine.text
+    assert "Kreuzberg" in theirs.text and "Canal Saint-Martin" not in theirs.text
