@@ -278,8 +278,8 @@ class Recaller:
         visible: Callable[[MemoryItem], bool] | None = None,
     ) -> Recall:
         """The best memories within the budgets (see the module doc), newest statements on a subject
-        standing for the older ones. ``visible`` (chat scope) limits what is brought in besides the
-        candidates (a newer statement on a subject, the turns around one) to what the chat may see."""
+        standing for the older ones. ``visible`` (chat scope) limits the newer statements brought in
+        besides the candidates to what the chat may see."""
         diag = diagnostics or RecallDiagnostics()
         diag.candidates = len(candidates)
         relevance = [c.hits[0].relevance for c in candidates]  # Candidate.relevance, read once
@@ -307,23 +307,17 @@ class Recaller:
             used += price
         if diag.stop == "exhausted" and diag.below_floor:
             diag.stop = "floor"
-        used += self._expand(chosen, diag, room=max(0, hard - used), cost=cost, visible=visible)
+        used += self._expand(chosen, diag, room=max(0, hard - used), cost=cost)
         chosen = self._resolve_subjects(chosen, diag, room=max(0, hard - used), cost=cost, visible=visible)
         diag.chosen = len(chosen)
         return Recall(chosen, diag)
 
     def _expand(
-        self,
-        chosen: list[Memory],
-        diag: RecallDiagnostics,
-        *,
-        room: int,
-        cost: Callable[[Memory], int],
-        visible: Callable[[MemoryItem], bool] | None = None,
+        self, chosen: list[Memory], diag: RecallDiagnostics, *, room: int, cost: Callable[[Memory], int]
     ) -> int:
         """Context expansion: the best of the user's memories bring the turns around them (the reply that
         answers them, the turn before: an answer often spans two turns), while the hard budget allows.
-        Returns the tokens added."""
+        Returns the tokens added. (Turns of the same conversation: in chat scope the chat's own.)"""
         have = {m.key for m in chosen}
         added = 0
         for memory in chosen[:EXPAND_FIRST]:
@@ -333,7 +327,7 @@ class Recaller:
                 if key in have:
                     continue
                 near = self.memory_of(key, score=memory.score * 0.5)
-                if near is None or (visible is not None and not visible(near.hits[0].item)):
+                if near is None:
                     continue
                 near = replace(near, relevance=memory.relevance * 0.5)
                 price = cost(near)
