@@ -16,7 +16,7 @@ trips names none).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Container, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -43,7 +43,7 @@ def event_spans(
     terms_of: Callable[[MemoryItem], Mapping[str, int]],
     weights: Weights,
     visible: Callable[[MemoryItem], bool] | None = None,
-    only: Collection[str] | None = None,
+    only: Container[str] | None = None,
 ) -> tuple[Span, ...] | None:
     """What was said before the talk that tells of the event (from 1970) or after it (to ``now``), and
     the moments its matching statements were said, or ``None`` when memory does not clearly tell when

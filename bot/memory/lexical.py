@@ -33,7 +33,7 @@ import json
 import math
 import zipfile
 import zlib
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Container, Iterable, Mapping, Set
 from itertools import chain
 from pathlib import Path
 
@@ -59,6 +59,19 @@ def _best(scores: dict[str, float], limit: int) -> dict[str, float]:
     above = np.flatnonzero(values > threshold).tolist()
     tied = sorted(keys[i] for i in np.flatnonzero(values == threshold).tolist())
     return {key: scores[key] for key in chain((keys[i] for i in above), tied[: limit - len(above)])}
+
+
+class AllBut:
+    """Every key but ``excluded``: the ``only`` of a chat that holds most of the items, named by the
+    smaller set, everyone else's (naming its own would cost a pass over most of the index per query)."""
+
+    __slots__ = ("excluded",)
+
+    def __init__(self, excluded: Set[str]) -> None:
+        self.excluded = excluded
+
+    def __contains__(self, key: object) -> bool:
+        return key not in self.excluded
 
 
 class LexicalIndex:
@@ -184,13 +197,13 @@ class LexicalIndex:
         return math.log(1 + (self._count - df + 0.5) / (df + 0.5)) if df else 0.0
 
     def scores(
-        self, terms: Iterable[str], *, limit: int | None = None, only: Collection[str] | None = None
+        self, terms: Iterable[str], *, limit: int | None = None, only: Container[str] | None = None
     ) -> dict[str, float]:
         """BM25 of the documents holding at least one of ``terms`` (each term counted once); with
         ``limit``, only the ``limit`` best (equal scores at the limit: the smallest keys, but among
         the base's own, those numpy's partition picks: sorting thousands of ties cost ms); with
-        ``only``, among those keys alone (one chat's items among everyone's: others' cannot crowd them
-        out of the ``limit``)."""
+        ``only`` (keys, or :class:`AllBut` some), among those keys alone (one chat's items among
+        everyone's: others' cannot crowd them out of the ``limit``)."""
         if self._count == 0:
             return {}
         average = self._total_length / self._count or 1.0
@@ -235,12 +248,14 @@ class LexicalIndex:
                 out[keys[slot]] = score
         return _best(out, limit) if limit is not None and len(out) > limit else out
 
-    def _mask(self, keys: Collection[str]) -> NDArray[np.bool_]:
-        """The base documents among ``keys``."""
+    def _mask(self, keys: Container[str]) -> NDArray[np.bool_]:
+        """The base documents among ``keys`` (a collection, or :class:`AllBut` some)."""
+        named = keys.excluded if isinstance(keys, AllBut) else keys
+        assert isinstance(named, Collection)
         mask = np.zeros(len(self._keys), dtype=np.bool_)
         slot = self._slot
-        mask[[at for key in keys if (at := slot.get(key)) is not None]] = True
-        return mask
+        mask[[at for key in named if (at := slot.get(key)) is not None]] = True
+        return ~mask if isinstance(keys, AllBut) else mask
 
     # -- merging, saving, loading -------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import chain
@@ -170,7 +170,7 @@ class Retriever:
         *,
         visible: Callable[[MemoryItem], bool] | None = None,
         tz: ZoneInfo = _UTC,
-        only: Collection[str] | None = None,
+        only: Container[str] | None = None,
         asker: str = "",
     ) -> WordMatch:
         """What the query's words find: BM25 (and its second hop), the subjects and the period it names.
@@ -209,7 +209,7 @@ class Retriever:
         now: datetime,
         tz: ZoneInfo,
         visible: Callable[[MemoryItem], bool] | None,
-        only: Collection[str] | None,
+        only: Container[str] | None,
     ) -> TimeHint | None:
         """Before or after the event the query names, found in memory (anchors.py)."""
         anchor = anchor_of(query)
@@ -337,7 +337,7 @@ class Retriever:
         tokens: Sequence[str],
         first: dict[str, float],
         visible: Callable[[MemoryItem], bool] | None,
-        only: Collection[str] | None,
+        only: Container[str] | None,
     ) -> dict[str, float]:
         """The first hop's scores plus a second hop's: BM25 of the terms that mark the first hop's best
         results (the names, places and things they share), so an answer worded differently from the

@@ -228,9 +228,22 @@ async def memory_chat(tmp_path: Path, clock: Clock) -> AsyncIterator[MemoryServi
     await memory.close()
 
 
-async def test_other_chats_memories_never_crowd_out_a_chats_own(tmp_path: Path, clock: Clock) -> None:
+async def say_much_else(memory: MemoryService, clock: Clock, sid: str) -> None:
+    """``sid`` says enough about other things to hold most of the items."""
+    others = len(memory.items) - len(memory.items.of_session(sid))
+    await memory.record_exchanges(
+        [exchange(clock, sid, f"Gardening note {n}: tomatoes and basil.", f"Ok {n}.") for n in range(others)]
+    )
+    assert len(memory.items.of_session(sid)) * 2 > len(memory.items)
+
+
+@pytest.mark.parametrize("holds", ["few", "most"])
+async def test_other_chats_memories_never_crowd_out_a_chats_own(
+    tmp_path: Path, clock: Clock, holds: str
+) -> None:
     """Retrieval's candidates are this chat's items: a bot with many users, all talking about coffee,
-    still finds what this user said about it, however far down the whole memory's ranking it is."""
+    still finds what this user said about it, however far down the whole memory's ranking it is; also
+    when this chat holds most of the items (a bot's main user, a few guests)."""
     memory = await chat_memory(tmp_path, clock)
     await memory.record_exchanges([exchange(clock, A, "I take my coffee with oat milk.")])
     crowd = memory.retriever.weights.candidates + 50
@@ -240,6 +253,8 @@ async def test_other_chats_memories_never_crowd_out_a_chats_own(tmp_path: Path, 
             for n in range(crowd)
         ]
     )
+    if holds == "most":
+        await say_much_else(memory, clock, A)
     await memory.close()
     memory = await chat_memory(tmp_path, clock)  # a start: the index's base holds everything
 
@@ -248,13 +263,19 @@ async def test_other_chats_memories_never_crowd_out_a_chats_own(tmp_path: Path, 
     assert [s.item.content for s in found][:1] == ["I take my coffee with oat milk."]
 
 
+@pytest.mark.parametrize("holds", ["few", "most"])
 async def test_other_chats_memories_never_crowd_out_a_chats_own_in_meaning(
-    tmp_path: Path, clock: Clock
+    tmp_path: Path, clock: Clock, holds: str
 ) -> None:
     """The same for the embedding signal: its nearest items are drawn from this chat's."""
     settings = MemorySettings.model_validate({"scope": "chat"})
     memory = MemoryService(
-        tmp_path / "memory", settings, timezone="UTC", clock=clock, embedder=WordsEmbedder()
+        # Wide enough that no word of the chat's other talk shares the query's dimensions by chance.
+        tmp_path / "memory",
+        settings,
+        timezone="UTC",
+        clock=clock,
+        embedder=WordsEmbedder(dim=4096),
     )
     await memory.start()
     await memory.record_exchanges([exchange(clock, A, "We adopted a puppy named Biscuit.")])
@@ -262,6 +283,8 @@ async def test_other_chats_memories_never_crowd_out_a_chats_own_in_meaning(
     await memory.record_exchanges(
         [exchange(clock, f"discord:{n}", f"My dog is great, dog number {n}.") for n in range(crowd)]
     )
+    if holds == "most":
+        await say_much_else(memory, clock, A)
     assert memory.vectors is not None
     await memory.vectors.drain()
 
