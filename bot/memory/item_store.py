@@ -292,16 +292,6 @@ class ItemStore:
         """Ids of the items a reference ties to chat ``session_id`` (chat scope's own items); read only."""
         return self._by_session.get(session_id, frozenset())
 
-    def of_other_sessions(self, session_id: str) -> set[str]:
-        """Ids of the items tied to other chats than ``session_id`` alone: for a chat that holds most
-        items, the fewer to name (what a reference ties to no chat is in neither)."""
-        mine = self.of_session(session_id)
-        others: set[str] = set()
-        for sid, ids in self._by_session.items():
-            if sid != session_id:
-                others.update(ids)
-        return others - mine if mine else others
-
     def __len__(self) -> int:
         return len(self._items)
 

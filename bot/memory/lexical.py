@@ -33,7 +33,7 @@ import json
 import math
 import zipfile
 import zlib
-from collections.abc import Collection, Container, Iterable, Mapping, Set
+from collections.abc import Callable, Collection, Container, Iterable, Mapping
 from itertools import chain
 from pathlib import Path
 
@@ -53,6 +53,8 @@ Frequencies = Mapping[str, int]
 def _best(scores: dict[str, float], limit: int) -> dict[str, float]:
     """The ``limit`` best of ``scores``; of equal scores at the limit, the smallest keys (the same
     scores give the same candidates, whatever order the documents were indexed in)."""
+    if limit <= 0:
+        return {}
     keys = list(scores)
     values = np.fromiter(scores.values(), dtype=np.float64, count=len(keys))
     threshold = np.partition(values, len(values) - limit)[len(values) - limit]  # the limit-th best
@@ -61,17 +63,18 @@ def _best(scores: dict[str, float], limit: int) -> dict[str, float]:
     return {key: scores[key] for key in chain((keys[i] for i in above), tied[: limit - len(above)])}
 
 
-class AllBut:
-    """Every key but ``excluded``: the ``only`` of a chat that holds most of the items, named by the
-    smaller set, everyone else's (naming its own would cost a pass over most of the index per query)."""
+class Where:
+    """The keys that pass ``test``: an ``only`` told by a question rather than a list, for when the keys
+    are most of the index (a chat that holds most of the items): naming them would cost a pass over
+    most of it per query, asking costs a look at the few best."""
 
-    __slots__ = ("excluded",)
+    __slots__ = ("test",)
 
-    def __init__(self, excluded: Set[str]) -> None:
-        self.excluded = excluded
+    def __init__(self, test: Callable[[str], bool]) -> None:
+        self.test = test
 
     def __contains__(self, key: object) -> bool:
-        return key not in self.excluded
+        return isinstance(key, str) and self.test(key)
 
 
 class LexicalIndex:
@@ -202,10 +205,13 @@ class LexicalIndex:
         """BM25 of the documents holding at least one of ``terms`` (each term counted once); with
         ``limit``, only the ``limit`` best (equal scores at the limit: the smallest keys, but among
         the base's own, those numpy's partition picks: sorting thousands of ties cost ms); with
-        ``only`` (keys, or :class:`AllBut` some), among those keys alone (one chat's items among
-        everyone's: others' cannot crowd them out of the ``limit``)."""
+        ``only`` (a collection of keys, or a :class:`Where`), among those keys alone (one chat's items
+        among everyone's: others' cannot crowd them out of the ``limit``)."""
         if self._count == 0:
             return {}
+        if isinstance(only, Where):
+            return self._scores_where(list(terms), limit, only)
+        assert only is None or isinstance(only, Collection)
         average = self._total_length / self._count or 1.0
         out: dict[str, float] = {}
         base: NDArray[np.float32] | None = None
@@ -248,14 +254,25 @@ class LexicalIndex:
                 out[keys[slot]] = score
         return _best(out, limit) if limit is not None and len(out) > limit else out
 
-    def _mask(self, keys: Container[str]) -> NDArray[np.bool_]:
-        """The base documents among ``keys`` (a collection, or :class:`AllBut` some)."""
-        named = keys.excluded if isinstance(keys, AllBut) else keys
-        assert isinstance(named, Collection)
+    def _scores_where(self, terms: list[str], limit: int | None, only: Where) -> dict[str, float]:
+        """:meth:`scores` among the keys ``only`` admits: the best of all, asked about, twice as many each
+        time until ``limit`` of them pass (or all matches were looked at). Exact: a key that passes
+        and is not among the best looked at cannot score above the ones that passed. It starts at twice
+        ``limit``: ``only`` is for keys that are most of the index."""
+        want = None if limit is None else 2 * limit
+        while True:
+            found = self.scores(terms, limit=want)
+            kept = {key: score for key, score in found.items() if key in only}
+            if want is None or limit is None or len(found) < want or len(kept) >= limit:
+                return _best(kept, limit) if limit is not None and len(kept) > limit else kept
+            want *= 2
+
+    def _mask(self, keys: Collection[str]) -> NDArray[np.bool_]:
+        """The base documents among ``keys``."""
         mask = np.zeros(len(self._keys), dtype=np.bool_)
         slot = self._slot
-        mask[[at for key in named if (at := slot.get(key)) is not None]] = True
-        return ~mask if isinstance(keys, AllBut) else mask
+        mask[[at for key in keys if (at := slot.get(key)) is not None]] = True
+        return mask
 
     # -- merging, saving, loading -------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from bot.config import MemorySettings
 from bot.memory.asks import asks_about_assistant
 from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem
-from bot.memory.lexical import AllBut
+from bot.memory.lexical import Where
 from bot.memory.pack import MemoryPack, assemble, overhead, price
 from bot.memory.recall import MessageKey, Recaller
 from bot.memory.retrieval import Retriever, ScoredItem, diversify
@@ -91,12 +91,11 @@ class RelevantMemory:
         await self._retriever.ready()
         visible = self._visible(session_id)
         # In chat scope candidates are drawn from the chat's own items, so that others' matches never
-        # crowd them out of the best; named by the smaller set: the chat's, or all but everyone else's.
-        own: AbstractSet[str] | AllBut | None = None
+        # crowd them out of the best: named when they are the fewer, else asked about (Where).
+        own: AbstractSet[str] | Where | None = None
         if visible is not None and session_id is not None:
             mine = self._items.of_session(session_id)
-            few = len(mine) * 2 < len(self._items)
-            own = mine if few else AllBut(self._items.of_other_sessions(session_id))
+            own = mine if len(mine) * 2 < len(self._items) else Where(mine.__contains__)
         now = now or self._clock()
         if self._vectors is not None:
             self._vectors.prefetch(query)  # the model starts on the query in its thread, as words count
@@ -124,7 +123,7 @@ class RelevantMemory:
         self,
         query: str,
         visible: Callable[[MemoryItem], bool] | None,
-        own: AbstractSet[str] | AllBut | None,
+        own: AbstractSet[str] | Where | None,
     ) -> dict[str, float]:
         """Cosine similarity of the query with the items nearest to it in meaning (among ``own``'s, when
         given), by item id."""
@@ -133,16 +132,13 @@ class RelevantMemory:
         if visible is not None:
             usable = lambda f: any(visible(i) for i in self._items.with_fingerprint(f))  # noqa: E731
         feedback = Feedback(usable=usable)
-        among = without = None
-        get = self._items.get
-        if isinstance(own, AllBut):  # the texts only others said (one the chat said too is its own)
-            said = {item.fingerprint for i in own.excluded if (item := get(i)) is not None}
-            without = {f for f in said if usable is None or not usable(f)}
-        elif own is not None:
-            among = {item.fingerprint for i in own if (item := get(i)) is not None}
+        among = None
+        if isinstance(own, AbstractSet):
+            among = {item.fingerprint for i in own if (item := self._items.get(i)) is not None}
+        admits = usable if isinstance(own, Where) else None
         out: dict[str, float] = {}
         nearest = await self._vectors.nearest(
-            query, SEMANTIC_CANDIDATES, among, feedback=feedback, without=without
+            query, SEMANTIC_CANDIDATES, among, feedback=feedback, admits=admits
         )
         for fingerprint, score in nearest:
             for item in self._items.with_fingerprint(fingerprint):

@@ -494,11 +494,11 @@ class VectorStore:
         fingerprints: Iterable[str] | None = None,
         *,
         feedback: Feedback | None = None,
-        without: Collection[str] | None = None,
+        admits: Callable[[str], bool] | None = None,
     ) -> list[tuple[str, float]]:
-        """The ``k`` fingerprints most similar to ``query`` (among ``fingerprints``; never those in
-        ``without``), best first; with ``feedback``, to the query moved toward its nearest items (see
-        :class:`Feedback`).
+        """The ``k`` fingerprints most similar to ``query`` (among ``fingerprints``; only those
+        ``admits``, asked of the best until ``k`` pass), best first; with ``feedback``, to the query
+        moved toward its nearest items (see :class:`Feedback`).
 
         Rows are handled as index arrays and named only for the ``k`` returned: naming every scored
         row (a list of keys per pass, and a dict look-up per key to score again) was most of its time
@@ -510,11 +510,7 @@ class VectorStore:
         keys = matrix.keys  # rows are only ever appended (or overwritten in place): indices hold
         rows = matrix.view()
         picked = None if fingerprints is None else matrix.pick(fingerprints)
-        barred = None  # rows never to return, marked by row (scores of them are set to -inf)
-        if without:
-            barred = np.zeros(len(rows), dtype=np.bool_)
-            barred[matrix.pick(without)] = True
-        scores = _barring(await self._score(rows, q, picked), barred, picked)
+        scores = await self._score(rows, q, picked)
         if feedback is not None and feedback.seeds > 0:
             seeds = feedback.pick(_Named(keys, picked), scores)
             if seeds:
@@ -523,15 +519,18 @@ class VectorStore:
                 if len(scores) > RESCORED:  # the moved query re-ranks what the query found, not all
                     best = np.argpartition(-scores, RESCORED - 1)[:RESCORED]
                     picked = best if picked is None else picked[best]
-                scores = _barring(await self._score(rows, moved, picked), barred, picked)
-        top = np.argpartition(-scores, k - 1)[:k] if len(scores) > k else np.arange(len(scores))
-        top = top[np.argsort(-scores[top], kind="stable")]
-        found = top if picked is None else picked[top]
-        return [
-            (keys[i], s)
-            for i, s in zip(found.tolist(), scores[top].tolist(), strict=True)
-            if s != -np.inf  # (a barred row, when fewer than k others were left)
-        ]
+                scores = await self._score(rows, moved, picked)
+        want = k if admits is None else 2 * k  # (``admits`` is for fingerprints that are most of them)
+        while True:
+            top = np.argpartition(-scores, want - 1)[:want] if len(scores) > want else np.arange(len(scores))
+            top = top[np.argsort(-scores[top], kind="stable")]
+            found = top if picked is None else picked[top]
+            ranked = list(zip(found.tolist(), scores[top].tolist(), strict=True))
+            if admits is not None:
+                ranked = [(i, s) for i, s in ranked if admits(keys[i])]
+            if len(ranked) >= k or len(top) == len(scores):
+                return [(keys[i], s) for i, s in ranked[:k]]
+            want *= 2
 
     def prefetch(self, query: str) -> None:
         """Start embedding ``query`` without waiting for it, so the caller can work meanwhile (memory
@@ -590,15 +589,6 @@ class VectorStore:
         if (len(rows) if picked is None else len(picked)) > THREAD_SCORING_ROWS:  # ~10 ms of numpy
             return await asyncio.to_thread(score)  # keep it off the event loop
         return score()
-
-
-def _barring(
-    scores: NDArray[np.float32], barred: NDArray[np.bool_] | None, picked: NDArray[np.int64] | None
-) -> NDArray[np.float32]:
-    """``scores`` (of every row, or of those at ``picked``) with the ``barred`` rows' at -inf."""
-    if barred is not None:
-        scores[barred if picked is None else barred[picked]] = -np.inf
-    return scores
 
 
 class _Named:

@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pytest
 
-from bot.memory.lexical import FOLD_AT, SEGMENT_MAX, LexicalIndex
+from bot.memory.lexical import FOLD_AT, SEGMENT_MAX, LexicalIndex, Where
 from bot.memory.lexical_segment import K1, B
 from bot.memory.timehints import microseconds, time_hint
 
@@ -116,6 +116,25 @@ def test_the_limit_keeps_the_best_of_base_and_delta_alike_and_ties_by_key() -> N
             twins.upsert(key, {"tea": 1})
         ranked.append(twins.scores(["tea"], limit=5))
     assert ranked[0] == ranked[1] and sorted(ranked[0]) == same[:5]
+
+
+def test_keys_asked_about_score_as_keys_named_even_when_most_of_the_best_fail() -> None:
+    """``Where`` (a chat that holds most items asks about keys instead of naming them): the ``limit`` best
+    of the keys that pass, as with the keys named, also when the others fill the best of all."""
+    rnd = random.Random(11)
+    index, live = LexicalIndex(), {}
+    writes(index, live, 10 * FOLD_AT, rnd)
+    index = index.merged()  # a base, segments and a tail
+    writes(index, live, 2 * FOLD_AT + 5, rnd)
+    for terms in ([WORDS[0]], WORDS[:3], WORDS[5:12]):
+        full = sorted(index.scores(terms).items(), key=lambda kv: (-kv[1], kv[0]))
+        limit = len(full) // 8
+        mine = {key for n, (key, _) in enumerate(full) if n >= 3 * limit or n % 4 == 0}  # few of the best
+        named = index.scores(terms, limit=limit, only=mine)
+        asked = index.scores(terms, limit=limit, only=Where(mine.__contains__))
+        assert limit > 3 and len(named) == limit and set(asked) <= mine
+        assert sorted(asked.values()) == sorted(named.values())  # (ties at the limit: either key)
+        assert index.scores(terms, only=Where(mine.__contains__)) == index.scores(terms, only=mine)
 
 
 def test_a_time_hint_checks_many_times_as_it_checks_one() -> None:
