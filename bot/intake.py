@@ -21,11 +21,13 @@ DEDUP_WINDOW = 100  # recent session messages searched for a redelivered platfor
 
 
 def speaker(inbound: InboundMessage) -> str:
-    """The name a group message is said under ("" in a private chat, or when the platform gave none):
-    one line, so a name cannot pass for text of the message."""
+    """The name a group message is said under ("" in a private chat): one line, so a name cannot pass
+    for text of the message. A member the platform gave no name is "user <id>": unnamed, their words
+    would read (and be remembered) as nobody's, and another member's "my job" could find theirs."""
     if not inbound.is_group:
         return ""
-    return " ".join(inbound.sender_name.split())[:SPEAKER_CHARS].rstrip(":").strip()
+    name = " ".join(inbound.sender_name.split())[:SPEAKER_CHARS].rstrip(":").strip()
+    return name or (f"user {inbound.sender_id}"[:SPEAKER_CHARS] if inbound.sender_id else "")
 
 
 def user_message(inbound: InboundMessage, entries: Sequence[str] = ()) -> Message:

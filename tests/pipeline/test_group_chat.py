@@ -107,3 +107,23 @@ async def test_my_job_in_a_group_is_the_askers_own(tmp_path: Path) -> None:
 
     assert "Alice: I work as a nurse" in shown["Alice"]
     assert "nurse" not in shown["Bob"]  # her job is not his
+
+
+async def test_a_group_member_the_platform_gave_no_name_is_still_someone_of_their_own(tmp_path: Path) -> None:
+    """Named by their id: what they said is theirs, not the group's (another member's "my job")."""
+    assert user_message(said(" ", "3", "hi")).content == "user 3: hi"
+    clock = Clock()
+    memory = await make_memory(tmp_path, clock)
+    persist = MemoryPersistSystem(memory, MemorySettings())
+    context = ContextBuildingSystem(memory, "You are membot.")
+    await answered(persist, Session.new("telegram", GROUP), said("", "3", "I work as a nurse."), clock)
+    clock.now += timedelta(days=2)
+
+    later = Session.new("telegram", GROUP)
+    question = said("Bob", "2", "What is my job?")
+    later.append(user_message(question))
+    turn = Turn(session=later, inbound=(question,), now=clock.now)
+    await context.process(turn)
+    await memory.close()
+
+    assert "nurse" not in turn.memory_context.split("## Recent Context")[0]
