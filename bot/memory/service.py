@@ -169,6 +169,7 @@ class MemoryService:
 
     async def start(self) -> None:
         """Create ``memory/`` (0700), tighten file modes to 0600, and load the item layers."""
+        first_in_chat_scope = self.chat_scope and not await asyncio.to_thread(self.chats.root.exists)
         fixed = await asyncio.to_thread(self._prepare)
         if fixed:
             log.warning("memory_permissions_fixed", count=fixed, root=str(self.root))
@@ -181,6 +182,15 @@ class MemoryService:
         if self.chat_scope and (split := await self.items.separate_chats()):
             # Merged across chats by an earlier version (or while the scope was "workspace").
             log.warning("memory_items_separated_by_chat", count=split)
+        if first_in_chat_scope and len(self.items) and await asyncio.to_thread(self._longterm_written):
+            # The bot wrote MEMORY.md while the scope was "workspace", from every chat; it is the
+            # operator's now, and every chat is shown it.
+            log.warning(
+                "memory_scope_now_chat",
+                path=str(self.longterm.path),
+                hint="memory.scope is 'chat' now, but this file holds what the bot learned in any chat "
+                "while it was 'workspace', and every chat is shown it: move personal facts out of it",
+            )
         await asyncio.to_thread(load_lemmas)
         await self.retriever.ready()
         if self.vectors is not None:
@@ -188,6 +198,12 @@ class MemoryService:
             # What has no vector yet (a new model, items imported beside the bot) is embedded in the
             # background; the bot answers meanwhile with what it has.
             self.vectors.submit(i for i in self.items.items() if embeddable(i))
+
+    def _longterm_written(self) -> bool:
+        try:
+            return bool(self.longterm.path.read_text(encoding="utf-8", errors="replace").strip())
+        except OSError:
+            return False
 
     def _prepare(self) -> int:
         for folder in (

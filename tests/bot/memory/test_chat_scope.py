@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from bot.config import MemorySettings, ToolSettings
 from bot.domain import Message, Role
@@ -381,3 +382,42 @@ async def test_a_newer_statement_in_another_chat_never_shows_as_a_chats_current_
 
     assert "Canal Saint-Martin" in mine.text and "Kreuzberg" not in mine.text
     assert "Kreuzberg" in theirs.text and "Canal Saint-Martin" not in theirs.text
+
+
+async def test_switching_to_chat_scope_warns_that_the_bots_memory_md_is_now_shown_to_every_chat(
+    tmp_path: Path, clock: Clock
+) -> None:
+    shared = await make_memory(tmp_path, clock)  # workspace scope: the bot writes MEMORY.md
+    await shared.record_exchanges([exchange(clock, A, FACT)])
+    await MemoryTool(shared).run(
+        {"action": "add", "content": "User's cat is called Miso", "layer": "long_term"},
+        ToolContext(A, "telegram", "t1"),
+    )
+    await shared.close()
+
+    with capture_logs() as switched:
+        memory = await make_memory(tmp_path, clock, scope="chat")
+        await memory.close()
+    with capture_logs() as later:
+        again = await make_memory(tmp_path, clock, scope="chat")
+        await again.close()
+
+    (warning,) = [e for e in switched if e["event"] == "memory_scope_now_chat"]
+    assert warning["log_level"] == "warning" and warning["path"].endswith("memory/MEMORY.md")
+    assert "Miso" in (tmp_path / "memory" / "MEMORY.md").read_text()  # left as it is: the operator's
+    assert not [e for e in later if e["event"] == "memory_scope_now_chat"]  # once
+
+
+async def test_a_new_workspace_in_chat_scope_with_the_operators_memory_md_starts_quietly(
+    tmp_path: Path, clock: Clock
+) -> None:
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "MEMORY.md").write_text(OPERATOR)  # the operator's, before the first start
+    with capture_logs() as logs:
+        memory = await make_memory(tmp_path, clock, scope="chat")
+        await memory.record_exchanges([exchange(clock, A, FACT)])
+        await memory.close()
+        again = await make_memory(tmp_path, clock, scope="chat")  # items now, but in chat scope
+        await again.close()
+
+    assert not [e for e in logs if e["event"] == "memory_scope_now_chat"]
