@@ -113,16 +113,17 @@ class GroupWriter:
             if sync:
                 synced.add(path)
         try:
-            new = await asyncio.to_thread(_append_all, files, synced)
-        except Exception as exc:  # every caller of the group hears of it: none of them is durable
-            for _, _, future, _ in group:
-                _settle(future, error=exc)
-            return
+            new, failed = await asyncio.to_thread(_append_all, files, synced)
+        except Exception as exc:  # (not a file's own failure: nothing is known to be durable)
+            new, failed = set(), dict.fromkeys(files, exc)
+        written = files.keys() - failed.keys()
         self._unsynced.difference_update(synced)
-        self._unsynced.update(files.keys() - synced)
+        self._unsynced.update(written - synced)
         self._new.update(new)
-        for _, _, future, _ in group:
-            _settle(future, result=None)
+        for path, _, future, _ in group:
+            # Each caller hears of its own file: one chat's full inbox file must not make another
+            # chat's durable line count as not written (its message would be taken again as new).
+            _settle(future, error=failed.get(path))
 
     def _sync_unsynced(self) -> None:
         paths, new = list(self._unsynced), list(self._new)
@@ -131,15 +132,21 @@ class GroupWriter:
         self._new.difference_update(new)
 
 
-def _append_all(files: dict[Path, list[bytes]], synced: set[Path]) -> set[Path]:
-    """Append each file's payloads; returns the files an unsynced append started (new or empty)."""
+def _append_all(files: dict[Path, list[bytes]], synced: set[Path]) -> tuple[set[Path], dict[Path, Exception]]:
+    """Append each file's payloads: the files an unsynced append started (new or empty), and the
+    failure of each file whose append failed (it left nothing of its payloads: ``append_bytes``)."""
     new: set[Path] = set()
+    failed: dict[Path, Exception] = {}
     for path, payloads in files.items():
         data = b"".join(payloads)
-        size = append_bytes(path, data, whole_lines=True, sync=path in synced)
+        try:
+            size = append_bytes(path, data, whole_lines=True, sync=path in synced)
+        except Exception as exc:
+            failed[path] = exc
+            continue
         if path not in synced and size == len(data):
             new.add(path)
-    return new
+    return new, failed
 
 
 def _settle(future: asyncio.Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:

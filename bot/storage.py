@@ -110,13 +110,20 @@ def append_bytes(
     does not end with a newline (a torn line, or an operator's edit), so that line cannot swallow the
     first record appended after it. A file this call creates gets its folder fsynced too, so the new
     name survives a power cut along with the data (once per file: later appends need one fsync).
+
+    Without ``truncate_to`` the file is opened to append (``O_APPEND``): each write lands at the end as
+    it is then, so an editor that saves a note in place between our look at the end and our write does
+    not get our line written over its text. A failed append (a full disk, a failed fsync) is cut back
+    off, as far as the system lets: it raises having left nothing of ``data``, so the caller may take it
+    as not written (the inbox: as not accepted) without a complete line of it staying behind.
     """
     ensure_private_dir(path.parent)
+    append = os.O_APPEND if truncate_to is None else 0
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | append, FILE_MODE)
         created = True
     except FileExistsError:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | append)
         created = False
     try:
         if truncate_to is not None and os.fstat(fd).st_size != truncate_to:
@@ -124,17 +131,31 @@ def append_bytes(
         end = os.lseek(fd, 0, os.SEEK_END)
         if whole_lines and end and os.pread(fd, 1, end - 1) != b"\n":
             data = b"\n" + data
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        if sync:
-            os.fsync(fd)
+        _write_all(fd, data, sync=sync)
+        size = os.lseek(fd, 0, os.SEEK_CUR)  # (with O_APPEND: after our write, wherever the end was)
     finally:
         os.close(fd)
     if created and sync:
         fsync_dir(path.parent)
-    return end + len(data)
+    return size
+
+
+def _write_all(fd: int, data: bytes, *, sync: bool) -> None:
+    """Write (and fsync) ``data`` at the file's end; on failure cut what of it was written, and raise."""
+    done = 0
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            done += written
+            view = view[written:]
+        if sync:
+            os.fsync(fd)
+    except BaseException:
+        if done:
+            with contextlib.suppress(OSError):  # (a kill between the two leaves a torn tail: readers cope)
+                os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR) - done)
+        raise
 
 
 def sync_paths(paths: Iterable[Path], *, new: Iterable[Path] = ()) -> None:

@@ -50,3 +50,75 @@ async def test_a_synced_append_covers_the_unsynced_lines_before_it(
     assert fsynced == [path] and not writer.unsynced
     await writer.sync()
     assert fsynced == [path]  # nothing left to sync
+
+
+@pytest.fixture
+def full_disk_for(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """File names whose writes hit a full disk: the first write takes half its bytes, the next fails
+    with ENOSPC, as a disk that fills up mid-append does."""
+    names: set[str] = set()
+    real = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        name = os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1]
+        if name not in names:
+            return real(fd, data)
+        names.discard(name)  # (half now, then full)
+        names.add(name + " (full)")
+        return real(fd, bytes(data)[: max(1, len(data) // 2)])
+
+    def failing(fd: int, data: bytes) -> int:
+        name = os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1]
+        if name + " (full)" in names:
+            raise OSError(28, "No space left on device")
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", failing)
+    return names
+
+
+async def test_a_file_the_disk_refuses_fails_only_its_own_callers_and_keeps_none_of_their_lines(
+    tmp_path: Path, full_disk_for: set[str]
+) -> None:
+    """One chat's inbox file on a full disk must not make another chat's line, fsynced in the same
+    group, count as not written: its message would be taken again as new, and answered twice."""
+    writer, mine, theirs = GroupWriter(), tmp_path / "inbox" / "c1.jsonl", tmp_path / "inbox" / "c2.jsonl"
+    await writer.append(theirs, b'{"entry": "earlier"}\n')
+    full_disk_for.add("c2.jsonl")
+    first = writer.submit(mine, b'{"entry": "hi"}\n')  # one group: both are queued before it runs
+    second = writer.submit(theirs, b'{"entry": "yo"}\n' * 50)
+
+    assert await first is None
+    with pytest.raises(OSError, match="No space left"):
+        await second
+    assert mine.read_bytes() == b'{"entry": "hi"}\n'
+    assert theirs.read_bytes() == b'{"entry": "earlier"}\n'  # the half written was cut back off
+    full_disk_for.clear()
+    await writer.append(theirs, b'{"entry": "yo"}\n')  # space is back
+    assert theirs.read_bytes() == b'{"entry": "earlier"}\n{"entry": "yo"}\n'
+
+
+async def test_an_editor_saving_in_place_while_a_line_is_appended_keeps_its_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daily note saved in place (truncate and write: nano, ``cat >``) between the append's look at
+    the end and its write: the line goes after the operator's text, not over it."""
+    note = tmp_path / "memory" / "2026-03-01.md"
+    note.parent.mkdir()
+    note.write_text("[09:00] User: hi | Assistant: hello\n")
+    edited = "[09:00] User: hi | Assistant: hello\nOPERATOR: the dentist on Friday, important!\n"
+    real, saved = os.lseek, []
+
+    def lseek(fd: int, pos: int, how: int) -> int:
+        end = real(fd, pos, how)
+        if how == os.SEEK_END and not saved:
+            saved.append(True)
+            with open(note, "r+") as editor:  # the editor saves in place, right now
+                editor.truncate(0)
+                editor.write(edited)
+        return end
+
+    monkeypatch.setattr(os, "lseek", lseek)
+    await GroupWriter().append(note, b"[09:05] User: what's up | Assistant: not much\n")
+
+    assert note.read_text() == edited + "[09:05] User: what's up | Assistant: not much\n"
