@@ -48,8 +48,11 @@ def health_report(
     *,
     uptime: float,
     kept: Mapping[str, int] | None = None,
+    redact: Callable[[str], str] = redact_shapes,
 ) -> tuple[int, dict[str, Any]]:
-    """The /healthz status code and body (see the module doc for when it is 503)."""
+    """The /healthz status code and body (see the module doc for when it is 503). Error texts pass
+    through ``redact`` (the log's: the configured secrets and credential shapes): a Bot API front that
+    echoes the request path in its error page puts the bot token in a channel's error."""
     healthy = bool(channels) and all(h.state == "running" for h in channels.values())
     body: dict[str, Any] = {
         "status": "ok" if healthy else "unhealthy",
@@ -58,25 +61,25 @@ def health_report(
             name: {
                 "state": h.state,
                 "last_inbound": h.last_inbound.isoformat() if h.last_inbound else None,
-                "error": h.error,
+                "error": redact(h.error) if h.error else None,
                 "sent": h.sent,
                 "send_failures": h.send_failures,
             }
             for name, h in channels.items()
         },
-        "llm": _llm_report(llm),
+        "llm": _llm_report(llm, redact),
         "kept_answers": {"total": sum((kept or {}).values()), "chats": dict(sorted((kept or {}).items()))},
     }
     return (200 if healthy else 503), body
 
 
-def _llm_report(stats: LLMStats | None) -> dict[str, Any]:
+def _llm_report(stats: LLMStats | None, redact: Callable[[str], str]) -> dict[str, Any]:
     if stats is None:
         return {"reachable": None}
     return {
         "reachable": stats.last_ok,  # None: no call made yet
         "last_call_at": stats.last_call_at.isoformat() if stats.last_call_at else None,
-        "last_error": redact_shapes(stats.last_error) if stats.last_error else None,  # a key in a URL
+        "last_error": redact(stats.last_error) if stats.last_error else None,  # a key in a URL
         "calls": stats.calls,
         "failures": stats.failures,
     }
@@ -97,6 +100,7 @@ class AdminServer:
         llm_stats: StatsSource,
         kept_answers: KeptSource = dict,
         clock: Callable[[], float] = time.monotonic,
+        redact: Callable[[str], str] = redact_shapes,
     ) -> None:
         self._settings = settings
         self._metrics = metrics
@@ -104,6 +108,7 @@ class AdminServer:
         self._llm_stats = llm_stats
         self._kept_answers = kept_answers
         self._clock = clock
+        self._redact = redact  # the log's redaction: what /healthz shows of errors passes through it
         self._started = clock()
         self._runner: web.AppRunner | None = None
         self.port: int = settings.port
@@ -146,6 +151,7 @@ class AdminServer:
             self._llm_stats(),
             uptime=self._clock() - self._started,
             kept=self._kept_answers(),
+            redact=self._redact,
         )
         return web.Response(
             status=status, text=json.dumps(body, ensure_ascii=False), content_type="application/json"

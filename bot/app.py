@@ -35,7 +35,7 @@ from bot.errors import ConfigError
 from bot.inbox import Inbox
 from bot.lifecycle import EXIT_OK, ServiceRunner, settle_heap
 from bot.llm import ChatModel, LLMClient, llm_http_client
-from bot.logging import configure_logging
+from bot.logging import SecretRedactor, configure_logging
 from bot.memory import CONSOLIDATION_OUTPUT, Embedder, MemoryService, MemoryTool, build_embedder
 from bot.memory import operator as memory_operator
 from bot.model_wait import WAIT_FILE, WaitRecords
@@ -558,6 +558,7 @@ async def serve_ops(core: Core, metrics: Metrics, runner: ServiceRunner) -> Admi
         channels=runner.channel_health,
         llm_stats=lambda: stats,
         kept_answers=core.inbox.kept_counts,
+        redact=SecretRedactor(secrets_of(core.settings)).redact,
     )
     return await core.edge.enter_async_context(admin)
 

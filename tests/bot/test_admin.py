@@ -17,6 +17,7 @@ from bot.app import build_core
 from bot.config import AdminSettings, load_settings
 from bot.errors import ConfigError, LLMRateLimited, LLMTimeout
 from bot.llm.client import LLMStats
+from bot.logging import SecretRedactor
 from bot.metrics import Metrics
 from channels.base import ChannelHealth
 from channels.terminal import TerminalChannel
@@ -162,3 +163,18 @@ async def test_a_taken_port_is_a_config_error_naming_the_setting() -> None:
         with pytest.raises(ConfigError, match="MEMBOT_ADMIN__PORT"):
             async with AdminServer(taken, metrics, channels=dict, llm_stats=lambda: None):
                 pass
+
+
+def test_healthz_shows_no_secret_of_the_configuration_in_any_error() -> None:
+    """Channel errors too (a Bot API front that echoes the request path puts the token in one), with
+    the log's redaction: the configured secrets, whatever their shape, and credential shapes."""
+    token, key = "123456789:AAFakeTokenForTestsOnly_abcdefghijklmno", "local-llm-pass-7781"
+    telegram = ChannelHealth(state="degraded", error=f"Bad Gateway: upstream failed for POST /bot{token}/x")
+    llm = LLMStats(last_ok=False, last_error=f"LLMUnavailable: {key} refused by the proxy")
+    redact = SecretRedactor([token, key]).redact
+
+    served = json.dumps(health_report({"telegram": telegram}, llm, uptime=1, redact=redact)[1])
+    by_shape = json.dumps(health_report({"telegram": telegram}, None, uptime=1)[1])  # the default
+
+    assert token.split(":")[1] not in served and key not in served and "upstream failed" in served
+    assert token.split(":")[1] not in by_shape
