@@ -165,6 +165,17 @@ class FilesTool:
                 f"{rel} is {info.st_size} bytes, over the {self._max}-byte read limit; "
                 "use action 'search' to find the part you need"
             )
+        data = self._bytes_of(real, rel)
+        if len(data) > self._max:
+            raise ToolError(f"{rel} is over the {self._max}-byte read limit")
+        if b"\x00" in data[:8192]:
+            raise ToolError(f"{rel} looks like a binary file; only text files can be read")
+        return data.decode("utf-8", errors="replace")
+
+    def _bytes_of(self, real: Path, rel: PurePosixPath) -> bytes:
+        """The file's bytes (up to one past the read limit), opened from its folder's descriptor and never
+        through a link: the checks before looked at names, and a file or folder swapped for a link since
+        (``ln``/``mv`` in the shell tool, racing the call) must fail here, not lead into the bot's state."""
         folder = self._folder_of(real, rel)
         try:
             fd = os.open(real.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
@@ -175,12 +186,7 @@ class FilesTool:
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped since the check
                 raise ToolError(f"{rel} is not a regular file; refused")
-            data = f.read(self._max + 1)
-        if len(data) > self._max:
-            raise ToolError(f"{rel} is over the {self._max}-byte read limit")
-        if b"\x00" in data[:8192]:
-            raise ToolError(f"{rel} looks like a binary file; only text files can be read")
-        return data.decode("utf-8", errors="replace")
+            return f.read(self._max + 1)
 
     def _write(self, rel: PurePosixPath, content: str, append: bool) -> str:
         if rel == PurePosixPath("."):
@@ -281,13 +287,13 @@ class FilesTool:
             scanned += 1
             if scanned > MAX_SCANNED or len(matches) >= MAX_MATCHES:
                 break
-            try:
-                data = path.read_bytes()
-            except OSError:
-                continue
-            if b"\x00" in data[:8192]:
-                continue
             name = path.relative_to(root).as_posix()
+            try:
+                data = self._bytes_of(path, PurePosixPath(name))
+            except (OSError, ToolError):  # gone, or swapped (for a link) since it was listed
+                continue
+            if len(data) > self._max or b"\x00" in data[:8192]:
+                continue
             for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
                 if needle in line.casefold():
                     matches.append(f"{name}:{number}: {line.strip()[:200]}")
@@ -313,7 +319,10 @@ class FilesTool:
                 if self._rules.protected(here / name):
                     continue
                 path = Path(folder) / name
-                info = os.lstat(path)
+                try:
+                    info = os.lstat(path)
+                except OSError:  # gone since the folder was listed
+                    continue
                 if stat.S_ISREG(info.st_mode) and info.st_size <= self._max:
                     found.append(path)
                 if len(found) > MAX_SCANNED:

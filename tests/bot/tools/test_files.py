@@ -235,6 +235,19 @@ async def test_a_folder_swapped_for_a_link_after_the_checks_leads_nowhere(
     assert (workspace / "sessions" / "cli:alice.json").read_text() == '{"secret": "other user"}'
 
 
+async def test_a_folder_swapped_for_a_link_while_a_search_reads_leads_nowhere(workspace: Path) -> None:
+    """Between the search listing a file (no link then) and reading it."""
+    (workspace / "notes" / "d").mkdir()
+    (workspace / "notes" / "d" / "cli:alice.json").write_text('{"secret": "mine"}')
+    (workspace / "notes" / "e.txt").write_text("a secret of the notes")
+    swap = SwapOnOpen(workspace, workspace / "notes" / "d", workspace / "sessions")
+    swap.armed = True
+    found = await run(tool(workspace), action="search", path="notes", query="secret")
+
+    assert not swap.armed and "other user" not in found
+    assert "a secret of the notes" in found  # the rest is still searched
+
+
 async def test_appends_stop_at_what_can_be_read_back(workspace: Path) -> None:
     files = tool(workspace, max_bytes=1000)
     for _ in range(2):
