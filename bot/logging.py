@@ -65,13 +65,22 @@ class SecretRedactor:
     def _value(self, value: Any) -> Any:
         if isinstance(value, str):
             return self.redact(value)
+        if value is None or isinstance(value, bool | int | float):
+            return value
         if isinstance(value, dict):
-            return {k: self._value(v) for k, v in value.items()}
+            return {self._value(k) if isinstance(k, str) else k: self._value(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
             return type(value)(self._value(v) for v in value)
         if isinstance(value, BaseException):
             return self.redact(f"{type(value).__name__}: {value}")
-        return value
+        # Anything else (an httpx.URL, a Path, bytes, a set) is printed by the renderer as it is: a
+        # secret in it would pass unmasked, so it is printed as its masked text instead.
+        try:
+            text = str(value)
+        except Exception:  # a value that cannot say what it is holds nothing to mask
+            return value
+        masked = self.redact(text)
+        return value if masked == text else masked
 
     def __call__(self, logger: Any, method: str, event_dict: EventDict) -> EventDict:
         for key, value in list(event_dict.items()):

@@ -7,6 +7,7 @@ import json
 import logging
 from pathlib import Path
 
+import httpx
 import structlog
 
 from bot.logging import SecretRedactor, configure_logging
@@ -52,6 +53,28 @@ def test_redactor_handles_nested_values() -> None:
     )
     assert event["data"] == {"list": ["***", 3]}
     assert event["err"] == "ValueError: ***"
+
+
+def test_values_of_any_type_and_dict_keys_are_masked() -> None:
+    """An httpx.URL, a Path or bytes in a log line is printed by the renderer as it is: masked too."""
+    r = SecretRedactor(["hunter2-long"])
+    url = httpx.URL(f"https://api.telegram.org/bot{TELEGRAM_TOKEN}/getUpdates")
+    event = r(
+        None,
+        "info",
+        {
+            "event": "x",
+            "url": url,
+            "path": Path("/ws/hunter2-long"),
+            "raw": b"key hunter2-long",
+            "data": {"hunter2-long": 1},
+            "when": Path("/ws/fine"),
+            "n": 3,
+        },
+    )
+    assert event["url"] == "https://api.telegram.org/bot***/getUpdates"
+    assert event["path"] == "/ws/***" and event["raw"] == "b'key ***'" and event["data"] == {"***": 1}
+    assert event["when"] == Path("/ws/fine") and event["n"] == 3  # nothing to mask: kept as it is
 
 
 def test_echoed_keys_and_url_credentials_are_masked_but_setting_names_stay() -> None:
