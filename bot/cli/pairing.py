@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated
 
 import typer
@@ -22,7 +23,8 @@ def approve(
     approval = approve_code(settings_from(ctx).workspace, code)
     if approval is None:
         fail(f"no pending pairing code {code!r} (codes expire after an hour; see `membot pairing list`)")
-    who = f"{approval.user_name} ({approval.user_id})" if approval.user_name else approval.user_id
+    name = shown(approval.user_name)
+    who = f"{name} ({shown(approval.user_id)})" if name else shown(approval.user_id)
     console.print(f"approved {who} on {approval.channel}")
 
 
@@ -33,9 +35,10 @@ def list_(ctx: typer.Context) -> None:
     table = Table("state", "channel", "user id", "name", "code / since")
     for req in pending:
         until = f"{req.code} (until {req.expires_at:%H:%M} UTC)"
-        table.add_row("pending", req.channel, req.user_id, req.user_name, until)
+        table.add_row("pending", req.channel, shown(req.user_id), shown(req.user_name), until)
     for done in approved:
-        table.add_row("approved", done.channel, done.user_id, done.user_name, f"{done.approved_at:%Y-%m-%d}")
+        since = f"{done.approved_at:%Y-%m-%d}"
+        table.add_row("approved", done.channel, shown(done.user_id), shown(done.user_name), since)
     console.print(table if pending or approved else "no pairing requests and no approved users")
 
 
@@ -45,3 +48,13 @@ def revoke(ctx: typer.Context, channel: str, user_id: str) -> None:
     if not revoke_user(settings_from(ctx).workspace, channel, user_id):
         fail(f"{user_id} on {channel} was not approved by pairing")
     console.print(f"revoked {user_id} on {channel}")
+
+
+def shown(text: str) -> str:
+    """A stranger's name (their platform profile's) as the operator's terminal may show it: control
+    and format characters (ESC sequences that clear the screen or hide text, bidi overrides that
+    reverse it) as U+FFFD, never obeyed."""
+    return "".join("\ufffd" if unicodedata.category(c) in _HIDDEN else c for c in text)
+
+
+_HIDDEN = {"Cc", "Cf", "Zl", "Zp"}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.pairing import PAIRING_FILE, PairingStore
 from tests.bot.cli.membot_process import run_membot as membot
 
 
@@ -151,3 +152,21 @@ def test_an_anthropic_key_with_the_default_openai_model_says_to_pick_a_claude_mo
     err = one_line(result.stderr)
     assert "an Anthropic API key is set" in err and "gpt-4.1-mini" in err
     assert "set MEMBOT_LLM__MODEL to a Claude model" in err
+
+
+def test_a_strangers_name_cannot_send_escape_sequences_to_the_operators_terminal(tmp_path: Path) -> None:
+    """The name comes from a stranger's profile: `membot pairing list` shows its control characters
+    (here: clear the screen, hide what follows, a bidi override), never obeys them."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    evil = "Mallory\x1b[2J\x1b[H\x1b[8m(hidden)\u202etxt.exe"
+    assert PairingStore(ws / PAIRING_FILE).request_sync("telegram", "666", evil) is not None
+    result = membot(
+        "pairing",
+        "list",
+        env={"HOME": str(tmp_path), "MEMBOT_WORKSPACE": str(ws), "COLUMNS": "160"},
+        cwd=tmp_path,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "Mallory" in result.stdout and "\x1b" not in result.stdout and "\u202e" not in result.stdout
