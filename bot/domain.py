@@ -19,6 +19,14 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def parse_time(text: str) -> datetime:
+    """A stored time (ISO 8601); one written without a zone (by hand, by an older tool) is taken as
+    UTC: a single naive time among aware ones makes every comparison with it raise (an inbox line
+    edited by hand stopped every start)."""
+    when = datetime.fromisoformat(text)
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
 def session_id(channel: str, chat: str) -> str:
     """The one place a session id is built: ``<channel>:<chat>``."""
     return f"{channel}:{chat}"
@@ -118,7 +126,7 @@ class Message:
         return cls(
             role=Role(data["role"]),
             content=str(data.get("content") or ""),
-            timestamp=datetime.fromisoformat(data["ts"]) if "ts" in data else utcnow(),
+            timestamp=parse_time(data["ts"]) if "ts" in data else utcnow(),
             id=str(data.get("id") or new_id()),
             tool_calls=tuple(ToolCall.from_dict(c) for c in data.get("tool_calls") or ()),
             tool_call_id=data.get("tool_call_id"),

@@ -43,7 +43,7 @@ from typing import Any
 import structlog
 
 from bot import damaged
-from bot.domain import Attachment, InboundMessage, new_id, utcnow
+from bot.domain import Attachment, InboundMessage, new_id, parse_time, utcnow
 from bot.group_writer import GroupWriter
 from bot.outbox import PendingReply
 from bot.sessions import encode_id
@@ -278,7 +278,7 @@ def _read(path: Path) -> _Read:
                     delivered.add(str(data["reply"]))
             elif "entry" in data:
                 message = _decode(data["message"])
-                at = datetime.fromisoformat(data["at"]) if "at" in data else message.timestamp
+                at = parse_time(data["at"]) if "at" in data else message.timestamp
                 entry = InboxEntry(str(data["entry"]), message, at)
                 accepted.setdefault(entry.entry_id, (entry, line))
             else:
@@ -326,7 +326,7 @@ def _decode(data: dict[str, Any]) -> InboundMessage:
         text=str(data["text"]),
         sender_name=str(data.get("sender_name") or ""),
         message_id=data.get("message_id"),
-        timestamp=datetime.fromisoformat(data["ts"]),
+        timestamp=parse_time(data["ts"]),
         is_group=bool(data.get("is_group")),
         attachments=tuple(
             Attachment(

@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 
 from bot import damaged
-from bot.domain import utcnow
+from bot.domain import parse_time, utcnow
 from bot.errors import LLMError, LLMRateLimited, LLMTimeout, LLMUnavailable, StorageError
 from bot.retry import Backoff
 from bot.storage import atomic_write_text
@@ -168,10 +168,10 @@ def _read(path: Path) -> dict[str, WaitRecord]:
     try:
         data: Any = json.loads(raw.decode("utf-8"))
         return {
-            str(sid): WaitRecord(datetime.fromisoformat(r["since"]), frozenset(str(e) for e in r["entries"]))
+            str(sid): WaitRecord(parse_time(r["since"]), frozenset(str(e) for e in r["entries"]))
             for sid, r in data.items()
         }
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except damaged.UNREADABLE:  # (Infinity where an id belongs: OverflowError)
         aside = damaged.aside_path(path, raw)
         path.replace(aside)
         log.error("model_wait_state_damaged", path=str(path), kept_as=str(aside))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from bot.domain import OutboundMessage, new_id, session_id, utcnow
+from bot.domain import OutboundMessage, new_id, parse_time, session_id, utcnow
 
 RECORD = "reply"  # the ``record`` tag of a pending reply in the session log
 
@@ -83,5 +83,5 @@ class PendingReply:
             reply_to=None if data.get("reply_to") is None else str(data["reply_to"]),
             is_error=bool(data.get("error")),
             id=str(data["id"]),
-            created_at=datetime.fromisoformat(data["at"]),
+            created_at=parse_time(data["at"]),
         )

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bot.domain import utcnow
+from bot.domain import parse_time, utcnow
 from bot.errors import StorageError
 from bot.storage import atomic_write_text, ensure_private_dir
 
@@ -253,8 +253,8 @@ def _load(text: str) -> _State:
             channel=str(r["channel"]),
             user_id=str(r["user_id"]),
             user_name=str(r.get("user_name", "")),
-            created_at=datetime.fromisoformat(r["created_at"]),
-            expires_at=datetime.fromisoformat(r["expires_at"]),
+            created_at=parse_time(r["created_at"]),
+            expires_at=parse_time(r["expires_at"]),
         )
         for r in data.get("pending", [])
     ]
@@ -263,7 +263,7 @@ def _load(text: str) -> _State:
             channel=str(a["channel"]),
             user_id=str(a["user_id"]),
             user_name=str(a.get("user_name", "")),
-            approved_at=datetime.fromisoformat(a["approved_at"]),
+            approved_at=parse_time(a["approved_at"]),
             code=str(a.get("code", "")),
         )
         for a in data.get("approved", [])

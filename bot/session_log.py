@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from bot.damaged import UNREADABLE, DamagedLine, describe
-from bot.domain import Message, Role, Session, SessionState, Usage
+from bot.domain import Message, Role, Session, SessionState, Usage, parse_time
 from bot.outbox import RECORD as REPLY_RECORD
 from bot.outbox import PendingReply
 from bot.surrogates import utf8
@@ -162,7 +162,7 @@ def session_from_header(header: dict[str, Any]) -> Session:
         id=str(header["id"]),
         channel=str(header["channel"]),
         chat_id=str(header["chat_id"]),
-        created_at=datetime.fromisoformat(header["created_at"]),
+        created_at=parse_time(header["created_at"]),
         log_generation=int(header.get("log_generation", 0)),
         log_bytes=int(header.get("log_bytes", 0)),
     )
@@ -185,7 +185,7 @@ class _State:
         return cls(
             metadata=dict(data.get("metadata") or {}),
             state=SessionState(data.get("state", "active")),
-            updated_at=datetime.fromisoformat(data["updated_at"]),
+            updated_at=parse_time(data["updated_at"]),
             usage=Usage.from_dict(data.get("usage") or {}),
             compactions=int(data.get("compactions", 0)),
         )

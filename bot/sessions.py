@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import structlog
 
 from bot.damaged import UNREADABLE, UNREADABLE_FILE, DamagedLine, describe, keep_aside
-from bot.domain import Session, session_id, utcnow
+from bot.domain import Session, parse_time, session_id, utcnow
 from bot.errors import StorageError
 from bot.outbox import PendingReply
 from bot.session_log import (
@@ -289,7 +289,7 @@ class JsonSessionStore:
                     tail = read_log(f.read(), committed=0)
                 count += len(tail.messages)
                 if tail.state is not None and tail.state.get("updated_at"):
-                    updated = datetime.fromisoformat(tail.state["updated_at"])
+                    updated = parse_time(tail.state["updated_at"])
         except UNREADABLE_FILE:
             return None
         return SessionPeek(session.id, count, updated)

@@ -12,11 +12,11 @@ import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from bot.domain import new_id
+from bot.domain import new_id, parse_time
 
 _Value = TypeVar("_Value")
 
@@ -217,21 +217,14 @@ class MemoryItem:
             source=str(data.get("source") or "heuristic"),
             confidence=float(data.get("confidence", 0.5)),
             salience=float(data.get("salience", 0.5)),
-            created_at=_utc(data["created_at"]),
-            updated_at=_utc(data["updated_at"]),
-            last_accessed_at=_utc(data.get("last_accessed_at") or data["updated_at"]),
+            created_at=parse_time(data["created_at"]),
+            updated_at=parse_time(data["updated_at"]),
+            last_accessed_at=parse_time(data.get("last_accessed_at") or data["updated_at"]),
             references=tuple(Reference.from_dict(r) for r in data.get("references") or ()),
             fingerprint=str(data.get("fingerprint") or ""),
             promoted_to=data.get("promoted_to"),
             deleted=bool(data.get("deleted", False)),
         )
-
-
-def _utc(text: str) -> datetime:
-    """A stored time; one written without a zone (by hand, by an older tool) is taken as UTC, since a
-    single naive time among aware ones would make every comparison in retrieval raise."""
-    when = datetime.fromisoformat(text)
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def make_title(content: str, limit: int = 60) -> str:

@@ -7,6 +7,7 @@ A "restart" is a second dispatcher built over the same workspace, as a new proce
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -260,6 +261,25 @@ async def test_a_long_stale_message_is_acknowledged_as_skipped_not_answered(tmp_
     assert model.seen == []
     await settled(tmp_path)
     assert await pending(tmp_path) == []
+
+
+async def test_an_inbox_line_whose_times_have_no_zone_is_still_answered(tmp_path: Path) -> None:
+    """Edited by hand (or written by another tool): the times are taken as UTC. One such line stopped
+    every start (a naive time compared with an aware one)."""
+    inbox = Inbox(tmp_path / "inbox")
+    await inbox.load_pending()
+    _, written = inbox.add(msg("still answered?", message_id="1"))
+    await written
+    (path,) = (tmp_path / "inbox").glob("*.jsonl")
+    record = json.loads(path.read_text())
+    record["at"] = utcnow().replace(tzinfo=None).isoformat()
+    record["message"]["ts"] = record["at"]
+    path.write_text(json.dumps(record) + "\n")
+    model = ModelSystem()
+
+    _, channel, _ = await started(tmp_path, model, recover_max_age=6 * 3600)
+
+    assert [m.text for m in await channel.wait_for(1)] == ["answer to still answered?"]
 
 
 async def test_recovered_work_waits_for_its_channel_and_comes_before_new_messages(tmp_path: Path) -> None:
