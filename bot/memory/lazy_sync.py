@@ -125,6 +125,20 @@ class LazySync:
         """No marker yet, or the clock reads earlier than the one in place."""
         return not self._placed or (self._since is not None and self._clock() < self._since)
 
+    async def keep(self, since: datetime) -> None:
+        """Writes made since ``since`` failed for good this run (a full disk): the marker stays at close
+        and holds no later time, so the next start records them again."""
+        async with self._mark_lock:
+            self._inherited = True  # (like a last run's: only :meth:`recovered` lets it go)
+            if self._placed and self._since is not None and self._since <= since:
+                return
+            try:
+                await asyncio.to_thread(atomic_write_text, self._marker, since.isoformat())
+            except OSError as exc:
+                log.error("memory_marker_unwritable", path=str(self._marker), error=repr(exc))
+                return
+            self._placed, self._since = True, since
+
     async def recovered(self) -> None:
         """What the last run may have lost was made again: its marker can go (called before any write)."""
         async with self._sync_lock:

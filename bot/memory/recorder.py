@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import structlog
+
 from bot.domain import SPEAKER_META, Message, Role, Session
 from bot.group_writer import GroupWriter
 from bot.memory.extract import Utterance, extract
@@ -22,6 +24,8 @@ from bot.memory.items import MemoryItem, Reference
 from bot.memory.lazy_sync import LazySync
 from bot.memory.notes import DailyNotes, not_yet_in, note_line
 from bot.storage import line_bytes
+
+log = structlog.get_logger(__name__)
 
 CONVERSATION_KEY = "conversation"  # session.metadata: the conversation going on (set by MemoryPersist)
 
@@ -64,6 +68,9 @@ class Recorder:
         self._clock = clock
         self._notes_writer = GroupWriter("notes-writer")
         self.lazy = LazySync(marker, self.flush)
+        # The running bot's turns whose writes failed (a full disk): made again at the next record, at
+        # close, or by the next start (the marker stays: see :meth:`settle_failed`).
+        self._failed: list[Exchange] = []
 
     async def record(
         self, exchanges: Sequence[Exchange], *, replay: bool = False, sync: bool = True
@@ -74,7 +81,43 @@ class Recorder:
         again; items need no such care, since a repeated item merges by fingerprint. ``sync=False``
         (the running bot, whose sessions hold the messages durably): written now, fsynced a moment
         later (see lazy_sync.py). Returns the items stored.
+
+        With ``sync=False`` a failed write is remembered and made again (:meth:`retry_failed`) before
+        the next record: its answer went out, and the session holds its messages; memory must too.
         """
+        if self._failed and not sync:
+            await self.retry_failed()
+        try:
+            return await self._record(exchanges, replay=replay, sync=sync)
+        except OSError:
+            if not sync:
+                self._failed += exchanges
+            raise
+
+    async def retry_failed(self, *, sync: bool = False) -> bool:
+        """Record again the turns whose writes failed, as a replay (a note line already written is not
+        repeated; an item merges with itself, and its new version is written); whether none is left."""
+        failed, self._failed = self._failed, []
+        if not failed:
+            return True
+        try:
+            await self._record(failed, replay=True, sync=sync)
+        except OSError as exc:
+            self._failed = failed + self._failed
+            log.warning("memory_rewrite_failed", turns=len(failed), error=f"{type(exc).__name__}: {exc}")
+            return False
+        log.info("memory_rewritten", turns=len(failed))
+        return True
+
+    async def settle_failed(self) -> None:
+        """At close: make the failed turns again, or else keep the marker, holding a time before them,
+        so that the next start records them again from their sessions (lazy_sync.py)."""
+        if await self.retry_failed(sync=True):
+            return
+        said = [m.timestamp for ex in self._failed for m in (ex.user, ex.assistant) if m is not None]
+        await self.lazy.keep(min([self._clock(), *said]))
+
+    async def _record(self, exchanges: Sequence[Exchange], *, replay: bool, sync: bool) -> list[MemoryItem]:
         note_lines: dict[Path, list[str]] = {}
         utterances: list[Utterance] = []
         for ex in exchanges:

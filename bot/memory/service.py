@@ -224,6 +224,7 @@ class MemoryService:
         if self.vectors is not None:
             await self.vectors.close()
         await asyncio.gather(self.items.drain(), self._recorder.drain())
+        await self._recorder.settle_failed()
         await self._recorder.lazy.close()
         # The next start reads these two instead of parsing and re-tokenizing every item.
         await self.items.save_snapshot()

@@ -7,7 +7,9 @@ Each test is one defect seen by an outside tester of the memory (issue "Memory, 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import tiktoken
 
 from bot.app import Core, build_core
@@ -353,3 +356,45 @@ async def test_a_message_dated_ahead_of_our_clock_is_remembered_before_its_answe
     said, answered = pack.find("- user: My sister Clara moved"), pack.find("- assistant (you):")
     assert 0 <= said < answered  # the question, then its answer
     assert not future  # nothing is remembered as said in the future
+
+
+class FullMemoryDisk:
+    """Writes under ``memory/`` fail with ENOSPC while ``full``, as on a full disk (at the system call:
+    the bot's own code runs as it would)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.full = False
+        real = os.write
+
+        def write(fd: int, data: Any) -> int:
+            if self.full and "/memory/" in os.readlink(f"/proc/self/fd/{fd}"):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data)
+
+        monkeypatch.setattr(os, "write", write)
+
+
+@pytest.mark.parametrize("space", ["back while running", "back only at the next start"])
+async def test_what_a_full_disk_kept_out_of_memory_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, space: str
+) -> None:
+    """The answer goes out (its messages are in the session); the day's note line and the turn's items
+    are written once space is back: at the chat's next turn, or else at close, or else by the next
+    start (the marker stays)."""
+    disk = FullMemoryDisk(monkeypatch)
+    lost = "The plumber fixes the boiler on Friday."
+    async with chat(tmp_path) as bot:
+        await bot.say("My sister Hanna lives in Porto.", DAY)
+        disk.full = True
+        assert await bot.say(lost, DAY + timedelta(minutes=1))  # answered; its memory writes fail
+        if space == "back while running":
+            disk.full = False
+            await bot.say("I planted three apple trees.", DAY + timedelta(minutes=2))
+    disk.full = False
+    async with chat(tmp_path) as bot:  # the next start
+        memory = bot.core.memory
+        notes = await asyncio.to_thread((memory.root / f"{DAY:%Y-%m-%d}.md").read_text)
+        session = await bot.core.sessions.get("test:c1")
+        assert session is not None
+        (said,) = [m for m in session.messages if m.content == lost]
+        assert notes.count(f"User: {lost}") == 1 and memory.items.of_message(("test:c1", said.id))
