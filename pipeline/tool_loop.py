@@ -34,6 +34,10 @@ REPEAT_LIMIT = 2  # identical (tool, arguments) pairs allowed per turn
 CANCELLED = "Cancelled: the turn was stopped before this tool call finished."
 DEADLINE = "Not finished: the turn deadline passed."
 NOT_RUN = "Not run: the tool call limit for this turn was reached."
+CUT_SHORT = (
+    "Not run: your answer hit the output limit before this call was complete, so its arguments may be "
+    "cut short. Make it smaller (write a long text in parts, with action 'append') and call it again."
+)
 # Said to the model (after the system prompt) on the turn's last model call, or once no tool may run.
 LAST_CALL = (
     "This is your last step in this turn: no tool you call now will run. Answer the user now from what "
@@ -129,6 +133,7 @@ class _TurnRun:
         self.seen: Counter[tuple[str, str]] = Counter()
         self.llm_calls = self.tool_runs = self.overflows = 0
         self.not_run = 0  # calls refused for the tool-call limit
+        self.cut_short = 0  # calls of answers cut off at the output limit: never run
         self.asked_again = False  # after an empty answer (once a turn)
         self.best = ""
         self.partial_ok = turn.on_partial is not None
@@ -156,6 +161,13 @@ class _TurnRun:
                 turn.add_message(Message(Role.ASSISTANT, response.content, tool_calls=response.tool_calls))
             if said:
                 self.best = response.content
+            if response.tool_calls and response.cut_off:
+                # Cut at the output limit, a call may lack the end of its arguments and still parse
+                # ("write" with half a report): none of it runs; the model reads why, and tries again.
+                self.cut_short += len(response.tool_calls)
+                for call in response.tool_calls:
+                    turn.add_message(Message(Role.TOOL, CUT_SHORT, tool_call_id=call.id, name=call.name))
+                continue
             if not response.tool_calls:
                 if not said and self.empty_answer():
                     note = ANSWER_NOW
@@ -167,6 +179,10 @@ class _TurnRun:
                     limit = s.max_tool_calls
                     turn.notes.append(
                         f"Some tool calls were not run: it reached the limit of {limit} tool calls."
+                    )
+                if self.cut_short:
+                    turn.notes.append(
+                        "Some tool calls were not run: the model's answer was cut off at its output limit."
                     )
                 return
             await self.run_calls(response.tool_calls)
@@ -180,7 +196,7 @@ class _TurnRun:
         user expects one, so the model is asked once a turn (:data:`ANSWER_NOW`), within the model-call
         limit; otherwise the turn ends with no reply and the dispatcher sends its failed-turn text, so a
         blank message never goes out (Discord dropped it unseen, Telegram showed "(empty reply)")."""
-        called_tools = self.tool_runs + self.not_run > 0
+        called_tools = self.tool_runs + self.not_run + self.cut_short > 0
         again = called_tools and not self.asked_again and self.llm_calls < self.settings.max_llm_calls
         self.asked_again = self.asked_again or again
         log.warning(

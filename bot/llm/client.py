@@ -50,7 +50,7 @@ from bot.errors import LLMAuthError, LLMBadResponse, LLMContextOverflow, LLMErro
 from bot.llm import anthropic, openai
 from bot.llm.call_ids import made_unique
 from bot.llm.endpoints import check_base_url, where
-from bot.llm.failures import Provider, key_setting, status_error
+from bot.llm.failures import STATUS_OF_TYPE, Provider, key_setting, status_error
 from bot.llm.httpx_errors import HTTPX_ERRORS, httpx_errors, map_httpx_error
 from bot.llm.sse import SSEvent, iter_sse
 from bot.llm.stats import LLMStats
@@ -296,6 +296,8 @@ class LLMClient:
             raise LLMTimeout(f"{target.where} did not answer within {seconds:g} s", model=model) from None
         if response.status_code >= 400:
             raise _error_answer(target, response, body.decode("utf-8", "replace"))
+        if response.status_code >= 300:
+            raise _redirected(target, response)
         return _unique_ids(target, request, _parse(target, body))
 
     async def _read_body(self, target: _Target, response: httpx.Response) -> bytes:
@@ -327,6 +329,8 @@ class LLMClient:
                 if response.status_code >= 400:
                     text = (await self._read_body(target, response)).decode("utf-8", "replace")
                     raise _error_answer(target, response, text)
+                if response.status_code >= 300:
+                    raise _redirected(target, response)
                 if "text/event-stream" not in response.headers.get("content-type", ""):
                     # The server ignored stream=true (some compatible servers do): a whole answer.
                     final = _parse(target, await self._read_body(target, response))
@@ -342,7 +346,9 @@ class LLMClient:
                     # Keep-alives (comments, pings) are bytes but no progress: they must not keep a
                     # hung answer open until the turn's deadline.
                     async for sse in _Quiet(_events(iter_sse(lines)), self._settings.idle_timeout, target):
-                        for event in decoder.feed(sse):
+                        with _readable(target):
+                            events = list(decoder.feed(sse))
+                        for event in events:
                             yield event
                         if decoder.done:
                             break
@@ -350,7 +356,8 @@ class LLMClient:
                         raise LLMUnavailable(
                             f"{target.where} ended the stream before the answer was complete", model=model
                         )
-                    final = decoder.finish()
+                    with _readable(target):
+                        final = decoder.finish()
         finally:
             await response.aclose()
         final = _unique_ids(target, request, final)
@@ -423,8 +430,53 @@ def _parse(target: _Target, content: bytes) -> ChatResponse:
         raise LLMBadResponse(
             f"{target.where} answered with malformed JSON for {target.model}", model=target.model
         ) from None
+    if isinstance(body, dict) and "error" in body and "choices" not in body and "content" not in body:
+        raise _error_in_200(target, body, content)
     parse = anthropic.parse_response if target.provider == "anthropic" else openai.parse_response
-    return parse(body, target.model, target.where)
+    with _readable(target):
+        return parse(body, target.model, target.where)
+
+
+def _redirected(target: _Target, response: httpx.Response) -> LLMError:
+    """A redirect is not followed (a POST with a key must not go elsewhere unasked): the operator is told
+    where it leads, which is usually the base URL they meant (https, or a missing /v1)."""
+    location = response.headers.get("location") or "nowhere it said"
+    return LLMBadResponse(
+        f"{target.where} redirected the request for {target.model} (HTTP {response.status_code}) to "
+        f"{location}: if that is the server, set MEMBOT_LLM__{target.provider.upper()}__BASE_URL to it",
+        model=target.model,
+        status_code=response.status_code,
+    )
+
+
+def _error_in_200(target: _Target, body: dict[str, object], content: bytes) -> LLMError:
+    """An error body sent with HTTP 200 (proxies such as OpenRouter do): classified by the status it
+    names (``code``), else by its type, like the same error sent with its status; its message kept."""
+    error = body["error"]
+    code = error.get("code") if isinstance(error, dict) else None
+    kind = str(error.get("type") or "") if isinstance(error, dict) else ""
+    status = int(code) if isinstance(code, int | str) and str(code).isdigit() else 0
+    if not 400 <= status < 600:
+        status = STATUS_OF_TYPE.get(kind, 500)
+    text = content.decode("utf-8", "replace")
+    return status_error(status, {}, text, model=target.model, provider=target.provider, where=target.where)
+
+
+@contextlib.contextmanager
+def _readable(target: _Target) -> Iterator[None]:
+    """A field of the wrong type in an answer ("n/a" for a count, a string where an object belongs) is
+    the server's fault, like malformed JSON: :class:`LLMBadResponse`, so the next fallback model is
+    asked and the user is told the model's answer could not be used, never a crash of the turn."""
+    try:
+        yield
+    except LLMError:
+        raise
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+        raise LLMBadResponse(
+            f"{target.where} sent an answer for {target.model} that could not be read "
+            f"({type(exc).__name__}: {str(exc)[:200]})",
+            model=target.model,
+        ) from None
 
 
 def _unique_ids(target: _Target, request: ChatRequest, response: ChatResponse) -> ChatResponse:

@@ -55,7 +55,7 @@ _OVERFLOW_MARKERS = (
     "too many tokens",
 )
 # Mid-stream errors carry only an error type; these are the statuses the same error has as a response.
-_STATUS_OF_TYPE = {
+STATUS_OF_TYPE = {
     "invalid_request_error": 400,
     "authentication_error": 401,
     "permission_error": 403,
@@ -177,6 +177,6 @@ def status_error(
 
 def stream_error(kind: str, message: str, *, model: str, provider: Provider, where: str) -> LLMError:
     """The error for an ``error`` event inside an HTTP 200 stream, classified like the same response."""
-    status = _STATUS_OF_TYPE.get(kind, 500)
+    status = STATUS_OF_TYPE.get(kind, 500)
     body = json.dumps({"error": {"type": kind, "message": message}})
     return status_error(status, {}, body, model=model, provider=provider, where=where, mid_stream=True)

@@ -153,7 +153,7 @@ def parse_response(body: Any, model: str, where: str = "OpenAI") -> ChatResponse
             ToolCall(
                 id=str(c.get("id") or ""),  # some local servers send none: the client names it
                 name=str(c["function"]["name"]),
-                arguments=str(c["function"].get("arguments") or ""),
+                arguments=_as_text(c["function"].get("arguments")),
             )
             for c in message.get("tool_calls") or ()
         )
@@ -226,8 +226,16 @@ class StreamDecoder(StreamFold):
         self._last = index
         function = fragment.get("function") or {}
         if function.get("arguments"):
-            slot["arguments"] += str(function["arguments"])
+            slot["arguments"] += _as_text(function["arguments"])
         if function.get("name") and not slot["name"]:
             slot["name"] = str(function["name"])
             return [StreamEvent("tool_call", text=slot["name"])]
         return []
+
+
+def _as_text(arguments: Any) -> str:
+    """A call's arguments as JSON text: the API sends a string; some compatible servers send the object
+    itself, whose Python text (``{'a': 1}``) would not parse."""
+    if isinstance(arguments, dict | list):
+        return json.dumps(arguments, ensure_ascii=False)
+    return str(arguments or "")

@@ -25,7 +25,7 @@ from bot.tokens import TokenCounter
 from bot.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
 from pipeline import Pipeline
 from pipeline.base import Turn
-from pipeline.tool_loop import ANSWER_NOW, CANCELLED, LAST_CALL, NOT_RUN, ToolLoopSystem, cap
+from pipeline.tool_loop import ANSWER_NOW, CANCELLED, CUT_SHORT, LAST_CALL, NOT_RUN, ToolLoopSystem, cap
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.recording import RecordingChannel, SlowTool
 from tests.session_kit import RecordingRetirer, conversation
@@ -194,6 +194,27 @@ async def test_multi_step_loop_feeds_results_back(
     assert names == ["add"]
     assert '"7"' in json.dumps(last["messages"]) or "7" in json.dumps(last["messages"])
     assert len(server.requests) == 3
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_call_of_an_answer_cut_off_at_the_output_limit_is_never_run(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    """Its arguments may lack their end and still parse (a "write" with half a report): the model is
+    told why it did not run, and calls again."""
+    add = AddTool()
+    server.script(
+        FakeReply(tool_calls=[("add", {"a": 1, "b": 2})], cut_off=True),
+        FakeReply(tool_calls=[("add", {"a": 1, "b": 20})]),
+        FakeReply(text="The sum is 21."),
+    )
+    turn = new_turn()
+    await loop_for(server, http, api, [add]).process(turn)
+
+    assert add.calls == [{"a": 1, "b": 20}]
+    assert tool_results(turn.session) == [CUT_SHORT, "21"] and turn.reply == "The sum is 21."
+    assert turn.notes == ["Some tool calls were not run: the model's answer was cut off at its output limit."]
+    assert_paired(turn.session)
 
 
 @pytest.mark.parametrize("api", APIS)

@@ -13,7 +13,7 @@ import bot.llm
 from bot.catalog import ModelCatalog
 from bot.config import LLMSettings
 from bot.domain import Message, Role
-from bot.errors import ConfigError, LLMUnavailable
+from bot.errors import ConfigError, LLMBadResponse, LLMUnavailable
 from bot.llm import ChatRequest, LLMClient, StreamEvent
 
 REQUEST = ChatRequest(messages=(Message(Role.USER, "hi"),))
@@ -110,3 +110,93 @@ async def test_a_stream_refused_with_429_is_retried(catalog: ModelCatalog) -> No
 
     events = await stream_with(catalog, handler)
     assert events[-1].response is not None and events[-1].response.content == "ok"
+
+
+async def test_an_answer_with_a_field_of_the_wrong_type_goes_to_the_fallback_model(
+    catalog: ModelCatalog,
+) -> None:
+    """ "n/a" for a token count is the server's fault like malformed JSON: LLMBadResponse, the fallback
+    is asked, and the turn never fails on a bare ValueError."""
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(json.loads(request.content)["model"])
+        if request.url.path.endswith("/messages"):  # the primary, on the Anthropic wire
+            content = [{"type": "text", "text": "primary"}]
+            usage = {"input_tokens": "n/a", "output_tokens": 3}
+            return httpx.Response(200, json={"content": content, "stop_reason": "end_turn", "usage": usage})
+        return httpx.Response(200, json={"choices": [{"message": {"content": "from the fallback"}}]})
+
+    settings = LLMSettings.model_validate(
+        {
+            "model": "claude-haiku-4-5",
+            "fallback_models": ["gpt-4.1-mini"],
+            "max_retries": 0,
+            "openai": {"base_url": "http://127.0.0.1:1/v1", "api_key": "k"},
+            "anthropic": {"base_url": "http://127.0.0.1:2", "api_key": "k"},
+        }
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+        reply = await LLMClient(settings, catalog, http).chat(REQUEST)
+
+    assert reply.content == "from the fallback" and asked == ["claude-haiku-4-5", "gpt-4.1-mini"]
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        {"choices": ["oops"]},
+        {"choices": [{"delta": "text"}]},
+        {"choices": [{"delta": {"tool_calls": ["x"]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": "f"}]}}]},
+    ],
+)
+async def test_a_streamed_chunk_of_the_wrong_shape_is_a_bad_answer(
+    catalog: ModelCatalog, chunk: dict[str, Any]
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = sse_body(chunk, "[DONE]")
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    with pytest.raises(LLMBadResponse, match="could not be read"):
+        await stream_with(catalog, handler)
+
+
+async def test_arguments_sent_as_an_object_are_kept_as_json(catalog: ModelCatalog) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        call = {"id": "c", "function": {"name": "f", "arguments": {"tz": "UTC", "ok": True}}}
+        return httpx.Response(200, json={"choices": [{"message": {"content": "", "tool_calls": [call]}}]})
+
+    events = await stream_with(catalog, handler)
+    final = events[-1].response
+    assert final is not None and json.loads(final.tool_calls[0].arguments) == {"tz": "UTC", "ok": True}
+
+
+async def test_an_error_sent_with_http_200_keeps_its_message_and_is_retried(catalog: ModelCatalog) -> None:
+    """Proxies (OpenRouter) send an overload as a 200 with an error body: a temporary failure with the
+    provider's words, not "an answer without the expected fields"."""
+    answers = [
+        httpx.Response(200, json={"error": {"message": "Upstream provider overloaded", "code": 529}}),
+        httpx.Response(200, json={"choices": [{"message": {"content": "fine now"}}]}),
+    ]
+    events = await stream_with(catalog, lambda request: answers.pop(0), max_retries=1)
+
+    final = events[-1].response
+    assert final is not None and final.content == "fine now" and answers == []
+
+
+async def test_an_error_sent_with_http_200_says_what_the_provider_said(catalog: ModelCatalog) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"error": {"message": "Model gpt-9 does not exist", "code": 404}})
+
+    with pytest.raises(LLMBadResponse, match="gpt-9 does not exist"):
+        await stream_with(catalog, handler)
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_a_redirect_names_where_it_leads_and_the_setting(catalog: ModelCatalog, status: int) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, headers={"location": "https://llm.example/v1/chat/completions"})
+
+    with pytest.raises(LLMBadResponse, match=r"redirected .*https://llm.example/v1.*BASE_URL"):
+        await stream_with(catalog, handler)
