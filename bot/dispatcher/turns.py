@@ -261,14 +261,18 @@ class Turns:
         return len(kept)
 
     async def _stopped(self, sid: str, lane: Lane, request: Stop) -> None:
-        """/stop's bookkeeping, in the worker under the lane's lock: the kept messages go into the
-        history unanswered, and the inbox entries of all of them need no answer any more."""
+        """/stop's bookkeeping, in the worker under the lane's lock: the stopped and the kept messages go
+        into the history unanswered (those not there yet: a turn stopped before it stored its batch, or
+        a /new that cleared them, left them out), and their inbox entries need no answer any more."""
         try:
             async with self._sessions.lease(lane.channel, lane.chat_id) as session:
-                if request.kept:
-                    for queued in request.kept:
-                        if not queued.in_session:
-                            session.append(intake.user_message(queued.message, queued.entries))
+                held = intake.entries_in(session.messages)
+                stopped = [q for q in request.stopped if not _in_history(q, session, held, assumed=True)]
+                kept = [q for q in request.kept if not _in_history(q, session, held, assumed=q.in_session)]
+                missing = stopped + kept
+                for queued in missing:
+                    session.append(intake.user_message(queued.message, queued.entries))
+                if missing or request.kept:
                     await self._sessions.save(session)
                 if self._inbox is not None:  # the user asked: these need no answer any more
                     entries = {e for q in request.stopped + request.kept for e in q.entries}
@@ -278,6 +282,16 @@ class Turns:
             request.done.exception()  # retrieved: /stop may be gone (a shutdown)
             raise
         request.done.set_result(None)
+
+
+def _in_history(queued: Queued, session: Session, held: set[str], *, assumed: bool) -> bool:
+    """Whether ``queued`` is in the session's history already: by its inbox entries, else by its platform
+    message id, else ``assumed`` (no inbox, no id: nothing to tell by)."""
+    if queued.entries:
+        return set(queued.entries) <= held
+    if queued.message.message_id:
+        return intake.already_taken(session.messages, queued.message.message_id)
+    return assumed
 
 
 def reply_text(turn: Turn) -> tuple[str, bool]:

@@ -15,7 +15,7 @@ from bot.commands import CommandCall, CommandRouter, SessionControl
 from bot.config import DispatcherSettings
 from bot.dispatcher import Dispatcher
 from bot.domain import InboundMessage, OutboundMessage, Role, utcnow
-from bot.errors import ChannelError, ChannelRefused
+from bot.errors import ChannelError, ChannelRefused, LLMUnavailable
 from bot.inbox import COMPACT_AFTER, Inbox
 from bot.retry import Backoff
 from bot.sessions import JsonSessionStore, SessionService
@@ -384,3 +384,62 @@ async def test_a_waiting_command_redelivered_after_a_crash_runs_once(tmp_path: P
     answers = [m.text for m in channel.sent if not m.text.startswith("⏳")]  # ("3" may wait for the turn)
     assert answers == ["answer to question", "Session cleared.", "Session cleared."]
     await after.close(grace=1)
+
+
+async def test_a_stop_sent_right_after_a_message_keeps_that_message(tmp_path: Path) -> None:
+    """The turn is stopped before it stored its message: /stop's bookkeeping stores it, unanswered."""
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, sessions = await started(tmp_path, model)
+    await dispatcher.submit(msg("hello", message_id="1"))
+    await dispatcher.submit(msg("/stop", message_id="2"))
+    await channel.wait_for(1)
+    await settled(tmp_path)
+
+    session = await sessions.get("test:c1")
+    assert session is not None and [m.content for m in session.messages] == ["hello"]
+    assert await pending(tmp_path) == []
+
+
+class ModelDown:
+    name, order, enabled = "model", 30, True
+
+    def should_process(self, turn: object) -> bool:
+        return True
+
+    async def process(self, turn: object) -> None:
+        raise LLMUnavailable("503")
+
+
+async def test_a_stop_after_a_new_while_waiting_for_the_model_keeps_the_waiting_message(
+    tmp_path: Path,
+) -> None:
+    """/stop says the waiting message is kept in the history: a /new had just cleared it from there."""
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+
+    async def new(call: CommandCall, control: SessionControl) -> str:
+        async with control.exclusive(call.session_id):
+            session = await sessions.get(call.session_id)
+            if session is not None:
+                await sessions.clear_messages(session)
+            return "Session cleared."
+
+    router = CommandRouter()
+    router.add("new", "fresh", new)
+    settings = DispatcherSettings(model_retry_first=30, model_retry_max=30, model_retry_max_age=60)
+    dispatcher = Dispatcher(
+        Pipeline([ModelDown()]), sessions, router, settings, inbox=Inbox(tmp_path / "inbox")
+    )
+    channel = RecordingChannel(dispatcher.submit)
+    await dispatcher.recover()
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("hello"))
+    await channel.wait_for(1)  # "I can't reach the AI model right now"
+    await dispatcher.submit(msg("/new"))
+    await dispatcher.submit(msg("/stop"))
+    stop = (await channel.wait_for(3))[2].text
+    session = await sessions.get("test:c1")
+    await dispatcher.close(1)
+
+    assert "kept in the history" in stop
+    assert session is not None and [m.content for m in session.messages] == ["hello"]
