@@ -330,7 +330,9 @@ class Dispatcher:
         lane = self._lanes.get(sid)
         if lane is None or lane.stopping is not None:
             return None
-        if lane.turn is None or lane.turn.done():
+        if lane.turn is None or lane.turn.done() or lane.sent:
+            # (``sent``: the answer is saved and on its way, through an outage maybe: it is no reply to
+            # stop any more, as /status says, and stopping its delivery dropped it)
             return await self._turns.stop_waiting(sid, lane) if lane.model_wait is not None else None
         kept = take_messages(lane)
         request = lane.stopping = Stop(list(lane.batch), kept)

@@ -443,3 +443,33 @@ async def test_a_stop_after_a_new_while_waiting_for_the_model_keeps_the_waiting_
 
     assert "kept in the history" in stop
     assert session is not None and [m.content for m in session.messages] == ["hello"]
+
+
+class OutageChannel(RecordingChannel):
+    down = True
+    refused = 0
+
+    async def send(self, message: OutboundMessage) -> None:
+        if self.down and not message.aside:
+            self.refused += 1
+            raise ChannelError("could not deliver a reply: Bad Gateway")
+        await super().send(message)
+
+
+async def test_a_stop_while_an_answer_waits_out_an_outage_leaves_it_to_be_delivered(tmp_path: Path) -> None:
+    """Saved and on its way (sent again with pauses), the answer is no reply to stop, as /status says."""
+    dispatcher, channel, _ = build(tmp_path, ModelSystem(), OutageChannel, send_patience=30)
+    await dispatcher.recover()
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("hello"))
+    async with asyncio.timeout(10):
+        # Answered and saved; its send failed, and is tried again later. /status: idle.
+        while not channel.refused or dispatcher.is_running("test:c1"):
+            await asyncio.sleep(0.01)
+    await dispatcher.submit(msg("/stop"))
+    assert "Nothing" in (await channel.wait_for(1))[0].text
+    channel.down = False  # the outage ends
+
+    assert [m.text for m in await channel.wait_for(2)][1] == "answer to hello"
+    await settled(tmp_path)
+    await dispatcher.close(1)
