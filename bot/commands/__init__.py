@@ -77,9 +77,10 @@ class CommandRouter:
         return [(name, c.description) for name, c in self._commands.items()]
 
     def parse(self, message: InboundMessage) -> CommandCall | None:
-        """A command call if the text is command-shaped (``/usr/bin`` is not), else ``None``."""
+        """A command call if the text is command-shaped (``/usr/bin`` is not), else ``None``. One that
+        names a bot (``/stop@OtherBot``) is another bot's: channels take their own name off first."""
         match = _COMMAND.match(message.text.strip())
-        if match is None:
+        if match is None or match.group(2):
             return None
         return CommandCall(match.group(1).lower(), (match.group(3) or "").strip(), message)
 

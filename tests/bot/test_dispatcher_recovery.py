@@ -473,3 +473,19 @@ async def test_a_stop_while_an_answer_waits_out_an_outage_leaves_it_to_be_delive
     assert [m.text for m in await channel.wait_for(2)][1] == "answer to hello"
     await settled(tmp_path)
     await dispatcher.close(1)
+
+
+async def test_a_command_naming_another_bot_is_not_this_bots(tmp_path: Path) -> None:
+    """In a group, /stop@OtherBot is meant for another bot: this bot's reply goes on (channels take
+    their own bot's name off a command before the dispatcher sees it)."""
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, _ = await started(tmp_path, model)
+    group = dict(chat="g1")
+    await dispatcher.submit(msg("question for membot", **group))
+    await model.started.wait()
+    await dispatcher.submit(msg("/stop@OtherBot", **group))
+    await asyncio.sleep(0.05)
+
+    assert dispatcher.is_running("test:g1") and channel.sent == []
+    await dispatcher.close(0)
