@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator, Awaitable
 
 import structlog
@@ -18,7 +17,7 @@ from bot import intake, recovery
 from bot.commands import CommandCall, CommandRouter
 from bot.config import DispatcherSettings
 from bot.dispatcher.delivery import RETRY, SEND_PATIENCE, Delivery
-from bot.dispatcher.lanes import Command, KeptCommand, Lane, Queued, Stop, take_messages
+from bot.dispatcher.lanes import Command, KeptCommand, Lane, Queued, Stop, queued_count, take_messages
 from bot.dispatcher.turns import TurnObserver, Turns
 from bot.domain import InboundMessage
 from bot.errors import StorageError
@@ -269,18 +268,14 @@ class Dispatcher:
         notice: Awaitable[None] | None = None
         last = lane.queue[-1] if lane.queue else None
         if len(lane.queue) >= self._settings.queue_limit and isinstance(last, Queued) and not last.in_session:
-            # Never drop: fold the overflow into the newest queued message and tell the user once.
-            merged = dataclasses.replace(
-                last.message,
-                text=f"{last.message.text}\n\n{queued.message.text}",
-                attachments=last.message.attachments + queued.message.attachments,
-            )
-            lane.queue[-1] = Queued(merged, last.entries + queued.entries)
+            # Never drop: fold the overflow behind the newest queued message (answered in its turn, each
+            # still its own message: a group member's words stay theirs) and tell the user once.
+            last.folded.append(queued)
             if not lane.overflow_noticed:
                 lane.overflow_noticed = True
                 notice = self._delivery.send(
                     queued.message,
-                    f"I'm still on your earlier messages ({len(lane.queue)} waiting). "
+                    f"I'm still on your earlier messages ({queued_count(lane)} waiting). "
                     "I'll read everything you send together when I'm done — nothing is lost.",
                 )
         else:
@@ -317,10 +312,10 @@ class Dispatcher:
 
     def queue_depth(self, sid: str) -> int:
         lane = self._lanes.get(sid)
-        return len(lane.queue) if lane else 0
+        return queued_count(lane) if lane else 0
 
     def total_queued(self) -> int:
-        return sum(len(lane.queue) for lane in self._lanes.values())
+        return sum(queued_count(lane) for lane in self._lanes.values())
 
     def running_turns(self) -> int:
         """Turns not finished yet, bookkeeping after the send included (the metrics gauge)."""

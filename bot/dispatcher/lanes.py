@@ -24,8 +24,15 @@ class Queued:
     """A message waiting for its turn, with the inbox entries that are done once it is answered."""
 
     message: InboundMessage
-    entries: list[str] = field(default_factory=list)  # inbox entry ids folded into this message
+    entries: list[str] = field(default_factory=list)  # its inbox entry ids
     in_session: bool = False  # recovered after a turn that saved it: the session holds it already
+    # Messages that arrived past the queue limit, folded behind it: they are answered in its turn, each
+    # as its own message (its sender, its platform id, its inbox entry), never merged into its text.
+    folded: list[Queued] = field(default_factory=list)
+
+    def messages(self) -> list[Queued]:
+        """It and the messages folded behind it, in the order they came."""
+        return [self, *self.folded]
 
 
 @dataclass(slots=True)
@@ -86,9 +93,14 @@ class Lane:
 
 def take_messages(lane: Lane) -> list[Queued]:
     """The queued messages, taken out of the queue (what /stop keeps in the history); the rest stays."""
-    kept = [q for q in lane.queue if isinstance(q, Queued)]
+    kept = [m for q in lane.queue if isinstance(q, Queued) for m in q.messages()]
     lane.queue = deque(q for q in lane.queue if not isinstance(q, Queued))
     return kept
+
+
+def queued_count(lane: Lane) -> int:
+    """Messages (folded ones included) and commands waiting in the lane."""
+    return sum(len(q.messages()) if isinstance(q, Queued) else 1 for q in lane.queue)
 
 
 def next_command(lane: Lane) -> KeptCommand | None:

@@ -96,7 +96,7 @@ class Turns:
                 batch: list[Queued] = []
                 while lane.queue and isinstance(queued := lane.queue[0], Queued):
                     lane.queue.popleft()
-                    batch.append(queued)
+                    batch.extend(queued.messages())
                     if self._settings.mode != "collect":
                         break
                 lane.overflow_noticed = False

@@ -157,7 +157,7 @@ async def test_overflow_is_folded_not_dropped(tmp_path: Path) -> None:
     await asyncio.sleep(0.01)
     for i in range(6):
         await dispatcher.submit(msg(f"q{i}"))
-    assert dispatcher.queue_depth("test:c1") == 3
+    assert dispatcher.queue_depth("test:c1") == 6  # messages waiting, the folded ones counted
     notices = [m for m in channel.sent if "nothing is lost" in m.text]
     assert len(notices) == 1
     model.gate.set()

@@ -489,3 +489,32 @@ async def test_a_command_naming_another_bot_is_not_this_bots(tmp_path: Path) -> 
 
     assert dispatcher.is_running("test:g1") and channel.sent == []
     await dispatcher.close(0)
+
+
+async def test_messages_folded_past_the_queue_limit_stay_each_its_own(tmp_path: Path) -> None:
+    """Answered in one turn, each is its own message in the history: a group member's words stay theirs
+    (merged, Bob's "I live in Paris" read as Alice's), and a redelivery of any of them is recognized."""
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, sessions = await started(tmp_path, model, queue_limit=1)
+
+    def said(who: str, text: str, message_id: str) -> InboundMessage:
+        return InboundMessage("test", "g", who, text, sender_name=who, is_group=True, message_id=message_id)
+
+    await dispatcher.submit(said("Carol", "first", "10"))
+    await model.started.wait()
+    await dispatcher.submit(said("Alice", "I live in Berlin", "11"))
+    await dispatcher.submit(said("Bob", "I live in Paris", "12"))  # folded behind Alice's
+    model.gate.set()
+    await channel.wait_for(3)  # the notice, then an answer to each turn
+    await settled(tmp_path)
+    seen = list(model.seen)
+    await dispatcher.submit(said("Bob", "I live in Paris", "12"))  # redelivered (a catch-up)
+    await asyncio.sleep(0.05)
+    session = await sessions.get("test:g")
+    await dispatcher.close(1)
+
+    assert session is not None
+    users = [m.content for m in session.messages if m.role is Role.USER]
+    assert users == ["Carol: first", "Alice: I live in Berlin", "Bob: I live in Paris"]
+    assert model.seen == seen and len(seen) == 2  # two turns; the redelivery is not answered again
