@@ -458,9 +458,9 @@ class OutageChannel(RecordingChannel):
 
 async def test_a_stop_while_an_answer_waits_out_an_outage_leaves_it_to_be_delivered(tmp_path: Path) -> None:
     """Saved and on its way (sent again with pauses), the answer is no reply to stop, as /status says."""
-    dispatcher, channel, _ = build(tmp_path, ModelSystem(), OutageChannel, send_patience=30)
-    await dispatcher.recover()
-    dispatcher.attach(channel)
+    dispatcher, channel, _ = await started(
+        tmp_path, ModelSystem(), channel_type=OutageChannel, send_patience=30
+    )
     await dispatcher.submit(msg("hello"))
     async with asyncio.timeout(10):
         # Answered and saved; its send failed, and is tried again later. /status: idle.
