@@ -34,7 +34,7 @@ from pathlib import Path
 
 import structlog
 
-from bot.domain import utcnow
+from bot.domain import parse_time, utcnow
 from bot.storage import FILE_MODE, atomic_write_text
 
 log = structlog.get_logger(__name__)
@@ -82,10 +82,9 @@ class LazySync:
             return None
         self._placed = self._inherited = True
         try:
-            when = datetime.fromisoformat(raw.decode("utf-8").strip())
+            self._since = parse_time(raw.decode("utf-8").strip())
         except ValueError:  # torn or damaged (not even UTF-8), by the same power cut: every session
-            when = datetime.fromtimestamp(0, UTC)
-        self._since = when if when.tzinfo else when.replace(tzinfo=UTC)
+            self._since = datetime.fromtimestamp(0, UTC)
         return self._since
 
     @contextlib.asynccontextmanager
