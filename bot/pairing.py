@@ -24,6 +24,7 @@ import fcntl
 import json
 import os
 import secrets
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
@@ -104,6 +105,9 @@ class PairingStore:
         self._max_pending = max_pending
         self._state = _State([], [])
         self._stamp: tuple[int, int, int] | None = None
+        # Channels ask from worker threads, several at once: the state and its stamp change together,
+        # or a thread that saw the new stamp would read the old approvals (an approved user denied).
+        self._lock = threading.RLock()
 
     @property
     def path(self) -> Path:
@@ -189,33 +193,40 @@ class PairingStore:
         """Read-modify-write under an exclusive lock; expired codes are dropped on the way."""
         ensure_private_dir(self._path.parent)
         lock_path = self._path.with_name(self._path.name + ".lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            self._stamp = None
-            self._refresh()
-            now = self._clock()
-            state = _State([r for r in self._state.pending if r.expires_at > now], list(self._state.approved))
-            yield state
+        with self._lock:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
-                atomic_write_text(self._path, _dump(state))
-            except OSError as exc:
-                raise StorageError(f"cannot write {self._path}: {exc.strerror}") from exc
-            self._state = state
-            self._stamp = _stamp(self._path)
-        finally:
-            os.close(fd)  # closing the descriptor releases the lock
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._stamp = None
+                self._refresh()
+                now = self._clock()
+                state = _State(
+                    [r for r in self._state.pending if r.expires_at > now], list(self._state.approved)
+                )
+                yield state
+                try:
+                    atomic_write_text(self._path, _dump(state))
+                except OSError as exc:
+                    raise StorageError(f"cannot write {self._path}: {exc.strerror}") from exc
+                self._state = state
+                self._stamp = _stamp(self._path)
+            finally:
+                os.close(fd)  # closing the descriptor releases the lock
 
     def _refresh(self) -> None:
+        with self._lock:
+            self._read_if_changed()
+
+    def _read_if_changed(self) -> None:
         stamp = _stamp(self._path)
         if stamp == self._stamp and stamp is not None:
             return
-        self._stamp = stamp
         if stamp is None:
-            self._state = _State([], [])
+            self._state, self._stamp = _State([], []), None
             return
         try:
             self._state = _load(self._path.read_text(encoding="utf-8"))
+            self._stamp = stamp
         except OSError as exc:
             raise StorageError(f"cannot read {self._path}: {exc.strerror}") from exc
         except (ValueError, KeyError, TypeError) as exc:

@@ -85,7 +85,10 @@ class DiscordChannel(Channel):
             raise ConfigError("Discord needs a bot token: set MEMBOT_DISCORD__TOKEN or [discord] token")
         self._settings = settings
         self._token = settings.token.get_secret_value()
-        self._pairing = pairing if settings.pairing else None
+        self._pairing = pairing
+        # ``pairing = false`` stops offering codes; whom the operator approved stays approved until
+        # ``membot pairing revoke`` (as on Telegram): an approval is the operator's own decision.
+        self._offers_codes = settings.pairing and pairing is not None
         self._commands = commands
         self._vision_supported = vision_supported
         self._state_dir = state_dir
@@ -248,14 +251,15 @@ class DiscordChannel(Channel):
     async def _admitted(
         self, user_id: str, user_name: str, place: Place, message: discord.Message | None
     ) -> bool:
-        """Allowed by the allowlists or a pairing; an unknown DM user is offered a pairing code."""
+        """Allowed by the allowlists or a pairing; an unknown DM user is offered a pairing code (when
+        ``pairing`` is on)."""
         if self._access.admits(user_id, place):
             return True
-        if not place.is_dm or self._pairing is None:
+        if place.is_dm and self._pairing is not None and await self._pairing.is_approved(self.name, user_id):
+            return True
+        if not place.is_dm or self._pairing is None or not self._offers_codes:
             log.info("discord_message_denied", user_id=user_id, channel_id=place.channel_id)
             return False
-        if await self._pairing.is_approved(self.name, user_id):
-            return True
         if message is not None:
             code = await self._pairing.request(self.name, user_id, user_name)
             await self._outbox.deliver(place.channel_id, lambda: message.channel.send(_pairing_text(code)))
@@ -270,7 +274,7 @@ class DiscordChannel(Channel):
         place = Place.of(channel, interaction.guild_id)
         async with self._lock_of(place.channel_id):
             if not await self._admitted(str(user.id), user.display_name, place, None):
-                pairing = self._pairing
+                pairing = self._pairing if self._offers_codes else None
                 await self._outbox.deliver(place.channel_id, lambda: _refusal(interaction, place, pairing))
                 return
             key = f"interaction:{interaction.id}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -125,3 +127,24 @@ def test_normalize_code() -> None:
     assert normalize_code("abcd efgh") == "ABCD-EFGH"
     assert normalize_code(" ABCD-EFGH ") == "ABCD-EFGH"
     assert normalize_code("abc") == "ABC"
+
+
+def test_a_user_approved_in_the_file_is_approved_for_every_thread_that_asks_first(tmp_path: Path) -> None:
+    """Channels ask from worker threads, several at once (two chats' messages). The first read of a
+    changed file must not let another thread see the new stamp with the old (empty) approvals: that
+    denied an approved user's message, or offered them a code again."""
+    path = tmp_path / PAIRING_FILE
+    code = PairingStore(path).request_sync("discord", "42", "bob")
+    assert code is not None and PairingStore(path).approve_sync(code) is not None
+    denied = 0
+    for _ in range(200):
+        store = PairingStore(path)  # a fresh reader, as a bot just started
+        start = threading.Barrier(4)
+
+        def ask(store: PairingStore = store, start: threading.Barrier = start) -> bool:
+            start.wait()
+            return store.is_approved_sync("discord", "42")
+
+        with ThreadPoolExecutor(4) as pool:
+            denied += [f.result() for f in [pool.submit(ask) for _ in range(4)]].count(False)
+    assert denied == 0

@@ -17,7 +17,7 @@ from discord.http import Route
 from bot.app import Core
 from bot.commands import CommandCall, SessionControl
 from bot.errors import ChannelError
-from bot.pairing import approve_code
+from bot.pairing import PAIRING_FILE, PairingStore, approve_code
 from channels.discord import DiscordChannel
 from tests.channels.discord.kit import running_bot
 from tests.fakes.discord_server import FakeDiscord, FakeUser, Guild
@@ -198,6 +198,26 @@ async def test_strangers_are_denied_and_dm_strangers_can_pair(tmp_path: Path) ->
         replies = await d.wait_for_bot_messages(w.bob_dm, 2)
         assert replies[-1]["content"] == "echo: thanks"
         assert w.user_texts() == ["thanks"]  # "let me in" never reached the model
+
+
+async def test_pairing_off_offers_no_codes_and_keeps_users_approved_before(tmp_path: Path) -> None:
+    """``pairing = false`` stops offering codes; an approval the operator gave stays until revoked."""
+    async with discord_world(tmp_path, discord_settings={"pairing": False}) as w:
+        d, bob = w.discord, w.bob
+        store = PairingStore(w.workspace / PAIRING_FILE)
+        code = await store.request(DiscordChannel.name, str(bob.id), "bob")
+        assert code is not None and await store.approve(code) is not None
+        stranger = d.user("mallory")
+        mallory_dm = d.dm_channel()
+        await d.user_message(channel_id=mallory_dm, author=stranger, content="let me in")
+        await d.user_message(channel_id=w.bob_dm, author=bob, content="still here")
+        [reply] = await d.wait_for_bot_messages(w.bob_dm)
+        assert reply["content"] == "echo: still here"
+        interaction = await d.slash_command("status", channel_id=mallory_dm, user=stranger)
+        [refusal] = await d.wait_for_followups(interaction["token"])
+        assert refusal["content"] == "Sorry, I'm not allowed to answer here."
+        assert d.bot_texts(mallory_dm) == [refusal["content"]] and w.user_texts() == ["still here"]
+        assert await store.pending() == []  # no code was issued to the stranger
 
 
 @pytest.mark.parametrize(

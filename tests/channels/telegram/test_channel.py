@@ -15,7 +15,7 @@ import pytest
 
 from bot.domain import OutboundMessage
 from bot.errors import ChannelError
-from bot.pairing import approve_code
+from bot.pairing import PAIRING_FILE, PairingStore, approve_code
 from tests.channels.telegram.kit import COMMANDS, RecordingSink, running_channel
 from tests.fakes.telegram_server import FakeTelegramServer, utf16_len
 
@@ -72,6 +72,20 @@ async def test_pairing_off_ignores_strangers_silently(tmp_path: Path) -> None:
         tg.push_message("sentinel")
         assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
         assert tg.sent_to(99) == []
+
+
+async def test_pairing_off_keeps_users_approved_before(tmp_path: Path) -> None:
+    """``pairing = false`` stops offering codes; an approval the operator gave stays until revoked."""
+    store = PairingStore(tmp_path / PAIRING_FILE)
+    code = await store.request("telegram", "99", "Mallory")
+    assert code is not None and await store.approve(code) is not None
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, pairing=False) as (_, sink):
+        tg.push_message("back again", chat_id=99, user_id=99)
+        tg.push_message("who am i", chat_id=98, user_id=98)
+        tg.push_message("sentinel")
+        received = await sink.wait_for(2)
+        assert [m.text for m in received] == ["back again", "sentinel"]
+        assert tg.sent_to(98) == []
 
 
 async def test_group_answers_only_when_addressed_and_only_in_allowed_groups(tmp_path: Path) -> None:
