@@ -197,7 +197,7 @@ class StreamDecoder(StreamFold):
                 call["id"], call["name"] = str(block.get("id") or ""), str(block.get("name") or "")
                 if isinstance(block.get("input"), dict) and block["input"]:
                     # Some compatible servers send the whole input here and no input_json_delta.
-                    call["arguments"] = json.dumps(block["input"])
+                    self._argued(call, json.dumps(block["input"]), restart=True)
                     self._input_at_start.add(index)
                 return [StreamEvent("tool_call", text=call["name"])]
         elif kind == "content_block_delta":
@@ -217,8 +217,7 @@ class StreamDecoder(StreamFold):
         if delta.get("type") == "text_delta" and delta.get("text"):
             return self._said(str(delta["text"]))
         if delta.get("type") == "input_json_delta" and index in self._calls:
-            if index in self._input_at_start:  # the deltas say it all again
-                self._input_at_start.discard(index)
-                self._calls[index]["arguments"] = ""
-            self._calls[index]["arguments"] += str(delta.get("partial_json", ""))
+            restart = index in self._input_at_start  # the deltas say it all again
+            self._input_at_start.discard(index)
+            self._argued(self._calls[index], str(delta.get("partial_json", "")), restart=restart)
         return []

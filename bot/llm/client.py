@@ -12,7 +12,9 @@ One call, step by step:
    up to ``llm.max_retries`` times with exponential backoff and jitter, or after the server's
    ``retry-after-ms`` / ``retry-after``, never longer than ``llm.retry_max_delay``. A timeout is
    retried once only: a server that stayed silent twice is hung, and every further try would keep
-   the user waiting as long again.
+   the user waiting as long again. An answer larger than any model writes (a body over 32 MiB, a
+   stream past 8 Mi characters or 10,000 tool calls: limits.py) is a bad response, its connection
+   closed.
 
    Time limits of one try: a non-streamed answer must be complete within ``llm.timeout`` (its first
    byte comes only when the model has written all of it); a streamed one must start within
@@ -52,6 +54,7 @@ from bot.llm.call_ids import made_unique
 from bot.llm.endpoints import check_base_url, where
 from bot.llm.failures import STATUS_OF_TYPE, Provider, key_setting, status_error
 from bot.llm.httpx_errors import HTTPX_ERRORS, httpx_errors, map_httpx_error
+from bot.llm.limits import MAX_BODY_BYTES, MAX_STREAMED_CALLS, MAX_STREAMED_CHARS, MiB, answer_too_large
 from bot.llm.sse import SSEvent, iter_sse
 from bot.llm.stats import LLMStats
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent, Wire
@@ -66,6 +69,10 @@ T = TypeVar("T")
 
 class _Decoder(Protocol):
     done: bool
+    size: int
+
+    @property
+    def calls(self) -> int: ...
 
     @property
     def complete(self) -> bool: ...
@@ -301,8 +308,14 @@ class LLMClient:
         return _unique_ids(target, request, _parse(target, body))
 
     async def _read_body(self, target: _Target, response: httpx.Response) -> bytes:
-        chunks = _Quiet(response.aiter_bytes(), self._settings.idle_timeout, target)
-        return b"".join([chunk async for chunk in chunks])
+        """The whole body, each chunk within ``idle_timeout``; past ``MAX_BODY_BYTES`` (limits.py)
+        reading stops with LLMBadResponse, and the caller's ``aclose`` drops the connection."""
+        body = bytearray()
+        async for chunk in _Quiet(response.aiter_bytes(), self._settings.idle_timeout, target):
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise _too_large(target, f"a body over {MAX_BODY_BYTES // MiB} MiB")
+        return bytes(body)
 
     async def _open_stream(self, target: _Target, request: ChatRequest) -> httpx.Response:
         """Send a streaming request; the answer must start within ``first_byte_timeout``."""
@@ -348,6 +361,10 @@ class LLMClient:
                     async for sse in _Quiet(_events(iter_sse(lines)), self._settings.idle_timeout, target):
                         with _readable(target):
                             events = list(decoder.feed(sse))
+                        if decoder.size > MAX_STREAMED_CHARS:
+                            raise _too_large(target, f"over {MAX_STREAMED_CHARS // MiB} Mi characters")
+                        if decoder.calls > MAX_STREAMED_CALLS:
+                            raise _too_large(target, f"over {MAX_STREAMED_CALLS} tool calls")
                         for event in events:
                             yield event
                         if decoder.done:
@@ -493,6 +510,10 @@ def _error_answer(target: _Target, response: httpx.Response, text: str) -> LLMEr
         provider=target.provider,
         where=target.where,
     )
+
+
+def _too_large(target: _Target, what: str) -> LLMBadResponse:
+    return answer_too_large(what, model=target.model, provider=target.provider, where=target.where)
 
 
 def _httpx_errors(target: _Target) -> contextlib.AbstractContextManager[None]:

@@ -226,7 +226,7 @@ class StreamDecoder(StreamFold):
         self._last = index
         function = fragment.get("function") or {}
         if function.get("arguments"):
-            slot["arguments"] += _as_text(function["arguments"])
+            self._argued(slot, _as_text(function["arguments"]))
         if function.get("name") and not slot["name"]:
             slot["name"] = str(function["name"])
             return [StreamEvent("tool_call", text=slot["name"])]

@@ -3,6 +3,7 @@ and :class:`StreamFold`, what both APIs' stream decoders keep while they fold ev
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -45,17 +46,27 @@ async def iter_sse(lines: AsyncIterator[str]) -> AsyncIterator[SSEvent]:
 class StreamFold:
     """The answer so far: text, tool calls by index (``id``, ``name``, ``arguments`` as streamed JSON
     text), usage, stop reason and the model that served it. A provider's decoder (``openai.py``,
-    ``anthropic.py``) reads its own event shapes into these and sets ``done`` at the stream's end."""
+    ``anthropic.py``) reads its own event shapes into these and sets ``done`` at the stream's end.
+
+    ``size`` (characters of text and arguments kept) and ``calls`` (tool calls begun) are what the
+    answer holds so far: the client stops a stream that grows past its limits (bot/llm/limits.py).
+    The text is kept in one buffer, not as its deltas, so a stream of one-character deltas costs
+    what its text does."""
 
     def __init__(self, model: str, where: str) -> None:
         self._model = model
         self._where = where
-        self._text: list[str] = []
+        self._text = io.StringIO()
         self._calls: dict[int, dict[str, str]] = {}
         self._usage = Usage(calls=1)
         self._stop = ""
         self._served_by = ""
         self.done = False
+        self.size = 0
+
+    @property
+    def calls(self) -> int:
+        return len(self._calls)
 
     def _object(self, data: str, what: str) -> dict[str, Any]:
         """One event's JSON object; anything else is the provider's fault, said as such."""
@@ -68,8 +79,14 @@ class StreamFold:
         return parsed
 
     def _said(self, text: str) -> list[StreamEvent]:
-        self._text.append(text)
+        self._text.write(text)
+        self.size += len(text)
         return [StreamEvent("text", text=text)]
+
+    def _argued(self, call: dict[str, str], arguments: str, *, restart: bool = False) -> None:
+        """Add a fragment to a call's arguments (``restart``: in place of what it had)."""
+        call["arguments"] = arguments if restart else call["arguments"] + arguments
+        self.size += len(arguments)
 
     def _call(self, index: int) -> dict[str, str]:
         return self._calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
@@ -81,4 +98,4 @@ class StreamFold:
             ToolCall(c["id"], c["name"], c["arguments"] or "{}") for _, c in sorted(self._calls.items())
         )
         model = self._served_by or self._model
-        return ChatResponse("".join(self._text), calls, self._usage, model, self._stop)
+        return ChatResponse(self._text.getvalue(), calls, self._usage, model, self._stop)

@@ -3,8 +3,8 @@
 It validates requests the way the real APIs do (``llm_checks.py``; a wrong translator gets the same 400
 the real API would give), answers from a script of :class:`FakeReply` values or a ``responder``
 function, and otherwise echoes the last user text. Streaming (SSE, with named events for Anthropic),
-tool calls, error statuses with headers, slow answers, malformed bodies, mid-stream failures and usage
-numbers are all scriptable::
+tool calls, error statuses with headers, slow answers, malformed bodies, mid-stream failures, answers
+that never end and usage numbers are all scriptable::
 
     async with FakeLLMServer() as llm:
         llm.script(FakeReply(status=429, headers={"retry-after": "2"}), FakeReply(text="hi"))
@@ -29,6 +29,7 @@ from tests.fakes.llm_wire import (
     FakeReply,
     anthropic_body,
     openai_body,
+    send_flood,
     send_stalling,
     stream_anthropic,
     stream_openai,
@@ -172,6 +173,8 @@ class FakeLLMServer:
                     text=error if isinstance(error, str) else json.dumps(error),
                     headers={"content-type": "application/json", **reply.headers},
                 )
+            if reply.flood is not None:
+                return await send_flood(request, api, body, reply)
             usage = usage_of(body, reply)
             if body.get("stream"):
                 streamer = stream_openai if api == "openai" else stream_anthropic

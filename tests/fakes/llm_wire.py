@@ -36,6 +36,10 @@ class FakeReply:
     ``stream_error``, OpenAI drops the connection. ``usage=(input, output)`` and ``cached_tokens`` set
     the reported token counts. ``call_ids``: the id sent for each tool call, in order (``None``: no id
     at all), as local servers that repeat or omit ids send them; by default each gets a fresh one.
+    ``flood=n``: an answer that never ends, like a model repeating itself with ``max_tokens`` ignored:
+    ``n`` characters of text in 64 KiB pieces (text deltas when streaming, else one JSON body; streamed
+    with ``tool_calls``, the first call's argument fragments instead), then ``stall`` seconds of
+    silence, the answer still open.
     """
 
     text: str = ""
@@ -54,6 +58,7 @@ class FakeReply:
     stall: float = 60.0
     keepalive: float | None = None  # while stalled, an SSE comment (": keep-alive") this often
     call_ids: list[str | None] | None = None
+    flood: int | None = None
 
     def ids(self, api: str) -> list[str | None]:
         """The id each tool call is sent with (``None``: sent without one)."""
@@ -199,6 +204,68 @@ async def send_stalling(
     await asyncio.sleep(reply.stall)
     await response.write(body[reply.stall_after :])
     await response.write_eof()
+    return response
+
+
+FLOOD_PIECE = 64 * 1024
+
+
+async def send_flood(
+    request: web.Request, api: str, body: dict[str, Any], reply: FakeReply
+) -> web.StreamResponse:
+    """``reply.flood`` characters of one answer's text (streamed with ``tool_calls``: of the first
+    call's arguments), then a hang: the answer is never finished."""
+    assert reply.flood is not None
+    sizes = [FLOOD_PIECE] * (reply.flood // FLOOD_PIECE) + [reply.flood % FLOOD_PIECE]
+    if not body.get("stream"):
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        await response.prepare(request)
+        message = {"role": "assistant", "content": ""}
+        opening = json.dumps(
+            {"model": body["model"], "choices": [{"index": 0, "message": message}]}
+            if api == "openai"
+            else {"type": "message", "role": "assistant", "content": [{"type": "text", "text": ""}]}
+        )
+        await response.write(opening[: opening.index('""') + 1].encode())  # up to the open string
+        for size in sizes:
+            await response.write(b"x" * size)
+        await asyncio.sleep(reply.stall)
+        return response
+    response, sse = await _open(request, reply)
+    name = reply.tool_calls[0][0] if reply.tool_calls else None
+    if api == "openai":
+        base = {"id": "chatcmpl-f", "object": "chat.completion.chunk", "model": body["model"]}
+
+        def piece(text: str, first: bool = False) -> dict[str, Any]:
+            if name is None:
+                return {**base, "choices": [{"index": 0, "delta": {"content": text}}]}
+            call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+            if first:
+                call.update(id="call_flood", type="function", function={"name": name, "arguments": ""})
+            return {**base, "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+
+        await sse.send(piece("", first=True))
+        for size in sizes:
+            await sse.send(piece("x" * size))
+    else:
+        message = {"id": "msg_f", "type": "message", "role": "assistant", "model": body["model"]}
+        await sse.send({"type": "message_start", "message": {**message, "content": []}}, "message_start")
+        block = (
+            {"type": "text", "text": ""}
+            if name is None
+            else {"type": "tool_use", "id": "toolu_flood", "name": name, "input": {}}
+        )
+        await sse.send(
+            {"type": "content_block_start", "index": 0, "content_block": block}, "content_block_start"
+        )
+        for size in sizes:
+            delta = (
+                {"type": "text_delta", "text": "x" * size}
+                if name is None
+                else {"type": "input_json_delta", "partial_json": "x" * size}
+            )
+            await sse.send({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")
+    await asyncio.sleep(reply.stall)
     return response
 
 
