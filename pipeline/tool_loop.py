@@ -31,6 +31,10 @@ if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
 log = structlog.get_logger(__name__)
 
 REPEAT_LIMIT = 2  # identical (tool, arguments) pairs allowed per turn
+# Tool calls of one answer that are stored and run; the rest are dropped. Models send a handful at a
+# time (a few dozen when fanning out over a list); an answer with thousands, stored with one result
+# each, made every later request of the chat too long for the model's window.
+MAX_CALLS_PER_ANSWER = 64
 CANCELLED = "Cancelled: the turn was stopped before this tool call finished."
 DEADLINE = "Not finished: the turn deadline passed."
 NOT_RUN = "Not run: the tool call limit for this turn was reached."
@@ -42,6 +46,12 @@ CUT_SHORT = (
 LAST_CALL = (
     "This is your last step in this turn: no tool you call now will run. Answer the user now from what "
     "you have found so far, and say what is still missing."
+)
+# Said the same way on the call after an answer with more than MAX_CALLS_PER_ANSWER tool calls.
+TOO_MANY_CALLS = (
+    "Your last answer held {held} tool calls; at most {limit} calls of one answer are run, so the first "
+    "{limit} were kept and the other {dropped} were dropped without running. If you still need them, "
+    "call them again in later steps, at most {limit} at a time."
 )
 # Said the same way on the one extra call after the model answered tool results with no text at all.
 ANSWER_NOW = (
@@ -73,13 +83,15 @@ class ToolLoopSystem:
     Limits per turn (``max_llm_calls``, ``max_tool_calls``, ``turn_deadline``) end the loop with the best
     text so far and a note in ``turn.notes``. The model call that is the last one (the next would pass
     ``max_llm_calls``, or no tool call is left) tells the model so, and it answers from the results it
-    has rather than leaving the user with none. An answer with no text after tool calls gets one more
-    call a turn, told to answer in plain text (:data:`ANSWER_NOW`); if that is blank too, ``turn.reply``
-    is ``""`` and the dispatcher sends its failed-turn text. Every request goes through the context
-    ``budget`` first (it and the answer must fit the window: bot/context_budget.py); a request that would
-    not fit, or that the provider refused as too long, makes the budget compact the session and the call
-    is retried, at most ``max_overflow_retries`` times. When ``turn.on_partial`` is set the answer
-    is streamed and the sink receives the text of the current model call so far, after every delta.
+    has rather than leaving the user with none. An answer's calls past :data:`MAX_CALLS_PER_ANSWER` are
+    dropped before it is stored, and the next model call is told so (:data:`TOO_MANY_CALLS`). An answer
+    with no text after tool calls gets one more call a turn, told to answer in plain text
+    (:data:`ANSWER_NOW`); if that is blank too, ``turn.reply`` is ``""`` and the dispatcher sends its
+    failed-turn text. Every request goes through the context ``budget`` first (it and the answer must
+    fit the window: bot/context_budget.py); a request that would not fit, or that the provider refused
+    as too long, makes the budget compact the session and the call is retried, at most
+    ``max_overflow_retries`` times. When ``turn.on_partial`` is set the answer is streamed and the sink
+    receives the text of the current model call so far, after every delta.
     """
 
     name = "tool_loop"
@@ -134,6 +146,7 @@ class _TurnRun:
         self.llm_calls = self.tool_runs = self.overflows = 0
         self.not_run = 0  # calls refused for the tool-call limit
         self.cut_short = 0  # calls of answers cut off at the output limit: never run
+        self.dropped = 0  # calls past MAX_CALLS_PER_ANSWER: neither stored nor run
         self.asked_again = False  # after an empty answer (once a turn)
         self.best = ""
         self.partial_ok = turn.on_partial is not None
@@ -147,28 +160,30 @@ class _TurnRun:
     async def loop(self) -> None:
         s, turn = self.settings, self.turn
         note = ""  # what the next model call is told after the system prompt
+        too_many = ""  # said before it when the last answer held too many calls (TOO_MANY_CALLS)
         while True:
             if self.llm_calls >= s.max_llm_calls:
                 raise _Stop(f"it reached the limit of {s.max_llm_calls} model calls")
             out_of_tools = self.llm_calls > 0 and self.tool_runs >= s.max_tool_calls
             last = out_of_tools or (self.llm_calls > 0 and self.llm_calls == s.max_llm_calls - 1)
-            response = await self.ask(note=LAST_CALL if last else note)
+            response = await self.ask(note=_joined(too_many, LAST_CALL if last else note))
             note = ""
             self.llm_calls += 1
             turn.usage.add(response.usage)
             said = bool(response.content.strip())
-            if said or response.tool_calls:  # a blank answer is not kept: the next call reads the results
-                turn.add_message(Message(Role.ASSISTANT, response.content, tool_calls=response.tool_calls))
+            calls, too_many = self.kept(response.tool_calls)
+            if said or calls:  # a blank answer is not kept: the next call reads the results
+                turn.add_message(Message(Role.ASSISTANT, response.content, tool_calls=calls))
             if said:
                 self.best = response.content
-            if response.tool_calls and response.cut_off:
+            if calls and response.cut_off:
                 # Cut at the output limit, a call may lack the end of its arguments and still parse
                 # ("write" with half a report): none of it runs; the model reads why, and tries again.
-                self.cut_short += len(response.tool_calls)
-                for call in response.tool_calls:
+                self.cut_short += len(calls)
+                for call in calls:
                     turn.add_message(Message(Role.TOOL, CUT_SHORT, tool_call_id=call.id, name=call.name))
                 continue
-            if not response.tool_calls:
+            if not calls:
                 if not said and self.empty_answer():
                     note = ANSWER_NOW
                     continue
@@ -184,10 +199,29 @@ class _TurnRun:
                     turn.notes.append(
                         "Some tool calls were not run: the model's answer was cut off at its output limit."
                     )
+                if self.dropped:
+                    turn.notes.append(
+                        f"Some tool calls were not run: the model asked for more than {MAX_CALLS_PER_ANSWER} "
+                        "at once."
+                    )
                 return
-            await self.run_calls(response.tool_calls)
+            await self.run_calls(calls)
             if out_of_tools:  # told that nothing would run, it called tools again
                 raise _Stop(f"it reached the limit of {s.max_tool_calls} tool calls")
+
+    def kept(self, calls: tuple[ToolCall, ...]) -> tuple[tuple[ToolCall, ...], str]:
+        """The calls of one answer that are stored and run, and what the next model call is told
+        when there were too many (``""`` otherwise).
+
+        The rest are dropped before the answer is stored: each stored call needs its result in the
+        history (OpenAI refuses a call without one), so thousands of calls, each answered "Not run",
+        would fill the model's window on every later request of the chat."""
+        if len(calls) <= MAX_CALLS_PER_ANSWER:
+            return calls, ""
+        held, limit = len(calls), MAX_CALLS_PER_ANSWER
+        self.dropped += held - limit
+        log.warning("tool_calls_dropped", held=held, kept=limit, llm_calls=self.llm_calls)
+        return calls[:limit], TOO_MANY_CALLS.format(held=held, limit=limit, dropped=held - limit)
 
     def empty_answer(self) -> bool:
         """The model answered with no text and no call; True if it is asked once more.
@@ -371,6 +405,10 @@ class _TurnRun:
             log.error("tool_result_not_text", tool=call.name, type=type(result).__name__)
             return f"Error: {call.name} failed unexpectedly (it returned no text).", "crashed"
         return result, "ok"
+
+
+def _joined(*notes: str) -> str:
+    return "\n\n".join(note for note in notes if note)
 
 
 async def _cancel_all(tasks: Any) -> None:

@@ -25,7 +25,17 @@ from bot.tokens import TokenCounter
 from bot.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
 from pipeline import Pipeline
 from pipeline.base import Turn
-from pipeline.tool_loop import ANSWER_NOW, CANCELLED, CUT_SHORT, LAST_CALL, NOT_RUN, ToolLoopSystem, cap
+from pipeline.tool_loop import (
+    ANSWER_NOW,
+    CANCELLED,
+    CUT_SHORT,
+    LAST_CALL,
+    MAX_CALLS_PER_ANSWER,
+    NOT_RUN,
+    TOO_MANY_CALLS,
+    ToolLoopSystem,
+    cap,
+)
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.recording import RecordingChannel, SlowTool
 from tests.session_kit import RecordingRetirer, conversation
@@ -692,6 +702,33 @@ async def test_tool_calls_past_the_tool_call_limit_are_not_run_and_the_turn_stop
     assert turn.reply == "more"
     assert turn.notes == ["Stopped early: it reached the limit of 1 tool calls."]
     assert_paired(turn.session)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_an_answer_with_thousands_of_calls_keeps_and_runs_only_the_first(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str
+) -> None:
+    """Stored with one "Not run" result each, they made every later request of the chat too long."""
+    add, held, limit = AddTool(), 2000, MAX_CALLS_PER_ANSWER
+    server.script(
+        FakeReply(tool_calls=[("add", {"a": i, "b": 0}) for i in range(held)]),
+        FakeReply(text="I added the first ones."),
+    )
+    turn = new_turn()
+    await loop_for(server, http, api, [add]).process(turn)
+
+    assert len(add.calls) == limit
+    [answer] = [m for m in turn.session.messages if m.tool_calls]
+    assert len(answer.tool_calls) == limit
+    assert tool_results(turn.session) == [str(i) for i in range(limit)]
+    assert_paired(turn.session)
+    # The next request (which the fake checks as the API would) holds the kept calls and their results
+    # only, and tells the model what became of the others.
+    sent = json.dumps(server.requests[1].body)
+    assert sent.count('"role": "tool"' if api == "openai" else '"type": "tool_result"') == limit
+    assert TOO_MANY_CALLS.format(held=held, limit=limit, dropped=held - limit) in sent
+    assert turn.reply == "I added the first ones."
+    assert turn.notes == [f"Some tool calls were not run: the model asked for more than {limit} at once."]
 
 
 @pytest.mark.parametrize("api", APIS)
