@@ -5,7 +5,8 @@ bot/sessions.py, so it cannot escape the folder). It lives under ``memory/`` bec
 when messages retire (consolidation, compaction, /new), and because the operator backs up one folder
 to keep everything the bot knows. Each line: ``{"archived_at", "session_id", "message"}``. Lines are
 never rewritten; a damaged one costs only itself, and a last record a kill cut short is kept aside and
-cut at the next append (see :func:`_append`).
+cut at the next append (see :func:`_append`). A message is archived once: one a kill left in its
+session after its append is found among the last records and skipped (:meth:`TranscriptArchive.append`).
 
 :func:`search_archive` finds exact words in it (the memory tool's ``search_archive``): retrieval ranks
 memories, but a line of a pasted log is best found verbatim.
@@ -44,22 +45,41 @@ class TranscriptArchive:
 
     async def append(self, session_id: str, messages: Sequence[Message], now: datetime) -> int:
         """Archive the messages not archived yet; mark them so a second retirement skips them."""
-        fresh = [m for m in messages if not m.meta.get(ARCHIVED)]
-        if not fresh:
-            return 0
-        stamp = now.isoformat()
-        payload = "".join(
-            json.dumps(
-                {"archived_at": stamp, "session_id": session_id, "message": m.to_dict()}, ensure_ascii=False
-            )
-            + "\n"
-            for m in fresh
-        ).encode("utf-8")
         async with self._lock:
+            fresh = await self._unarchived(session_id, messages)
+            if not fresh:
+                return 0
+            stamp = now.isoformat()
+            payload = "".join(
+                json.dumps(
+                    {"archived_at": stamp, "session_id": session_id, "message": m.to_dict()},
+                    ensure_ascii=False,
+                )
+                + "\n"
+                for m in fresh
+            ).encode("utf-8")
             await asyncio.to_thread(_append, self.path_for(session_id), payload)
         for message in fresh:
             message.meta[ARCHIVED] = True
         return len(fresh)
+
+    async def unarchived(self, session_id: str, messages: Sequence[Message]) -> list[Message]:
+        """Those of ``messages`` the archive does not hold yet (the others are marked as archived)."""
+        async with self._lock:
+            return await self._unarchived(session_id, messages)
+
+    async def _unarchived(self, session_id: str, messages: Sequence[Message]) -> list[Message]:
+        """The ``ARCHIVED`` mark lives in the session, so a kill between an append and the session's
+        save loses it while the messages stay: their ids are then among the file's last records (what
+        a session still holds was archived after everything it no longer holds), and are skipped."""
+        fresh = [m for m in messages if not m.meta.get(ARCHIVED)]
+        if not fresh:
+            return []
+        held = await asyncio.to_thread(_last_ids, self.path_for(session_id), 2 * len(fresh))
+        for message in fresh:
+            if message.id in held:
+                message.meta[ARCHIVED] = True
+        return [m for m in fresh if m.id not in held]
 
     async def read(self, session_id: str) -> list[Message]:
         return await asyncio.to_thread(self._read, session_id)
@@ -100,6 +120,29 @@ def _append(path: Path, payload: bytes) -> None:
         if damaged.keep_aside(path, [torn], event="archive_lines_set_aside") is not None:
             os.truncate(path, start)
     append_bytes(path, payload, whole_lines=True)
+
+
+def _last_ids(path: Path, count: int) -> set[str]:
+    """The message ids of the file's last ``count`` lines, read back from its end (blocking)."""
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        return set()
+    with f:
+        end = begin = f.seek(0, os.SEEK_END)
+        data = b""
+        while begin > 0 and data.count(b"\n") <= count:
+            begin = max(0, begin - TAIL_BLOCK)
+            f.seek(begin)
+            data = f.read(end - begin)
+    lines = data.splitlines()[1 if begin else 0 :]  # a block's first line may be cut at its start
+    ids: set[str] = set()
+    for line in lines[-count:]:
+        try:
+            ids.add(str(json.loads(line)["message"]["id"]))
+        except damaged.UNREADABLE:
+            continue
+    return ids
 
 
 def _last_line_start(path: Path, size: int) -> int:

@@ -15,6 +15,7 @@ from bot.config import LLMSettings
 from bot.domain import InboundMessage, Message, Role, Session, ToolCall
 from bot.llm import LLMClient
 from bot.memory import ItemType, Layer
+from bot.sessions import JsonSessionStore
 from pipeline.base import Turn
 from pipeline.memory_persist import MemoryPersistSystem, safe_cut
 from tests.bot.memory.conftest import CATALOG, Clock, make_memory
@@ -177,3 +178,29 @@ async def test_items_name_their_conversation_which_a_new_session_or_a_quiet_gap_
     session.replace_messages([])  # what /new leaves
     await persist(system, talk("a fresh start", NOW + timedelta(hours=5, minutes=1)))
     assert conversation_of("a fresh start") != conversation_of("back after lunch hours later")
+
+
+async def test_a_kill_between_the_archive_and_the_session_save_archives_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    """The trim reached the archive but not the session file: the next start retires the same messages
+    again, and the archive (which retrieval searches) holds each of them once."""
+    store = JsonSessionStore(tmp_path / "sessions")
+    session = Session.new("cli", "me")
+    history(session, 8)
+    await store.save(session)
+    memory = await make_memory(tmp_path, Clock(), memory_window=0)
+    await persist(MemoryPersistSystem(memory, memory.settings), answered_turn(session, "q", "a"))
+    assert len(await memory.archive.read("cli:me")) == 8
+    # Killed here: the session's save after the turn never ran (nor did memory.close()).
+
+    restarted = await make_memory(tmp_path, Clock(), memory_window=0)
+    loaded = await store.load("cli:me")
+    assert loaded is not None and len(loaded.messages) == 16
+    history(loaded, 2)  # and the chat went on: the next trim retires those 8 and 4 more
+    await persist(MemoryPersistSystem(restarted, restarted.settings), answered_turn(loaded, "q2", "a2"))
+    await restarted.close()
+
+    ids = [m.id for m in await restarted.archive.read("cli:me")]
+    assert len(ids) == len(set(ids)) == 12
+    assert [m.content for m in loaded.messages][-2:] == ["q2", "a2"]

@@ -56,3 +56,18 @@ async def test_a_record_a_kill_cut_short_is_kept_aside_and_cut_before_the_next(
     assert [m.content for m in await archive.read("cli:me")] == ["after the restart"]
     kept = await asyncio.to_thread(lambda: [p.read_bytes() for p in tmp_path.glob("*.damaged-*")])
     assert kept == [cut + b"\n"]
+
+
+async def test_messages_a_kill_kept_in_the_session_are_not_archived_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read back in blocks smaller than a record: the ids of the last records are still found."""
+    monkeypatch.setattr(archive_module, "TAIL_BLOCK", 8)
+    archive = TranscriptArchive(tmp_path)
+    when = datetime(2025, 3, 4, tzinfo=UTC)
+    kept = [Message(Role.USER, f"said {n}") for n in range(3)]
+    assert await archive.append("cli:me", kept, when) == 3
+    # The session file still holds them, without the mark the append set (its save never ran).
+    reloaded = [Message.from_dict({**m.to_dict(), "meta": {}}) for m in kept]
+    assert await archive.append("cli:me", [*reloaded, Message(Role.USER, "said later")], when) == 1
+    assert [m.content for m in await archive.read("cli:me")] == ["said 0", "said 1", "said 2", "said later"]
