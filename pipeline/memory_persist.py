@@ -109,9 +109,11 @@ class MemoryPersistSystem:
         if cut == 0:
             return
         retired = list(messages[:cut])
-        # The full transcript is never lost: archive before anything leaves the session.
-        await self._memory.archive_messages(session.id, retired)
+        # The full transcript is never lost: archive (and, to consolidate, record as pending) before
+        # anything leaves the session.
+        if window > 0:
+            await self._memory.consolidate_in_background(session.id, retired)
+        else:
+            await self._memory.archive_messages(session.id, retired)
         session.replace_messages(messages[cut:])
         log.info("session_trimmed", session_id=session.id, retired=len(retired), kept=len(session.messages))
-        if window > 0:
-            self._memory.consolidate_in_background(session.id, retired)

@@ -43,10 +43,15 @@ class TranscriptArchive:
     def path_for(self, session_id: str) -> Path:
         return self._dir / f"{encode_id(session_id)}.jsonl"
 
-    async def append(self, session_id: str, messages: Sequence[Message], now: datetime) -> int:
-        """Archive the messages not archived yet; mark them so a second retirement skips them."""
+    async def append(
+        self, session_id: str, messages: Sequence[Message], now: datetime, *, whole_file: bool = False
+    ) -> int:
+        """Archive the messages not archived yet; mark them so a second retirement skips them.
+
+        ``whole_file`` looks for them in the whole file, not only among its last records (a resumed
+        retirement, which later ones of the chat may have followed)."""
         async with self._lock:
-            fresh = await self._unarchived(session_id, messages)
+            fresh = await self._unarchived(session_id, messages, whole_file=whole_file)
             if not fresh:
                 return 0
             stamp = now.isoformat()
@@ -68,14 +73,17 @@ class TranscriptArchive:
         async with self._lock:
             return await self._unarchived(session_id, messages)
 
-    async def _unarchived(self, session_id: str, messages: Sequence[Message]) -> list[Message]:
+    async def _unarchived(
+        self, session_id: str, messages: Sequence[Message], *, whole_file: bool = False
+    ) -> list[Message]:
         """The ``ARCHIVED`` mark lives in the session, so a kill between an append and the session's
         save loses it while the messages stay: their ids are then among the file's last records (what
         a session still holds was archived after everything it no longer holds), and are skipped."""
         fresh = [m for m in messages if not m.meta.get(ARCHIVED)]
         if not fresh:
             return []
-        held = await asyncio.to_thread(_last_ids, self.path_for(session_id), 2 * len(fresh))
+        count = None if whole_file else 2 * len(fresh)
+        held = await asyncio.to_thread(_last_ids, self.path_for(session_id), count)
         for message in fresh:
             if message.id in held:
                 message.meta[ARCHIVED] = True
@@ -122,22 +130,24 @@ def _append(path: Path, payload: bytes) -> None:
     append_bytes(path, payload, whole_lines=True)
 
 
-def _last_ids(path: Path, count: int) -> set[str]:
-    """The message ids of the file's last ``count`` lines, read back from its end (blocking)."""
+def _last_ids(path: Path, count: int | None) -> set[str]:
+    """The message ids of the file's last ``count`` lines (None: all), read back from its end (blocking)."""
     try:
         f = path.open("rb")
     except FileNotFoundError:
         return set()
     with f:
-        end = begin = f.seek(0, os.SEEK_END)
-        data = b""
-        while begin > 0 and data.count(b"\n") <= count:
-            begin = max(0, begin - TAIL_BLOCK)
+        begin = f.seek(0, os.SEEK_END)
+        data, newlines = b"", 0
+        while begin > 0 and (count is None or newlines <= count):
+            block = begin if count is None else min(begin, TAIL_BLOCK)
+            begin -= block
             f.seek(begin)
-            data = f.read(end - begin)
+            chunk = f.read(block)
+            data, newlines = chunk + data, newlines + chunk.count(b"\n")
     lines = data.splitlines()[1 if begin else 0 :]  # a block's first line may be cut at its start
     ids: set[str] = set()
-    for line in lines[-count:]:
+    for line in lines if count is None else lines[-count:]:
         try:
             ids.add(str(json.loads(line)["message"]["id"]))
         except damaged.UNREADABLE:

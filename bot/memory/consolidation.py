@@ -25,10 +25,11 @@ import structlog
 from bot.domain import Message, Role
 from bot.errors import LLMError
 from bot.llm import ChatRequest
-from bot.memory.history import HistoryLog
+from bot.memory.history import HistoryLog, raw_fallback_entry
 from bot.memory.items import ItemType
 from bot.memory.llm_json import as_text, parse_object
-from bot.memory.longterm import Conflict, LongTermMemory, MemoryFull, NotUtf8
+from bot.memory.longterm import Conflict, LongTermMemory, MemoryFull, NotUtf8, Snapshot, content_hash
+from bot.memory.pending import DurableFact, Journal, Plan
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
     from bot.llm import ChatModel
@@ -64,13 +65,6 @@ class ConsolidationObserver(Protocol):
     """Told about every consolidation, summarized or raw fallback (``bot.metrics.Metrics`` counts them)."""
 
     def consolidation(self, *, fallback: bool) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class DurableFact:
-    type: ItemType
-    content: str
-    confidence: float
 
 
 @dataclass(slots=True)
@@ -273,12 +267,31 @@ class Consolidator:
         *,
         timeout: float,
         longterm: LongTermMemory | None = None,
+        journal: Journal | None = None,
+        plan: Plan | None = None,
     ) -> ConsolidationResult:
-        """Consolidate ``messages`` into HISTORY and ``longterm`` (default: the workspace MEMORY.md)."""
+        """Consolidate ``messages`` into HISTORY and ``longterm`` (default: the workspace MEMORY.md).
+
+        ``journal`` is handed the plan before any of it is written; ``plan`` is one a killed run handed
+        it, written again where it is missing, without asking the model (bot/memory/pending.py)."""
         result = ConsolidationResult(session_id)
+        longterm = longterm or self._longterm
+        resumed = plan is not None
+        when = plan.when if plan is not None else self._local_now()
+        planned: list[Plan] = [] if plan is None else [plan]
+
+        async def keep(decided: Plan) -> None:
+            planned.append(decided)
+            if journal is not None:
+                await journal(decided)
+
         deadline = asyncio.get_running_loop().time() + timeout
         try:
-            await self._consolidate(result, messages, deadline, longterm or self._longterm)
+            if plan is not None:
+                async with self._queue:  # no deadline: what the model decided is written, not dropped
+                    await self._write(result, plan, longterm, resumed=True)
+            else:
+                await self._consolidate(result, messages, when, deadline, longterm, keep)
         except TimeoutError:
             result.raw_fallback, result.reason = True, f"timed out after {timeout:g} s"
         except LLMError as exc:
@@ -287,7 +300,10 @@ class Consolidator:
             result.raw_fallback, result.reason = True, str(exc)
         if result.raw_fallback:
             log.warning("consolidation_fallback", session_id=session_id, reason=result.reason)
-            await self._history.append_raw_fallback(self._local_now(), session_id, messages, result.reason)
+            if not planned:
+                await keep(Plan(when, "", reason=result.reason))
+            entry = raw_fallback_entry(messages, result.reason)
+            await self._history.append(when, session_id, entry, once=resumed)
         self.last_run, self.last_result = self._clock(), result
         if self._observer is not None:
             self._observer.consolidation(fallback=result.raw_fallback)
@@ -297,54 +313,90 @@ class Consolidator:
         self,
         result: ConsolidationResult,
         messages: Sequence[Message],
+        when: datetime,
         deadline: float,
         longterm: LongTermMemory,
+        journal: Journal,
     ) -> None:
         if self._llm is None:
             result.raw_fallback, result.reason = True, "no model configured for consolidation"
             return
         async with asyncio.timeout_at(deadline):
             await self._queue.acquire()
-        try:
-            base = await longterm.read()
-            prompt = self._prompt_that_fits(base.text, messages, result)
-            if prompt is None:
-                return
-            remaining = max(0.1, deadline - asyncio.get_running_loop().time())
-            request = ChatRequest(
-                messages=(Message(Role.USER, prompt),),
-                system=SYSTEM,
-                model=self._model,
-                max_output_tokens=self._max_output_tokens,
-                temperature=0.2,
-                timeout=remaining,
-                purpose="consolidation",
-            )
-            async with asyncio.timeout_at(deadline):
-                response = await self._llm.chat(request)
-            if response.cut_off:
-                result.raw_fallback = True
-                result.reason = (
-                    f"the model's answer was cut at the output limit ({self._max_output_tokens} tokens, "
-                    f"stop reason {response.stop_reason!r}); none of it was used"
-                )
-                return
-            reply = parse_reply(response.content, max_fact_chars=self._max_fact_chars)
-            if reply is None:
-                result.raw_fallback, result.reason = True, "the model's answer held no usable JSON"
-                return
-            problem = memory_problem(reply, base.text, max_bytes=longterm.max_bytes)
-            if problem:  # MEMORY.md stays as it is; the messages are kept verbatim instead
-                result.raw_fallback, result.reason = True, f"memory_update refused: {problem}"
-                return
-            result.parse_tier, result.facts = reply.tier, reply.facts
-            if reply.history_entry:
-                result.history_entry = reply.history_entry
-                await self._history.append(self._local_now(), result.session_id, reply.history_entry)
-            memory = reply.memory_update
-            if memory is not None and memory.strip() and memory.strip() != base.text.strip():
-                text = memory.rstrip("\n") + "\n"
-                _, result.memory_merged = await longterm.replace_from(base, text)
-                result.memory_changed = True
+        try:  # held until written: the next consolidation reads the MEMORY.md this one leaves
+            plan = await self._plan(self._llm, result, messages, when, deadline, longterm)
+            if plan is not None:
+                await journal(plan)
+                await self._write(result, plan, longterm, resumed=False)
         finally:
             self._queue.release()
+
+    async def _plan(
+        self,
+        llm: ChatModel,
+        result: ConsolidationResult,
+        messages: Sequence[Message],
+        when: datetime,
+        deadline: float,
+        longterm: LongTermMemory,
+    ) -> Plan | None:
+        """The model's answer as a plan, or None with ``result`` saying why it cannot be used."""
+        base = await longterm.read()
+        prompt = self._prompt_that_fits(base.text, messages, result)
+        if prompt is None:
+            return None
+        remaining = max(0.1, deadline - asyncio.get_running_loop().time())
+        request = ChatRequest(
+            messages=(Message(Role.USER, prompt),),
+            system=SYSTEM,
+            model=self._model,
+            max_output_tokens=self._max_output_tokens,
+            temperature=0.2,
+            timeout=remaining,
+            purpose="consolidation",
+        )
+        async with asyncio.timeout_at(deadline):
+            response = await llm.chat(request)
+        if response.cut_off:
+            result.raw_fallback = True
+            result.reason = (
+                f"the model's answer was cut at the output limit ({self._max_output_tokens} tokens, "
+                f"stop reason {response.stop_reason!r}); none of it was used"
+            )
+            return None
+        reply = parse_reply(response.content, max_fact_chars=self._max_fact_chars)
+        if reply is None:
+            result.raw_fallback, result.reason = True, "the model's answer held no usable JSON"
+            return None
+        problem = memory_problem(reply, base.text, max_bytes=longterm.max_bytes)
+        if problem:  # MEMORY.md stays as it is; the messages are kept verbatim instead
+            result.raw_fallback, result.reason = True, f"memory_update refused: {problem}"
+            return None
+        memory = (reply.memory_update or "").strip()
+        changed = bool(memory) and memory != base.text.strip()
+        return Plan(
+            when,
+            reply.history_entry,
+            base.text if changed else None,
+            reply.memory_update.rstrip("\n") + "\n" if changed and reply.memory_update else "",
+            tuple(reply.facts),
+            reply.tier,
+        )
+
+    async def _write(
+        self, result: ConsolidationResult, plan: Plan, longterm: LongTermMemory, *, resumed: bool
+    ) -> None:
+        """Write ``plan``; ``resumed`` skips what a killed run wrote of it already."""
+        if plan.reason:  # a raw fallback: :meth:`run` writes its entry
+            result.raw_fallback, result.reason = True, plan.reason
+            return
+        result.parse_tier, result.facts = plan.parse_tier, list(plan.facts)
+        if plan.entry:
+            result.history_entry = plan.entry
+            await self._history.append(plan.when, result.session_id, plan.entry, once=resumed)
+        if plan.base is None:
+            return
+        if not (resumed and (await longterm.read()).text == plan.memory):  # else written before the kill
+            base = Snapshot(plan.base, content_hash(plan.base))
+            _, result.memory_merged = await longterm.replace_from(base, plan.memory)
+        result.memory_changed = True

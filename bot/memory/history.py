@@ -34,18 +34,27 @@ class HistoryLog:
     def month_path(self, when: datetime) -> Path:
         return self._dir / f"HISTORY-{when:%Y-%m}.md"
 
-    async def append(self, when: datetime, session_id: str, entry: str) -> None:
+    async def append(self, when: datetime, session_id: str, entry: str, *, once: bool = False) -> None:
+        """Append the entry to HISTORY.md and its month file; ``once`` skips a file that holds it already
+        (a resumed consolidation, which a kill may have stopped after either append)."""
         block = f"## {when.isoformat(timespec='seconds')} — {session_id}\n\n{entry.strip()}\n\n".encode()
         async with self._lock:
             for path in (self.main_path, self.month_path(when)):
+                if once and await asyncio.to_thread(_holds, path, block):
+                    continue
                 await asyncio.to_thread(append_bytes, path, block, whole_lines=True)
 
-    async def append_raw_fallback(
-        self, when: datetime, session_id: str, messages: Sequence[Message], reason: str
-    ) -> None:
-        tail = [m for m in messages if m.role in (Role.USER, Role.ASSISTANT) and m.content][
-            -FALLBACK_MESSAGES:
-        ]
-        lines = [f"{RAW_FALLBACK} consolidation failed ({fold(reason, 120)}); last messages:"]
-        lines += [f"- {m.role.value.upper()}: {fold(m.content, FALLBACK_CHARS)}" for m in tail]
-        await self.append(when, session_id, "\n".join(lines))
+
+def raw_fallback_entry(messages: Sequence[Message], reason: str) -> str:
+    """The ``[raw-fallback]`` entry: why the model's summary is missing, and the last messages verbatim."""
+    tail = [m for m in messages if m.role in (Role.USER, Role.ASSISTANT) and m.content][-FALLBACK_MESSAGES:]
+    lines = [f"{RAW_FALLBACK} consolidation failed ({fold(reason, 120)}); last messages:"]
+    lines += [f"- {m.role.value.upper()}: {fold(m.content, FALLBACK_CHARS)}" for m in tail]
+    return "\n".join(lines)
+
+
+def _holds(path: Path, block: bytes) -> bool:
+    try:
+        return block in path.read_bytes()
+    except FileNotFoundError:
+        return False

@@ -3,6 +3,10 @@
 The facts a consolidation finds are stored as episodic items too, so retrieval finds them beside what
 was said. Compaction and ``/new`` await :meth:`Retirement.consolidate`; the running bot's trims start
 it in the background (:meth:`Retirement.in_background`), and :meth:`Retirement.close` waits for those.
+
+Messages are retired once: those the archive holds already are skipped, and the others are recorded
+as pending (bot/memory/pending.py) before they reach the archive. A kill before their consolidation
+is written leaves that record, and :meth:`Retirement.resume` (the next start) finishes the work.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from bot.domain import Message, Role, Session
 from bot.memory.archive import TranscriptArchive
 from bot.memory.consolidation import ConsolidationResult, Consolidator
 from bot.memory.item_store import ItemStore
-from bot.memory.items import Layer, MemoryItem, Reference, make_title
+from bot.memory.items import Layer, MemoryItem, Reference, fingerprint, make_title
 from bot.memory.lazy_sync import LazySync
 from bot.memory.longterm import LongTermMemory
+from bot.memory.pending import DurableFact, PendingConsolidations, PendingWork
 from bot.memory.upkeep import Upkeep
 
 log = structlog.get_logger(__name__)
@@ -38,6 +43,7 @@ class Retirement:
         archive: TranscriptArchive,
         consolidator: Consolidator,
         items: ItemStore,
+        pending: PendingConsolidations,
         upkeep: Upkeep,
         settings: MemorySettings,
         *,
@@ -48,6 +54,7 @@ class Retirement:
         self._archive = archive
         self._consolidator = consolidator
         self._items = items
+        self._pending = pending
         self._upkeep = upkeep
         self._settings = settings
         self._lazy = lazy
@@ -75,28 +82,78 @@ class Retirement:
 
         Used by compaction and ``/new``. On timeout or failure a raw-fallback entry is written and
         ``result.raw_fallback`` is True; the caller may drop the messages from the session either way.
+        Messages the archive held already were retired before (a kill kept them in their session):
+        they are not consolidated again.
         """
         session_id = session if isinstance(session, str) else session.id
-        archived = await self.archive_messages(session_id, messages_to_retire)
-        wait = self._settings.consolidation_timeout if timeout is None else timeout
-        result = await self._consolidator.run(
-            session_id, messages_to_retire, timeout=wait, longterm=self._longterm_for(session_id)
-        )
-        result.archived = archived
-        await self._store_facts(session_id, messages_to_retire, result)
-        self._upkeep.start_when_due()
-        return result
+        work = await self._record(session_id, messages_to_retire)
+        if work is None:
+            return ConsolidationResult(session_id)
+        return await self._finish(work, timeout=timeout, resumed=False)
 
-    def in_background(
+    async def in_background(
         self, session_id: str, messages_to_retire: Sequence[Message]
-    ) -> asyncio.Task[ConsolidationResult]:
-        """Start :meth:`consolidate` without waiting; :meth:`close` waits for it."""
+    ) -> asyncio.Task[ConsolidationResult] | None:
+        """Archive ``messages_to_retire`` and record them as pending, then consolidate them without
+        waiting (:meth:`close` waits); None when the archive held them all already."""
+        work = await self._record(session_id, messages_to_retire)
+        return None if work is None else self._start(work, resumed=False)
+
+    async def resume(self) -> int:
+        """Finish, in the background, the retirements a kill left pending (the running bot's start).
+
+        Their messages are archived first where the kill came before that (the whole file is looked
+        through: later retirements of the chat may have followed theirs)."""
+        works = await self._pending.load()
+        for work in works:
+            work.archived = await self._archive.append(
+                work.session_id, work.messages, self._clock(), whole_file=True
+            )
+            self._start(work, resumed=True)
+        if works:
+            log.warning(
+                "consolidations_resumed", count=len(works), planned=sum(w.plan is not None for w in works)
+            )
+        return len(works)
+
+    async def _record(self, session_id: str, messages: Sequence[Message]) -> PendingWork | None:
+        """Record as pending, then archive, those of ``messages`` the archive does not hold yet."""
+        if self._lazy.pending:
+            await self._lazy.sync()
+        fresh = await self._archive.unarchived(session_id, messages)
+        if not fresh:
+            return None
+        work = await self._pending.add(session_id, fresh, self._clock())
+        work.archived = await self._archive.append(session_id, fresh, self._clock())
+        return work
+
+    def _start(self, work: PendingWork, *, resumed: bool) -> asyncio.Task[ConsolidationResult]:
         task = asyncio.create_task(
-            self.consolidate(session_id, list(messages_to_retire)), name=f"consolidate:{session_id}"
+            self._finish(work, timeout=None, resumed=resumed), name=f"consolidate:{work.session_id}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._finished)
         return task
+
+    async def _finish(
+        self, work: PendingWork, *, timeout: float | None, resumed: bool
+    ) -> ConsolidationResult:
+        """Consolidate ``work`` (writing again only what is missing of its plan when ``resumed``), store
+        its facts, and drop its pending record: a failure before then leaves it for the next start."""
+        wait = self._settings.consolidation_timeout if timeout is None else timeout
+        result = await self._consolidator.run(
+            work.session_id,
+            work.messages,
+            timeout=wait,
+            longterm=self._longterm_for(work.session_id),
+            journal=lambda plan: self._pending.planned(work, plan),
+            plan=work.plan if resumed else None,
+        )
+        result.archived = work.archived
+        await self._store_facts(work.session_id, work.messages, result, resumed=resumed)
+        await self._pending.done(work)
+        self._upkeep.start_when_due()
+        return result
 
     def _finished(self, task: asyncio.Task[ConsolidationResult]) -> None:
         self._tasks.discard(task)
@@ -114,12 +171,16 @@ class Retirement:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _store_facts(
-        self, session_id: str, messages: Sequence[Message], result: ConsolidationResult
+        self, session_id: str, messages: Sequence[Message], result: ConsolidationResult, *, resumed: bool
     ) -> None:
-        if not result.facts:
-            return
+        """Store the facts as items; a resumed consolidation skips those stored before its kill (the
+        store would merge each into itself: a second write, and a salience bump)."""
         now = self._clock()
         refs = tuple(Reference(session_id, m.id) for m in messages if m.role is Role.USER)[:20]
+        refs = refs or (Reference(session_id),)
+        facts = [f for f in result.facts if not (resumed and self._stored(f, refs[0]))]
+        if not facts:
+            return
         items = [
             MemoryItem(
                 layer=Layer.EPISODIC,
@@ -132,8 +193,12 @@ class Retirement:
                 created_at=now,
                 updated_at=now,
                 last_accessed_at=now,
-                references=refs or (Reference(session_id),),
+                references=refs,
             )
-            for fact in result.facts
+            for fact in facts
         ]
         await self._upkeep.promote(await self._items.add_many(items))
+
+    def _stored(self, fact: DurableFact, ref: Reference) -> bool:
+        found = self._items.with_fingerprint(fingerprint(fact.type, fact.content))
+        return any(ref in item.references for item in found)

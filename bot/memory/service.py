@@ -5,9 +5,10 @@ item layers), composes the modules that work on them, and offers three paths:
 
 1. write — :meth:`record_exchanges` after each answered turn (notes + heuristic items) and on import
    (recorder.py), then promotion and, for the running bot, maintenance (upkeep.py);
-2. retire — :meth:`archive_messages` keeps messages that leave a session and
-   :meth:`consolidate_in_background` consolidates them; :meth:`consolidate` does both awaited, for
-   compaction and ``/new`` (retirement.py);
+2. retire — :meth:`archive_messages` keeps messages that leave a session, and
+   :meth:`consolidate_in_background` also consolidates them; :meth:`consolidate` does both awaited,
+   for compaction and ``/new`` (retirement.py). A consolidation a kill cut short is resumed by the
+   running bot's :meth:`start` (pending.py);
 3. read — :meth:`context` builds the ``# Memory`` prompt section (section.py, with recent.py's notes),
    :meth:`search` ranks items and :meth:`pack` packs them (relevant.py).
 
@@ -39,6 +40,7 @@ from bot.memory.lazy_sync import MARKER
 from bot.memory.longterm import Limits, LongTermMemory
 from bot.memory.notes import DailyNotes
 from bot.memory.pack import MemoryPack, TokenCounter, estimate_tokens
+from bot.memory.pending import PendingConsolidations
 from bot.memory.recall import MessageKey, Recaller
 from bot.memory.recent import RecentNotes
 from bot.memory.recorder import Exchange, Recorder, exchanges_of
@@ -131,6 +133,7 @@ class MemoryService:
             self.archive,
             self.consolidator,
             self.items,
+            PendingConsolidations(root / "pending"),
             self._upkeep,
             settings,
             lazy=self._recorder.lazy,
@@ -168,7 +171,8 @@ class MemoryService:
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create ``memory/`` (0700), tighten file modes to 0600, and load the item layers."""
+        """Create ``memory/`` (0700), tighten file modes to 0600, and load the item layers; the running
+        bot then resumes, in the background, the consolidations a kill cut short."""
         first_in_chat_scope = self.chat_scope and not await asyncio.to_thread(self.chats.root.exists)
         fixed = await asyncio.to_thread(self._prepare)
         if fixed:
@@ -198,6 +202,8 @@ class MemoryService:
             # What has no vector yet (a new model, items imported beside the bot) is embedded in the
             # background; the bot answers meanwhile with what it has.
             self.vectors.submit(i for i in self.items.items() if embeddable(i))
+        if self._rewrites_logs:  # not an operator command: it would consolidate behind the bot's back
+            await self._retirement.resume()
 
     def _longterm_written(self) -> bool:
         try:
@@ -284,11 +290,12 @@ class MemoryService:
         see :meth:`Retirement.consolidate <bot.memory.retirement.Retirement.consolidate>`."""
         return await self._retirement.consolidate(session, messages_to_retire, timeout=timeout)
 
-    def consolidate_in_background(
+    async def consolidate_in_background(
         self, session_id: str, messages_to_retire: Sequence[Message]
-    ) -> asyncio.Task[ConsolidationResult]:
-        """Start :meth:`consolidate` without waiting; :meth:`close` waits for it."""
-        return self._retirement.in_background(session_id, messages_to_retire)
+    ) -> asyncio.Task[ConsolidationResult] | None:
+        """Archive ``messages_to_retire`` and record them as pending, then consolidate them without
+        waiting (:meth:`close` waits); None when they were all archived before."""
+        return await self._retirement.in_background(session_id, messages_to_retire)
 
     @property
     def pending_consolidations(self) -> int:

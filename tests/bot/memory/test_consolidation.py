@@ -236,8 +236,8 @@ async def test_background_consolidation_is_awaited_by_close(
 ) -> None:
     memory = await make_memory(tmp_path, clock, llm)
     fake_llm.script(FakeReply(text=reply(), delay=0.1))
-    task = memory.consolidate_in_background("cli:me", conversation(clock))
-    assert memory.pending_consolidations == 1
+    task = await memory.consolidate_in_background("cli:me", conversation(clock))
+    assert task is not None and memory.pending_consolidations == 1
     await memory.close()
     assert task.done() and not task.result().raw_fallback
     assert memory.pending_consolidations == 0

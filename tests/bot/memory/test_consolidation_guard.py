@@ -214,7 +214,8 @@ async def test_the_request_fits_the_window_or_is_not_sent(
     await memory.longterm.update(
         lambda _: "".join(f"- operator fact {i} " + "word " * 20 + "\n" for i in range(300))
     )
-    result = await memory.consolidate("cli:me", long_talk[-2:], timeout=5)
+    later = [Message(Role.USER, f"later {i}", timestamp=clock.now + timedelta(hours=1)) for i in range(2)]
+    result = await memory.consolidate("cli:me", later, timeout=5)  # (messages retired once)
     assert result.raw_fallback and "leaves no room in the model's window" in result.reason
     assert len(fake_llm.requests) == 1  # never sent
     await memory.close()

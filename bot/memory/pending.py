@@ -1,0 +1,166 @@
+"""Pending consolidations: retired messages whose HISTORY entry and facts are not all written yet.
+
+A retirement records its messages here (``memory/pending/<id>.json``, written atomically) before they
+reach the archive, and the record goes once the consolidation's results are written. A kill in between
+(a background consolidation runs after the session was saved without its messages) leaves the record,
+and the next start of the running bot resumes the work (:meth:`Retirement.resume
+<bot.memory.retirement.Retirement.resume>`). What the model decided is added to the record before any
+of it is written (a :class:`Plan`), so a resumed consolidation writes only what is missing of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from bot import damaged
+from bot.domain import Message, new_id, parse_time
+from bot.memory.items import ItemType
+from bot.storage import atomic_write_bytes, fsync_dir
+from bot.surrogates import utf8
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DurableFact:
+    """A fact the model found worth keeping, stored as an episodic item beside what was said."""
+
+    type: ItemType
+    content: str
+    confidence: float
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a consolidation writes, decided before any of it is written.
+
+    It is kept with the retirement's pending record, so a start after a kill writes what is missing of
+    it instead of asking the model again: a HISTORY entry, a MEMORY.md change or a fact is never
+    written twice. ``base`` is MEMORY.md as the model read it (None: MEMORY.md is
+    left alone); ``when`` is the local time of the HISTORY heading; a ``reason`` makes it a raw fallback.
+    """
+
+    when: datetime
+    entry: str
+    base: str | None = None
+    memory: str = ""
+    facts: tuple[DurableFact, ...] = ()
+    parse_tier: int = 0
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        facts = [{"type": f.type.value, "content": f.content, "confidence": f.confidence} for f in self.facts]
+        return {
+            "when": self.when.isoformat(),
+            "entry": self.entry,
+            "base": self.base,
+            "memory": self.memory,
+            "facts": facts,
+            "parse_tier": self.parse_tier,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        base = data.get("base")
+        return cls(
+            when=parse_time(str(data["when"])),
+            entry=str(data.get("entry") or ""),
+            base=None if base is None else str(base),
+            memory=str(data.get("memory") or ""),
+            facts=tuple(
+                DurableFact(ItemType(f["type"]), str(f["content"]), float(f["confidence"]))
+                for f in data.get("facts") or ()
+            ),
+            parse_tier=int(data.get("parse_tier") or 0),
+            reason=str(data.get("reason") or ""),
+        )
+
+
+Journal = Callable[[Plan], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class PendingWork:
+    """One retirement's messages, and what the model decided for them once it has."""
+
+    id: str
+    session_id: str
+    messages: list[Message]
+    plan: Plan | None = None
+    archived: int = 0  # messages this process added to the archive for it (not kept in the file)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "session_id": self.session_id,
+            "messages": [m.to_dict() for m in self.messages],
+            "plan": None if self.plan is None else self.plan.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PendingWork:
+        plan = data.get("plan")
+        return cls(
+            str(data["id"]),
+            str(data["session_id"]),
+            [Message.from_dict(m) for m in data["messages"]],
+            None if plan is None else Plan.from_dict(plan),
+        )
+
+
+class PendingConsolidations:
+    """The folder of pending records; each one is written whole (temp file, fsync, rename) or not at all."""
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+
+    async def add(self, session_id: str, messages: Sequence[Message], now: datetime) -> PendingWork:
+        """Record ``messages`` as retiring; the id starts with ``now``, so records resume in order."""
+        work = PendingWork(f"{now:%Y%m%dT%H%M%S%f}-{new_id()}", session_id, list(messages))
+        await self._save(work)
+        return work
+
+    async def planned(self, work: PendingWork, plan: Plan) -> None:
+        """Keep what the model decided, before any of it is written."""
+        work.plan = plan
+        await self._save(work)
+
+    async def done(self, work: PendingWork) -> None:
+        await asyncio.to_thread(self._remove, self._path(work.id))
+
+    async def load(self) -> list[PendingWork]:
+        """The records a previous run left, oldest first; an unreadable one is logged and left in place."""
+        return await asyncio.to_thread(self._load)
+
+    def _path(self, work_id: str) -> Path:
+        return self._dir / f"{work_id}.json"
+
+    async def _save(self, work: PendingWork) -> None:
+        data = utf8(json.dumps(work.to_dict(), ensure_ascii=False))
+        await asyncio.to_thread(atomic_write_bytes, self._path(work.id), data)
+
+    def _remove(self, path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            fsync_dir(path.parent)
+
+    def _load(self) -> list[PendingWork]:
+        if not self._dir.is_dir():
+            return []
+        found: list[PendingWork] = []
+        for path in sorted(self._dir.glob("*.json")):
+            try:
+                found.append(PendingWork.from_dict(json.loads(path.read_bytes())))
+            except damaged.UNREADABLE as exc:
+                log.error("pending_consolidation_unreadable", path=str(path), error=repr(exc))
+        return found

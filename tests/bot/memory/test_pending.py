@@ -1,0 +1,126 @@
+"""Pending consolidations: a start after a kill finishes a consolidation once, never twice.
+
+The kill is simulated the way it falls: the steps a retirement takes are run up to a write, and the
+ones after it are not (see bot/memory/retirement.py, ``_record`` and ``_finish``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+from bot.config import MemorySettings
+from bot.domain import Message, Role
+from bot.llm import LLMClient
+from bot.memory import Layer, MemoryService
+from bot.memory.pending import PendingConsolidations, Plan
+from tests.bot.memory.conftest import Clock
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+
+ENTRY = "We planned the Lisbon trip."
+FACT = "User flies to Lisbon on May 3rd"
+ANSWER = json.dumps(
+    {
+        "history_entry": ENTRY,
+        "memory_update": f"- {FACT}\n",
+        "items": [{"type": "fact", "content": FACT, "confidence": 0.9}],
+    }
+)
+
+
+async def running_bot(root: Path, clock: Clock, llm: LLMClient) -> MemoryService:
+    """The memory of ``membot run`` (``maintain_every`` set): its start resumes pending work."""
+    memory = MemoryService(
+        root / "memory",
+        MemorySettings(),
+        timezone="UTC",
+        llm=llm,
+        clock=clock,
+        maintain_every=timedelta(days=1),
+    )
+    await memory.start()
+    return memory
+
+
+def talk(clock: Clock) -> list[Message]:
+    return [
+        Message(Role.USER if i % 2 == 0 else Role.ASSISTANT, f"Lisbon trip, part {i}", timestamp=clock.now)
+        for i in range(4)
+    ]
+
+
+async def test_a_kill_after_the_history_entry_writes_the_rest_once_at_the_next_start(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    memory = await running_bot(tmp_path, clock, llm)
+    root = memory.root
+    pending = PendingConsolidations(root / "pending")
+    messages = talk(clock)
+    work = await pending.add("cli:me", messages, clock.now)
+    await memory.archive.append("cli:me", messages, clock.now)
+    fake_llm.script(FakeReply(text=ANSWER))
+    plans: list[Plan] = []
+
+    async def journal(plan: Plan) -> None:
+        plans.append(plan)
+        await pending.planned(work, plan)
+
+    await memory.consolidator.run("cli:me", messages, timeout=5, journal=journal)
+    # Killed here, after the HISTORY entry and MEMORY.md: the facts were not stored, the record stays.
+    month = root / "HISTORY-2024-05.md"
+    month.unlink()  # and before the month file's append (it made the file)
+    assert plans and [i for i in memory.items.items() if i.content == FACT] == []
+    kept = tmp_path / "record"
+    shutil.copytree(root / "pending", kept)
+
+    restarted = await running_bot(tmp_path, clock, llm)
+    await restarted.close()
+    assert len(fake_llm.requests) == 1  # the plan was written, not asked for again
+    assert (root / "HISTORY.md").read_text().count(ENTRY) == 1
+    assert month.read_text().count(ENTRY) == 1
+    assert (root / "MEMORY.md").read_text() == f"- {FACT}\n"
+    (fact,) = [i for i in restarted.items.items(Layer.EPISODIC) if i.content == FACT]
+    assert list((root / "pending").iterdir()) == []
+
+    # Killed again, after every write of the resumed run but before its record went: nothing twice.
+    shutil.rmtree(root / "pending")
+    shutil.copytree(kept, root / "pending")
+    again = await running_bot(tmp_path, clock, llm)
+    await again.close()
+    assert len(fake_llm.requests) == 1
+    assert (root / "HISTORY.md").read_text().count(ENTRY) == 1 and month.read_text().count(ENTRY) == 1
+    assert (root / "MEMORY.md").read_text() == f"- {FACT}\n"
+    assert [i for i in again.items.items(Layer.EPISODIC) if i.content == FACT] == [fact]
+    assert len(await again.archive.read("cli:me")) == 4
+    assert list((root / "pending").iterdir()) == []
+
+
+async def test_a_kill_before_the_archive_append_archives_and_consolidates_at_the_next_start(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    """The record was written; the archive append and the session's save were not: the next start
+    archives and consolidates the messages, and the session's next trim of them adds nothing."""
+    memory = await running_bot(tmp_path, clock, llm)
+    messages = talk(clock)
+    await PendingConsolidations(memory.root / "pending").add("cli:me", messages, clock.now)
+    # Killed here.
+    fake_llm.script(FakeReply(text=ANSWER))
+    restarted = await running_bot(tmp_path, clock, llm)
+    assert await restarted.consolidate_in_background("cli:me", messages) is None  # the session's trim
+    await restarted.close()
+    assert [m.id for m in await restarted.archive.read("cli:me")] == [m.id for m in messages]
+    assert (memory.root / "HISTORY.md").read_text().count(ENTRY) == 1
+    assert len(fake_llm.requests) == 1
+
+
+async def test_operator_commands_leave_pending_work_to_the_bot(
+    tmp_path: Path, clock: Clock, fake_llm: FakeLLMServer
+) -> None:
+    memory = MemoryService(tmp_path / "memory", MemorySettings(), timezone="UTC", clock=clock)
+    await PendingConsolidations(memory.root / "pending").add("cli:me", talk(clock), clock.now)
+    await memory.start()
+    await memory.close()
+    assert not (memory.root / "HISTORY.md").exists()
+    assert len(list((memory.root / "pending").iterdir())) == 1
