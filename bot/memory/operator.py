@@ -16,6 +16,7 @@ from pathlib import Path
 from bot.domain import Message, Role
 from bot.memory.importer import ImportSession, read_json, sessions_from
 from bot.memory.items import Layer, MemoryItem
+from bot.memory.pending import PENDING_DIR
 from bot.memory.prompt import system_prompt
 from bot.memory.recorder import Exchange
 from bot.memory.relevant import embeddable
@@ -86,12 +87,15 @@ async def stats(service: MemoryService, *, session_id: str | None = None) -> Mem
     snap = await longterm.read()
     today = await notes.read_day(notes.local(service.now()).date(), max_lines=100_000)
 
-    def sizes() -> tuple[int, int]:
+    def sizes() -> tuple[int, int, int]:
         history = service.history.main_path
         archived = len(list((service.root / "archive").glob("*.jsonl")))
-        return (history.stat().st_size if history.exists() else 0), archived
+        # On disk, so `membot memory status` (another process) counts what the bot has not finished,
+        # and what a kill left for its next start.
+        pending = len(list((service.root / PENDING_DIR).glob("*.json")))
+        return (history.stat().st_size if history.exists() else 0), archived, pending
 
-    history_bytes, archived = await asyncio.to_thread(sizes)
+    history_bytes, archived, pending = await asyncio.to_thread(sizes)
     last = service.consolidator.last_result
     return MemoryStats(
         memory_md_bytes=len(snap.text.encode("utf-8")),
@@ -106,7 +110,7 @@ async def stats(service: MemoryService, *, session_id: str | None = None) -> Mem
         if service.consolidator.last_run
         else None,
         last_consolidation_fallback=last.raw_fallback if last else None,
-        pending_consolidations=service.pending_consolidations,
+        pending_consolidations=pending,
         last_recall=service.last_recall(session_id) if session_id is not None else None,
     )
 

@@ -29,6 +29,8 @@ from bot.surrogates import utf8
 
 log = structlog.get_logger(__name__)
 
+PENDING_DIR = "pending"  # under memory/: one record a retirement not consolidated yet
+
 
 @dataclass(frozen=True, slots=True)
 class DurableFact:
@@ -139,7 +141,8 @@ class PendingConsolidations:
         await asyncio.to_thread(self._remove, self._path(work.id))
 
     async def load(self) -> list[PendingWork]:
-        """The records a previous run left, oldest first; an unreadable one is logged and left in place."""
+        """The records a previous run left, oldest first; an unreadable one is moved aside (kept for the
+        operator as ``<name>.damaged-<hash>``, which no later start reads again) and logged."""
         return await asyncio.to_thread(self._load)
 
     def _path(self, work_id: str) -> Path:
@@ -159,8 +162,16 @@ class PendingConsolidations:
             return []
         found: list[PendingWork] = []
         for path in sorted(self._dir.glob("*.json")):
+            raw = path.read_bytes()
             try:
-                found.append(PendingWork.from_dict(json.loads(path.read_bytes())))
+                found.append(PendingWork.from_dict(json.loads(raw)))
             except damaged.UNREADABLE as exc:
-                log.error("pending_consolidation_unreadable", path=str(path), error=repr(exc))
+                aside = damaged.aside_path(path, raw)
+                path.replace(aside)
+                log.error(
+                    "pending_consolidation_unreadable",
+                    path=str(path),
+                    kept_as=str(aside),
+                    error=damaged.describe(exc),
+                )
         return found

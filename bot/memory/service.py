@@ -40,7 +40,7 @@ from bot.memory.lazy_sync import MARKER
 from bot.memory.longterm import Limits, LongTermMemory
 from bot.memory.notes import DailyNotes
 from bot.memory.pack import MemoryPack, TokenCounter, estimate_tokens
-from bot.memory.pending import PendingConsolidations
+from bot.memory.pending import PENDING_DIR, PendingConsolidations
 from bot.memory.recall import MessageKey, Recaller
 from bot.memory.recent import RecentNotes
 from bot.memory.recorder import Exchange, Recorder, exchanges_of
@@ -133,7 +133,7 @@ class MemoryService:
             self.archive,
             self.consolidator,
             self.items,
-            PendingConsolidations(root / "pending"),
+            PendingConsolidations(root / PENDING_DIR),
             self._upkeep,
             settings,
             lazy=self._recorder.lazy,

@@ -13,6 +13,7 @@ from bot.errors import ConfigError
 from bot.memory import Layer, MemoryService
 from bot.memory.importer import parse_date, sessions_from
 from bot.memory.operator import import_conversations, memory_file, render_for_session, search, stats
+from bot.memory.pending import PENDING_DIR, PendingConsolidations
 from tests.bot.memory.conftest import UTC_ZONE, Clock
 
 LME = [
@@ -91,3 +92,11 @@ async def test_stats_and_show(memory: MemoryService, clock: Clock) -> None:
     s = await stats(memory)
     assert s.memory_md_bytes == len("- likes tea\n") and s.items == {layer.value: 0 for layer in Layer}
     assert s.last_consolidation is None and s.pending_consolidations == 0
+
+
+async def test_stats_count_the_consolidations_left_on_disk(memory: MemoryService, clock: Clock) -> None:
+    """`membot memory status` runs in its own process: what the bot has not consolidated yet (or a kill
+    left for its next start) is counted from the records on disk, not from this process's tasks."""
+    left = PendingConsolidations(memory.root / PENDING_DIR)
+    await left.add("terminal:me", [Message(Role.USER, "hello there", timestamp=clock.now)], clock.now)
+    assert (await stats(memory)).pending_consolidations == 1

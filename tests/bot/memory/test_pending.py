@@ -124,3 +124,17 @@ async def test_operator_commands_leave_pending_work_to_the_bot(
     await memory.close()
     assert not (memory.root / "HISTORY.md").exists()
     assert len(list((memory.root / "pending").iterdir())) == 1
+
+
+async def test_a_damaged_record_is_kept_aside_once_and_the_others_resume(
+    tmp_path: Path, clock: Clock
+) -> None:
+    pending = PendingConsolidations(tmp_path / "pending")
+    good = await pending.add("terminal:me", talk(clock), clock.now)
+    torn = tmp_path / "pending" / "20000101T000000000000-torn.json"
+    torn.write_bytes(b'{"id": "torn", "session_id": "terminal:me", "messa')  # cut by a power loss
+
+    assert [w.id for w in await pending.load()] == [good.id]
+    [kept] = (tmp_path / "pending").glob("*.damaged-*")
+    assert kept.read_bytes().startswith(b'{"id": "torn"') and not torn.exists()
+    assert [w.id for w in await pending.load()] == [good.id]  # read once, not reported at every start
