@@ -3,7 +3,8 @@
 Each inbound message turns into one user :class:`~bot.domain.Message` whose ``meta`` keeps the
 platform's message id and the inbox entries it came from. Recovery reads the entries back to tell a
 question the session already holds from one it never saw (bot/recovery.py); intake reads the message
-ids to recognize a platform's redelivery of a message it already took.
+ids to recognize a platform's redelivery of a message it already took. A command leaves no message: the
+session notes its platform id in its metadata instead (:func:`note_command`), for the same purpose.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
-from bot.domain import SPEAKER_META, ImagePart, InboundMessage, Message, Role, utcnow
+from bot.domain import SPEAKER_META, ImagePart, InboundMessage, Message, Role, Session, utcnow
 
 INBOX_META = "inbox"  # user message meta: the inbox entries it came from, comma-separated
 SPEAKER_CHARS = 64  # the longest name put before a group message
 DEDUP_WINDOW = 100  # recent session messages searched for a redelivered platform message
+COMMANDS_META = "commands_run"  # session.metadata: platform ids of the latest commands run in the chat
+# Commands a session notes: a redelivery repeats only the latest few (the updates Telegram had not seen
+# confirmed, the messages after a Discord mark not yet on disk), and every save carries the list.
+COMMANDS_NOTED = 20
 
 
 def speaker(inbound: InboundMessage) -> str:
@@ -92,6 +97,29 @@ def already_taken(messages: Sequence[Message], message_id: str) -> bool:
     """Whether a recent user message of the session is the platform message ``message_id``."""
     recent = messages[-DEDUP_WINDOW:]
     return any(m.role is Role.USER and m.meta.get("message_id") == message_id for m in recent)
+
+
+def command_run(session: Session, message_id: str) -> bool:
+    """Whether the session noted the command ``message_id`` as run (see :func:`note_command`)."""
+    noted = session.metadata.get(COMMANDS_META)
+    return isinstance(noted, list) and message_id in noted
+
+
+def note_command(session: Session, message_id: str) -> None:
+    """Note the command ``message_id`` as run, before it acts: the note is saved with what it does
+    (/new's cleared session, /compact's, the turn a /stop cut short), so once its work is on disk a
+    platform's redelivery is recognized, as a message is by its place in the history. A command that
+    changes nothing is noted on disk with the session's next save. The latest ``COMMANDS_NOTED`` stay."""
+    noted = session.metadata.get(COMMANDS_META)
+    kept = [i for i in noted if i != message_id] if isinstance(noted, list) else []
+    session.metadata[COMMANDS_META] = [*kept, message_id][-COMMANDS_NOTED:]
+
+
+def forget_command(session: Session, message_id: str) -> None:
+    """Take a note back: the command waits for its turn after all (its place in the inbox tells)."""
+    noted = session.metadata.get(COMMANDS_META)
+    if isinstance(noted, list) and message_id in noted:
+        noted.remove(message_id)
 
 
 def turn_time(messages: Iterable[InboundMessage]) -> datetime:

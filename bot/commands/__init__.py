@@ -36,8 +36,9 @@ class SessionControl(Protocol):
         many queued (or waiting) messages were kept."""
 
     def exclusive(self, sid: str) -> AbstractAsyncContextManager[None]:
-        """Wait for the running turn to end and keep new turns out while held (for /compact, /new). A
-        command that has to wait is kept durably meanwhile: a restart runs it, once."""
+        """Wait for the running turn to end, and for the messages queued before the command to be
+        answered, and keep new turns out while held (for /compact, /new). A command that has to wait is
+        kept durably meanwhile: a restart runs it, once, in the same place."""
 
 
 @dataclass(frozen=True, slots=True)

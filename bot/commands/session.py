@@ -14,8 +14,8 @@ They are registered by the composition root, next to the services they report on
     memory_stats_for=lambda sid: memory_operator.stats(memory, session_id=sid)
 
 /compact and /new change the session, so they run under ``control.exclusive``: they wait for a running
-turn to end (the chat is told, and may /stop it meanwhile; a restart meanwhile does not lose them) and
-keep new turns out until they are done.
+turn to end and for the messages sent before them to be answered (the chat is told, and may /stop it
+meanwhile; a restart meanwhile does not lose them) and keep new turns out until they are done.
 Both go through the context budget (bot/context_budget.py), like every other compaction.
 """
 

@@ -4,9 +4,12 @@ For every session (``<channel>:<chat>``) there is a lane: a queue and at most on
 Messages that arrive during a turn wait in order; when the turn ends, the queued messages are taken
 together as the next turn's input (``collect`` mode) or one by one (``per_message``). Commands skip the
 queue and are answered at once, even while a slow turn runs; one that must wait for the turn (/new,
-/compact) takes its place in the lane and answers later, so it never holds up what the chat sends next
-(a /stop). Such a waiting command is kept in the inbox like a message (the chat was told it will run):
-after a kill the next start runs it once, in the order it was sent. Different sessions run concurrently.
+/compact) takes its place in the lane, behind the messages sent before it (answered first, in the
+conversation they were sent to), and answers later, so it never holds up what the chat sends next (a
+/stop). Such a waiting command is kept in the inbox like a message (the chat was told it will run):
+after a kill the next start runs it once, in the same place. A command is taken once per platform id,
+as a message is: a redelivery is found in the inbox while it waits, or in its session's note of the
+commands run there (bot/intake.py), saved with what the command did. Different sessions run concurrently.
 
 The durable path of a message (three fsyncs when it is answered):
 

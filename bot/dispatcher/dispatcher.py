@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable
 
 import structlog
@@ -17,9 +19,18 @@ from bot import intake, recovery
 from bot.commands import CommandCall, CommandRouter
 from bot.config import DispatcherSettings
 from bot.dispatcher.delivery import RETRY, SEND_PATIENCE, Delivery
-from bot.dispatcher.lanes import Command, KeptCommand, Lane, Queued, Stop, queued_count, take_messages
+from bot.dispatcher.lanes import (
+    Command,
+    KeptCommand,
+    Lane,
+    Queued,
+    Stop,
+    messages_ahead,
+    queued_count,
+    take_messages,
+)
 from bot.dispatcher.turns import TurnObserver, Turns
-from bot.domain import InboundMessage
+from bot.domain import InboundMessage, Session
 from bot.errors import StorageError
 from bot.inbox import Inbox
 from bot.model_wait import WaitRecords
@@ -115,16 +126,13 @@ class Dispatcher:
                     message, "I'm restarting — please send that command again in a minute."
                 )
                 return
-            if (
-                message.message_id is not None
-                and self._inbox is not None
-                and self._inbox.holds(call.session_id, message.message_id)
-            ):
+            taken, noted = await self._take_command(call)
+            if not taken:
                 log.info(
                     "duplicate_command_ignored", session_id=call.session_id, message_id=message.message_id
                 )
-                return  # kept while it waits for its turn (a redelivery after a crash): it runs once
-            await self._command(call)
+                return
+            await self._command(call, noted)
             return
         lane = self._lane(message.session_id, message.channel, message.chat_id)
         async with lane.intake:  # one at a time per session, so the order of arrival is kept
@@ -151,12 +159,31 @@ class Dispatcher:
         elif notice is not None:
             await notice
 
-    async def _command(self, call: CommandCall) -> None:
-        """Answer a command. Returns once it is answered, or once it waits for the chat's running turn
+    async def _take_command(self, call: CommandCall) -> tuple[bool, Session | None]:
+        """Whether ``call`` is taken (``False``: a redelivery of a command taken before, kept in the
+        inbox while it waits for its turn or noted in its session as run), and the session that is to
+        note it as run (:meth:`_answer`; see :func:`bot.intake.note_command`)."""
+        sid, message_id = call.session_id, call.message.message_id
+        if message_id is None:
+            return True, None
+        if self._inbox is not None and self._inbox.holds(sid, message_id):
+            return False, None
+        try:
+            session = await self._sessions.get(sid)
+        except StorageError:
+            return True, None
+        if session is None:  # no conversation yet: nothing a second run could undo
+            return True, None
+        if intake.command_run(session, message_id):
+            return False, None
+        return True, session
+
+    async def _command(self, call: CommandCall, noted: Session | None = None) -> None:
+        """Answer a command. Returns once it is answered, or once it waits for its chat's lane
         (:meth:`exclusive`): it then holds its place in the lane and answers when it is done. A channel
         hands a chat's messages over one at a time, so a /new that kept ``submit`` waiting for a long
         turn would keep the /stop, /status or message sent after it from reaching us until then."""
-        task, command = self._start_command(call)
+        task, command = self._start_command(call, noted=noted)
         waiting = asyncio.ensure_future(command.placed.wait())
         try:
             await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
@@ -169,34 +196,62 @@ class Dispatcher:
                 task.cancel()  # not kept: it does not run, and the platform's redelivery is taken as new
                 raise
         if not task.done() and self.is_running(call.session_id):  # (not for a sent reply's bookkeeping)
-            wait = (
-                f"⏳ /{call.name} runs as soon as the current reply is done. "
-                f"Send /stop to end that reply now; /{call.name} then runs at once."
+            await self._delivery.send(call.message, self._wait_notice(command))
+
+    def _wait_notice(self, command: Command) -> str:
+        """What a command waiting for the running turn tells the chat: when it runs, and how sooner."""
+        name, lane = command.call.name, self._lanes.get(command.call.session_id)
+        ahead = messages_ahead(lane, command) if lane else 0
+        if not ahead:
+            return (
+                f"⏳ /{name} runs as soon as the current reply is done. "
+                f"Send /stop to end that reply now; /{name} then runs at once."
             )
-            await self._delivery.send(call.message, wait)
+        plural = "message" if ahead == 1 else "messages"
+        return (
+            f"⏳ /{name} runs once the current reply and the {ahead} {plural} sent before it are answered. "
+            f"Send /stop to end that reply now (they are kept in the history); /{name} then runs at once."
+        )
 
     def _start_command(
-        self, call: CommandCall, *, entry: str | None = None
+        self, call: CommandCall, *, entry: str | None = None, noted: Session | None = None
     ) -> tuple[asyncio.Task[None], Command]:
         task = asyncio.create_task(self._answer(call), name=f"command:{call.name}:{call.session_id}")
-        command = self._commands_running[task] = Command(call, entry=entry)
+        command = self._commands_running[task] = Command(call, task, entry=entry, noted=noted)
         task.add_done_callback(lambda t: self._commands_running.pop(t, None))
         return task, command
 
-    async def _run_kept(self, kept: KeptCommand) -> None:
-        """Run a command that waited for its chat's turn when the last run ended (the lane's worker
-        calls it in the command's place in the queue); returns once it ran."""
-        task, _ = self._start_command(kept.call, entry=kept.entry)
+    async def _run_kept(self, waiting: KeptCommand | Command) -> None:
+        """Run a command that waits for its chat's turn (the lane's worker calls it in the command's
+        place in the queue): one queued now goes on, one kept when the last run ended starts; returns
+        once it ran. It is noted as run now, before it acts (see :func:`bot.intake.note_command`)."""
+        call = waiting.call
+        try:
+            session = await self._sessions.get(call.session_id)
+        except StorageError:
+            session = None
+        if isinstance(waiting, KeptCommand):
+            task, _ = self._start_command(call, entry=waiting.entry, noted=session)
+        else:
+            if session is not None and call.message.message_id is not None:
+                intake.note_command(session, call.message.message_id)
+            task = waiting.task
+            waiting.reached.set()
         await asyncio.wait([task])
 
     async def _answer(self, call: CommandCall) -> None:
+        current = asyncio.current_task()
+        command = self._commands_running.get(current) if current else None
+        if command is not None and command.noted is not None and call.message.message_id is not None:
+            # Noted before it acts, with no wait until it either acts or, if it has to wait for its
+            # turn, takes the note back (exclusive): a save meanwhile must not note a command that
+            # is not kept in the inbox yet.
+            intake.note_command(command.noted, call.message.message_id)
         try:
             reply = await self._commands.handle(call, self)
         except Exception:
             log.exception("command_failed", command=call.name, session_id=call.session_id)
             reply = f"/{call.name} failed; the details are in the log."
-        current = asyncio.current_task()
-        command = self._commands_running.get(current) if current else None
         await self._command_done(command)  # (done already if it waited for the lane: see exclusive)
         await self._delivery.send(call.message, reply)
 
@@ -337,16 +392,27 @@ class Dispatcher:
 
     @contextlib.asynccontextmanager
     async def exclusive(self, sid: str) -> AsyncIterator[None]:
-        """See :class:`~bot.commands.SessionControl`. A command that has to wait is kept in the inbox
-        (its line queued now, before anything the chat sends after it) and marked done once it ran,
-        before the lane goes on: a restart never runs it again after what came next."""
+        """See :class:`~bot.commands.SessionControl`. A command that has to wait (a turn runs, or the chat
+        has messages queued) takes its place in the lane's queue, behind what the chat sent before it,
+        as the next start would queue it: the lane's worker runs it there. Meanwhile it is kept in the
+        inbox (its line queued now, before anything the chat sends after it) and marked done once it
+        ran, before the lane goes on: a restart never runs it again after what came next. While the chat
+        waits for the model between tries, a command runs at once (the waiting messages stay queued)."""
         channel, _, chat = sid.partition(":")
         lane = self._lane(sid, channel, chat)
         command = self._commands_running.get(asyncio.current_task())  # type: ignore[arg-type]
-        if command is not None and command.entry is None and lane.lock.locked():
+        busy = lane.lock.locked() or (bool(lane.queue) and lane.model_wait is None)
+        if command is not None and command.entry is None and busy:
+            message_id = command.call.message.message_id
+            if command.noted is not None and message_id is not None:
+                intake.forget_command(command.noted, message_id)  # noted again when its place comes
             if self._inbox is not None:
                 command.entry, command.durable = self._inbox.add(command.call.message)
-            command.placed.set()  # it waits: ``submit`` returns (the place is taken below, at once)
+            lane.queue.append(command)
+            command.placed.set()  # it waits: ``submit`` returns
+            if lane.channel in self._ready:
+                self._start_worker(sid, lane)
+            await command.reached.wait()
         async with lane.lock:
             try:
                 yield
@@ -367,9 +433,16 @@ class Dispatcher:
         self._accepting = False
         self._delivery.begin_shutdown()
         workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
-        workers += self._commands_running  # a /new waiting for a turn runs once that turn ended
+        workers += self._commands_running
         for lane in self._lanes.values():
-            lane.queue.clear()  # still pending in the inbox: finished on the next start
+            # The queue stays pending in the inbox, finished on the next start in its order. Only the
+            # commands right behind the running turn (a /new sent during it) still run once it ended;
+            # one behind a queued message stops waiting: run now, it would come before that message.
+            ahead = list(itertools.takewhile(lambda item: isinstance(item, Command), lane.queue))
+            for item in lane.queue:
+                if isinstance(item, Command) and item not in ahead:
+                    item.task.cancel()
+            lane.queue = deque(ahead)
             if lane.model_wait is not None:
                 lane.model_wait.wake()  # nothing left to try: its worker ends now
         if workers:

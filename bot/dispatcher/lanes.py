@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from bot.commands import CommandCall
-from bot.domain import InboundMessage
+from bot.domain import InboundMessage, Session
 from bot.model_wait import ModelWait
 from bot.outbox import PendingReply
 
@@ -35,16 +35,21 @@ class Queued:
         return [self, *self.folded]
 
 
-@dataclass(slots=True)
+@dataclass(eq=False, slots=True)
 class Command:
-    """A command being answered. One that waits for its chat's lane (:meth:`Dispatcher.exclusive`) sets
-    ``placed`` once it holds its place there, and is kept in the inbox from then on (``entry``, durable
-    once ``durable`` is done) until it ran, so the next start runs it should this run end first."""
+    """A command being answered (by ``task``). One that waits for its chat's lane
+    (:meth:`Dispatcher.exclusive`) is queued behind what the chat sent before it and sets ``placed``;
+    it is kept in the inbox from then on (``entry``, durable once ``durable`` is done) until it ran, so
+    the next start runs it, in the same place, should this run end first. The lane's worker sets
+    ``reached`` when its place comes. ``noted``: the session that notes it as run (bot/intake.py)."""
 
     call: CommandCall
+    task: asyncio.Task[None]
     placed: asyncio.Event = field(default_factory=asyncio.Event)
+    reached: asyncio.Event = field(default_factory=asyncio.Event)
     entry: str | None = None
     durable: asyncio.Task[None] | None = None
+    noted: Session | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +79,8 @@ class Lane:
 
     channel: str
     chat_id: str
-    queue: deque[Queued | PendingReply | KeptCommand] = field(default_factory=deque)  # replies: to resend
+    # Work in the order the chat sent it; a reply here is one saved before a restart, to send again.
+    queue: deque[Queued | PendingReply | KeptCommand | Command] = field(default_factory=deque)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     intake: asyncio.Lock = field(default_factory=asyncio.Lock)  # keeps arrival order through dedup
     worker: asyncio.Task[None] | None = None
@@ -103,16 +109,28 @@ def queued_count(lane: Lane) -> int:
     return sum(len(q.messages()) if isinstance(q, Queued) else 1 for q in lane.queue)
 
 
-def next_command(lane: Lane) -> KeptCommand | None:
-    """The kept command to run now, taken out of the queue: the one at its head or, while the chat waits
-    for the model, the first one queued (a command does not wait for the model, as before the restart)."""
+def messages_ahead(lane: Lane, command: Command) -> int:
+    """Messages (folded ones included) queued before ``command``: answered before it runs."""
+    ahead = 0
+    for item in lane.queue:
+        if item is command:
+            break
+        if isinstance(item, Queued):
+            ahead += len(item.messages())
+    return ahead
+
+
+def next_command(lane: Lane) -> KeptCommand | Command | None:
+    """The waiting command to run now, taken out of the queue: the one at its head or, while the chat
+    waits for the model, the first one queued (a command does not wait for the model: it runs between
+    the tries, as it would before a restart)."""
     head = lane.queue[0]
-    if isinstance(head, KeptCommand):
+    if isinstance(head, KeptCommand | Command):
         lane.queue.popleft()
         return head
     if lane.model_wait is not None:
         for item in lane.queue:
-            if isinstance(item, KeptCommand):
+            if isinstance(item, KeptCommand | Command):
                 lane.queue.remove(item)
                 return item
     return None

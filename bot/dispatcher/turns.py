@@ -3,8 +3,9 @@
 A turn leases the session, adds the batch's messages, runs the pipeline and saves the messages with
 the answer before the answer is sent (bot/dispatcher/delivery.py). A turn the model could not answer
 for now is kept to try again later (bot/model_wait.py), and a /stop's bookkeeping is done here, by
-the worker, before anything else takes the lane. Saved answers from before a restart and commands
-that waited for a turn (both queued by recovery) take their place in the same order.
+the worker, before anything else takes the lane. Saved answers from before a restart (queued by
+recovery) and commands that wait for a turn (/new, /compact: queued as they arrive, or by recovery)
+take their place in the same order.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import structlog
 from bot import intake
 from bot.config import DispatcherSettings
 from bot.dispatcher.delivery import Delivery
-from bot.dispatcher.lanes import KeptCommand, Lane, Queued, Stop, next_command, take_messages
+from bot.dispatcher.lanes import Command, KeptCommand, Lane, Queued, Stop, next_command, take_messages
 from bot.domain import Session
 from bot.errors import plain_reason
 from bot.inbox import Inbox
@@ -47,9 +48,9 @@ class TurnObserver(Protocol):
 
 
 class Turns:
-    """Runs the lanes' work. ``run_kept`` runs a command that waited for its chat's turn when the last
-    run ended and returns once it ran (the dispatcher answers commands); ``completed`` counts the
-    finished turns since start."""
+    """Runs the lanes' work. ``run_kept`` runs a command that waits for its chat's turn (queued now, or
+    when the last run ended) and returns once it ran (the dispatcher answers commands); ``completed``
+    counts the finished turns since start."""
 
     def __init__(
         self,
@@ -58,7 +59,7 @@ class Turns:
         settings: DispatcherSettings,
         channels: Mapping[str, ChannelPort],
         delivery: Delivery,
-        run_kept: Callable[[KeptCommand], Awaitable[None]],
+        run_kept: Callable[[KeptCommand | Command], Awaitable[None]],
         *,
         inbox: Inbox | None = None,
         waits: WaitRecords | None = None,
@@ -87,7 +88,7 @@ class Turns:
                 if not lane.queue:
                     break
                 head = lane.queue[0]
-                if isinstance(head, KeptCommand):  # (left at the head by a /stop of the wait)
+                if isinstance(head, KeptCommand | Command):  # (left at the head by a /stop of the wait)
                     continue
                 if isinstance(head, PendingReply):  # a saved answer from before a restart
                     lane.queue.popleft()

@@ -518,3 +518,133 @@ async def test_messages_folded_past_the_queue_limit_stay_each_its_own(tmp_path: 
     users = [m.content for m in session.messages if m.role is Role.USER]
     assert users == ["Carol: first", "Alice: I live in Berlin", "Bob: I live in Paris"]
     assert model.seen == seen and len(seen) == 2  # two turns; the redelivery is not answered again
+
+
+def clearing_new(sessions: SessionService, ran: list[str]) -> CommandRouter:
+    """A router whose /new does what bot/commands/session.py's does to the session (without memory):
+    it waits for the chat's lane, then clears the conversation. ``ran`` gets each run's message id."""
+
+    async def new(call: CommandCall, control: SessionControl) -> str:
+        async with control.exclusive(call.session_id):
+            ran.append(call.message.message_id or "")
+            async with sessions.lease(call.message.channel, call.message.chat_id) as session:
+                await sessions.clear_messages(session)
+            return "Session cleared."
+
+    router = CommandRouter()
+    router.add("new", "Start a fresh conversation", new)
+    return router
+
+
+async def test_a_message_sent_before_a_new_belongs_to_the_old_conversation(tmp_path: Path) -> None:
+    """While a turn runs, a message is queued and then /new is sent: the message is answered in the
+    conversation it was sent to, and /new clears it after that, as the next start does after a kill
+    (see test_a_new_waiting_for_a_turn_runs_once_after_a_restart_in_its_place). /new overtook it, and
+    the message was answered in the fresh conversation, which kept it."""
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    ran: list[str] = []
+    router = clearing_new(sessions, ran)
+    dispatcher = Dispatcher(
+        Pipeline([model]), sessions, router, DispatcherSettings(), inbox=Inbox(tmp_path / "inbox")
+    )
+    channel = RecordingChannel(dispatcher.submit)
+    await dispatcher.recover()
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("what's up?", message_id="1"))
+    await model.started.wait()
+    await dispatcher.submit(msg("remember that my locker code is 4512", message_id="2"))
+    await dispatcher.submit(msg("/new", message_id="3"))
+    model.gate.set()
+    await channel.wait_for(4)  # the "⏳" notice, two answers and /new's
+    await settled(tmp_path)
+    session = await sessions.get("test:c1")
+    await dispatcher.close(1)
+
+    assert [m.text for m in channel.sent[1:]] == [
+        "answer to what's up?",
+        "answer to remember that my locker code is 4512",
+        "Session cleared.",
+    ]
+    assert ran == ["3"] and session is not None and session.messages == []
+    assert channel.sent[0].text.startswith("⏳ /new runs once the current reply and the 1 message")
+
+
+async def test_a_command_redelivered_after_it_ran_does_not_run_again(tmp_path: Path) -> None:
+    """A platform hands over again a /new that ran, and the message sent after it (Discord's catch-up
+    from a mark not yet on disk, Telegram after a kill before its journal's release): neither is taken
+    again. The /new ran again, wiped what was said after it, and that message was answered twice."""
+
+    def dispatcher_on(model: ModelSystem, ran: list[str]) -> tuple[Dispatcher, RecordingChannel]:
+        sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+        router = clearing_new(sessions, ran)
+        dispatcher = Dispatcher(
+            Pipeline([model]), sessions, router, DispatcherSettings(), inbox=Inbox(tmp_path / "inbox")
+        )
+        return dispatcher, RecordingChannel(dispatcher.submit)
+
+    ran: list[str] = []
+    model = ModelSystem()
+    before, channel = dispatcher_on(model, ran)
+    await before.recover()
+    before.attach(channel)
+    await before.submit(msg("hello", message_id="1"))
+    await channel.wait_for(1)
+    await before.submit(msg("/new", message_id="2"))
+    await before.submit(msg("/new", message_id="2"))  # redelivered at once (a RESUME's replay)
+    await before.submit(msg("after the new", message_id="3"))
+    await channel.wait_for(3)
+    await settled(tmp_path)
+    await before.close(1)
+    model2 = ModelSystem()
+    after, channel2 = dispatcher_on(model2, ran)
+    await after.recover()
+    after.attach(channel2)
+    await after.submit(msg("/new", message_id="2"))  # the redeliveries after the restart
+    await after.submit(msg("after the new", message_id="3"))
+    await asyncio.sleep(0.1)
+    session = await SessionService(JsonSessionStore(tmp_path / "sessions")).get("test:c1")
+    await after.close(1)
+
+    assert ran == ["2"] and channel2.sent == [] and model2.seen == []
+    assert [m.text for m in channel.sent] == [
+        "answer to hello",
+        "Session cleared.",
+        "answer to after the new",
+    ]
+    assert session is not None
+    assert [m.content for m in session.messages] == ["after the new", "answer to after the new"]
+
+
+async def test_a_shutdown_leaves_a_new_behind_a_queued_message_to_the_next_start_in_its_place(
+    tmp_path: Path,
+) -> None:
+    """The queued message is left to the next start, so the /new sent after it is too: run while the
+    shutdown waited for the turn, it came before that message, which was then answered after the
+    restart in the fresh conversation."""
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    ran: list[str] = []
+    dispatcher = Dispatcher(
+        Pipeline([model]),
+        sessions,
+        clearing_new(sessions, ran),
+        DispatcherSettings(),
+        inbox=Inbox(tmp_path / "inbox"),
+    )
+    channel = RecordingChannel(dispatcher.submit)
+    await dispatcher.recover()
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("what's up?", message_id="1"))
+    await model.started.wait()
+    await dispatcher.submit(msg("remember that my locker code is 4512", message_id="2"))
+    await dispatcher.submit(msg("/new", message_id="3"))
+    closing = asyncio.create_task(dispatcher.close(5))
+    await asyncio.sleep(0.01)
+    model.gate.set()  # the running turn ends within the grace period
+    await closing
+
+    assert ran == []
+    assert await pending(tmp_path) == ["remember that my locker code is 4512", "/new"]

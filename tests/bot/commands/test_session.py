@@ -469,7 +469,7 @@ async def test_new_sent_during_a_turn_does_not_hold_up_a_stop_sent_after_it(
         assert time.monotonic() - started < 2.0
         await wait_until(lambda: any(m.text == "Session cleared." for m in bot.channel.sent))
         texts = [m.text for m in bot.channel.sent]
-        assert texts[0].startswith("⏳ /new runs as soon as the current reply is done")
+        assert texts[0].startswith("⏳ /new runs once the current reply and the 1 message sent before it")
         stopped = "⏹ Stopped. 1 queued message kept in the history; your next message starts a new turn."
         assert texts.index(stopped) < texts.index("Session cleared.")
         assert await bot.on_disk() == []
