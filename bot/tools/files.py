@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import os
 import stat
@@ -235,13 +236,19 @@ class FilesTool:
         return fd
 
     def _append(self, folder: int, name: str, rel: PurePosixPath, data: bytes) -> int:
-        """Append durably; a file never grows past the read limit (it could not be read back)."""
+        """Append durably; a file never grows past the read limit (it could not be read back).
+
+        The size is checked and the text written under an exclusive lock on the file: one answer's
+        calls run at once, each in a worker thread (two chats may share a file too), and appends that
+        all read the size before any wrote would all pass the check."""
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
         fd = os.open(name, flags, FILE_MODE, dir_fd=folder)
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise ToolError(f"{rel} is not a regular file; refused")
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor is closed
+            info = os.fstat(fd)
             if info.st_size + len(data) > self._max:
                 raise ToolError(
                     f"{rel} would grow past the {self._max}-byte limit of what can be read back; "

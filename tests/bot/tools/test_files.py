@@ -258,6 +258,21 @@ async def test_appends_stop_at_what_can_be_read_back(workspace: Path) -> None:
     assert (workspace / "notes" / "log.txt").stat().st_size == 800
 
 
+async def test_appends_at_once_stop_at_what_can_be_read_back(workspace: Path) -> None:
+    """One answer's calls run at once, each in a worker thread: appends that all read the old size
+    before any wrote passed the check together, and the file went past what the tool can read back."""
+    for round_ in range(100):
+        path = workspace / "notes" / f"log{round_}.txt"
+        path.write_text("x" * 900)
+        files = tool(workspace, max_bytes=1000)
+        call = {"action": "append", "path": f"notes/log{round_}.txt", "content": "y" * 90}
+        results = await asyncio.gather(
+            *(files.run(dict(call), CTX) for _ in range(8)), return_exceptions=True
+        )
+        assert sum(isinstance(r, str) for r in results) == 1
+        assert path.stat().st_size == 990
+
+
 async def test_pipes_folders_and_oversized_files_are_refused(workspace: Path) -> None:
     os.mkfifo(workspace / "notes" / "pipe")
     (workspace / "notes" / "big.txt").write_text("x" * 20_000)
