@@ -536,18 +536,20 @@ def clearing_new(sessions: SessionService, ran: list[str]) -> CommandRouter:
     return router
 
 
-async def test_a_message_sent_before_a_new_belongs_to_the_old_conversation(tmp_path: Path) -> None:
-    """While a turn runs, a message is queued and then /new is sent: the message is answered in the
-    conversation it was sent to, and /new clears it after that, as the next start does after a kill
-    (see test_a_new_waiting_for_a_turn_runs_once_after_a_restart_in_its_place). /new overtook it, and
-    the message was answered in the fresh conversation, which kept it."""
-    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+async def new_behind_a_queued_message(
+    tmp_path: Path, sessions: SessionService
+) -> tuple[Dispatcher, RecordingChannel, asyncio.Event, list[str]]:
+    """A chat whose turn runs (held at the model's gate) with a message and then a /new queued behind it;
+    the list gets the id of each /new that ran."""
     model = ModelSystem()
-    model.gate = asyncio.Event()
+    model.gate = gate = asyncio.Event()
     ran: list[str] = []
-    router = clearing_new(sessions, ran)
     dispatcher = Dispatcher(
-        Pipeline([model]), sessions, router, DispatcherSettings(), inbox=Inbox(tmp_path / "inbox")
+        Pipeline([model]),
+        sessions,
+        clearing_new(sessions, ran),
+        DispatcherSettings(),
+        inbox=Inbox(tmp_path / "inbox"),
     )
     channel = RecordingChannel(dispatcher.submit)
     await dispatcher.recover()
@@ -556,7 +558,17 @@ async def test_a_message_sent_before_a_new_belongs_to_the_old_conversation(tmp_p
     await model.started.wait()
     await dispatcher.submit(msg("remember that my locker code is 4512", message_id="2"))
     await dispatcher.submit(msg("/new", message_id="3"))
-    model.gate.set()
+    return dispatcher, channel, gate, ran
+
+
+async def test_a_message_sent_before_a_new_belongs_to_the_old_conversation(tmp_path: Path) -> None:
+    """While a turn runs, a message is queued and then /new is sent: the message is answered in the
+    conversation it was sent to, and /new clears it after that, as the next start does after a kill
+    (see test_a_new_waiting_for_a_turn_runs_once_after_a_restart_in_its_place). /new overtook it, and
+    the message was answered in the fresh conversation, which kept it."""
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    dispatcher, channel, gate, ran = await new_behind_a_queued_message(tmp_path, sessions)
+    gate.set()
     await channel.wait_for(4)  # the "⏳" notice, two answers and /new's
     await settled(tmp_path)
     session = await sessions.get("test:c1")
@@ -624,26 +636,10 @@ async def test_a_shutdown_leaves_a_new_behind_a_queued_message_to_the_next_start
     shutdown waited for the turn, it came before that message, which was then answered after the
     restart in the fresh conversation."""
     sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
-    model = ModelSystem()
-    model.gate = asyncio.Event()
-    ran: list[str] = []
-    dispatcher = Dispatcher(
-        Pipeline([model]),
-        sessions,
-        clearing_new(sessions, ran),
-        DispatcherSettings(),
-        inbox=Inbox(tmp_path / "inbox"),
-    )
-    channel = RecordingChannel(dispatcher.submit)
-    await dispatcher.recover()
-    dispatcher.attach(channel)
-    await dispatcher.submit(msg("what's up?", message_id="1"))
-    await model.started.wait()
-    await dispatcher.submit(msg("remember that my locker code is 4512", message_id="2"))
-    await dispatcher.submit(msg("/new", message_id="3"))
+    dispatcher, _, gate, ran = await new_behind_a_queued_message(tmp_path, sessions)
     closing = asyncio.create_task(dispatcher.close(5))
     await asyncio.sleep(0.01)
-    model.gate.set()  # the running turn ends within the grace period
+    gate.set()  # the running turn ends within the grace period
     await closing
 
     assert ran == []
