@@ -194,12 +194,12 @@ class StreamDecoder(StreamFold):
             if block.get("type") == "tool_use":
                 index = int(data.get("index", 0))
                 call = self._call(index)
-                call["id"], call["name"] = str(block.get("id") or ""), str(block.get("name") or "")
+                call.id, call.name = str(block.get("id") or ""), str(block.get("name") or "")
                 if isinstance(block.get("input"), dict) and block["input"]:
                     # Some compatible servers send the whole input here and no input_json_delta.
                     self._argued(call, json.dumps(block["input"]), restart=True)
                     self._input_at_start.add(index)
-                return [StreamEvent("tool_call", text=call["name"])]
+                return [StreamEvent("tool_call", text=call.name)]
         elif kind == "content_block_delta":
             return self._delta(int(data.get("index", 0)), data.get("delta") or {})
         elif kind == "message_delta":

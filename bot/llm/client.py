@@ -13,8 +13,8 @@ One call, step by step:
    ``retry-after-ms`` / ``retry-after``, never longer than ``llm.retry_max_delay``. A timeout is
    retried once only: a server that stayed silent twice is hung, and every further try would keep
    the user waiting as long again. An answer larger than any model writes (a body over 32 MiB, a
-   stream past 8 Mi characters or 10,000 tool calls: limits.py) is a bad response, its connection
-   closed.
+   stream past 8 Mi characters or 10,000 tool calls, one line or event of it over 32 Mi characters:
+   limits.py) is a bad response, its connection closed.
 
    Time limits of one try: a non-streamed answer must be complete within ``llm.timeout`` (its first
    byte comes only when the model has written all of it); a streamed one must start within
@@ -54,8 +54,15 @@ from bot.llm.call_ids import made_unique
 from bot.llm.endpoints import check_base_url, where
 from bot.llm.failures import STATUS_OF_TYPE, Provider, key_setting, status_error
 from bot.llm.httpx_errors import HTTPX_ERRORS, httpx_errors, map_httpx_error
-from bot.llm.limits import MAX_BODY_BYTES, MAX_STREAMED_CALLS, MAX_STREAMED_CHARS, MiB, answer_too_large
-from bot.llm.sse import SSEvent, iter_sse
+from bot.llm.limits import (
+    MAX_BODY_BYTES,
+    MAX_STREAMED_CALLS,
+    MAX_STREAMED_CHARS,
+    MiB,
+    answer_too_large,
+    read_at_most,
+)
+from bot.llm.sse import SSETooLarge, SSEvent, iter_lines, iter_sse
 from bot.llm.stats import LLMStats
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent, Wire
 from bot.retry import Backoff, retry
@@ -310,12 +317,12 @@ class LLMClient:
     async def _read_body(self, target: _Target, response: httpx.Response) -> bytes:
         """The whole body, each chunk within ``idle_timeout``; past ``MAX_BODY_BYTES`` (limits.py)
         reading stops with LLMBadResponse, and the caller's ``aclose`` drops the connection."""
-        body = bytearray()
-        async for chunk in _Quiet(response.aiter_bytes(), self._settings.idle_timeout, target):
-            body += chunk
-            if len(body) > MAX_BODY_BYTES:
-                raise _too_large(target, f"a body over {MAX_BODY_BYTES // MiB} MiB")
-        return bytes(body)
+        body = await read_at_most(
+            _Quiet(response.aiter_bytes(), self._settings.idle_timeout, target), MAX_BODY_BYTES
+        )
+        if body is None:
+            raise _too_large(target, f"a body over {MAX_BODY_BYTES // MiB} MiB")
+        return body
 
     async def _open_stream(self, target: _Target, request: ChatRequest) -> httpx.Response:
         """Send a streaming request; the answer must start within ``first_byte_timeout``."""
@@ -355,10 +362,11 @@ class LLMClient:
                         if target.provider == "anthropic"
                         else openai.StreamDecoder(model, target.where)
                     )
-                    lines = _Quiet(response.aiter_lines(), self._settings.idle_timeout, target)
+                    lines = _Quiet(iter_lines(response.aiter_text()), self._settings.idle_timeout, target)
                     # Keep-alives (comments, pings) are bytes but no progress: they must not keep a
                     # hung answer open until the turn's deadline.
-                    async for sse in _Quiet(_events(iter_sse(lines)), self._settings.idle_timeout, target):
+                    found = _events(iter_sse(lines), target)
+                    async for sse in _Quiet(found, self._settings.idle_timeout, target):
                         with _readable(target):
                             events = list(decoder.feed(sse))
                         if decoder.size > MAX_STREAMED_CHARS:
@@ -426,11 +434,15 @@ class _Quiet(Generic[T]):
             ) from None
 
 
-async def _events(events: AsyncIterator[SSEvent]) -> AsyncIterator[SSEvent]:
-    """The events that carry something (Anthropic's ``ping`` does not; comments never arrive here)."""
-    async for event in events:
-        if event.event != "ping":
-            yield event
+async def _events(events: AsyncIterator[SSEvent], target: _Target) -> AsyncIterator[SSEvent]:
+    """The events that carry something (Anthropic's ``ping`` does not; comments never arrive here); a
+    line or an event past its limit (limits.py) is an answer too large."""
+    try:
+        async for event in events:
+            if event.event != "ping":
+                yield event
+    except SSETooLarge as exc:
+        raise _too_large(target, str(exc)) from None
 
 
 def _replay(final: ChatResponse) -> Iterator[StreamEvent]:

@@ -10,6 +10,8 @@ the connection is closed, the next fallback model is asked, and the user reads t
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import structlog
 
 from bot.errors import LLMBadResponse
@@ -26,6 +28,12 @@ MAX_BODY_BYTES = 32 * MiB
 # Text and tool-call arguments of one streamed answer, in characters: about 2 million tokens, sixteen
 # times the longest answer a model writes. Reasoning deltas are not kept, so they do not count.
 MAX_STREAMED_CHARS = 8 * MiB
+
+# One line of a stream, and one event's data, in characters: as much as a whole body, since some
+# compatible servers stream the whole answer as one event. httpx kept a line that never ended, and
+# the SSE parser an event whose ``data:`` lines never ended, without limit, before the two above
+# counted anything.
+MAX_EVENT_CHARS = MAX_BODY_BYTES
 
 # Tool calls of one streamed answer: each costs memory even when it is empty. Real answers hold a
 # handful; the tool loop runs at most ``pipeline.tool_loop.MAX_CALLS_PER_ANSWER`` of them anyway.
@@ -49,3 +57,16 @@ def answer_too_large(what: str, *, model: str, provider: Provider, where: str) -
         f"and the connection was closed. To fix it, {fix}",
         model=model,
     )
+
+
+async def read_at_most(chunks: AsyncIterator[bytes], limit: int) -> bytes | None:
+    """A whole body, or None as soon as it passes ``limit`` bytes: reading stops there, and the caller,
+    who closes the response, drops the connection. For every answer read whole from another server
+    (this client's, the embeddings endpoint's, ``membot doctor``'s), so none is read until out of memory.
+    """
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)

@@ -217,19 +217,19 @@ class StreamDecoder(StreamFold):
         index = raw if isinstance(raw, int) else self._last
         slot = self._call(index)
         if fragment.get("id"):
-            if slot["id"] and slot["id"] != str(fragment["id"]):
+            if slot.id and slot.id != str(fragment["id"]):
                 # A new call in a slot already taken: servers that send parallel calls all at index 0
                 # (or none) mean a new call by a new id; merged, all but one were lost.
                 index = max(self._calls) + 1
                 slot = self._call(index)
-            slot["id"] = str(fragment["id"])
+            slot.id = str(fragment["id"])
         self._last = index
         function = fragment.get("function") or {}
         if function.get("arguments"):
             self._argued(slot, _as_text(function["arguments"]))
-        if function.get("name") and not slot["name"]:
-            slot["name"] = str(function["name"])
-            return [StreamEvent("tool_call", text=slot["name"])]
+        if function.get("name") and not slot.name:
+            slot.name = str(function["name"])
+            return [StreamEvent("tool_call", text=slot.name)]
         return []
 
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bot.domain import ToolCall, Usage
 from bot.errors import LLMBadResponse
+from bot.llm.limits import MAX_EVENT_CHARS, MiB
 from bot.llm.types import ChatResponse, StreamEvent
+
+_LINE_END = re.compile(r"\r\n|\r|\n")  # the SSE spec's three; not the other Unicode breaks
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,32 +24,80 @@ class SSEvent:
     data: str
 
 
-async def iter_sse(lines: AsyncIterator[str]) -> AsyncIterator[SSEvent]:
-    """Group raw lines into events; comments (``:``) are skipped, multi-line data is joined with newlines."""
+class SSETooLarge(Exception):
+    """A line or one event's data past ``MAX_EVENT_CHARS``; the client reports it as any answer too large."""
+
+
+async def iter_lines(chunks: AsyncIterator[str], limit: int = MAX_EVENT_CHARS) -> AsyncIterator[str]:
+    """The lines of a stream's text, without their ends; a line longer than ``limit`` is SSETooLarge.
+
+    In place of httpx's ``aiter_lines``, which keeps a line that never ends without limit, and splits at
+    every Unicode line break (U+2028 in a model's text, sent raw inside a JSON string, cut its chunk in
+    two). An event stream ends its lines at CR, LF or CRLF only.
+    """
+    line = io.StringIO()  # the line so far, in one buffer however many chunks bring it
+    after_cr = False  # the last chunk ended in CR: a LF first in this one belongs to it
+    async for chunk in chunks:
+        if after_cr and chunk.startswith("\n"):
+            chunk = chunk[1:]
+        after_cr = chunk.endswith("\r")
+        parts = _LINE_END.split(chunk)  # the last one goes on in the next chunk
+        for n, part in enumerate(parts, 1):
+            line.write(part)
+            if line.tell() > limit:
+                raise SSETooLarge(f"a line over {limit // MiB} Mi characters")
+            if n < len(parts):
+                yield line.getvalue()
+                line = io.StringIO()
+    if line.tell():
+        yield line.getvalue()
+
+
+async def iter_sse(lines: AsyncIterator[str], limit: int = MAX_EVENT_CHARS) -> AsyncIterator[SSEvent]:
+    """Group raw lines into events; comments (``:``) are skipped, multi-line data is joined with newlines.
+
+    An event whose data passes ``limit`` characters is SSETooLarge: ``data:`` lines without a blank
+    line after them were gathered without end. The data is kept in one buffer, as it comes.
+    """
     event = ""
-    data: list[str] = []
+    data = io.StringIO()
+    lines_of_data = 0
     async for raw in lines:
         line = raw.rstrip("\r\n")
         if not line:
-            if data or event:
-                yield SSEvent(event or "message", "\n".join(data))
-            event, data = "", []
+            if lines_of_data or event:
+                yield SSEvent(event or "message", data.getvalue())
+            event, data, lines_of_data = "", io.StringIO(), 0
             continue
         if line.startswith(":"):
             continue
-        field, _, value = line.partition(":")
+        name, _, value = line.partition(":")
         value = value.removeprefix(" ")
-        if field == "event":
+        if name == "event":
             event = value
-        elif field == "data":
-            data.append(value)
-    if data:
-        yield SSEvent(event or "message", "\n".join(data))
+        elif name == "data":
+            data.write("\n" + value if lines_of_data else value)
+            lines_of_data += 1
+            if data.tell() > limit:
+                raise SSETooLarge(f"an event over {limit // MiB} Mi characters")
+    if lines_of_data:
+        yield SSEvent(event or "message", data.getvalue())
+
+
+@dataclass(slots=True)
+class _Call:
+    """A tool call as it streams in. Its arguments are written to one buffer, like the answer's text:
+    added to one string, each fragment copied all that came before it (quadratic time for many tiny
+    ones), and kept as a list of fragments, each tiny one cost some fifty bytes of memory."""
+
+    id: str = ""
+    name: str = ""
+    arguments: io.StringIO = field(default_factory=io.StringIO)
 
 
 class StreamFold:
-    """The answer so far: text, tool calls by index (``id``, ``name``, ``arguments`` as streamed JSON
-    text), usage, stop reason and the model that served it. A provider's decoder (``openai.py``,
+    """The answer so far: text, tool calls by index (``id``, ``name``, ``arguments`` as the streamed
+    JSON text), usage, stop reason and the model that served it. A provider's decoder (``openai.py``,
     ``anthropic.py``) reads its own event shapes into these and sets ``done`` at the stream's end.
 
     ``size`` (characters of text and arguments kept) and ``calls`` (tool calls begun) are what the
@@ -57,7 +109,7 @@ class StreamFold:
         self._model = model
         self._where = where
         self._text = io.StringIO()
-        self._calls: dict[int, dict[str, str]] = {}
+        self._calls: dict[int, _Call] = {}
         self._usage = Usage(calls=1)
         self._stop = ""
         self._served_by = ""
@@ -83,19 +135,24 @@ class StreamFold:
         self.size += len(text)
         return [StreamEvent("text", text=text)]
 
-    def _argued(self, call: dict[str, str], arguments: str, *, restart: bool = False) -> None:
+    def _argued(self, call: _Call, arguments: str, *, restart: bool = False) -> None:
         """Add a fragment to a call's arguments (``restart``: in place of what it had)."""
-        call["arguments"] = arguments if restart else call["arguments"] + arguments
+        if restart:
+            call.arguments = io.StringIO()
+        call.arguments.write(arguments)
         self.size += len(arguments)
 
-    def _call(self, index: int) -> dict[str, str]:
-        return self._calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+    def _call(self, index: int) -> _Call:
+        call = self._calls.get(index)
+        if call is None:
+            call = self._calls[index] = _Call()
+        return call
 
     def finish(self) -> ChatResponse:
         """The whole answer. A call keeps the id the server sent, "" if none: the client makes each id
         unique in the conversation (call_ids.py)."""
         calls = tuple(
-            ToolCall(c["id"], c["name"], c["arguments"] or "{}") for _, c in sorted(self._calls.items())
+            ToolCall(c.id, c.name, c.arguments.getvalue() or "{}") for _, c in sorted(self._calls.items())
         )
         model = self._served_by or self._model
         return ChatResponse(self._text.getvalue(), calls, self._usage, model, self._stop)

@@ -13,7 +13,7 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -39,7 +39,9 @@ class FakeReply:
     ``flood=n``: an answer that never ends, like a model repeating itself with ``max_tokens`` ignored:
     ``n`` characters of text in 64 KiB pieces (text deltas when streaming, else one JSON body; streamed
     with ``tool_calls``, the first call's argument fragments instead), then ``stall`` seconds of
-    silence, the answer still open.
+    silence, the answer still open. Streamed, ``flood_as`` may instead send them as one ``line`` that
+    never ends, or as the ``data:`` lines of one ``event`` that never ends. ``raw_unicode``: JSON with
+    non-ASCII characters as they are, not ``\\u`` escapes, as servers built on pydantic send it.
     """
 
     text: str = ""
@@ -59,6 +61,8 @@ class FakeReply:
     keepalive: float | None = None  # while stalled, an SSE comment (": keep-alive") this often
     call_ids: list[str | None] | None = None
     flood: int | None = None
+    flood_as: Literal["deltas", "line", "event"] = "deltas"
+    raw_unicode: bool = False
 
     def ids(self, api: str) -> list[str | None]:
         """The id each tool call is sent with (``None``: sent without one)."""
@@ -186,7 +190,7 @@ class _Sse:
                     await self._response.write(b": keep-alive\n\n")
                     await asyncio.sleep(every)
         self._sent += 1
-        text = data if isinstance(data, str) else json.dumps(data)
+        text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=not self._reply.raw_unicode)
         prefix = f"event: {event}\n" if event else ""
         await self._response.write(f"{prefix}data: {text}\n\n".encode())
         await asyncio.sleep(0)  # let the chunks travel separately, as over a real network
@@ -232,6 +236,15 @@ async def send_flood(
         await asyncio.sleep(reply.stall)
         return response
     response, sse = await _open(request, reply)
+    if reply.flood_as != "deltas":
+        for i, size in enumerate(sizes):
+            if reply.flood_as == "line":  # one chunk's JSON, never ended by a newline
+                await response.write((b'data: {"text": "' if i == 0 else b"") + b"x" * size)
+            else:  # data lines, never ended by the blank line that ends an event
+                await response.write(b"data: " + b"x" * size + b"\n")
+            await asyncio.sleep(0)
+        await asyncio.sleep(reply.stall)
+        return response
     name = reply.tool_calls[0][0] if reply.tool_calls else None
     if api == "openai":
         base = {"id": "chatcmpl-f", "object": "chat.completion.chunk", "model": body["model"]}

@@ -225,6 +225,17 @@ async def test_streaming_text_and_tool_calls(make_client: Any, server: FakeLLMSe
         assert server.requests[-1].body["stream_options"] == {"include_usage": True}
 
 
+@both
+async def test_a_unicode_line_separator_sent_raw_stays_inside_its_text(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    # Valid JSON may carry U+2028 and U+0085 unescaped; only CR and LF end an event stream's lines.
+    llm, _ = make_client(api)
+    server.script(FakeReply(text="one\u2028two\x85three", raw_unicode=True))
+    _, done = await collect(llm, ask("x"))
+    assert done.content == "one\u2028two\x85three"
+
+
 async def test_openai_parallel_tool_call_deltas_are_joined_by_index(
     make_client: Any, server: FakeLLMServer
 ) -> None:

@@ -7,14 +7,14 @@ answer still open; a guard fails the test if the client waits that out instead o
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from bot.domain import Message, Role
 from bot.errors import LLMBadResponse, plain_reason
 from bot.llm import ChatRequest
-from bot.llm.limits import MAX_BODY_BYTES, MAX_STREAMED_CHARS, MiB
+from bot.llm.limits import MAX_BODY_BYTES, MAX_EVENT_CHARS, MAX_STREAMED_CHARS, MiB
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 both = pytest.mark.parametrize("api", ["openai", "anthropic"])
@@ -74,4 +74,27 @@ async def test_a_stream_that_grows_past_the_limit_is_cut_and_closed(
     assert plain_reason(type(info.value)) == "the AI model sent an answer that could not be used"
     [line] = logged(caplog, "llm_answer_too_large")
     assert line["sent"] == "over 8 Mi characters" and "BASE_URL" in str(line["fix"])
+    await released(server)
+
+
+@both
+@pytest.mark.parametrize("flood_as", ["line", "event"])
+async def test_a_stream_line_or_event_that_never_ends_is_cut_and_the_next_model_answers(
+    make_client: Any,
+    server: FakeLLMServer,
+    api: str,
+    flood_as: Literal["line", "event"],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Nothing of it counts as text until its line, or its event, ends: it was gathered without limit.
+    llm, _ = make_client(api, fallback_models=[OTHER[api]])
+    flood = FakeReply(flood=MAX_EVENT_CHARS + MiB, stall=HUNG, flood_as=flood_as)
+    server.script(flood, FakeReply(text="from the fallback"))
+    async with asyncio.timeout(20):
+        events = [event async for event in llm.stream(ask())]
+    done = events[-1].response
+    assert done is not None and done.content == "from the fallback"
+    assert llm.stats.failures_by == {(MODELS[api], "bad_response"): 1} and llm.stats.failovers == 1
+    [line] = logged(caplog, "llm_answer_too_large")
+    assert line["sent"] == ("a line" if flood_as == "line" else "an event") + " over 32 Mi characters"
     await released(server)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from bot.llm.sse import SSEvent, iter_sse
+import pytest
+
+from bot.llm.sse import SSETooLarge, SSEvent, iter_lines, iter_sse
 
 
 async def lines(*items: str) -> AsyncIterator[str]:
@@ -38,3 +40,25 @@ async def test_a_last_event_without_blank_line_is_still_delivered() -> None:
 
 async def test_blank_lines_alone_make_no_events() -> None:
     assert await parse("", "", ": only a comment", "") == []
+
+
+async def split(*chunks: str, limit: int = 100) -> list[str]:
+    return [line async for line in iter_lines(lines(*chunks), limit)]
+
+
+async def test_lines_end_at_cr_lf_or_crlf_wherever_the_chunks_are_cut() -> None:
+    assert await split("a\r", "\nb\rc", "\n\nd", "e\r\n", "\r", "f") == ["a", "b", "c", "", "de", "", "f"]
+    assert await split("x\u2028y\x85z\x0c\n") == ["x\u2028y\x85z\x0c"]  # JSON may hold these raw
+
+
+async def test_a_line_or_an_event_past_the_limit_is_too_large() -> None:
+    assert await split("x" * 50, "x" * 50 + "\n") == ["x" * 100]
+    with pytest.raises(SSETooLarge, match="a line over"):
+        await split("x" * 50, "x" * 51)
+    with pytest.raises(SSETooLarge, match="a line over"):
+        await split("x" * 101 + "\n")
+    assert [e async for e in iter_sse(lines("data: " + "x" * 49, "data: " + "x" * 50), limit=100)] == [
+        SSEvent("message", "x" * 49 + "\n" + "x" * 50)
+    ]
+    with pytest.raises(SSETooLarge, match="an event over"):
+        [e async for e in iter_sse(lines(*["data:"] * 102), limit=100)]  # 101 newlines

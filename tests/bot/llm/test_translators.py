@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -186,6 +187,36 @@ def test_openai_stream_decoder_joins_tool_fragments_by_index() -> None:
     assert decoder.done and final.content == "Hello"
     assert final.tool_calls == (ToolCall("a", "f", '{"x": 1}'), ToolCall("b", "g", "{}"))
     assert (final.usage.input_tokens, final.usage.output_tokens) == (9, 4)
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_arguments_in_many_small_fragments_cost_time_in_proportion(api: str) -> None:
+    """8 MiB of arguments (the streamed limit) in 65,536 fragments: about 0.2 s. Added to one string,
+    each fragment copied all before it, some 270 GB in all: over a minute."""
+    decoder: openai.StreamDecoder | anthropic.StreamDecoder
+    if api == "openai":
+        decoder = openai.StreamDecoder("m")
+        call = {"index": 0, "id": "c", "function": {"name": "f", "arguments": ""}}
+        decoder.feed(sse({"choices": [{"delta": {"tool_calls": [call]}}]}))
+        fragment = {
+            "choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "x" * 128}}]}}]
+        }
+        event = sse(fragment)
+    else:
+        decoder = anthropic.StreamDecoder("m")
+        block = {"type": "tool_use", "id": "c", "name": "f", "input": {}}
+        decoder.feed(
+            sse({"type": "content_block_start", "index": 0, "content_block": block}, "content_block_start")
+        )
+        delta = {"type": "input_json_delta", "partial_json": "x" * 128}
+        event = sse({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")
+    started = time.perf_counter()
+    for n in range(65_536):
+        decoder.feed(event)
+        if n % 1024 == 0 and time.perf_counter() - started > 5:  # not linear: stop, not wait a minute
+            pytest.fail(f"{n} fragments took over 5 s")
+    [call] = decoder.finish().tool_calls
+    assert call.arguments == "x" * 128 * 65_536
 
 
 def test_openai_parallel_calls_all_at_one_index_stay_apart() -> None:
