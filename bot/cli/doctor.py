@@ -47,6 +47,10 @@ ANTHROPIC_VERSION = "2023-06-01"
 TELEGRAM_API = "https://api.telegram.org/bot"
 DISCORD_API = "https://discord.com/api/v10"
 ONLINE_TIMEOUT = 10.0
+# The most of one answer a check reads. The largest is a model list: a proxy's every model, a few KiB
+# each, some hundreds of KiB in all. More is no such API (or one that loops), and was read until
+# doctor ran out of memory: its per-read timeout never ends a flood.
+PROBE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,11 +401,18 @@ async def _probe(
     auth_statuses: tuple[int, ...] = (401, 403),
 ) -> Check:
     """One request; every httpx error becomes a fail line (secrets never appear: URLs are shown masked)."""
+    import json
+
     import httpx
 
+    from bot.llm import read_at_most
+
     shown = shown_url or _public(url)
+    content: bytes | None = b""
     try:
-        response = await http.request(method, url, headers=headers)
+        async with http.stream(method, url, headers=headers) as response:
+            if response.status_code < 400:
+                content = await read_at_most(response.aiter_bytes(), PROBE_BYTES)
     except httpx.TimeoutException:
         return Check(name, "fail", f"{shown}: no answer within {ONLINE_TIMEOUT:g} s", reach_hint)
     except httpx.HTTPError as exc:
@@ -412,8 +423,11 @@ async def _probe(
         return Check(name, "fail", f"{shown}: HTTP {response.status_code}", auth_hint)
     if response.status_code >= 400:
         return Check(name, "fail", f"{shown}: HTTP {response.status_code}", reach_hint)
+    if content is None:
+        more = f"{shown}: sent over {PROBE_BYTES // 2**20} MiB, more than this API answers"
+        return Check(name, "fail", more, reach_hint)
     try:
-        body: Any = response.json()
+        body: Any = json.loads(content)
     except ValueError:
         body = None
     verdict = ok(body)

@@ -2,6 +2,7 @@
 
 from bot.llm.client import LLMClient, UsageObserver
 from bot.llm.failures import Provider
+from bot.llm.limits import read_at_most
 from bot.llm.model import ChatModel
 from bot.llm.stats import LLMStats
 from bot.llm.transport import llm_http_client
@@ -19,4 +20,5 @@ __all__ = [
     "ToolSpec",
     "UsageObserver",
     "llm_http_client",
+    "read_at_most",
 ]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import mmap
 import threading
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ from numpy.typing import NDArray
 
 from bot.config import MemorySettings
 from bot.errors import ConfigError, LLMBadResponse, LLMError, LLMUnavailable
+from bot.llm import read_at_most
 from bot.memory.int8_graph import int8_weights
 from bot.memory.items import MemoryItem
 
@@ -48,6 +50,15 @@ BATCH = 64
 EMBED_CHARS = 2000  # a text is cut here before tokenizing; the model reads at most MAX_TOKENS anyway
 
 Vectors = NDArray[np.float32]
+
+MiB = 1024 * 1024
+
+# How much of an embeddings answer is read: 1 MiB, and 256 KiB a text. The widest models in use write
+# 4,096 numbers a text (3,072 for text-embedding-3-large), at most some 25 characters each as JSON:
+# 100 KiB. A batch of 64 texts may answer 17 MiB, well above the 6.4 MiB it can; a server that sends
+# more (a loop, something that is no embeddings API) was read until the bot ran out of memory.
+ANSWER_BYTES = 1 * MiB
+ANSWER_BYTES_PER_TEXT = 256 * 1024
 
 
 class Embedder(Protocol):
@@ -77,20 +88,29 @@ class OpenAIEmbedder:
         self.model_id = f"openai:{model}"
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
+        limit = ANSWER_BYTES + ANSWER_BYTES_PER_TEXT * len(texts)
+        body = {"model": self._model, "input": list(texts)}
         try:
-            response = await self._http.post(
-                self._url, json={"model": self._model, "input": list(texts)}, headers=self._headers
-            )
+            async with self._http.stream("POST", self._url, json=body, headers=self._headers) as response:
+                if response.status_code != 200:
+                    raise LLMUnavailable(
+                        f"embeddings endpoint answered {response.status_code}",
+                        status_code=response.status_code,
+                    )
+                content = await read_at_most(response.aiter_bytes(), limit)
         except httpx.HTTPError as exc:
             raise LLMUnavailable(
                 f"embeddings endpoint {self._url} unreachable: {type(exc).__name__}"
             ) from exc
-        if response.status_code != 200:
-            raise LLMUnavailable(
-                f"embeddings endpoint answered {response.status_code}", status_code=response.status_code
+        if content is None:
+            raise LLMBadResponse(
+                f"embeddings endpoint {self._url} sent over {limit / MiB:g} MiB for {len(texts)} texts, "
+                "more than any embedding model writes; reading stopped and the connection was closed. "
+                "Check that memory.embeddings_base_url (MEMBOT_MEMORY__EMBEDDINGS_BASE_URL) points at "
+                "an OpenAI-style /embeddings API"
             )
         try:
-            data: Any = response.json()["data"]
+            data: Any = json.loads(content)["data"]
             ordered = sorted(data, key=lambda d: int(d.get("index", 0)))
             vectors = np.array([d["embedding"] for d in ordered], dtype=np.float32)
         except (ValueError, KeyError, TypeError) as exc:

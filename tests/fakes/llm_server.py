@@ -26,6 +26,7 @@ from aiohttp import web
 
 from tests.fakes.llm_checks import check_anthropic, check_openai
 from tests.fakes.llm_wire import (
+    FLOOD_PIECE,
     FakeReply,
     anthropic_body,
     openai_body,
@@ -58,7 +59,7 @@ class FakeLLMServer:
     OpenAI accepts a missing key (like Ollama) unless ``openai_api_key`` is set. ``strict_template``:
     the OpenAI endpoint also refuses what strict chat templates of local servers refuse (a second
     system message, two user messages in a row), with their 400. ``models``: what ``GET /v1/models``
-    lists.
+    lists; ``models_flood=n``: that list sends ``n`` bytes of itself, never ends and hangs instead.
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class FakeLLMServer:
     ) -> None:
         self.strict_template = strict_template
         self.models = models
+        self.models_flood: int | None = None
         self.requests: list[RecordedRequest] = []
         self.responder: Responder | None = None
         self.in_flight = 0
@@ -115,7 +117,15 @@ class FakeLLMServer:
 
     # -- handlers ---------------------------------------------------------------------------------
 
-    async def _models(self, request: web.Request) -> web.Response:
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        if self.models_flood is not None:
+            response = web.StreamResponse(headers={"content-type": "application/json"})
+            await response.prepare(request)
+            await response.write(b'{"object": "list", "data": [')
+            for _ in range(self.models_flood // FLOOD_PIECE + 1):
+                await response.write(b'{"id": "m"},'.ljust(FLOOD_PIECE))
+            await asyncio.sleep(60)
+            return response
         data = [{"id": model, "object": "model"} for model in self.models]
         return web.json_response({"object": "list", "data": data})
 

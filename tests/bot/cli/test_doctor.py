@@ -161,6 +161,18 @@ async def test_a_model_the_server_does_not_list_fails_with_the_ones_it_does(tmp_
         assert line(out, "llm openai").startswith("✓ pass")
 
 
+async def test_a_model_list_that_never_ends_is_cut_with_a_fail_line(tmp_path: Path) -> None:
+    async with FakeLLMServer(models=("llama3.1",)) as llm:
+        llm.models_flood = 64 * 2**20  # then it hangs: ONLINE_TIMEOUT is per read, so a flood never ends
+        code, out = await doctor(
+            tmp_path, MEMBOT_LLM__OPENAI__BASE_URL=llm.openai_base_url, MEMBOT_LLM__MODEL="llama3.1"
+        )
+    assert code == 1
+    llm_line = line(out, "llm openai")
+    assert llm_line.startswith("✗ fail") and "sent over 16 MiB" in llm_line, out
+    assert "MEMBOT_LLM__OPENAI__BASE_URL" in llm_line
+
+
 async def test_no_channel_is_a_warning_since_membot_run_would_not_start(tmp_path: Path) -> None:
     code, out = await doctor(
         tmp_path, offline=True, MEMBOT_TERMINAL__ENABLED="false", MEMBOT_LLM__OPENAI__API_KEY="sk-x"

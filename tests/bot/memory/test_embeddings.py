@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from aiohttp import web
 from bot.config import MemorySettings
 from bot.domain import Message, Role
 from bot.errors import LLMBadResponse, LLMUnavailable
+from bot.llm.limits import MiB
 from bot.memory import Exchange, MemoryService
 from bot.memory.embeddings import OnnxEmbedder, OpenAIEmbedder
 from tests.bot.memory.conftest import Clock
@@ -33,14 +35,21 @@ def vector(text: str) -> list[float]:
 
 
 class FakeEmbeddings:
+    """``flood=n``: the answer sends ``n`` bytes of its vectors, then hangs, never finished; ``hanging``
+    counts such answers the client has not let go of."""
+
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.status = 200
         self.base_url = ""
+        self.flood: int | None = None
+        self.hanging = 0
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append({"body": body, "auth": request.headers.get("Authorization")})
+        if self.flood is not None:
+            return await self._flood(request, self.flood)
         if self.status != 200:
             return web.json_response({"error": {"message": "down"}}, status=self.status)
         data = [
@@ -48,13 +57,27 @@ class FakeEmbeddings:
         ]
         return web.json_response({"object": "list", "data": list(reversed(data)), "model": body["model"]})
 
+    async def _flood(self, request: web.Request, size: int) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        await response.prepare(request)
+        self.hanging += 1
+        try:
+            await response.write(b'{"object": "list", "data": [{"index": 0, "embedding": [')
+            piece = b"0.0123456789, " * 4096
+            for _ in range(size // len(piece) + 1):
+                await response.write(piece)
+            await asyncio.sleep(60)
+        finally:
+            self.hanging -= 1
+        return response
+
 
 @pytest.fixture
 async def server() -> AsyncIterator[FakeEmbeddings]:
     fake = FakeEmbeddings()
     app = web.Application()
     app.router.add_post("/v1/embeddings", fake.handle)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, handler_cancellation=True)  # a client that leaves ends its answer
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -117,6 +140,28 @@ async def test_embeddings_find_what_words_alone_miss(
 
     server.status = 500  # a failing endpoint degrades to lexical retrieval, never fails the turn
     assert await memory.search("automobile") != []
+
+
+async def test_an_answer_larger_than_any_embeddings_is_a_bad_response_and_lexical_retrieval_stays(
+    tmp_path: Path, clock: Clock, server: FakeEmbeddings, http: httpx.AsyncClient
+) -> None:
+    server.flood = 64 * MiB  # a batch of two texts may answer 1.5 MiB
+    embedder = OpenAIEmbedder(http, server.base_url, "m")
+    async with asyncio.timeout(20):
+        with pytest.raises(LLMBadResponse, match=r"over 1\.5 MiB for 2 texts") as info:
+            await embedder.embed(["a car", "a boat"])
+        assert "MEMBOT_MEMORY__EMBEDDINGS_BASE_URL" in str(info.value)
+        while server.hanging:  # the connection was dropped: the answer is not read on
+            await asyncio.sleep(0.01)
+
+        memory = MemoryService(tmp_path / "memory", MemorySettings(), clock=clock, embedder=embedder)
+        await memory.start()
+        user = Message(Role.USER, "my automobile needs new tires", timestamp=clock.now)
+        answer = Message(Role.ASSISTANT, "Winter tires would suit the season.", timestamp=clock.now)
+        await memory.record_exchanges([Exchange("cli:me", user, answer)])
+        found = await memory.search("automobile")
+    assert found[0].item.content == "my automobile needs new tires" and found[0].lexical > 0
+    assert all(s.semantic == 0 for s in found)  # found by its words alone
 
 
 async def test_build_embedder_follows_settings(http: httpx.AsyncClient) -> None:
