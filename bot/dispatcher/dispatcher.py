@@ -193,7 +193,12 @@ class Dispatcher:
             try:  # kept in the inbox before the channel confirms it, as a message is
                 await command.durable
             except BaseException:
-                task.cancel()  # not kept: it does not run, and the platform's redelivery is taken as new
+                # Not kept: it does not run, and the platform's redelivery is taken as new (its place
+                # in the queue goes too, or the worker would note it as run when it came).
+                lane = self._lanes.get(call.session_id)
+                if lane is not None and command in lane.queue:
+                    lane.queue.remove(command)
+                task.cancel()
                 raise
         if not task.done() and self.is_running(call.session_id):  # (not for a sent reply's bookkeeping)
             await self._delivery.send(call.message, self._wait_notice(command))
@@ -225,12 +230,19 @@ class Dispatcher:
         """Run a command that waits for its chat's turn (the lane's worker calls it in the command's
         place in the queue): one queued now goes on, one kept when the last run ended starts; returns
         once it ran. It is noted as run now, before it acts (see :func:`bot.intake.note_command`)."""
-        call = waiting.call
+        call, message_id = waiting.call, waiting.call.message.message_id
+        if isinstance(waiting, Command) and waiting.task.done():
+            return  # it was not kept after all (see _command): its redelivery is a new command
         try:
             session = await self._sessions.get(call.session_id)
         except StorageError:
             session = None
         if isinstance(waiting, KeptCommand):
+            if session is not None and message_id is not None and intake.command_run(session, message_id):
+                # It ran and its session was saved, but a kill came before its inbox entry was done.
+                log.info("duplicate_command_ignored", session_id=call.session_id, message_id=message_id)
+                await self._entry_done(call.session_id, waiting.entry)
+                return
             task, _ = self._start_command(call, entry=waiting.entry, noted=session)
         else:
             if session is not None and call.message.message_id is not None:
@@ -259,9 +271,13 @@ class Dispatcher:
         """A kept command ran (or failed for good): the next start must not run it again."""
         if command is None or command.entry is None or self._inbox is None:
             return
-        inbox, sid, entry = self._inbox, command.call.session_id, command.entry
-        command.entry = None
-        await self._delivery.persist("inbox_done_mark", lambda: inbox.finish(sid, {entry}))
+        entry, command.entry = command.entry, None
+        await self._entry_done(command.call.session_id, entry)
+
+    async def _entry_done(self, sid: str, entry: str) -> None:
+        if self._inbox is not None:
+            inbox = self._inbox
+            await self._delivery.persist("inbox_done_mark", lambda: inbox.finish(sid, {entry}))
 
     async def _seen(self, message: InboundMessage) -> bool:
         """Whether this platform message was accepted before (still pending, or already answered)."""
@@ -384,11 +400,11 @@ class Dispatcher:
             # (``sent``: the answer is saved and on its way, through an outage maybe: it is no reply to
             # stop any more, as /status says, and stopping its delivery dropped it)
             return await self._turns.stop_waiting(sid, lane) if lane.model_wait is not None else None
-        kept = take_messages(lane)
+        kept, later = take_messages(lane)
         request = lane.stopping = Stop(list(lane.batch), kept)
         lane.turn.cancel()
         await request.done  # the worker did the bookkeeping (see Stop)
-        return len(kept)
+        return len(kept) + later
 
     @contextlib.asynccontextmanager
     async def exclusive(self, sid: str) -> AsyncIterator[None]:

@@ -29,6 +29,9 @@ class Queued:
     # Messages that arrived past the queue limit, folded behind it: they are answered in its turn, each
     # as its own message (its sender, its platform id, its inbox entry), never merged into its text.
     folded: list[Queued] = field(default_factory=list)
+    # A /stop kept it, but it came after a command still waiting (a /new): it goes into the history
+    # unanswered in its place, after that command ran, not before it (see :func:`take_messages`).
+    unanswered: bool = False
 
     def messages(self) -> list[Queued]:
         """It and the messages folded behind it, in the order they came."""
@@ -97,11 +100,33 @@ class Lane:
     model_wait: ModelWait | None = None
 
 
-def take_messages(lane: Lane) -> list[Queued]:
-    """The queued messages, taken out of the queue (what /stop keeps in the history); the rest stays."""
-    kept = [m for q in lane.queue if isinstance(q, Queued) for m in q.messages()]
-    lane.queue = deque(q for q in lane.queue if not isinstance(q, Queued))
-    return kept
+def take_messages(lane: Lane) -> tuple[list[Queued], int]:
+    """What /stop keeps in the history unanswered: the queued messages before the first waiting command,
+    taken out of the queue, and how many more come after it, marked ``unanswered`` and left in their
+    place: a /new that waits must not clear what the chat sent after it (it belongs to the fresh
+    conversation)."""
+    taken: list[Queued] = []
+    later = 0
+    behind_command = False
+    for item in list(lane.queue):
+        if isinstance(item, KeptCommand | Command):
+            behind_command = True
+        elif isinstance(item, Queued) and behind_command:
+            item.unanswered = True
+            later += len(item.messages())
+        elif isinstance(item, Queued):
+            lane.queue.remove(item)
+            taken.extend(item.messages())
+    return taken, later
+
+
+def take_unanswered(lane: Lane) -> list[Queued]:
+    """The ``unanswered`` messages at the head of the queue, taken out (see :func:`take_messages`)."""
+    taken: list[Queued] = []
+    while lane.queue and isinstance(head := lane.queue[0], Queued) and head.unanswered:
+        lane.queue.popleft()
+        taken.extend(head.messages())
+    return taken
 
 
 def queued_count(lane: Lane) -> int:

@@ -21,7 +21,16 @@ import structlog
 from bot import intake
 from bot.config import DispatcherSettings
 from bot.dispatcher.delivery import Delivery
-from bot.dispatcher.lanes import Command, KeptCommand, Lane, Queued, Stop, next_command, take_messages
+from bot.dispatcher.lanes import (
+    Command,
+    KeptCommand,
+    Lane,
+    Queued,
+    Stop,
+    next_command,
+    take_messages,
+    take_unanswered,
+)
 from bot.domain import Session
 from bot.errors import plain_reason
 from bot.inbox import Inbox
@@ -94,8 +103,11 @@ class Turns:
                     lane.queue.popleft()
                     await self._delivery.deliver(head, lane)
                     continue
+                if unanswered := take_unanswered(lane):  # kept by a /stop, behind a command that ran
+                    await self._stopped(sid, lane, Stop([], unanswered))
+                    continue
                 batch: list[Queued] = []
-                while lane.queue and isinstance(queued := lane.queue[0], Queued):
+                while lane.queue and isinstance(queued := lane.queue[0], Queued) and not queued.unanswered:
                     lane.queue.popleft()
                     batch.extend(queued.messages())
                     if self._settings.mode != "collect":
@@ -253,13 +265,13 @@ class Turns:
         assert lane.model_wait is not None
         lane.model_wait.wake()  # the worker finds nothing to try and ends
         lane.model_wait = None
-        kept = take_messages(lane)
+        kept, later = take_messages(lane)
         request = Stop([], kept)
         async with lane.lock:  # taken before the worker can take it again (asyncio.Lock is fair)
             await self._stopped(sid, lane, request)
             await self._wait_over(sid, lane)  # (its lane.model_wait went above, for the worker)
-        log.info("model_wait_stopped", chat_id=lane.chat_id, kept=len(kept))
-        return len(kept)
+        log.info("model_wait_stopped", chat_id=lane.chat_id, kept=len(kept) + later)
+        return len(kept) + later
 
     async def _stopped(self, sid: str, lane: Lane, request: Stop) -> None:
         """/stop's bookkeeping, in the worker under the lane's lock: the stopped and the kept messages go

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
+from bot import intake
 from bot.commands import CommandCall, CommandRouter, SessionControl
 from bot.config import DispatcherSettings
 from bot.dispatcher import Dispatcher
@@ -644,3 +648,112 @@ async def test_a_shutdown_leaves_a_new_behind_a_queued_message_to_the_next_start
 
     assert ran == []
     assert await pending(tmp_path) == ["remember that my locker code is 4512", "/new"]
+
+
+async def test_a_new_whose_inbox_line_the_disk_refused_runs_when_handed_over_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The /new could not be kept (a full disk): ``submit`` fails, so the channel hands it over again
+    once there is room. Its place in the queue stayed, and the worker noted it as run when it came:
+    the redelivery was then ignored as a duplicate, and /new never ran."""
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    model = ModelSystem()
+    model.gate = gate = asyncio.Event()
+    ran: list[str] = []
+    dispatcher = Dispatcher(
+        Pipeline([model]),
+        sessions,
+        clearing_new(sessions, ran),
+        DispatcherSettings(),
+        inbox=Inbox(tmp_path / "inbox"),
+    )
+    channel = RecordingChannel(dispatcher.submit)
+    await dispatcher.recover()
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("hello", message_id="1"))
+    await model.started.wait()
+    real_write = os.write
+
+    def full_inbox(fd: int, data: bytes) -> int:
+        if "/inbox/" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_inbox)
+    with pytest.raises(OSError, match="No space left"):
+        await dispatcher.submit(msg("/new", message_id="2"))
+    monkeypatch.setattr(os, "write", real_write)  # room again
+    gate.set()
+    await dispatcher.settled("test:c1")  # the lane's worker went past where the /new had its place
+    await dispatcher.submit(msg("/new", message_id="2"))  # the channel's retry
+    await channel.wait_for(2)
+    session = await sessions.get("test:c1")
+    await dispatcher.close(1)
+
+    assert ran == ["2"] and channel.sent[-1].text == "Session cleared."
+    assert session is not None and session.messages == []
+
+
+async def test_a_stop_keeps_what_came_after_a_waiting_new_for_the_fresh_conversation(tmp_path: Path) -> None:
+    """hello (running), /new (waits for it), a message, /stop: the message sent after /new belongs to
+    the fresh conversation, kept there unanswered as /stop keeps queued messages. /stop put it in the
+    old conversation first, and /new then cleared it."""
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    ran: list[str] = []
+    dispatcher = Dispatcher(
+        Pipeline([model]),
+        sessions,
+        clearing_new(sessions, ran),
+        DispatcherSettings(),
+        inbox=Inbox(tmp_path / "inbox"),
+    )
+    channel = RecordingChannel(dispatcher.submit)
+    await dispatcher.recover()
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("hello", message_id="1"))
+    await model.started.wait()
+    await dispatcher.submit(msg("/new", message_id="2"))
+    await dispatcher.submit(msg("my locker code is 4512 now", message_id="3"))
+    assert await dispatcher.stop("test:c1") == 1
+    await channel.wait_for(2)  # the "⏳" notice and /new's answer
+    await settled(tmp_path)
+    session = await sessions.get("test:c1")
+    await dispatcher.close(1)
+
+    assert ran == ["2"] and [m.text for m in channel.sent][-1] == "Session cleared."
+    assert session is not None
+    assert [m.content for m in session.messages] == ["my locker code is 4512 now"]
+    assert "answer to my locker code is 4512 now" not in [m.text for m in channel.sent]  # kept only
+
+
+async def test_a_recovered_command_that_ran_before_the_kill_does_not_run_again(tmp_path: Path) -> None:
+    """A /new that waited ran and its cleared session was saved (noting it as run), but a kill came
+    before its inbox entry was marked done: the next start must not run it a second time."""
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    before, _, _, ran = await new_behind_a_queued_message(tmp_path, sessions)
+    await before.close(0.05)  # the turn never ends: everything stays pending
+    async with sessions.lease("test", "c1") as session:  # what the /new did before the kill
+        await sessions.clear_messages(session)
+        intake.note_command(session, "3")
+        await sessions.save(session)
+    assert "/new" in await pending(tmp_path)
+
+    model = ModelSystem()
+    after = Dispatcher(
+        Pipeline([model]),
+        sessions,
+        clearing_new(sessions, ran),
+        DispatcherSettings(),
+        inbox=Inbox(tmp_path / "inbox"),
+    )
+    channel = RecordingChannel(after.submit)
+    await after.recover()
+    after.attach(channel)
+    await channel.wait_for(1)  # the two messages, answered again (their answer never went out)
+    await settled(tmp_path)
+    await after.close(1)
+
+    assert ran == [] and "Session cleared." not in [m.text for m in channel.sent]
+    assert await pending(tmp_path) == []
