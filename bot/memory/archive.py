@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -83,7 +83,7 @@ class TranscriptArchive:
         if not fresh:
             return []
         count = None if whole_file else 2 * len(fresh)
-        held = await asyncio.to_thread(_last_ids, self.path_for(session_id), count)
+        held = await asyncio.to_thread(_held, self.path_for(session_id), {m.id for m in fresh}, count)
         for message in fresh:
             if message.id in held:
                 message.meta[ARCHIVED] = True
@@ -130,29 +130,45 @@ def _append(path: Path, payload: bytes) -> None:
     append_bytes(path, payload, whole_lines=True)
 
 
-def _last_ids(path: Path, count: int | None) -> set[str]:
-    """The message ids of the file's last ``count`` lines (None: all), read back from its end (blocking)."""
+def _held(path: Path, ids: set[str], count: int | None) -> set[str]:
+    """Those of ``ids`` among the file's last ``count`` records (None: among all of them; blocking).
+
+    The file is read back from its end a block at a time, and the look stops once every id is found:
+    they are normally the last records, and a long-lived chat's archive is never held whole."""
+    found: set[str] = set()
+    wanted = {i: json.dumps(i, ensure_ascii=False)[1:-1].encode() for i in ids}  # as a line spells it
+    for seen, line in enumerate(_lines_from_end(path)):
+        if found == ids or (count is not None and seen >= count):
+            break
+        if not any(spelled in line for i, spelled in wanted.items() if i not in found):
+            continue  # a cheap look at the raw line before parsing it
+        try:
+            message_id = str(json.loads(line)["message"]["id"])
+        except damaged.UNREADABLE:
+            continue
+        if message_id in ids:
+            found.add(message_id)
+    return found
+
+
+def _lines_from_end(path: Path) -> Iterator[bytes]:
+    """The file's lines, last first, read a block at a time (one block and one line held at once)."""
     try:
         f = path.open("rb")
     except FileNotFoundError:
-        return set()
+        return
     with f:
         begin = f.seek(0, os.SEEK_END)
-        data, newlines = b"", 0
-        while begin > 0 and (count is None or newlines <= count):
-            block = begin if count is None else min(begin, TAIL_BLOCK)
+        rest = b""  # the start of a line whose beginning lies in a block not read yet
+        while begin > 0:
+            block = min(begin, TAIL_BLOCK)
             begin -= block
             f.seek(begin)
-            chunk = f.read(block)
-            data, newlines = chunk + data, newlines + chunk.count(b"\n")
-    lines = data.splitlines()[1 if begin else 0 :]  # a block's first line may be cut at its start
-    ids: set[str] = set()
-    for line in lines if count is None else lines[-count:]:
-        try:
-            ids.add(str(json.loads(line)["message"]["id"]))
-        except damaged.UNREADABLE:
-            continue
-    return ids
+            lines = (f.read(block) + rest).split(b"\n")
+            rest = lines[0]
+            yield from (line for line in reversed(lines[1:]) if line)
+        if rest:
+            yield rest
 
 
 def _last_line_start(path: Path, size: int) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import tracemalloc
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -71,3 +73,56 @@ async def test_messages_a_kill_kept_in_the_session_are_not_archived_again(
     reloaded = [Message.from_dict({**m.to_dict(), "meta": {}}) for m in kept]
     assert await archive.append("cli:me", [*reloaded, Message(Role.USER, "said later")], when) == 1
     assert [m.content for m in await archive.read("cli:me")] == ["said 0", "said 1", "said 2", "said later"]
+
+
+def long_chat(archive: TranscriptArchive, when: datetime, size: int) -> list[Message]:
+    """A chat's archive of about ``size`` bytes, written as the bot writes it; its messages."""
+    said = [Message(Role.USER, f"{n} " + "x" * 2000, timestamp=when) for n in range(size // 2200)]
+    path = archive.path_for("cli:me")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(
+        b"".join(
+            json.dumps(
+                {"archived_at": when.isoformat(), "session_id": "cli:me", "message": m.to_dict()}
+            ).encode()
+            + b"\n"
+            for m in said
+        )
+    )
+    return said
+
+
+def unmarked(messages: list[Message]) -> list[Message]:
+    """As a session file holds them after a kill before its save: without the archived mark."""
+    return [Message.from_dict({**m.to_dict(), "meta": {}}) for m in messages]
+
+
+@pytest.mark.parametrize("where", ["last", "first", "none"])
+async def test_a_resumed_retirement_looks_through_the_archive_in_bounded_memory(
+    tmp_path: Path, where: str
+) -> None:
+    """A resume looks for its messages in the whole file (later retirements may follow theirs), a block
+    at a time from the end: it holds one block, not a long-lived chat's archive, wherever they are."""
+    archive = TranscriptArchive(tmp_path)
+    when = datetime(2025, 3, 4, tzinfo=UTC)
+    said = long_chat(archive, when, 4 * 2**20)
+    retired = {"last": said[-3:], "first": said[:3], "none": [Message(Role.USER, "never archived")]}[where]
+
+    tracemalloc.start()
+    read_before = bytes_read()
+    try:
+        added = await archive.append("cli:me", unmarked(retired), when, whole_file=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    read = bytes_read() - read_before
+    assert added == (1 if where == "none" else 0)
+    assert peak < 2**20, f"held {peak / 2**20:.1f} MiB looking through a 4 MiB archive"
+    if where == "last":  # the common case (a kill during the consolidation): the end is enough
+        assert read < 2**20, f"read {read / 2**20:.1f} MiB to find the last records"
+
+
+def bytes_read() -> int:
+    """What this process has read so far (Linux's count, which the read-back of the archive adds to)."""
+    io = Path("/proc/self/io").read_text()
+    return int(next(line for line in io.splitlines() if line.startswith("rchar:")).split()[1])
