@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 from zoneinfo import ZoneInfo
@@ -289,7 +289,7 @@ class Consolidator:
         try:
             if plan is not None:
                 async with self._queue:  # no deadline: what the model decided is written, not dropped
-                    await self._write(result, plan, longterm, resumed=True)
+                    await self._write(result, plan, longterm, keep, resumed=True)
             else:
                 await self._consolidate(result, messages, when, deadline, longterm, keep)
         except TimeoutError:
@@ -327,7 +327,7 @@ class Consolidator:
             plan = await self._plan(self._llm, result, messages, when, deadline, longterm)
             if plan is not None:
                 await journal(plan)
-                await self._write(result, plan, longterm, resumed=False)
+                await self._write(result, plan, longterm, journal, resumed=False)
         finally:
             self._queue.release()
 
@@ -384,9 +384,16 @@ class Consolidator:
         )
 
     async def _write(
-        self, result: ConsolidationResult, plan: Plan, longterm: LongTermMemory, *, resumed: bool
+        self,
+        result: ConsolidationResult,
+        plan: Plan,
+        longterm: LongTermMemory,
+        journal: Journal,
+        *,
+        resumed: bool,
     ) -> None:
-        """Write ``plan``; ``resumed`` skips what a killed run wrote of it already."""
+        """Write ``plan``; ``resumed`` skips what a killed run wrote of it already. Once MEMORY.md is
+        written, that is journaled too: the operator may edit it before a resume, which must not undo it."""
         if plan.reason:  # a raw fallback: :meth:`run` writes its entry
             result.raw_fallback, result.reason = True, plan.reason
             return
@@ -396,7 +403,19 @@ class Consolidator:
             await self._history.append(plan.when, result.session_id, plan.entry, once=resumed)
         if plan.base is None:
             return
-        if not (resumed and (await longterm.read()).text == plan.memory):  # else written before the kill
+        if not (resumed and (plan.memory_written or _written(plan, (await longterm.read()).text))):
             base = Snapshot(plan.base, content_hash(plan.base))
             _, result.memory_merged = await longterm.replace_from(base, plan.memory)
+            await journal(replace(plan, memory_written=True))
         result.memory_changed = True
+
+
+def _written(plan: Plan, current: str) -> bool:
+    """Whether MEMORY.md (``current``) looks written from ``plan`` by a run killed before it could
+    journal so: it is no longer the text the model read.
+
+    The other way it moves is an operator's edit while the bot was down, which writing the plan again
+    would undo (their correction of a line the bot added would get that line back beside it). The two
+    cannot be told apart, so it errs towards "written": what can be lost is the bot's change (killed in
+    the moment before its write, with an operator edit before the next start), never the operator's."""
+    return current != plan.base

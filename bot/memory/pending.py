@@ -49,6 +49,8 @@ class Plan:
     it instead of asking the model again: a HISTORY entry, a MEMORY.md change or a fact is never
     written twice. ``base`` is MEMORY.md as the model read it (None: MEMORY.md is
     left alone); ``when`` is the local time of the HISTORY heading; a ``reason`` makes it a raw fallback.
+    ``memory_written`` is journaled once MEMORY.md is written: a resume must not write it again over
+    what the operator edited while the bot was down.
     """
 
     when: datetime
@@ -58,6 +60,7 @@ class Plan:
     facts: tuple[DurableFact, ...] = ()
     parse_tier: int = 0
     reason: str = ""
+    memory_written: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         facts = [{"type": f.type.value, "content": f.content, "confidence": f.confidence} for f in self.facts]
@@ -69,6 +72,7 @@ class Plan:
             "facts": facts,
             "parse_tier": self.parse_tier,
             "reason": self.reason,
+            "memory_written": self.memory_written,
         }
 
     @classmethod
@@ -85,6 +89,7 @@ class Plan:
             ),
             parse_tier=int(data.get("parse_tier") or 0),
             reason=str(data.get("reason") or ""),
+            memory_written=bool(data.get("memory_written")),
         )
 
 
@@ -127,9 +132,14 @@ class PendingConsolidations:
         self._dir = directory
 
     async def add(self, session_id: str, messages: Sequence[Message], now: datetime) -> PendingWork:
-        """Record ``messages`` as retiring; the id starts with ``now``, so records resume in order."""
+        """Record ``messages`` as retiring; the id starts with ``now``, so records resume in order.
+
+        An older record holding any of them is an orphan: their archive append never happened (the
+        archive would hold them, and they would not be retired again), and this record consolidates
+        them now. They leave it (it goes when none is left), so no message is consolidated twice."""
         work = PendingWork(f"{now:%Y%m%dT%H%M%S%f}-{new_id()}", session_id, list(messages))
         await self._save(work)
+        await asyncio.to_thread(self._supersede, work)
         return work
 
     async def planned(self, work: PendingWork, plan: Plan) -> None:
@@ -149,13 +159,27 @@ class PendingConsolidations:
         return self._dir / f"{work_id}.json"
 
     async def _save(self, work: PendingWork) -> None:
-        data = utf8(json.dumps(work.to_dict(), ensure_ascii=False))
-        await asyncio.to_thread(atomic_write_bytes, self._path(work.id), data)
+        await asyncio.to_thread(atomic_write_bytes, self._path(work.id), _encoded(work))
 
     def _remove(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             fsync_dir(path.parent)
+
+    def _supersede(self, work: PendingWork) -> None:
+        taken = {m.id for m in work.messages}
+        for older in self._load():
+            if older.id == work.id or older.session_id != work.session_id:
+                continue
+            left = [m for m in older.messages if m.id not in taken]
+            if len(left) == len(older.messages):
+                continue
+            log.warning("pending_consolidation_superseded", id=older.id, by=work.id, left=len(left))
+            if left:
+                older.messages = left
+                atomic_write_bytes(self._path(older.id), _encoded(older))
+            else:
+                self._remove(self._path(older.id))
 
     def _load(self) -> list[PendingWork]:
         if not self._dir.is_dir():
@@ -175,3 +199,7 @@ class PendingConsolidations:
                     error=damaged.describe(exc),
                 )
         return found
+
+
+def _encoded(work: PendingWork) -> bytes:
+    return utf8(json.dumps(work.to_dict(), ensure_ascii=False))

@@ -124,7 +124,14 @@ class Retirement:
         if not fresh:
             return None
         work = await self._pending.add(session_id, fresh, self._clock())
-        work.archived = await self._archive.append(session_id, fresh, self._clock())
+        try:
+            work.archived = await self._archive.append(session_id, fresh, self._clock())
+        except Exception:
+            # Nothing of them reached the archive (a failed append is cut back off), and they stay in
+            # their session, whose next trim retires them again: a record kept would have them
+            # consolidated a second time by the next start.
+            await self._pending.done(work)
+            raise
         return work
 
     def _start(self, work: PendingWork, *, resumed: bool) -> asyncio.Task[ConsolidationResult]:

@@ -6,10 +6,16 @@ ones after it are not (see bot/memory/retirement.py, ``_record`` and ``_finish``
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
+import os
 import shutil
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from bot.config import MemorySettings
 from bot.domain import Message, Role
@@ -138,3 +144,117 @@ async def test_a_damaged_record_is_kept_aside_once_and_the_others_resume(
     [kept] = (tmp_path / "pending").glob("*.damaged-*")
     assert kept.read_bytes().startswith(b'{"id": "torn"') and not torn.exists()
     assert [w.id for w in await pending.load()] == [good.id]  # read once, not reported at every start
+
+
+MOVED = "- User flies to Lisbon on May 4th"  # the operator's correction of FACT, made while the bot was down
+
+
+async def killed_after_the_memory_write(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, *, journaled: bool
+) -> Path:
+    """Run a consolidation whose MEMORY.md write is done, and stop before its facts and the record's
+    removal; ``journaled`` False also loses the journal of that write (a kill right after the write)."""
+    memory = await running_bot(tmp_path, clock, llm)
+    root = memory.root
+    pending = PendingConsolidations(root / "pending")
+    messages = talk(clock)
+    work = await pending.add("cli:me", messages, clock.now)
+    await memory.archive.append("cli:me", messages, clock.now)
+    fake_llm.script(FakeReply(text=ANSWER))
+    before_write = tmp_path / "record"
+    plans: list[Plan] = []
+
+    async def journal(plan: Plan) -> None:
+        await pending.planned(work, plan)
+        plans.append(plan)
+        if len(plans) == 1:  # the plan, journaled before any of it is written
+            await asyncio.to_thread(shutil.copytree, root / "pending", before_write)
+
+    await memory.consolidator.run("cli:me", messages, timeout=5, journal=journal)
+    if not journaled:
+        shutil.rmtree(root / "pending")
+        shutil.copytree(before_write, root / "pending")
+    assert (root / "MEMORY.md").read_text() == f"- {FACT}\n"
+    return root
+
+
+@pytest.mark.parametrize("journaled", [True, False], ids=["write journaled", "killed before its journal"])
+async def test_an_operator_edit_made_while_the_bot_was_down_survives_the_resume(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, journaled: bool
+) -> None:
+    """MEMORY.md was written before the kill; the operator corrected it before the next start, which
+    must not bring the bot's line back beside the correction."""
+    root = await killed_after_the_memory_write(tmp_path, clock, llm, fake_llm, journaled=journaled)
+    (root / "MEMORY.md").write_text(f"{MOVED}\n")
+
+    restarted = await running_bot(tmp_path, clock, llm)
+    await restarted.close()
+    assert len(fake_llm.requests) == 1
+    assert (root / "MEMORY.md").read_text() == f"{MOVED}\n"
+    assert (root / "HISTORY.md").read_text().count(ENTRY) == 1
+    assert list((root / "pending").iterdir()) == []
+
+
+class FullArchiveDisk:
+    """Writes under ``memory/archive/`` fail with ENOSPC while ``full``: the disk fills up between a
+    retirement's pending record and its archive append (at the system call: our code runs as it would)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.full = False
+        real = os.write
+
+        def write(fd: int, data: Any) -> int:
+            if self.full and "/memory/archive/" in os.readlink(f"/proc/self/fd/{fd}"):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data)
+
+        monkeypatch.setattr(os, "write", write)
+
+
+async def test_a_failed_archive_append_leaves_no_record_to_consolidate_again(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trim fails (the messages stay in the session), the next trim retires them again, and the
+    next start finds nothing left to do."""
+    disk = FullArchiveDisk(monkeypatch)
+    memory = await running_bot(tmp_path, clock, llm)
+    root = memory.root
+    messages = talk(clock)
+    disk.full = True
+    with pytest.raises(OSError, match="No space"):
+        await memory.consolidate_in_background("cli:me", messages)
+    assert list((root / "pending").iterdir()) == []
+    disk.full = False
+    fake_llm.script(FakeReply(text=ANSWER))
+    task = await memory.consolidate_in_background("cli:me", messages)  # the next turn's trim
+    assert task is not None
+    await task
+    await memory.close()
+
+    restarted = await running_bot(tmp_path, clock, llm)
+    await restarted.close()
+    assert len(fake_llm.requests) == 1
+    assert (root / "HISTORY.md").read_text().count(ENTRY) == 1
+
+
+async def test_a_record_whose_messages_a_later_retirement_took_is_dropped(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    """A record left without its archive append (its removal failed too) while the bot ran on: the
+    session's next trim retires the messages again, and they are consolidated by that one only."""
+    memory = await running_bot(tmp_path, clock, llm)
+    root = memory.root
+    messages = talk(clock)
+    await PendingConsolidations(root / "pending").add("cli:me", messages[:3], clock.now)
+    clock.advance(seconds=1)
+    fake_llm.script(FakeReply(text=ANSWER))
+    task = await memory.consolidate_in_background("cli:me", messages)
+    assert task is not None
+    await task
+    await memory.close()
+    assert list((root / "pending").iterdir()) == []
+
+    restarted = await running_bot(tmp_path, clock, llm)
+    await restarted.close()
+    assert len(fake_llm.requests) == 1
+    assert (root / "HISTORY.md").read_text().count(ENTRY) == 1
