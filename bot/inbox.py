@@ -12,7 +12,7 @@ waits behind a burst of arrivals one fsync at a time, which widened the window i
 the next start send an answer again):
 
 - ``{"entry": id, "at": accepted, "message": {...}}``: accepted (a message, or a command the chat was
-  told waits for its running turn, /new or /compact: bot/dispatcher/dispatcher.py);
+  told waits for its running turn, /new or /compact: bot/dispatcher/commands.py);
 - ``{"done": [ids], "reply": id | null}``: finished;
 - ``{"reply": {...}}``: an answer whose send failed for good, kept for the next start (bot/outbox.py).
 

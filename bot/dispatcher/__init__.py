@@ -24,9 +24,10 @@ too slow) is not answered: its messages stay pending and the lane tries it again
 once its channel is :meth:`~Dispatcher.ready`, so answers never go to a channel that cannot send yet.
 
 The package's modules, each one concept, pointing one way: ``lanes`` (a chat's queue and its state) ←
-``delivery`` (replies through the channel, with the inbox's bookkeeping) ← ``turns`` (a lane's worker
-and its turns) ← ``dispatcher`` (intake, commands, recovery, shutdown). Other layers use
-:class:`Dispatcher` and :class:`TurnObserver` only.
+``delivery`` (replies through the channel, with the inbox's bookkeeping) ← ``commands`` (taking and
+answering commands, and running those that wait in their place in the lane) and ``turns`` (a lane's
+worker and its turns) ← ``dispatcher`` (intake, recovery, shutdown, and what commands may do). Other
+layers use :class:`Dispatcher` and :class:`TurnObserver` only.
 """
 
 from bot.dispatcher.dispatcher import Dispatcher

@@ -58,8 +58,8 @@ class TurnObserver(Protocol):
 
 class Turns:
     """Runs the lanes' work. ``run_kept`` runs a command that waits for its chat's turn (queued now, or
-    when the last run ended) and returns once it ran (the dispatcher answers commands); ``completed``
-    counts the finished turns since start."""
+    when the last run ended) and returns once it ran (commands are answered in bot/dispatcher/commands.py);
+    ``completed`` counts the finished turns since start."""
 
     def __init__(
         self,

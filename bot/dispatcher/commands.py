@@ -1,0 +1,227 @@
+"""A chat's commands: taken once, answered at once beside its turn, or in their place in its lane.
+
+A command is taken once per platform id, as a message is: a redelivery is found in the inbox while it
+waits, or in its session's note of the commands run there (bot/intake.py). Most commands answer at once,
+even while a slow turn runs; one that must wait for the turn (/new, /compact: :meth:`Commands.exclusive`)
+takes its place in the lane's queue, is kept in the inbox meanwhile, and is run there by the lane's
+worker (bot/dispatcher/turns.py) through :meth:`Commands.run_kept`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+
+import structlog
+
+from bot import intake
+from bot.commands import CommandCall, CommandRouter, SessionControl
+from bot.dispatcher.delivery import Delivery
+from bot.dispatcher.lanes import Command, KeptCommand, Lane, messages_ahead
+from bot.domain import Session
+from bot.errors import StorageError
+from bot.inbox import Inbox
+from bot.sessions import SessionService
+
+log = structlog.get_logger(__name__)
+
+
+class Commands:
+    """Answers the commands the dispatcher takes in (:meth:`submit`), and runs those that wait for
+    their chat's lane when their place comes (:meth:`run_kept`, called by the lane's worker).
+
+    The dispatcher composes it: ``control`` is what the command handlers see (the dispatcher itself),
+    ``lanes`` the chats' lanes, ``lane`` returns a chat's lane (made if new: ``sid``, channel, chat id),
+    and ``wake`` starts a lane's worker once its channel is ready. ``tasks`` are the commands being
+    answered, which shutdown waits for.
+    """
+
+    def __init__(
+        self,
+        router: CommandRouter,
+        control: SessionControl,
+        sessions: SessionService,
+        delivery: Delivery,
+        lanes: Mapping[str, Lane],
+        lane: Callable[[str, str, str], Lane],
+        wake: Callable[[str, Lane], None],
+        *,
+        inbox: Inbox | None = None,
+    ) -> None:
+        self._router = router
+        self._control = control
+        self._sessions = sessions
+        self._delivery = delivery
+        self._lanes = lanes
+        self._lane = lane
+        self._wake = wake
+        self._inbox = inbox
+        # Commands being answered; one that waits for its chat's running turn (/new, /compact) sets its
+        # ``placed`` once it holds its place in the lane: from then on ``submit`` need not wait for it.
+        self._running: dict[asyncio.Task[None], Command] = {}
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The commands being answered now."""
+        return list(self._running)
+
+    async def submit(self, call: CommandCall) -> None:
+        """Take ``call`` and answer it, unless it is a redelivery of a command taken before."""
+        taken, noted = await self._take(call)
+        if not taken:
+            log.info(
+                "duplicate_command_ignored", session_id=call.session_id, message_id=call.message.message_id
+            )
+            return
+        await self._command(call, noted)
+
+    async def _take(self, call: CommandCall) -> tuple[bool, Session | None]:
+        """Whether ``call`` is taken (``False``: a redelivery of a command taken before, kept in the
+        inbox while it waits for its turn or noted in its session as run), and the session that is to
+        note it as run (:meth:`_answer`; see :func:`bot.intake.note_command`)."""
+        sid, message_id = call.session_id, call.message.message_id
+        if message_id is None:
+            return True, None
+        if self._inbox is not None and self._inbox.holds(sid, message_id):
+            return False, None
+        try:
+            session = await self._sessions.get(sid)
+        except StorageError:
+            return True, None
+        if session is None:  # no conversation yet: nothing a second run could undo
+            return True, None
+        if intake.command_run(session, message_id):
+            return False, None
+        return True, session
+
+    async def _command(self, call: CommandCall, noted: Session | None = None) -> None:
+        """Answer a command. Returns once it is answered, or once it waits for its chat's lane
+        (:meth:`exclusive`): it then holds its place in the lane and answers when it is done. A channel
+        hands a chat's messages over one at a time, so a /new that kept ``submit`` waiting for a long
+        turn would keep the /stop, /status or message sent after it from reaching us until then."""
+        task, command = self._start(call, noted=noted)
+        waiting = asyncio.ensure_future(command.placed.wait())
+        try:
+            await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+        if command.durable is not None:
+            try:  # kept in the inbox before the channel confirms it, as a message is
+                await command.durable
+            except BaseException:
+                # Not kept: it does not run, and the platform's redelivery is taken as new (its place
+                # in the queue goes too, or the worker would note it as run when it came).
+                lane = self._lanes.get(call.session_id)
+                if lane is not None and command in lane.queue:
+                    lane.queue.remove(command)
+                task.cancel()
+                raise
+        if not task.done() and self._control.is_running(call.session_id):  # (not a sent reply's bookkeeping)
+            await self._delivery.send(call.message, self._wait_notice(command))
+
+    def _wait_notice(self, command: Command) -> str:
+        """What a command waiting for the running turn tells the chat: when it runs, and how sooner."""
+        name, lane = command.call.name, self._lanes.get(command.call.session_id)
+        ahead = messages_ahead(lane, command) if lane else 0
+        if not ahead:
+            return (
+                f"⏳ /{name} runs as soon as the current reply is done. "
+                f"Send /stop to end that reply now; /{name} then runs at once."
+            )
+        plural = "message" if ahead == 1 else "messages"
+        return (
+            f"⏳ /{name} runs once the current reply and the {ahead} {plural} sent before it are answered. "
+            f"Send /stop to end that reply now (they are kept in the history); /{name} then runs at once."
+        )
+
+    def _start(
+        self, call: CommandCall, *, entry: str | None = None, noted: Session | None = None
+    ) -> tuple[asyncio.Task[None], Command]:
+        task = asyncio.create_task(self._answer(call), name=f"command:{call.name}:{call.session_id}")
+        command = self._running[task] = Command(call, task, entry=entry, noted=noted)
+        task.add_done_callback(lambda t: self._running.pop(t, None))
+        return task, command
+
+    async def run_kept(self, waiting: KeptCommand | Command) -> None:
+        """Run a command that waits for its chat's turn (the lane's worker calls it in the command's
+        place in the queue): one queued now goes on, one kept when the last run ended starts; returns
+        once it ran. It is noted as run now, before it acts (see :func:`bot.intake.note_command`)."""
+        call, message_id = waiting.call, waiting.call.message.message_id
+        if isinstance(waiting, Command) and waiting.task.done():
+            return  # it was not kept after all (see _command): its redelivery is a new command
+        try:
+            session = await self._sessions.get(call.session_id)
+        except StorageError:
+            session = None
+        if isinstance(waiting, KeptCommand):
+            if session is not None and message_id is not None and intake.command_run(session, message_id):
+                # It ran and its session was saved, but a kill came before its inbox entry was done.
+                log.info("duplicate_command_ignored", session_id=call.session_id, message_id=message_id)
+                await self._entry_done(call.session_id, waiting.entry)
+                return
+            task, _ = self._start(call, entry=waiting.entry, noted=session)
+        else:
+            if session is not None and call.message.message_id is not None:
+                intake.note_command(session, call.message.message_id)
+            task = waiting.task
+            waiting.reached.set()
+        await asyncio.wait([task])
+
+    async def _answer(self, call: CommandCall) -> None:
+        current = asyncio.current_task()
+        command = self._running.get(current) if current else None
+        if command is not None and command.noted is not None and call.message.message_id is not None:
+            # Noted before it acts, with no wait until it either acts or, if it has to wait for its
+            # turn, takes the note back (exclusive): a save meanwhile must not note a command that
+            # is not kept in the inbox yet.
+            intake.note_command(command.noted, call.message.message_id)
+        try:
+            reply = await self._router.handle(call, self._control)
+        except Exception:
+            log.exception("command_failed", command=call.name, session_id=call.session_id)
+            reply = f"/{call.name} failed; the details are in the log."
+        await self._done(command)  # (done already if it waited for the lane: see exclusive)
+        await self._delivery.send(call.message, reply)
+
+    async def _done(self, command: Command | None) -> None:
+        """A kept command ran (or failed for good): the next start must not run it again."""
+        if command is None or command.entry is None or self._inbox is None:
+            return
+        entry, command.entry = command.entry, None
+        await self._entry_done(command.call.session_id, entry)
+
+    async def _entry_done(self, sid: str, entry: str) -> None:
+        if self._inbox is not None:
+            inbox = self._inbox
+            await self._delivery.persist("inbox_done_mark", lambda: inbox.finish(sid, {entry}))
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, sid: str) -> AsyncIterator[None]:
+        """See :class:`~bot.commands.SessionControl`. A command that has to wait (a turn runs, or the chat
+        has messages queued) takes its place in the lane's queue, behind what the chat sent before it,
+        as the next start would queue it: the lane's worker runs it there. Meanwhile it is kept in the
+        inbox (its line queued now, before anything the chat sends after it) and marked done once it
+        ran, before the lane goes on: a restart never runs it again after what came next. While the chat
+        waits for the model between tries, a command runs at once (the waiting messages stay queued)."""
+        channel, _, chat = sid.partition(":")
+        lane = self._lane(sid, channel, chat)
+        command = self._running.get(asyncio.current_task())  # type: ignore[arg-type]
+        busy = lane.lock.locked() or (bool(lane.queue) and lane.model_wait is None)
+        if command is not None and command.entry is None and busy:
+            message_id = command.call.message.message_id
+            if command.noted is not None and message_id is not None:
+                intake.forget_command(command.noted, message_id)  # noted again when its place comes
+            if self._inbox is not None:
+                command.entry, command.durable = self._inbox.add(command.call.message)
+            lane.queue.append(command)
+            command.placed.set()  # it waits: ``submit`` returns
+            self._wake(sid, lane)
+            await command.reached.wait()
+        async with lane.lock:
+            try:
+                yield
+            except Exception:
+                await self._done(command)  # it failed: a restart would not do better
+                raise
+            await self._done(command)
