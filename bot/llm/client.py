@@ -1,8 +1,10 @@
 """The LLM client: I/O, retries, failover and usage over an injected ``httpx.AsyncClient``.
 
 Wire formats live in openai.py and anthropic.py (pure translators); what an error answer means lives in
-failures.py; base URLs are checked and shown in endpoints.py. Every httpx call here runs inside
-``httpx_errors`` (httpx_errors.py), the one place httpx exceptions become membot's own (bot/errors.py).
+failures.py; base URLs are checked and shown in endpoints.py. Reading an answer (its body, JSON, a
+redirect) is answer.py, reading a streamed one streaming.py; this module sends, times and retries. Every
+httpx call here runs inside ``httpx_errors`` (httpx_errors.py), the one place httpx exceptions become
+membot's own (bot/errors.py).
 
 One call, step by step:
 
@@ -34,36 +36,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol
 
 import httpx
 import structlog
 
 from bot.catalog import ModelCatalog, ModelInfo
-from bot.config import LLMSettings, ProviderSettings
+from bot.config import LLMSettings
 from bot.domain import Usage
-from bot.errors import LLMAuthError, LLMBadResponse, LLMContextOverflow, LLMError, LLMTimeout, LLMUnavailable
+from bot.errors import LLMAuthError, LLMContextOverflow, LLMError, LLMTimeout
 from bot.llm import anthropic, openai
+from bot.llm.answer import Target, error_answer, parse, read_body, redirected
 from bot.llm.call_ids import made_unique
 from bot.llm.endpoints import check_base_url, where
-from bot.llm.failures import STATUS_OF_TYPE, Provider, key_setting, status_error
+from bot.llm.failures import Provider, key_setting
 from bot.llm.httpx_errors import HTTPX_ERRORS, httpx_errors, map_httpx_error
-from bot.llm.limits import (
-    MAX_BODY_BYTES,
-    MAX_STREAMED_CALLS,
-    MAX_STREAMED_CHARS,
-    MiB,
-    answer_too_large,
-    read_at_most,
-)
-from bot.llm.sse import SSETooLarge, SSEvent, iter_lines, iter_sse
 from bot.llm.stats import LLMStats
+from bot.llm.streaming import stream_answer
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent, Wire
 from bot.retry import Backoff, retry
 
@@ -71,39 +64,11 @@ __all__ = ["HTTPX_ERRORS", "LLMClient", "LLMStats", "UsageObserver", "map_httpx_
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T")
-
-
-class _Decoder(Protocol):
-    done: bool
-    size: int
-
-    @property
-    def calls(self) -> int: ...
-
-    @property
-    def complete(self) -> bool: ...
-
-    def feed(self, event: SSEvent) -> list[StreamEvent]: ...
-
-    def finish(self) -> ChatResponse: ...
-
 
 class UsageObserver(Protocol):
     """Told about every successful call (bot.usage.UsageLedger is one)."""
 
     async def record(self, purpose: str, model: str, usage: Usage) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _Target:
-    """Everything needed to reach one model."""
-
-    model: str
-    provider: Provider
-    info: ModelInfo
-    settings: ProviderSettings
-    where: str  # the server, as the user should read it in an error
 
 
 class LLMClient:
@@ -261,12 +226,12 @@ class LLMClient:
         self.stats.failovers += 1
         log.warning("llm_failover", failed=failed, next=following, error=str(exc))
 
-    def _target(self, model: str) -> _Target:
+    def _target(self, model: str) -> Target:
         provider = self.provider_of(model)
         settings = self._settings.anthropic if provider == "anthropic" else self._settings.openai
-        return _Target(model, provider, self._catalog.get(model, provider), settings, self._where[provider])
+        return Target(model, provider, self._catalog.get(model, provider), settings, self._where[provider])
 
-    def _build(self, target: _Target, request: ChatRequest, *, stream: bool) -> httpx.Request:
+    def _build(self, target: Target, request: ChatRequest, *, stream: bool) -> httpx.Request:
         key = target.settings.api_key.get_secret_value() if target.settings.api_key else None
         if key is None and (target.provider == "anthropic" or openai.is_official(target.settings.base_url)):
             raise LLMAuthError(
@@ -301,7 +266,7 @@ class LLMClient:
                 with _httpx_errors(target):
                     response = await self._http.send(http_request, stream=True)
                     try:
-                        body = await self._read_body(target, response)
+                        body = await read_body(target, response, self._settings.idle_timeout)
                     finally:
                         await response.aclose()
         except TimeoutError as exc:
@@ -309,22 +274,12 @@ class LLMClient:
                 raise
             raise LLMTimeout(f"{target.where} did not answer within {seconds:g} s", model=model) from None
         if response.status_code >= 400:
-            raise _error_answer(target, response, body.decode("utf-8", "replace"))
+            raise error_answer(target, response, body.decode("utf-8", "replace"))
         if response.status_code >= 300:
-            raise _redirected(target, response)
-        return _unique_ids(target, request, _parse(target, body))
+            raise redirected(target, response)
+        return _unique_ids(target, request, parse(target, body))
 
-    async def _read_body(self, target: _Target, response: httpx.Response) -> bytes:
-        """The whole body, each chunk within ``idle_timeout``; past ``MAX_BODY_BYTES`` (limits.py)
-        reading stops with LLMBadResponse, and the caller's ``aclose`` drops the connection."""
-        body = await read_at_most(
-            _Quiet(response.aiter_bytes(), self._settings.idle_timeout, target), MAX_BODY_BYTES
-        )
-        if body is None:
-            raise _too_large(target, f"a body over {MAX_BODY_BYTES // MiB} MiB")
-        return body
-
-    async def _open_stream(self, target: _Target, request: ChatRequest) -> httpx.Response:
+    async def _open_stream(self, target: Target, request: ChatRequest) -> httpx.Response:
         """Send a streaming request; the answer must start within ``first_byte_timeout``."""
         http_request = self._build(target, request, stream=True)
         seconds = min(self._settings.first_byte_timeout, request.timeout or float("inf"))
@@ -342,49 +297,27 @@ class LLMClient:
 
     async def _stream_once(self, model: str, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         target = self._target(model)
+        idle = self._settings.idle_timeout
         started = time.monotonic()
+        final: ChatResponse | None = None
         response = await self._open_stream(target, request)
         try:
             with _httpx_errors(target):
                 if response.status_code >= 400:
-                    text = (await self._read_body(target, response)).decode("utf-8", "replace")
-                    raise _error_answer(target, response, text)
+                    text = (await read_body(target, response, idle)).decode("utf-8", "replace")
+                    raise error_answer(target, response, text)
                 if response.status_code >= 300:
-                    raise _redirected(target, response)
-                if "text/event-stream" not in response.headers.get("content-type", ""):
-                    # The server ignored stream=true (some compatible servers do): a whole answer.
-                    final = _parse(target, await self._read_body(target, response))
-                    for event in _replay(final):
-                        yield event
-                else:
-                    decoder: _Decoder = (
-                        anthropic.StreamDecoder(model, target.where)
-                        if target.provider == "anthropic"
-                        else openai.StreamDecoder(model, target.where)
-                    )
-                    lines = _Quiet(iter_lines(response.aiter_text()), self._settings.idle_timeout, target)
-                    # Keep-alives (comments, pings) are bytes but no progress: they must not keep a
-                    # hung answer open until the turn's deadline.
-                    found = _events(iter_sse(lines), target)
-                    async for sse in _Quiet(found, self._settings.idle_timeout, target):
-                        with _readable(target):
-                            events = list(decoder.feed(sse))
-                        if decoder.size > MAX_STREAMED_CHARS:
-                            raise _too_large(target, f"over {MAX_STREAMED_CHARS // MiB} Mi characters")
-                        if decoder.calls > MAX_STREAMED_CALLS:
-                            raise _too_large(target, f"over {MAX_STREAMED_CALLS} tool calls")
-                        for event in events:
+                    raise redirected(target, response)
+                async with aclosing(stream_answer(target, response, idle)) as events:
+                    async for event in events:
+                        if event.kind == "done":  # stream_answer's last event
+                            final = event.response
+                        else:
                             yield event
-                        if decoder.done:
-                            break
-                    if not decoder.complete:
-                        raise LLMUnavailable(
-                            f"{target.where} ended the stream before the answer was complete", model=model
-                        )
-                    with _readable(target):
-                        final = decoder.finish()
         finally:
             await response.aclose()
+        if final is None:
+            raise AssertionError("stream_answer ends with the answer or raises")
         final = _unique_ids(target, request, final)
         await self._succeeded(model, request, final, time.monotonic() - started)
         yield StreamEvent("done", response=final)
@@ -405,128 +338,10 @@ class LLMClient:
         self.stats.failed(model, exc)
 
 
-class _Quiet(Generic[T]):
-    """The chunks of an answer that has started; a silence longer than ``idle`` seconds is LLMTimeout.
-
-    A plain iterator class rather than a generator, so nothing is left suspended when the reader
-    stops early (the response is closed by its owner).
-    """
-
-    def __init__(self, chunks: AsyncIterator[T], idle: float, target: _Target) -> None:
-        self._chunks = chunks
-        self._idle = idle
-        self._target = target
-
-    def __aiter__(self) -> _Quiet[T]:
-        return self
-
-    async def __anext__(self) -> T:
-        try:
-            async with asyncio.timeout(self._idle) as window:
-                return await anext(self._chunks)
-        except TimeoutError:
-            if not window.expired():
-                raise
-            raise LLMTimeout(
-                f"{self._target.where} went silent for {self._idle:g} s in the middle of an answer "
-                "(llm.idle_timeout)",
-                model=self._target.model,
-            ) from None
-
-
-async def _events(events: AsyncIterator[SSEvent], target: _Target) -> AsyncIterator[SSEvent]:
-    """The events that carry something (Anthropic's ``ping`` does not; comments never arrive here); a
-    line or an event past its limit (limits.py) is an answer too large."""
-    try:
-        async for event in events:
-            if event.event != "ping":
-                yield event
-    except SSETooLarge as exc:
-        raise _too_large(target, str(exc)) from None
-
-
-def _replay(final: ChatResponse) -> Iterator[StreamEvent]:
-    if final.content:
-        yield StreamEvent("text", text=final.content)
-    for call in final.tool_calls:
-        yield StreamEvent("tool_call", text=call.name)
-
-
-def _parse(target: _Target, content: bytes) -> ChatResponse:
-    try:
-        body = json.loads(content)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError
-        raise LLMBadResponse(
-            f"{target.where} answered with malformed JSON for {target.model}", model=target.model
-        ) from None
-    if isinstance(body, dict) and "error" in body and "choices" not in body and "content" not in body:
-        raise _error_in_200(target, body, content)
-    parse = anthropic.parse_response if target.provider == "anthropic" else openai.parse_response
-    with _readable(target):
-        return parse(body, target.model, target.where)
-
-
-def _redirected(target: _Target, response: httpx.Response) -> LLMError:
-    """A redirect is not followed (a POST with a key must not go elsewhere unasked): the operator is told
-    where it leads, which is usually the base URL they meant (https, or a missing /v1)."""
-    location = response.headers.get("location") or "nowhere it said"
-    return LLMBadResponse(
-        f"{target.where} redirected the request for {target.model} (HTTP {response.status_code}) to "
-        f"{location}: if that is the server, set MEMBOT_LLM__{target.provider.upper()}__BASE_URL to it",
-        model=target.model,
-        status_code=response.status_code,
-    )
-
-
-def _error_in_200(target: _Target, body: dict[str, object], content: bytes) -> LLMError:
-    """An error body sent with HTTP 200 (proxies such as OpenRouter do): classified by the status it
-    names (``code``), else by its type, like the same error sent with its status; its message kept."""
-    error = body["error"]
-    code = error.get("code") if isinstance(error, dict) else None
-    kind = str(error.get("type") or "") if isinstance(error, dict) else ""
-    status = int(code) if isinstance(code, int | str) and str(code).isdigit() else 0
-    if not 400 <= status < 600:
-        status = STATUS_OF_TYPE.get(kind, 500)
-    text = content.decode("utf-8", "replace")
-    return status_error(status, {}, text, model=target.model, provider=target.provider, where=target.where)
-
-
-@contextlib.contextmanager
-def _readable(target: _Target) -> Iterator[None]:
-    """A field of the wrong type in an answer ("n/a" for a count, a string where an object belongs) is
-    the server's fault, like malformed JSON: :class:`LLMBadResponse`, so the next fallback model is
-    asked and the user is told the model's answer could not be used, never a crash of the turn."""
-    try:
-        yield
-    except LLMError:
-        raise
-    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
-        raise LLMBadResponse(
-            f"{target.where} sent an answer for {target.model} that could not be read "
-            f"({type(exc).__name__}: {str(exc)[:200]})",
-            model=target.model,
-        ) from None
-
-
-def _unique_ids(target: _Target, request: ChatRequest, response: ChatResponse) -> ChatResponse:
+def _unique_ids(target: Target, request: ChatRequest, response: ChatResponse) -> ChatResponse:
     prefix = "toolu_" if target.provider == "anthropic" else "call_"
     return made_unique(response, request, prefix, target.model)
 
 
-def _error_answer(target: _Target, response: httpx.Response, text: str) -> LLMError:
-    return status_error(
-        response.status_code,
-        response.headers,
-        text,
-        model=target.model,
-        provider=target.provider,
-        where=target.where,
-    )
-
-
-def _too_large(target: _Target, what: str) -> LLMBadResponse:
-    return answer_too_large(what, model=target.model, provider=target.provider, where=target.where)
-
-
-def _httpx_errors(target: _Target) -> contextlib.AbstractContextManager[None]:
+def _httpx_errors(target: Target) -> contextlib.AbstractContextManager[None]:
     return httpx_errors(model=target.model, provider=target.provider, where=target.where)

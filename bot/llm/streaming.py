@@ -1,0 +1,96 @@
+"""One streamed answer, read: its SSE events folded into deltas by the provider's decoder, within the idle
+and size limits, ending with the whole answer.
+
+The client opens the stream, checks its status and owns the response; :func:`stream_answer` only reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from typing import Protocol
+
+import httpx
+
+from bot.errors import LLMUnavailable
+from bot.llm import anthropic, openai
+from bot.llm.answer import Quiet, Target, parse, read_body, readable, too_large
+from bot.llm.limits import MAX_STREAMED_CALLS, MAX_STREAMED_CHARS, MiB
+from bot.llm.sse import SSETooLarge, SSEvent, iter_lines, iter_sse
+from bot.llm.types import ChatResponse, StreamEvent
+
+
+class _Decoder(Protocol):
+    done: bool
+    size: int
+
+    @property
+    def calls(self) -> int: ...
+
+    @property
+    def complete(self) -> bool: ...
+
+    def feed(self, event: SSEvent) -> list[StreamEvent]: ...
+
+    def finish(self) -> ChatResponse: ...
+
+
+async def stream_answer(
+    target: Target, response: httpx.Response, idle: float
+) -> AsyncGenerator[StreamEvent, None]:
+    """Yield ``text`` and ``tool_call`` deltas as they arrive, then one ``done`` event with the whole answer.
+
+    A silence longer than ``idle`` seconds is LLMTimeout; an answer past the limits of limits.py is
+    LLMBadResponse; a stream that ends before the answer is complete is LLMUnavailable. The ``done``
+    answer's tool-call ids are still the server's: the client makes them unique and counts the usage.
+    """
+    if "text/event-stream" not in response.headers.get("content-type", ""):
+        # The server ignored stream=true (some compatible servers do): a whole answer.
+        final = parse(target, await read_body(target, response, idle))
+        for event in _replay(final):
+            yield event
+    else:
+        decoder: _Decoder = (
+            anthropic.StreamDecoder(target.model, target.where)
+            if target.provider == "anthropic"
+            else openai.StreamDecoder(target.model, target.where)
+        )
+        lines = Quiet(iter_lines(response.aiter_text()), idle, target)
+        # Keep-alives (comments, pings) are bytes but no progress: they must not keep a
+        # hung answer open until the turn's deadline.
+        found = _events(iter_sse(lines), target)
+        async for sse in Quiet(found, idle, target):
+            with readable(target):
+                events = list(decoder.feed(sse))
+            if decoder.size > MAX_STREAMED_CHARS:
+                raise too_large(target, f"over {MAX_STREAMED_CHARS // MiB} Mi characters")
+            if decoder.calls > MAX_STREAMED_CALLS:
+                raise too_large(target, f"over {MAX_STREAMED_CALLS} tool calls")
+            for event in events:
+                yield event
+            if decoder.done:
+                break
+        if not decoder.complete:
+            raise LLMUnavailable(
+                f"{target.where} ended the stream before the answer was complete", model=target.model
+            )
+        with readable(target):
+            final = decoder.finish()
+    yield StreamEvent("done", response=final)
+
+
+async def _events(events: AsyncIterator[SSEvent], target: Target) -> AsyncIterator[SSEvent]:
+    """The events that carry something (Anthropic's ``ping`` does not; comments never arrive here); a
+    line or an event past its limit (limits.py) is an answer too large."""
+    try:
+        async for event in events:
+            if event.event != "ping":
+                yield event
+    except SSETooLarge as exc:
+        raise too_large(target, str(exc)) from None
+
+
+def _replay(final: ChatResponse) -> Iterator[StreamEvent]:
+    if final.content:
+        yield StreamEvent("text", text=final.content)
+    for call in final.tool_calls:
+        yield StreamEvent("tool_call", text=call.name)
