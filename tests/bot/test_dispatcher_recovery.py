@@ -540,11 +540,11 @@ def clearing_new(sessions: SessionService, ran: list[str]) -> CommandRouter:
     return router
 
 
-async def new_behind_a_queued_message(
-    tmp_path: Path, sessions: SessionService
+async def turn_running(
+    tmp_path: Path, sessions: SessionService, text: str
 ) -> tuple[Dispatcher, RecordingChannel, asyncio.Event, list[str]]:
-    """A chat whose turn runs (held at the model's gate) with a message and then a /new queued behind it;
-    the list gets the id of each /new that ran."""
+    """A started dispatcher whose chat's turn on ``text`` (platform id "1") runs, held at the model's gate;
+    /new clears the session, and the list gets the id of each /new that ran."""
     model = ModelSystem()
     model.gate = gate = asyncio.Event()
     ran: list[str] = []
@@ -558,8 +558,17 @@ async def new_behind_a_queued_message(
     channel = RecordingChannel(dispatcher.submit)
     await dispatcher.recover()
     dispatcher.attach(channel)
-    await dispatcher.submit(msg("what's up?", message_id="1"))
+    await dispatcher.submit(msg(text, message_id="1"))
     await model.started.wait()
+    return dispatcher, channel, gate, ran
+
+
+async def new_behind_a_queued_message(
+    tmp_path: Path, sessions: SessionService
+) -> tuple[Dispatcher, RecordingChannel, asyncio.Event, list[str]]:
+    """A chat whose turn runs (held at the model's gate) with a message and then a /new queued behind it;
+    the list gets the id of each /new that ran."""
+    dispatcher, channel, gate, ran = await turn_running(tmp_path, sessions, "what's up?")
     await dispatcher.submit(msg("remember that my locker code is 4512", message_id="2"))
     await dispatcher.submit(msg("/new", message_id="3"))
     return dispatcher, channel, gate, ran
@@ -657,21 +666,7 @@ async def test_a_new_whose_inbox_line_the_disk_refused_runs_when_handed_over_aga
     once there is room. Its place in the queue stayed, and the worker noted it as run when it came:
     the redelivery was then ignored as a duplicate, and /new never ran."""
     sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
-    model = ModelSystem()
-    model.gate = gate = asyncio.Event()
-    ran: list[str] = []
-    dispatcher = Dispatcher(
-        Pipeline([model]),
-        sessions,
-        clearing_new(sessions, ran),
-        DispatcherSettings(),
-        inbox=Inbox(tmp_path / "inbox"),
-    )
-    channel = RecordingChannel(dispatcher.submit)
-    await dispatcher.recover()
-    dispatcher.attach(channel)
-    await dispatcher.submit(msg("hello", message_id="1"))
-    await model.started.wait()
+    dispatcher, channel, gate, ran = await turn_running(tmp_path, sessions, "hello")
     real_write = os.write
 
     def full_inbox(fd: int, data: bytes) -> int:
@@ -699,21 +694,7 @@ async def test_a_stop_keeps_what_came_after_a_waiting_new_for_the_fresh_conversa
     the fresh conversation, kept there unanswered as /stop keeps queued messages. /stop put it in the
     old conversation first, and /new then cleared it."""
     sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
-    model = ModelSystem()
-    model.gate = asyncio.Event()
-    ran: list[str] = []
-    dispatcher = Dispatcher(
-        Pipeline([model]),
-        sessions,
-        clearing_new(sessions, ran),
-        DispatcherSettings(),
-        inbox=Inbox(tmp_path / "inbox"),
-    )
-    channel = RecordingChannel(dispatcher.submit)
-    await dispatcher.recover()
-    dispatcher.attach(channel)
-    await dispatcher.submit(msg("hello", message_id="1"))
-    await model.started.wait()
+    dispatcher, channel, _, ran = await turn_running(tmp_path, sessions, "hello")
     await dispatcher.submit(msg("/new", message_id="2"))
     await dispatcher.submit(msg("my locker code is 4512 now", message_id="3"))
     assert await dispatcher.stop("test:c1") == 1
