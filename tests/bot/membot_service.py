@@ -88,10 +88,18 @@ def telegram_env(tg: FakeTelegramServer, **extra: str) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def membot_run(
-    workspace: Path, llm: FakeLLMServer, *, ready: str | None = "membot_started", **env: str
+    workspace: Path,
+    llm: FakeLLMServer,
+    *,
+    ready: str | None = "membot_started",
+    admin: bool = False,
+    **env: str,
 ) -> AsyncIterator[Service]:
-    """``membot run`` on ``workspace``; waits for the ``ready`` log event (``None``: returns at once)."""
-    port = free_port()
+    """``membot run`` on ``workspace``; waits for the ``ready`` log event (``None``: returns at once).
+
+    ``admin`` serves /healthz and /metrics on a free port (``service.admin_port``). Off unless asked:
+    between finding a port free and the bot binding it, a test running beside may take it."""
+    port = free_port() if admin else 0
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
     clean.update(
         HOME=str(workspace.parent),
@@ -100,7 +108,7 @@ async def membot_run(
         MEMBOT_LLM__OPENAI__BASE_URL=llm.openai_base_url,
         MEMBOT_LLM__OPENAI__API_KEY="sk-test-key-123456",
         MEMBOT_TERMINAL__USER="ops",
-        MEMBOT_ADMIN__ENABLED="true",
+        MEMBOT_ADMIN__ENABLED=str(admin).lower(),
         MEMBOT_ADMIN__PORT=str(port),
     )
     clean.update({"MEMBOT_TERMINAL__ENABLED": "true", **env})

@@ -232,7 +232,7 @@ async def test_sigterm_mid_turn_lets_the_turn_finish_and_exits_cleanly(tmp_path:
     workspace = tmp_path / "ws"
     async with FakeLLMServer() as llm:
         llm.script(FakeReply(text="a considered answer", delay=3))  # long enough to scrape mid-turn
-        async with membot_run(workspace, llm) as service:
+        async with membot_run(workspace, llm, admin=True) as service:
             await service.say("please think about this")
             await wait_in_flight(llm)
             async with httpx.AsyncClient() as http:
@@ -307,7 +307,7 @@ async def test_sigterm_mid_turn_on_telegram_with_the_terminal_off(tmp_path: Path
             "MEMBOT_TELEGRAM__BASE_FILE_URL": tg.base_file_url,
             "MEMBOT_TELEGRAM__ALLOWED_USERS": '["42"]',
         }
-        async with membot_run(workspace, llm, **telegram) as service:
+        async with membot_run(workspace, llm, admin=True, **telegram) as service:
             tg.push_message("are you there?", chat_id=777, user_id=42)
             await wait_in_flight(llm)
             async with httpx.AsyncClient() as http:
