@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 from bot import damaged
 from bot.domain import Message
@@ -44,14 +45,23 @@ class TranscriptArchive:
         return self._dir / f"{encode_id(session_id)}.jsonl"
 
     async def append(
-        self, session_id: str, messages: Sequence[Message], now: datetime, *, whole_file: bool = False
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        now: datetime,
+        *,
+        look_in: Literal["tail", "file"] | None = "tail",
     ) -> int:
         """Archive the messages not archived yet; mark them so a second retirement skips them.
 
-        ``whole_file`` looks for them in the whole file, not only among its last records (a resumed
-        retirement, which later ones of the chat may have followed)."""
+        ``look_in`` is where the file is searched for those archived before: among its last records,
+        in the whole file (a resumed retirement, which later ones of the chat may have followed), or
+        nowhere (None: the caller took them from :meth:`unarchived` just now)."""
         async with self._lock:
-            fresh = await self._unarchived(session_id, messages, whole_file=whole_file)
+            if look_in is None:
+                fresh = [m for m in messages if not m.meta.get(ARCHIVED)]
+            else:
+                fresh = await self._unarchived(session_id, messages, whole_file=look_in == "file")
             if not fresh:
                 return 0
             stamp = now.isoformat()

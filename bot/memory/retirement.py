@@ -107,7 +107,7 @@ class Retirement:
         works = await self._pending.load()
         for work in works:
             work.archived = await self._archive.append(
-                work.session_id, work.messages, self._clock(), whole_file=True
+                work.session_id, work.messages, self._clock(), look_in="file"
             )
             self._start(work, resumed=True)
         if works:
@@ -125,7 +125,7 @@ class Retirement:
             return None
         work = await self._pending.add(session_id, fresh, self._clock())
         try:
-            work.archived = await self._archive.append(session_id, fresh, self._clock())
+            work.archived = await self._archive.append(session_id, fresh, self._clock(), look_in=None)
         except Exception:
             # Nothing of them reached the archive (a failed append is cut back off), and they stay in
             # their session, whose next trim retires them again: a record kept would have them

@@ -111,7 +111,7 @@ async def test_a_resumed_retirement_looks_through_the_archive_in_bounded_memory(
     tracemalloc.start()
     read_before = bytes_read()
     try:
-        added = await archive.append("cli:me", unmarked(retired), when, whole_file=True)
+        added = await archive.append("cli:me", unmarked(retired), when, look_in="file")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
