@@ -162,8 +162,8 @@ class Commands:
                 return
             task, _ = self._start(call, entry=waiting.entry, noted=session)
         else:
-            if session is not None and call.message.message_id is not None:
-                intake.note_command(session, call.message.message_id)
+            if session is not None and message_id is not None:
+                intake.note_command(session, message_id)
             task = waiting.task
             waiting.reached.set()
         await asyncio.wait([task])
@@ -186,7 +186,7 @@ class Commands:
 
     async def _done(self, command: Command | None) -> None:
         """A kept command ran (or failed for good): the next start must not run it again."""
-        if command is None or command.entry is None or self._inbox is None:
+        if command is None or command.entry is None:
             return
         entry, command.entry = command.entry, None
         await self._entry_done(command.call.session_id, entry)

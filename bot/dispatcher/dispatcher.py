@@ -306,8 +306,8 @@ class Dispatcher:
             # commands right behind the running turn (a /new sent during it) still run once it ended;
             # one behind a queued message stops waiting: run now, it would come before that message.
             ahead = list(itertools.takewhile(lambda item: isinstance(item, Command), lane.queue))
-            for item in lane.queue:
-                if isinstance(item, Command) and item not in ahead:
+            for item in itertools.islice(lane.queue, len(ahead), None):
+                if isinstance(item, Command):
                     item.task.cancel()
             lane.queue = deque(ahead)
             if lane.model_wait is not None:

@@ -107,17 +107,20 @@ def take_messages(lane: Lane) -> tuple[list[Queued], int]:
     place: a /new that waits must not clear what the chat sent after it (it belongs to the fresh
     conversation)."""
     taken: list[Queued] = []
+    rest: deque[Queued | PendingReply | KeptCommand | Command] = deque()
     later = 0
     behind_command = False
-    for item in list(lane.queue):
+    for item in lane.queue:
         if isinstance(item, KeptCommand | Command):
             behind_command = True
         elif isinstance(item, Queued) and behind_command:
             item.unanswered = True
             later += len(item.messages())
         elif isinstance(item, Queued):
-            lane.queue.remove(item)
             taken.extend(item.messages())
+            continue
+        rest.append(item)
+    lane.queue = rest
     return taken, later
 
 
