@@ -73,6 +73,15 @@ def aside_path(path: Path, data: bytes) -> Path:
     return path.with_name(f"{path.name}{SUFFIX}{hashlib.sha256(data).hexdigest()[:16]}")
 
 
+def move_aside(path: Path, raw: bytes, *, event: str, **context: object) -> Path:
+    """Move a whole file that could not be read (its bytes ``raw``) to its :func:`aside_path`, kept for
+    the operator where no later start reads it again, and log ``event`` (an error) saying where."""
+    aside = aside_path(path, raw)
+    path.replace(aside)
+    log.error(event, path=str(path), kept_as=str(aside), **context)
+    return aside
+
+
 def set_aside(path: Path, damaged: Sequence[DamagedLine]) -> Path:
     """Write the damaged lines' bytes to ``<path>.damaged-<hash>`` (atomically, once; blocking)."""
     data = b"".join(d.data if d.data.endswith(b"\n") else d.data + b"\n" for d in damaged)

@@ -172,7 +172,5 @@ def _read(path: Path) -> dict[str, WaitRecord]:
             for sid, r in data.items()
         }
     except damaged.UNREADABLE:  # (Infinity where an id belongs: OverflowError)
-        aside = damaged.aside_path(path, raw)
-        path.replace(aside)
-        log.error("model_wait_state_damaged", path=str(path), kept_as=str(aside))
+        damaged.move_aside(path, raw, event="model_wait_state_damaged")
         return {}

@@ -190,13 +190,8 @@ class PendingConsolidations:
             try:
                 found.append(PendingWork.from_dict(json.loads(raw)))
             except damaged.UNREADABLE as exc:
-                aside = damaged.aside_path(path, raw)
-                path.replace(aside)
-                log.error(
-                    "pending_consolidation_unreadable",
-                    path=str(path),
-                    kept_as=str(aside),
-                    error=damaged.describe(exc),
+                damaged.move_aside(
+                    path, raw, event="pending_consolidation_unreadable", error=damaged.describe(exc)
                 )
         return found
 

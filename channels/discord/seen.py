@@ -129,7 +129,5 @@ def _read(path: Path) -> dict[str, int]:
         data: Any = json.loads(raw.decode("utf-8"))
         return {str(chat): int(mid) for chat, mid in data["newest"].items()}
     except damaged.UNREADABLE:  # (Infinity where an id belongs: OverflowError)
-        aside = damaged.aside_path(path, raw)
-        path.replace(aside)
-        log.error("discord_seen_marks_damaged", path=str(path), kept_as=str(aside))
+        damaged.move_aside(path, raw, event="discord_seen_marks_damaged")
         return {}

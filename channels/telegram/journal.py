@@ -273,9 +273,7 @@ def _read(path: Path) -> dict[str, Any]:
         data = json.loads(raw.decode("utf-8"))
         if isinstance(data, dict) and isinstance(data.get("held", []), list):
             return _checked(path, data)
-    aside = damaged.aside_path(path, raw)  # named by its bytes: an earlier damaged copy is not replaced
-    path.replace(aside)
-    log.error("telegram_journal_damaged", path=str(path), kept_as=str(aside))
+    damaged.move_aside(path, raw, event="telegram_journal_damaged")  # named by its bytes: kept apart
     return {}
 
 
