@@ -107,7 +107,7 @@ class PairingStore:
         self._stamp: tuple[int, int, int] | None = None
         # Channels ask from worker threads, several at once: the state and its stamp change together,
         # or a thread that saw the new stamp would read the old approvals (an approved user denied).
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
 
     @property
     def path(self) -> Path:
@@ -198,7 +198,7 @@ class PairingStore:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 self._stamp = None
-                self._refresh()
+                self._read_if_changed()
                 now = self._clock()
                 state = _State(
                     [r for r in self._state.pending if r.expires_at > now], list(self._state.approved)

@@ -85,10 +85,9 @@ class DiscordChannel(Channel):
             raise ConfigError("Discord needs a bot token: set MEMBOT_DISCORD__TOKEN or [discord] token")
         self._settings = settings
         self._token = settings.token.get_secret_value()
-        self._pairing = pairing
         # ``pairing = false`` stops offering codes; whom the operator approved stays approved until
         # ``membot pairing revoke`` (as on Telegram): an approval is the operator's own decision.
-        self._offers_codes = settings.pairing and pairing is not None
+        self._pairing = pairing
         self._commands = commands
         self._vision_supported = vision_supported
         self._state_dir = state_dir
@@ -257,7 +256,7 @@ class DiscordChannel(Channel):
             return True
         if place.is_dm and self._pairing is not None and await self._pairing.is_approved(self.name, user_id):
             return True
-        if not place.is_dm or self._pairing is None or not self._offers_codes:
+        if not place.is_dm or self._pairing is None or not self._settings.pairing:
             log.info("discord_message_denied", user_id=user_id, channel_id=place.channel_id)
             return False
         if message is not None:
@@ -274,7 +273,7 @@ class DiscordChannel(Channel):
         place = Place.of(channel, interaction.guild_id)
         async with self._lock_of(place.channel_id):
             if not await self._admitted(str(user.id), user.display_name, place, None):
-                pairing = self._pairing if self._offers_codes else None
+                pairing = self._pairing if self._settings.pairing else None
                 await self._outbox.deliver(place.channel_id, lambda: _refusal(interaction, place, pairing))
                 return
             key = f"interaction:{interaction.id}"
