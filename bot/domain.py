@@ -212,8 +212,7 @@ class Session:
             "state": self.state.value,
             "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(),
-            # A copy: the save encodes it in a worker thread while turns go on changing the session's.
-            "metadata": dict(self.metadata),
+            "metadata": self.metadata,
             "usage": self.usage.to_dict(),
             "compactions": self.compactions,
         }

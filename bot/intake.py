@@ -118,8 +118,8 @@ def note_command(session: Session, message_id: str) -> None:
 def forget_command(session: Session, message_id: str) -> None:
     """Take a note back: the command waits for its turn after all (its place in the inbox tells)."""
     noted = session.metadata.get(COMMANDS_META)
-    if isinstance(noted, list) and message_id in noted:  # a new list: a save may be encoding the old
-        session.metadata[COMMANDS_META] = [i for i in noted if i != message_id]
+    if isinstance(noted, list) and message_id in noted:
+        noted.remove(message_id)
 
 
 def turn_time(messages: Iterable[InboundMessage]) -> datetime:

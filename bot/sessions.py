@@ -100,7 +100,7 @@ class SessionStore(Protocol):
 class _SavePlan:
     rewrite: bool
     data: bytes
-    header: dict[str, Any] | None  # written only with a rewrite
+    header: bytes | None  # written only with a rewrite; encoded on the loop, as ``data`` is
     generation: int
     log_bytes: int
     count: int
@@ -332,7 +332,9 @@ class JsonSessionStore:
             return _SavePlan(False, data, None, session.log_generation, session.log_bytes + len(data), count)
         generation = session.log_generation + 1
         header = header_fields(session, generation=generation, count=count, log_bytes=len(data))
-        return _SavePlan(True, data, header, generation, len(data), count)
+        return _SavePlan(
+            True, data, utf8(json.dumps(header, ensure_ascii=False)), generation, len(data), count
+        )
 
     def _write(self, sid: str, plan: _SavePlan, old_generation: int, old_bytes: int) -> None:
         ensure_private_dir(self._dir)
@@ -341,8 +343,7 @@ class JsonSessionStore:
                 append_bytes(self._log_path(sid, plan.generation), plan.data, truncate_to=old_bytes)
             else:
                 atomic_write_bytes(self._log_path(sid, plan.generation), plan.data)
-                header = utf8(json.dumps(plan.header, ensure_ascii=False))
-                atomic_write_bytes(self.header_path(sid), header)
+                atomic_write_bytes(self.header_path(sid), plan.header)
         except OSError as exc:
             raise StorageError(f"cannot save session {sid!r} under {self._dir}: {exc.strerror}") from exc
         if plan.rewrite and old_generation and old_generation != plan.generation:
