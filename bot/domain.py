@@ -23,7 +23,11 @@ def parse_time(text: str) -> datetime:
     """A stored time (ISO 8601); one written without a zone (by hand, by an older tool) is taken as
     UTC: a single naive time among aware ones makes every comparison with it raise (an inbox line
     edited by hand stopped every start)."""
-    when = datetime.fromisoformat(text)
+    return as_utc(datetime.fromisoformat(text))
+
+
+def as_utc(when: datetime) -> datetime:
+    """``when``, read as UTC if it has no zone (see :func:`parse_time`)."""
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 
-from bot.domain import SPEAKER_META, ImagePart, InboundMessage, Message, Role, Session, utcnow
+from bot.domain import SPEAKER_META, ImagePart, InboundMessage, Message, Role, Session, as_utc, utcnow
 
 INBOX_META = "inbox"  # user message meta: the inbox entries it came from, comma-separated
 SPEAKER_CHARS = 64  # the longest name put before a group message
@@ -69,7 +69,7 @@ def user_message(inbound: InboundMessage, entries: Sequence[str] = ()) -> Messag
         content="\n\n".join(parts),
         # Dated as the turn is (see turn_time): a platform date ahead of our clock would put the
         # question after its own answer, in the session and in memory.
-        timestamp=min(_aware(inbound.timestamp), utcnow()),
+        timestamp=min(as_utc(inbound.timestamp), utcnow()),
         images=tuple(images),
         meta=meta,
     )
@@ -127,9 +127,5 @@ def turn_time(messages: Iterable[InboundMessage]) -> datetime:
     and recalls what was said at the time it was said. A date ahead of our clock (a skewed sender) is
     taken as now; a date without a zone is read as UTC."""
     now = utcnow()
-    newest = max((_aware(m.timestamp) for m in messages), default=now)
+    newest = max((as_utc(m.timestamp) for m in messages), default=now)
     return min(newest, now)
-
-
-def _aware(when: datetime) -> datetime:
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
