@@ -21,7 +21,7 @@ from bot.config import MemorySettings
 from bot.domain import Message, Role
 from bot.llm import LLMClient
 from bot.memory import Layer, MemoryService
-from bot.memory.pending import PendingConsolidations, Plan
+from bot.memory.pending import PendingConsolidations, PendingWork, Plan
 from tests.bot.memory.conftest import Clock
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
@@ -57,16 +57,25 @@ def talk(clock: Clock) -> list[Message]:
     ]
 
 
-async def test_a_kill_after_the_history_entry_writes_the_rest_once_at_the_next_start(
+async def retiring(
     tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
-) -> None:
+) -> tuple[MemoryService, PendingConsolidations, list[Message], PendingWork]:
+    """The running bot's memory with a retirement recorded and archived, its model answer scripted: the
+    steps a retirement takes up to the consolidation."""
     memory = await running_bot(tmp_path, clock, llm)
-    root = memory.root
-    pending = PendingConsolidations(root / "pending")
+    pending = PendingConsolidations(memory.root / "pending")
     messages = talk(clock)
     work = await pending.add("cli:me", messages, clock.now)
     await memory.archive.append("cli:me", messages, clock.now)
     fake_llm.script(FakeReply(text=ANSWER))
+    return memory, pending, messages, work
+
+
+async def test_a_kill_after_the_history_entry_writes_the_rest_once_at_the_next_start(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    memory, pending, messages, work = await retiring(tmp_path, clock, llm, fake_llm)
+    root = memory.root
     plans: list[Plan] = []
 
     async def journal(plan: Plan) -> None:
@@ -154,13 +163,8 @@ async def killed_after_the_memory_write(
 ) -> Path:
     """Run a consolidation whose MEMORY.md write is done, and stop before its facts and the record's
     removal; ``journaled`` False also loses the journal of that write (a kill right after the write)."""
-    memory = await running_bot(tmp_path, clock, llm)
+    memory, pending, messages, work = await retiring(tmp_path, clock, llm, fake_llm)
     root = memory.root
-    pending = PendingConsolidations(root / "pending")
-    messages = talk(clock)
-    work = await pending.add("cli:me", messages, clock.now)
-    await memory.archive.append("cli:me", messages, clock.now)
-    fake_llm.script(FakeReply(text=ANSWER))
     before_write = tmp_path / "record"
     plans: list[Plan] = []
 
