@@ -41,7 +41,6 @@ from numpy.typing import NDArray
 from bot.config import MemorySettings
 from bot.errors import ConfigError, LLMBadResponse, LLMError, LLMUnavailable
 from bot.llm import read_at_most
-from bot.llm.limits import MiB
 from bot.memory.int8_graph import int8_weights
 from bot.memory.items import MemoryItem
 
@@ -52,6 +51,8 @@ EMBED_CHARS = 2000  # a text is cut here before tokenizing; the model reads at m
 
 Vectors = NDArray[np.float32]
 
+
+MiB = 1024 * 1024
 
 # How much of an embeddings answer is read: 1 MiB, and 256 KiB a text. The widest models in use write
 # 4,096 numbers a text (3,072 for text-embedding-3-large), at most some 25 characters each as JSON:
