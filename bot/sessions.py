@@ -411,6 +411,10 @@ class SessionService:
     Keeps at most ``cache_size`` sessions in memory (least recently used leave first). A session that is
     leased (a turn or command is working on it) is never evicted, so there is never a second copy of a
     live session; an evicted one is simply read back from disk when needed.
+
+    Only the sessions nobody leases are candidates (``_idle``, least recently used first), so making room
+    costs the sessions evicted, not a walk past every leased one: with more chats in turns at once than
+    ``cache_size``, that walk was made at every lease's end.
     """
 
     def __init__(self, store: SessionStore, *, cache_size: int = 256) -> None:
@@ -418,6 +422,7 @@ class SessionService:
         self._cache_size = cache_size
         self._cache: OrderedDict[str, Session] = OrderedDict()
         self._leases: dict[str, int] = {}
+        self._idle: OrderedDict[str, None] = OrderedDict()  # cached and not leased, LRU first
         self._locks: dict[str, asyncio.Lock] = {}
 
     @property
@@ -438,6 +443,8 @@ class SessionService:
         """The session if it exists (in memory or on disk), without creating it."""
         if sid in self._cache:
             self._cache.move_to_end(sid)
+            if sid in self._idle:
+                self._idle.move_to_end(sid)
             return self._cache[sid]
         async with self._lock(sid):
             if sid in self._cache:
@@ -457,17 +464,23 @@ class SessionService:
 
     @contextlib.asynccontextmanager
     async def lease(self, channel: str, chat: str) -> AsyncIterator[Session]:
-        """Hold a session in memory while working on it (it cannot be evicted meanwhile)."""
-        session = await self.get_or_create(channel, chat)
-        self._leases[session.id] = self._leases.get(session.id, 0) + 1
+        """Hold a session in memory while working on it (it cannot be evicted meanwhile).
+
+        Held from before it is read or made: a new session made while every other one was leased was
+        evicted at once, and a second lease then made a second copy of it."""
+        sid = session_id(channel, chat)
+        self._leases[sid] = self._leases.get(sid, 0) + 1
+        self._idle.pop(sid, None)
         try:
-            yield session
+            yield await self.get_or_create(channel, chat)
         finally:
-            left = self._leases[session.id] - 1
+            left = self._leases[sid] - 1
             if left:
-                self._leases[session.id] = left
+                self._leases[sid] = left
             else:
-                del self._leases[session.id]
+                del self._leases[sid]
+                if sid in self._cache:
+                    self._idle[sid] = None
                 self._evict()
 
     async def save(self, session: Session, *, replies: Sequence[PendingReply] = ()) -> None:
@@ -480,6 +493,7 @@ class SessionService:
     async def delete(self, sid: str) -> bool:
         async with self._lock(sid):
             self._cache.pop(sid, None)
+            self._idle.pop(sid, None)
             return await self._store.delete(sid)
 
     async def clear_messages(self, session: Session) -> None:
@@ -505,18 +519,21 @@ class SessionService:
     def _remember(self, session: Session) -> None:
         self._cache[session.id] = session
         self._cache.move_to_end(session.id)
+        if session.id not in self._leases:
+            self._idle[session.id] = None
+            self._idle.move_to_end(session.id)
         self._evict()
 
     def _evict(self) -> None:
-        if len(self._cache) <= self._cache_size:
-            return
-        for sid in list(self._cache):
-            if len(self._cache) <= self._cache_size:
-                break
+        looked = 0  # an unsaved session stays, and goes to the back: each is passed over once per call
+        while len(self._cache) > self._cache_size and looked < len(self._idle):
+            sid = next(iter(self._idle))
             session = self._cache[sid]
-            dirty = session.rewrite_needed or session.persisted_count != len(session.messages)
-            if sid in self._leases or dirty:
+            if session.rewrite_needed or session.persisted_count != len(session.messages):
+                self._idle.move_to_end(sid)
+                looked += 1
                 continue
+            del self._idle[sid]
             del self._cache[sid]
             lock = self._locks.get(sid)
             if lock is not None and not lock.locked():

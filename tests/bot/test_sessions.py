@@ -232,6 +232,29 @@ async def test_leased_session_is_not_evicted(tmp_path: Path) -> None:
         assert again is busy  # one live copy, never a stale reload
 
 
+async def test_a_new_session_is_held_from_its_lease_on_when_every_other_is_leased(tmp_path: Path) -> None:
+    sessions = service(tmp_path, cache_size=1)
+    async with sessions.lease("cli", "busy"), sessions.lease("cli", "new") as new:
+        new.append(Message(Role.USER, "unsaved"))
+        again = await sessions.get_or_create("cli", "new")
+        assert again is new  # not evicted the moment it was made, and so not made twice
+
+
+async def test_sessions_past_the_cache_leave_least_recently_used_first(tmp_path: Path) -> None:
+    sessions = service(tmp_path, cache_size=2)
+    async with sessions.lease("cli", "busy"):
+        for chat in ("a", "b", "c"):
+            async with sessions.lease("cli", chat) as s:
+                s.append(Message(Role.USER, f"hello {chat}"))
+                await sessions.save(s)
+        assert {s.id for s in sessions.cached_sessions()} == {"cli:busy", "cli:c"}
+    unsaved = await sessions.get_or_create("cli", "d")
+    unsaved.append(Message(Role.USER, "not saved yet"))
+    await sessions.get_or_create("cli", "e")
+    assert await sessions.get_or_create("cli", "d") is unsaved  # never evicted before it is saved
+    assert sessions.cached == 2 and "cli:busy" not in {s.id for s in sessions.cached_sessions()}
+
+
 async def test_concurrent_saves_of_different_sessions(tmp_path: Path) -> None:
     sessions = service(tmp_path, cache_size=64)
 
