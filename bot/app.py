@@ -512,7 +512,9 @@ def _leave_closed_terminal(fds: Sequence[int]) -> None:
 
 async def run_service(settings: Settings) -> int:
     """``membot run``: every configured channel until SIGTERM/SIGINT. Returns the exit code."""
-    configure_logging(level=settings.log_level, fmt=settings.log_format, secrets=secrets_of(settings))
+    redactor = configure_logging(
+        level=settings.log_level, fmt=settings.log_format, secrets=secrets_of(settings)
+    )
     wanted = configured_channels(settings)
     if not wanted:
         raise ConfigError(
@@ -529,7 +531,7 @@ async def run_service(settings: Settings) -> int:
     with runner.handling_signals():
         async with build_core(settings, metrics=metrics) as core:
             if metrics is not None:
-                await serve_ops(core, metrics, runner)
+                await serve_ops(core, metrics, runner, redactor)
             log.info("membot_starting", channels=wanted, model=settings.llm.model)
             code = await runner.serve(
                 wanted, start_channel=lambda name: _start_channel(name, core), recover=core.dispatcher.recover
@@ -540,8 +542,11 @@ async def run_service(settings: Settings) -> int:
     return code
 
 
-async def serve_ops(core: Core, metrics: Metrics, runner: ServiceRunner) -> AdminServer:
-    """/healthz and /metrics, served until ``core.edge`` closes (after the channels); returns the server."""
+async def serve_ops(
+    core: Core, metrics: Metrics, runner: ServiceRunner, redactor: SecretRedactor
+) -> AdminServer:
+    """/healthz and /metrics, served until ``core.edge`` closes (after the channels); returns the server.
+    ``redactor``: the log's (configure_logging), so /healthz hides exactly what the log hides."""
     from bot.admin import AdminServer  # aiohttp, for the ops endpoints only
 
     stats = getattr(core.llm, "stats", None)  # the LLM client's; an injected model may have none
@@ -558,7 +563,7 @@ async def serve_ops(core: Core, metrics: Metrics, runner: ServiceRunner) -> Admi
         channels=runner.channel_health,
         llm_stats=lambda: stats,
         kept_answers=core.inbox.kept_counts,
-        redact=SecretRedactor(secrets_of(core.settings)).redact,
+        redact=redactor.redact,
     )
     return await core.edge.enter_async_context(admin)
 

@@ -15,12 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.app import serve_ops
+from bot.app import secrets_of, serve_ops
 from bot.config import Settings
 from bot.domain import OutboundMessage
 from bot.errors import ChannelRefused
 from bot.inbox import Inbox
 from bot.lifecycle import ServiceRunner
+from bot.logging import SecretRedactor
 from bot.metrics import Metrics
 from tests.bot.cli.test_doctor import doctor, line
 from tests.channels.telegram.kit import running_channel
@@ -190,7 +191,8 @@ async def test_the_operators_views_count_the_answers_kept_aside_per_chat(
             "MEMBOT_LLM__OPENAI__API_KEY": "sk-test-1234567890abcdef",
         }
         async with telegram_bot(settings) as core:
-            server = await serve_ops(core, Metrics(), ServiceRunner(settings.lifecycle))
+            redactor = SecretRedactor(secrets_of(settings))
+            server = await serve_ops(core, Metrics(), ServiceRunner(settings.lifecycle), redactor)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
                 tg.refuse_chat(777)
                 tg.push_message("hello")
