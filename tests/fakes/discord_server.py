@@ -6,7 +6,9 @@ when the IDENTIFY intents lack MESSAGE_CONTENT (unless they mention the bot), a 
 application was not granted closes the gateway with 4014, rate limits answer 429 with ``retry_after``
 and a ``Via`` header, and every JSON answer carries exactly ``Content-Type: application/json``. A
 channel can refuse the bot for good with Discord's own error bodies (:meth:`FakeDiscord.refuse_channel`:
-``CANNOT_DM``, ``UNKNOWN_CHANNEL``, ``MISSING_ACCESS``, ``MISSING_PERMISSIONS``).
+``CANNOT_DM``, ``UNKNOWN_CHANNEL``, ``MISSING_ACCESS``, ``MISSING_PERMISSIONS``). Attachments are served
+as the CDN does, under their ``url``; a :class:`CdnFile` can state another ``size`` in the message than
+the body the CDN sends, and send that body chunked, without ``Content-Length``.
 
 The gateway is one session at a time. Every dispatch gets the next sequence number and is kept, so a
 client that drops and RESUMEs receives what it missed, as on the real gateway.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import itertools
 import json
 import secrets
@@ -119,6 +122,21 @@ class _Gateway:
 
 
 @dataclass(slots=True)
+class CdnFile:
+    """An attachment that misbehaves: the message states ``declared_size`` (Discord's ``size``) while
+    the CDN sends ``data``, chunked (no ``Content-Length``) or gzip-encoded (whatever the client
+    accepts) if asked. ``served`` counts what went out."""
+
+    filename: str
+    content_type: str
+    data: bytes
+    declared_size: int | None = None  # None: the real size
+    chunked: bool = False
+    gzip: bool = False
+    served: int = 0
+
+
+@dataclass(slots=True)
 class Guild:
     id: str
     name: str
@@ -150,7 +168,7 @@ class FakeDiscord:
         self.refused: dict[str, tuple[int, int, str]] = {}  # channel id -> (status, code, message)
         self._interactions: dict[str, Json] = {}  # token -> interaction
         self._nonces: dict[tuple[str, str], str] = {}  # (channel id, nonce) -> message id
-        self._files: dict[str, bytes] = {}  # attachment id -> bytes, served as the CDN
+        self._files: dict[str, CdnFile] = {}  # attachment id -> what the CDN serves
         self._session_id: str | None = None
         self._intents = 0
         self._events: list[tuple[int, Json]] = []
@@ -268,7 +286,7 @@ class FakeDiscord:
         mentions: tuple[FakeUser, ...] = (),
         role_mentions: tuple[str, ...] = (),
         reply_to: Json | None = None,
-        attachments: tuple[tuple[str, str, bytes], ...] = (),  # (filename, content type, data)
+        attachments: tuple[tuple[str, str, bytes] | CdnFile, ...] = (),  # (filename, content type, data)
         at: datetime | None = None,  # written then (its id says so too); default now
     ) -> Json:
         """A user writes in a channel; MESSAGE_CREATE goes to the bot (now, or on its RESUME; a bot that
@@ -284,7 +302,9 @@ class FakeDiscord:
             "mention_everyone": False,
             "mentions": [u.to_json() for u in mentions],
             "mention_roles": list(role_mentions),
-            "attachments": [self._attachment_json(*a) for a in attachments],
+            "attachments": [
+                self._attachment_json(a if isinstance(a, CdnFile) else CdnFile(*a)) for a in attachments
+            ],
             "embeds": [],
             "pinned": False,
             "type": 19 if reply_to else 0,
@@ -800,21 +820,36 @@ class FakeDiscord:
 
     # -- attachments (the CDN) --------------------------------------------------------------------
 
-    def _attachment_json(self, filename: str, content_type: str, data: bytes) -> Json:
+    def _attachment_json(self, file: CdnFile) -> Json:
         attachment_id = snowflake()
-        self._files[attachment_id] = data
-        url = f"{self.base_url}/attachments/{attachment_id}/{filename}"
+        self._files[attachment_id] = file
+        url = f"{self.base_url}/attachments/{attachment_id}/{file.filename}"
         return {
             "id": attachment_id,
-            "filename": filename,
-            "size": len(data),
+            "filename": file.filename,
+            "size": len(file.data) if file.declared_size is None else file.declared_size,
             "url": url,
             "proxy_url": url,
-            "content_type": content_type,
+            "content_type": file.content_type,
         }
 
-    async def _attachment(self, request: web.Request) -> web.Response:
-        data = self._files.get(request.match_info["id"])
-        if data is None:
+    async def _attachment(self, request: web.Request) -> web.StreamResponse:
+        """The body in pieces, counted, until done or the client hung up."""
+        file = self._files.get(request.match_info["id"])
+        if file is None:
             return web.Response(status=404)
-        return web.Response(body=data, content_type="application/octet-stream")
+        body = gzip.compress(file.data) if file.gzip else file.data
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        if file.gzip:
+            response.headers["Content-Encoding"] = "gzip"
+        if not file.chunked:
+            response.content_length = len(body)
+        await response.prepare(request)
+        chunk = 64 * 1024
+        with contextlib.suppress(ConnectionError):
+            for start in range(0, len(body), chunk):
+                piece = body[start : start + chunk]
+                await response.write(piece)
+                file.served += len(piece)
+            await response.write_eof()
+        return response

@@ -6,7 +6,9 @@ real long poll, and enforces the rules a wrong formatter or splitter would break
 counted after entity parsing, and only well-formed HTML with Telegram's tags. Errors can be injected
 per method (429 with ``retry_after``, 400 parse errors, 5xx), and a chat can refuse the bot for good
 (:meth:`FakeTelegramServer.refuse_chat`, with the Bot API's own answers: ``BLOCKED``, ``KICKED``,
-``CHAT_NOT_FOUND``).
+``CHAT_NOT_FOUND``). Files are served under ``/file/bot<token>/<file_path>``; a test can make ``getFile``
+state a wrong ``file_size`` or none (the field is optional in the Bot API), and serve the body chunked,
+without ``Content-Length``, as a misbehaving server would (:meth:`FakeTelegramServer.add_file`).
 
     async with FakeTelegramServer() as tg:
         app = ApplicationBuilder().token(tg.token).base_url(tg.base_url).base_file_url(tg.base_file_url)
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import html
 import itertools
 import json
@@ -25,6 +28,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import EllipsisType
 from typing import Any
 
 import aiohttp
@@ -129,6 +133,19 @@ class Sent:
 
 
 @dataclass
+class StoredFile:
+    """A file as the fake's file server keeps it, and what ``getFile`` says about it."""
+
+    path: str
+    content: bytes
+    file_size: int | None  # what getFile states (None: left out)
+    chunked: bool = False  # served without Content-Length
+    gzip: bool = False  # served gzip-encoded, even to a client that asked for no encoding
+    failures: int = 0  # the next downloads answered with 502
+    served: int = 0  # bytes written to the bot so far, over all downloads
+
+
+@dataclass
 class Failure:
     method: str
     status: int
@@ -149,7 +166,7 @@ class FakeTelegramServer:
         self.commands: list[dict[str, str]] = []
         self.webhook: dict[str, Any] | None = None
         self.failures: list[Failure] = []
-        self.files: dict[str, tuple[str, bytes]] = {}  # file_id -> (file_path, content)
+        self.files: dict[str, StoredFile] = {}  # by file_id
         self.refused: dict[int, tuple[int, str]] = {}  # chat id -> (status, description)
         self._updates: list[dict[str, Any]] = []
         self._update_ids = itertools.count(1)
@@ -246,9 +263,26 @@ class FakeTelegramServer:
     def push_message(self, text: str | None = "hi", **kwargs: Any) -> dict[str, Any]:
         return self.push_update({"message": self.user_message(text, **kwargs)})
 
-    def add_file(self, content: bytes, path: str) -> str:
+    def add_file(
+        self,
+        content: bytes,
+        path: str,
+        *,
+        file_size: int | EllipsisType | None = ...,
+        chunked: bool = False,
+        gzip: bool = False,
+        failures: int = 0,
+    ) -> str:
+        """Store a file to be fetched with ``getFile``; returns its ``file_id``.
+
+        ``file_size`` is what ``getFile`` states: the real size by default, another number to lie, None
+        to leave the optional field out. The file server misbehaves if asked: ``chunked`` sends no
+        ``Content-Length``, ``gzip`` compresses whatever the client accepts, and the first ``failures``
+        downloads get a 502.
+        """
         file_id = f"file{len(self.files) + 1}"
-        self.files[file_id] = (path, content)
+        stated = len(content) if isinstance(file_size, EllipsisType) else file_size
+        self.files[file_id] = StoredFile(path, content, stated, chunked, gzip, failures)
         return file_id
 
     def fail(
@@ -431,20 +465,22 @@ class FakeTelegramServer:
         file_id = str(params["file_id"])
         if file_id not in self.files:
             raise TelegramAPIError(400, "Bad Request: invalid file_id")
-        path, content = self.files[file_id]
-        return {
+        stored = self.files[file_id]
+        found: dict[str, Any] = {
             "file_id": file_id,
             "file_unique_id": f"u{file_id}",
-            "file_size": len(content),
-            "file_path": path,
+            "file_path": stored.path,
         }
+        if stored.file_size is not None:
+            found["file_size"] = stored.file_size
+        return found
 
     async def _download(self, request: web.Request) -> web.StreamResponse:
         if request.match_info["token"] != self.token:
             return web.Response(status=401)
-        for path, content in self.files.values():
-            if path == request.match_info["path"]:
-                return web.Response(body=content, content_type="application/octet-stream")
+        for stored in self.files.values():
+            if stored.path == request.match_info["path"]:
+                return await _serve(request, stored)
         return web.Response(status=404)
 
     def _message_json(self, sent: Sent) -> dict[str, Any]:
@@ -518,3 +554,24 @@ def _error(exc: TelegramAPIError) -> web.Response:
     if exc.retry_after is not None:
         body["parameters"] = {"retry_after": exc.retry_after}
     return web.json_response(body, status=exc.status)
+
+
+async def _serve(request: web.Request, stored: StoredFile, chunk: int = 64 * 1024) -> web.StreamResponse:
+    """Write ``stored`` in pieces, counting what went out, until done or the client hung up."""
+    if stored.failures:
+        stored.failures -= 1
+        return web.Response(status=502, text="Bad Gateway")
+    body = gzip.compress(stored.content) if stored.gzip else stored.content
+    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    if stored.gzip:
+        response.headers["Content-Encoding"] = "gzip"
+    if not stored.chunked:
+        response.content_length = len(body)
+    await response.prepare(request)
+    with contextlib.suppress(ConnectionError):
+        for start in range(0, len(body), chunk):
+            piece = body[start : start + chunk]
+            await response.write(piece)
+            stored.served += len(piece)
+        await response.write_eof()
+    return response
