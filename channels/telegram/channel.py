@@ -11,7 +11,8 @@ Start-up follows PTB's advice for sharing a loop: ``initialize`` → ``start``, 
 2. Access, deny by default: private chats need an allowlisted or paired user (strangers get a pairing
    code); groups must be allowlisted and, unless configured otherwise, mention or reply to the bot.
 3. The bot's mention is cut out, ``/cmd@ThisBot`` becomes ``/cmd`` (``/cmd@OtherBot`` is ignored);
-   photos and documents are fetched (:mod:`channels.telegram.media`).
+   photos and documents are fetched, never past their size limit (:mod:`channels.telegram.media`,
+   :mod:`channels.telegram.files`).
 4. Messages a client split from one paste are joined (:class:`~channels.telegram.inbound.PasteJoiner`)
    and handed to the dispatcher. Session ``telegram:<chat>``, or ``telegram:<chat>:<topic>`` in forums.
 5. Once ``Dispatcher.submit`` returned (the message is in the durable inbox), the update is released
@@ -51,6 +52,7 @@ from bot.storage import atomic_write_text_async
 from bot.surrogates import scrub
 from channels.base import Allowlist, Channel, InboundSink, PartialSink, quote_reply
 from channels.outage import StorageOutage
+from channels.telegram.files import TelegramFiles
 from channels.telegram.handover import HandOver
 from channels.telegram.inbound import PasteJoiner, normalize_command, remove_utf16_spans
 from channels.telegram.journal import JOURNAL_FILE, UpdateJournal
@@ -144,6 +146,7 @@ class TelegramChannel(Channel):
             monotonic=monotonic,
         )
         self._outbox: TelegramOutbox | None = None
+        self._files: TelegramFiles | None = None
         self._app: Application[Any, Any, Any, Any, Any, Any] | None = None
         self._webhook: WebhookServer | None = None
         self._poller: UpdatePoller | None = None
@@ -183,6 +186,7 @@ class TelegramChannel(Channel):
         app = await asyncio.to_thread(builder.build)  # PTB resolves file paths while building
         self._app = app
         self._outbox = self._new_outbox(app.bot)
+        self._files = TelegramFiles(app.bot, self._outbox)
         try:
             await app.initialize()
             await self._sync_commands()
@@ -248,6 +252,9 @@ class TelegramChannel(Channel):
         if self._poller is not None:
             await self._poller.confirm()  # what is in the journal is safe: let Telegram forget it
             self._poller = None
+        files, self._files = self._files, None
+        if files is not None:
+            await files.close()
         if app is not None:
             await app.shutdown()  # a no-op when initialize() never finished...
             await app.bot.shutdown()  # ...so close the HTTP clients a failed initialize() opened
@@ -485,15 +492,10 @@ class TelegramChannel(Channel):
             )
         await self._out.send_plain(message.chat.id, text)
 
-    async def _download(self, file_id: str) -> bytes:
-        async def fetch() -> bytes:
-            file = await self.bot.get_file(file_id)
-            return bytes(await file.download_as_bytearray())
-
-        try:
-            return await self._out.call(fetch, what="getFile")
-        except TelegramError as exc:
-            raise ChannelError(f"could not download a Telegram file: {exc}") from exc
+    async def _download(self, file_id: str, limit: int) -> bytes | None:
+        if self._files is None:
+            raise ChannelError("the Telegram channel is not started")
+        return await self._files.fetch(file_id, limit=limit)
 
     # -- outbound (see channels/telegram/outbound.py) ------------------------------------------------
 

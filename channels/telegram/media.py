@@ -3,7 +3,11 @@
 Photos go to the model as images when the active model can see them; otherwise the text gets a note,
 so the model can tell the user instead of guessing. Text documents up to a size limit are read as text.
 Everything else (voice, video, stickers, large or binary files) is acknowledged in the text, never
-silently dropped.
+silently dropped; voice, audio, video and the rest are never downloaded at all.
+
+Photos and documents are read no further than their limit, whatever size Telegram states (the field
+is optional, and a server can send more than it says): ``download`` stops there and returns None, and
+the file becomes a note (see :mod:`channels.downloads`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from telegram import Message
 
 from bot.domain import Attachment
 from bot.errors import ChannelError
+from channels.downloads import too_large_note
 
 log = structlog.get_logger(__name__)
 
@@ -36,7 +41,8 @@ _TEXT_MIMES = {
     "application/sql",
 }
 
-Download = Callable[[str], Awaitable[bytes]]
+# download(file_id, limit): the file's bytes, or None when it is larger than limit bytes.
+Download = Callable[[str, int], Awaitable[bytes | None]]
 
 
 @dataclass(slots=True)
@@ -64,8 +70,9 @@ async def extract_media(
 ) -> Extracted:
     """Download what the model can use from ``message``; describe the rest in notes.
 
-    ``download(file_id)`` raises :class:`ChannelError` when a file cannot be fetched; that becomes a
-    note too, so the user's words still reach the model.
+    ``download(file_id, limit)`` returns None for a file over ``limit`` and raises
+    :class:`ChannelError` when a file cannot be fetched; both become notes, so the user's words still
+    reach the model.
     """
     out = Extracted()
     try:
@@ -83,15 +90,21 @@ async def _extract(
         photo = message.photo[-1]  # the largest size Telegram generated
         if not vision:
             out.notes.append("[The user sent a photo, but the current model cannot see images.]")
-        elif (photo.file_size or 0) > MAX_IMAGE_BYTES:
-            out.notes.append(f"[The user sent a photo larger than {MAX_IMAGE_BYTES} bytes; it was not read.]")
         else:
-            data = await download(photo.file_id)
-            out.attachments.append(Attachment("image", "photo.jpg", "image/jpeg", data, len(data)))
+            fits = (photo.file_size or 0) <= MAX_IMAGE_BYTES
+            data = await download(photo.file_id, MAX_IMAGE_BYTES) if fits else None
+            if data is not None:
+                out.attachments.append(Attachment("image", "photo.jpg", "image/jpeg", data, len(data)))
+            else:
+                _too_large(message.chat_id, "photo", MAX_IMAGE_BYTES)
+                out.notes.append(
+                    f"[The user sent a photo larger than {MAX_IMAGE_BYTES} bytes; it was not read.]"
+                )
     document = message.document
     if document is not None:
         await _document(out, document.file_id, document.file_name, document.mime_type, document.file_size,
-                        download=download, vision=vision, max_bytes=max_document_bytes)  # fmt: skip
+                        download=download, vision=vision, max_bytes=max_document_bytes,
+                        chat_id=message.chat_id)  # fmt: skip
     for label, present in (
         ("a voice message (audio cannot be listened to here)", message.voice),
         ("an audio file (audio cannot be listened to here)", message.audio),
@@ -117,22 +130,25 @@ async def _document(
     download: Download,
     vision: bool,
     max_bytes: int,
+    chat_id: int,
 ) -> None:
     name = file_name or "document"
     mime = mime_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
     size = file_size or 0
-    if mime.startswith("image/") and vision and size <= MAX_IMAGE_BYTES:
-        data = await download(file_id)
+    is_image = mime.startswith("image/") and vision and size <= MAX_IMAGE_BYTES
+    if not is_image and not is_text_document(mime, name):
+        out.attachments.append(Attachment("file", name, mime, size=size))
+        return
+    limit = MAX_IMAGE_BYTES if is_image else max_bytes
+    data = await download(file_id, limit) if size <= limit else None
+    if data is None:
+        _too_large(chat_id, name, limit)
+        out.attachments.append(Attachment("file", name, mime, size=size))
+        out.notes.append(too_large_note(name, limit))
+        return
+    if is_image:
         out.attachments.append(Attachment("image", name, mime, data, len(data)))
         return
-    if not is_text_document(mime, name):
-        out.attachments.append(Attachment("file", name, mime, size=size))
-        return
-    if size > max_bytes:
-        out.attachments.append(Attachment("file", name, mime, size=size))
-        out.notes.append(f"[{name} is larger than {max_bytes} bytes, so it was not read.]")
-        return
-    data = await download(file_id)
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
@@ -140,3 +156,8 @@ async def _document(
         out.notes.append(f"[{name} is not UTF-8 text, so it was not read.]")
         return
     out.attachments.append(Attachment("text", name, mime, data, len(data)))
+
+
+def _too_large(chat_id: int, name: str, limit: int) -> None:
+    """The operator's line for a file left unread for its size (the user's is a note in the text)."""
+    log.info("telegram_file_too_large", chat_id=chat_id, file=name, limit=limit)
