@@ -2,7 +2,8 @@
 
 Each Discord channel id is a conversation (``discord:<channel_id>``; a DM, a guild channel and every
 thread are separate sessions). The library keeps the gateway alive (heartbeats, RESUME after drops,
-429 retries); this adapter decides who is heard (:mod:`channels.discord.inbound`), hands messages to
+429 retries); this adapter decides who is heard (:mod:`channels.discord.inbound`), reads attachments no
+further than ``max_attachment_bytes`` (:mod:`channels.discord.attachments`), hands messages to
 the dispatcher in arrival order, answers slash commands (:mod:`channels.discord.commands`) and
 delivers replies in chunks under Discord's 2000-character limit without losing one silently.
 
@@ -42,6 +43,7 @@ from bot.errors import ChannelError, ConfigError
 from bot.pairing import PairingStore
 from bot.retry import retry
 from channels.base import Channel, InboundSink, PartialSink
+from channels.discord.attachments import AttachmentReader
 from channels.discord.catch_up import CatchUp
 from channels.discord.commands import interaction_text, sync_commands
 from channels.discord.connect import point_library_at, startup_error
@@ -51,7 +53,6 @@ from channels.discord.inbound import (
     addresses_bot,
     from_a_person,
     quoted,
-    read_attachments,
     readable_text,
 )
 from channels.discord.outbound import DiscordOutbox
@@ -89,7 +90,9 @@ class DiscordChannel(Channel):
         # ``membot pairing revoke`` (as on Telegram): an approval is the operator's own decision.
         self._pairing = pairing
         self._commands = commands
-        self._vision_supported = vision_supported
+        self._attachments = AttachmentReader(
+            max_bytes=settings.max_attachment_bytes, vision_supported=vision_supported
+        )
         self._state_dir = state_dir
         self._guild_ready_timeout = guild_ready_timeout
         self._access = DiscordAccess(settings)
@@ -123,6 +126,7 @@ class DiscordChannel(Channel):
         self.health.state = "starting"
         self._ready.clear()
         await self._seen.load()
+        await self._attachments.open()
         self._restore_library = point_library_at(self._settings.api_base, self._settings.gateway_url)
         intents = discord.Intents.default()
         intents.message_content = True
@@ -167,6 +171,7 @@ class DiscordChannel(Channel):
             self._restore_library()
             self._restore_library = None
         self._outbox.clear()
+        await self._attachments.close()
         await self._seen.close()
         self.health.state = "stopped"
 
@@ -221,12 +226,9 @@ class DiscordChannel(Channel):
         if not await self._admitted(user_id, message.author.display_name, place, message if live else None):
             return False
         text = "\n".join(part for part in (quoted(message, bot.id), readable_text(message, bot.id)) if part)
-        attachments = await read_attachments(
-            message,
-            max_bytes=self._settings.max_attachment_bytes,
-            vision_supported=self._vision_supported,
-        )
-        if not text and not attachments:
+        found = await self._attachments.read(message)
+        text = "\n\n".join(part for part in (text, *found.notes) if part)
+        if not text and not found.attachments:
             return False
         self._outbox.received(chat_id, str(message.id), message.author.id)
         await self._hand_over(
@@ -238,7 +240,7 @@ class DiscordChannel(Channel):
                 sender_name=message.author.display_name,
                 message_id=str(message.id),
                 timestamp=message.created_at,
-                attachments=attachments,
+                attachments=found.attachments,
                 is_group=not place.is_dm,
             )
         )

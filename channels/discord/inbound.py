@@ -9,61 +9,17 @@ channel or guild (first match wins, in that order).
 
 from __future__ import annotations
 
-import mimetypes
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
-import aiohttp
 import discord
-import structlog
 
 from bot.config import DiscordSettings
-from bot.domain import Attachment
 from channels.base import Allowlist, quote_reply
-
-log = structlog.get_logger(__name__)
 
 _USER_MENTION = re.compile(r"<@!?(\d+)>")
 _ROLE_MENTION = re.compile(r"<@&(\d+)>")
 _CHANNEL_MENTION = re.compile(r"<#(\d+)>")
-_TEXT_SUFFIXES = frozenset(
-    [
-        ".txt",
-        ".md",
-        ".markdown",
-        ".rst",
-        ".log",
-        ".csv",
-        ".tsv",
-        ".json",
-        ".jsonl",
-        ".yaml",
-        ".yml",
-        ".toml",
-        ".ini",
-        ".cfg",
-        ".conf",
-        ".xml",
-        ".html",
-        ".css",
-        ".js",
-        ".ts",
-        ".py",
-        ".rs",
-        ".go",
-        ".java",
-        ".c",
-        ".h",
-        ".cpp",
-        ".hpp",
-        ".sh",
-        ".sql",
-        ".diff",
-        ".patch",
-    ]
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,35 +141,3 @@ def quoted(message: discord.Message, bot_id: int) -> str:
     if not isinstance(replied, discord.Message) or replied.author.id == bot_id:
         return ""
     return quote_reply(replied.author.display_name, readable_text(replied, bot_id))
-
-
-async def read_attachments(
-    message: discord.Message, *, max_bytes: int, vision_supported: Callable[[], bool]
-) -> tuple[Attachment, ...]:
-    """Images (for vision models) and small text files are downloaded; anything else is only named."""
-    found: list[Attachment] = []
-    for item in message.attachments:
-        mime = item.content_type or mimetypes.guess_type(item.filename)[0] or "application/octet-stream"
-        mime = mime.split(";")[0].strip()
-        note = Attachment("file", item.filename, mime, size=item.size)
-        is_image = mime.startswith("image/")
-        is_text = mime.startswith("text/") or PurePosixPath(item.filename).suffix.lower() in _TEXT_SUFFIXES
-        if item.size > max_bytes or not (is_text or (is_image and vision_supported())):
-            found.append(note)
-            continue
-        try:
-            data = await item.read()
-        except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
-            log.warning("discord_attachment_unreadable", filename=item.filename, error=str(exc))
-            found.append(note)
-            continue
-        if is_image:
-            found.append(Attachment("image", item.filename, mime, data, len(data)))
-            continue
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            found.append(note)
-            continue
-        found.append(Attachment("text", item.filename, mime, data, len(data)))
-    return tuple(found)
