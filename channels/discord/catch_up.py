@@ -9,6 +9,12 @@ checks and mention rules, the same normalized message, the same durable hand-ove
 arrives both live and in the history is taken once, since the dispatcher takes a platform message id
 once (``Dispatcher.submit``: the inbox, then the session).
 
+Chats it never tracked are read too, when something was written there since the bot was last connected
+(:mod:`channels.discord.unseen`: guild channels and active threads whose newest message is newer than
+the seen marks' ``connected_until``; quiet ones cost no request). A chat where one of them is handed
+over is tracked from then on. A DM from a user the bot never talked with cannot be reached this way
+(a bot cannot list its DMs), and at the very first start (no point yet) nothing untracked is read.
+
 Bounded: at most ``discord.catch_up_max_messages`` per chat, none older than
 ``discord.catch_up_max_age``; what is too old is counted in the log (``discord_catch_up_too_old``).
 A chat whose history cannot be read is logged and skipped (one the bot lost for good is no longer
@@ -35,13 +41,16 @@ import structlog
 
 from bot.config import DiscordSettings
 from bot.errors import ChannelRefused
+from channels.discord.inbound import DiscordAccess, Place
 from channels.discord.outbound import describe
 from channels.discord.refusals import as_channel_error
 from channels.discord.seen import SeenMarks
+from channels.discord.unseen import MARGIN, untracked_chats
 
 log = structlog.get_logger(__name__)
 
 CONCURRENCY = 4  # chats read at once: enough to be quick, few enough to stay clear of rate limits
+_NOBODY = ""  # a user id on no allowlist: admitted only by where the message was written
 
 Readable = discord.abc.Messageable
 
@@ -114,7 +123,14 @@ class CatchUp:
         self._client = client
         self._take_in = take_in
         self._lock_of = lock_of
+        self._access = DiscordAccess(settings)
+        self._anyone_heard = bool(settings.allowed_users)  # someone is heard in every channel
         self._gates: dict[str, asyncio.Event] = {}  # chats being caught up: their live messages wait
+        # Set once the session's untracked chats are known (and gated): until then a live message of a
+        # chat the session did not start tracking waits, in case that chat has to be read first.
+        self._planned = asyncio.Event()
+        self._planned.set()
+        self._tracked: frozenset[str] = frozenset()
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -128,46 +144,89 @@ class CatchUp:
         since = self._seen.begin()
         for chat_id in since:
             self._gates.setdefault(chat_id, asyncio.Event())
+        self._tracked = frozenset(since)
+        self._planned.set()  # whoever waited on the replaced session's plan asks again
+        self._planned = asyncio.Event()
+        if self._seen.connected_until is None:
+            self._planned.set()  # the first start: nothing untracked is read
+        started = discord.utils.time_snowflake(discord.utils.utcnow())
         self._ready = asyncio.Event()
-        self._task = asyncio.create_task(self._run(since, self._ready), name="discord-catch-up")
+        self._task = asyncio.create_task(
+            self._run(since, started, self._ready, self._planned), name="discord-catch-up"
+        )
 
     def session_ready(self) -> None:
         self._ready.set()
 
     def gate(self, chat_id: str) -> asyncio.Event | None:
-        """What a live message of ``chat_id`` waits for before it takes the chat's lock (None: nothing)."""
-        return self._gates.get(chat_id)
+        """What a live message of ``chat_id`` waits for before it takes the chat's lock (None: nothing).
+        Ask again once it is set: a chat is known to need no catch-up only once the plan is made."""
+        gate = self._gates.get(chat_id)
+        if gate is None and chat_id not in self._tracked and not self._planned.is_set():
+            return self._planned
+        return gate
 
     async def close(self) -> None:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        for gate in self._gates.values():  # nothing waits for a channel that stopped
+        for gate in (*self._gates.values(), self._planned):  # nothing waits for a channel that stopped
             gate.set()
         self._gates.clear()
 
-    async def _run(self, since: dict[str, int], ready: asyncio.Event) -> None:
+    async def _run(
+        self, since: dict[str, int], started: int, ready: asyncio.Event, planned: asyncio.Event
+    ) -> None:
         try:
             async with asyncio.timeout(self._timeout):
                 await ready.wait()
         except TimeoutError:
             log.warning("discord_catch_up_without_ready", waited=self._timeout)
+        untracked = self._plan(since)
+        planned.set()
         slots = asyncio.Semaphore(CONCURRENCY)
 
-        async def one(chat_id: str, after: int) -> None:
+        async def one(chat_id: str, after: int, *, tracked: bool) -> None:
             async with slots, self._lock_of(chat_id):
                 try:
-                    await self._chat(chat_id, after)
+                    await self._chat(chat_id, after, tracked=tracked)
                 except Exception:  # a bug, or a hand-over given up: logged, and the other chats go on
                     log.exception("discord_catch_up_failed", chat_id=chat_id)
                     self._seen.caught_up(chat_id)
                 # Not when cancelled: the session that replaced this one keeps the gate until it is done.
                 self._open(chat_id)
 
-        await asyncio.gather(*(one(chat_id, after) for chat_id, after in since.items()))
+        await asyncio.gather(
+            *(one(chat_id, after, tracked=True) for chat_id, after in since.items()),
+            *(one(chat_id, after, tracked=False) for chat_id, after in untracked.items()),
+        )
+        # Only a whole view of the guilds covers the gap: with READY missing or a guild unavailable
+        # (an outage on Discord's side) some channels were never looked at, so the next session looks again.
+        client = self._client()
+        if ready.is_set() and not any(guild.unavailable for guild in client.guilds):
+            self._seen.connected_through(started)
 
-    async def _chat(self, chat_id: str, after: int) -> None:
+    def _plan(self, since: dict[str, int]) -> dict[str, int]:
+        """The untracked chats to read and the point each is read after; their gates go up at once."""
+        until = self._seen.connected_until
+        if until is None:
+            return {}
+        after = max(until - MARGIN, 0)
+        chats = untracked_chats(self._client(), tracked=since, after=after, heard=self._heard_in)
+        untracked = {str(chat.id): after for chat in chats}
+        for chat_id in untracked:
+            self._gates.setdefault(chat_id, asyncio.Event())
+        for chat_id in [c for c in self._gates if c not in since and c not in untracked]:
+            self._open(chat_id)  # planned by a replaced session and not needed now
+        log.info("discord_catch_up_planned", tracked=len(since), untracked=len(untracked))
+        return untracked
+
+    def _heard_in(self, place: Place) -> bool:
+        """Someone could be admitted in ``place`` (a user on no list is heard only where the place is)."""
+        return self._anyone_heard or self._access.admits(_NOBODY, place)
+
+    async def _chat(self, chat_id: str, after: int, *, tracked: bool = True) -> None:
         try:
             async with asyncio.timeout(self._timeout):
                 where = await open_chat(self._client(), int(chat_id))
@@ -177,8 +236,10 @@ class CatchUp:
             return
         taken = 0
         for message in missed.messages:
-            if await self._take_in(message):
-                taken += 1
+            handed = await self._take_in(message)
+            taken += handed
+            if handed and not tracked:  # tracked from now on, as a live one would make it
+                self._seen.saw(chat_id, message.id, start=True)
             self._seen.caught_up_to(chat_id, message.id)
         if missed.newest_id is not None:
             self._seen.caught_up_to(chat_id, missed.newest_id)  # past the too-old and the bot's own
@@ -186,6 +247,7 @@ class CatchUp:
         log.info(
             "discord_caught_up",
             chat_id=chat_id,
+            tracked=tracked,
             read=len(missed.messages) + missed.too_old,
             handed_over=taken,
             too_old=missed.too_old,

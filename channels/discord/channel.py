@@ -9,11 +9,12 @@ delivers replies in chunks under Discord's 2000-character limit without losing o
 
 Discord never delivers a message again: a RESUME replays only events the client had not received, and
 a fresh session (IDENTIFY) replays nothing, so at each one the chats the bot talks in are read for what
-they missed (:mod:`channels.discord.catch_up`, from the marks of :mod:`channels.discord.seen`); the
-dispatcher takes a message that comes both ways once. A message the dispatcher cannot store (a full
-disk) is submitted again with bounded exponential backoff, the outage logged once, and the chat's later
-messages wait behind it; stopping the channel during the outage leaves it to the next start's catch-up
-(its chat's mark never moved past it).
+they missed (:mod:`channels.discord.catch_up`, from the marks of :mod:`channels.discord.seen`), and so
+are the guild channels it never talked in where something was written since it was last connected
+(:mod:`channels.discord.unseen`); the dispatcher takes a message that comes both ways once. A message
+the dispatcher cannot store (a full disk) is submitted again with bounded exponential backoff, the
+outage logged once, and the chat's later messages wait behind it; stopping the channel during the
+outage leaves it to the next start's catch-up (its chat's mark never moved past it).
 
     channel = DiscordChannel(settings.discord, dispatcher.submit, pairing=store,
                              commands=router.commands, vision_supported=lambda: True,
@@ -197,12 +198,12 @@ class DiscordChannel(Channel):
     # -- inbound ----------------------------------------------------------------------------------
 
     async def _on_message(self, message: discord.Message) -> None:
+        self._seen.heard(message.id)  # any message, even one not for the bot: the gateway was live
         bot = self._live_client().user
         if bot is None or not from_a_person(message, bot.id):
             return
         chat_id = str(message.channel.id)
-        gate = self._catch_up.gate(chat_id)
-        if gate is not None:  # what the chat missed while the bot was away goes first
+        while (gate := self._catch_up.gate(chat_id)) is not None:  # what the chat missed goes first
             await gate.wait()
         # FIFO lock taken before any other await: messages of one chat reach the dispatcher in order.
         async with self._lock_of(chat_id):
@@ -267,6 +268,7 @@ class DiscordChannel(Channel):
         return False
 
     async def _on_interaction(self, interaction: discord.Interaction) -> None:
+        self._seen.heard(interaction.id)
         text = interaction_text(interaction)
         if text is None or interaction.channel_id is None:
             return

@@ -13,6 +13,15 @@ there (``state/discord_seen.json``, written atomically like the rest of the work
 - At READY after IDENTIFY, :meth:`SeenMarks.begin` freezes each chat's mark as the point its catch-up
   reads after. Until that chat is caught up, the file keeps the frozen point, not what live messages
   moved the mark to: a crash, or a session replaced before its catch-up ended, reads the gap again.
+- Beside the marks, one workspace-wide point: the bot was connected until then (``connected_until``,
+  a snowflake), so a chat it never tracked needs reading only if something was written there since.
+  It moves with the live gateway events (each message id, Discord's own clock; written at most every
+  few seconds, a lower point on disk only reads more) and to the session's start once a fresh
+  session's catch-up of the untracked chats ended (:meth:`SeenMarks.connected_through`). Between
+  :meth:`SeenMarks.begin` and then the file keeps the earlier point, as it keeps the chats' frozen
+  points, so a crash during the catch-up reads the gap again. It does not move to the stop time: a
+  gateway that died silently looks connected until its heartbeat is missed. No point yet (the first
+  start, or a file from before it existed): the catch-up of untracked chats reads nothing.
 - Reading a little again is harmless (the dispatcher takes a platform message id once); writes are
   coalesced (a burst costs one write in flight and one after it) and a failed write is logged and
   tried again with the next change, never in the way of a message.
@@ -34,6 +43,9 @@ from channels.outage import StorageOutage
 log = structlog.get_logger(__name__)
 
 SEEN_FILE = "discord_seen.json"
+# How far the live point runs ahead of the file before it is written: a burst of guild chatter costs a
+# write every few seconds, not one per message (snowflake units: milliseconds shifted by 22 bits).
+_WRITE_EVERY = 5_000 << 22
 
 
 class SeenMarks:
@@ -46,6 +58,9 @@ class SeenMarks:
         self._path = path
         self._newest: dict[str, int] = {}
         self._catching_up: dict[str, int] = {}  # chat -> the point its pending catch-up reads after
+        self._until: int | None = None  # connected until then: the point on disk (see the module doc)
+        self._live_until: int | None = None  # the newest live event, ahead of ``_until`` by a little
+        self._covering = False  # a session's catch-up of untracked chats has not ended: ``_until`` waits
         self._version = 0  # bumped by every change; ``_saved`` is the newest version on disk
         self._saved = 0
         self._writer: asyncio.Task[None] | None = None
@@ -54,7 +69,7 @@ class SeenMarks:
     async def load(self) -> None:
         """Read the marks; an unreadable file is logged and costs only the catch-up, never the start."""
         try:
-            self._newest = await asyncio.to_thread(_read, self._path)
+            self._newest, self._until = await asyncio.to_thread(_read, self._path)
         except OSError as exc:
             log.error("discord_seen_marks_unreadable", path=str(self._path), error=exc.strerror or str(exc))
 
@@ -73,7 +88,30 @@ class SeenMarks:
         """
         for chat_id, newest in self._newest.items():
             self._catching_up.setdefault(chat_id, newest)
+        self._covering = True
         return dict(self._catching_up)
+
+    @property
+    def connected_until(self) -> int | None:
+        """The bot was connected until this snowflake (None: never yet); frozen from ``begin`` until
+        ``connected_through``, so it is the point the pending catch-up of untracked chats reads after."""
+        return self._until
+
+    def heard(self, event_id: int) -> None:
+        """A live gateway event with this snowflake arrived: the bot was connected until then."""
+        self._live_until = max(event_id, self._live_until or 0)
+        if not self._covering and self._live_until - (self._until or 0) >= _WRITE_EVERY:
+            self._until = self._live_until
+            self._changed()
+
+    def connected_through(self, session_start: int) -> None:
+        """The catch-up of a fresh session's untracked chats ended: what was written before
+        ``session_start`` was read, what came after arrived live."""
+        self._covering = False
+        until = max(session_start, self._until or 0, self._live_until or 0)
+        if until != self._until:
+            self._until = until
+            self._changed()
 
     def caught_up_to(self, chat_id: str, message_id: int) -> None:
         """The catch-up of ``chat_id`` took everything up to ``message_id`` in."""
@@ -94,7 +132,11 @@ class SeenMarks:
             self._changed()
 
     async def close(self) -> None:
-        """Wait for the write in flight, then make one last attempt to save."""
+        """Wait for the write in flight, then make one last attempt to save (the live point with it,
+        unless a catch-up still holds it)."""
+        if not self._covering and self._live_until is not None and self._live_until > (self._until or 0):
+            self._until = self._live_until
+            self._version += 1
         if self._writer is not None:
             await asyncio.gather(self._writer, return_exceptions=True)
         if self._saved < self._version:
@@ -110,8 +152,11 @@ class SeenMarks:
         while self._saved < self._version:
             version = self._version
             marks = {chat: str(self._catching_up.get(chat, mid)) for chat, mid in self._newest.items()}
+            data: dict[str, Any] = {"newest": marks}
+            if self._until is not None:
+                data["connected_until"] = str(self._until)
             try:
-                await asyncio.to_thread(atomic_write_text, self._path, json.dumps({"newest": marks}) + "\n")
+                await asyncio.to_thread(atomic_write_text, self._path, json.dumps(data) + "\n")
             except OSError as exc:
                 self._outage.failed(exc)
                 return
@@ -119,15 +164,18 @@ class SeenMarks:
         self._outage.recovered()
 
 
-def _read(path: Path) -> dict[str, int]:
-    """The marks on disk; a damaged file is moved aside (kept for the operator) and logged."""
+def _read(path: Path) -> tuple[dict[str, int], int | None]:
+    """The marks and the connected-until point on disk; a damaged file is moved aside (kept for the
+    operator) and logged."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return {}
+        return {}, None
     try:
         data: Any = json.loads(raw.decode("utf-8"))
-        return {str(chat): int(mid) for chat, mid in data["newest"].items()}
+        marks = {str(chat): int(mid) for chat, mid in data["newest"].items()}
+        until = data.get("connected_until")  # absent in a file from before the point existed
+        return marks, int(until) if until is not None else None
     except damaged.UNREADABLE:  # (Infinity where an id belongs: OverflowError)
         damaged.move_aside(path, raw, event="discord_seen_marks_damaged")
-        return {}
+        return {}, None

@@ -50,6 +50,9 @@ UNKNOWN_CHANNEL = (404, 10003, "Unknown Channel")
 MISSING_ACCESS = (403, 50001, "Missing Access")
 MISSING_PERMISSIONS = (403, 50013, "Missing Permissions")
 
+VIEW_CHANNEL, SEND_MESSAGES, READ_MESSAGE_HISTORY = 1 << 10, 1 << 11, 1 << 16
+BOT_PERMISSIONS = VIEW_CHANNEL | SEND_MESSAGES | READ_MESSAGE_HISTORY  # what an invite usually grants
+
 
 def snowflake(at: datetime | None = None) -> str:
     """A new id that carries its time, as Discord's do (discord.py reads ``created_at`` from it): now and
@@ -144,6 +147,7 @@ class Guild:
     threads: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (parent id, name)
     # The bot's managed integration role: what a client's "@membot" often is (<@&role>).
     bot_role: str = field(default_factory=lambda: snowflake())
+    bot_permissions: int = BOT_PERMISSIONS
 
 
 class FakeDiscord:
@@ -501,6 +505,7 @@ class FakeDiscord:
                 "parent_id": None,
                 "topic": None,
                 "rate_limit_per_user": 0,
+                "last_message_id": self._last_message_id(cid),
             }
             for i, (cid, name) in enumerate(guild.channels.items())
         ]
@@ -515,6 +520,7 @@ class FakeDiscord:
                 "message_count": 0,
                 "member_count": 1,
                 "rate_limit_per_user": 0,
+                "last_message_id": self._last_message_id(tid),
                 "thread_metadata": {
                     "archived": False,
                     "auto_archive_duration": 1440,
@@ -545,7 +551,7 @@ class FakeDiscord:
                 {
                     "id": guild.bot_role,
                     "name": self.bot.name,
-                    "permissions": "0",
+                    "permissions": str(guild.bot_permissions),
                     "position": 1,
                     "color": 0,
                     "hoist": False,
@@ -577,6 +583,11 @@ class FakeDiscord:
             "preferred_locale": "en-US",
             "nsfw_level": 0,
         }
+
+    def _last_message_id(self, channel_id: str) -> str | None:
+        """The newest message's id, as Discord lists it with every channel (its time says how new)."""
+        ids = [int(m["id"]) for m in self.messages.values() if m["channel_id"] == channel_id]
+        return str(max(ids)) if ids else None
 
     @staticmethod
     def _member() -> Json:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,34 @@ async def test_a_damaged_file_is_kept_aside_and_the_channel_starts_without_marks
 
 def kept_aside(folder: Path) -> list[bytes]:
     return [p.read_bytes() for p in folder.glob("discord_seen.json.damaged-*")]
+
+
+async def test_the_connected_point_stays_on_disk_until_a_fresh_sessions_catch_up_ends(tmp_path: Path) -> None:
+    path = tmp_path / "discord_seen.json"
+    first_start, later = 1_000_000 << 22, 2_000_000 << 22
+    marks = SeenMarks(path)
+    await marks.load()
+    marks.begin()
+    marks.connected_through(first_start)
+    await marks.close()
+    assert on_disk(path) == first_start
+
+    marks = SeenMarks(path)  # the next start: its catch-up has to read the gap after first_start
+    await marks.load()
+    assert marks.connected_until == first_start
+    marks.begin()
+    marks.heard(later)  # live events during the catch-up
+    await marks.close()  # stopped (or killed) before the catch-up ended: the gap is read again
+    assert on_disk(path) == first_start
+
+    marks = SeenMarks(path)
+    await marks.load()
+    marks.begin()
+    marks.heard(later)
+    marks.connected_through(first_start + 1)
+    await marks.close()
+    assert on_disk(path) == later  # caught up, and live until its newest event
+
+
+def on_disk(path: Path) -> int:
+    return int(json.loads(path.read_text())["connected_until"])
