@@ -24,7 +24,8 @@ the live messages of a chat still being caught up wait, so that chat's messages 
     catch_up = CatchUp(settings, seen, live_client, take_in, lock_of)
     catch_up.session_started()         # on_connect: sync, before any later gateway event is handled
     catch_up.session_ready()           # on_ready: guild channels are known
-    gate = catch_up.gate(chat_id)      # the live path waits on it, if any, before the chat's lock
+    while (gate := catch_up.gate(chat_id)) is not None:  # the live path, before the chat's lock
+        await gate.wait()
     await catch_up.close()
 """
 
@@ -183,8 +184,14 @@ class CatchUp:
                 await ready.wait()
         except TimeoutError:
             log.warning("discord_catch_up_without_ready", waited=self._timeout)
-        untracked = self._plan(since)
-        planned.set()
+        whole = ready.is_set()  # the guilds were all looked at: the gap is covered once this ends
+        try:
+            untracked = self._plan(since)
+        except Exception:  # a bug: the tracked chats are still read, and the next session plans again
+            log.exception("discord_catch_up_failed", chat_id=None)
+            untracked, whole = {}, False
+        finally:
+            planned.set()
         slots = asyncio.Semaphore(CONCURRENCY)
 
         async def one(chat_id: str, after: int, *, tracked: bool) -> None:
@@ -203,8 +210,7 @@ class CatchUp:
         )
         # Only a whole view of the guilds covers the gap: with READY missing or a guild unavailable
         # (an outage on Discord's side) some channels were never looked at, so the next session looks again.
-        client = self._client()
-        if ready.is_set() and not any(guild.unavailable for guild in client.guilds):
+        if whole and not any(guild.unavailable for guild in self._client().guilds):
             self._seen.connected_through(started)
 
     def _plan(self, since: dict[str, int]) -> dict[str, int]:

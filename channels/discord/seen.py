@@ -17,8 +17,8 @@ there (``state/discord_seen.json``, written atomically like the rest of the work
   a snowflake), so a chat it never tracked needs reading only if something was written there since.
   It moves with the live gateway events (each message id, Discord's own clock; written at most every
   few seconds, a lower point on disk only reads more) and to the session's start once a fresh
-  session's catch-up of the untracked chats ended (:meth:`SeenMarks.connected_through`). Between
-  :meth:`SeenMarks.begin` and then the file keeps the earlier point, as it keeps the chats' frozen
+  session's catch-up of the untracked chats ended (:meth:`SeenMarks.connected_through`). From
+  :meth:`SeenMarks.begin` until then the file keeps the earlier point, as it keeps the chats' frozen
   points, so a crash during the catch-up reads the gap again. It does not move to the stop time: a
   gateway that died silently looks connected until its heartbeat is missed. No point yet (the first
   start, or a file from before it existed): the catch-up of untracked chats reads nothing.
