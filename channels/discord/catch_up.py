@@ -194,23 +194,26 @@ class CatchUp:
             planned.set()
         slots = asyncio.Semaphore(CONCURRENCY)
 
-        async def one(chat_id: str, after: int, *, tracked: bool) -> None:
+        async def one(chat_id: str, after: int, *, tracked: bool) -> bool:
+            covered = False
             async with slots, self._lock_of(chat_id):
                 try:
-                    await self._chat(chat_id, after, tracked=tracked)
+                    covered = await self._chat(chat_id, after, tracked=tracked)
                 except Exception:  # a bug, or a hand-over given up: logged, and the other chats go on
                     log.exception("discord_catch_up_failed", chat_id=chat_id)
                     self._seen.caught_up(chat_id)
                 # Not when cancelled: the session that replaced this one keeps the gate until it is done.
                 self._open(chat_id)
+            return covered
 
-        await asyncio.gather(
-            *(one(chat_id, after, tracked=True) for chat_id, after in since.items()),
-            *(one(chat_id, after, tracked=False) for chat_id, after in untracked.items()),
+        _, read = await asyncio.gather(
+            asyncio.gather(*(one(chat_id, after, tracked=True) for chat_id, after in since.items())),
+            asyncio.gather(*(one(chat_id, after, tracked=False) for chat_id, after in untracked.items())),
         )
-        # Only a whole view of the guilds covers the gap: with READY missing or a guild unavailable
-        # (an outage on Discord's side) some channels were never looked at, so the next session looks again.
-        if whole and not any(guild.unavailable for guild in self._client().guilds):
+        # Only a whole view covers the gap: with READY missing, a guild unavailable (an outage on
+        # Discord's side) or an untracked chat not read (a 5xx), some messages were never looked at, so
+        # the point stays and the next fresh session looks again.
+        if whole and all(read) and not any(guild.unavailable for guild in self._client().guilds):
             self._seen.connected_through(started)
 
     def _plan(self, since: dict[str, int]) -> dict[str, int]:
@@ -232,14 +235,14 @@ class CatchUp:
         """Someone could be admitted in ``place`` (a user on no list is heard only where the place is)."""
         return self._anyone_heard or self._access.admits(_NOBODY, place)
 
-    async def _chat(self, chat_id: str, after: int, *, tracked: bool = True) -> None:
+    async def _chat(self, chat_id: str, after: int, *, tracked: bool = True) -> bool:
+        """Read ``chat_id`` after ``after`` down the live path; false when it could not be read for now."""
         try:
             async with asyncio.timeout(self._timeout):
                 where = await open_chat(self._client(), int(chat_id))
                 missed = await read_missed(where, after, limit=self._limit, max_age=self._max_age)
         except (discord.HTTPException, aiohttp.ClientError, TimeoutError, TypeError) as exc:
-            self._unreadable(chat_id, exc)
-            return
+            return self._unreadable(chat_id, exc)
         taken = 0
         for message in missed.messages:
             handed = await self._take_in(message)
@@ -268,8 +271,10 @@ class CatchUp:
                 max_age=self._max_age,
                 hint="older than discord.catch_up_max_age: not answered",
             )
+        return True
 
-    def _unreadable(self, chat_id: str, exc: BaseException) -> None:
+    def _unreadable(self, chat_id: str, exc: BaseException) -> bool:
+        """Log why; true when the chat is refused for good (nothing there to wait for)."""
         refused = as_channel_error(f"cannot read Discord channel {chat_id}", exc)
         if isinstance(refused, ChannelRefused):
             self._seen.forget(chat_id)  # tracked again once the bot answers there
@@ -280,9 +285,10 @@ class CatchUp:
                 reason=refused.reason,
                 fix=refused.fix,
             )
-        else:
-            self._seen.caught_up(chat_id)
-            log.warning("discord_catch_up_failed", chat_id=chat_id, error=describe(exc))
+            return True
+        self._seen.caught_up(chat_id)
+        log.warning("discord_catch_up_failed", chat_id=chat_id, error=describe(exc))
+        return False
 
     def _open(self, chat_id: str) -> None:
         gate = self._gates.pop(chat_id, None)

@@ -15,7 +15,7 @@ import pytest
 
 from channels.discord.seen import SEEN_FILE
 from tests.channels.discord.test_catch_up import events, offline
-from tests.fakes.discord_server import VIEW_CHANNEL, FakeDiscord
+from tests.fakes.discord_server import VIEW_CHANNEL, FakeDiscord, snowflake
 
 
 def history_reads(fake: FakeDiscord, channel_id: str) -> int:
@@ -110,3 +110,35 @@ async def test_the_first_start_reads_nothing_untracked_and_the_next_only_what_ca
             await o.discord.wait_for_bot_messages(news, 2)
         assert o.discord.bot_texts(news) == ["echo: alice: while you were away", "echo: alice: live"]
         assert all(before not in json.dumps(r.body) for r in o.llm.requests)
+
+
+async def test_an_untracked_channel_that_could_not_be_read_is_read_at_the_next_start(tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    async with offline(tmp_path) as o:
+        d, news = o.discord, o.discord.add_channel(o.guild, "news")
+        async with o.run():
+            await o.dm_from_alice("hello")
+            await d.wait_for_bot_messages(o.dm, 1)
+        marks_file = o.workspace / "state" / SEEN_FILE
+        marks = json.loads(marks_file.read_text())
+        marks["connected_until"] = snowflake(now - timedelta(minutes=10))  # the bot went down then
+        marks_file.write_text(json.dumps(marks))
+        away = f"{d.bot.mention} while you were away"
+        await d.user_message(
+            channel_id=news,
+            author=o.alice,
+            content=away,
+            guild=o.guild,
+            mentions=(d.bot,),
+            at=now - timedelta(minutes=5),
+        )
+        d.fail("GET", f"/channels/{news}/messages")  # one 503: not read at this start
+        async with o.run():
+            await d.wait_until(lambda: history_reads(d, news) == 1)
+            await o.dm_from_alice("live")
+            await d.wait_for_bot_messages(o.dm, 2)
+        assert d.bot_texts(news) == []
+        assert json.loads(marks_file.read_text())["connected_until"] == marks["connected_until"]  # kept
+        async with o.run():
+            await d.wait_for_bot_messages(news, 1)
+        assert d.bot_texts(news) == ["echo: alice: while you were away"]
