@@ -12,8 +12,10 @@ once (``Dispatcher.submit``: the inbox, then the session).
 Chats it never tracked are read too, when something was written there since the bot was last connected
 (:mod:`channels.discord.unseen`: guild channels and active threads whose newest message is newer than
 the seen marks' ``connected_until``; quiet ones cost no request). A chat where one of them is handed
-over is tracked from then on. A DM from a user the bot never talked with cannot be reached this way
-(a bot cannot list its DMs), and at the very first start (no point yet) nothing untracked is read.
+over is tracked from then on. The point moves past the gap only once every untracked chat was read (or
+refused for good) with all guilds in view; otherwise the next fresh session reads it again. A DM from
+a user the bot never talked with cannot be reached this way (a bot cannot list its DMs), and at the
+very first start (no point yet) nothing untracked is read.
 
 Bounded: at most ``discord.catch_up_max_messages`` per chat, none older than
 ``discord.catch_up_max_age``; what is too old is counted in the log (``discord_catch_up_too_old``).
