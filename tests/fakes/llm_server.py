@@ -3,8 +3,8 @@
 It validates requests the way the real APIs do (``llm_checks.py``; a wrong translator gets the same 400
 the real API would give), answers from a script of :class:`FakeReply` values or a ``responder``
 function, and otherwise echoes the last user text. Streaming (SSE, with named events for Anthropic),
-tool calls, error statuses with headers, slow answers, malformed bodies, mid-stream failures, answers
-that never end and usage numbers are all scriptable::
+tool calls, error statuses with headers, slow and dripping answers, malformed bodies, mid-stream failures,
+answers that never end and usage numbers are all scriptable::
 
     async with FakeLLMServer() as llm:
         llm.script(FakeReply(status=429, headers={"retry-after": "2"}), FakeReply(text="hi"))
@@ -30,6 +30,7 @@ from tests.fakes.llm_wire import (
     FakeReply,
     anthropic_body,
     openai_body,
+    send_dripping,
     send_flood,
     send_stalling,
     stream_anthropic,
@@ -178,14 +179,22 @@ class FakeLLMServer:
                 await asyncio.sleep(reply.delay)
             if reply.status >= 400:
                 error = reply.error if reply.error is not None else _default_error(api, reply.status)
+                text = error if isinstance(error, str) else json.dumps(error)
+                if reply.drip is not None:
+                    return await send_dripping(request, text.encode(), reply)
                 return web.Response(
                     status=reply.status,
-                    text=error if isinstance(error, str) else json.dumps(error),
+                    text=text,
                     headers={"content-type": "application/json", **reply.headers},
                 )
             if reply.flood is not None:
                 return await send_flood(request, api, body, reply)
             usage = usage_of(body, reply)
+            if reply.drip is not None:  # (asked to stream too: a server that ignores ``stream``)
+                payload = (
+                    openai_body(body, reply, usage) if api == "openai" else anthropic_body(body, reply, usage)
+                )
+                return await send_dripping(request, json.dumps(payload).encode(), reply)
             if body.get("stream"):
                 streamer = stream_openai if api == "openai" else stream_anthropic
                 return await streamer(request, body, reply, usage)

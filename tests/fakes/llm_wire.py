@@ -42,6 +42,10 @@ class FakeReply:
     silence, the answer still open. Streamed, ``flood_as`` may instead send them as one ``line`` that
     never ends, or as the ``data:`` lines of one ``event`` that never ends. ``raw_unicode``: JSON with
     non-ASCII characters as they are, not ``\\u`` escapes, as servers built on pydantic send it.
+    ``drip=s``: the body (an error's too; asked to stream, a whole JSON answer, as a server that ignores
+    ``stream``) goes out one byte every ``s`` seconds, then spaces at that pace for ``stall`` seconds:
+    never silent for long, never done. ``keepalive_data``: while stalled (``keepalive``), an event
+    ``data: <it>`` that carries nothing, in place of the comment.
     """
 
     text: str = ""
@@ -59,10 +63,12 @@ class FakeReply:
     stall_after: int | None = None
     stall: float = 60.0
     keepalive: float | None = None  # while stalled, an SSE comment (": keep-alive") this often
+    keepalive_data: str | None = None
     call_ids: list[str | None] | None = None
     flood: int | None = None
     flood_as: Literal["deltas", "line", "event"] = "deltas"
     raw_unicode: bool = False
+    drip: float | None = None
 
     def ids(self, api: str) -> list[str | None]:
         """The id each tool call is sent with (``None``: sent without one)."""
@@ -186,8 +192,10 @@ class _Sse:
             if every is None:
                 await asyncio.sleep(self._reply.stall)
             else:
+                data = self._reply.keepalive_data
+                beat = b": keep-alive\n\n" if data is None else f"data: {data}\n\n".encode()
                 for _ in range(int(self._reply.stall / every)):
-                    await self._response.write(b": keep-alive\n\n")
+                    await self._response.write(beat)
                     await asyncio.sleep(every)
         self._sent += 1
         text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=not self._reply.raw_unicode)
@@ -207,6 +215,24 @@ async def send_stalling(
     await response.write(body[: reply.stall_after])
     await asyncio.sleep(reply.stall)
     await response.write(body[reply.stall_after :])
+    await response.write_eof()
+    return response
+
+
+async def send_dripping(request: web.Request, body: bytes, reply: FakeReply) -> web.StreamResponse:
+    """``body`` with ``reply.status``, a byte every ``reply.drip`` seconds, then spaces at that pace for
+    ``reply.stall`` seconds (whitespace after JSON is still JSON): each read comes soon, the end never."""
+    assert reply.drip is not None
+    response = web.StreamResponse(
+        status=reply.status, headers={"content-type": "application/json", **reply.headers}
+    )
+    await response.prepare(request)
+    for i in range(len(body)):
+        await response.write(body[i : i + 1])
+        await asyncio.sleep(reply.drip)
+    for _ in range(int(reply.stall / reply.drip)):
+        await response.write(b" ")
+        await asyncio.sleep(reply.drip)
     await response.write_eof()
     return response
 

@@ -745,6 +745,35 @@ async def test_deadline_stops_the_loop(server: FakeLLMServer, http: httpx.AsyncC
     assert_paired(turn.session)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_deadline_ends_a_model_call_that_keeps_coming_but_never_ends(
+    server: FakeLLMServer, http: httpx.AsyncClient, stream: bool
+) -> None:
+    """A server that keeps sending yet never finishes stays within the client's idle limit: streamed,
+    events that carry nothing (``choices: []``) every 0.05 s; not streamed, a body dripping a byte at
+    a time, inside a generous ``llm.timeout``. The turn deadline is what ends it, in both ways."""
+    reply = (
+        FakeReply(
+            text="never done", stall_after=2, stall=60, keepalive=0.05, keepalive_data='{"choices": []}'
+        )
+        if stream
+        else FakeReply(text="never done", drip=0.05, stall=60)
+    )
+    server.script(reply)
+    settings = tool_settings(turn_deadline=1)
+    llm = llm_client(server, http, "openai", timeout=60, idle_timeout=0.5)
+    system = ToolLoopSystem(llm, ToolRegistry([], settings), settings)
+    turn = new_turn()
+    if stream:
+        turn.on_partial = Sink()
+    async with asyncio.timeout(20):
+        await system.process(turn)
+
+    assert turn.reply == "I couldn't finish this one."
+    assert turn.notes == ["Stopped early: it ran past the 1 s deadline."]
+    assert len(server.requests) == 1
+
+
 @pytest.mark.parametrize("api", APIS)
 async def test_repeat_guard_refuses_the_third_identical_call(
     server: FakeLLMServer, http: httpx.AsyncClient, api: str
