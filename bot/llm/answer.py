@@ -76,6 +76,23 @@ async def read_body(target: Target, response: httpx.Response, idle: float) -> by
     return body
 
 
+async def read_whole(target: Target, response: httpx.Response, idle: float, seconds: float) -> bytes:
+    """:func:`read_body` for a whole answer that came where a stream was asked for (an error, or the
+    answer of a server that ignores ``stream``), all of it within ``seconds`` (``llm.timeout``, as any
+    whole answer). A byte now and then keeps every read within ``idle``: without this bound only the
+    turn's deadline ended such a body, and each retry of a 5xx took as long again."""
+    try:
+        async with asyncio.timeout(seconds) as window:
+            return await read_body(target, response, idle)
+    except TimeoutError:
+        if not window.expired():  # the idle limit's own LLMTimeout
+            raise
+        raise LLMTimeout(
+            f"{target.where} did not send its whole answer within {seconds:g} s (llm.timeout)",
+            model=target.model,
+        ) from None
+
+
 def parse(target: Target, content: bytes) -> ChatResponse:
     """A whole answer's body as the provider's translator reads it; malformed JSON, an error body sent
     with HTTP 200 and fields of the wrong type are errors of the server (see :func:`readable`)."""

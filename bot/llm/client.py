@@ -20,8 +20,10 @@ One call, step by step:
 
    Time limits of one try: a non-streamed answer must be complete within ``llm.timeout`` (its first
    byte comes only when the model has written all of it); a streamed one must start within
-   ``llm.first_byte_timeout``; and once bytes flow, a silence longer than ``llm.idle_timeout`` ends
-   the try. So a hung server costs seconds, not the minutes a plain read timeout times the retries did.
+   ``llm.first_byte_timeout`` (a whole body sent instead, an error or the answer of a server that
+   ignores ``stream``, must then be complete within ``llm.timeout``); and once bytes flow, a silence
+   longer than ``llm.idle_timeout`` ends the try. So a hung server costs seconds, not the minutes a
+   plain read timeout times the retries did.
 4. Retries exhausted on a retryable error: the next model of the chain. Auth and spend-limit errors,
    an unknown model and malformed answers are not tried again on the same model, since another try
    cannot help there, but the next model of the chain is tried (another provider, another key, a model
@@ -50,7 +52,7 @@ from bot.config import LLMSettings
 from bot.domain import Usage
 from bot.errors import LLMAuthError, LLMContextOverflow, LLMError, LLMTimeout
 from bot.llm import anthropic, openai
-from bot.llm.answer import Target, error_answer, parse, read_body, redirected
+from bot.llm.answer import Target, error_answer, parse, read_body, read_whole, redirected
 from bot.llm.call_ids import made_unique
 from bot.llm.endpoints import check_base_url, where
 from bot.llm.failures import Provider, key_setting
@@ -298,17 +300,18 @@ class LLMClient:
     async def _stream_once(self, model: str, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         target = self._target(model)
         idle = self._settings.idle_timeout
+        whole = request.timeout or self._settings.timeout  # for a body read whole
         started = time.monotonic()
         final: ChatResponse | None = None
         response = await self._open_stream(target, request)
         try:
             with _httpx_errors(target):
                 if response.status_code >= 400:
-                    text = (await read_body(target, response, idle)).decode("utf-8", "replace")
+                    text = (await read_whole(target, response, idle, whole)).decode("utf-8", "replace")
                     raise error_answer(target, response, text)
                 if response.status_code >= 300:
                     raise redirected(target, response)
-                async with aclosing(stream_answer(target, response, idle)) as events:
+                async with aclosing(stream_answer(target, response, idle, whole)) as events:
                     async for event in events:
                         if event.kind == "done":  # stream_answer's last event
                             final = event.response

@@ -13,7 +13,7 @@ import httpx
 
 from bot.errors import LLMUnavailable
 from bot.llm import anthropic, openai
-from bot.llm.answer import Quiet, Target, parse, read_body, readable, too_large
+from bot.llm.answer import Quiet, Target, parse, read_whole, readable, too_large
 from bot.llm.limits import MAX_STREAMED_CALLS, MAX_STREAMED_CHARS, MiB
 from bot.llm.sse import SSETooLarge, SSEvent, iter_lines, iter_sse
 from bot.llm.types import ChatResponse, StreamEvent
@@ -35,17 +35,18 @@ class _Decoder(Protocol):
 
 
 async def stream_answer(
-    target: Target, response: httpx.Response, idle: float
+    target: Target, response: httpx.Response, idle: float, whole: float
 ) -> AsyncGenerator[StreamEvent, None]:
     """Yield ``text`` and ``tool_call`` deltas as they arrive, then one ``done`` event with the whole answer.
 
-    A silence longer than ``idle`` seconds is LLMTimeout; an answer past the limits of limits.py is
+    A silence longer than ``idle`` seconds is LLMTimeout, and so is an answer sent whole (not as
+    events) that takes longer than ``whole`` seconds; an answer past the limits of limits.py is
     LLMBadResponse; a stream that ends before the answer is complete is LLMUnavailable. The ``done``
     answer's tool-call ids are still the server's: the client makes them unique and counts the usage.
     """
     if "text/event-stream" not in response.headers.get("content-type", ""):
         # The server ignored stream=true (some compatible servers do): a whole answer.
-        final = parse(target, await read_body(target, response, idle))
+        final = parse(target, await read_whole(target, response, idle, whole))
         for event in _replay(final):
             yield event
     else:

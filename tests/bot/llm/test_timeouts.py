@@ -108,3 +108,20 @@ async def test_a_pause_shorter_than_the_idle_limit_does_not_cut_the_stream(
     async with asyncio.timeout(10):
         text, final = await streamed(llm, ask())
     assert text == "slow and steady wins" and final is not None
+
+
+@both
+@pytest.mark.parametrize("status", [500, 200], ids=["error", "stream-ignored"])
+async def test_a_body_read_whole_from_a_stream_request_is_bounded_by_the_timeout(
+    make_client: Any, server: FakeLLMServer, api: str, status: int
+) -> None:
+    """Asked to stream, a server may answer with a whole body: an error, or the answer itself when it
+    ignores ``stream``. A byte every 0.05 s kept each read within the idle limit, so only the turn's
+    deadline (600 s) ended it, and every retry of a 5xx took as long again. Like any whole answer,
+    it must be complete within ``llm.timeout``."""
+    llm, _ = make_client(api, **{**FAST, "timeout": 0.5})
+    server.script(*[FakeReply(text="dripped", status=status, drip=0.05, stall=HUNG)] * 4)
+    async with asyncio.timeout(10):
+        with pytest.raises(LLMTimeout, match=r"whole answer within 0\.5 s \(llm\.timeout\)"):
+            await streamed(llm, ask())
+    assert llm.stats.failures == 2  # a timeout is tried twice only
