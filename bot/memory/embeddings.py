@@ -39,7 +39,7 @@ import structlog
 from numpy.typing import NDArray
 
 from bot.config import MemorySettings
-from bot.errors import ConfigError, LLMBadResponse, LLMError, LLMUnavailable
+from bot.errors import ConfigError, LLMBadResponse, LLMError, LLMTimeout, LLMUnavailable
 from bot.llm import read_at_most
 from bot.memory.int8_graph import int8_weights
 from bot.memory.items import MemoryItem
@@ -61,6 +61,14 @@ MiB = 1024 * 1024
 ANSWER_BYTES = 1 * MiB
 ANSWER_BYTES_PER_TEXT = 256 * 1024
 
+# How long one embeddings call may take, all of it (connecting, sending, the whole answer): half a
+# minute and a second a text, so 94 s for a batch of 64 texts of 2,000 characters, which a slow local
+# server on a CPU needs a good part of. The HTTP client's timeouts are per read: a server that sent a
+# byte now and then (a stuck proxy, a dying server) held a query's vector, or the background worker's
+# batch, for as long as it kept on. Past this the call is LLMTimeout, the callers' usual failure path.
+ANSWER_SECONDS = 30.0
+ANSWER_SECONDS_PER_TEXT = 1.0
+
 
 class Embedder(Protocol):
     """Turns texts into vectors, one row per text, in order.
@@ -77,32 +85,54 @@ class Embedder(Protocol):
 
 
 class OpenAIEmbedder:
-    """``POST {base_url}/embeddings`` with ``{"model", "input": [...]}`` over an injected httpx client."""
+    """``POST {base_url}/embeddings`` with ``{"model", "input": [...]}`` over an injected httpx client.
+
+    A call of ``n`` texts must be over within ``timeout + timeout_per_text * n`` seconds (see
+    :data:`ANSWER_SECONDS`), else it is :class:`~bot.errors.LLMTimeout`."""
 
     def __init__(
-        self, http: httpx.AsyncClient, base_url: str, model: str, api_key: str | None = None
+        self,
+        http: httpx.AsyncClient,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = ANSWER_SECONDS,
+        timeout_per_text: float = ANSWER_SECONDS_PER_TEXT,
     ) -> None:
         self._http = http
         self._url = base_url.rstrip("/") + "/embeddings"
         self._model = model
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = timeout
+        self._timeout_per_text = timeout_per_text
         self.model_id = f"openai:{model}"
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         limit = ANSWER_BYTES + ANSWER_BYTES_PER_TEXT * len(texts)
+        seconds = self._timeout + self._timeout_per_text * len(texts)
         body = {"model": self._model, "input": list(texts)}
         try:
-            async with self._http.stream("POST", self._url, json=body, headers=self._headers) as response:
-                if response.status_code != 200:
-                    raise LLMUnavailable(
-                        f"embeddings endpoint answered {response.status_code}",
-                        status_code=response.status_code,
-                    )
-                content = await read_at_most(response.aiter_bytes(), limit)
+            async with asyncio.timeout(seconds) as window:
+                async with self._http.stream("POST", self._url, json=body, headers=self._headers) as answer:
+                    if answer.status_code != 200:
+                        raise LLMUnavailable(
+                            f"embeddings endpoint answered {answer.status_code}",
+                            status_code=answer.status_code,
+                        )
+                    content = await read_at_most(answer.aiter_bytes(), limit)
         except httpx.HTTPError as exc:
             raise LLMUnavailable(
                 f"embeddings endpoint {self._url} unreachable: {type(exc).__name__}"
             ) from exc
+        except TimeoutError:
+            if not window.expired():
+                raise
+            raise LLMTimeout(
+                f"embeddings endpoint {self._url} did not answer {len(texts)} texts within {seconds:g} s; "
+                "check that memory.embeddings_base_url (MEMBOT_MEMORY__EMBEDDINGS_BASE_URL) is a "
+                "server that is up and not overloaded"
+            ) from None
         if content is None:
             raise LLMBadResponse(
                 f"embeddings endpoint {self._url} sent over {limit / MiB:g} MiB for {len(texts)} texts, "

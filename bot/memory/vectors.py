@@ -19,7 +19,8 @@ Use::
     await store.close()                      # finishes the queue (bounded), stops the worker
 
 A failing embedder (an endpoint down, a missing package) never fails a turn: the failure is logged once,
-queries get no semantic scores, and the worker retries the queue later with a growing delay.
+queries get no semantic scores, and the worker retries the queue later with a growing delay. A slow one
+never holds a turn for long either: a query waits for its vector at most ``QUERY_WAIT`` seconds.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ QUERY_CACHE = 256  # recent query vectors kept: a message is the query, then an 
 LOOKED_AT = 64  # nearest items among which feedback looks for its seeds
 RESCORED = 2_000  # nearest items feedback scores again (a second pass over 100,000 rows costs ~9 ms)
 IDLE_TRIM = 1.0  # seconds without new items after a batch before freed memory goes back to the system
+# Seconds a turn waits for its query's vector. The bundled model makes one in milliseconds (its first
+# load takes some 0.3 s), an endpoint in well under a second; one that is slow or stuck held the reply
+# for as long as it took (for a server sending a byte now and then: until the turn's own timeout).
+# Past this the turn goes on with words alone; the vector, if it comes, is kept for the next time.
+QUERY_WAIT = 5.0
 
 Progress = Callable[[int, int], None]  # (done, total)
 
@@ -173,6 +179,7 @@ class VectorStore:
 
     ``folder`` holds one file per model id (``embedder.model_id``). ``batch`` texts go to the embedder at
     a time; after a failure the worker waits ``retry_after`` seconds, doubling up to ``max_retry_after``.
+    A query waits at most ``query_wait`` seconds for its vector (:data:`QUERY_WAIT`).
     """
 
     def __init__(
@@ -185,6 +192,7 @@ class VectorStore:
         max_retry_after: float = 300.0,
         settle: float = SETTLE,
         max_wait: float = MAX_WAIT,
+        query_wait: float = QUERY_WAIT,
     ) -> None:
         self.folder = folder
         self.embedder = embedder
@@ -195,6 +203,7 @@ class VectorStore:
         self._max_retry_after = max_retry_after
         self._settle = settle
         self._max_wait = max_wait
+        self._query_wait = query_wait
         self._hurry = False  # drain() wants the queue embedded now
         self._matrix = _Matrix()
         self._end = 0
@@ -546,8 +555,18 @@ class VectorStore:
             self._queries.move_to_end(query)
             return q
         task = self._embed_query(query)
-        # Shielded: a stopped turn does not cancel an embedding another turn may be waiting for.
-        return await asyncio.shield(task) if task is not None else None
+        if task is None:
+            return None
+        try:
+            async with asyncio.timeout(self._query_wait) as window:
+                # Shielded: a stopped turn, or one that stops waiting, does not cancel an embedding
+                # another turn may be waiting for (and whose vector is kept when it comes).
+                return await asyncio.shield(task)
+        except TimeoutError:
+            if not window.expired():
+                raise
+            log.warning("vectors_query_embedding_slow", model=self.model_id, waited=self._query_wait)
+            return None
 
     def _embed_query(self, query: str) -> asyncio.Task[NDArray[np.float32] | None] | None:
         """The task embedding ``query`` (one per text at a time), unless its vector is known."""

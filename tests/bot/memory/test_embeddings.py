@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,14 +13,16 @@ import httpx
 import numpy as np
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from bot.config import MemorySettings
 from bot.domain import Message, Role
-from bot.errors import LLMBadResponse, LLMUnavailable
+from bot.errors import LLMBadResponse, LLMTimeout, LLMUnavailable
 from bot.llm.limits import MiB
 from bot.memory import Exchange, MemoryService
 from bot.memory.embeddings import OnnxEmbedder, OpenAIEmbedder
-from tests.bot.memory.conftest import Clock
+from bot.memory.vectors import VectorStore
+from tests.bot.memory.conftest import Clock, said_before
 
 SYNONYMS = {"automobile": "car", "vehicle": "car"}
 DIM = 32
@@ -35,7 +38,8 @@ def vector(text: str) -> list[float]:
 
 
 class FakeEmbeddings:
-    """``flood=n``: the answer sends ``n`` bytes of its vectors, then hangs, never finished; ``hanging``
+    """``flood=n``: the answer sends ``n`` bytes of its vectors, then hangs, never finished; ``drip=s``:
+    the answer goes out a byte every ``s`` seconds, for a minute, never silent for long; ``hanging``
     counts such answers the client has not let go of."""
 
     def __init__(self) -> None:
@@ -43,6 +47,7 @@ class FakeEmbeddings:
         self.status = 200
         self.base_url = ""
         self.flood: int | None = None
+        self.drip: float | None = None
         self.hanging = 0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -55,7 +60,22 @@ class FakeEmbeddings:
         data = [
             {"object": "embedding", "index": i, "embedding": vector(t)} for i, t in enumerate(body["input"])
         ]
-        return web.json_response({"object": "list", "data": list(reversed(data)), "model": body["model"]})
+        answer = {"object": "list", "data": list(reversed(data)), "model": body["model"]}
+        if self.drip is not None:
+            return await self._drip(request, json.dumps(answer).encode(), self.drip)
+        return web.json_response(answer)
+
+    async def _drip(self, request: web.Request, body: bytes, every: float) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        await response.prepare(request)
+        self.hanging += 1
+        try:
+            for i in range(int(60 / every)):  # the answer, then spaces (still JSON) after it
+                await response.write(body[i : i + 1] or b" ")
+                await asyncio.sleep(every)
+        finally:
+            self.hanging -= 1
+        return response
 
     async def _flood(self, request: web.Request, size: int) -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "application/json"})
@@ -162,6 +182,41 @@ async def test_an_answer_larger_than_any_embeddings_is_a_bad_response_and_lexica
         found = await memory.search("automobile")
     assert found[0].item.content == "my automobile needs new tires" and found[0].lexical > 0
     assert all(s.semantic == 0 for s in found)  # found by its words alone
+
+
+async def test_an_answer_that_drips_is_cut_at_the_call_s_deadline(
+    server: FakeEmbeddings, http: httpx.AsyncClient
+) -> None:
+    """A byte every 0.05 s kept every read within the HTTP client's timeout (per read): the call went on
+    for as long as the server kept sending, holding the background worker's batch all that time."""
+    server.drip = 0.05
+    embedder = OpenAIEmbedder(http, server.base_url, "m", timeout=0.3, timeout_per_text=0.1)
+    async with asyncio.timeout(20):
+        with pytest.raises(LLMTimeout, match=r"did not answer 2 texts within 0\.5 s") as info:
+            await embedder.embed(["a car", "a boat"])
+        assert "MEMBOT_MEMORY__EMBEDDINGS_BASE_URL" in str(info.value)
+        while server.hanging:  # the connection was dropped: the answer is not read on
+            await asyncio.sleep(0.01)
+
+
+async def test_a_query_does_not_wait_for_a_dripping_endpoint(
+    tmp_path: Path, server: FakeEmbeddings, http: httpx.AsyncClient
+) -> None:
+    """The query's vector is on the reply path: the turn waits for it ``query_wait`` seconds, then goes
+    on with words alone (an empty semantic answer), and says so in the log."""
+    embedder = OpenAIEmbedder(http, server.base_url, "m")  # its own deadline is half a minute
+    store = VectorStore(tmp_path / "vectors", embedder, query_wait=0.3)
+    await store.start()
+    store.submit([said_before(Clock().now, "my automobile needs new tires")])
+    assert await store.drain() == 0
+    server.drip = 0.05
+    try:
+        async with asyncio.timeout(20):
+            with capture_logs() as logs:
+                assert await store.nearest("car service", k=3) == []
+        assert [e["waited"] for e in logs if e["event"] == "vectors_query_embedding_slow"] == [0.3]
+    finally:
+        await store.close()
 
 
 async def test_build_embedder_follows_settings(http: httpx.AsyncClient) -> None:

@@ -537,6 +537,25 @@ async def test_a_prefetched_query_is_embedded_once_and_a_stopped_turn_does_not_c
     assert embedder.calls == [["my car"]]
 
 
+async def test_a_slow_query_vector_is_not_waited_for_but_kept_when_it_comes(tmp_path: Path) -> None:
+    embedder = WordsEmbedder()
+    store = VectorStore(tmp_path / "vectors", embedder, query_wait=0.1)
+    await store.start()
+    store.submit(ITEMS)
+    await store.drain()
+    embedder.slow = {"my car"}
+    with capture_logs() as logs:
+        async with asyncio.timeout(10):
+            assert await store.nearest("my car", k=1) == []  # the turn goes on with words alone
+    assert [e["event"] for e in logs] == ["vectors_query_embedding_slow"]
+    embedder.succeeded.clear()
+    embedder.release.set()
+    await embedder.succeeded.wait()  # the vector comes after all, and is kept
+    assert [key for key, _ in await store.nearest("my car", k=1)] == [ITEMS[0].fingerprint]
+    assert embedder.calls[-1] == ["my car"] and embedder.calls.count(["my car"]) == 1
+    await store.close()
+
+
 async def test_two_writers_share_one_file(tmp_path: Path) -> None:
     folder = tmp_path / "vectors"
     bot = await filled(folder, WordsEmbedder(), ITEMS[:1])
