@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bot.llm.sse import SSETooLarge, SSEvent, iter_lines, iter_sse
 
@@ -62,3 +66,11 @@ async def test_a_line_or_an_event_past_the_limit_is_too_large() -> None:
     ]
     with pytest.raises(SSETooLarge, match="an event over"):
         [e async for e in iter_sse(lines(*["data:"] * 102), limit=100)]  # 101 newlines
+
+
+@given(st.lists(st.text(alphabet="ab\r\n\u2028", min_size=1, max_size=8), max_size=12))
+def test_lines_are_those_of_the_whole_text_however_it_is_cut(chunks: list[str]) -> None:
+    whole = re.split(r"\r\n|\r|\n", "".join(chunks))
+    if whole[-1] == "":  # the text ended with a line end: no line after it
+        whole.pop()
+    assert asyncio.run(split(*chunks, limit=1000)) == whole
