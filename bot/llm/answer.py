@@ -20,7 +20,7 @@ from bot.catalog import ModelInfo
 from bot.config import ProviderSettings
 from bot.errors import LLMBadResponse, LLMError, LLMTimeout
 from bot.llm import anthropic, openai
-from bot.llm.failures import STATUS_OF_TYPE, Provider, status_error
+from bot.llm.failures import STATUS_OF_TYPE, Provider, error_fields, status_error
 from bot.llm.limits import MAX_BODY_BYTES, MiB, answer_too_large, read_at_most
 from bot.llm.types import ChatResponse
 
@@ -103,7 +103,7 @@ def parse(target: Target, content: bytes) -> ChatResponse:
             f"{target.where} answered with malformed JSON for {target.model}", model=target.model
         ) from None
     if isinstance(body, dict) and "error" in body and "choices" not in body and "content" not in body:
-        raise _error_in_200(target, body, content)
+        raise _error_in_200(target, content)
     translate = anthropic.parse_response if target.provider == "anthropic" else openai.parse_response
     with readable(target):
         return translate(body, target.model, target.where)
@@ -121,16 +121,14 @@ def redirected(target: Target, response: httpx.Response) -> LLMError:
     )
 
 
-def _error_in_200(target: Target, body: dict[str, object], content: bytes) -> LLMError:
+def _error_in_200(target: Target, content: bytes) -> LLMError:
     """An error body sent with HTTP 200 (proxies such as OpenRouter do): classified by the status it
     names (``code``), else by its type, like the same error sent with its status; its message kept."""
-    error = body["error"]
-    code = error.get("code") if isinstance(error, dict) else None
-    kind = str(error.get("type") or "") if isinstance(error, dict) else ""
-    status = int(code) if isinstance(code, int | str) and str(code).isdigit() else 0
+    text = content.decode("utf-8", "replace")
+    kind, code, _ = error_fields(text)
+    status = int(code) if code.isdigit() else 0
     if not 400 <= status < 600:
         status = STATUS_OF_TYPE.get(kind, 500)
-    text = content.decode("utf-8", "replace")
     return status_error(status, {}, text, model=target.model, provider=target.provider, where=target.where)
 
 

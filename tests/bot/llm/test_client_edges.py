@@ -13,7 +13,7 @@ import bot.llm
 from bot.catalog import ModelCatalog
 from bot.config import LLMSettings
 from bot.domain import Message, Role
-from bot.errors import ConfigError, LLMBadResponse, LLMUnavailable
+from bot.errors import ConfigError, LLMAuthError, LLMBadResponse, LLMRateLimited, LLMUnavailable
 from bot.llm import ChatRequest, LLMClient, StreamEvent
 
 REQUEST = ChatRequest(messages=(Message(Role.USER, "hi"),))
@@ -190,6 +190,27 @@ async def test_an_error_sent_with_http_200_says_what_the_provider_said(catalog: 
         return httpx.Response(200, json={"error": {"message": "Model gpt-9 does not exist", "code": 404}})
 
     with pytest.raises(LLMBadResponse, match="gpt-9 does not exist"):
+        await stream_with(catalog, handler)
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [
+        ({"message": "slow down", "code": "429"}, LLMRateLimited),  # the status as a string
+        ({"message": "slow down", "type": "rate_limit_error"}, LLMRateLimited),  # by its type alone
+        ({"message": "no such key", "code": 401}, LLMAuthError),
+        ({"message": "odd", "code": 200, "type": "overloaded_error"}, LLMUnavailable),  # no error status
+        ({"message": "odd", "code": "E42"}, LLMUnavailable),  # a code that is no status: 500
+        ("something broke", LLMUnavailable),  # a bare string
+    ],
+)
+async def test_an_error_sent_with_http_200_is_classified_by_its_code_then_its_type(
+    catalog: ModelCatalog, error: object, raised: type[Exception]
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"error": error})
+
+    with pytest.raises(raised):
         await stream_with(catalog, handler)
 
 
