@@ -126,7 +126,7 @@ def _error_in_200(target: Target, content: bytes) -> LLMError:
     names (``code``), else by its type, like the same error sent with its status; its message kept."""
     text = content.decode("utf-8", "replace")
     kind, code, _ = error_fields(text)
-    status = int(code) if code.isdigit() else 0
+    status = int(code) if code.isdecimal() else 0  # (not isdigit: "²" is a digit int() refuses)
     if not 400 <= status < 600:
         status = STATUS_OF_TYPE.get(kind, 500)
     return status_error(status, {}, text, model=target.model, provider=target.provider, where=target.where)

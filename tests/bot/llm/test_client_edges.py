@@ -201,6 +201,7 @@ async def test_an_error_sent_with_http_200_says_what_the_provider_said(catalog: 
         ({"message": "no such key", "code": 401}, LLMAuthError),
         ({"message": "odd", "code": 200, "type": "overloaded_error"}, LLMUnavailable),  # no error status
         ({"message": "odd", "code": "E42"}, LLMUnavailable),  # a code that is no status: 500
+        ({"message": "odd", "code": "\u00b2"}, LLMUnavailable),  # "²": a digit, but no number (ValueError)
         ("something broke", LLMUnavailable),  # a bare string
     ],
 )
