@@ -400,7 +400,9 @@ async def _probe(
     shown_url: str | None = None,
     auth_statuses: tuple[int, ...] = (401, 403),
 ) -> Check:
-    """One request; every httpx error becomes a fail line (secrets never appear: URLs are shown masked)."""
+    """One request, answered whole within ``ONLINE_TIMEOUT`` (httpx's timeout is per read: a server
+    sending a byte now and then kept it going); every httpx error becomes a fail line (secrets never
+    appear: URLs are shown masked)."""
     import json
 
     import httpx
@@ -410,10 +412,10 @@ async def _probe(
     shown = shown_url or _public(url)
     content: bytes | None = b""
     try:
-        async with http.stream(method, url, headers=headers) as response:
+        async with asyncio.timeout(ONLINE_TIMEOUT), http.stream(method, url, headers=headers) as response:
             if response.status_code < 400:
                 content = await read_at_most(response.aiter_bytes(), PROBE_BYTES)
-    except httpx.TimeoutException:
+    except (httpx.TimeoutException, TimeoutError):
         return Check(name, "fail", f"{shown}: no answer within {ONLINE_TIMEOUT:g} s", reach_hint)
     except httpx.HTTPError as exc:
         return Check(name, "fail", f"{shown}: cannot connect ({type(exc).__name__})", reach_hint)

@@ -60,7 +60,8 @@ class FakeLLMServer:
     OpenAI accepts a missing key (like Ollama) unless ``openai_api_key`` is set. ``strict_template``:
     the OpenAI endpoint also refuses what strict chat templates of local servers refuse (a second
     system message, two user messages in a row), with their 400. ``models``: what ``GET /v1/models``
-    lists; ``models_flood=n``: that list sends ``n`` bytes of itself, never ends and hangs instead.
+    lists; ``models_flood=n``: that list sends ``n`` bytes of itself, never ends and hangs instead;
+    ``models_drip=s``: it goes out a byte every ``s`` seconds, then spaces at that pace for a minute.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class FakeLLMServer:
         self.strict_template = strict_template
         self.models = models
         self.models_flood: int | None = None
+        self.models_drip: float | None = None
         self.requests: list[RecordedRequest] = []
         self.responder: Responder | None = None
         self.in_flight = 0
@@ -128,6 +130,9 @@ class FakeLLMServer:
             await asyncio.sleep(60)
             return response
         data = [{"id": model, "object": "model"} for model in self.models]
+        if self.models_drip is not None:
+            listing = json.dumps({"object": "list", "data": data}).encode()
+            return await send_dripping(request, listing, FakeReply(drip=self.models_drip))
         return web.json_response({"object": "list", "data": data})
 
     async def _openai(self, request: web.Request) -> web.StreamResponse:

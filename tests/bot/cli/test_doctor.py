@@ -173,6 +173,20 @@ async def test_a_model_list_that_never_ends_is_cut_with_a_fail_line(tmp_path: Pa
     assert "MEMBOT_LLM__OPENAI__BASE_URL" in llm_line
 
 
+async def test_a_model_list_that_drips_is_cut_at_the_online_timeout(tmp_path: Path) -> None:
+    """A byte every 0.05 s kept each read within the client's timeout (10 s a read): doctor waited as
+    long as the server kept sending."""
+    async with FakeLLMServer(models=("llama3.1",)) as llm:
+        llm.models_drip = 0.05  # the list, then spaces, for a minute
+        async with asyncio.timeout(30):
+            code, out = await doctor(
+                tmp_path, MEMBOT_LLM__OPENAI__BASE_URL=llm.openai_base_url, MEMBOT_LLM__MODEL="llama3.1"
+            )
+    assert code == 1
+    llm_line = line(out, "llm openai")
+    assert llm_line.startswith("✗ fail") and "no answer within 10 s" in llm_line, out
+
+
 async def test_no_channel_is_a_warning_since_membot_run_would_not_start(tmp_path: Path) -> None:
     code, out = await doctor(
         tmp_path, offline=True, MEMBOT_TERMINAL__ENABLED="false", MEMBOT_LLM__OPENAI__API_KEY="sk-x"
