@@ -9,7 +9,8 @@ For every pending inbox entry (``bot/inbox.py``) of a session, in arrival order:
 2. it was accepted longer than ``dispatcher.recover_max_age`` ago: tell the user it was skipped
    rather than answer a question that has gone stale;
 3. the session already holds it (the turn was cut short after saving the question: grace period
-   over, a cancelled tool loop): answer it without adding it to the session a second time;
+   over, a cancelled tool loop): answer it without adding it to the session a second time, and in one
+   turn with the others that turn stored (``Dispatcher.recover``), as that turn would have;
 4. otherwise: answer it as if it had just arrived (an entry that is a command, /new or /compact kept
    while it waited for a turn, is run in its place instead: bot/dispatcher/turns.py).
 """

@@ -184,10 +184,16 @@ class Dispatcher:
             lane = self._lane(sid, first.channel, first.chat_id)
             answered: set[str] = set()
             for item in work:
+                last = lane.queue[-1] if lane.queue else None
                 if not isinstance(item, recovery.Answer):
                     lane.queue.append(item)
                 elif (call := self._router.parse(item.message)) is not None:
                     lane.queue.append(KeptCommand(call, item.entry_id))  # it waited for a turn
+                elif item.in_session and isinstance(last, Queued) and last.in_session:
+                    # Both stored unanswered by the turn a shutdown cut short (or a try the model
+                    # missed): one turn answers them, as that turn would have, in per_message mode too.
+                    last.folded.append(Queued(item.message, [item.entry_id], in_session=True))
+                    answered.add(item.entry_id)
                 else:
                     lane.queue.append(Queued(item.message, [item.entry_id], in_session=item.in_session))
                     answered.add(item.entry_id)

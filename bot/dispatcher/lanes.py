@@ -27,8 +27,9 @@ class Queued:
     message: InboundMessage
     entries: list[str] = field(default_factory=list)  # its inbox entry ids
     in_session: bool = False  # recovered after a turn that saved it: the session holds it already
-    # Messages that arrived past the queue limit, folded behind it: they are answered in its turn, each
-    # as its own message (its sender, its platform id, its inbox entry), never merged into its text.
+    # Messages answered in its turn, each as its own message (its sender, its platform id, its inbox
+    # entry), never merged into its text: those that arrived past the queue limit, folded behind it, and
+    # those a turn cut short answered with it (see :func:`one_turn`).
     folded: list[Queued] = field(default_factory=list)
     # A /stop kept it, but it came after a command still waiting (a /new): it goes into the history
     # unanswered in its place, after that command ran, not before it (see :func:`take_messages`).
@@ -131,6 +132,18 @@ def take_unanswered(lane: Lane) -> list[Queued]:
         lane.queue.popleft()
         taken.extend(head.messages())
     return taken
+
+
+def one_turn(batch: list[Queued]) -> Queued:
+    """``batch`` (a turn's messages, oldest first) as one queued item: its first message with the others
+    folded behind it. A turn that is to be answered again (a try the model missed, a turn a shutdown
+    cut short) goes back into the queue so, and is taken as one turn again, in ``per_message`` mode
+    too: one answer per message answered the same history (it holds them all) once per message."""
+    head, *rest = batch
+    for queued in batch:
+        queued.folded = []
+    head.folded = rest
+    return head
 
 
 def queued_count(lane: Lane) -> int:

@@ -28,6 +28,7 @@ from bot.dispatcher.lanes import (
     Queued,
     Stop,
     next_command,
+    one_turn,
     take_messages,
     take_unanswered,
 )
@@ -225,9 +226,10 @@ class Turns:
         ``False`` once the chat has waited ``model_retry_max_age``: the turn then fails as any other.
 
         The turn's messages (and what it did) are saved in the session, unanswered, and go back to the
-        head of the queue; their inbox entries stay pending, so a restart meanwhile answers them once.
-        The chat is told once, at the first failure; the notice is an aside, never the answer. The wait
-        is recorded before the notice goes out, so a restart goes on with it without telling again."""
+        head of the queue as one turn; their inbox entries stay pending, so a restart meanwhile answers
+        them once, in one turn (``Dispatcher.recover``). The chat is told once, at the first failure; the
+        notice is an aside, never the answer. The wait is recorded before the notice goes out, so a
+        restart goes on with it without telling again."""
         settings = self._settings
         wait = lane.model_wait or ModelWait()
         backoff = Backoff(settings.model_retry_first, settings.model_retry_max)
@@ -242,7 +244,7 @@ class Turns:
         await self._delivery.persist("session_save", lambda: self._save(session, turn, replies=[]))
         for queued in batch:
             queued.in_session = True
-        lane.queue.extendleft(reversed(batch))  # before what arrived meanwhile: the order holds
+        lane.queue.appendleft(one_turn(batch))  # before what arrived meanwhile: the order holds
         first_failure, lane.model_wait = lane.model_wait is None, wait
         log.warning(
             "turn_waiting_for_model", chat_id=lane.chat_id, attempt=wait.attempts, next_try_in=round(pause, 1)
