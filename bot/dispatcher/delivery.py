@@ -61,7 +61,7 @@ class Delivery:
     def begin_shutdown(self) -> None:
         self._closing.set()
 
-    async def deliver(self, reply: PendingReply, lane: Lane, *, answers_turn: bool = False) -> None:
+    async def deliver(self, reply: PendingReply, lane: Lane) -> None:
         """Send a saved answer; once it went out, its inbox entries are done.
 
         Answers of the chat set aside earlier go first, once each. A platform that refuses the answer
@@ -74,8 +74,6 @@ class Delivery:
         inbox = self._inbox
         await self._send_set_aside(lane)
         outcome = await self.send_out(reply.outbound())
-        if answers_turn:
-            lane.sent = True  # for /status and /stop the turn is over; the done mark is bookkeeping
         if inbox is None or not reply.entries:
             return
         if outcome != "sent":

@@ -27,6 +27,7 @@ from bot.dispatcher.lanes import (
     Lane,
     Queued,
     Stop,
+    answer_final,
     queued_count,
     take_messages,
 )
@@ -249,7 +250,7 @@ class Dispatcher:
 
     def is_running(self, sid: str) -> bool:
         lane = self._lanes.get(sid)
-        return bool(lane and lane.turn and not lane.turn.done() and not lane.sent)
+        return bool(lane and lane.turn and not lane.turn.done() and not answer_final(lane))
 
     async def settled(self, sid: str) -> None:
         """Returns once ``sid`` has nothing queued or running (its lane's worker has ended)."""
@@ -259,9 +260,9 @@ class Dispatcher:
 
     def model_wait(self, sid: str) -> float | None:
         """Seconds until ``sid``'s waiting answers are tried again, ``None`` if it does not wait for the
-        model (a try running now counts as running, see :meth:`is_running`)."""
+        model, or a try runs now (a running one, see :meth:`is_running`, or one whose answer is final)."""
         lane = self._lanes.get(sid)
-        if lane is None or lane.model_wait is None or self.is_running(sid):
+        if lane is None or lane.model_wait is None or (lane.turn is not None and not lane.turn.done()):
             return None
         return lane.model_wait.next_try_in()
 
@@ -280,13 +281,16 @@ class Dispatcher:
         lane = self._lanes.get(sid)
         if lane is None or lane.stopping is not None:
             return None
-        if lane.turn is None or lane.turn.done() or lane.sent:
-            # (``sent``: the answer is saved and on its way, through an outage maybe: it is no reply to
-            # stop any more, as /status says, and stopping its delivery dropped it)
+        turn = lane.turn
+        if turn is None or turn.done():
             return await self._turns.stop_waiting(sid, lane) if lane.model_wait is not None else None
+        if answer_final(lane):
+            # Saved and sent, through an outage maybe: it is no reply to stop any more, as /status says
+            # (stopped, it was dropped, while the history and memory kept it).
+            return None
         kept, later = take_messages(lane)
         request = lane.stopping = Stop(list(lane.batch), kept)
-        lane.turn.cancel()
+        turn.cancel()
         await request.done  # the worker did the bookkeeping (see Stop)
         return len(kept) + later
 

@@ -18,6 +18,7 @@ from bot.commands import CommandCall
 from bot.domain import InboundMessage, Session
 from bot.model_wait import ModelWait
 from bot.outbox import PendingReply
+from pipeline import Turn
 
 
 @dataclass(slots=True)
@@ -91,7 +92,10 @@ class Lane:
     worker: asyncio.Task[None] | None = None
     turn: asyncio.Task[None] | None = None
     batch: list[Queued] = field(default_factory=list)  # what the running turn answers
-    sent: bool = False  # the running turn's answer went out; only its bookkeeping is left
+    # The running turn, and whether its pipeline ended (with its answer, an apology or a timeout's note):
+    # they tell when its answer is final (see :func:`answer_final`).
+    answering: Turn | None = None
+    answered: bool = False
     overflow_noticed: bool = False
     stopping: Stop | None = None  # what /stop asked of the running turn; the worker does it
     # Answers not delivered (refused for good, or past the patience), kept in the inbox: each is tried
@@ -100,6 +104,15 @@ class Lane:
     # The model was out of reach: the failed turn's messages are back at the head of the queue, and the
     # worker waits for the next try (bot/model_wait.py).
     model_wait: ModelWait | None = None
+
+
+def answer_final(lane: Lane) -> bool:
+    """Whether the running turn's answer is final: the model gave it, or the pipeline ended. From then on
+    the history holds it (memory too) and it is saved and sent: /stop does not take it back, and the
+    turn counts as over for /status. A /stop that cut it short there left the answer in the history
+    while the chat was sent part of it, or nothing, and never again (its messages were done)."""
+    turn = lane.answering
+    return lane.answered or (turn is not None and bool(turn.reply and turn.reply.strip()))
 
 
 def take_messages(lane: Lane) -> tuple[list[Queued], int]:

@@ -114,7 +114,7 @@ class Turns:
                     if self._settings.mode != "collect":
                         break
                 lane.overflow_noticed = False
-                lane.batch, lane.sent = batch, False
+                lane.batch, lane.answered = batch, False
                 lane.turn = asyncio.create_task(self._run_turn(lane, batch), name=f"turn:{sid}")
                 try:
                     await lane.turn
@@ -153,6 +153,7 @@ class Turns:
                     on_partial=channel.partial_sink(lane.chat_id, first.message_id) if channel else None,
                     now=intake.turn_time(q.message for q in batch),
                 )
+                lane.answering = turn
                 structlog.contextvars.bind_contextvars(turn_id=turn.id)
                 log.info("turn_started", messages=len(batch))
                 try:
@@ -177,6 +178,8 @@ class Turns:
                 ):
                     outcome = "waiting"
                     return
+                # Final from here (see answer_final): it is saved and sent whatever /stop says.
+                lane.answered = True
                 if lane.model_wait is not None:
                     waited = time.monotonic() - lane.model_wait.since
                     log.info(
@@ -202,8 +205,9 @@ class Turns:
                 )
                 self.completed += 1
                 log.info("turn_finished", outcome=outcome, failures=len(turn.failures))
-                await self._delivery.deliver(reply, lane, answers_turn=True)
+                await self._delivery.deliver(reply, lane)
             finally:
+                lane.answering = None
                 if self._observer is not None:
                     self._observer.turn_finished(lane.channel, outcome, time.perf_counter() - started)
                 structlog.contextvars.unbind_contextvars("session_id", "channel", "turn_id")

@@ -1,0 +1,109 @@
+"""/stop once the answer is final (being saved, or being sent): the history keeps what the chat gets.
+
+The answer is in the session once the model gave it, and saved with the turn before it is sent (a crash
+resends it, never asks again). A /stop that cancelled the turn from there on (the systems after the
+model, the save, the send) marked its messages done: the chat never got the answer, or got part of it,
+while the history held all of it, and the model went on believing it had answered. Now such a /stop
+finds nothing to stop: the answer goes out, and the history holds what the chat was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from bot.commands import CommandRouter
+from bot.config import DispatcherSettings
+from bot.dispatcher import Dispatcher
+from bot.domain import OutboundMessage, Role
+from bot.inbox import Inbox
+from bot.sessions import JsonSessionStore, SessionService
+from channels.base import InboundSink
+from pipeline import Pipeline, Turn
+from tests.bot.test_dispatcher import ModelSystem
+from tests.bot.test_dispatcher_recovery import msg, pending, settled, started
+from tests.recording import RecordingChannel
+
+
+class SlowPlatform(RecordingChannel):
+    """A platform that takes its time over an answer (a long one goes in pieces, a 5xx is retried), until
+    ``release`` is set; a command's reply (an aside) goes at once."""
+
+    def __init__(self, submit: InboundSink) -> None:
+        super().__init__(submit)
+        self.sending = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def send(self, message: OutboundMessage) -> None:
+        if not message.aside:
+            self.sending.set()
+            await self.release.wait()
+        await super().send(message)
+
+
+async def test_a_stop_while_the_answer_is_sent_leaves_it_to_arrive_and_in_the_history(
+    tmp_path: Path,
+) -> None:
+    dispatcher, channel, sessions = await started(tmp_path, ModelSystem(), channel_type=SlowPlatform)
+    assert isinstance(channel, SlowPlatform)
+    await dispatcher.submit(msg("hello", message_id="1"))
+    await channel.sending.wait()  # saved with the turn, and on its way
+    await dispatcher.submit(msg("/stop", message_id="2"))
+    channel.release.set()
+    await dispatcher.settled("test:c1")
+    await settled(tmp_path)
+    session = await sessions.get("test:c1")
+    await dispatcher.close(grace=1)
+
+    delivered = [m.text for m in channel.sent if not m.aside]
+    assert delivered == ["answer to hello"]
+    assert session is not None
+    assert [m.content for m in session.messages if m.role is Role.ASSISTANT] == delivered
+    assert [m.text for m in channel.sent if m.aside] == ["Nothing is running."]
+    assert await pending(tmp_path) == []
+
+
+class AfterTheAnswer:
+    """A system after the model's (memory's place): it holds the turn until ``release`` is set."""
+
+    name, order, enabled = "after", 50, True
+
+    def __init__(self) -> None:
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def should_process(self, turn: Turn) -> bool:
+        return True
+
+    async def process(self, turn: Turn) -> None:
+        self.reached.set()
+        await self.release.wait()
+
+
+async def test_a_stop_after_the_model_answered_leaves_the_answer_to_arrive(tmp_path: Path) -> None:
+    after = AfterTheAnswer()
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    dispatcher = Dispatcher(
+        Pipeline([ModelSystem(), after]),
+        sessions,
+        CommandRouter(),
+        DispatcherSettings(),
+        inbox=Inbox(tmp_path / "inbox"),
+    )
+    channel = RecordingChannel(dispatcher.submit)
+    await dispatcher.recover()
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("hello", message_id="1"))
+    await after.reached.wait()  # the model answered (the session holds it); memory's step runs
+    await dispatcher.submit(msg("/stop", message_id="2"))
+    after.release.set()
+    await dispatcher.settled("test:c1")
+    await settled(tmp_path)
+    session = await sessions.get("test:c1")
+    await dispatcher.close(grace=1)
+
+    delivered = [m.text for m in channel.sent if not m.aside]
+    assert delivered == ["answer to hello"]
+    assert session is not None
+    assert [m.content for m in session.messages if m.role is Role.ASSISTANT] == delivered
+    assert [m.text for m in channel.sent if m.aside] == ["Nothing is running."]
