@@ -33,6 +33,7 @@ from bot.context_budget import ContextBudget, prompt_room
 from bot.dispatcher import Dispatcher
 from bot.errors import ConfigError
 from bot.inbox import Inbox
+from bot.intake import COMMANDS_NOTED
 from bot.lifecycle import EXIT_OK, ServiceRunner, settle_heap
 from bot.llm import ChatModel, LLMClient, llm_http_client
 from bot.logging import SecretRedactor, configure_logging
@@ -210,6 +211,7 @@ async def build_core(
             max_inbound_chars=settings.sessions.max_inbound_chars,
             observer=metrics,
             waits=WaitRecords(settings.workspace / "state" / WAIT_FILE),
+            redelivery_window=_redelivery_window(settings),
         )
         stack.push_async_callback(dispatcher.close, settings.lifecycle.grace_period)
         yield Core(settings, catalog, sessions, inbox, commands, dispatcher, model, memory, edge)
@@ -417,6 +419,14 @@ def _commands(
     )
     commands.add("new", "Save this conversation to memory and start a fresh one", session_commands.new)
     return commands
+
+
+def _redelivery_window(settings: Settings) -> int:
+    """The most messages of a chat a channel may hand over again: Discord's catch-up reads up to
+    ``discord.catch_up_max_messages`` after a mark not on disk yet; Telegram's journal takes an update
+    once (bot/intake.py, ``COMMANDS_NOTED``)."""
+    discord = settings.discord.catch_up_max_messages if settings.discord.token is not None else 0
+    return max(COMMANDS_NOTED, discord)
 
 
 # ---- entry points used by the CLI -------------------------------------------------------------------

@@ -20,8 +20,11 @@ INBOX_META = "inbox"  # user message meta: the inbox entries it came from, comma
 SPEAKER_CHARS = 64  # the longest name put before a group message
 DEDUP_WINDOW = 100  # recent session messages searched for a redelivered platform message
 COMMANDS_META = "commands_run"  # session.metadata: platform ids of the latest commands run in the chat
-# Commands a session notes: a redelivery repeats only the latest few (the updates Telegram had not seen
-# confirmed, the messages after a Discord mark not yet on disk), and every save carries the list.
+# Commands a session notes at the least (every save carries the list): Telegram's update journal takes an
+# update once, so only the last few come again (a kill between the inbox's fsync and the journal's). A
+# channel that hands over more again raises it: Discord's catch-up reads up to
+# ``discord.catch_up_max_messages`` after a mark not on disk yet (``Dispatcher``'s ``redelivery_window``).
+# Fewer, and a command it reads again ran again, and noted, pushed out the next one, which ran again too.
 COMMANDS_NOTED = 20
 
 
@@ -105,14 +108,15 @@ def command_run(session: Session, message_id: str) -> bool:
     return isinstance(noted, list) and message_id in noted
 
 
-def note_command(session: Session, message_id: str) -> None:
+def note_command(session: Session, message_id: str, *, keep: int = COMMANDS_NOTED) -> None:
     """Note the command ``message_id`` as run, before it acts: the note is saved with what it does
     (/new's cleared session, /compact's, the turn a /stop cut short), so once its work is on disk a
     platform's redelivery is recognized, as a message is by its place in the history. A command that
-    changes nothing is noted on disk with the session's next save. The latest ``COMMANDS_NOTED`` stay."""
+    changes nothing is noted on disk with the session's next save. The latest ``keep`` stay (at least
+    :data:`COMMANDS_NOTED`: as many as a channel may hand over again)."""
     noted = session.metadata.get(COMMANDS_META)
     kept = [i for i in noted if i != message_id] if isinstance(noted, list) else []
-    session.metadata[COMMANDS_META] = [*kept, message_id][-COMMANDS_NOTED:]
+    session.metadata[COMMANDS_META] = [*kept, message_id][-max(keep, COMMANDS_NOTED) :]
 
 
 def forget_command(session: Session, message_id: str) -> None:

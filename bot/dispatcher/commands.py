@@ -33,8 +33,9 @@ class Commands:
 
     The dispatcher composes it: ``control`` is what the command handlers see (the dispatcher itself),
     ``lanes`` the chats' lanes, ``lane`` returns a chat's lane (made if new: ``sid``, channel, chat id),
-    and ``wake`` starts a lane's worker once its channel is ready. ``tasks`` are the commands being
-    answered, which shutdown waits for.
+    and ``wake`` starts a lane's worker once its channel is ready; a session notes the latest
+    ``noted`` commands run in it (see :data:`bot.intake.COMMANDS_NOTED`). ``tasks`` are the commands
+    being answered, which shutdown waits for.
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class Commands:
         wake: Callable[[str, Lane], None],
         *,
         inbox: Inbox | None = None,
+        noted: int = intake.COMMANDS_NOTED,
     ) -> None:
         self._router = router
         self._control = control
@@ -57,6 +59,7 @@ class Commands:
         self._lane = lane
         self._wake = wake
         self._inbox = inbox
+        self._noted = noted
         # Commands being answered; one that waits for its chat's running turn (/new, /compact) sets its
         # ``placed`` once it holds its place in the lane: from then on ``submit`` need not wait for it.
         self._running: dict[asyncio.Task[None], Command] = {}
@@ -163,7 +166,7 @@ class Commands:
             task, _ = self._start(call, entry=waiting.entry, noted=session)
         else:
             if session is not None and message_id is not None:
-                intake.note_command(session, message_id)
+                intake.note_command(session, message_id, keep=self._noted)
             task = waiting.task
             waiting.reached.set()
         await asyncio.wait([task])
@@ -175,7 +178,7 @@ class Commands:
             # Noted before it acts, with no wait until it either acts or, if it has to wait for its
             # turn, takes the note back (exclusive): a save meanwhile must not note a command that
             # is not kept in the inbox yet.
-            intake.note_command(command.noted, call.message.message_id)
+            intake.note_command(command.noted, call.message.message_id, keep=self._noted)
         try:
             reply = await self._router.handle(call, self._control)
         except Exception:

@@ -48,6 +48,8 @@ class Dispatcher:
     """The hand-off point between channels and the pipeline (see the package doc, bot/dispatcher/__init__.py).
 
     ``submit`` returns once the message is durably queued, which is when a channel may acknowledge it.
+    ``redelivery_window``: the most messages of a chat a channel may hand over again (Discord's
+    catch-up), so many of the commands run in a session are noted there (bot/intake.py).
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class Dispatcher:
         retry: Backoff = RETRY,
         send_patience: float = SEND_PATIENCE,
         waits: WaitRecords | None = None,
+        redelivery_window: int = intake.COMMANDS_NOTED,
     ) -> None:
         self._pipeline = pipeline
         self._sessions = sessions
@@ -77,7 +80,15 @@ class Dispatcher:
         self._accepting = True
         self._delivery = Delivery(self._channels, inbox, settings, retry=retry, send_patience=send_patience)
         self._commands = Commands(
-            commands, self, sessions, self._delivery, self._lanes, self._lane, self._wake, inbox=inbox
+            commands,
+            self,
+            sessions,
+            self._delivery,
+            self._lanes,
+            self._lane,
+            self._wake,
+            inbox=inbox,
+            noted=redelivery_window,
         )
         self._turns = Turns(
             pipeline,

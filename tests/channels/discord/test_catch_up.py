@@ -244,3 +244,30 @@ async def test_a_session_that_could_not_resume_catches_up_and_a_resumed_one_does
             "echo: while the session was lost",
             "echo: after the resume",
         ]
+
+
+async def test_commands_a_full_catch_up_reads_again_are_not_run_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A catch-up reads up to ``catch_up_max_messages`` (50) again when the mark on disk lags: here a /new,
+    23 commands and a message, each with its answer. The session noted only the latest 20 commands run,
+    so the /new and the oldest /help ran again: the /new cleared the conversation a second time."""
+    async with offline(tmp_path) as o:
+        async with o.run():
+            hello = await o.dm_from_alice("hello")
+            await o.discord.wait_for_bot_messages(o.dm, 1)
+            commands = ["/new", *["/help"] * 23]
+            for count, text in enumerate([*commands, "thanks"], start=2):  # one at a time, as typed
+                await o.dm_from_alice(text)
+                await o.discord.wait_for_bot_messages(o.dm, count)  # ("thanks": its turn saves the notes)
+        before = o.discord.bot_texts(o.dm)
+        marks = o.workspace / "state" / SEEN_FILE  # as if no mark was written after "hello"'s
+        marks.write_text(json.dumps({"newest": {o.dm: hello["id"]}}))
+        async with o.run():
+            await o.dm_from_alice("live")  # answered once the catch-up handed over what it read
+            await o.discord.wait_until(lambda: "echo: live" in o.discord.bot_texts(o.dm))
+        [caught_up] = events(caplog, "discord_caught_up")[-1:]
+        assert caught_up["read"] == 50  # the /new, the 23 /help, "thanks" and their 25 answers
+        assert o.discord.bot_texts(o.dm) == [*before, "echo: live"]
+    assert len(events(caplog, "duplicate_command_ignored")) == len(commands)
+    assert len(events(caplog, "duplicate_message_ignored")) == 1
