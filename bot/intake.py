@@ -112,8 +112,9 @@ def note_command(session: Session, message_id: str, *, keep: int = COMMANDS_NOTE
     """Note the command ``message_id`` as run, before it acts: the note is saved with what it does
     (/new's cleared session, /compact's, the turn a /stop cut short), so once its work is on disk a
     platform's redelivery is recognized, as a message is by its place in the history. A command that
-    changes nothing is noted on disk with the session's next save. The latest ``keep`` stay (at least
-    :data:`COMMANDS_NOTED`: as many as a channel may hand over again)."""
+    changes nothing is noted on disk with the session's next save, at the latest at the shutdown
+    (``Dispatcher.close``). The latest ``keep`` stay (at least :data:`COMMANDS_NOTED`): as many as a
+    channel may hand over again."""
     noted = session.metadata.get(COMMANDS_META)
     kept = [i for i in noted if i != message_id] if isinstance(noted, list) else []
     session.metadata[COMMANDS_META] = [*kept, message_id][-max(keep, COMMANDS_NOTED) :]

@@ -60,6 +60,9 @@ class Commands:
         self._wake = wake
         self._inbox = inbox
         self._noted = noted
+        # Sessions a command was noted in as run: the note of one that changed nothing waits for the
+        # session's next save, and the shutdown makes that save (see ``noted_in``).
+        self._notes: set[str] = set()
         # Commands being answered; one that waits for its chat's running turn (/new, /compact) sets its
         # ``placed`` once it holds its place in the lane: from then on ``submit`` need not wait for it.
         self._running: dict[asyncio.Task[None], Command] = {}
@@ -68,6 +71,16 @@ class Commands:
     def tasks(self) -> list[asyncio.Task[None]]:
         """The commands being answered now."""
         return list(self._running)
+
+    @property
+    def noted_in(self) -> set[str]:
+        """The sessions a command was noted in as run since the start: the shutdown saves them, or a
+        command that changed nothing (/help, /status) ran again when handed over after the restart."""
+        return set(self._notes)
+
+    def _note(self, session: Session, message_id: str) -> None:
+        intake.note_command(session, message_id, keep=self._noted)
+        self._notes.add(session.id)
 
     async def submit(self, call: CommandCall) -> None:
         """Take ``call`` and answer it, unless it is a redelivery of a command taken before."""
@@ -166,7 +179,7 @@ class Commands:
             task, _ = self._start(call, entry=waiting.entry, noted=session)
         else:
             if session is not None and message_id is not None:
-                intake.note_command(session, message_id, keep=self._noted)
+                self._note(session, message_id)
             task = waiting.task
             waiting.reached.set()
         await asyncio.wait([task])
@@ -178,7 +191,7 @@ class Commands:
             # Noted before it acts, with no wait until it either acts or, if it has to wait for its
             # turn, takes the note back (exclusive): a save meanwhile must not note a command that
             # is not kept in the inbox yet.
-            intake.note_command(command.noted, call.message.message_id, keep=self._noted)
+            self._note(command.noted, call.message.message_id)
         try:
             reply = await self._router.handle(call, self._control)
         except Exception:

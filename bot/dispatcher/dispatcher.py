@@ -316,7 +316,8 @@ class Dispatcher:
 
         Messages that arrive meanwhile are kept in the inbox but not queued; they, the queued ones that
         never ran, the turns cut short and the commands still waiting for their chat's turn stay pending
-        and are finished after the next start.
+        and are finished after the next start. Last, the sessions are saved that changed since their
+        last save, their note of the commands run included.
         """
         self._accepting = False
         self._delivery.begin_shutdown()
@@ -339,6 +340,8 @@ class Dispatcher:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
+        noted = self._commands.noted_in  # (a note may be all that changed: see Commands.noted_in)
         for session in self._sessions.cached_sessions():
-            if session.rewrite_needed or session.persisted_count != len(session.messages):
+            changed = session.rewrite_needed or session.persisted_count != len(session.messages)
+            if changed or session.id in noted:
                 await self._sessions.save(session)
