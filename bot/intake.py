@@ -2,9 +2,11 @@
 
 Each inbound message turns into one user :class:`~bot.domain.Message` whose ``meta`` keeps the
 platform's message id and the inbox entries it came from. Recovery reads the entries back to tell a
-question the session already holds from one it never saw (bot/recovery.py); intake reads the message
-ids to recognize a platform's redelivery of a message it already took. A command leaves no message: the
-session notes its platform id in its metadata instead (:func:`note_command`), for the same purpose.
+question the session already holds from one it never saw (bot/recovery.py). To recognize a platform's
+redelivery of a message it already took, the session also notes the platform ids of the latest messages
+it took in its metadata (:func:`add_message`): /new and memory's trim of a long session take messages
+out of the history, not out of what a platform may hand over again. A command leaves no message: the
+session notes its platform id among the commands run instead (:func:`note_command`).
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from bot.domain import SPEAKER_META, ImagePart, InboundMessage, Message, Role, S
 
 INBOX_META = "inbox"  # user message meta: the inbox entries it came from, comma-separated
 SPEAKER_CHARS = 64  # the longest name put before a group message
-DEDUP_WINDOW = 100  # recent session messages searched for a redelivered platform message
+DEDUP_WINDOW = 100  # recent session messages searched for a redelivered message (saved before notes)
+MESSAGES_META = "messages_taken"  # session.metadata: platform ids of the latest messages taken in
 COMMANDS_META = "commands_run"  # session.metadata: platform ids of the latest commands run in the chat
-# Commands a session notes at the least (every save carries the list): Telegram's update journal takes an
-# update once, so only the last few come again (a kill between the inbox's fsync and the journal's). A
-# channel that hands over more again raises it: Discord's catch-up reads up to
+# Messages and commands a session notes at the least (every save carries the lists): Telegram's update
+# journal takes an update once, so only the last few come again (a kill between the inbox's fsync and
+# the journal's). A channel that hands over more again raises it: Discord's catch-up reads up to
 # ``discord.catch_up_max_messages`` after a mark not on disk yet (``Dispatcher``'s ``redelivery_window``).
 # Fewer, and a command it reads again ran again, and noted, pushed out the next one, which ran again too.
 COMMANDS_NOTED = 20
@@ -96,8 +99,23 @@ def entries_in(messages: Iterable[Message]) -> set[str]:
     return found
 
 
+def add_message(session: Session, inbound: InboundMessage, entries: Sequence[str], *, keep: int) -> None:
+    """Add ``inbound`` to the session's history (:func:`user_message`), and note its platform id among
+    the latest ``keep`` messages taken (at least :data:`COMMANDS_NOTED`), saved with it."""
+    session.append(user_message(inbound, entries))
+    if inbound.message_id:
+        _note(session, MESSAGES_META, inbound.message_id, keep)
+
+
+def taken_before(session: Session, message_id: str) -> bool:
+    """Whether the session took the platform message ``message_id`` in: noted (see :func:`add_message`),
+    or in its recent history (a session saved before it noted them)."""
+    noted = session.metadata.get(MESSAGES_META)
+    return (isinstance(noted, list) and message_id in noted) or already_taken(session.messages, message_id)
+
+
 def already_taken(messages: Sequence[Message], message_id: str) -> bool:
-    """Whether a recent user message of the session is the platform message ``message_id``."""
+    """Whether a recent user message of the history ``messages`` is the platform message ``message_id``."""
     recent = messages[-DEDUP_WINDOW:]
     return any(m.role is Role.USER and m.meta.get("message_id") == message_id for m in recent)
 
@@ -115,9 +133,13 @@ def note_command(session: Session, message_id: str, *, keep: int = COMMANDS_NOTE
     changes nothing is noted on disk with the session's next save, at the latest at the shutdown
     (``Dispatcher.close``). The latest ``keep`` stay (at least :data:`COMMANDS_NOTED`): as many as a
     channel may hand over again."""
-    noted = session.metadata.get(COMMANDS_META)
+    _note(session, COMMANDS_META, message_id, keep)
+
+
+def _note(session: Session, key: str, message_id: str, keep: int) -> None:
+    noted = session.metadata.get(key)
     kept = [i for i in noted if i != message_id] if isinstance(noted, list) else []
-    session.metadata[COMMANDS_META] = [*kept, message_id][-max(keep, COMMANDS_NOTED) :]
+    session.metadata[key] = [*kept, message_id][-max(keep, COMMANDS_NOTED) :]
 
 
 def forget_command(session: Session, message_id: str) -> None:

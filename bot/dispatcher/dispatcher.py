@@ -49,7 +49,8 @@ class Dispatcher:
 
     ``submit`` returns once the message is durably queued, which is when a channel may acknowledge it.
     ``redelivery_window``: the most messages of a chat a channel may hand over again (Discord's
-    catch-up), so many of the commands run in a session are noted there (bot/intake.py).
+    catch-up), so many of the messages taken and commands run in a session are noted there
+    (bot/intake.py).
     """
 
     def __init__(
@@ -100,6 +101,7 @@ class Dispatcher:
             inbox=inbox,
             waits=waits,
             observer=observer,
+            noted=redelivery_window,
         )
 
     @property
@@ -176,7 +178,7 @@ class Dispatcher:
             session = await self._sessions.get(message.session_id)
         except StorageError:
             return False
-        return session is not None and intake.already_taken(session.messages, message.message_id)
+        return session is not None and intake.taken_before(session, message.message_id)
 
     async def recover(self) -> int:
         """Queue the work that finishes what a previous run accepted (bot/recovery.py); returns how

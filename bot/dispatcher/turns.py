@@ -74,6 +74,7 @@ class Turns:
         inbox: Inbox | None = None,
         waits: WaitRecords | None = None,
         observer: TurnObserver | None = None,
+        noted: int = intake.COMMANDS_NOTED,
     ) -> None:
         self._pipeline = pipeline
         self._sessions = sessions
@@ -84,6 +85,7 @@ class Turns:
         self._inbox = inbox
         self._waits = waits
         self._observer = observer
+        self._noted = noted  # the latest messages taken a session notes (see bot.intake.add_message)
         self.completed = 0
 
     async def work(self, sid: str, lane: Lane) -> None:
@@ -146,7 +148,7 @@ class Turns:
                 held = intake.entries_in(session.messages) if any(q.in_session for q in batch) else set()
                 for queued in batch:
                     if not (queued.in_session and held.issuperset(queued.entries)):
-                        session.append(intake.user_message(queued.message, queued.entries))
+                        intake.add_message(session, queued.message, queued.entries, keep=self._noted)
                 turn = Turn(
                     session=session,
                     inbound=tuple(q.message for q in batch),
@@ -290,7 +292,7 @@ class Turns:
                 kept = [q for q in request.kept if not _in_history(q, session, held, assumed=q.in_session)]
                 missing = stopped + kept
                 for queued in missing:
-                    session.append(intake.user_message(queued.message, queued.entries))
+                    intake.add_message(session, queued.message, queued.entries, keep=self._noted)
                 if missing or request.kept:
                     await self._sessions.save(session)
                 if self._inbox is not None:  # the user asked: these need no answer any more

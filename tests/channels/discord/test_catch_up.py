@@ -271,3 +271,26 @@ async def test_commands_a_full_catch_up_reads_again_are_not_run_again(
         assert o.discord.bot_texts(o.dm) == [*before, "echo: live"]
     assert len(events(caplog, "duplicate_command_ignored")) == len(commands)
     assert len(events(caplog, "duplicate_message_ignored")) == 1
+
+
+async def test_a_message_read_again_after_a_new_cleared_it_is_not_answered_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The session's history is how a message read again is recognized, and /new (or memory's trim of a
+    long session) takes it out of there: the message was answered again, into the fresh conversation."""
+    async with offline(tmp_path) as o:
+        async with o.run():
+            hello = await o.dm_from_alice("hello")
+            await o.discord.wait_for_bot_messages(o.dm, 1)
+            locker = await o.dm_from_alice("my locker code is 4512")
+            await o.discord.wait_for_bot_messages(o.dm, 2)
+            await o.dm_from_alice("/new")
+            await o.discord.wait_for_bot_messages(o.dm, 3)
+        before = o.discord.bot_texts(o.dm)
+        marks = o.workspace / "state" / SEEN_FILE  # as if no mark was written after "hello"'s
+        marks.write_text(json.dumps({"newest": {o.dm: hello["id"]}}))
+        async with o.run():
+            await o.dm_from_alice("live")
+            await o.discord.wait_until(lambda: "echo: live" in o.discord.bot_texts(o.dm))
+        assert o.discord.bot_texts(o.dm) == [*before, "echo: live"]
+    assert locker["id"] in [e["message_id"] for e in events(caplog, "duplicate_message_ignored")]
