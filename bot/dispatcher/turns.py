@@ -170,8 +170,17 @@ class Turns:
                 except asyncio.CancelledError:
                     outcome = "stopped"
                     # The question (and what the turn did) is kept; unless /stop asked for it, the
-                    # inbox entries stay pending and the next start answers them.
-                    await asyncio.shield(self._save(session, turn, replies=[]))
+                    # inbox entries stay pending and the next start answers them. An answer the model
+                    # gave (a shutdown cut the systems after it; /stop leaves such a turn alone) is in
+                    # the history and memory: it is saved to be sent then, as after a kill, not asked
+                    # for again (the chat got a second answer, and the history held both).
+                    kept: list[PendingReply] = []
+                    if entries and turn.reply and turn.reply.strip():
+                        text, _ = reply_text(turn)
+                        kept.append(
+                            PendingReply(lane.channel, lane.chat_id, text, entries, reply_to=first.message_id)
+                        )
+                    await asyncio.shield(self._save(session, turn, replies=kept))
                     raise
                 if (
                     outcome == "ok"

@@ -107,3 +107,38 @@ async def test_a_stop_after_the_model_answered_leaves_the_answer_to_arrive(tmp_p
     assert session is not None
     assert [m.content for m in session.messages if m.role is Role.ASSISTANT] == delivered
     assert [m.text for m in channel.sent if m.aside] == ["Nothing is running."]
+
+
+async def test_a_shutdown_after_the_model_answered_sends_that_answer_after_the_restart(
+    tmp_path: Path,
+) -> None:
+    """The grace period ends while the systems after the model run: the answer (in the history, and in
+    memory) is saved to be sent, as a saved answer is after a kill. It was saved as an unanswered turn,
+    and the next start asked the model again: the chat got a second answer, the history held both."""
+    after = AfterTheAnswer()
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    dispatcher = Dispatcher(
+        Pipeline([ModelSystem(), after]),
+        sessions,
+        CommandRouter(),
+        DispatcherSettings(),
+        inbox=Inbox(tmp_path / "inbox"),
+    )
+    channel = RecordingChannel(dispatcher.submit)
+    await dispatcher.recover()
+    dispatcher.attach(channel)
+    await dispatcher.submit(msg("hello", message_id="1"))
+    await after.reached.wait()
+    await dispatcher.close(grace=0)  # the turn is cut where it is
+
+    model = ModelSystem()
+    restarted, channel2, sessions2 = await started(tmp_path, model)
+    await channel2.wait_for(1)
+    await settled(tmp_path)
+    session = await sessions2.get("test:c1")
+    await restarted.close(grace=1)
+
+    delivered = [m.text for m in [*channel.sent, *channel2.sent] if not m.aside]
+    assert delivered == ["answer to hello"] and model.seen == []
+    assert session is not None
+    assert [m.content for m in session.messages] == ["hello", "answer to hello"]
