@@ -370,7 +370,7 @@ class _GatewayClient(discord.Client):
         await self._channel._on_interaction(interaction)
 
     async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
-        log.exception("discord_event_failed", event=event_method)
+        log.exception("discord_event_failed", handler=event_method)  # ("event" is the line's name)
 
 
 async def _refusal(interaction: discord.Interaction, place: Place, pairing: PairingStore | None) -> None:
