@@ -149,9 +149,10 @@ def take_unanswered(lane: Lane) -> list[Queued]:
 
 def one_turn(batch: list[Queued]) -> Queued:
     """``batch`` (a turn's messages, oldest first) as one queued item: its first message with the others
-    folded behind it. A turn that is to be answered again (a try the model missed, a turn a shutdown
-    cut short) goes back into the queue so, and is taken as one turn again, in ``per_message`` mode
-    too: one answer per message answered the same history (it holds them all) once per message."""
+    folded behind it. A try the model missed goes back into the queue so, and is tried again as one
+    turn, in ``per_message`` mode too (as a restart takes the messages a cut turn stored:
+    ``Dispatcher.recover``): one answer per message answered the same history, which holds them all,
+    once per message."""
     head, *rest = batch
     for queued in batch:
         queued.folded = []

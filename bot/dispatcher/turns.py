@@ -174,13 +174,13 @@ class Turns:
                     # gave (a shutdown cut the systems after it; /stop leaves such a turn alone) is in
                     # the history and memory: it is saved to be sent then, as after a kill, not asked
                     # for again (the chat got a second answer, and the history held both).
-                    kept: list[PendingReply] = []
+                    given: list[PendingReply] = []
                     if entries and turn.reply and turn.reply.strip():
                         text, _ = reply_text(turn)
-                        kept.append(
+                        given.append(
                             PendingReply(lane.channel, lane.chat_id, text, entries, reply_to=first.message_id)
                         )
-                    await asyncio.shield(self._save(session, turn, replies=kept))
+                    await asyncio.shield(self._save(session, turn, replies=given))
                     raise
                 if (
                     outcome == "ok"

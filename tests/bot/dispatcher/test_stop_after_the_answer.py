@@ -1,10 +1,11 @@
-"""/stop once the answer is final (being saved, or being sent): the history keeps what the chat gets.
+"""/stop or a shutdown once the answer is final (the model gave it): the history keeps what the chat gets.
 
 The answer is in the session once the model gave it, and saved with the turn before it is sent (a crash
 resends it, never asks again). A /stop that cancelled the turn from there on (the systems after the
 model, the save, the send) marked its messages done: the chat never got the answer, or got part of it,
 while the history held all of it, and the model went on believing it had answered. Now such a /stop
-finds nothing to stop: the answer goes out, and the history holds what the chat was sent.
+finds nothing to stop: the answer goes out, and the history holds what the chat was sent. A shutdown
+that cuts such a turn saves the answer to be sent after the restart, as after a kill.
 """
 
 from __future__ import annotations
