@@ -10,11 +10,14 @@ not by listing what exists today: at the workspace root
 - every hidden name (``.env``, ``.membot.lock``, the temp files of atomic writes, ...), and
 - every name ending in one of :data:`BOT_STATE_SUFFIXES` (``.json``, ``.lock``, ``.pid``, ...)
 
-belong to the bot, whether they exist yet or not; so do ``memory/archive`` and whatever the caller adds
-(``memory`` altogether in chat scope). A new state file of the bot therefore needs a hidden name, one of
-those suffixes or an entry in :data:`BOT_STATE_NAMES`; ``tests/bot/cli/test_bot_state_process.py``
-checks that everything a real bot leaves at the root is refused. The model keeps its own files in
-folders or as plain text files at the root (``notes/todo.md``, ``ideas.txt``).
+belong to the bot, whether they exist yet or not; so do the memory service's own records in
+``memory/`` (:data:`BOT_STATE_PATHS`: the archive and the pending retirements hold every chat's
+messages, items and vectors are its stores; and every hidden name there, its locks and markers) and
+whatever the caller adds (``memory`` altogether in chat scope). A new state file of the bot therefore
+needs a hidden name, one of those suffixes or an entry in :data:`BOT_STATE_NAMES` (in ``memory/``:
+in :data:`BOT_STATE_PATHS`); ``tests/bot/cli/test_bot_state_process.py`` checks that everything a
+real bot leaves at the root is refused. The model keeps its own files in folders or as plain text
+files at the root (``notes/todo.md``, ``ideas.txt``).
 
 ``memory/`` is read-only except ``memory/MEMORY.md``, which the files tool writes through the memory
 service's compare-and-swap.
@@ -32,8 +35,9 @@ BOT_STATE_NAMES = frozenset(
     | {"usage.json.journal"}
 )
 BOT_STATE_SUFFIXES = (".json", ".jsonl", ".lock", ".pid", ".tmp", ".db", ".sqlite", ".sock")
-BOT_STATE_PATHS = ("memory/archive",)
-READ_ONLY = ("memory",)
+BOT_STATE_PATHS = ("memory/archive", "memory/pending", "memory/items", "memory/vectors")
+MEMORY_DIR = "memory"
+READ_ONLY = (MEMORY_DIR,)
 MEMORY_FILE = PurePosixPath("memory/MEMORY.md")
 
 
@@ -75,13 +79,19 @@ class Confinement:
 
     @property
     def protected_prefixes(self) -> list[PurePosixPath]:
-        """The protected paths below the top level (``memory/archive``, ...)."""
+        """The protected paths below the top level (``memory/archive``, ...); hidden names in ``memory/``
+        are protected too, which the shell's entry-by-entry view of ``memory/`` relies on."""
         return list(self._protected)
 
     def protected(self, rel: PurePosixPath) -> bool:
         """True when ``rel`` is, or lies inside, something the bot keeps."""
         parts = rel.parts
-        return bool(parts) and (bot_owned_name(parts[0]) or under(rel, self._protected))
+        if not parts:
+            return False
+        # A hidden name in memory/ is one of the memory service's locks or markers (.MEMORY.md.lock):
+        # a tool holding that lock would stall its writes.
+        hidden_in_memory = parts[0] == MEMORY_DIR and any(p.startswith(".") for p in parts[1:])
+        return bot_owned_name(parts[0]) or under(rel, self._protected) or hidden_in_memory
 
     def read_only(self, rel: PurePosixPath) -> bool:
         return under(rel, self._read_only)

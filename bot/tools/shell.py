@@ -15,8 +15,8 @@ A mount namespace does not have to know: the program simply has nothing else to 
 - the system's programs and libraries read-only (``/usr``, ``/bin``, ``/lib*``, a few ``/etc`` files
   the loader and ``date`` need; not ``/etc/passwd``, not the home folder, not the bot's own files),
 - the workspace at its usual path, built entry by entry from what the model may use: the bot's state
-  (:mod:`bot.tools.confine`: sessions, inbox, pairing, usage, caches, locks, hidden files, the memory
-  archive) is not there at all, ``memory/`` is read-only, and the top level itself is read-only so
+  (:mod:`bot.tools.confine`: sessions, inbox, pairing, usage, caches, locks, hidden files, the memory's
+  records) is not there at all, ``memory/`` is read-only, and the top level itself is read-only so
   nothing new appears beside the bot's files (folders the model owns stay writable),
 - an empty ``/tmp``, a private ``/proc`` and ``/dev``, no network, no capabilities, a new session (so
   it cannot type into the bot's terminal), and it dies with the tool.

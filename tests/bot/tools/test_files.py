@@ -299,6 +299,39 @@ async def test_memory_folder_is_read_only_except_memory_md(workspace: Path) -> N
     )
 
 
+async def test_the_memorys_own_records_are_out_of_reach(workspace: Path) -> None:
+    """memory/ is the model's to read, but not what the memory service keeps there for itself: a retiring
+    conversation waits in pending/ (every chat's messages, as in the archive), items/ and vectors/ are its
+    stores, and hidden files its locks and markers."""
+    memory = workspace / "memory"
+    for name, text in {
+        "pending/20260101T100000000000-a1.json": '{"session_id": "telegram:42", "text": "alice private"}',
+        "items/episodic/2026-01-01.jsonl": '{"content": "alice item"}\n',
+        "vectors/index.bin": "alice vector",
+        ".MEMORY.md.lock": "alice lock",
+    }.items():
+        (memory / name).parent.mkdir(parents=True, exist_ok=True)
+        (memory / name).write_text(text)
+    files = tool(workspace)
+    for name in (
+        "pending/20260101T100000000000-a1.json",
+        "items/episodic/2026-01-01.jsonl",
+        ".MEMORY.md.lock",
+    ):
+        assert "internal state" in await refused(files, action="read", path=f"memory/{name}")
+    for folder in ("memory/pending", "memory/items", "memory/vectors"):
+        assert "internal state" in await refused(files, action="search", path=folder, query="alice")
+    for where in (".", "memory"):
+        assert "No matches" in await run(files, action="search", path=where, query="alice")
+    listing = await run(files, action="list", path="memory")
+    assert "2026-01-01.md" in listing
+    assert not any(name in listing for name in ("pending", "items", "vectors", ".MEMORY.md.lock"))
+    (workspace / "notes" / "m").symlink_to(memory)  # nor through a link
+    assert "internal state" in await refused(
+        files, action="read", path="notes/m/items/episodic/2026-01-01.jsonl"
+    )
+
+
 async def test_memory_md_writes_go_through_compare_and_swap(workspace: Path) -> None:
     memory_md = workspace / "memory" / "MEMORY.md"
     memory_md.write_text("- likes tea\n")

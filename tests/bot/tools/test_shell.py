@@ -175,6 +175,23 @@ async def test_the_bots_state_and_memory_cannot_be_written(workspace: Path) -> N
     assert (workspace / "drafts" / "copy.txt").read_text() == (workspace / "notes.txt").read_text()
 
 
+async def test_the_memorys_own_records_are_not_in_the_sandbox(workspace: Path) -> None:
+    """pending/ holds every chat's retiring messages (as the archive does), items/ and vectors/ are the
+    memory's stores, and a hidden lock there could be held to stall its writes: none is in the sandbox."""
+    memory = workspace / "memory"
+    (memory / "pending").mkdir()
+    (memory / "pending" / "20260101T100000000000-a1.json").write_text('{"text": "pending secret"}')
+    (memory / "items" / "episodic").mkdir(parents=True)
+    (memory / "items" / "episodic" / "2026-01-01.jsonl").write_text('{"content": "item secret"}\n')
+    (memory / ".MEMORY.md.lock").write_text("")
+    tool = shell(workspace, allow=["cat", "grep", "ls"])
+    for command in ("grep -r secret memory", "cat memory/items/episodic/2026-01-01.jsonl", "ls -a memory"):
+        result = await tool.run({"command": command}, CTX)
+        assert "pending secret" not in result and "item secret" not in result, (command, result)
+        assert "20260101T" not in result and ".MEMORY.md.lock" not in result, (command, result)
+    assert "MEMORY.md" in await tool.run({"command": "ls memory"}, CTX)
+
+
 async def test_chat_scope_hides_memory_from_the_shell_too(workspace: Path) -> None:
     tool = shell(workspace, protected=["memory"])
     assert "likes tea" not in await tool.run({"command": "cat memory/MEMORY.md"}, CTX)
