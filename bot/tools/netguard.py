@@ -3,8 +3,10 @@
 A URL's host is resolved first and every address it resolves to is checked, so a name that points at
 loopback, a private network, link-local (cloud metadata at 169.254.169.254), multicast or reserved space is
 refused like the literal address would be. IPv6 forms that embed an IPv4 address (IPv4-mapped, 6to4,
-NAT64, Teredo) are judged by the embedded address. The caller then connects to the checked address
-itself, so a second DNS answer (rebinding) cannot change where the request goes.
+NAT64, Teredo) are judged by the embedded address. A public address of this machine itself is refused
+too: a service bound to every interface (the ops port opened to ``0.0.0.0``, a local model server)
+answers there as it does on loopback. The caller then connects to the checked address itself, so a
+second DNS answer (rebinding) cannot change where the request goes.
 """
 
 from __future__ import annotations
@@ -65,6 +67,19 @@ def refusal(ip: IPAddress) -> str | None:
     return None
 
 
+def of_this_machine(ip: IPAddress) -> bool:
+    """True when ``ip`` is one of this machine's own addresses: the kernel lets a socket bind only to
+    those (with ``net.ipv4.ip_nonlocal_bind`` set it lets any, and every fetch is refused: closed, not
+    open). A family the machine has no sockets for cannot be reached either."""
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(ip), 0))
+    except OSError:
+        return False
+    return True
+
+
 async def resolve(host: str, port: int) -> list[IPAddress]:
     """Every address ``host`` resolves to (the event loop's resolver, off the loop thread)."""
     try:
@@ -99,7 +114,7 @@ class AddressGuard:
         if not addresses:
             raise ToolError(f"{host!r} did not resolve to any address")
         for ip in addresses:  # all of them: a mixed answer is a classic rebinding set-up
-            reason = refusal(ip)
+            reason = refusal(ip) or ("an address of this machine" if of_this_machine(ip) else None)
             if reason is not None and (str(ip), port) not in self._allow:
                 shown = host if host == str(ip) else f"{host} ({ip})"
                 raise ToolError(f"refused: {shown} is {reason}; only public addresses can be fetched")
