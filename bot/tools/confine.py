@@ -25,9 +25,12 @@ service's compare-and-swap.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Collection
 from pathlib import Path, PurePosixPath
 
+from bot.storage import DIR_MODE
 from bot.tools.base import ToolError
 
 BOT_STATE_NAMES = frozenset(
@@ -117,3 +120,27 @@ class Confinement:
     def inner(self, real: Path) -> PurePosixPath:
         """``real`` (already located) relative to the workspace."""
         return PurePosixPath(real.relative_to(self.root.resolve()).as_posix())
+
+    def open_folder(self, folder: Path, rel: PurePosixPath, *, create: bool = False) -> int:
+        """A descriptor of ``folder`` (located: inside the workspace), reached from the workspace one name
+        at a time and never through a symbolic link (``create``: making missing folders, 0700).
+
+        :meth:`locate` looked at names: a folder swapped for a link since (``ln``/``mv`` in the shell
+        tool, racing a parallel call) must fail here, not lead into the bot's state or out of the
+        workspace. ``rel`` names the path in the error."""
+        root = self.root.resolve()
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for name in folder.relative_to(root).parts:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, DIR_MODE, dir_fd=fd)
+                inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+        except OSError as exc:
+            os.close(fd)
+            raise ToolError(
+                f"a folder on the path of {rel} changed while it was used ({exc.strerror}); refused"
+            ) from None
+        return fd

@@ -11,7 +11,6 @@ write is refused unless the model has seen the whole file (:mod:`bot.tools.pagin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import hashlib
 import os
@@ -20,7 +19,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, TypeVar
 
-from bot.storage import DIR_MODE, FILE_MODE, atomic_write_at
+from bot.storage import FILE_MODE, atomic_write_at
 from bot.tools.base import ToolContext, ToolError, string_arg, untrusted
 from bot.tools.confine import MEMORY_FILE, READ_ONLY, Confinement, relative_path
 from bot.tools.paging import CUT_MARKER, PAGE_NOTE, ReadLog, footer, page_of
@@ -177,7 +176,7 @@ class FilesTool:
         """The file's bytes (up to one past the read limit), opened from its folder's descriptor and never
         through a link: the checks before looked at names, and a file or folder swapped for a link since
         (``ln``/``mv`` in the shell tool, racing the call) must fail here, not lead into the bot's state."""
-        folder = self._folder_of(real, rel)
+        folder = self._rules.open_folder(real.parent, rel)
         try:
             fd = os.open(real.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
         except OSError as exc:
@@ -201,7 +200,7 @@ class FilesTool:
                 raise ToolError(f"{rel} exists and is not a regular file; refused")
         if not real.is_relative_to(root):
             raise ToolError(f"{rel} leads outside the workspace; refused")
-        folder = self._folder_of(real, rel, create=True)
+        folder = self._rules.open_folder(real.parent, rel, create=True)
         try:
             if append:
                 size = self._append(folder, real.name, rel, content.encode("utf-8"))
@@ -212,28 +211,6 @@ class FilesTool:
         finally:
             os.close(folder)
         return f"Wrote {len(content)} characters to {rel}."
-
-    def _folder_of(self, real: Path, rel: PurePosixPath, *, create: bool = False) -> int:
-        """A descriptor of ``real``'s folder, reached from the workspace's one name at a time and never
-        through a symbolic link (``create``: making missing folders, 0700). The checks before looked at
-        names: a folder swapped for a link since (``ln``/``mv`` in the shell tool, racing a parallel
-        call) must fail here, not lead into the bot's state or out of the workspace."""
-        root = self._root.resolve()
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            for name in real.parent.relative_to(root).parts:
-                if create:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(name, DIR_MODE, dir_fd=fd)
-                inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                os.close(fd)
-                fd = inner
-        except OSError as exc:
-            os.close(fd)
-            raise ToolError(
-                f"a folder on the path of {rel} changed while it was used ({exc.strerror}); refused"
-            ) from None
-        return fd
 
     def _append(self, folder: int, name: str, rel: PurePosixPath, data: bytes) -> int:
         """Append durably; a file never grows past the read limit (it could not be read back).
@@ -271,15 +248,20 @@ class FilesTool:
         if not stat.S_ISDIR(info.st_mode):
             raise ToolError(f"{rel} is not a folder; use action 'read'")
         lines: list[str] = []
-        entries = sorted(os.scandir(real), key=lambda e: e.name)
-        shown = [e for e in entries if not self._rules.protected(self._rules.inner(real) / e.name)]
-        for entry in shown[:MAX_LIST]:
-            if entry.is_symlink():
-                lines.append(f"{entry.name} (symbolic link)")
-            elif entry.is_dir(follow_symlinks=False):
-                lines.append(f"{entry.name}/")
-            else:
-                lines.append(f"{entry.name} ({entry.stat(follow_symlinks=False).st_size} bytes)")
+        folder = self._rules.open_folder(real, rel)  # listed by descriptor: a link swapped in is not
+        try:
+            with os.scandir(folder) as found:
+                entries = sorted(found, key=lambda e: e.name)
+            shown = [e for e in entries if not self._rules.protected(self._rules.inner(real) / e.name)]
+            for entry in shown[:MAX_LIST]:
+                if entry.is_symlink():
+                    lines.append(f"{entry.name} (symbolic link)")
+                elif entry.is_dir(follow_symlinks=False):
+                    lines.append(f"{entry.name}/")
+                else:
+                    lines.append(f"{entry.name} ({entry.stat(follow_symlinks=False).st_size} bytes)")
+        finally:
+            os.close(folder)
         if len(shown) > MAX_LIST:
             lines.append(f"... and {len(shown) - MAX_LIST} more")
         return f"{rel}/:\n" + ("\n".join(lines) if lines else "(empty)")

@@ -203,9 +203,9 @@ async def test_symlinks_leading_out_are_refused(workspace: Path) -> None:
 
 
 class SwapOnOpen:
-    """Swaps ``folder`` for a link to ``target`` the moment the tool first opens anything by its full
-    path under the workspace, after the name checks: the race ``ln``/``mv`` in the shell tool could run
-    against a parallel call, made certain. An audit hook sees the open before the kernel does."""
+    """Swaps ``folder`` for a link to ``target`` the moment the tool first opens or lists anything by its
+    full path under the workspace, after the name checks: the race ``ln``/``mv`` in the shell tool could
+    run against a parallel call, made certain. An audit hook sees the open before the kernel does."""
 
     def __init__(self, root: Path, folder: Path, target: Path) -> None:
         self.root, self.folder, self.target = str(root), folder, target
@@ -213,7 +213,8 @@ class SwapOnOpen:
         sys.addaudithook(self)  # for the life of the process; it acts only while armed
 
     def __call__(self, event: str, args: tuple[Any, ...]) -> None:
-        if self.armed and event == "open" and isinstance(args[0], str) and args[0].startswith(self.root):
+        opens = event in ("open", "os.scandir")
+        if self.armed and opens and isinstance(args[0], str) and args[0].startswith(self.root):
             self.armed = False
             self.folder.rename(self.folder.with_name("moved-away"))
             self.folder.symlink_to(self.target)
@@ -233,6 +234,21 @@ async def test_a_folder_swapped_for_a_link_after_the_checks_leads_nowhere(
     assert "changed while it was used" in reason and not swap.armed
     assert sorted(p.name for p in (workspace / "sessions").iterdir()) == ["cli:alice.json"]
     assert (workspace / "sessions" / "cli:alice.json").read_text() == '{"secret": "other user"}'
+
+
+async def test_a_folder_swapped_for_a_link_before_it_is_listed_shows_nothing_of_the_bots_state(
+    workspace: Path,
+) -> None:
+    """The names in sessions/ are the chats' ids (a telegram user id, ...)."""
+    (workspace / "notes" / "d").mkdir()
+    swap = SwapOnOpen(workspace, workspace / "notes" / "d", workspace / "sessions")
+    swap.armed = True
+    try:
+        said = await run(tool(workspace), action="list", path="notes/d")
+    except ToolError as exc:
+        said = str(exc)
+
+    assert not swap.armed and "cli:alice" not in said, said
 
 
 async def test_a_folder_swapped_for_a_link_while_a_search_reads_leads_nowhere(workspace: Path) -> None:
