@@ -7,8 +7,10 @@ not by listing what exists today: at the workspace root
 
 - the names in :data:`BOT_STATE_NAMES` (``sessions/``, ``inbox/``, ``outbox/``, ``state/``, ``cache/``,
   ``pairing.json``, ``usage.json``, ...),
-- every hidden name (``.env``, ``.membot.lock``, the temp files of atomic writes, ...), and
-- every name ending in one of :data:`BOT_STATE_SUFFIXES` (``.json``, ``.lock``, ``.pid``, ...)
+- every hidden name (``.env``, ``.membot.lock``, the temp files of atomic writes, ...),
+- every name ending in one of :data:`BOT_STATE_SUFFIXES` (``.json``, ``.lock``, ``.pid``, ...), and
+- the copies of any of these the bot sets aside when it finds one damaged (``<name>.damaged-<hash>``,
+  ``<name>.corrupt-<time>``)
 
 belong to the bot, whether they exist yet or not; so do the memory service's own records in
 ``memory/`` (:data:`BOT_STATE_PATHS`: the archive and the pending retirements hold every chat's
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Collection
 from pathlib import Path, PurePosixPath
 
@@ -42,6 +45,7 @@ BOT_STATE_PATHS = ("memory/archive", "memory/pending", "memory/items", "memory/v
 MEMORY_DIR = "memory"
 READ_ONLY = (MEMORY_DIR,)
 MEMORY_FILE = PurePosixPath("memory/MEMORY.md")
+_SET_ASIDE = re.compile(r"\.(damaged|corrupt)-[^/]*$")
 
 
 def relative_path(raw: str) -> PurePosixPath:
@@ -58,8 +62,11 @@ def relative_path(raw: str) -> PurePosixPath:
 
 
 def bot_owned_name(name: str) -> bool:
-    """True for a workspace-root entry the bot keeps (whether it exists yet or not)."""
-    return name in BOT_STATE_NAMES or name.startswith(".") or name.lower().endswith(BOT_STATE_SUFFIXES)
+    """True for a workspace-root entry the bot keeps (whether it exists yet or not), and for the copies
+    of one it sets aside when it finds it damaged (``usage.json.journal.damaged-<hash>``,
+    ``usage.json.corrupt-<time>``: bot/damaged.py, bot/usage.py)."""
+    base = _SET_ASIDE.sub("", name)
+    return base in BOT_STATE_NAMES or name.startswith(".") or base.lower().endswith(BOT_STATE_SUFFIXES)
 
 
 def under(path: PurePosixPath, prefixes: Collection[PurePosixPath]) -> bool:

@@ -152,6 +152,8 @@ async def test_paths_leading_out_are_refused(workspace: Path, path: str, reason:
         ".pairing.json.x1y2.tmp",
         "membot.pid",
         "anything-new.json",
+        "usage.json.journal.damaged-0123abcd",  # damaged lines set aside (bot/damaged.py)
+        "usage.json.corrupt-20260101T000000000000",  # an unreadable ledger set aside
         "sessions",
         "memory/archive/cli:alice.jsonl",
     ],
@@ -166,6 +168,7 @@ async def test_the_bots_own_state_is_refused_even_before_it_exists(workspace: Pa
 async def test_the_bots_state_is_not_reachable_through_links_nor_listed(workspace: Path) -> None:
     (workspace / "pairing.json").write_text('{"approved": []}')
     (workspace / ".env").write_text("MEMBOT_LLM__OPENAI__API_KEY=sk-live-secret\n")
+    (workspace / "usage.json.journal.damaged-0123abcd").write_text('{"session": "telegram:42"}\n')
     (workspace / "notes" / "access").symlink_to(workspace / "pairing.json")
     (workspace / "notes" / "env").symlink_to(workspace / ".env")
     files = tool(workspace)
@@ -173,9 +176,11 @@ async def test_the_bots_state_is_not_reachable_through_links_nor_listed(workspac
     for path in ("notes/access", "notes/env"):
         assert "internal state" in await refused(files, action="read", path=path)
         assert "internal state" in await refused(files, action="write", path=path, content="{}")
+    assert "internal state" in await refused(files, action="read", path="usage.json.journal.damaged-0123abcd")
     listing = await run(files, action="list", path=".")
-    assert "pairing" not in listing and ".env" not in listing
+    assert "pairing" not in listing and ".env" not in listing and "usage" not in listing
     assert "No matches" in await run(files, action="search", path=".", query="sk-live")
+    assert "No matches" in await run(files, action="search", path=".", query="telegram:42")
     assert (workspace / "pairing.json").read_text() == '{"approved": []}'
     # The model's own files at the root are fine.
     assert "Wrote" in await run(files, action="write", path="ideas.txt", content="x")
