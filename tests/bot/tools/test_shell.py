@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from bot.tools import ToolContext, ToolError
-from bot.tools.shell import ShellTool
+from bot.tools.files import FilesTool
+from bot.tools.shell import SANDBOX_PATH, ShellTool
 
 CTX = ToolContext("test:chat", "test", "turn1")
 API_KEY = "sk-live-0123456789abcdef"
@@ -190,6 +191,44 @@ async def test_the_memorys_own_records_are_not_in_the_sandbox(workspace: Path) -
         assert "pending secret" not in result and "item secret" not in result, (command, result)
         assert "20260101T" not in result and ".MEMORY.md.lock" not in result, (command, result)
     assert "MEMORY.md" in await tool.run({"command": "ls memory"}, CTX)
+
+
+async def test_links_made_in_the_sandbox_lead_the_files_tool_nowhere(workspace: Path) -> None:
+    """A link made in the sandbox is a real link outside it, where ``../sessions`` does exist: the files
+    tool must refuse it. A hard link to a file of the bot cannot be made at all (it is not there, and
+    memory/ is another mount)."""
+    tool = shell(workspace, allow=["ln"])
+    await tool.run({"command": "ln -s ../sessions drafts/chats"}, CTX)
+    await tool.run({"command": "ln -s ../.env drafts/env"}, CTX)
+    for command in ("ln pairing.json drafts/p", "ln memory/MEMORY.md drafts/m", "ln .env drafts/e"):
+        assert "Exit code: 0" not in await tool.run({"command": command}, CTX), command
+    assert sorted(await asyncio.to_thread(os.listdir, workspace / "drafts")) == ["chats", "env"]
+
+    files = FilesTool(workspace, max_bytes=10_000)
+    for path in ("drafts/chats/telegram%3A42.json", "drafts/env"):
+        with pytest.raises(ToolError, match="internal state"):
+            await files.run({"action": "read", "path": path}, CTX)
+
+
+@pytest.mark.skipif(shutil.which("python3", path=SANDBOX_PATH) is None, reason="needs python3")
+async def test_no_network_in_the_sandbox(workspace: Path) -> None:
+    """Not even the machine's own loopback, where the bot's ops port and a local model server listen."""
+    seen: list[str] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append("connection")
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    probe = f"import socket; print(socket.create_connection(('127.0.0.1', {port}), timeout=2))"
+    try:
+        result = await shell(workspace, allow=["python3"]).run({"command": f'python3 -c "{probe}"'}, CTX)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert "Exit code: 1" in result and "ConnectionRefusedError" in result, result
+    assert seen == []
 
 
 async def test_chat_scope_hides_memory_from_the_shell_too(workspace: Path) -> None:
