@@ -39,15 +39,16 @@ class Target:
 
 
 class Quiet(Generic[T]):
-    """The chunks of an answer that has started; a silence longer than ``idle`` seconds is LLMTimeout.
+    """The chunks of an answer that has started; a silence longer than ``idle`` seconds is LLMTimeout
+    (``None``: no limit, until the reader sets one).
 
     A plain iterator class rather than a generator, so nothing is left suspended when the reader
     stops early (the response is closed by its owner).
     """
 
-    def __init__(self, chunks: AsyncIterator[T], idle: float, target: Target) -> None:
+    def __init__(self, chunks: AsyncIterator[T], idle: float | None, target: Target) -> None:
         self._chunks = chunks
-        self._idle = idle
+        self.idle = idle
         self._target = target
 
     def __aiter__(self) -> Quiet[T]:
@@ -55,13 +56,13 @@ class Quiet(Generic[T]):
 
     async def __anext__(self) -> T:
         try:
-            async with asyncio.timeout(self._idle) as window:
+            async with asyncio.timeout(self.idle) as window:
                 return await anext(self._chunks)
         except TimeoutError:
             if not window.expired():
                 raise
             raise LLMTimeout(
-                f"{self._target.where} went silent for {self._idle:g} s in the middle of an answer "
+                f"{self._target.where} went silent for {self.idle:g} s in the middle of an answer "
                 "(llm.idle_timeout)",
                 model=self._target.model,
             ) from None

@@ -22,8 +22,9 @@ One call, step by step:
    byte comes only when the model has written all of it); a streamed one must start within
    ``llm.first_byte_timeout`` (a whole body sent instead, an error or the answer of a server that
    ignores ``stream``, must then be complete within ``llm.timeout``); and once bytes flow, a silence
-   longer than ``llm.idle_timeout`` ends the try. So a hung server costs seconds, not the minutes a
-   plain read timeout times the retries did.
+   longer than ``llm.idle_timeout`` ends the try (keep-alives break a silence only until the answer's
+   first words: streaming.py). So a hung server costs seconds, not the minutes a plain read timeout
+   times the retries did.
 4. Retries exhausted on a retryable error: the next model of the chain. Auth and spend-limit errors,
    an unknown model and malformed answers are not tried again on the same model, since another try
    cannot help there, but the next model of the chain is tried (another provider, another key, a model

@@ -56,10 +56,14 @@ async def stream_answer(
             else openai.StreamDecoder(target.model, target.where)
         )
         lines = Quiet(iter_lines(response.aiter_text()), idle, target)
-        # Keep-alives (comments, pings) are bytes but no progress: they must not keep a
-        # hung answer open until the turn's deadline.
-        found = _events(iter_sse(lines), target)
-        async for sse in Quiet(found, idle, target):
+        # Until the answer's first words any line shows the server at work, keep-alives included: a
+        # proxy's comments (OpenRouter's ": OPENROUTER PROCESSING") or Anthropic's pings while a model
+        # thinks for longer than the idle limit, which cut it and then its retry. The lines' own limit
+        # bounds that wait. From the first words on, keep-alives (comments, pings) are bytes but no
+        # progress: only events that carry something count, or a hung answer stayed open until the
+        # turn's deadline.
+        found = Quiet(_events(iter_sse(lines), target), None, target)
+        async for sse in found:
             with readable(target):
                 events = list(decoder.feed(sse))
             if decoder.size > MAX_STREAMED_CHARS:
@@ -67,6 +71,7 @@ async def stream_answer(
             if decoder.calls > MAX_STREAMED_CALLS:
                 raise too_large(target, f"over {MAX_STREAMED_CALLS} tool calls")
             for event in events:
+                found.idle = idle
                 yield event
             if decoder.done:
                 break

@@ -192,8 +192,8 @@ class _Sse:
             if every is None:
                 await asyncio.sleep(self._reply.stall)
             else:
-                data = self._reply.keepalive_data
-                beat = b": keep-alive\n\n" if data is None else f"data: {data}\n\n".encode()
+                empty = self._reply.keepalive_data
+                beat = b": keep-alive\n\n" if empty is None else f"data: {empty}\n\n".encode()
                 for _ in range(int(self._reply.stall / every)):
                     await self._response.write(beat)
                     await asyncio.sleep(every)

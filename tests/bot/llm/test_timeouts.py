@@ -78,6 +78,21 @@ async def test_keep_alives_alone_do_not_keep_a_stalled_answer_open(
 
 
 @both
+async def test_keep_alives_before_the_first_words_keep_a_thinking_model_waited_for(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    """A proxy's comments while a model thinks past the idle limit (OpenRouter's before a hidden-reasoning
+    model's first words) ended the try as silent, and its retry the same way: the user got an apology."""
+    llm, _ = make_client(api, **FAST)
+    server.script(FakeReply(text="thought it over, and here it is", stall_after=0, stall=1.2, keepalive=0.1))
+    async with asyncio.timeout(10):
+        text, final = await streamed(llm, ask())
+    assert text == "thought it over, and here it is"
+    assert final is not None and final.content == text
+    assert len(server.requests) == 1
+
+
+@both
 async def test_a_body_that_stalls_is_cut_by_the_idle_limit_and_the_retry_answers(
     make_client: Any, server: FakeLLMServer, api: str
 ) -> None:
