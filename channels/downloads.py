@@ -4,9 +4,9 @@ Discord's ``size`` and Telegram's ``file_size`` are what the platform says about
 server sends: the field can be missing (Telegram), stale or wrong, and a misbehaving or hostile server
 (a self-hosted Bot API, a proxy, a CDN that loops) can send without end. discord.py's
 ``Attachment.read()`` and PTB's ``File.download_as_bytearray()`` read whatever comes, so each channel
-streams the body itself through :func:`read_at_most` and stops at its limit. A file over the limit is
-not an error: the message goes on with :func:`too_large_note` in its text, so its words still reach
-the model and the model can tell the user why the file went unread.
+streams the body itself through :func:`bot.capped.read_at_most` and stops at its limit. A file over
+the limit is not an error: the message goes on with :func:`too_large_note` in its text, so its words
+still reach the model and the model can tell the user why the file went unread.
 
 Bodies are asked for without compression (``Accept-Encoding: identity``) and one that comes
 compressed anyway is refused: an HTTP library inflates each network chunk whole before the count here
@@ -15,7 +15,7 @@ sees it, so a small compressed chunk could still blow up in memory (see ``bot/to
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
 # Ask for the body as stored; see the module doc.
 PLAIN_BODY = {"Accept-Encoding": "identity"}
@@ -31,20 +31,6 @@ def stated_over(length: int | None, limit: int) -> bool:
     """Whether a stated size (a message's, ``getFile``'s, a ``Content-Length``) is over ``limit``;
     a missing one is not: the read itself stops at the limit then."""
     return length is not None and length > limit
-
-
-async def read_at_most(chunks: AsyncIterator[bytes], limit: int) -> bytes | None:
-    """The whole body, or None as soon as it passes ``limit`` bytes. Reading stops there; the caller
-    closes the response, which drops the connection instead of draining the rest.
-
-    The twin of ``bot.llm.read_at_most``, kept here because importing ``bot.llm`` loads its aiohttp
-    transport, which the Telegram channel does not otherwise need."""
-    body = bytearray()
-    async for chunk in chunks:
-        body += chunk
-        if len(body) > limit:
-            return None
-    return bytes(body)
 
 
 def too_large_note(name: str, limit: int) -> str:

@@ -407,7 +407,7 @@ async def _probe(
 
     import httpx
 
-    from bot.llm import read_at_most
+    from bot.capped import read_at_most
 
     shown = shown_url or _public(url)
     content: bytes | None = b""

@@ -2,7 +2,6 @@
 
 from bot.llm.client import LLMClient, UsageObserver
 from bot.llm.failures import Provider
-from bot.llm.limits import read_at_most
 from bot.llm.model import ChatModel
 from bot.llm.stats import LLMStats
 from bot.llm.transport import llm_http_client
@@ -20,5 +19,4 @@ __all__ = [
     "ToolSpec",
     "UsageObserver",
     "llm_http_client",
-    "read_at_most",
 ]

@@ -16,12 +16,13 @@ from typing import Generic, TypeVar
 
 import httpx
 
+from bot.capped import read_at_most
 from bot.catalog import ModelInfo
 from bot.config import ProviderSettings
 from bot.errors import LLMBadResponse, LLMError, LLMTimeout
 from bot.llm import anthropic, openai
 from bot.llm.failures import STATUS_OF_TYPE, Provider, error_fields, status_error
-from bot.llm.limits import MAX_BODY_BYTES, MiB, answer_too_large, read_at_most
+from bot.llm.limits import MAX_BODY_BYTES, MiB, answer_too_large
 from bot.llm.types import ChatResponse
 
 T = TypeVar("T")

@@ -10,8 +10,6 @@ the connection is closed, the next fallback model is asked, and the user reads t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import structlog
 
 from bot.errors import LLMBadResponse
@@ -57,16 +55,3 @@ def answer_too_large(what: str, *, model: str, provider: Provider, where: str) -
         f"and the connection was closed. To fix it, {fix}",
         model=model,
     )
-
-
-async def read_at_most(chunks: AsyncIterator[bytes], limit: int) -> bytes | None:
-    """A whole body, or None as soon as it passes ``limit`` bytes: reading stops there, and the caller,
-    who closes the response, drops the connection. For every answer read whole from another server
-    (this client's, the embeddings endpoint's, ``membot doctor``'s), so none is read until out of memory.
-    """
-    body = bytearray()
-    async for chunk in chunks:
-        body += chunk
-        if len(body) > limit:
-            return None
-    return bytes(body)

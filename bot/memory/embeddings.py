@@ -38,9 +38,9 @@ import numpy as np
 import structlog
 from numpy.typing import NDArray
 
+from bot.capped import read_at_most
 from bot.config import MemorySettings
 from bot.errors import ConfigError, LLMBadResponse, LLMError, LLMTimeout, LLMUnavailable
-from bot.llm import read_at_most
 from bot.memory.int8_graph import int8_weights
 from bot.memory.items import MemoryItem
 

@@ -24,9 +24,10 @@ import aiohttp
 import discord
 import structlog
 
+from bot.capped import read_at_most
 from bot.domain import Attachment
 from bot.errors import ChannelError
-from channels.downloads import PLAIN_BODY, encoded, read_at_most, stated_over, too_large_note
+from channels.downloads import PLAIN_BODY, encoded, stated_over, too_large_note
 
 log = structlog.get_logger(__name__)
 

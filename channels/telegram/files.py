@@ -24,8 +24,9 @@ import httpx
 from telegram import Bot
 from telegram.error import NetworkError, TelegramError, TimedOut
 
+from bot.capped import read_at_most
 from bot.errors import ChannelError
-from channels.downloads import PLAIN_BODY, encoded, read_at_most, stated_over
+from channels.downloads import PLAIN_BODY, encoded, stated_over
 from channels.telegram.outbound import TelegramOutbox
 
 # As PTB's HTTPXRequest: 5 s to connect; a read may wait longer, as a big file comes in slowly.

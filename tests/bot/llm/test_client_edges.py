@@ -43,7 +43,7 @@ async def stream_with(
 
 def test_public_surface() -> None:
     public = {name for name in vars(bot.llm) if not name.startswith("_") and name[0].isupper()}
-    assert set(bot.llm.__all__) == public | {"llm_http_client", "read_at_most"}
+    assert set(bot.llm.__all__) == public | {"llm_http_client"}
     assert {"LLMClient", "ChatRequest", "ChatResponse", "ToolSpec", "StreamEvent"} <= public
 
 
