@@ -392,18 +392,29 @@ class Consolidator:
         *,
         resumed: bool,
     ) -> None:
-        """Write ``plan``; ``resumed`` skips what a killed run wrote of it already. Once MEMORY.md is
-        written, that is journaled too: the operator may edit it before a resume, which must not undo it."""
+        """Write ``plan``; ``resumed`` skips what a killed run wrote of it already. Once the HISTORY
+        entry and MEMORY.md are written, that is journaled too: the operator may edit either before a
+        resume, which must not undo it (an entry they corrected or removed is no longer found as written,
+        and was appended again beside their text)."""
         if plan.reason:  # a raw fallback: :meth:`run` writes its entry
             result.raw_fallback, result.reason = True, plan.reason
             return
         result.parse_tier, result.facts = plan.parse_tier, list(plan.facts)
+        memory_done = (
+            resumed
+            and plan.base is not None
+            and (plan.memory_written or _written(plan, (await longterm.read()).text))
+        )
         if plan.entry:
             result.history_entry = plan.entry
-            await self._history.append(plan.when, result.session_id, plan.entry, once=resumed)
+            # MEMORY.md is written after the entry: once it is, so was the entry (journaled or not).
+            if not (resumed and (plan.history_written or memory_done)):
+                await self._history.append(plan.when, result.session_id, plan.entry, once=resumed)
+                plan = replace(plan, history_written=True)
+                await journal(plan)
         if plan.base is None:
             return
-        if not (resumed and (plan.memory_written or _written(plan, (await longterm.read()).text))):
+        if not memory_done:
             base = Snapshot(plan.base, content_hash(plan.base))
             _, result.memory_merged = await longterm.replace_from(base, plan.memory)
             await journal(replace(plan, memory_written=True))

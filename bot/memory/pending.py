@@ -49,8 +49,8 @@ class Plan:
     it instead of asking the model again: a HISTORY entry, a MEMORY.md change or a fact is never
     written twice. ``base`` is MEMORY.md as the model read it (None: MEMORY.md is
     left alone); ``when`` is the local time of the HISTORY heading; a ``reason`` makes it a raw fallback.
-    ``memory_written`` is journaled once MEMORY.md is written: a resume must not write it again over
-    what the operator edited while the bot was down.
+    ``history_written`` and ``memory_written`` are journaled once the HISTORY entry and MEMORY.md are
+    written: a resume must not write them again over what the operator edited while the bot was down.
     """
 
     when: datetime
@@ -60,6 +60,7 @@ class Plan:
     facts: tuple[DurableFact, ...] = ()
     parse_tier: int = 0
     reason: str = ""
+    history_written: bool = False
     memory_written: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -72,6 +73,7 @@ class Plan:
             "facts": facts,
             "parse_tier": self.parse_tier,
             "reason": self.reason,
+            "history_written": self.history_written,
             "memory_written": self.memory_written,
         }
 
@@ -89,6 +91,7 @@ class Plan:
             ),
             parse_tier=int(data.get("parse_tier") or 0),
             reason=str(data.get("reason") or ""),
+            history_written=bool(data.get("history_written")),
             memory_written=bool(data.get("memory_written")),
         )
 

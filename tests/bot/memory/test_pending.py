@@ -77,18 +77,23 @@ async def test_a_kill_after_the_history_entry_writes_the_rest_once_at_the_next_s
     memory, pending, messages, work = await retiring(tmp_path, clock, llm, fake_llm)
     root = memory.root
     plans: list[Plan] = []
+    kept = tmp_path / "record"
 
     async def journal(plan: Plan) -> None:
         plans.append(plan)
         await pending.planned(work, plan)
+        if len(plans) == 1:  # the plan, journaled before any of it is written
+            await asyncio.to_thread(shutil.copytree, root / "pending", kept)
 
     await memory.consolidator.run("cli:me", messages, timeout=5, journal=journal)
-    # Killed here, after the HISTORY entry and MEMORY.md: the facts were not stored, the record stays.
+    # Killed here, after the HISTORY.md append and before the month file's (it made the file), so
+    # before MEMORY.md and every journal after the plan: the facts were not stored, the record stays.
     month = root / "HISTORY-2024-05.md"
-    month.unlink()  # and before the month file's append (it made the file)
+    month.unlink()
+    (root / "MEMORY.md").unlink()
+    shutil.rmtree(root / "pending")
+    shutil.copytree(kept, root / "pending")
     assert plans and [i for i in memory.items.items() if i.content == FACT] == []
-    kept = tmp_path / "record"
-    shutil.copytree(root / "pending", kept)
 
     restarted = await running_bot(tmp_path, clock, llm)
     await restarted.close()
@@ -99,7 +104,8 @@ async def test_a_kill_after_the_history_entry_writes_the_rest_once_at_the_next_s
     (fact,) = [i for i in restarted.items.items(Layer.EPISODIC) if i.content == FACT]
     assert list((root / "pending").iterdir()) == []
 
-    # Killed again, after every write of the resumed run but before its record went: nothing twice.
+    # Killed again, after every write of the resumed run but before any of its journals and before its
+    # record went: nothing twice.
     shutil.rmtree(root / "pending")
     shutil.copytree(kept, root / "pending")
     again = await running_bot(tmp_path, clock, llm)
@@ -196,6 +202,28 @@ async def test_an_operator_edit_made_while_the_bot_was_down_survives_the_resume(
     assert len(fake_llm.requests) == 1
     assert (root / "MEMORY.md").read_text() == f"{MOVED}\n"
     assert (root / "HISTORY.md").read_text().count(ENTRY) == 1
+    assert list((root / "pending").iterdir()) == []
+
+
+CORRECTED = "We planned the Porto trip."  # the operator's correction of ENTRY, made while the bot was down
+
+
+@pytest.mark.parametrize("journaled", [True, False], ids=["write journaled", "killed before its journal"])
+async def test_an_operator_edit_of_the_history_entry_made_while_the_bot_was_down_survives_the_resume(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, journaled: bool
+) -> None:
+    """HISTORY.md got its entry before the kill; the operator corrected it before the next start, which
+    must not append the bot's wording again beside the correction."""
+    root = await killed_after_the_memory_write(tmp_path, clock, llm, fake_llm, journaled=journaled)
+    history = root / "HISTORY.md"
+    history.write_text(history.read_text().replace(ENTRY, CORRECTED))
+
+    restarted = await running_bot(tmp_path, clock, llm)
+    await restarted.close()
+    assert len(fake_llm.requests) == 1
+    text = history.read_text()
+    assert ENTRY not in text and text.count(CORRECTED) == 1
+    assert (root / "HISTORY-2024-05.md").read_text().count(ENTRY) == 1
     assert list((root / "pending").iterdir()) == []
 
 
