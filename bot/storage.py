@@ -115,7 +115,8 @@ def append_bytes(
     it is then, so an editor that saves a note in place between our look at the end and our write does
     not get our line written over its text. A failed append (a full disk, a failed fsync) is cut back
     off, as far as the system lets: it raises having left nothing of ``data``, so the caller may take it
-    as not written (the inbox: as not accepted) without a complete line of it staying behind.
+    as not written (the inbox: as not accepted) without a complete line of it staying behind. (Not when
+    another program wrote the file after it: their text is never cut to take ours out.)
     """
     ensure_private_dir(path.parent)
     append = os.O_APPEND if truncate_to is None else 0
@@ -141,7 +142,11 @@ def append_bytes(
 
 
 def _write_all(fd: int, data: bytes, *, sync: bool) -> None:
-    """Write (and fsync) ``data`` at the file's end; on failure cut what of it was written, and raise."""
+    """Write (and fsync) ``data`` at the file's end; on failure cut what of it was written, and raise.
+
+    Only while what was written is still the file's tail: an operator who saved the file in place
+    meanwhile (a daily note) replaced it, and a cut at our old offset would take their text with it.
+    """
     done = 0
     try:
         view = memoryview(data)
@@ -154,7 +159,9 @@ def _write_all(fd: int, data: bytes, *, sync: bool) -> None:
     except BaseException:
         if done:
             with contextlib.suppress(OSError):  # (a kill between the two leaves a torn tail: readers cope)
-                os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR) - done)
+                end = os.lseek(fd, 0, os.SEEK_CUR)
+                if os.fstat(fd).st_size == end and os.pread(fd, done, end - done) == data[:done]:
+                    os.ftruncate(fd, end - done)
         raise
 
 

@@ -122,3 +122,29 @@ async def test_an_editor_saving_in_place_while_a_line_is_appended_keeps_its_text
     await GroupWriter().append(note, b"[09:05] User: what's up | Assistant: not much\n")
 
     assert note.read_text() == edited + "[09:05] User: what's up | Assistant: not much\n"
+
+
+async def test_an_append_that_fails_after_an_editor_saved_in_place_leaves_the_editors_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed append is cut back off the file; a note the operator saved in place between the
+    append's write and its failing fsync no longer ends with the append, and must not be cut."""
+    note = tmp_path / "memory" / "2026-03-01.md"
+    note.parent.mkdir()
+    note.write_text("[09:00] User: hi | Assistant: hello\n")
+    edited = "[09:00] User: hi | Assistant: hello\nOPERATOR: the dentist on Friday, important!\n"
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(note):
+            with open(note, "r+") as editor:  # the editor saves in place, right after our write
+                editor.truncate(0)
+                editor.write(edited)
+            raise OSError(5, "Input/output error")  # and the disk then fails our fsync
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        await GroupWriter().append(note, b"[09:05] User: what's up | Assistant: not much\n")
+
+    assert note.read_text() == edited
