@@ -12,7 +12,8 @@ consolidation that drops a fact it should have kept can be undone (lines it only
 there; it used to copy the whole file each time and reached 17 MB after 500 writes). Past
 ``memory.replaced_max_size`` that file moves to ``MEMORY.replaced.1.md`` (the previous one goes, with a
 warning in the log). A bot write that would grow MEMORY.md past ``memory.max_memory_hard_size`` is
-refused (:class:`MemoryFull`); the operator's edits are never limited.
+refused (:class:`MemoryFull`); the operator's edits are never limited, but a file past the limit is
+logged when read (``memory_file_over_limit``): the prompt shows only its start.
 """
 
 from __future__ import annotations
@@ -140,6 +141,15 @@ class LongTermMemory:
             except UnicodeDecodeError as exc:  # shown with U+FFFD; the bot does not write it (NotUtf8)
                 text = data.decode("utf-8", errors="replace")
                 log.warning("memory_file_not_utf8", file=str(self._path), at_byte=exc.start)
+            if len(data) > self._max_bytes:  # the prompt shows its start only, and bot writes cannot grow it
+                log.warning(
+                    "memory_file_over_limit",
+                    file=str(self._path),
+                    bytes=len(data),
+                    limit=self._max_bytes,
+                    hint="the model sees only its start (memory.inject_max_bytes) and the bot adds no "
+                    "line to it; shorten it (membot memory edit) or raise memory.max_memory_hard_size",
+                )
             self._stamp, self._cached = stamp, Snapshot(text, content_hash(text))
         return self._cached
 

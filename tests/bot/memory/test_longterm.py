@@ -9,7 +9,15 @@ import pytest
 from structlog.testing import capture_logs
 
 from bot.memory import exchange
-from bot.memory.longterm import Conflict, Limits, LongTermMemory, NotUtf8, content_hash, merge_lines
+from bot.memory.longterm import (
+    Conflict,
+    Limits,
+    LongTermMemory,
+    MemoryFull,
+    NotUtf8,
+    content_hash,
+    merge_lines,
+)
 
 
 async def test_operator_edit_is_seen_on_next_read(tmp_path: Path) -> None:
@@ -51,6 +59,25 @@ async def test_a_file_saved_in_another_encoding_is_shown_but_never_written(tmp_p
     path.write_text("- José Müller lives in Zürich\n")  # saved again as UTF-8: written as usual
     await memory.update(lambda text: text + "- likes tea\n")
     assert path.read_text() == "- José Müller lives in Zürich\n- likes tea\n"
+
+
+async def test_a_file_grown_past_its_limit_is_logged_and_left_as_it_is(tmp_path: Path) -> None:
+    """A paste gone wrong (a whole log) makes MEMORY.md huge: the prompt shows only its start, and the
+    operator must hear of it in the log, once per change, not find out from the bot's answers."""
+    path = tmp_path / "MEMORY.md"
+    huge = "- a line of a pasted log\n" * 10_000  # 250 KB, over the 64 KB limit
+    path.write_text(huge)
+    memory = LongTermMemory(path)
+
+    with capture_logs() as logs:
+        assert (await memory.read()).text == huge
+        await memory.read()
+        with pytest.raises(MemoryFull):
+            await memory.update(lambda text: text + "- likes tea\n")
+
+    assert path.read_text() == huge
+    [event] = [e for e in logs if e["event"] == "memory_file_over_limit"]
+    assert event["bytes"] == len(huge) and event["limit"] == 65_536
 
 
 async def test_a_symlinked_file_is_written_where_it_points_and_stays_a_link(tmp_path: Path) -> None:
