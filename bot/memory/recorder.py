@@ -69,8 +69,11 @@ class Recorder:
         self._notes_writer = GroupWriter("notes-writer")
         self.lazy = LazySync(marker, self.flush)
         # The running bot's turns whose writes failed (a full disk): made again at the next record, at
-        # close, or by the next start (the marker stays: see :meth:`settle_failed`).
+        # close, or by the next start (the marker stays: see :meth:`settle_failed`). Their items and
+        # their note lines apart: a note line that was written is not written again, since the operator
+        # may have edited it meanwhile (a replay would bring the bot's wording back beside theirs).
         self._failed: list[Exchange] = []
+        self._unnoted: list[Exchange] = []
 
     async def record(
         self, exchanges: Sequence[Exchange], *, replay: bool = False, sync: bool = True
@@ -85,28 +88,25 @@ class Recorder:
         With ``sync=False`` a failed write is remembered and made again (:meth:`retry_failed`) before
         the next record: its answer went out, and the session holds its messages; memory must too.
         """
-        if self._failed and not sync:
+        if (self._failed or self._unnoted) and not sync:
             await self.retry_failed()
-        try:
-            return await self._record(exchanges, replay=replay, sync=sync)
-        except OSError:
-            if not sync:
-                self._failed += exchanges
-            raise
+        return await self._record(exchanges, exchanges, replay=replay, sync=sync, keep=not sync)
 
     async def retry_failed(self, *, sync: bool = False) -> bool:
-        """Record again the turns whose writes failed, as a replay (a note line already written is not
-        repeated; an item merges with itself, and its new version is written); whether none is left."""
-        failed, self._failed = self._failed, []
-        if not failed:
+        """Record again what failed of the turns: their items (an item merges with itself, and its new
+        version is written) and the note lines whose append failed (it left nothing: ``append_bytes``);
+        whether none is left."""
+        items, self._failed = self._failed, []
+        notes, self._unnoted = self._unnoted, []
+        turns = len({id(ex) for ex in (*items, *notes)})
+        if not turns:
             return True
         try:
-            await self._record(failed, replay=True, sync=sync)
+            await self._record(items, notes, replay=True, sync=sync, keep=True)
         except OSError as exc:
-            self._failed = failed + self._failed
-            log.warning("memory_rewrite_failed", turns=len(failed), error=f"{type(exc).__name__}: {exc}")
+            log.warning("memory_rewrite_failed", turns=turns, error=f"{type(exc).__name__}: {exc}")
             return False
-        log.info("memory_rewritten", turns=len(failed))
+        log.info("memory_rewritten", turns=turns)
         return True
 
     async def settle_failed(self) -> None:
@@ -114,20 +114,32 @@ class Recorder:
         so that the next start records them again from their sessions (lazy_sync.py)."""
         if await self.retry_failed(sync=True):
             return
-        said = [m.timestamp for ex in self._failed for m in (ex.user, ex.assistant) if m is not None]
+        failed = (*self._failed, *self._unnoted)
+        said = [m.timestamp for ex in failed for m in (ex.user, ex.assistant) if m is not None]
         await self.lazy.keep(min([self._clock(), *said]))
 
-    async def _record(self, exchanges: Sequence[Exchange], *, replay: bool, sync: bool) -> list[MemoryItem]:
-        note_lines: dict[Path, list[str]] = {}
-        utterances: list[Utterance] = []
-        for ex in exchanges:
+    async def _record(
+        self,
+        items_of: Sequence[Exchange],
+        notes_of: Sequence[Exchange],
+        *,
+        replay: bool,
+        sync: bool,
+        keep: bool,
+    ) -> list[MemoryItem]:
+        """The items of ``items_of`` and the note lines of ``notes_of``; ``keep``: what fails of them is
+        remembered for :meth:`retry_failed` (each half apart) before the first failure is raised."""
+        note_lines: dict[Path, list[tuple[Exchange, str]]] = {}
+        for ex in notes_of:
             if ex.user is not None and ex.assistant is not None:
                 notes = self._notes_for(ex.session_id)
                 # The exchange happened when the user wrote; a date in the future (a platform's or a
                 # sender's clock) is filed under today, not under a day no note has reached yet.
                 when = notes.local(min(ex.user.timestamp, self._clock()))
                 line = note_line(when, ex.user.content, ex.assistant.content)
-                note_lines.setdefault(notes.path_for(when.date()), []).append(line)
+                note_lines.setdefault(notes.path_for(when.date()), []).append((ex, line))
+        utterances: list[Utterance] = []
+        for ex in items_of:
             for msg, turn in ((ex.user, ex.user_turn), (ex.assistant, ex.assistant_turn)):
                 if msg is not None and msg.content.strip():
                     ref = Reference(ex.session_id, msg.id, turn, conversation=ex.conversation)
@@ -135,19 +147,51 @@ class Recorder:
                         Utterance(msg.role.value, msg.content, msg.timestamp, ref, *_speaker(msg))
                     )
         # The notes and the items are separate files: their writes (and fsyncs) go on side by side.
-        async with contextlib.nullcontext() if sync else self.lazy.writing():
-            stored, _ = await asyncio.gather(
-                self._items.add_many(extract(utterances), sync=sync),
-                self._append_notes(note_lines, replay=replay, sync=sync),
-            )
+        unnoted: list[Exchange] = []
+        try:
+            async with contextlib.nullcontext() if sync else self.lazy.writing():
+                stored, noted = await asyncio.gather(
+                    self._items.add_many(extract(utterances), sync=sync),
+                    self._append_notes(note_lines, unnoted, replay=replay, sync=sync),
+                    return_exceptions=True,
+                )
+        except OSError:  # the marker could not be placed: nothing was written
+            if keep:
+                self._failed += items_of
+                self._unnoted += notes_of
+            raise
+        if keep:
+            self._failed += items_of if isinstance(stored, OSError) else []
+            self._unnoted += unnoted
+        for result in (stored, noted):
+            if isinstance(result, BaseException):
+                raise result
+        assert isinstance(stored, list)
         return stored
 
-    async def _append_notes(self, note_lines: dict[Path, list[str]], *, replay: bool, sync: bool) -> None:
-        for path, lines in note_lines.items():
-            if replay:
-                lines = await asyncio.to_thread(not_yet_in, path, lines)
-            if lines:
-                await self._notes_writer.append(path, line_bytes("\n".join(lines)), sync=sync)
+    async def _append_notes(
+        self,
+        note_lines: dict[Path, list[tuple[Exchange, str]]],
+        unnoted: list[Exchange],
+        *,
+        replay: bool,
+        sync: bool,
+    ) -> None:
+        """Append each file's lines; the exchanges of a file whose append failed go to ``unnoted`` (every
+        file is tried), and the first failure is raised."""
+        failure: OSError | None = None
+        for path, pairs in note_lines.items():
+            lines = [line for _, line in pairs]
+            try:
+                if replay:
+                    lines = await asyncio.to_thread(not_yet_in, path, lines)
+                if lines:
+                    await self._notes_writer.append(path, line_bytes("\n".join(lines)), sync=sync)
+            except OSError as exc:
+                unnoted += [ex for ex, _ in pairs]
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     async def flush(self) -> None:
         """fsync what :meth:`record` wrote with ``sync=False`` (for :class:`LazySync`)."""

@@ -1,0 +1,90 @@
+"""The write path's failures: a turn whose writes failed is made again, without undoing an operator's edit."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.domain import Message, Role
+from bot.memory import Exchange, Layer
+from tests.bot.memory.conftest import Clock, make_memory
+
+
+def exchange(clock: Clock, user: str, answer: str) -> Exchange:
+    return Exchange(
+        "cli:me",
+        Message(Role.USER, user, timestamp=clock.now),
+        Message(Role.ASSISTANT, answer, timestamp=clock.now),
+    )
+
+
+class FullDisk:
+    """Writes to paths holding ``where`` fail with ENOSPC while ``full`` (at the system call: our code
+    runs as it would); other files still fit."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+        self.full = False
+        real = os.write
+
+        def write(fd: int, data: Any) -> int:
+            if self.full and where in os.readlink(f"/proc/self/fd/{fd}"):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data)
+
+        monkeypatch.setattr(os, "write", write)
+
+
+async def test_a_note_line_the_operator_corrected_after_a_failed_write_is_not_written_again(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The items of a turn hit a full disk, its note line did not; the operator corrects that line
+    before the next turn, which makes the turn's items again and must leave the note as corrected."""
+    disk = FullDisk(monkeypatch, "/memory/items/")  # the note line, a few bytes, still fits
+    memory = await make_memory(tmp_path, clock)
+    disk.full = True
+    with pytest.raises(OSError, match="No space"):
+        await memory.record_exchanges(
+            [exchange(clock, "My sister Hanna lives in Porto.", "Noted.")], sync=False
+        )
+    note = memory.notes.path_for(clock.now.date())
+    written = note.read_text()
+    assert "Hanna lives in Porto" in written
+    note.write_text(written.replace("Porto", "Lisbon"))  # the operator's correction
+    disk.full = False
+
+    clock.advance(minutes=5)
+    await memory.record_exchanges([exchange(clock, "What is the weather like?", "Sunny.")], sync=False)
+    await memory.close()
+
+    text = note.read_text()
+    assert "Porto" not in text and text.count("Hanna lives in Lisbon") == 1
+    assert "What is the weather like?" in text
+    assert [i for i in memory.items.items(Layer.EPISODIC) if "Hanna lives in Porto" in i.content]
+
+
+async def test_a_note_line_whose_append_failed_is_written_by_the_next_turn_once(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = FullDisk(monkeypatch, "/memory/2024-05-20.md")
+    memory = await make_memory(tmp_path, clock)
+    disk.full = True
+    with pytest.raises(OSError, match="No space"):
+        await memory.record_exchanges(
+            [exchange(clock, "My sister Hanna lives in Porto.", "Noted.")], sync=False
+        )
+    note = memory.notes.path_for(clock.now.date())
+    assert note.read_text() == ""  # made, and the failed append cut back off
+    stored = [i.id for i in memory.items.items(Layer.EPISODIC) if "Hanna" in i.content]
+    disk.full = False
+
+    clock.advance(minutes=5)
+    await memory.record_exchanges([exchange(clock, "What is the weather like?", "Sunny.")], sync=False)
+    await memory.close()
+
+    text = note.read_text()
+    assert text.count("Hanna lives in Porto") == 1 and text.count("What is the weather like?") == 1
+    assert stored and [i.id for i in memory.items.items(Layer.EPISODIC) if "Hanna" in i.content] == stored
