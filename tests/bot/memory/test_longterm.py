@@ -202,6 +202,36 @@ async def test_a_late_write_into_the_displaced_version_is_merged_on_the_next_rea
     assert path.read_text().splitlines() == lines
 
 
+async def test_a_late_write_whose_merge_hits_a_full_disk_is_merged_once_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The editor rewrote the displaced version in place (the blocks it freed took its save); the merge
+    needs new room and the disk has none. The operator's change must wait for room, not be dropped."""
+    path = tmp_path / "MEMORY.md"
+    path.write_text("- likes tea\n")
+    memory = LongTermMemory(path)
+    with open(path, "r+") as editor:  # the editor, another program, had the file open
+        await memory.update(lambda text: text + "- bot fact\n")
+        editor.truncate(0)
+        editor.write("- likes coffee\n")
+    full, real = [True], os.write
+
+    def write(fd: int, data: bytes) -> int:
+        if full[0] and os.readlink(f"/proc/self/fd/{fd}") == str(memory.replaced_path):
+            raise OSError(28, "No space left on device")  # (at the system call: our code runs as it would)
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    with pytest.raises(OSError, match="No space"):
+        await memory.read()
+    full[0] = False
+
+    lines = (await memory.read()).text.splitlines()
+
+    assert lines == ["- bot fact", "- likes coffee"]
+    assert path.read_text().splitlines() == lines
+
+
 def test_exchange_if_checks_before_and_after(tmp_path: Path) -> None:
     if not exchange.AVAILABLE:
         pytest.skip("renameat2/statx are Linux-only")
