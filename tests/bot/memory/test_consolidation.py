@@ -15,7 +15,8 @@ from bot.config import MemorySettings
 from bot.domain import Message, Role, ToolCall
 from bot.llm import LLMClient
 from bot.memory import MemoryService
-from bot.memory.consolidation import format_messages, parse_reply
+from bot.memory.consolidation import format_messages
+from bot.memory.consolidation_reply import parse_reply
 from bot.memory.history import RAW_FALLBACK
 from bot.memory.items import ItemType, Layer
 from bot.metrics import Metrics
