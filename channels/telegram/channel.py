@@ -59,6 +59,7 @@ from channels.telegram.journal import JOURNAL_FILE, UpdateJournal
 from channels.telegram.media import extract_media
 from channels.telegram.outbound import ChatPacer, TelegramOutbox
 from channels.telegram.polling import UpdatePoller
+from channels.telegram.sent import SENT_FILE, SentChunks
 
 if TYPE_CHECKING:
     from channels.telegram.webhook import WebhookServer
@@ -80,8 +81,8 @@ class TelegramChannel(Channel):
         settings: the ``[telegram]`` settings slice.
         submit: where normalized messages go (``Dispatcher.submit``); awaiting it means "queued".
         pairing: the shared pairing store (``workspace/pairing.json``).
-        state_dir: where the update journal and the hash of the registered command menu are kept
-            (``<workspace>/state``).
+        state_dir: where the update journal, the chunks sent of answers cut short and the hash of the
+            registered command menu are kept (``<workspace>/state``).
         commands: ``(name, description)`` pairs for Telegram's command menu (``CommandRouter.commands``).
         vision_supported: asked per photo, so a model switch takes effect at once.
         max_inbound_chars: longer inbound text is cut with a note (``sessions.max_inbound_chars``).
@@ -136,6 +137,7 @@ class TelegramChannel(Channel):
         )
         self._joiner = self._new_joiner()
         self._max_retries = max_retries
+        self._sent = SentChunks(state_dir / SENT_FILE)
         self._new_outbox: Callable[[Bot], TelegramOutbox] = functools.partial(
             TelegramOutbox,
             max_retries=max_retries,
@@ -144,6 +146,7 @@ class TelegramChannel(Channel):
             stream_interval=stream_interval,
             pacer=ChatPacer(chat_interval, chat_burst),
             monotonic=monotonic,
+            sent=self._sent,
         )
         self._outbox: TelegramOutbox | None = None
         self._files: TelegramFiles | None = None
@@ -185,6 +188,7 @@ class TelegramChannel(Channel):
         builder = builder.updater(None)
         app = await asyncio.to_thread(builder.build)  # PTB resolves file paths while building
         self._app = app
+        await self._sent.load()  # how far answers cut short by a kill got: only the rest goes out
         self._outbox = self._new_outbox(app.bot)
         self._files = TelegramFiles(app.bot, self._outbox)
         try:

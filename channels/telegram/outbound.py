@@ -34,6 +34,7 @@ from channels.chunking import split_message, utf16_len
 from channels.streaming import StreamedMessage
 from channels.telegram.format import RenderedChunk, render_chunks
 from channels.telegram.refusals import as_channel_error, refuses_for_good
+from channels.telegram.sent import SentChunks
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +79,7 @@ class TelegramOutbox:
         stream_interval: float,
         pacer: ChatPacer,
         monotonic: Callable[[], float],
+        sent: SentChunks | None = None,
     ) -> None:
         self._bot = bot
         self._max_retries = max_retries
@@ -87,7 +89,7 @@ class TelegramOutbox:
         self._pacer = pacer
         self._monotonic = monotonic
         self._streams: dict[str, StreamedMessage[int, RenderedChunk]] = {}
-        self._delivered: dict[str, int] = {}  # chunks of a keyed answer that went out before a failure
+        self._sent = sent or SentChunks(None)  # chunks of a keyed answer that went out before a failure
 
     async def send(self, message: OutboundMessage) -> None:
         """Deliver a whole reply; raises ChannelError (after logging it) if part of it could not go out,
@@ -98,7 +100,8 @@ class TelegramOutbox:
         quoted = message.reply_to or ""
         reply_to = int(quoted) if in_group and quoted.isdigit() else None
         stream = None if message.aside else self._streams.pop(message.chat_id, None)
-        done = self._delivered.pop(message.key, 0) if message.key else 0  # sent again: only the rest
+        key = message.key
+        done = self._sent.get(key) if key else 0  # sent again (maybe after a restart): only the rest
         try:
             for index, chunk in enumerate(chunks):
                 if index < done:
@@ -109,12 +112,14 @@ class TelegramOutbox:
                 if not edited:  # also when the streamed message is gone (the user deleted it)
                     await self.deliver(chat, thread, chunk, reply_to if index == 0 else None)
                 done = index + 1
+                if key and done < len(chunks):
+                    await self._sent.record(key, done)
         except TelegramError as exc:
-            if message.key and done:
-                self._delivered[message.key] = done
             log.error("telegram_send_failed", chat_id=message.chat_id, error=str(exc))
             reason = f"could not deliver a reply to Telegram chat {message.chat_id}: {exc}"
             raise as_channel_error(reason, exc) from exc
+        if key:
+            self._sent.finished(key)
 
     async def send_plain(self, chat: int, text: str) -> None:
         try:

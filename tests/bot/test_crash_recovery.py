@@ -213,3 +213,28 @@ async def test_a_message_arriving_during_shutdown_is_kept_and_answered_after_res
         ("user", "sent during the shutdown"),
         ("assistant", "echo: sent during the shutdown"),
     ]
+
+
+async def test_a_long_answer_killed_between_its_chunks_sends_only_the_rest_after_restart(
+    tmp_path: Path,
+) -> None:
+    """An answer too long for one Telegram message goes out in chunks, about one a second. Killed after
+    the first went out, the next start sends the rest: the chat never gets the first chunk twice."""
+    workspace = tmp_path / "ws"
+    parts = [f"PART-{n} " + "word " * 700 for n in (1, 2, 3)]  # ~3500 characters each: one chunk each
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        llm.script(FakeReply(text="\n\n".join(parts)))
+        # Telegram takes the first chunk, then is down for the second (the channel retries it).
+        tg.fail("sendMessage", 502, "Bad Gateway", times=1000, when=lambda p: "PART-2" in str(p.get("text")))
+        async with membot_run(workspace, llm, **telegram_env(tg)) as service:
+            tg.push_message("tell me a long story", chat_id=777, user_id=42)
+            await tg.wait_for(
+                lambda: any("PART-2" in str(c.params.get("text")) for c in tg.calls), timeout=30
+            )
+            await service.kill()
+        assert [m.text.split()[0] for m in tg.sent_to(777)] == ["PART-1"]
+        tg.failures.clear()
+        async with membot_run(workspace, llm, **telegram_env(tg)) as service:
+            await wait_answer(tg, 777, "PART-3")
+            await stop(service)
+        assert [m.text.split()[0] for m in tg.sent_to(777)] == ["PART-1", "PART-2", "PART-3"]
