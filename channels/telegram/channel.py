@@ -198,11 +198,16 @@ class TelegramChannel(Channel):
             journal = UpdateJournal(
                 self._state_dir / JOURNAL_FILE, outage=self._new_outage("the Telegram update journal")
             )
-            await journal.load(app.bot.id)  # held updates of an earlier run are taken in first
+            resumed = await journal.load(app.bot.id)  # held updates of an earlier run are taken in first
             self._journal = journal
             await app.start()
             self._handover = HandOver(
-                journal, self._intake_update, outage=self._intake_outage, max_attempts=_MAX_ATTEMPTS
+                journal,
+                self._intake_update,
+                outage=self._intake_outage,
+                max_attempts=_MAX_ATTEMPTS,
+                resumed=resumed,
+                resumed_done=self._joiner.cut,  # never joined to what arrives after the start
             )
             self._handing_over = asyncio.create_task(self._handover.run(), name="telegram-handover")
             if settings.mode == "webhook":

@@ -13,6 +13,12 @@ need opposite treatment:
 
 When the channel stops, what was not handed over (not yet taken in, or not taken by ``submit`` before
 the joiner closed) stays held and is taken in at the next start.
+
+The updates held from an earlier run come first, and once they are all taken in ``resumed_done`` is
+called: the channel hands on the paste they make at once, so a message that arrives after the start is
+never joined to them. The dispatcher may have them already (a kill between its inbox's fsync and the
+journal's release) and knows a joined message by its first update's message id: a new message joined
+in would be dropped with the redelivery.
 """
 
 from __future__ import annotations
@@ -38,8 +44,17 @@ class HandOver:
     """Runs until cancelled (:meth:`run`); :meth:`drain` waits for the releases still pending."""
 
     def __init__(
-        self, journal: UpdateJournal, intake: Intake, *, outage: StorageOutage, max_attempts: int
+        self,
+        journal: UpdateJournal,
+        intake: Intake,
+        *,
+        outage: StorageOutage,
+        max_attempts: int,
+        resumed: int = 0,
+        resumed_done: Callable[[], None] = lambda: None,
     ) -> None:
+        self._resumed = resumed  # held updates of an earlier run still to take in (they come first)
+        self._resumed_done = resumed_done
         self._journal = journal
         self._intake = intake
         self._outage = outage
@@ -50,6 +65,10 @@ class HandOver:
         while True:
             update = dict(await self._journal.next())
             await self._hand_over(update)
+            if self._resumed > 0:
+                self._resumed -= 1
+                if self._resumed == 0:
+                    self._resumed_done()
 
     async def drain(self) -> None:
         """Wait until every message handed over is either queued or refused (call after the joiner closed)."""

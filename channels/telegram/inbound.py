@@ -109,6 +109,14 @@ class PasteJoiner:
             batch.timer = self._start(self._flush_later(key))
         return batch.done
 
+    def cut(self) -> None:
+        """Hand on what waits now, without waiting for its window: later messages are not joined to it."""
+        for key in list(self._pending):
+            batch = self._pending.pop(key)
+            if batch.timer is not None:
+                batch.timer.cancel()
+            self._start(self._send(batch))
+
     async def flush(self, key: tuple[str, str]) -> None:
         """Submit what ``key`` has waiting now."""
         batch = self._pending.pop(key, None)

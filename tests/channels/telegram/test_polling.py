@@ -8,6 +8,7 @@ what they mean on the real Bot API.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from bot.domain import InboundMessage
 from channels.telegram.journal import JOURNAL_FILE
 from tests.bot.test_lifecycle import membot_run
-from tests.channels.telegram.kit import RecordingSink, running_channel
+from tests.channels.telegram.kit import RecordingSink, break_folder, running_channel
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.fakes.telegram_server import FakeTelegramServer
 
@@ -185,3 +186,38 @@ async def test_failing_polls_show_as_degraded_until_a_poll_succeeds(tmp_path: Pa
             tg.push_message("after the outage")
             await sink.wait_for(1)
             assert (channel.health.state, channel.health.error) == ("running", None)
+
+
+async def test_a_paste_handed_over_again_after_a_kill_does_not_swallow_the_next_message(
+    tmp_path: Path,
+) -> None:
+    """Killed after the dispatcher took a joined paste but before the journal noted it handed over, the
+    next start hands the paste over again, and the dispatcher knows it (by its first message) and drops
+    it. A new message of the same sender must not be joined into that redelivery: it was dropped with it."""
+    workspace = tmp_path / "ws"
+    async with FakeTelegramServer() as tg, FakeLLMServer() as llm:
+        async with membot_run(
+            workspace, llm, **telegram_env(tg), MEMBOT_TELEGRAM__JOIN_WINDOW="1"
+        ) as service:
+            tg.push_message("first half of a paste")
+            tg.push_message("second half of a paste")
+            await tg.wait_for(lambda: 3 in offsets(tg), timeout=30)  # both held in the journal
+            repair = break_folder(workspace / "state")  # the journal cannot note them handed over
+            await tg.wait_for_messages(1, timeout=30)  # the joined paste was taken and answered...
+            async with asyncio.timeout(30):  # ...and marked done: the inbox cut its file
+                while any(f.stat().st_size for f in (workspace / "inbox").glob("*.jsonl")):
+                    await asyncio.sleep(0.05)
+            service.process.send_signal(signal.SIGKILL)
+            await service.process.wait()
+        repair()
+        tg.push_message("a new question")
+        async with membot_run(workspace, llm, **telegram_env(tg), MEMBOT_TELEGRAM__JOIN_WINDOW="5"):
+            await tg.wait_for(lambda: any("a new question" in m.text for m in tg.sent_to(777)), timeout=30)
+    assert [r.body["messages"][-1]["content"] for r in llm.requests] == [
+        "first half of a paste\nsecond half of a paste",
+        "a new question",
+    ]
+    assert [m.text for m in tg.sent_to(777)] == [
+        "echo: first half of a paste\nsecond half of a paste",
+        "echo: a new question",
+    ]
