@@ -259,6 +259,9 @@ class InboundMessage:
     timestamp: datetime = field(default_factory=utcnow)
     attachments: tuple[Attachment, ...] = ()
     is_group: bool = False
+    # The platform ids of the messages joined into this one after the first (a paste its client split,
+    # channels/telegram/inbound.py): a redelivery of any of them is this message again.
+    joined: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Platform JSON can carry lone surrogates, which no file can store: scrubbed once, here.

@@ -108,10 +108,12 @@ class Inbox:
             raise
 
     def holds(self, sid: str, message_id: str) -> bool:
-        """Whether a pending entry of ``sid`` is the platform message ``message_id`` (a redelivery)."""
+        """Whether a pending entry of ``sid`` is (or joined) the platform message ``message_id`` (a
+        redelivery)."""
         journal = self._journals.get(sid)
         return journal is not None and any(
-            entry.message.message_id == message_id for entry, _ in journal.pending.values()
+            entry.message.message_id == message_id or message_id in entry.message.joined
+            for entry, _ in journal.pending.values()
         )
 
     async def finish(self, sid: str, entry_ids: set[str], *, reply: str | None = None) -> None:
@@ -305,6 +307,7 @@ def _encode(message: InboundMessage) -> dict[str, Any]:
         "message_id": message.message_id,
         "ts": message.timestamp.isoformat(),
         "is_group": message.is_group,
+        **({"joined": list(message.joined)} if message.joined else {}),
         "attachments": [
             {
                 "kind": a.kind,
@@ -328,6 +331,7 @@ def _decode(data: dict[str, Any]) -> InboundMessage:
         message_id=data.get("message_id"),
         timestamp=parse_time(data["ts"]),
         is_group=bool(data.get("is_group")),
+        joined=tuple(str(i) for i in data.get("joined") or ()),
         attachments=tuple(
             Attachment(
                 kind=a["kind"],

@@ -103,8 +103,8 @@ def add_message(session: Session, inbound: InboundMessage, entries: Sequence[str
     """Add ``inbound`` to the session's history (:func:`user_message`), and note its platform id among
     the latest ``keep`` messages taken (at least :data:`COMMANDS_NOTED`), saved with it."""
     session.append(user_message(inbound, entries))
-    if inbound.message_id:
-        _note(session, MESSAGES_META, inbound.message_id, keep)
+    for message_id in (inbound.message_id, *inbound.joined) if inbound.message_id else ():
+        _note(session, MESSAGES_META, message_id, keep)
 
 
 def taken_before(session: Session, message_id: str) -> bool:

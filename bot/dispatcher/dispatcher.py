@@ -169,16 +169,22 @@ class Dispatcher:
             await notice
 
     async def _seen(self, message: InboundMessage) -> bool:
-        """Whether this platform message was accepted before (still pending, or already answered)."""
+        """Whether this platform message was accepted before (still pending, or already answered). A
+        joined message is, when each message joined in was; with one new part it is answered whole
+        (its known parts again), rather than dropped with the new part."""
         if message.message_id is None:
             return False
-        if self._inbox is not None and self._inbox.holds(message.session_id, message.message_id):
+        sid = message.session_id
+        ids = [message.message_id, *message.joined]
+        if self._inbox is not None:
+            ids = [i for i in ids if not self._inbox.holds(sid, i)]
+        if not ids:
             return True
         try:
-            session = await self._sessions.get(message.session_id)
+            session = await self._sessions.get(sid)
         except StorageError:
             return False
-        return session is not None and intake.taken_before(session, message.message_id)
+        return session is not None and all(intake.taken_before(session, i) for i in ids)
 
     async def recover(self) -> int:
         """Queue the work that finishes what a previous run accepted (bot/recovery.py); returns how

@@ -198,7 +198,8 @@ class PasteJoiner:
             note = f"\n\n[message truncated: {len(text)} characters, limit {self._max_chars}]"
             text = text[: self._max_chars] + note
         attachments = tuple(a for m in messages for a in m.attachments)
-        return dataclasses.replace(first, text=text, attachments=attachments)
+        joined = tuple(i for m in messages[1:] for i in (m.message_id, *m.joined) if i)
+        return dataclasses.replace(first, text=text, attachments=attachments, joined=first.joined + joined)
 
 
 @dataclasses.dataclass(slots=True)

@@ -26,10 +26,10 @@ before anything new. Invariants:
 - Nothing lost: Telegram forgets an update only once it is held here; it leaves *held* only once the
   dispatcher has it durably (or, logged, once its processing failed three times for a reason other
   than storage). Storage failures are retried with backoff for as long as they last.
-- Nothing duplicated: a redelivered update is found in *held* or *done* and skipped. One window is left,
-  and it is small: a kill between the inbox's fsync and this file's (milliseconds per message; for a
-  command, while its answer is sent) makes the next start hand that message over once more. Closing it
-  needs the dispatcher to recognise a ``message_id`` it already holds.
+- Nothing duplicated: a redelivered update is found in *held* or *done* and skipped. A kill between the
+  inbox's fsync and this file's (milliseconds per message; for a command, while its answer is sent)
+  makes the next start hand that message over once more, and the dispatcher recognises its
+  ``message_id`` (each part of a joined paste: ``InboundMessage.joined``) and drops it.
 - Bounded: *done* keeps the newest ``done_limit`` ids (a redelivery repeats at most the last unconfirmed
   batch of <= 100 updates, or the webhook requests in flight). *held* takes ``held_limit`` updates; while
   it is full the poller stops fetching and the webhook answers ``503``, so Telegram keeps the rest.

@@ -7,6 +7,7 @@ A "restart" is a second dispatcher built over the same workspace, as a new proce
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from datetime import timedelta
@@ -738,3 +739,24 @@ async def test_a_recovered_command_that_ran_before_the_kill_does_not_run_again(t
 
     assert ran == [] and "Session cleared." not in [m.text for m in channel.sent]
     assert await pending(tmp_path) == []
+
+
+async def test_each_part_of_a_joined_message_is_known_and_one_new_part_is_not_dropped(tmp_path: Path) -> None:
+    """A channel joins a paste its client split (``joined`` names the later parts' ids): a redelivery of
+    any part is that message again, but a joined message with a new part is answered, not dropped."""
+    model = ModelSystem()
+    dispatcher, channel, _ = await started(tmp_path, model)
+    paste = dataclasses.replace(msg("part one\npart two", message_id="101"), joined=("102",))
+    await dispatcher.submit(paste)
+    await channel.wait_for(1)
+    await settled(tmp_path)
+    model2 = ModelSystem()
+    dispatcher2, channel2, _ = await started(tmp_path, model2)
+    await dispatcher2.submit(msg("part two", message_id="102"))  # its update handed over again, alone
+    longer = dataclasses.replace(
+        msg("part one\npart two\npart three", message_id="101"), joined=("102", "103")
+    )
+    await dispatcher2.submit(longer)  # joined again with a part never taken
+    await channel2.wait_for(1)
+    assert model.seen == ["part one\npart two"]
+    assert model2.seen == ["part one\npart two\npart three"]

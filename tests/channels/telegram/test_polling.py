@@ -221,3 +221,43 @@ async def test_a_paste_handed_over_again_after_a_kill_does_not_swallow_the_next_
         "echo: first half of a paste\nsecond half of a paste",
         "echo: a new question",
     ]
+
+
+async def test_the_second_half_of_a_paste_handed_over_again_alone_is_not_answered_again(
+    tmp_path: Path,
+) -> None:
+    """The updates of a joined paste are released from the journal one by one. Killed between two of
+    those writes, the next start hands over the paste's second half alone: the dispatcher must know it
+    as part of the paste it answered, not take it for a new message."""
+    workspace = tmp_path / "ws"
+    async with FakeTelegramServer() as tg, FakeLLMServer() as llm:
+        async with membot_run(
+            workspace, llm, **telegram_env(tg), MEMBOT_TELEGRAM__JOIN_WINDOW="1"
+        ) as service:
+            tg.push_message("first half of a paste")
+            tg.push_message("second half of a paste")
+            await tg.wait_for(lambda: 3 in offsets(tg), timeout=30)  # both held in the journal
+            repair = break_folder(workspace / "state")  # the journal cannot note them handed over
+            await tg.wait_for_messages(1, timeout=30)  # the joined paste was taken and answered...
+            async with asyncio.timeout(30):  # ...and marked done: the inbox cut its file
+                while any(f.stat().st_size for f in (workspace / "inbox").glob("*.jsonl")):
+                    await asyncio.sleep(0.05)
+            service.process.send_signal(signal.SIGKILL)
+            await service.process.wait()
+        repair()
+        journal = workspace / "state" / JOURNAL_FILE
+        data = json.loads(journal.read_text())
+        assert [u["update_id"] for u in data["held"]] == [1, 2]
+        data["held"], data["done"] = data["held"][1:], [*data["done"], 1]  # the first release landed
+        journal.write_text(json.dumps(data))
+        tg.push_message("a new question")
+        async with membot_run(workspace, llm, **telegram_env(tg), MEMBOT_TELEGRAM__JOIN_WINDOW="0"):
+            await tg.wait_for(lambda: any("a new question" in m.text for m in tg.sent_to(777)), timeout=30)
+    assert [r.body["messages"][-1]["content"] for r in llm.requests] == [
+        "first half of a paste\nsecond half of a paste",
+        "a new question",
+    ]
+    assert [m.text for m in tg.sent_to(777)] == [
+        "echo: first half of a paste\nsecond half of a paste",
+        "echo: a new question",
+    ]
