@@ -499,7 +499,10 @@ class TelegramChannel(Channel):
                 "Hi! I don't know you yet. To get access, ask the operator of this bot to run:\n\n"
                 f"membot pairing approve {code}\n\nThe code is valid for one hour."
             )
-        await self._out.send_plain(message.chat.id, text)
+        try:
+            await self._out.send_plain(message.chat.id, text)
+        except ChannelError:  # logged; not tried again: writing again gets the offer (the same code)
+            log.info("telegram_pairing_offer_not_sent", user_id=user.id)
 
     async def _download(self, file_id: str, limit: int) -> bytes | None:
         if self._files is None:

@@ -66,6 +66,20 @@ async def test_unknown_user_gets_a_pairing_code_and_is_admitted_once_approved(tm
         assert (received[1].text, received[1].sender_id) == ("hello again", "99")
 
 
+async def test_a_stranger_who_blocked_the_bot_is_offered_a_code_once_and_the_rest_flows(
+    tmp_path: Path,
+) -> None:
+    """The pairing offer is refused for good (the stranger blocked the bot): tried once, not three times
+    as if the update itself could not be processed, and the messages behind it are taken at once."""
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (_, sink):
+        tg.refuse_chat(99)
+        tg.push_message("let me in", chat_id=99, user_id=99, first_name="Mallory")
+        tg.push_message("sentinel")
+        assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
+        offers = [c for c in tg.calls_to("sendMessage") if c.params.get("chat_id") == 99]
+        assert len(offers) == 1
+
+
 async def test_pairing_off_ignores_strangers_silently(tmp_path: Path) -> None:
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, pairing=False) as (_, sink):
         tg.push_message("let me in", chat_id=99, user_id=99)
