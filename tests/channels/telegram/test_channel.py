@@ -483,3 +483,30 @@ async def test_stopping_hands_on_a_paste_still_in_its_join_window(tmp_path: Path
             await tg.wait_for(lambda: any(c.params.get("offset") == 2 for c in tg.calls_to("getUpdates")))
             assert sink.received == []
         assert [m.text for m in sink.received] == ["half a paste"]
+
+
+async def test_a_long_answer_cut_short_sends_only_the_rest_from_a_new_channel(tmp_path: Path) -> None:
+    """The chunks Telegram took are on disk (``state/telegram_sent.json``): a channel started afresh on
+    the same state, as after a kill, sends the same answer (same key) from the first chunk not taken."""
+    text = "\n\n".join(f"PART-{n} " + "word " * 700 for n in (1, 2, 3))
+    answer = OutboundMessage("telegram", "777", text, key="answer-1")
+    async with FakeTelegramServer() as tg:
+        tg.fail("sendMessage", 502, "Bad Gateway", times=100, when=lambda p: "PART-2" in str(p.get("text")))
+        async with running_channel(tg, tmp_path) as (channel, _):
+            with pytest.raises(ChannelError):
+                await channel.send(answer)
+        tg.failures.clear()
+        async with running_channel(tg, tmp_path) as (channel, _):
+            await channel.send(answer)
+        assert [m.text.split()[0] for m in tg.sent_to(777)] == ["PART-1", "PART-2", "PART-3"]
+
+
+@pytest.mark.parametrize("content", [b"not json", b'{"answers": [1]}', b"\xff\xfe"])
+async def test_a_damaged_record_of_chunks_sent_does_not_stop_the_channel(
+    tmp_path: Path, content: bytes
+) -> None:
+    (tmp_path / "telegram_sent.json").write_bytes(content)
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, RecordingSink(reply="pong")):
+        tg.push_message("ping")
+        [sent] = await tg.wait_for_messages(1)
+    assert sent.text == "pong"
