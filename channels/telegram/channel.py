@@ -72,6 +72,10 @@ COMMANDS_STATE_FILE = "telegram_commands.json"
 _ALLOWED_UPDATES = ["message"]
 _COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")
 _MAX_ATTEMPTS = 3  # an update whose intake fails this often for another reason than storage is dropped
+# How long a Bot API request may wait for its answer (PTB's default is 5 s). A send that timed out may
+# have gone out (Telegram took it, its answer was late), and it is sent again: a slow Bot API must not
+# make the chat get each answer several times. Only a request that hangs this long still can.
+_READ_TIMEOUT = 30.0
 
 
 class TelegramChannel(Channel):
@@ -180,6 +184,7 @@ class TelegramChannel(Channel):
             ApplicationBuilder()
             .token(settings.token.get_secret_value())
             .rate_limiter(AIORateLimiter(max_retries=self._max_retries))
+            .read_timeout(_READ_TIMEOUT)
         )
         if settings.base_url:
             builder = builder.base_url(settings.base_url)

@@ -5,7 +5,9 @@ A reply is rendered into HTML chunks (:mod:`channels.telegram.format`) and sent 
 * a chunk Telegram cannot parse ("can't parse entities") is sent again as plain text; one it finds
   too long (our count and Telegram's disagreeing) is halved and sent as plain text;
 * 429 ``retry_after`` is honoured by PTB's ``AIORateLimiter`` (which also paces 30 msg/s overall and
-  20/min per group); timeouts, connection errors and 5xx are retried here with exponential backoff;
+  20/min per group); timeouts, connection errors and 5xx are retried here with exponential backoff. A
+  send that timed out may have gone out all the same (at least once): the channel waits 30 s for
+  Telegram's answer, not PTB's 5, so only a request that hangs can be sent twice;
 * per chat, a short burst goes out at once, then about one message per second (Telegram's advice);
 * what finally fails is logged with the chat id and raised as :class:`~bot.errors.ChannelError`, or
   as :class:`~bot.errors.ChannelRefused` when Telegram refuses the chat for good (the user blocked

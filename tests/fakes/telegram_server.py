@@ -4,9 +4,10 @@ It speaks the wire protocol PTB uses (every method a POST to ``/bot<token>/<meth
 multipart or JSON bodies, ``{"ok": ..., "result": ...}`` envelopes), holds ``getUpdates`` open like the
 real long poll, and enforces the rules a wrong formatter or splitter would break: 4096 UTF-16 units
 counted after entity parsing, and only well-formed HTML with Telegram's tags. Errors can be injected
-per method (429 with ``retry_after``, 400 parse errors, 5xx), and a chat can refuse the bot for good
-(:meth:`FakeTelegramServer.refuse_chat`, with the Bot API's own answers: ``BLOCKED``, ``KICKED``,
-``CHAT_NOT_FOUND``). Files are served under ``/file/bot<token>/<file_path>``; a test can make ``getFile``
+per method (429 with ``retry_after``, 400 parse errors, 5xx), a method can answer late after it took
+effect (``slow``: a client's read timeout cannot tell that from a lost request), and a chat can refuse
+the bot for good (:meth:`FakeTelegramServer.refuse_chat`, with the Bot API's own answers: ``BLOCKED``,
+``KICKED``, ``CHAT_NOT_FOUND``). Files are served under ``/file/bot<token>/<file_path>``; a test can make ``getFile``
 state a wrong ``file_size`` or none (the field is optional in the Bot API), and serve the body chunked,
 without ``Content-Length``, as a misbehaving server would (:meth:`FakeTelegramServer.add_file`).
 
@@ -168,6 +169,7 @@ class FakeTelegramServer:
         self.failures: list[Failure] = []
         self.files: dict[str, StoredFile] = {}  # by file_id
         self.refused: dict[int, tuple[int, str]] = {}  # chat id -> (status, description)
+        self.slow: dict[str, float] = {}  # method -> seconds its answer comes late (it took effect at once)
         self._updates: list[dict[str, Any]] = []
         self._update_ids = itertools.count(1)
         self._message_ids = itertools.count(1000)
@@ -357,6 +359,8 @@ class FakeTelegramServer:
         except TelegramAPIError as exc:
             return _error(exc)
         await self._notify()
+        if method in self.slow:  # a slow Bot API: done, but the answer is late
+            await asyncio.sleep(self.slow[method])
         return web.json_response({"ok": True, "result": result})
 
     def _maybe_fail(self, method: str, params: dict[str, Any]) -> None:

@@ -510,3 +510,12 @@ async def test_a_damaged_record_of_chunks_sent_does_not_stop_the_channel(
         tg.push_message("ping")
         [sent] = await tg.wait_for_messages(1)
     assert sent.text == "pong"
+
+
+async def test_a_send_telegram_answers_slowly_is_not_sent_again(tmp_path: Path) -> None:
+    """Telegram took the message but answers after 6 s (a slow Bot API). A read timeout cannot tell that
+    from a lost request, so a send that timed out is sent again: it must not time out that soon."""
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (channel, _):
+        tg.slow["sendMessage"] = 6.0
+        await channel.send(OutboundMessage("telegram", "777", "the answer", key="answer-1"))
+        assert [m.text for m in tg.sent_to(777)] == ["the answer"]
