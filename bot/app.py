@@ -40,7 +40,8 @@ from bot.logging import SecretRedactor, configure_logging
 from bot.memory import CONSOLIDATION_OUTPUT, Embedder, MemoryService, MemoryTool, build_embedder
 from bot.memory import operator as memory_operator
 from bot.model_wait import WAIT_FILE, WaitRecords
-from bot.sessions import JsonSessionStore, SessionService
+from bot.session_service import SessionService
+from bot.sessions import JsonSessionStore
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
 from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry, builtin_tools, check_tool_names

@@ -28,7 +28,7 @@ from bot.domain import InboundMessage, Message, utcnow
 from bot.errors import StorageError
 from bot.inbox import Inbox, InboxEntry
 from bot.outbox import PendingReply
-from bot.sessions import SessionService
+from bot.session_service import SessionService
 
 log = structlog.get_logger(__name__)
 

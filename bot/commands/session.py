@@ -31,7 +31,7 @@ from bot.catalog import ModelInfo
 from bot.compaction import META_LAST
 from bot.context_budget import ContextBudget
 from bot.domain import Session, Usage
-from bot.sessions import SessionService
+from bot.session_service import SessionService
 from bot.usage import UsageLedger
 
 if TYPE_CHECKING:  # the package imports this module to export SessionCommands

@@ -22,7 +22,7 @@ from bot.dispatcher.lanes import Command, KeptCommand, Lane, messages_ahead
 from bot.domain import Session
 from bot.errors import StorageError
 from bot.inbox import Inbox
-from bot.sessions import SessionService
+from bot.session_service import SessionService
 
 log = structlog.get_logger(__name__)
 

@@ -38,7 +38,7 @@ from bot.inbox import Inbox
 from bot.model_wait import WaitRecords
 from bot.ports import ChannelPort
 from bot.retry import Backoff
-from bot.sessions import SessionService
+from bot.session_service import SessionService
 from pipeline import Pipeline
 
 log = structlog.get_logger(__name__)

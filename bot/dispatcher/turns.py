@@ -40,7 +40,7 @@ from bot.model_wait import ModelWait, WaitRecords, model_failure, waits_for_mode
 from bot.outbox import PendingReply
 from bot.ports import ChannelPort
 from bot.retry import Backoff
-from bot.sessions import SessionService
+from bot.session_service import SessionService
 from pipeline import Pipeline, Turn
 
 log = structlog.get_logger(__name__)

@@ -10,7 +10,8 @@ from bot.config import DispatcherSettings
 from bot.dispatcher import Dispatcher
 from bot.domain import InboundMessage, Message, OutboundMessage, Role
 from bot.inbox import Inbox
-from bot.sessions import JsonSessionStore, SessionService
+from bot.session_service import SessionService
+from bot.sessions import JsonSessionStore
 from pipeline import Pipeline, Turn
 from tests.recording import RecordingChannel
 

@@ -23,7 +23,8 @@ from bot.domain import InboundMessage, OutboundMessage, Role, utcnow
 from bot.errors import ChannelError, ChannelRefused, LLMUnavailable
 from bot.inbox import COMPACT_AFTER, Inbox
 from bot.retry import Backoff
-from bot.sessions import JsonSessionStore, SessionService
+from bot.session_service import SessionService
+from bot.sessions import JsonSessionStore
 from channels.base import InboundSink
 from pipeline import Pipeline
 from tests.bot.test_dispatcher import ModelSystem

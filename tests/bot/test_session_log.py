@@ -12,7 +12,8 @@ import pytest
 from bot.domain import Message, Role
 from bot.outbox import PendingReply
 from bot.session_log import encode_group, read_log
-from bot.sessions import JsonSessionStore, SessionService
+from bot.session_service import SessionService
+from bot.sessions import JsonSessionStore
 
 
 def service(tmp_path: Path) -> SessionService:

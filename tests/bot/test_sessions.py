@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from bot.domain import Message, Role, ToolCall
 from bot.errors import StorageError
-from bot.sessions import JsonSessionStore, SessionService, encode_id
+from bot.session_service import SessionService
+from bot.sessions import JsonSessionStore, encode_id
 from bot.storage import atomic_write_bytes
 
 

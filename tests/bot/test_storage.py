@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 from bot.domain import Message, Role
-from bot.sessions import JsonSessionStore, SessionService
+from bot.session_service import SessionService
+from bot.sessions import JsonSessionStore
 from bot.storage import append_line, atomic_write_text
 from tests.bot.cli.membot_process import run_membot
 

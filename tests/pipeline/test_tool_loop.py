@@ -20,7 +20,8 @@ from bot.domain import InboundMessage, Message, Role, Session
 from bot.errors import LLMContextOverflow
 from bot.inbox import Inbox
 from bot.llm import LLMClient
-from bot.sessions import JsonSessionStore, SessionService
+from bot.session_service import SessionService
+from bot.sessions import JsonSessionStore
 from bot.tokens import TokenCounter
 from bot.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
 from pipeline import Pipeline

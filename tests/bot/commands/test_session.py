@@ -29,7 +29,8 @@ from bot.inbox import Inbox
 from bot.memory import MemoryService
 from bot.memory import operator as memory_operator
 from bot.model_wait import WAIT_FILE, WaitRecords
-from bot.sessions import JsonSessionStore, SessionService
+from bot.session_service import SessionService
+from bot.sessions import JsonSessionStore
 from bot.tokens import TokenCounter
 from bot.tools import ToolRegistry
 from bot.tools.base import Tool

@@ -15,7 +15,8 @@ from bot.dispatcher import Dispatcher
 from bot.domain import Role
 from bot.errors import LLMUnavailable
 from bot.inbox import Inbox
-from bot.sessions import JsonSessionStore, SessionService
+from bot.session_service import SessionService
+from bot.sessions import JsonSessionStore
 from pipeline import Pipeline, Turn
 from tests.bot.test_dispatcher import ModelSystem
 from tests.bot.test_dispatcher_recovery import msg, pending, settled, started

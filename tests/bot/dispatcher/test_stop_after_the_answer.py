@@ -18,7 +18,8 @@ from bot.config import DispatcherSettings
 from bot.dispatcher import Dispatcher
 from bot.domain import OutboundMessage, Role
 from bot.inbox import Inbox
-from bot.sessions import JsonSessionStore, SessionService
+from bot.session_service import SessionService
+from bot.sessions import JsonSessionStore
 from channels.base import InboundSink
 from pipeline import Pipeline, Turn
 from tests.bot.test_dispatcher import ModelSystem
