@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import structlog
 
+from bot import damaged
 from bot.errors import StorageError
 from bot.storage import atomic_write_text
 
@@ -72,15 +74,19 @@ class SentChunks:
 
 
 def _read(path: Path) -> dict[str, int]:
-    """What the file says; an unreadable one counts as empty (it only saves duplicate chunks)."""
+    """What the file says; an unreadable one counts as empty (it only saves duplicate chunks), and a
+    damaged one is moved aside (kept for the operator) and logged."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
-        log.warning("telegram_sent_chunks_unreadable", path=str(path), error=str(exc))
+    except OSError as exc:
+        log.warning("telegram_sent_chunks_unreadable", path=str(path), error=exc.strerror or str(exc))
         return {}
-    answers = data.get("answers") if isinstance(data, dict) else None
-    if not isinstance(answers, dict):
+    try:
+        data: Any = json.loads(raw.decode("utf-8"))
+        answers = data["answers"]
+        return {str(k): v for k, v in answers.items() if isinstance(v, int) and v > 0}
+    except damaged.UNREADABLE:
+        damaged.move_aside(path, raw, event="telegram_sent_chunks_damaged")
         return {}
-    return {str(k): v for k, v in answers.items() if isinstance(v, int) and v > 0}
