@@ -171,8 +171,8 @@ class PendingConsolidations:
 
     def _supersede(self, work: PendingWork) -> None:
         taken = {m.id for m in work.messages}
-        for older in self._load():
-            if older.id == work.id or older.session_id != work.session_id:
+        for older in self._load(leaving_out=self._path(work.id)):  # (not the record just written)
+            if older.session_id != work.session_id:
                 continue
             left = [m for m in older.messages if m.id not in taken]
             if len(left) == len(older.messages):
@@ -184,11 +184,13 @@ class PendingConsolidations:
             else:
                 self._remove(self._path(older.id))
 
-    def _load(self) -> list[PendingWork]:
+    def _load(self, *, leaving_out: Path | None = None) -> list[PendingWork]:
         if not self._dir.is_dir():
             return []
         found: list[PendingWork] = []
         for path in sorted(self._dir.glob("*.json")):
+            if path == leaving_out:
+                continue
             raw = path.read_bytes()
             try:
                 found.append(PendingWork.from_dict(json.loads(raw)))
