@@ -221,6 +221,11 @@ class Session:
             "compactions": self.compactions,
         }
 
+    @property
+    def unsaved(self) -> bool:
+        """Whether messages changed since the last save (cache eviction and shutdown look first)."""
+        return self.rewrite_needed or self.persisted_count != len(self.messages)
+
     def append(self, message: Message) -> None:
         self.messages.append(message)
         self.updated_at = utcnow()

@@ -29,7 +29,7 @@ class SessionService:
     def __init__(self, store: SessionStore, *, cache_size: int = 256) -> None:
         self._store = store
         self._cache_size = cache_size
-        self._cache: OrderedDict[str, Session] = OrderedDict()
+        self._cache: dict[str, Session] = {}  # (eviction follows ``_idle``'s order)
         self._leases: dict[str, int] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()  # cached and not leased, LRU first
         self._locks: dict[str, asyncio.Lock] = {}
@@ -51,7 +51,6 @@ class SessionService:
     async def get(self, sid: str) -> Session | None:
         """The session if it exists (in memory or on disk), without creating it."""
         if sid in self._cache:
-            self._cache.move_to_end(sid)
             if sid in self._idle:
                 self._idle.move_to_end(sid)
             return self._cache[sid]
@@ -127,7 +126,6 @@ class SessionService:
 
     def _remember(self, session: Session) -> None:
         self._cache[session.id] = session
-        self._cache.move_to_end(session.id)
         if session.id not in self._leases:
             self._idle[session.id] = None
             self._idle.move_to_end(session.id)
@@ -138,7 +136,7 @@ class SessionService:
         while len(self._cache) > self._cache_size and looked < len(self._idle):
             sid = next(iter(self._idle))
             session = self._cache[sid]
-            if session.rewrite_needed or session.persisted_count != len(session.messages):
+            if session.unsaved:
                 self._idle.move_to_end(sid)
                 looked += 1
                 continue

@@ -350,6 +350,5 @@ class Dispatcher:
                 await asyncio.wait(pending, timeout=5)
         noted = self._commands.noted_in  # (a note may be all that changed: see Commands.noted_in)
         for session in self._sessions.cached_sessions():
-            changed = session.rewrite_needed or session.persisted_count != len(session.messages)
-            if changed or session.id in noted:
+            if session.unsaved or session.id in noted:
                 await self._sessions.save(session)
