@@ -252,7 +252,8 @@ class FilesTool:
         try:
             with os.scandir(folder) as found:
                 entries = sorted(found, key=lambda e: e.name)
-            shown = [e for e in entries if not self._rules.protected(self._rules.inner(real) / e.name)]
+            inner = self._rules.inner(real)  # (once: it resolves the workspace's path)
+            shown = [e for e in entries if not self._rules.protected(inner / e.name)]
             for entry in shown[:MAX_LIST]:
                 if entry.is_symlink():
                     lines.append(f"{entry.name} (symbolic link)")
