@@ -85,7 +85,9 @@ async def iter_sse(lines: AsyncIterator[str], limit: int = MAX_EVENT_CHARS) -> A
         if name == "event":
             event = value
         elif name == "data":
-            data.write("\n" + value if lines_of_data else value)
+            if lines_of_data:
+                data.write("\n")
+            data.write(value)
             lines_of_data += 1
             if data.tell() > limit:
                 raise SSETooLarge(f"an event over {limit // MiB} Mi characters")

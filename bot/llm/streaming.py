@@ -70,8 +70,9 @@ async def stream_answer(
                 raise too_large(target, f"over {MAX_STREAMED_CHARS // MiB} Mi characters")
             if decoder.calls > MAX_STREAMED_CALLS:
                 raise too_large(target, f"over {MAX_STREAMED_CALLS} tool calls")
-            for event in events:
+            if events:
                 found.idle = idle
+            for event in events:
                 yield event
             if decoder.done:
                 break
