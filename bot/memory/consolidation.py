@@ -190,10 +190,11 @@ class Consolidator:
         longterm = longterm or self._longterm
         resumed = plan is not None
         when = plan.when if plan is not None else self._local_now()
-        planned: list[Plan] = [] if plan is None else [plan]
+        planned = plan is not None  # a plan is journaled (a fallback journals one of its own)
 
         async def keep(decided: Plan) -> None:
-            planned.append(decided)
+            nonlocal planned
+            planned = True
             if journal is not None:
                 await journal(decided)
 

@@ -228,12 +228,13 @@ class LongTermMemory:
             try:
                 merge = functools.partial(merge_lines, edit.seen, edit.now)
                 self._apply(merge, writer=writer, limit=False, deliberate=False)
-            except BaseException as exc:
-                # Kept for the next read or write, whatever stopped it: still being edited, or a full
-                # disk (the displaced version is gone from the folder; this is all that is left of it).
+            except (Conflict, NotUtf8):  # still being edited: the next read or write merges it
                 self._files.defer(edits[i:])
-                if isinstance(exc, (Conflict, NotUtf8)):
-                    return
+                return
+            except BaseException:
+                # Kept as well, whatever else stopped it (a full disk): the displaced version is gone
+                # from the folder, and this is all that is left of it.
+                self._files.defer(edits[i:])
                 raise
             if edit.restores:  # an editor saved from a version that briefly lacked them (swap.py)
                 log.warning("memory_lines_restored", file=str(self._path), lines=edit.now.count("\n"))
