@@ -110,8 +110,7 @@ def add_message(session: Session, inbound: InboundMessage, entries: Sequence[str
 def taken_before(session: Session, message_id: str) -> bool:
     """Whether the session took the platform message ``message_id`` in: noted (see :func:`add_message`),
     or in its recent history (a session saved before it noted them)."""
-    noted = session.metadata.get(MESSAGES_META)
-    return (isinstance(noted, list) and message_id in noted) or already_taken(session.messages, message_id)
+    return message_id in _noted(session, MESSAGES_META) or already_taken(session.messages, message_id)
 
 
 def already_taken(messages: Sequence[Message], message_id: str) -> bool:
@@ -122,8 +121,7 @@ def already_taken(messages: Sequence[Message], message_id: str) -> bool:
 
 def command_run(session: Session, message_id: str) -> bool:
     """Whether the session noted the command ``message_id`` as run (see :func:`note_command`)."""
-    noted = session.metadata.get(COMMANDS_META)
-    return isinstance(noted, list) and message_id in noted
+    return message_id in _noted(session, COMMANDS_META)
 
 
 def note_command(session: Session, message_id: str, *, keep: int = COMMANDS_NOTED) -> None:
@@ -136,16 +134,21 @@ def note_command(session: Session, message_id: str, *, keep: int = COMMANDS_NOTE
     _note(session, COMMANDS_META, message_id, keep)
 
 
-def _note(session: Session, key: str, message_id: str, keep: int) -> None:
+def _noted(session: Session, key: str) -> list[str]:
+    """The ids noted under ``key`` (none, when a hand-edited file holds something else there)."""
     noted = session.metadata.get(key)
-    kept = [i for i in noted if i != message_id] if isinstance(noted, list) else []
+    return noted if isinstance(noted, list) else []
+
+
+def _note(session: Session, key: str, message_id: str, keep: int) -> None:
+    kept = [i for i in _noted(session, key) if i != message_id]
     session.metadata[key] = [*kept, message_id][-max(keep, COMMANDS_NOTED) :]
 
 
 def forget_command(session: Session, message_id: str) -> None:
     """Take a note back: the command waits for its turn after all (its place in the inbox tells)."""
-    noted = session.metadata.get(COMMANDS_META)
-    if isinstance(noted, list) and message_id in noted:
+    noted = _noted(session, COMMANDS_META)
+    if message_id in noted:
         noted.remove(message_id)
 
 
