@@ -109,6 +109,11 @@ class Turn:
     def channel(self) -> str:
         return self.session.channel
 
+    @property
+    def answered(self) -> bool:
+        """Whether the model gave an answer: a blank one is none (channels drop or mangle it)."""
+        return bool(self.reply and self.reply.strip())
+
     def own_count(self) -> int:
         """How many of the session's last messages are this turn's: the user messages it answers (all of
         a collected batch) and what it added since. A compaction must keep them: retired, the question

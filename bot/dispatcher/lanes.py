@@ -112,7 +112,7 @@ def answer_final(lane: Lane) -> bool:
     turn counts as over for /status. A /stop that cut it short there left the answer in the history
     while the chat was sent part of it, or nothing, and never again (its messages were done)."""
     turn = lane.answering
-    return lane.answered or (turn is not None and bool(turn.reply and turn.reply.strip()))
+    return lane.answered or (turn is not None and turn.answered)
 
 
 def take_messages(lane: Lane) -> tuple[list[Queued], int]:

@@ -174,12 +174,7 @@ class Turns:
                     # gave (a shutdown cut the systems after it; /stop leaves such a turn alone) is in
                     # the history and memory: it is saved to be sent then, as after a kill, not asked
                     # for again (the chat got a second answer, and the history held both).
-                    given: list[PendingReply] = []
-                    if entries and turn.reply and turn.reply.strip():
-                        text, _ = reply_text(turn)
-                        given.append(
-                            PendingReply(lane.channel, lane.chat_id, text, entries, reply_to=first.message_id)
-                        )
+                    given = [_pending_reply(lane, turn, entries)[0]] if entries and turn.answered else []
                     await asyncio.shield(self._save(session, turn, replies=given))
                     raise
                 if (
@@ -198,15 +193,12 @@ class Turns:
                         chat_id=lane.chat_id,
                         attempts=lane.model_wait.attempts + 1,
                         waited_seconds=round(waited, 1),
-                        answered=bool(turn.reply and turn.reply.strip()),
+                        answered=turn.answered,
                     )
                     await self._wait_over(session.id, lane)
-                text, is_error = reply_text(turn)
+                reply, is_error = _pending_reply(lane, turn, entries)
                 if is_error and outcome == "ok":
                     outcome = "error"
-                reply = PendingReply(
-                    lane.channel, lane.chat_id, text, entries, reply_to=first.message_id, is_error=is_error
-                )
                 # The answer is on disk before it is sent: a crash from here on resends, never re-asks.
                 # A full disk holds the chat here until the save goes through (nothing else is lost).
                 await self._delivery.persist(
@@ -324,13 +316,23 @@ def _in_history(queued: Queued, session: Session, held: set[str], *, assumed: bo
     return assumed
 
 
+def _pending_reply(lane: Lane, turn: Turn, entries: tuple[str, ...]) -> tuple[PendingReply, bool]:
+    """The turn's reply to its first message, to be saved and sent, and whether it reports a failure."""
+    text, is_error = reply_text(turn)
+    first = turn.inbound[0]
+    reply = PendingReply(
+        lane.channel, lane.chat_id, text, entries, reply_to=first.message_id, is_error=is_error
+    )
+    return reply, is_error
+
+
 def reply_text(turn: Turn) -> tuple[str, bool]:
     """The reply and whether it reports a failure. A failure is told in plain words chosen by its
     type: its text names servers, settings and exception types, which belong in the log (where the
     pipeline put it, secrets redacted), not in a chat."""
     notes = "\n\n".join(f"_{note}_" for note in turn.notes)
-    if turn.reply and turn.reply.strip():  # a blank answer is no answer: channels drop or mangle it
-        return (turn.reply + (f"\n\n{notes}" if notes else "")), False
+    if turn.answered:  # a blank answer is no answer: channels drop or mangle it
+        return (str(turn.reply) + (f"\n\n{notes}" if notes else "")), False
     if turn.failures:
         reason = plain_reason((model_failure(turn) or turn.failures[-1]).kind)
     elif turn.notes:
