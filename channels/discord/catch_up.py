@@ -237,7 +237,7 @@ class CatchUp:
         """Someone could be admitted in ``place`` (a user on no list is heard only where the place is)."""
         return self._anyone_heard or self._access.admits(_NOBODY, place)
 
-    async def _chat(self, chat_id: str, after: int, *, tracked: bool = True) -> bool:
+    async def _chat(self, chat_id: str, after: int, *, tracked: bool) -> bool:
         """Read ``chat_id`` after ``after`` down the live path; false when it could not be read for now."""
         try:
             async with asyncio.timeout(self._timeout):

@@ -54,10 +54,7 @@ def untracked_chats(
             newest = chat.last_message_id
             if newest is None or newest <= after or str(chat.id) in tracked:
                 continue
-            parent = chat.parent_id if isinstance(chat, discord.Thread) else None
-            if heard(Place(str(chat.id), str(guild.id), str(parent) if parent else None)) and _readable(
-                chat, guild
-            ):
+            if heard(Place.of(chat, guild.id)) and _readable(chat, guild):
                 found.append(chat)
     return sorted(found, key=lambda chat: chat.last_message_id or 0)
 
