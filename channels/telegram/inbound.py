@@ -92,9 +92,7 @@ class PasteJoiner:
         right after whatever the sender had waiting."""
         key = (message.chat_id, message.sender_id)
         if alone:
-            previous = self._pending.pop(key, None)
-            if previous is not None and previous.timer is not None:
-                previous.timer.cancel()
+            previous = self._take(key)
             batch = _Batch([message])
             self._start(self._send_in_order([b for b in (previous, batch) if b is not None]))
             return batch.done
@@ -112,10 +110,16 @@ class PasteJoiner:
     def cut(self) -> None:
         """Hand on what waits now, without waiting for its window: later messages are not joined to it."""
         for key in list(self._pending):
-            batch = self._pending.pop(key)
-            if batch.timer is not None:
-                batch.timer.cancel()
+            batch = self._take(key)
+            assert batch is not None
             self._start(self._send(batch))
+
+    def _take(self, key: tuple[str, str]) -> _Batch | None:
+        """The sender's waiting batch, out of the queue and its window's timer stopped."""
+        batch = self._pending.pop(key, None)
+        if batch is not None and batch.timer is not None:
+            batch.timer.cancel()
+        return batch
 
     async def flush(self, key: tuple[str, str]) -> None:
         """Submit what ``key`` has waiting now."""

@@ -22,7 +22,7 @@ from telegram import Message
 
 from bot.domain import Attachment
 from bot.errors import ChannelError
-from channels.downloads import too_large_note
+from channels.downloads import stated_over, too_large_note
 
 log = structlog.get_logger(__name__)
 
@@ -91,7 +91,7 @@ async def _extract(
         if not vision:
             out.notes.append("[The user sent a photo, but the current model cannot see images.]")
         else:
-            fits = (photo.file_size or 0) <= MAX_IMAGE_BYTES
+            fits = not stated_over(photo.file_size, MAX_IMAGE_BYTES)
             data = await download(photo.file_id, MAX_IMAGE_BYTES) if fits else None
             if data is not None:
                 out.attachments.append(Attachment("image", "photo.jpg", "image/jpeg", data, len(data)))
@@ -135,12 +135,12 @@ async def _document(
     name = file_name or "document"
     mime = mime_type or mimetypes.guess_type(name)[0] or "application/octet-stream"
     size = file_size or 0
-    is_image = mime.startswith("image/") and vision and size <= MAX_IMAGE_BYTES
+    is_image = mime.startswith("image/") and vision and not stated_over(file_size, MAX_IMAGE_BYTES)
     if not is_image and not is_text_document(mime, name):
         out.attachments.append(Attachment("file", name, mime, size=size))
         return
     limit = MAX_IMAGE_BYTES if is_image else max_bytes
-    data = await download(file_id, limit) if size <= limit else None
+    data = None if stated_over(file_size, limit) else await download(file_id, limit)
     if data is None:
         _too_large(chat_id, name, limit)
         out.attachments.append(Attachment("file", name, mime, size=size))
