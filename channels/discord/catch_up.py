@@ -44,7 +44,7 @@ import structlog
 
 from bot.config import DiscordSettings
 from bot.errors import ChannelRefused
-from channels.discord.inbound import DiscordAccess, Place
+from channels.discord.inbound import DiscordAccess
 from channels.discord.outbound import describe
 from channels.discord.refusals import as_channel_error
 from channels.discord.seen import SeenMarks
@@ -53,7 +53,6 @@ from channels.discord.unseen import MARGIN, untracked_chats
 log = structlog.get_logger(__name__)
 
 CONCURRENCY = 4  # chats read at once: enough to be quick, few enough to stay clear of rate limits
-_NOBODY = ""  # a user id on no allowlist: admitted only by where the message was written
 
 Readable = discord.abc.Messageable
 
@@ -127,7 +126,6 @@ class CatchUp:
         self._take_in = take_in
         self._lock_of = lock_of
         self._access = DiscordAccess(settings)
-        self._anyone_heard = bool(settings.allowed_users)  # someone is heard in every channel
         self._gates: dict[str, asyncio.Event] = {}  # chats being caught up: their live messages wait
         # Set once the session's untracked chats are known (and gated): until then a live message of a
         # chat the session did not start tracking waits, in case that chat has to be read first.
@@ -224,7 +222,7 @@ class CatchUp:
         if until is None:
             return {}
         after = max(until - MARGIN, 0)
-        chats = untracked_chats(self._client(), tracked=since, after=after, heard=self._heard_in)
+        chats = untracked_chats(self._client(), tracked=since, after=after, heard=self._access.may_hear)
         untracked = {str(chat.id): after for chat in chats}
         for chat_id in untracked:
             self._gates.setdefault(chat_id, asyncio.Event())
@@ -232,10 +230,6 @@ class CatchUp:
             self._open(chat_id)  # planned by a replaced session and not needed now
         log.info("discord_catch_up_planned", tracked=len(since), untracked=len(untracked))
         return untracked
-
-    def _heard_in(self, place: Place) -> bool:
-        """Someone could be admitted in ``place`` (a user on no list is heard only where the place is)."""
-        return self._anyone_heard or self._access.admits(_NOBODY, place)
 
     async def _chat(self, chat_id: str, after: int, *, tracked: bool) -> bool:
         """Read ``chat_id`` after ``after`` down the live path; false when it could not be read for now."""

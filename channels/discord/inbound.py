@@ -49,6 +49,7 @@ class DiscordAccess:
 
     def __init__(self, settings: DiscordSettings) -> None:
         self._users = Allowlist(settings.allowed_users)
+        self._users_listed = bool(settings.allowed_users)  # a listed user is heard in every channel
         self._guilds = Allowlist(settings.allowed_guilds)
         self._channels = Allowlist(settings.allowed_channels)
         self._require_mention = settings.require_mention
@@ -65,6 +66,11 @@ class DiscordAccess:
             or self._channels.allows(place.channel_id)
             or (place.parent_id is not None and self._channels.allows(place.parent_id))
         )
+
+    def may_hear(self, place: Place) -> bool:
+        """Whether anyone could be admitted in ``place``: a listed user anywhere, anyone where the place
+        (its server, channel or parent) is listed. (The catch-up reads no channel where nobody is.)"""
+        return self._users_listed or self.admits("", place)
 
     def requires_mention(self, place: Place) -> bool:
         if place.is_dm:
