@@ -82,7 +82,11 @@ class AfterTheAnswer:
         await self.release.wait()
 
 
-async def test_a_stop_after_the_model_answered_leaves_the_answer_to_arrive(tmp_path: Path) -> None:
+async def past_the_model(
+    tmp_path: Path,
+) -> tuple[Dispatcher, RecordingChannel, SessionService, AfterTheAnswer]:
+    """A dispatcher whose turn for "hello" is held after the model answered (the session holds it),
+    while memory's step runs."""
     after = AfterTheAnswer()
     sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
     dispatcher = Dispatcher(
@@ -96,7 +100,12 @@ async def test_a_stop_after_the_model_answered_leaves_the_answer_to_arrive(tmp_p
     await dispatcher.recover()
     dispatcher.attach(channel)
     await dispatcher.submit(msg("hello", message_id="1"))
-    await after.reached.wait()  # the model answered (the session holds it); memory's step runs
+    await after.reached.wait()
+    return dispatcher, channel, sessions, after
+
+
+async def test_a_stop_after_the_model_answered_leaves_the_answer_to_arrive(tmp_path: Path) -> None:
+    dispatcher, channel, sessions, after = await past_the_model(tmp_path)
     await dispatcher.submit(msg("/stop", message_id="2"))
     after.release.set()
     await dispatcher.settled("test:c1")
@@ -117,20 +126,7 @@ async def test_a_shutdown_after_the_model_answered_sends_that_answer_after_the_r
     """The grace period ends while the systems after the model run: the answer (in the history, and in
     memory) is saved to be sent, as a saved answer is after a kill. It was saved as an unanswered turn,
     and the next start asked the model again: the chat got a second answer, the history held both."""
-    after = AfterTheAnswer()
-    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
-    dispatcher = Dispatcher(
-        Pipeline([ModelSystem(), after]),
-        sessions,
-        CommandRouter(),
-        DispatcherSettings(),
-        inbox=Inbox(tmp_path / "inbox"),
-    )
-    channel = RecordingChannel(dispatcher.submit)
-    await dispatcher.recover()
-    dispatcher.attach(channel)
-    await dispatcher.submit(msg("hello", message_id="1"))
-    await after.reached.wait()
+    dispatcher, channel, _, _ = await past_the_model(tmp_path)
     await dispatcher.close(grace=0)  # the turn is cut where it is
 
     model = ModelSystem()
