@@ -188,31 +188,26 @@ async def test_failing_polls_show_as_degraded_until_a_poll_succeeds(tmp_path: Pa
             assert (channel.health.state, channel.health.error) == ("running", None)
 
 
-async def test_a_paste_handed_over_again_after_a_kill_does_not_swallow_the_next_message(
-    tmp_path: Path,
+async def answer_a_paste_then_kill_before_its_release(
+    workspace: Path, tg: FakeTelegramServer, llm: FakeLLMServer
 ) -> None:
-    """Killed after the dispatcher took a joined paste but before the journal noted it handed over, the
-    next start hands the paste over again, and the dispatcher knows it (by its first message) and drops
-    it. A new message of the same sender must not be joined into that redelivery: it was dropped with it."""
-    workspace = tmp_path / "ws"
-    async with FakeTelegramServer() as tg, FakeLLMServer() as llm:
-        async with membot_run(
-            workspace, llm, **telegram_env(tg), MEMBOT_TELEGRAM__JOIN_WINDOW="1"
-        ) as service:
-            tg.push_message("first half of a paste")
-            tg.push_message("second half of a paste")
-            await tg.wait_for(lambda: 3 in offsets(tg), timeout=30)  # both held in the journal
-            repair = break_folder(workspace / "state")  # the journal cannot note them handed over
-            await tg.wait_for_messages(1, timeout=30)  # the joined paste was taken and answered...
-            async with asyncio.timeout(30):  # ...and marked done: the inbox cut its file
-                while any(f.stat().st_size for f in (workspace / "inbox").glob("*.jsonl")):
-                    await asyncio.sleep(0.05)
-            service.process.send_signal(signal.SIGKILL)
-            await service.process.wait()
-        repair()
-        tg.push_message("a new question")
-        async with membot_run(workspace, llm, **telegram_env(tg), MEMBOT_TELEGRAM__JOIN_WINDOW="5"):
-            await tg.wait_for(lambda: any("a new question" in m.text for m in tg.sent_to(777)), timeout=30)
+    """Run the bot until a two-part paste is joined, answered and marked done, while the journal cannot
+    note its updates handed over (they stay held); then SIGKILL it and mend the folder."""
+    async with membot_run(workspace, llm, **telegram_env(tg), MEMBOT_TELEGRAM__JOIN_WINDOW="1") as service:
+        tg.push_message("first half of a paste")
+        tg.push_message("second half of a paste")
+        await tg.wait_for(lambda: 3 in offsets(tg), timeout=30)  # both held in the journal
+        repair = break_folder(workspace / "state")  # the journal cannot note them handed over
+        await tg.wait_for_messages(1, timeout=30)  # the joined paste was taken and answered...
+        async with asyncio.timeout(30):  # ...and marked done: the inbox cut its file
+            while any(f.stat().st_size for f in (workspace / "inbox").glob("*.jsonl")):
+                await asyncio.sleep(0.05)
+        service.process.send_signal(signal.SIGKILL)
+        await service.process.wait()
+    repair()
+
+
+def answered_the_paste_then_the_new_question(tg: FakeTelegramServer, llm: FakeLLMServer) -> None:
     assert [r.body["messages"][-1]["content"] for r in llm.requests] == [
         "first half of a paste\nsecond half of a paste",
         "a new question",
@@ -221,6 +216,21 @@ async def test_a_paste_handed_over_again_after_a_kill_does_not_swallow_the_next_
         "echo: first half of a paste\nsecond half of a paste",
         "echo: a new question",
     ]
+
+
+async def test_a_paste_handed_over_again_after_a_kill_does_not_swallow_the_next_message(
+    tmp_path: Path,
+) -> None:
+    """Killed after the dispatcher took a joined paste but before the journal noted it handed over, the
+    next start hands the paste over again, and the dispatcher knows it (by its first message) and drops
+    it. A new message of the same sender must not be joined into that redelivery: it was dropped with it."""
+    workspace = tmp_path / "ws"
+    async with FakeTelegramServer() as tg, FakeLLMServer() as llm:
+        await answer_a_paste_then_kill_before_its_release(workspace, tg, llm)
+        tg.push_message("a new question")
+        async with membot_run(workspace, llm, **telegram_env(tg), MEMBOT_TELEGRAM__JOIN_WINDOW="5"):
+            await tg.wait_for(lambda: any("a new question" in m.text for m in tg.sent_to(777)), timeout=30)
+    answered_the_paste_then_the_new_question(tg, llm)
 
 
 async def test_the_second_half_of_a_paste_handed_over_again_alone_is_not_answered_again(
@@ -231,20 +241,7 @@ async def test_the_second_half_of_a_paste_handed_over_again_alone_is_not_answere
     as part of the paste it answered, not take it for a new message."""
     workspace = tmp_path / "ws"
     async with FakeTelegramServer() as tg, FakeLLMServer() as llm:
-        async with membot_run(
-            workspace, llm, **telegram_env(tg), MEMBOT_TELEGRAM__JOIN_WINDOW="1"
-        ) as service:
-            tg.push_message("first half of a paste")
-            tg.push_message("second half of a paste")
-            await tg.wait_for(lambda: 3 in offsets(tg), timeout=30)  # both held in the journal
-            repair = break_folder(workspace / "state")  # the journal cannot note them handed over
-            await tg.wait_for_messages(1, timeout=30)  # the joined paste was taken and answered...
-            async with asyncio.timeout(30):  # ...and marked done: the inbox cut its file
-                while any(f.stat().st_size for f in (workspace / "inbox").glob("*.jsonl")):
-                    await asyncio.sleep(0.05)
-            service.process.send_signal(signal.SIGKILL)
-            await service.process.wait()
-        repair()
+        await answer_a_paste_then_kill_before_its_release(workspace, tg, llm)
         journal = workspace / "state" / JOURNAL_FILE
         data = json.loads(journal.read_text())
         assert [u["update_id"] for u in data["held"]] == [1, 2]
@@ -253,11 +250,4 @@ async def test_the_second_half_of_a_paste_handed_over_again_alone_is_not_answere
         tg.push_message("a new question")
         async with membot_run(workspace, llm, **telegram_env(tg), MEMBOT_TELEGRAM__JOIN_WINDOW="0"):
             await tg.wait_for(lambda: any("a new question" in m.text for m in tg.sent_to(777)), timeout=30)
-    assert [r.body["messages"][-1]["content"] for r in llm.requests] == [
-        "first half of a paste\nsecond half of a paste",
-        "a new question",
-    ]
-    assert [m.text for m in tg.sent_to(777)] == [
-        "echo: first half of a paste\nsecond half of a paste",
-        "echo: a new question",
-    ]
+    answered_the_paste_then_the_new_question(tg, llm)
