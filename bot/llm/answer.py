@@ -83,16 +83,22 @@ async def read_whole(target: Target, response: httpx.Response, idle: float, seco
     answer of a server that ignores ``stream``), all of it within ``seconds`` (``llm.timeout``, as any
     whole answer). A byte now and then keeps every read within ``idle``: without this bound only the
     turn's deadline ended such a body, and each retry of a 5xx took as long again."""
+    async with within(seconds, target, f"did not send its whole answer within {seconds:g} s (llm.timeout)"):
+        return await read_body(target, response, idle)
+
+
+@contextlib.asynccontextmanager
+async def within(seconds: float, target: Target, said: str) -> AsyncIterator[None]:
+    """A bound on all of a step (httpx's timeouts are per read, so a trickle passes them): past
+    ``seconds`` the step is LLMTimeout, "<server> ``said``". A timeout raised inside (an idle limit's
+    own LLMTimeout) goes through as it is."""
     try:
         async with asyncio.timeout(seconds) as window:
-            return await read_body(target, response, idle)
+            yield
     except TimeoutError:
-        if not window.expired():  # the idle limit's own LLMTimeout
+        if not window.expired():
             raise
-        raise LLMTimeout(
-            f"{target.where} did not send its whole answer within {seconds:g} s (llm.timeout)",
-            model=target.model,
-        ) from None
+        raise LLMTimeout(f"{target.where} {said}", model=target.model) from None
 
 
 def parse(target: Target, content: bytes) -> ChatResponse:

@@ -53,7 +53,7 @@ from bot.config import LLMSettings
 from bot.domain import Usage
 from bot.errors import LLMAuthError, LLMContextOverflow, LLMError, LLMTimeout
 from bot.llm import anthropic, openai
-from bot.llm.answer import Target, error_answer, parse, read_body, read_whole, redirected
+from bot.llm.answer import Target, error_answer, parse, read_body, read_whole, redirected, within
 from bot.llm.call_ids import made_unique
 from bot.llm.endpoints import check_base_url, where
 from bot.llm.failures import Provider, key_setting
@@ -263,19 +263,13 @@ class LLMClient:
         target = self._target(model)
         http_request = self._build(target, request, stream=False)
         seconds = request.timeout or self._settings.timeout
-        try:
-            # httpx's timeouts are per read; this bounds the whole answer, so a trickle cannot hang a turn.
-            async with asyncio.timeout(seconds):
-                with _httpx_errors(target):
-                    response = await self._http.send(http_request, stream=True)
-                    try:
-                        body = await read_body(target, response, self._settings.idle_timeout)
-                    finally:
-                        await response.aclose()
-        except TimeoutError as exc:
-            if isinstance(exc, LLMError):
-                raise
-            raise LLMTimeout(f"{target.where} did not answer within {seconds:g} s", model=model) from None
+        async with within(seconds, target, f"did not answer within {seconds:g} s"):
+            with _httpx_errors(target):
+                response = await self._http.send(http_request, stream=True)
+                try:
+                    body = await read_body(target, response, self._settings.idle_timeout)
+                finally:
+                    await response.aclose()
         if response.status_code >= 400:
             raise error_answer(target, response, body.decode("utf-8", "replace"))
         if response.status_code >= 300:
@@ -286,17 +280,10 @@ class LLMClient:
         """Send a streaming request; the answer must start within ``first_byte_timeout``."""
         http_request = self._build(target, request, stream=True)
         seconds = min(self._settings.first_byte_timeout, request.timeout or float("inf"))
-        try:
-            async with asyncio.timeout(seconds) as window:
-                with _httpx_errors(target):
-                    return await self._http.send(http_request, stream=True)
-        except TimeoutError:
-            if not window.expired():
-                raise
-            raise LLMTimeout(
-                f"{target.where} did not start answering within {seconds:g} s (llm.first_byte_timeout)",
-                model=target.model,
-            ) from None
+        said = f"did not start answering within {seconds:g} s (llm.first_byte_timeout)"
+        async with within(seconds, target, said):
+            with _httpx_errors(target):
+                return await self._http.send(http_request, stream=True)
 
     async def _stream_once(self, model: str, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         target = self._target(model)
