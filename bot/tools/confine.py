@@ -23,6 +23,10 @@ files at the root (``notes/todo.md``, ``ideas.txt``).
 
 ``memory/`` is read-only except ``memory/MEMORY.md``, which the files tool writes through the memory
 service's compare-and-swap.
+
+Names are compared without case: on a case-folding filesystem (macOS, Windows shares) ``Sessions/``
+*is* ``sessions/`` and ``Memory/MEMORY.md`` is ``memory/MEMORY.md``, and ``Path.resolve`` keeps the case
+it was given. Elsewhere this refuses a few names the bot does not use, which costs the model nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ BOT_STATE_PATHS = ("memory/archive", "memory/pending", "memory/items", "memory/v
 MEMORY_DIR = "memory"
 READ_ONLY = (MEMORY_DIR,)
 MEMORY_FILE = PurePosixPath("memory/MEMORY.md")
-_SET_ASIDE = re.compile(r"\.(damaged|corrupt)-[^/]*$")
+_SET_ASIDE = re.compile(r"\.(damaged|corrupt)-[^/]*$", re.IGNORECASE)
 
 
 def relative_path(raw: str) -> PurePosixPath:
@@ -65,12 +69,24 @@ def bot_owned_name(name: str) -> bool:
     """True for a workspace-root entry the bot keeps (whether it exists yet or not), and for the copies
     of one it sets aside when it finds it damaged (``usage.json.journal.damaged-<hash>``,
     ``usage.json.corrupt-<time>``: bot/damaged.py, bot/usage.py)."""
-    base = _SET_ASIDE.sub("", name)
-    return base in BOT_STATE_NAMES or name.startswith(".") or base.lower().endswith(BOT_STATE_SUFFIXES)
+    base = _SET_ASIDE.sub("", name).casefold()
+    return base in BOT_STATE_NAMES or name.startswith(".") or base.endswith(BOT_STATE_SUFFIXES)
 
 
 def under(path: PurePosixPath, prefixes: Collection[PurePosixPath]) -> bool:
-    return any(path.parts[: len(p.parts)] == p.parts for p in prefixes)
+    """True when ``path`` is, or lies inside, one of ``prefixes`` (compared without case)."""
+    parts = folded(path).parts
+    return any(parts[: len(p.parts)] == folded(p).parts for p in prefixes)
+
+
+def folded(path: PurePosixPath) -> PurePosixPath:
+    """``path`` with every name case-folded: how a case-folding filesystem tells names apart."""
+    return PurePosixPath(path.as_posix().casefold())
+
+
+def is_memory_file(rel: PurePosixPath) -> bool:
+    """True for ``memory/MEMORY.md`` in any case (the one file of ``memory/`` a tool may write)."""
+    return folded(rel) == folded(MEMORY_FILE)
 
 
 class Confinement:
@@ -100,7 +116,7 @@ class Confinement:
             return False
         # A hidden name in memory/ is one of the memory service's locks or markers (.MEMORY.md.lock):
         # a tool holding that lock would stall its writes.
-        hidden_in_memory = parts[0] == MEMORY_DIR and any(p.startswith(".") for p in parts[1:])
+        hidden_in_memory = parts[0].casefold() == MEMORY_DIR and any(p.startswith(".") for p in parts[1:])
         return bot_owned_name(parts[0]) or under(rel, self._protected) or hidden_in_memory
 
     def read_only(self, rel: PurePosixPath) -> bool:

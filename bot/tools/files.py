@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 from bot.storage import FILE_MODE, atomic_write_at
 from bot.tools.base import ToolContext, ToolError, string_arg, untrusted
-from bot.tools.confine import MEMORY_FILE, READ_ONLY, Confinement, relative_path
+from bot.tools.confine import MEMORY_FILE, READ_ONLY, Confinement, is_memory_file, relative_path
 from bot.tools.paging import CUT_MARKER, PAGE_NOTE, ReadLog, footer, page_of
 
 DEFAULT_PROTECTED: tuple[str, ...] = ()  # the bot's own state is always protected (bot.tools.confine)
@@ -115,7 +115,7 @@ class FilesTool:
         rel = relative_path(string_arg(args, "path", default="."))
         if action == "read":
             offset, limit = _int_arg(args, "offset") or 1, _int_arg(args, "limit")
-            if rel == MEMORY_FILE and self._long_term is not None:
+            if is_memory_file(rel) and self._long_term is not None:
                 return await self._read_memory(ctx, offset, limit)
             text = await asyncio.to_thread(self._read, rel)
             return self._show(ctx, rel, text, offset, limit)
@@ -126,7 +126,7 @@ class FilesTool:
             _refuse_cut_views(content)
             if action == "write" and self._reads.partial(ctx.session_id, str(rel)):
                 raise ToolError(_PARTIAL.format(path=rel))
-            if rel == MEMORY_FILE:
+            if is_memory_file(rel):
                 return await self._write_memory(action, content, ctx)
             done = await asyncio.to_thread(self._write, rel, content, action == "append")
             if action == "write":  # the model knows all of what it wrote; an append changes nothing seen

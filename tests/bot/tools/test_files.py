@@ -353,6 +353,29 @@ async def test_the_memorys_own_records_are_out_of_reach(workspace: Path) -> None
     )
 
 
+@pytest.mark.parametrize(
+    "path", ["Sessions/cli:alice.json", "SESSIONS", "Pairing.JSON", "State/x", "Memory/Items/a.jsonl"]
+)
+async def test_the_bots_state_is_refused_in_any_case(workspace: Path, path: str) -> None:
+    """On a case-folding filesystem (macOS, a Windows share) ``Sessions/`` is ``sessions/``, and
+    ``Path.resolve`` keeps the case it was given: names are compared without case."""
+    files = tool(workspace)
+    for action in ("read", "write", "append", "list"):
+        assert "internal state" in await refused(files, action=action, path=path, content="{}")
+    assert sorted(os.listdir(workspace)) == ["memory", "notes", "sessions"]
+
+
+async def test_memory_is_read_only_and_memory_md_swapped_in_any_case(workspace: Path) -> None:
+    memory_md = workspace / "memory" / "MEMORY.md"
+    memory_md.write_text("- likes tea\n")
+    files = tool(workspace, long_term=CasFile(memory_md))
+    assert "read-only" in await refused(files, action="write", path="Memory/2026-01-01.md", content="x")
+    assert "- likes tea" in await run(files, action="read", path="MEMORY/memory.md")
+    await run(files, action="append", path="Memory/MEMORY.md", content="- has a cat")
+    assert memory_md.read_text() == "- likes tea\n- has a cat\n"
+    assert sorted(os.listdir(workspace)) == ["memory", "notes", "sessions"]
+
+
 async def test_memory_md_writes_go_through_compare_and_swap(workspace: Path) -> None:
     memory_md = workspace / "memory" / "MEMORY.md"
     memory_md.write_text("- likes tea\n")
