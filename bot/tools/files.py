@@ -337,7 +337,7 @@ class FilesTool:
             raise ToolError("memory/MEMORY.md cannot be written: the memory service is not running")
         sid, key = ctx.session_id, str(MEMORY_FILE)
         if action == "append":
-            snap = await self._long_term.update(lambda text: _join(text, content))
+            snap = await self._long_term.update(lambda text: _join_once(text, content))
             # The model has not seen what others wrote meanwhile: a later whole write needs a new read.
             self._memory_seen.pop(sid, None)
             self._reads.forget(sid, key)
@@ -408,6 +408,18 @@ def _stat(real: Path, rel: PurePosixPath) -> os.stat_result:
         raise ToolError(f"{rel} does not exist") from None
     except NotADirectoryError:
         raise ToolError(f"{rel}: a part of the path is not a folder") from None
+
+
+def _join_once(text: str, addition: str) -> str:
+    """``text`` with ``addition`` appended, unless its lines are there already, one after another.
+
+    MEMORY.md is a list of facts, and a turn cut by a kill after its append is run again after the
+    restart, tool calls and all: appending the same block twice would only repeat a fact."""
+    block = addition.strip("\n").splitlines()
+    lines = text.splitlines()
+    if block and any(lines[i : i + len(block)] == block for i in range(len(lines) - len(block) + 1)):
+        return text
+    return _join(text, addition)
 
 
 def _join(text: str, addition: str) -> str:

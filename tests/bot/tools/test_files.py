@@ -353,6 +353,17 @@ async def test_the_memorys_own_records_are_out_of_reach(workspace: Path) -> None
     )
 
 
+async def test_an_append_to_memory_md_repeated_after_a_restart_adds_nothing(workspace: Path) -> None:
+    """A turn cut by a kill after its append runs again after the restart, tool calls and all."""
+    memory_md = workspace / "memory" / "MEMORY.md"
+    memory_md.write_text("# Memory\n- likes tea\n")
+    files = tool(workspace, long_term=CasFile(memory_md))
+    for _ in range(2):
+        await run(files, action="append", path="memory/MEMORY.md", content="## Pets\n- has a cat\n")
+    await run(files, action="append", path="memory/MEMORY.md", content="- likes tea\n- has a dog")
+    assert memory_md.read_text() == "# Memory\n- likes tea\n## Pets\n- has a cat\n- likes tea\n- has a dog\n"
+
+
 @pytest.mark.parametrize(
     "path", ["Sessions/cli:alice.json", "SESSIONS", "Pairing.JSON", "State/x", "Memory/Items/a.jsonl"]
 )
