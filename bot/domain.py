@@ -197,9 +197,12 @@ class Session:
     usage: Usage = field(default_factory=Usage)
     compactions: int = 0
     # Persistence bookkeeping (owned by the store): messages[:persisted_count] are already on disk
-    # unchanged; ``rewrite_needed`` forces a full rewrite after an in-place edit of older messages.
+    # unchanged; ``rewrite_needed`` forces a full rewrite after an in-place edit of older messages;
+    # ``metadata_changed``: metadata changed with no message (a command's note, bot/intake.py), which
+    # only a save keeps, so eviction and shutdown must see it as unsaved.
     persisted_count: int = 0
     rewrite_needed: bool = False
+    metadata_changed: bool = False
     log_generation: int = 0
     log_bytes: int = 0
 
@@ -223,8 +226,9 @@ class Session:
 
     @property
     def unsaved(self) -> bool:
-        """Whether messages changed since the last save (cache eviction and shutdown look first)."""
-        return self.rewrite_needed or self.persisted_count != len(self.messages)
+        """Whether messages or metadata changed since the last save (cache eviction and shutdown look
+        first)."""
+        return self.rewrite_needed or self.metadata_changed or self.persisted_count != len(self.messages)
 
     def append(self, message: Message) -> None:
         self.messages.append(message)

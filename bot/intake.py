@@ -128,9 +128,9 @@ def note_command(session: Session, message_id: str, *, keep: int = COMMANDS_NOTE
     """Note the command ``message_id`` as run, before it acts: the note is saved with what it does
     (/new's cleared session, /compact's, the turn a /stop cut short), so once its work is on disk a
     platform's redelivery is recognized, as a message is by its place in the history. A command that
-    changes nothing is noted on disk with the session's next save, at the latest at the shutdown
-    (``Dispatcher.close``). The latest ``keep`` stay (at least :data:`COMMANDS_NOTED`): as many as a
-    channel may hand over again."""
+    changes nothing is saved with its note before its reply, or with the work of the turn that holds the
+    session then; until it is saved, the session counts as unsaved (``Session.unsaved``). The latest
+    ``keep`` stay (at least :data:`COMMANDS_NOTED`): as many as a channel may hand over again."""
     _note(session, COMMANDS_META, message_id, keep)
 
 
@@ -143,6 +143,7 @@ def _noted(session: Session, key: str) -> list[str]:
 def _note(session: Session, key: str, message_id: str, keep: int) -> None:
     kept = [i for i in _noted(session, key) if i != message_id]
     session.metadata[key] = [*kept, message_id][-max(keep, COMMANDS_NOTED) :]
+    session.metadata_changed = True  # a command leaves no message: the note alone makes it unsaved
 
 
 def forget_command(session: Session, message_id: str) -> None:

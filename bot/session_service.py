@@ -98,6 +98,16 @@ class SessionService:
         if session.id not in self._cache:
             self._remember(session)
 
+    async def save_if_idle(self, session: Session) -> None:
+        """Save ``session`` if it changed and nobody leases it (a lessee saves it with its own work).
+
+        For a change made outside a lease, as a command's note is (bot/intake.py): saved while a turn
+        runs, it would store that turn half done. A copy the cache no longer holds is not saved, as
+        the one read back from disk since may be ahead of it."""
+        async with self._lock(session.id):
+            if self._cache.get(session.id) is session and session.id not in self._leases and session.unsaved:
+                await self._store.save(session)
+
     async def delete(self, sid: str) -> bool:
         async with self._lock(sid):
             self._cache.pop(sid, None)

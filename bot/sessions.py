@@ -311,7 +311,13 @@ class JsonSessionStore:
         """Persist what changed since the last save, with ``replies`` (answers about to be sent) in the
         same group: one append and one fsync, or a rewrite when older messages changed."""
         plan = self._plan(session, replies)
-        await asyncio.to_thread(self._write, session.id, plan, session.log_generation, session.log_bytes)
+        # The plan holds the metadata as it is now; a note made while it is written is the next save's.
+        changed, session.metadata_changed = session.metadata_changed, False
+        try:
+            await asyncio.to_thread(self._write, session.id, plan, session.log_generation, session.log_bytes)
+        except BaseException:
+            session.metadata_changed |= changed
+            raise
         session.log_generation = plan.generation
         session.log_bytes = plan.log_bytes
         session.persisted_count = plan.count

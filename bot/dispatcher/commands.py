@@ -60,9 +60,6 @@ class Commands:
         self._wake = wake
         self._inbox = inbox
         self._noted = noted
-        # Sessions a command was noted in as run: the note of one that changed nothing waits for the
-        # session's next save, and the shutdown makes that save (see ``noted_in``).
-        self._notes: set[str] = set()
         # Commands being answered; one that waits for its chat's running turn (/new, /compact) sets its
         # ``placed`` once it holds its place in the lane: from then on ``submit`` need not wait for it.
         self._running: dict[asyncio.Task[None], Command] = {}
@@ -72,15 +69,8 @@ class Commands:
         """The commands being answered now."""
         return list(self._running)
 
-    @property
-    def noted_in(self) -> set[str]:
-        """The sessions a command was noted in as run since the start: the shutdown saves them, or a
-        command that changed nothing (/help, /status) ran again when handed over after the restart."""
-        return set(self._notes)
-
     def _note(self, session: Session, message_id: str) -> None:
         intake.note_command(session, message_id, keep=self._noted)
-        self._notes.add(session.id)
 
     async def submit(self, call: CommandCall) -> None:
         """Take ``call`` and answer it, unless it is a redelivery of a command taken before."""
@@ -198,7 +188,19 @@ class Commands:
             log.exception("command_failed", command=call.name, session_id=call.session_id)
             reply = f"/{call.name} failed; the details are in the log."
         await self._done(command)  # (done already if it waited for the lane: see exclusive)
+        if command is not None and command.noted is not None:
+            await self._save_note(command.noted)
         await self._delivery.send(call.message, reply)
+
+    async def _save_note(self, session: Session) -> None:
+        """Put the note of a command that changed nothing (/help, /status) on disk before its reply, as a
+        turn's answer is: a platform's redelivery after a kill is then not answered again, and the
+        session is not held in the cache until the shutdown saves it. A turn holding the session saves
+        the note with its own work; a save that fails leaves the note to the next one."""
+        try:
+            await self._sessions.save_if_idle(session)
+        except StorageError:
+            log.warning("command_note_not_saved", session_id=session.id, exc_info=True)
 
     async def _done(self, command: Command | None) -> None:
         """A kept command ran (or failed for good): the next start must not run it again."""

@@ -348,7 +348,6 @@ class Dispatcher:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
-        noted = self._commands.noted_in  # (a note may be all that changed: see Commands.noted_in)
         for session in self._sessions.cached_sessions():
-            if session.unsaved or session.id in noted:
+            if session.unsaved:  # (a command's note may be all that changed: see Session.unsaved)
                 await self._sessions.save(session)
