@@ -26,6 +26,10 @@ class SessionControl(Protocol):
 
     def is_running(self, sid: str) -> bool: ...
 
+    def answer_on_its_way(self, sid: str) -> bool:
+        """Whether a turn's answer is final (the model gave it, or the pipeline ended) and still being
+        saved or sent: it is no longer running (``is_running``), and /stop leaves it to arrive."""
+
     def queue_depth(self, sid: str) -> int: ...
 
     def model_wait(self, sid: str) -> float | None:
@@ -100,6 +104,8 @@ class CommandRouter:
 async def _stop(call: CommandCall, control: SessionControl) -> str:
     waiting = control.model_wait(call.session_id) is not None
     kept = await control.stop(call.session_id)
+    if kept is None and control.answer_on_its_way(call.session_id):
+        return "Nothing to stop: the answer is already on its way."
     if kept is None:
         return "Nothing is running."
     if waiting:

@@ -277,6 +277,10 @@ class Dispatcher:
         while lane is not None and lane.worker is not None and not lane.worker.done():
             await asyncio.wait([lane.worker])
 
+    def answer_on_its_way(self, sid: str) -> bool:
+        lane = self._lanes.get(sid)
+        return bool(lane and lane.turn and not lane.turn.done() and answer_final(lane))
+
     def model_wait(self, sid: str) -> float | None:
         """Seconds until ``sid``'s waiting answers are tried again, ``None`` if it does not wait for the
         model, or a try runs now (a running one, see :meth:`is_running`, or one whose answer is final)."""

@@ -26,6 +26,9 @@ from tests.bot.test_dispatcher import ModelSystem
 from tests.bot.test_dispatcher_recovery import msg, pending, settled, started
 from tests.recording import RecordingChannel
 
+# What /stop says then: "Nothing is running." told the chat no answer was coming, while one was.
+ON_ITS_WAY = "Nothing to stop: the answer is already on its way."
+
 
 class SlowPlatform(RecordingChannel):
     """A platform that takes its time over an answer (a long one goes in pieces, a 5xx is retried), until
@@ -61,7 +64,7 @@ async def test_a_stop_while_the_answer_is_sent_leaves_it_to_arrive_and_in_the_hi
     assert delivered == ["answer to hello"]
     assert session is not None
     assert [m.content for m in session.messages if m.role is Role.ASSISTANT] == delivered
-    assert [m.text for m in channel.sent if m.aside] == ["Nothing is running."]
+    assert [m.text for m in channel.sent if m.aside] == [ON_ITS_WAY]
     assert await pending(tmp_path) == []
 
 
@@ -117,7 +120,7 @@ async def test_a_stop_after_the_model_answered_leaves_the_answer_to_arrive(tmp_p
     assert delivered == ["answer to hello"]
     assert session is not None
     assert [m.content for m in session.messages if m.role is Role.ASSISTANT] == delivered
-    assert [m.text for m in channel.sent if m.aside] == ["Nothing is running."]
+    assert [m.text for m in channel.sent if m.aside] == [ON_ITS_WAY]
 
 
 async def test_a_shutdown_after_the_model_answered_sends_that_answer_after_the_restart(
