@@ -195,8 +195,9 @@ class Commands:
     async def _save_note(self, session: Session) -> None:
         """Put the note of a command that changed nothing (/help, /status) on disk before its reply, as a
         turn's answer is: a platform's redelivery after a kill is then not answered again, and the
-        session is not held in the cache until the shutdown saves it. A turn holding the session saves
-        the note with its own work; a save that fails leaves the note to the next one."""
+        session is not held in the cache until the shutdown saves it. While a turn holds the session,
+        the note goes with that turn's save or the next one, as after a save that failed: the session
+        counts as unsaved until then (``Session.unsaved``)."""
         try:
             await self._sessions.save_if_idle(session)
         except StorageError:

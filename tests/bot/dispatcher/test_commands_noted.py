@@ -80,7 +80,7 @@ async def test_a_command_is_noted_on_disk_before_its_reply(tmp_path: Path) -> No
     dispatcher, channel, _ = await started(tmp_path, ModelSystem())
     await dispatcher.submit(msg("hello", message_id="1"))
     await channel.wait_for(1)
-    await settled(tmp_path)
+    await dispatcher.settled("test:c1")  # the turn let go of the session (its own save came before)
     await dispatcher.submit(msg("/help", message_id="2"))
     await channel.wait_for(2)
 
