@@ -51,6 +51,15 @@ STORAGE_NOTICE = (
 )
 
 
+def crash_notice(exc: Exception) -> str:
+    """What the chat is told when its turn failed outside the pipeline (its session could not be read):
+    the messages stay pending in the inbox, and the next start answers them."""
+    return (
+        f"⚠️ Sorry, I couldn't answer this ({plain_reason(type(exc))}). "
+        "Your message is kept: I'll answer it after my next restart."
+    )
+
+
 class TurnObserver(Protocol):
     """Told about every finished turn (metrics)."""
 
@@ -125,8 +134,10 @@ class Turns:
                     if current is not None and current.cancelling():
                         raise  # the worker itself is being cancelled (shutdown)
                     # else: the turn was stopped by /stop, whose bookkeeping follows below
-                except Exception:
+                except Exception as exc:
                     log.exception("turn_crashed", session_id=sid)
+                    if not lane.answered and lane.stopping is None:  # no answer saved to go out
+                        await self._delivery.send(batch[0].message, crash_notice(exc), error=True)
                 finally:
                     lane.turn = None
                     request, lane.stopping = lane.stopping, None

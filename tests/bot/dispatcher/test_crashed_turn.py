@@ -1,0 +1,36 @@
+"""A turn that fails outside the pipeline (its session cannot be read) still gets the chat a reply.
+
+The pipeline turns each system's failure into the turn's reply, but a turn can fail around it: the
+session's file cannot be read (a permission, a disk error). The dispatcher logged it and went on, and
+the chat got nothing at all, message after message. Now it is told, in plain words; the message stays
+in the inbox, and the next start answers it, as the reply says.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.bot.test_dispatcher import ModelSystem
+from tests.bot.test_dispatcher_recovery import msg, pending, started
+
+
+async def test_a_turn_whose_session_cannot_be_read_is_answered_with_an_apology(tmp_path: Path) -> None:
+    dispatcher, channel, sessions = await started(tmp_path, ModelSystem())
+    unreadable = sessions.store.header_path("test:c1")  # reading it fails as a disk error would
+    unreadable.mkdir(parents=True)
+    await dispatcher.submit(msg("hello", message_id="1"))
+    await dispatcher.settled("test:c1")
+    told = list(channel.sent)
+    kept = await pending(tmp_path)
+    await dispatcher.close(grace=1)
+
+    assert [(m.reply_to, m.is_error) for m in told] == [("1", True)]
+    assert "I'll answer it after my next restart" in told[0].text
+    assert "test:c1.json" not in told[0].text  # the details are the operator's, in the log
+    assert kept == ["hello"]
+
+    unreadable.rmdir()  # the operator fixed it
+    restarted, channel2, _ = await started(tmp_path, ModelSystem())
+    await channel2.wait_for(1)
+    await restarted.close(grace=1)
+    assert [m.text for m in channel2.sent] == ["answer to hello"]
