@@ -223,6 +223,7 @@ class TelegramSettings(_Section):
     base_file_url: str | None = None
     streaming: bool = False
     max_document_bytes: int = Field(default=1_000_000, ge=0)
+    download_timeout: float = Field(default=60.0, gt=0)  # seconds for a whole photo or document download
     join_window: float = Field(default=1.0, ge=0)
     poll_timeout: int = Field(default=30, ge=0)
 

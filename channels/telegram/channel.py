@@ -195,7 +195,7 @@ class TelegramChannel(Channel):
         self._app = app
         await self._sent.load()  # how far answers cut short by a kill got: only the rest goes out
         self._outbox = self._new_outbox(app.bot)
-        self._files = TelegramFiles(app.bot, self._outbox)
+        self._files = TelegramFiles(app.bot, self._outbox, deadline=settings.download_timeout)
         try:
             await app.initialize()
             await self._sync_commands()

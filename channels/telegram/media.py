@@ -7,7 +7,8 @@ silently dropped; voice, audio, video and the rest are never downloaded at all.
 
 Photos and documents are read no further than their limit, whatever size Telegram states (the field
 is optional, and a server can send more than it says): ``download`` stops there and returns None, and
-the file becomes a note (see :mod:`channels.downloads`).
+the file becomes a note (see :mod:`channels.downloads`). So does a file Telegram refuses for its size
+or one not in by the download deadline (``download`` raises :class:`~channels.downloads.FileNotRead`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from telegram import Message
 
 from bot.domain import Attachment
 from bot.errors import ChannelError
-from channels.downloads import stated_over, too_large_note
+from channels.downloads import FileNotRead, stated_over, too_large_note
 
 log = structlog.get_logger(__name__)
 
@@ -41,7 +42,8 @@ _TEXT_MIMES = {
     "application/sql",
 }
 
-# download(file_id, limit): the file's bytes, or None when it is larger than limit bytes.
+# download(file_id, limit): the file's bytes, or None when it is larger than limit bytes; raises
+# FileNotRead for a file left unread for another reason the user should hear, ChannelError otherwise.
 Download = Callable[[str, int], Awaitable[bytes | None]]
 
 
@@ -70,9 +72,10 @@ async def extract_media(
 ) -> Extracted:
     """Download what the model can use from ``message``; describe the rest in notes.
 
-    ``download(file_id, limit)`` returns None for a file over ``limit`` and raises
-    :class:`ChannelError` when a file cannot be fetched; both become notes, so the user's words still
-    reach the model.
+    ``download(file_id, limit)`` returns None for a file over ``limit``, raises
+    :class:`~channels.downloads.FileNotRead` for one left unread for another reason the user should hear
+    and :class:`ChannelError` when a file cannot be fetched; each becomes a note, so the user's words
+    still reach the model.
     """
     out = Extracted()
     try:
@@ -91,15 +94,7 @@ async def _extract(
         if not vision:
             out.notes.append("[The user sent a photo, but the current model cannot see images.]")
         else:
-            fits = not stated_over(photo.file_size, MAX_IMAGE_BYTES)
-            data = await download(photo.file_id, MAX_IMAGE_BYTES) if fits else None
-            if data is not None:
-                out.attachments.append(Attachment("image", "photo.jpg", "image/jpeg", data, len(data)))
-            else:
-                _too_large(message.chat_id, "photo", MAX_IMAGE_BYTES)
-                out.notes.append(
-                    f"[The user sent a photo larger than {MAX_IMAGE_BYTES} bytes; it was not read.]"
-                )
+            await _photo(out, photo.file_id, photo.file_size, download=download, chat_id=message.chat_id)
     document = message.document
     if document is not None:
         await _document(out, document.file_id, document.file_name, document.mime_type, document.file_size,
@@ -118,6 +113,23 @@ async def _extract(
             out.notes.append(f"[The user sent {label}.]")
     if message.sticker is not None:
         out.notes.append(f"[sticker {message.sticker.emoji or ''}]".replace(" ]", "]"))
+
+
+async def _photo(
+    out: Extracted, file_id: str, file_size: int | None, *, download: Download, chat_id: int
+) -> None:
+    try:
+        fits = not stated_over(file_size, MAX_IMAGE_BYTES)
+        data = await download(file_id, MAX_IMAGE_BYTES) if fits else None
+    except FileNotRead as exc:
+        _not_read(chat_id, "photo", exc)
+        out.notes.append(exc.note("The user's photo"))
+        return
+    if data is None:
+        _too_large(chat_id, "photo", MAX_IMAGE_BYTES)
+        out.notes.append(f"[The user sent a photo larger than {MAX_IMAGE_BYTES} bytes; it was not read.]")
+        return
+    out.attachments.append(Attachment("image", "photo.jpg", "image/jpeg", data, len(data)))
 
 
 async def _document(
@@ -140,7 +152,13 @@ async def _document(
         out.attachments.append(Attachment("file", name, mime, size=size))
         return
     limit = MAX_IMAGE_BYTES if is_image else max_bytes
-    data = None if stated_over(file_size, limit) else await download(file_id, limit)
+    try:
+        data = None if stated_over(file_size, limit) else await download(file_id, limit)
+    except FileNotRead as exc:
+        _not_read(chat_id, name, exc)
+        out.attachments.append(Attachment("file", name, mime, size=size))
+        out.notes.append(exc.note(name))
+        return
     if data is None:
         _too_large(chat_id, name, limit)
         out.attachments.append(Attachment("file", name, mime, size=size))
@@ -161,3 +179,8 @@ async def _document(
 def _too_large(chat_id: int, name: str, limit: int) -> None:
     """The operator's line for a file left unread for its size (the user's is a note in the text)."""
     log.info("telegram_file_too_large", chat_id=chat_id, file=name, limit=limit)
+
+
+def _not_read(chat_id: int, name: str, exc: FileNotRead) -> None:
+    """The operator's line for a file left unread for a reason the user hears in a note."""
+    log.info("telegram_file_not_read", chat_id=chat_id, file=name, reason=str(exc))

@@ -9,7 +9,8 @@ effect (``slow``: a client's read timeout cannot tell that from a lost request),
 the bot for good (:meth:`FakeTelegramServer.refuse_chat`, with the Bot API's own answers: ``BLOCKED``,
 ``KICKED``, ``CHAT_NOT_FOUND``). Files are served under ``/file/bot<token>/<file_path>``; a test can make ``getFile``
 state a wrong ``file_size`` or none (the field is optional in the Bot API), and serve the body chunked,
-without ``Content-Length``, as a misbehaving server would (:meth:`FakeTelegramServer.add_file`).
+without ``Content-Length``, or a byte at a time without end, as a misbehaving server would
+(:meth:`FakeTelegramServer.add_file`). ``getFile`` refuses a file over the Bot API's 20 MB as it does.
 
     async with FakeTelegramServer() as tg:
         app = ApplicationBuilder().token(tg.token).base_url(tg.base_url).base_file_url(tg.base_file_url)
@@ -37,6 +38,7 @@ from aiohttp import web
 
 TOKEN = "123456789:AAFakeTokenForTestsOnly_abcdefghijklmno"
 TEXT_LIMIT = 4096
+GET_FILE_LIMIT = 20 * 1024 * 1024  # the largest file the Bot API lets a bot download
 ALLOWED_TAGS = {
     "b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "span", "tg-spoiler", "a", "code",
     "pre", "blockquote", "tg-emoji",
@@ -143,6 +145,7 @@ class StoredFile:
     chunked: bool = False  # served without Content-Length
     gzip: bool = False  # served gzip-encoded, even to a client that asked for no encoding
     failures: int = 0  # the next downloads answered with 502
+    drip: float = 0.0  # > 0: one byte every so many seconds, never ending (a body that never finishes)
     served: int = 0  # bytes written to the bot so far, over all downloads
 
 
@@ -274,17 +277,19 @@ class FakeTelegramServer:
         chunked: bool = False,
         gzip: bool = False,
         failures: int = 0,
+        drip: float = 0.0,
     ) -> str:
         """Store a file to be fetched with ``getFile``; returns its ``file_id``.
 
         ``file_size`` is what ``getFile`` states: the real size by default, another number to lie, None
         to leave the optional field out. The file server misbehaves if asked: ``chunked`` sends no
         ``Content-Length``, ``gzip`` compresses whatever the client accepts, and the first ``failures``
-        downloads get a 502.
+        downloads get a 502; ``drip`` sends the content a byte every ``drip`` seconds, over and over, until
+        the client hangs up (each byte comes well within any read timeout, the body never ends).
         """
         file_id = f"file{len(self.files) + 1}"
         stated = len(content) if isinstance(file_size, EllipsisType) else file_size
-        self.files[file_id] = StoredFile(path, content, stated, chunked, gzip, failures)
+        self.files[file_id] = StoredFile(path, content, stated, chunked, gzip, failures, drip)
         return file_id
 
     def fail(
@@ -470,6 +475,8 @@ class FakeTelegramServer:
         if file_id not in self.files:
             raise TelegramAPIError(400, "Bad Request: invalid file_id")
         stored = self.files[file_id]
+        if len(stored.content) > GET_FILE_LIMIT:
+            raise TelegramAPIError(400, "Bad Request: file is too big")
         found: dict[str, Any] = {
             "file_id": file_id,
             "file_unique_id": f"u{file_id}",
@@ -569,9 +576,16 @@ async def _serve(request: web.Request, stored: StoredFile, chunk: int = 64 * 102
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     if stored.gzip:
         response.headers["Content-Encoding"] = "gzip"
-    if not stored.chunked:
+    if not stored.chunked and not stored.drip:
         response.content_length = len(body)
     await response.prepare(request)
+    if stored.drip:
+        with contextlib.suppress(ConnectionError):
+            for byte in itertools.cycle(body):
+                await response.write(bytes([byte]))
+                stored.served += 1
+                await asyncio.sleep(stored.drip)
+        return response
     with contextlib.suppress(ConnectionError):
         for start in range(0, len(body), chunk):
             piece = body[start : start + chunk]

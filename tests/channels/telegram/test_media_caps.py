@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from channels.telegram.media import MAX_IMAGE_BYTES
 from tests.channels.telegram.kit import running_channel
 from tests.fakes.telegram_server import FakeTelegramServer
@@ -107,3 +109,54 @@ async def test_a_download_the_file_server_fails_once_is_tried_again(tmp_path: Pa
         [message] = await sink.wait_for(1)
     [text] = message.attachments
     assert (text.kind, text.data) == ("text", b"# notes\n")
+
+
+async def test_a_download_that_never_finishes_goes_on_with_a_note_at_its_deadline(tmp_path: Path) -> None:
+    """A server that drips a byte now and then never trips a read timeout; the byte cap is far off. The
+    whole download has a deadline (``telegram.download_timeout``), and the messages after it go on."""
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, download_timeout=0.5) as (_, sink),
+    ):
+        slow = tg.add_file(b"never ends\n", "documents/slow.txt", file_size=None, drip=0.01)
+        tg.push_message(None, document=document(slow, "slow.txt", "text/plain", None), caption="read it")
+        tg.push_message("and this")
+        first, second = await sink.wait_for(2)
+    assert [(a.kind, a.name, a.data) for a in first.attachments] == [("file", "slow.txt", b"")]
+    assert first.text.startswith("read it")
+    assert "slow.txt took longer than 0.5 seconds to download, so it was not read." in first.text
+    assert second.text == "and this"
+
+
+async def test_a_photo_that_never_finishes_goes_on_with_a_note_at_its_deadline(tmp_path: Path) -> None:
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, vision=True, download_timeout=0.5) as (_, sink),
+    ):
+        slow = tg.add_file(b"\xff\xd8\xff", "photos/slow.jpg", file_size=None, drip=0.01)
+        photo = [{"file_id": slow, "file_unique_id": "p1", "width": 90, "height": 90}]
+        tg.push_message(None, photo=photo, caption="what is this?")
+        [message] = await sink.wait_for(1)
+    assert message.attachments == ()
+    assert message.text.startswith("what is this?")
+    assert "photo took longer than 0.5 seconds to download" in message.text
+
+
+@pytest.mark.parametrize(("cap", "said"), [(1_000_000, 1_000_000), (50_000_000, 20_000_000)])
+async def test_a_file_the_bot_api_calls_too_big_gets_the_too_large_note(
+    tmp_path: Path, cap: int, said: int
+) -> None:
+    """Over 20 MB, ``getFile`` answers "Bad Request: file is too big": the file is too large, not
+    broken, and the note says so, with the smaller of the two limits (true whichever is lower)."""
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, max_document_bytes=cap) as (_, sink),
+    ):
+        huge = tg.add_file(b"h" * (20 * 1024 * 1024 + 1), "documents/huge.csv")
+        tg.push_message(None, document=document(huge, "huge.csv", "text/csv", None), caption="sum it")
+        [message] = await sink.wait_for(1)
+    assert [(a.kind, a.name, a.data) for a in message.attachments] == [("file", "huge.csv", b"")]
+    assert message.text.startswith("sum it")
+    assert f"huge.csv is larger than {said} bytes, so it was not read." in message.text
+    assert "could not be downloaded" not in message.text
+    assert tg.files[huge].served == 0
