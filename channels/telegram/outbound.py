@@ -3,7 +3,9 @@
 A reply is rendered into HTML chunks (:mod:`channels.telegram.format`) and sent one by one:
 
 * a chunk Telegram cannot parse ("can't parse entities") is sent again as plain text; one it finds
-  too long (our count and Telegram's disagreeing) is halved and sent as plain text;
+  too long (our count and Telegram's disagreeing) is halved and sent as plain text. How far a keyed
+  answer got, halves included, is noted (:mod:`channels.telegram.sent`): sent again, after a failure
+  or a restart, it goes on from there;
 * 429 ``retry_after`` is honoured by PTB's ``AIORateLimiter`` (which also paces 30 msg/s overall and
   20/min per group); timeouts, connection errors and 5xx are retried here with exponential backoff. A
   send that timed out may have gone out all the same (at least once): the channel waits 30 s for
@@ -19,6 +21,7 @@ A reply is rendered into HTML chunks (:mod:`channels.telegram.format`) and sent 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
@@ -36,11 +39,14 @@ from channels.chunking import split_message, utf16_len
 from channels.streaming import StreamedMessage
 from channels.telegram.format import RenderedChunk, render_chunks
 from channels.telegram.refusals import as_channel_error, refuses_for_good
-from channels.telegram.sent import SentChunks
+from channels.telegram.sent import Progress, SentChunks
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
+
+# Told how far a chunk being sent got, after each of its halves but the last (see ``deliver``).
+Went = Callable[[Progress], Awaitable[None]]
 
 
 def parse_chat(chat_id: str) -> tuple[int, int | None]:
@@ -103,19 +109,21 @@ class TelegramOutbox:
         reply_to = int(quoted) if in_group and quoted.isdigit() else None
         stream = None if message.aside else self._streams.pop(message.chat_id, None)
         key = message.key
-        done = self._sent.get(key) if key else 0  # sent again (maybe after a restart): only the rest
+        went: Went | None = functools.partial(self._sent.record, key) if key else None
+        done = self._sent.get(key) if key else ()  # sent again (maybe after a restart): only the rest
+        first = done[0] if done else 0
         try:
-            for index, chunk in enumerate(chunks):
-                if index < done:
-                    continue
+            for index in range(first, len(chunks)):
+                chunk = chunks[index]
+                halves = done[1:] if index == first else ()  # of this chunk, those that went out
                 edited = False
-                if index == 0 and stream is not None and stream.message is not None:
+                if index == 0 and not halves and stream is not None and stream.message is not None:
                     edited = await self._edit(chat, stream.message, chunk, stream.shown)
                 if not edited:  # also when the streamed message is gone (the user deleted it)
-                    await self.deliver(chat, thread, chunk, reply_to if index == 0 else None)
-                done = index + 1
-                if key and done < len(chunks):
-                    await self._sent.record(key, done)
+                    to = reply_to if index == 0 else None
+                    await self.deliver(chat, thread, chunk, to, skip=halves, went=_inside(went, index))
+                if went is not None and index + 1 < len(chunks):
+                    await went((index + 1,))
         except TelegramError as exc:
             log.error("telegram_send_failed", chat_id=message.chat_id, error=str(exc))
             reason = f"could not deliver a reply to Telegram chat {message.chat_id}: {exc}"
@@ -130,8 +138,21 @@ class TelegramOutbox:
             log.error("telegram_send_failed", chat_id=chat, error=str(exc))
             raise as_channel_error(f"could not send to Telegram chat {chat}: {exc}", exc) from exc
 
-    async def deliver(self, chat: int, thread: int | None, chunk: RenderedChunk, reply_to: int | None) -> int:
-        """Send one chunk as HTML, falling back to plain text; returns the message id."""
+    async def deliver(
+        self,
+        chat: int,
+        thread: int | None,
+        chunk: RenderedChunk,
+        reply_to: int | None,
+        *,
+        skip: Progress = (),
+        went: Went | None = None,
+    ) -> int:
+        """Send one chunk as HTML, falling back to plain text, halved when Telegram finds it too long;
+        returns the (last) message id. ``went`` is told how far a halved chunk got after each half but
+        the last; given that as ``skip``, a later call sends only the halves not yet sent."""
+        if skip:  # it went out halved before, and in part: the rest, halved the same way
+            return await self._halves(chat, thread, chunk.plain, None, skip=skip, went=went)
         extra: dict[str, Any] = {"message_thread_id": thread}
         if reply_to is not None:
             extra["reply_parameters"] = ReplyParameters(reply_to, allow_sending_without_reply=True)
@@ -156,16 +177,36 @@ class TelegramOutbox:
         except BadRequest as exc:
             if not _is_too_long(exc):
                 raise
-            pieces = split_message(chunk.plain, max(utf16_len(chunk.plain) // 2, 64), measure=utf16_len)
             log.warning("telegram_message_too_long", chat_id=chat, length=utf16_len(chunk.plain))
-            if len(pieces) < 2:
+            if len(_halve(chunk.plain)) < 2:
                 raise
-            message_id = 0
-            for piece in pieces:
-                message_id = await self.deliver(chat, thread, RenderedChunk(None, piece), reply_to)
-                reply_to = None
-            return message_id
+            return await self._halves(chat, thread, chunk.plain, reply_to, skip=(), went=went)
         return sent.message_id
+
+    async def _halves(
+        self,
+        chat: int,
+        thread: int | None,
+        text: str,
+        reply_to: int | None,
+        *,
+        skip: Progress,
+        went: Went | None,
+    ) -> int:
+        """Send ``text`` halved, as plain text, from the half ``skip`` points at on (see ``deliver``)."""
+        pieces = _halve(text)
+        first = skip[0] if skip else 0
+        message_id = 0
+        for index in range(first, len(pieces)):
+            inner = skip[1:] if index == first else ()
+            piece = RenderedChunk(None, pieces[index])
+            message_id = await self.deliver(
+                chat, thread, piece, reply_to, skip=inner, went=_inside(went, index)
+            )
+            reply_to = None
+            if went is not None and index + 1 < len(pieces):
+                await went((index + 1,))
+        return message_id
 
     async def _edit(self, chat: int, message_id: int, chunk: RenderedChunk, shown: str) -> bool:
         """Rewrite a streamed message in place (HTML, else plain text); unchanged text is fine.
@@ -264,6 +305,23 @@ class TelegramOutbox:
             gives_up=refuses_for_good,  # a blocked user: one refusal, not one every interval all turn
         )
         return stream.show
+
+
+def _halve(text: str) -> list[str]:
+    """``text`` in two (or a few) pieces, cut the same way every time, for a chunk Telegram finds too long."""
+    return split_message(text, max(utf16_len(text) // 2, 64), measure=utf16_len)
+
+
+def _inside(went: Went | None, index: int) -> Went | None:
+    """``went`` for the part ``index`` of a whole: how far that part got, behind the parts before it."""
+    if went is None:
+        return None
+    outer = went
+
+    async def inner(progress: Progress) -> None:
+        await outer((index, *progress))
+
+    return inner
 
 
 def _is_parse_error(exc: BadRequest) -> bool:
