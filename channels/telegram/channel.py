@@ -534,7 +534,7 @@ class TelegramChannel(Channel):
         return self._out.typing(chat_id)
 
     def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
-        return self._out.stream(chat_id) if self._settings.streaming else None
+        return self._out.stream(chat_id, reply_to) if self._settings.streaming else None
 
 
 def _forwarded(message: Message) -> str:

@@ -108,6 +108,10 @@ class TelegramOutbox:
         quoted = message.reply_to or ""
         reply_to = int(quoted) if in_group and quoted.isdigit() else None
         stream = None if message.aside else self._streams.pop(message.chat_id, None)
+        preview = stream.message if stream is not None else None
+        shown = stream.shown if stream is not None and preview is not None else ""
+        if preview is None and not message.aside:  # one a kill left in the chat: the answer goes in it
+            preview = self._sent.preview(message.chat_id, message.reply_to)
         key = message.key
         went: Went | None = functools.partial(self._sent.record, key) if key else None
         done = self._sent.get(key) if key else ()  # sent again (maybe after a restart): only the rest
@@ -117,8 +121,8 @@ class TelegramOutbox:
                 chunk = chunks[index]
                 halves = done[1:] if index == first else ()  # of this chunk, those that went out
                 edited = False
-                if index == 0 and not halves and stream is not None and stream.message is not None:
-                    edited = await self._edit(chat, stream.message, chunk, stream.shown)
+                if index == 0 and not halves and preview is not None:
+                    edited = await self._edit(chat, preview, chunk, shown)
                 if not edited:  # also when the streamed message is gone (the user deleted it)
                     to = reply_to if index == 0 else None
                     await self.deliver(chat, thread, chunk, to, skip=halves, went=_inside(went, index))
@@ -130,6 +134,8 @@ class TelegramOutbox:
             raise as_channel_error(reason, exc) from exc
         if key:
             self._sent.finished(key)
+        if not message.aside:
+            self._sent.preview_done(message.chat_id, message.reply_to)
 
     async def send_plain(self, chat: int, text: str) -> None:
         try:
@@ -274,8 +280,11 @@ class TelegramOutbox:
                 log.debug("telegram_typing_failed", chat_id=chat_id, error=str(exc))
             await asyncio.sleep(self._typing_interval)
 
-    def stream(self, chat_id: str) -> PartialSink:
-        """A sink that writes the partial reply into one message, edited at most every interval."""
+    def stream(self, chat_id: str, reply_to: str | None = None) -> PartialSink:
+        """A sink that writes the partial reply into one message, edited at most every interval.
+
+        ``reply_to`` (the message answered) keys the preview on disk: the answer to it goes into the
+        preview after a restart too, and a preview a kill left for it is streamed into again."""
         chat, thread = parse_chat(chat_id)
 
         def first_chunk(text_so_far: str) -> RenderedChunk | None:
@@ -283,7 +292,12 @@ class TelegramOutbox:
             return chunks[0] if chunks else None
 
         async def post(chunk: RenderedChunk) -> int:
-            return await self.deliver(chat, thread, chunk, None)
+            earlier = self._sent.preview(chat_id, reply_to)
+            if earlier is not None and await self._edit(chat, earlier, chunk, ""):
+                return earlier
+            message_id = await self.deliver(chat, thread, chunk, None)
+            await self._sent.record_preview(chat_id, reply_to, message_id)
+            return message_id
 
         async def edit(message_id: int, chunk: RenderedChunk) -> None:
             await self._edit(chat, message_id, chunk, stream.shown)

@@ -1,4 +1,5 @@
-"""How far each long answer got: the chunks Telegram took, on disk, so a restart sends only the rest.
+"""How far each answer got: the chunks Telegram took and the preview it streams in, on disk, so a
+restart sends only the rest.
 
 An answer longer than one message goes out in chunks, paced about one a second per chat, and its
 inbox entries are marked done only once the last one went out (``bot/outbox.py``). Killed between two
@@ -13,9 +14,18 @@ Telegram took a message and the process died before the write of that fact reach
 fsync). The last message is not written here: what follows it is the inbox's done mark, whose window
 is as wide.
 
-``state/telegram_sent.json`` holds ``{"answers": {key: chunks}}`` (``[chunks, halves, ...]`` once a
-chunk went out in part) for the newest ``limit`` answers cut short; a finished answer is dropped with
-the next write. A write that fails (a full disk) is logged and only costs what this file adds: the
+A streamed answer (``telegram.streaming``) is shown as it comes in one preview message. Killed before
+the answer went out, the preview stayed in the chat, and the answer sent after the restart (saved, or
+asked for anew and streamed again) came as new messages: the chat saw its start twice. So the preview's
+message id is written too, per chat, with the id of the message it answers (the turn's first, which
+the answer's ``reply_to`` names: an answer to another question never takes it over). The answer to
+that message then goes into the preview, as in the same run; the write costs one fsync per streamed
+answer.
+
+``state/telegram_sent.json`` holds ``{"answers": {key: chunks}, "previews": {chat: [reply_to, id]}}``
+(``[chunks, halves, ...]`` once a chunk went out in part) for the newest ``limit`` answers cut short
+and chats with a preview; a finished answer, and a preview its answer went into, are dropped with the
+next write. A write that fails (a full disk) is logged and only costs what this file adds: the
 process still remembers, a restart would send those messages again.
 """
 
@@ -43,7 +53,8 @@ Progress = tuple[int, ...]
 
 
 class SentChunks:
-    """Chunks of each answer Telegram took (see the module doc); :meth:`load` before the first send.
+    """Chunks of each answer Telegram took, and the preview each chat's answer streams in (see the
+    module doc); :meth:`load` before the first send.
 
     ``path`` ``None`` keeps them in memory only (tests of the channel's parts)."""
 
@@ -51,11 +62,12 @@ class SentChunks:
         self._path = path
         self._limit = limit
         self._sent: dict[str, Progress] = {}  # insertion order: oldest first
+        self._previews: dict[str, tuple[str, int]] = {}  # chat id -> (the message answered, the preview)
         self._lock = asyncio.Lock()  # one write at a time, each a snapshot
 
     async def load(self) -> None:
         if self._path is not None:
-            self._sent = await asyncio.to_thread(_read, self._path)
+            self._sent, self._previews = await asyncio.to_thread(_read, self._path)
 
     def get(self, key: str) -> Progress:
         """How far the answer got already (``()``: nothing went out, or the answer is unknown)."""
@@ -63,44 +75,75 @@ class SentChunks:
 
     async def record(self, key: str, progress: Progress) -> None:
         """The answer ``key`` got this far, and more is to come: kept durably before the next send."""
+        _put(self._sent, key, progress, self._limit)
+        await self._save()
+
+    def finished(self, key: str) -> None:
+        """The whole answer went out: forgotten (on disk with the next write)."""
         self._sent.pop(key, None)
-        self._sent[key] = progress
-        while len(self._sent) > self._limit:
-            del self._sent[next(iter(self._sent))]
+
+    def preview(self, chat_id: str, reply_to: str | None) -> int | None:
+        """The id of the preview the answer to ``reply_to`` streams in, if one is known."""
+        chat = self._previews.get(chat_id)
+        return chat[1] if chat is not None and reply_to is not None and chat[0] == reply_to else None
+
+    async def record_preview(self, chat_id: str, reply_to: str | None, message_id: int) -> None:
+        """The answer to ``reply_to`` streams in the message ``message_id``: kept durably. Without a
+        ``reply_to`` no later answer could be matched to it, and nothing is kept."""
+        if reply_to is None:
+            return
+        _put(self._previews, chat_id, (reply_to, message_id), self._limit)
+        await self._save()
+
+    def preview_done(self, chat_id: str, reply_to: str | None) -> None:
+        """The answer to ``reply_to`` went out: its preview is forgotten (on disk with the next write)."""
+        if self.preview(chat_id, reply_to) is not None:
+            del self._previews[chat_id]
+
+    async def _save(self) -> None:
         if self._path is None:
             return
         path = self._path
         try:
             async with self._lock:  # the newest state, whichever write comes last
                 answers = {key: got[0] if len(got) == 1 else list(got) for key, got in self._sent.items()}
-                text = json.dumps({"answers": answers}) + "\n"
+                previews = {chat: list(seen) for chat, seen in self._previews.items()}
+                text = json.dumps({"answers": answers, "previews": previews}) + "\n"
                 await asyncio.to_thread(atomic_write_text, path, text)
         except (OSError, StorageError) as exc:
             log.warning("telegram_sent_chunks_not_saved", path=str(path), error=str(exc))
 
-    def finished(self, key: str) -> None:
-        """The whole answer went out: forgotten (on disk with the next write)."""
-        self._sent.pop(key, None)
+
+def _put(kept: dict[str, Any], key: str, value: Any, limit: int) -> None:
+    """``kept[key] = value`` as its newest entry, the oldest dropped past ``limit``."""
+    kept.pop(key, None)
+    kept[key] = value
+    while len(kept) > limit:
+        del kept[next(iter(kept))]
 
 
-def _read(path: Path) -> dict[str, Progress]:
+def _read(path: Path) -> tuple[dict[str, Progress], dict[str, tuple[str, int]]]:
     """What the file says; an unreadable one counts as empty (it only saves duplicate chunks), and a
     damaged one is moved aside (kept for the operator) and logged."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return {}
+        return {}, {}
     except OSError as exc:
         log.warning("telegram_sent_chunks_unreadable", path=str(path), error=exc.strerror or str(exc))
-        return {}
+        return {}, {}
     try:
         data: Any = json.loads(raw.decode("utf-8"))
-        answers = data["answers"]
-        found = {str(k): _progress(v) for k, v in answers.items()}
-        return {k: v for k, v in found.items() if v}
+        found = {str(k): _progress(v) for k, v in data["answers"].items()}
+        previews = {
+            str(chat): (seen[0], seen[1])
+            for chat, seen in data.get("previews", {}).items()  # none before previews were kept
+            if isinstance(seen, list) and len(seen) == 2 and isinstance(seen[0], str) and _is_count(seen[1])
+        }
+        return {k: v for k, v in found.items() if v}, previews
     except damaged.UNREADABLE:
         damaged.move_aside(path, raw, event="telegram_sent_chunks_damaged")
-        return {}
+        return {}, {}
 
 
 def _progress(value: Any) -> Progress:
@@ -109,6 +152,11 @@ def _progress(value: Any) -> Progress:
     got = [value] if isinstance(value, int) else value
     if not isinstance(got, list) or not got:
         return ()
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in got) or not any(got):
+    if not all(_is_count(n) for n in got) or not any(got):
         return ()
     return tuple(got)
+
+
+def _is_count(value: Any) -> bool:
+    """An int from 0 up, not a bool (JSON's ``true`` reads as one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

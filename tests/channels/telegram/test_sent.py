@@ -79,3 +79,50 @@ async def test_a_record_an_earlier_version_wrote_is_still_followed(tmp_path: Pat
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (channel, _):
         await channel.send(OutboundMessage("telegram", "777", text, key="answer-1"))
         assert first_words(tg) == ["PART-2"]
+
+
+async def streamed_then_stopped(tg: FakeTelegramServer, tmp_path: Path, shown: str) -> None:
+    """A streamed answer to the message 100 shows ``shown`` in its preview, then the channel stops, as a
+    kill would leave it: the preview in the chat, the answer not sent."""
+    async with running_channel(tg, tmp_path, streaming=True) as (channel, _):
+        show = channel.partial_sink("777", "100")
+        assert show is not None
+        await show(shown)
+    assert [m.text for m in tg.sent_to(777)] == [shown]
+
+
+async def test_an_answer_whose_preview_a_kill_cut_short_is_finished_in_that_preview(tmp_path: Path) -> None:
+    """The saved answer sent again after the restart becomes the preview's text, not a second message."""
+    async with FakeTelegramServer() as tg:
+        await streamed_then_stopped(tg, tmp_path, "The answer is")
+        async with running_channel(tg, tmp_path, streaming=True) as (channel, _):
+            answer = OutboundMessage("telegram", "777", "The answer is forty-two.", reply_to="100", key="a-1")
+            await channel.send(answer)
+        assert [m.text for m in tg.sent_to(777)] == ["The answer is forty-two."]
+        assert len(tg.calls_to("sendMessage")) == 1
+
+
+async def test_a_question_answered_anew_after_a_kill_streams_into_its_old_preview(tmp_path: Path) -> None:
+    """No answer was saved before the kill, so the question is answered again, streamed again."""
+    async with FakeTelegramServer() as tg:
+        await streamed_then_stopped(tg, tmp_path, "The answer is")
+        async with running_channel(tg, tmp_path, streaming=True) as (channel, _):
+            show = channel.partial_sink("777", "100")
+            assert show is not None
+            await show("Let me think")
+            assert [m.text for m in tg.sent_to(777)] == ["Let me think"]
+            await channel.send(
+                OutboundMessage("telegram", "777", "Let me think: 42.", reply_to="100", key="a-2")
+            )
+        assert [m.text for m in tg.sent_to(777)] == ["Let me think: 42."]
+        assert len(tg.calls_to("sendMessage")) == 1
+
+
+async def test_the_preview_of_another_question_is_left_alone(tmp_path: Path) -> None:
+    async with FakeTelegramServer() as tg:
+        await streamed_then_stopped(tg, tmp_path, "The answer is")
+        async with running_channel(tg, tmp_path, streaming=True) as (channel, _):
+            await channel.send(
+                OutboundMessage("telegram", "777", "Another answer.", reply_to="200", key="a-3")
+            )
+        assert [m.text for m in tg.sent_to(777)] == ["The answer is", "Another answer."]
