@@ -7,7 +7,11 @@ streamed here with aiohttp, discord.py's own HTTP library, and the read stops at
 becomes a note in the message text, so the user's words still reach the model and it can say why the
 file went unread (:mod:`channels.downloads`). The operator gets a log line for each.
 
-    reader = AttachmentReader(max_bytes=1_000_000, vision_supported=lambda: True)
+A whole download has a deadline too (``discord.download_timeout``): the cap bounds memory, not time, and
+a CDN that sends a byte now and then would hold the message back for as long as it kept on. Past it,
+the message goes on with :func:`~channels.downloads.too_slow_note`.
+
+    reader = AttachmentReader(max_bytes=1_000_000, deadline=60.0, vision_supported=lambda: True)
     await reader.open()
     found = await reader.read(message)  # found.attachments, found.notes
     await reader.close()
@@ -15,6 +19,7 @@ file went unread (:mod:`channels.downloads`). The operator gets a log line for e
 
 from __future__ import annotations
 
+import asyncio
 import mimetypes
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +32,7 @@ import structlog
 from bot.capped import read_at_most
 from bot.domain import Attachment
 from bot.errors import ChannelError
-from channels.downloads import PLAIN_BODY, encoded, stated_over, too_large_note
+from channels.downloads import PLAIN_BODY, encoded, stated_over, too_large_note, too_slow_note
 
 log = structlog.get_logger(__name__)
 
@@ -51,8 +56,9 @@ class AttachmentReader:
     the channel's ``start`` and closed by its ``stop``. ``vision_supported`` is asked per image, so a
     model switch takes effect at once."""
 
-    def __init__(self, *, max_bytes: int, vision_supported: Callable[[], bool]) -> None:
+    def __init__(self, *, max_bytes: int, deadline: float, vision_supported: Callable[[], bool]) -> None:
         self._max_bytes = max_bytes
+        self._deadline = deadline
         self._vision_supported = vision_supported
         self._http: aiohttp.ClientSession | None = None
 
@@ -82,6 +88,11 @@ class AttachmentReader:
                 continue
             try:
                 data = None if stated_over(item.size, limit) else await self._fetch(item.url, limit)
+            except TimeoutError:
+                log.warning("discord_attachment_too_slow", filename=item.filename, seconds=self._deadline)
+                found.append(named)
+                notes.append(too_slow_note(item.filename, self._deadline))
+                continue
             except (ChannelError, aiohttp.ClientError, OSError) as exc:
                 log.warning("discord_attachment_unreadable", filename=item.filename, error=str(exc))
                 found.append(named)
@@ -104,7 +115,7 @@ class AttachmentReader:
         """The body at ``url``, or None once it passes ``limit`` bytes (leaving drops the connection)."""
         if self._http is None or self._http.closed:
             raise ChannelError("the Discord channel is not started")
-        async with self._http.get(url) as response:
+        async with asyncio.timeout(self._deadline), self._http.get(url) as response:
             if response.status != 200:
                 raise ChannelError(f"Discord's CDN answered HTTP {response.status}")
             coding = encoded(response.headers)

@@ -92,7 +92,9 @@ class DiscordChannel(Channel):
         self._pairing = pairing
         self._commands = commands
         self._attachments = AttachmentReader(
-            max_bytes=settings.max_attachment_bytes, vision_supported=vision_supported
+            max_bytes=settings.max_attachment_bytes,
+            deadline=settings.download_timeout,
+            vision_supported=vision_supported,
         )
         self._state_dir = state_dir
         self._guild_ready_timeout = guild_ready_timeout

@@ -136,6 +136,7 @@ class CdnFile:
     declared_size: int | None = None  # None: the real size
     chunked: bool = False
     gzip: bool = False
+    drip: float = 0.0  # > 0: one byte every so many seconds, over and over (a body that never finishes)
     served: int = 0
 
 
@@ -853,11 +854,16 @@ class FakeDiscord:
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         if file.gzip:
             response.headers["Content-Encoding"] = "gzip"
-        if not file.chunked:
+        if not file.chunked and not file.drip:
             response.content_length = len(body)
         await response.prepare(request)
         chunk = 64 * 1024
         with contextlib.suppress(ConnectionError):
+            while file.drip:
+                for byte in body:
+                    await response.write(bytes([byte]))
+                    file.served += 1
+                    await asyncio.sleep(file.drip)
             for start in range(0, len(body), chunk):
                 piece = body[start : start + chunk]
                 await response.write(piece)

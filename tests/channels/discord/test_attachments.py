@@ -59,3 +59,18 @@ async def test_a_compressed_body_is_refused_not_inflated(tmp_path: Path) -> None
     said = w.user_texts()[-1]
     assert "open it" in said and "[file bomb.txt (text/plain, 10 bytes) received]" in said
     assert "xxxxxxxxxx" not in said
+
+
+async def test_a_download_that_never_finishes_goes_on_with_a_note_at_its_deadline(tmp_path: Path) -> None:
+    """A CDN that sends a byte now and then never trips a read timeout: the message would wait for as
+    long as it kept on (aiohttp's own limit is 5 minutes)."""
+    settings = {**CAP, "download_timeout": 0.5}
+    async with discord_world(tmp_path, discord_settings=settings) as w:
+        slow = CdnFile("slow.txt", "text/plain", b"abc", drip=0.05)
+        await w.discord.user_message(
+            channel_id=w.dm, author=w.alice, content="read this", attachments=(slow,)
+        )
+        await w.discord.wait_for_bot_messages(w.dm)
+    said = w.user_texts()[-1]
+    assert "read this" in said
+    assert "slow.txt took longer than 0.5 seconds to download, so it was not read." in said
