@@ -221,6 +221,8 @@ def remove_stale_temp_files(root: Path, *, older_than: float = 60.0) -> int:
     Only names :func:`atomic_write_bytes` makes are touched, and only when untouched for
     ``older_than`` seconds: a write in progress (another membot command on the same workspace) is
     never that old, because a temp file lives for the milliseconds of one write. Links are not followed.
+    A swap of MEMORY.md names its temp file otherwise on purpose (bot/memory/strays.py): after a failed
+    exchange back it holds the operator's save, which the next use of that file merges back.
     """
     removed = 0
     if not root.is_dir():

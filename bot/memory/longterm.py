@@ -33,6 +33,7 @@ from typing import TypeVar
 import structlog
 
 from bot.config import MemorySettings
+from bot.memory import strays
 from bot.memory.swap import FileSwapper, Version
 from bot.storage import append_bytes, fsync_dir
 from bot.tools import ToolError
@@ -106,6 +107,7 @@ class LongTermMemory:
         self._stamp: tuple[int, int, int] | None = None
         self._cached = Snapshot("", content_hash(""))
         self._lock = asyncio.Lock()
+        self._looked = False  # for versions a failed write left beside the file (strays.py)
 
     @property
     def path(self) -> Path:
@@ -122,10 +124,21 @@ class LongTermMemory:
 
     async def read(self) -> Snapshot:
         """The current text; re-read from disk only when its mtime, size or inode changed."""
-        if self._files.watching:  # an editor may have written into a version a bot write displaced
+        if not self._looked or self._files.watching:
             async with self._lock:
-                await asyncio.to_thread(self._locked, lambda: None)  # _locked rescues first
+                await asyncio.to_thread(self._rescue_if_needed)
         return await asyncio.to_thread(self._read_sync)
+
+    def _rescue_if_needed(self) -> None:
+        """Merge what an editor wrote into a version a bot write displaced and, at the first read, an
+        operator's save a failed write left beside the file (strays.py). Nothing to merge: no lock
+        file either (a chat's folder is made only when the bot first writes there)."""
+        self._follow_link()
+        self._files.look()
+        self._looked = True
+        if self._files.watching:
+            with self._files.lock():
+                self._rescue()
 
     def _read_sync(self) -> Snapshot:
         try:
@@ -224,7 +237,13 @@ class LongTermMemory:
         """Merge in what an editor wrote into versions that lost their name to a bot write (swap.py)."""
         edits = self._files.late_writes()
         for i, edit in enumerate(edits):
-            writer = "a restore of dropped lines" if edit.restores else "a late edit"
+            writer = (
+                "a restore of dropped lines"
+                if edit.restores
+                else "a version a failed write left"
+                if edit.kept
+                else "a late edit"
+            )
             try:
                 merge = functools.partial(merge_lines, edit.seen, edit.now)
                 self._apply(merge, writer=writer, limit=False, deliberate=False)
@@ -236,7 +255,10 @@ class LongTermMemory:
                 # from the folder, and this is all that is left of it.
                 self._files.defer(edits[i:])
                 raise
-            if edit.restores:  # an editor saved from a version that briefly lacked them (swap.py)
+            if edit.kept is not None:  # the only copy of an operator's save, merged: it may go now
+                strays.remove(edit.kept)
+                log.warning("memory_stranded_version_merged", file=str(self._path), kept=edit.kept)
+            elif edit.restores:  # an editor saved from a version that briefly lacked them (swap.py)
                 log.warning("memory_lines_restored", file=str(self._path), lines=edit.now.count("\n"))
             else:
                 log.warning("memory_late_edit_merged", file=str(self._path), chars=len(edit.now))

@@ -24,6 +24,9 @@ has a name. Ordinary editors take no lock, so :meth:`FileSwapper.swap` checks af
   (:data:`WATCH_SECONDS`, at most :data:`MAX_WATCHES`): an editor that opened the file before the
   exchange and writes after it (an append, or a truncate-and-rewrite still in progress) writes into
   one of those, and :meth:`FileSwapper.late_writes` hands that text back to be merged in.
+- Should the exchange back fail (or a kill come between the two exchanges), the editor's version is
+  left under the temp name, its only copy: that name is one the start-up cleanup leaves, and the next
+  use of the file merges it back (:mod:`bot.memory.strays`).
 - Elsewhere (no ``renameat2``, or a filesystem without exchange) a plain rename follows a last
   re-check of the current text; an editor's rename landing between the two is then lost, which is why
   the exchange is preferred.
@@ -46,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from bot.memory import strays
 from bot.memory.exchange import AVAILABLE, Outcome, Stamp, Stranded, Unsupported, exchange_if
 from bot.storage import FILE_MODE, ensure_private_dir, fsync_dir
 
@@ -88,6 +92,7 @@ class LateEdit(NamedTuple):
     seen: str
     now: str
     restores: bool = False  # guarded lines a save dropped (see above), not an editor's own change
+    kept: str | None = None  # the stray file holding ``now`` (strays.py): removed once merged
 
 
 @dataclass(slots=True)
@@ -128,6 +133,7 @@ class FileSwapper:
         self._guards: list[_Guard] = []
         self._pending: list[LateEdit] = []
         self._held: int | None = None  # the last version read (see read)
+        self._strays: bool | None = None  # versions a swap left beside the file (None: not looked yet)
 
     @property
     def path(self) -> Path:
@@ -139,7 +145,13 @@ class FileSwapper:
 
     @property
     def watching(self) -> bool:
-        return bool(self._watches or self._guards or self._pending)
+        return bool(self._watches or self._guards or self._pending or self._strays)
+
+    def look(self) -> None:
+        """At first use: note whether an earlier swap left versions beside the file (then ``watching``:
+        :meth:`late_writes` hands them back). One look at the folder, creating nothing."""
+        if self._strays is None:
+            self._strays = strays.present(self._path)
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -222,6 +234,7 @@ class FileSwapper:
                     break
                 except Stranded:
                     stranded = True
+                    self._stranded(tmp, based_on)
                     raise
                 if outcome is Outcome.MISSING:
                     return self._created(tmp)
@@ -244,6 +257,9 @@ class FileSwapper:
         What comes back is no longer tracked: a caller that cannot merge it now hands it to :meth:`defer`.
         """
         found, self._pending = self._pending, []
+        if self._strays is not False:  # (under the lock: strays.py)
+            found += [LateEdit("", stray.text, kept=stray.file) for stray in strays.collect(self._path)]
+            self._strays = False
         now = time.monotonic()
         keep: list[_Watch] = []
         for i, watch in enumerate(self._watches):
@@ -280,11 +296,25 @@ class FileSwapper:
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, FILE_MODE)
+            kept = strays.name_for(tmp, os.stat(tmp).st_ino)  # a name the start-up cleanup leaves
+            os.rename(tmp, kept)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-        return tmp
+        return kept
+
+    def _stranded(self, tmp: str, based_on: Version | None) -> None:
+        """The exchange back failed: the editor's save is under ``tmp``, its only copy, and ours is in
+        place. Merge their change (from the version ours was based on) back once the file can be
+        written; ``tmp`` stays until then, and a restart finds it there (strays.py)."""
+        try:
+            with open(tmp, "rb") as f:
+                text = f.read().decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            self._strays = True  # strays.collect takes it up (or says why not)
+            return
+        self._pending.append(LateEdit(based_on.text if based_on else "", text, kept=tmp))
 
     def _displaced(self, tmp: str, based_on: Version | None) -> None:
         """Ours is in place; the version it displaced is under the temp name: let it go, but watch it.

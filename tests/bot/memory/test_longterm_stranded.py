@@ -1,0 +1,146 @@
+"""An operator's save left under a bot swap's temp name (the exchange back failed) is merged back, never deleted.
+
+The failure is injected at the system call (``renameat2``, the C library function that
+``bot/memory/exchange.py`` calls): an editor saves by rename in the instant between the bot's look at
+MEMORY.md and its exchange, and the exchange back that should put the editor's version in place again
+fails (EIO). Our code runs as it would; what is on disk afterwards is what such a failure leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from bot.app import prepare_workspace
+from bot.config import load_settings
+from bot.memory import exchange
+from bot.memory.longterm import LongTermMemory
+
+pytestmark = pytest.mark.skipif(not exchange.AVAILABLE, reason="renameat2/statx are Linux-only")
+
+BASE = "- likes tea\n- lives in Lyon\n"
+SAVED = "- likes tea\n- lives in Porto\n"  # the operator's save: Lyon corrected to Porto
+
+
+def strand_the_exchange_back(monkeypatch: pytest.MonkeyPatch, path: Path, saved: str) -> None:
+    """The editor saves ``saved`` by rename just before the bot's exchange; the exchange back fails."""
+    rename, statx, open_ = exchange._CALLS  # type: ignore[misc]
+    calls = 0
+
+    def renameat2(olddir: int, old: bytes, newdir: int, new: bytes, flags: int) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # another program's save, landing after the bot's look
+            editor_temp = path.with_name("MEMORY.md.swp")
+            editor_temp.write_text(saved)
+            os.replace(editor_temp, path)
+        elif calls == 2:
+            ctypes.set_errno(errno.EIO)
+            return -1
+        return int(rename(olddir, old, newdir, new, flags))
+
+    monkeypatch.setattr(exchange, "_CALLS", (renameat2, statx, open_))
+
+
+def write_base(path: Path) -> LongTermMemory:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(BASE)
+    return LongTermMemory(path)
+
+
+async def strand_an_operator_save(monkeypatch: pytest.MonkeyPatch, path: Path) -> LongTermMemory:
+    memory = await asyncio.to_thread(write_base, path)
+    strand_the_exchange_back(monkeypatch, path, SAVED)
+    with pytest.raises(OSError, match="could not put the newer version back"):
+        await memory.update(lambda text: text + "- bot fact\n")
+    monkeypatch.undo()
+    in_place = await asyncio.to_thread(path.read_text)
+    assert in_place == BASE + "- bot fact\n"  # the bot's version is in place, the operator's save is not
+    return memory
+
+
+async def test_a_stranded_operator_save_is_merged_back_by_the_next_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bot knows what its write was based on: the operator's change is applied, and its fact kept."""
+    path = tmp_path / "memory" / "MEMORY.md"
+    memory = await strand_an_operator_save(monkeypatch, path)
+
+    with capture_logs() as logs:
+        lines = (await memory.read()).text.splitlines()
+
+    assert lines == ["- likes tea", "- bot fact", "- lives in Porto"]
+    assert path.read_text().splitlines() == lines
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        ".MEMORY.md.lock",
+        "MEMORY.md",
+        "MEMORY.replaced.md",
+    ]
+    assert "memory_stranded_version_merged" in [e["event"] for e in logs]
+
+
+async def test_a_stranded_operator_save_survives_the_start_up_cleanup_of_a_later_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process ends before it reads MEMORY.md again; it starts an hour later. The start-up removes
+    temp files older than a minute (bot/storage.py): the operator's save must not be one of them."""
+    workspace = tmp_path / "ws"
+    path = workspace / "memory" / "MEMORY.md"
+    await strand_an_operator_save(monkeypatch, path)
+    an_hour_ago = time.time() - 3600
+    for entry in path.parent.iterdir():
+        os.utime(entry, (an_hour_ago, an_hour_ago))
+
+    settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides={"workspace": workspace})
+    await asyncio.to_thread(prepare_workspace, settings)
+    lines = (await LongTermMemory(path).read()).text.splitlines()
+
+    # What the save was based on is gone with the process: every line of both versions is kept.
+    assert "- lives in Porto" in lines and lines[:3] == ["- likes tea", "- lives in Lyon", "- bot fact"]
+    assert path.read_text().splitlines() == lines
+    assert not [
+        p.name for p in path.parent.iterdir() if p.name.startswith(".MEMORY.md.") and "lock" not in p.name
+    ]
+
+
+KILLED_BEFORE_THE_EXCHANGE = r"""
+import asyncio, os, signal, sys
+from pathlib import Path
+from bot.memory import exchange
+from bot.memory.longterm import LongTermMemory
+
+def renameat2(*args):
+    os.kill(os.getpid(), signal.SIGKILL)  # killed with the bot's new version written, not yet in place
+
+exchange._CALLS = (renameat2, *exchange._CALLS[1:])
+asyncio.run(LongTermMemory(Path(sys.argv[1])).update(lambda text: text + "- bot fact\n"))
+"""
+
+
+async def test_the_bots_own_version_left_by_a_kill_is_removed_not_merged(tmp_path: Path) -> None:
+    """Only a version that is not the bot's is merged back: the bot's own, never put in place, would bring
+    back a line the operator deleted after the kill."""
+    path = tmp_path / "memory" / "MEMORY.md"
+    path.parent.mkdir()
+    path.write_text(BASE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [sys.executable, "-c", KILLED_BEFORE_THE_EXCHANGE, str(path)]
+    killed = await asyncio.to_thread(subprocess.run, args, env=env, capture_output=True, check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    assert [
+        p.name for p in path.parent.iterdir() if p.name.startswith(".MEMORY.md.") and "lock" not in p.name
+    ]
+    path.write_text("- likes tea\n")  # the operator deletes a line meanwhile
+
+    assert (await LongTermMemory(path).read()).text == "- likes tea\n"
+    assert sorted(p.name for p in path.parent.iterdir()) == [".MEMORY.md.lock", "MEMORY.md"]
