@@ -13,7 +13,9 @@ there; it used to copy the whole file each time and reached 17 MB after 500 writ
 ``memory.replaced_max_size`` that file moves to ``MEMORY.replaced.1.md`` (the previous one goes, with a
 warning in the log). A bot write that would grow MEMORY.md past ``memory.max_memory_hard_size`` is
 refused (:class:`MemoryFull`); the operator's edits are never limited, but a file past the limit is
-logged when read (``memory_file_over_limit``): the prompt shows only its start.
+logged when read (``memory_file_over_limit``): the prompt shows only its start. A file more than
+:data:`READ_MARGIN` past the limit is not even read whole (a multi-GB one took the process down): the bot
+reads its start, logs ``memory_file_too_large`` and refuses its own writes, never cutting the file.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import structlog
 
 from bot.config import MemorySettings
 from bot.memory import strays
-from bot.memory.swap import FileSwapper, Version
+from bot.memory.swap import FileSwapper, TooLarge, Version
 from bot.storage import append_bytes, fsync_dir
 from bot.tools import ToolError
 
@@ -45,6 +47,7 @@ REPLACED_NAME = "MEMORY.replaced.md"
 ROTATED_NAME = "MEMORY.replaced.1.md"
 DEFAULT_MAX_BYTES = 65_536
 DEFAULT_REPLACED_MAX_BYTES = 1_048_576
+READ_MARGIN = 1 << 20  # how far past its limit an operator's MEMORY.md is still read whole (and written)
 _SETTLE_PAUSE = 0.005
 
 
@@ -54,8 +57,12 @@ def content_hash(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
+    """MEMORY.md as read: its text (only its start when not ``whole``) and its size on disk in bytes."""
+
     text: str
     hash: str
+    size: int = 0
+    whole: bool = True
 
 
 class Conflict(Exception):
@@ -101,6 +108,7 @@ class LongTermMemory:
         self._path = path
         self._replaced = path.with_name(REPLACED_NAME)
         self._max_bytes = limits.max_bytes
+        self._read_cap = limits.max_bytes + READ_MARGIN
         self._replaced_max = limits.replaced_max_bytes
         self._exchange = exchange
         self._files = FileSwapper(path, exchange=exchange)
@@ -148,23 +156,37 @@ class LongTermMemory:
             return self._cached
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp != self._stamp:
-            data = self._path.read_bytes()
+            data, whole = _read_head(self._path, self._read_cap)
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError as exc:  # shown with U+FFFD; the bot does not write it (NotUtf8)
                 text = data.decode("utf-8", errors="replace")
                 log.warning("memory_file_not_utf8", file=str(self._path), at_byte=exc.start)
-            if len(data) > self._max_bytes:  # the prompt shows its start only, and bot writes cannot grow it
+            size = len(data) if whole else max(st.st_size, self._read_cap + 1)
+            if not whole:
+                self._too_large(size)
+            elif size > self._max_bytes:  # the prompt shows its start only, and bot writes cannot grow it
                 log.warning(
                     "memory_file_over_limit",
                     file=str(self._path),
-                    bytes=len(data),
+                    bytes=size,
                     limit=self._max_bytes,
                     hint="the model sees only its start (memory.inject_max_bytes) and the bot adds no "
                     "line to it; shorten it (membot memory edit) or raise memory.max_memory_hard_size",
                 )
-            self._stamp, self._cached = stamp, Snapshot(text, content_hash(text))
+            self._stamp, self._cached = stamp, Snapshot(text, content_hash(text), size, whole)
         return self._cached
+
+    def _too_large(self, size: int) -> None:
+        log.warning(
+            "memory_file_too_large",
+            file=str(self._path),
+            bytes=size,
+            read=self._read_cap,
+            limit=self._max_bytes,
+            hint=f"the bot reads only its first {self._read_cap} bytes, shows the model their start and "
+            "does not write it; shorten it (membot memory edit) or raise memory.max_memory_hard_size",
+        )
 
     async def write(self, text: str, *, expected: str) -> Snapshot:
         """Replace the file with ``text`` if it still has the content hash ``expected``."""
@@ -270,7 +292,14 @@ class LongTermMemory:
         deadline = time.monotonic() + MAX_CAS_SECONDS
         logged: list[str] = []
         while True:
-            found = self._settled_read(deadline)
+            try:  # the bot's writes read the file whole: not one it would not read whole for the prompt
+                found = self._settled_read(deadline, at_most=self._read_cap if limit else None)
+            except TooLarge:
+                self._too_large(self._read_cap + 1)
+                raise MemoryFull(
+                    f"{self._path.name} holds more than the bot reads ({self._read_cap} bytes), so it was "
+                    "not changed. Ask the operator to shorten it."
+                ) from None
             if found is not None and not found.utf8:
                 log.error("memory_file_not_utf8", file=str(self._path), writer=writer)
                 raise NotUtf8(
@@ -291,7 +320,7 @@ class LongTermMemory:
         self._stamp = None
         return self._read_sync()
 
-    def _settled_read(self, deadline: float) -> Version | None:
+    def _settled_read(self, deadline: float, *, at_most: int | None) -> Version | None:
         """The current version, unless it shrank while another program is writing it: then wait.
 
         An editor that saves by truncating and rewriting leaves the file empty or half-written for a
@@ -303,12 +332,12 @@ class LongTermMemory:
         """
         while True:
             busy = self._files.being_written()
-            found = self._files.read()
+            found = self._files.read(at_most=at_most)
             size = found.stamp[1] if found is not None else 0
             if busy is False or size >= len(self._cached.text.encode("utf-8")):
                 return found
             time.sleep(_SETTLE_PAUSE)
-            if busy is None and self._files.read() == found:
+            if busy is None and self._files.read(at_most=at_most) == found:
                 return found  # stable: a deliberate cut, not a save in progress
             if time.monotonic() > deadline:
                 raise Conflict(
@@ -349,6 +378,21 @@ class LongTermMemory:
             log.warning("memory_backup_rotated", dropped=str(rotated), bytes=dropped)
         os.replace(self._replaced, rotated)
         fsync_dir(self._replaced.parent)
+
+
+def _read_head(path: Path, cap: int) -> tuple[bytes, bool]:
+    """The file's bytes and True; or, when it holds more than ``cap``, only its start (to the end of its
+    last whole line, else of its last whole character) and False. No more than ``cap + 1`` is read."""
+    with open(path, "rb") as f:
+        data = f.read(cap + 1)
+    if len(data) <= cap:
+        return data, True
+    end = data.rfind(b"\n", 0, cap) + 1
+    if not end:  # one line longer than that: cut before the character ``cap`` falls in
+        end = cap
+        while end and data[end] & 0xC0 == 0x80:  # a continuation byte: inside a character
+            end -= 1
+    return data[:end], False
 
 
 def merge_lines(base: str, ours: str, theirs: str) -> str:

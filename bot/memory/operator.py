@@ -98,7 +98,7 @@ async def stats(service: MemoryService, *, session_id: str | None = None) -> Mem
     history_bytes, archived, pending = await asyncio.to_thread(sizes)
     last = service.consolidator.last_result
     return MemoryStats(
-        memory_md_bytes=len(snap.text.encode("utf-8")),
+        memory_md_bytes=snap.size,
         history_bytes=history_bytes,
         today_notes=len(today),
         items={

@@ -37,7 +37,7 @@ from bot.memory.history import HistoryLog
 from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem
 from bot.memory.lazy_sync import MARKER
-from bot.memory.longterm import Limits, LongTermMemory
+from bot.memory.longterm import READ_MARGIN, Limits, LongTermMemory
 from bot.memory.notes import DailyNotes
 from bot.memory.pack import MemoryPack, TokenCounter, estimate_tokens
 from bot.memory.pending import PENDING_DIR, PendingConsolidations
@@ -206,8 +206,10 @@ class MemoryService:
             await self._retirement.resume()
 
     def _longterm_written(self) -> bool:
+        """Whether MEMORY.md holds anything: its start says (a multi-GB one is not read whole)."""
         try:
-            return bool(self.longterm.path.read_text(encoding="utf-8", errors="replace").strip())
+            with open(self.longterm.path, "rb") as f:
+                return bool(f.read(READ_MARGIN).strip())
         except OSError:
             return False
 

@@ -77,13 +77,18 @@ def _read_fd(fd: int) -> str:
     return _read_bytes(fd).decode("utf-8", errors="replace")
 
 
-def _read_bytes(fd: int) -> bytes:
+def _read_bytes(fd: int, at_most: int | None = None) -> bytes:
+    """The file's bytes; with ``at_most``, no more than one byte past it (:class:`TooLarge` decides)."""
     chunks: list[bytes] = []
     offset = 0
-    while chunk := os.pread(fd, 1 << 20, offset):
+    while (at_most is None or offset <= at_most) and (chunk := os.pread(fd, 1 << 20, offset)):
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
+
+
+class TooLarge(Exception):
+    """The file holds more than the reader takes (``FileSwapper.read(at_most=...)``); none of it is used."""
 
 
 class LateEdit(NamedTuple):
@@ -190,8 +195,9 @@ class FileSwapper:
         finally:
             os.close(fd)
 
-    def read(self) -> Version | None:
-        """The current version, or None if the file does not exist.
+    def read(self, *, at_most: int | None = None) -> Version | None:
+        """The current version, or None if the file does not exist; :class:`TooLarge` past ``at_most``
+        bytes (what is read stops there).
 
         The version stays open until the next read or swap: while it is, no other file can get its
         inode number, so a save by rename never carries the stamp's inode and passes for an edit in
@@ -203,7 +209,9 @@ class FileSwapper:
             self._release()
             return None
         try:
-            data = _read_bytes(fd)
+            data = _read_bytes(fd, at_most)
+            if at_most is not None and len(data) > at_most:
+                raise TooLarge(f"{self._path} holds more than {at_most} bytes")
             try:
                 version = Version(data.decode("utf-8"), _stamp(fd))
             except UnicodeDecodeError:
