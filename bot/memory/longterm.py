@@ -36,7 +36,8 @@ import structlog
 
 from bot.config import MemorySettings
 from bot.memory import strays
-from bot.memory.swap import FileSwapper, TooLarge, Version
+from bot.memory.swap import FileSwapper
+from bot.memory.versions import TooLarge, Version, read_head
 from bot.storage import append_bytes, fsync_dir
 from bot.tools import ToolError
 
@@ -156,7 +157,7 @@ class LongTermMemory:
             return self._cached
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp != self._stamp:
-            data, whole = _read_head(self._path, self._read_cap)
+            data, whole = read_head(self._path, self._read_cap)
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError as exc:  # shown with U+FFFD; the bot does not write it (NotUtf8)
@@ -378,21 +379,6 @@ class LongTermMemory:
             log.warning("memory_backup_rotated", dropped=str(rotated), bytes=dropped)
         os.replace(self._replaced, rotated)
         fsync_dir(self._replaced.parent)
-
-
-def _read_head(path: Path, cap: int) -> tuple[bytes, bool]:
-    """The file's bytes and True; or, when it holds more than ``cap``, only its start (to the end of its
-    last whole line, else of its last whole character) and False. No more than ``cap + 1`` is read."""
-    with open(path, "rb") as f:
-        data = f.read(cap + 1)
-    if len(data) <= cap:
-        return data, True
-    end = data.rfind(b"\n", 0, cap) + 1
-    if not end:  # one line longer than that: cut before the character ``cap`` falls in
-        end = cap
-        while end and data[end] & 0xC0 == 0x80:  # a continuation byte: inside a character
-            end -= 1
-    return data[:end], False
 
 
 def merge_lines(base: str, ours: str, theirs: str) -> str:

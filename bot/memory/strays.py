@@ -26,6 +26,7 @@ from pathlib import Path
 
 import structlog
 
+from bot.memory.versions import read_bytes
 from bot.storage import TEMP_SUFFIX, fsync_dir
 
 log = structlog.get_logger(__name__)
@@ -87,7 +88,7 @@ def collect(path: Path) -> list[Stray]:
                 os.unlink(file)
                 removed = True
                 continue
-            data = _read_all(fd)
+            data = read_bytes(fd)
         finally:
             os.close(fd)
         try:
@@ -110,10 +111,3 @@ def remove(file: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(file)
         fsync_dir(Path(file).parent)
-
-
-def _read_all(fd: int) -> bytes:
-    chunks: list[bytes] = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)

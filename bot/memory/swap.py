@@ -51,44 +51,13 @@ from typing import NamedTuple
 
 from bot.memory import strays
 from bot.memory.exchange import AVAILABLE, Outcome, Stamp, Stranded, Unsupported, exchange_if
+from bot.memory.versions import TooLarge, Version, read_bytes, read_text, stamp_of
 from bot.storage import FILE_MODE, ensure_private_dir, fsync_dir
 
 _SETLEASE: int | None = getattr(fcntl, "F_SETLEASE", None)  # Linux only
 _SETSIG: int = getattr(fcntl, "F_SETSIG", 10)
 WATCH_SECONDS = 10.0
 MAX_WATCHES = 256
-
-
-def _stamp(fd: int) -> Stamp:
-    info = os.fstat(fd)
-    return info.st_ino, info.st_size, info.st_mtime_ns
-
-
-@dataclass(frozen=True, slots=True)
-class Version:
-    """A version of the file as read: its text and stamp."""
-
-    text: str
-    stamp: Stamp
-    utf8: bool = True  # False: not UTF-8 (an editor saved another encoding); ``text`` shows U+FFFD there
-
-
-def _read_fd(fd: int) -> str:
-    return _read_bytes(fd).decode("utf-8", errors="replace")
-
-
-def _read_bytes(fd: int, at_most: int | None = None) -> bytes:
-    """The file's bytes; with ``at_most``, no more than one byte past it (:class:`TooLarge` decides)."""
-    chunks: list[bytes] = []
-    offset = 0
-    while (at_most is None or offset <= at_most) and (chunk := os.pread(fd, 1 << 20, offset)):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
-
-
-class TooLarge(Exception):
-    """The file holds more than the reader takes (``FileSwapper.read(at_most=...)``); none of it is used."""
 
 
 class LateEdit(NamedTuple):
@@ -209,13 +178,13 @@ class FileSwapper:
             self._release()
             return None
         try:
-            data = _read_bytes(fd, at_most)
+            data = read_bytes(fd, at_most)
             if at_most is not None and len(data) > at_most:
                 raise TooLarge(f"{self._path} holds more than {at_most} bytes")
             try:
-                version = Version(data.decode("utf-8"), _stamp(fd))
+                version = Version(data.decode("utf-8"), stamp_of(fd))
             except UnicodeDecodeError:
-                version = Version(data.decode("utf-8", errors="replace"), _stamp(fd), utf8=False)
+                version = Version(data.decode("utf-8", errors="replace"), stamp_of(fd), utf8=False)
         except BaseException:
             os.close(fd)
             raise
@@ -271,11 +240,11 @@ class FileSwapper:
         now = time.monotonic()
         keep: list[_Watch] = []
         for i, watch in enumerate(self._watches):
-            if _stamp(watch.fd) != watch.stamp:
-                text = _read_fd(watch.fd)
+            if stamp_of(watch.fd) != watch.stamp:
+                text = read_text(watch.fd)
                 if text != watch.text:
                     found.append(LateEdit(watch.text, text))
-                watch.text, watch.stamp = text, _stamp(watch.fd)
+                watch.text, watch.stamp = text, stamp_of(watch.fd)
             if now - watch.since > WATCH_SECONDS or len(self._watches) - i > MAX_WATCHES:
                 os.close(watch.fd)  # a last look above, then let the version go
             else:
@@ -333,7 +302,7 @@ class FileSwapper:
         fd = os.open(tmp, os.O_RDONLY)
         os.unlink(tmp)
         fsync_dir(self._path.parent)
-        seen = _read_fd(fd)
+        seen = read_text(fd)
         if based_on is not None and seen != based_on.text:
             self._pending.append(LateEdit(based_on.text, seen))
         self._watch(fd, seen)
@@ -349,7 +318,7 @@ class FileSwapper:
         cover those.
         """
         fd = os.open(tmp, os.O_RDONLY)
-        now = _read_fd(fd)
+        now = read_text(fd)
         if now != text:  # an editor wrote into ours, or renamed its version over ours, meanwhile
             self._pending.append(LateEdit(text, now))
         self._watch(fd, now)
@@ -357,7 +326,7 @@ class FileSwapper:
         if back is not None:
             try:
                 if based_on is None or os.fstat(back).st_ino != based_on.stamp[0]:
-                    theirs |= set(_read_fd(back).splitlines())
+                    theirs |= set(read_text(back).splitlines())
             finally:
                 os.close(back)
         known = set(text.splitlines()) | set(based_on.text.splitlines() if based_on else ())
@@ -373,12 +342,12 @@ class FileSwapper:
             fd = os.open(self._path, os.O_RDONLY)
         except FileNotFoundError:
             return False
-        if _stamp(fd) != based_on.stamp:  # saved meanwhile: replace nothing
+        if stamp_of(fd) != based_on.stamp:  # saved meanwhile: replace nothing
             os.close(fd)
             return False
         os.replace(tmp, self._path)
         fsync_dir(self._path.parent)
-        current = _read_fd(fd)
+        current = read_text(fd)
         if current != based_on.text:
             self._pending.append(LateEdit(based_on.text, current))
         self._watch(fd, current)
@@ -399,7 +368,7 @@ class FileSwapper:
             self._held = None
 
     def _watch(self, fd: int, text: str) -> None:
-        self._watches.append(_Watch(fd, text, _stamp(fd)))
+        self._watches.append(_Watch(fd, text, stamp_of(fd)))
 
     def _done(self, based_on: Version | None, text: str, deliberate: bool) -> bool:
         """Our version is in place: lines it removed on purpose are no longer guarded."""

@@ -1,0 +1,62 @@
+"""A version of a file as read: its text and its stamp (inode, size, mtime), whole or up to a cap.
+
+:class:`~bot.memory.swap.FileSwapper` compares stamps to tell whether a file is still the version a
+change was based on, and reads displaced versions through descriptors it keeps open; strays.py reads the
+versions a swap left beside the file. A cap (:func:`read_head`, ``read_bytes(at_most=...)``) keeps an
+operator's multi-GB MEMORY.md from being read whole (longterm.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.memory.exchange import Stamp
+
+
+def stamp_of(fd: int) -> Stamp:
+    info = os.fstat(fd)
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """A version of the file as read: its text and stamp."""
+
+    text: str
+    stamp: Stamp
+    utf8: bool = True  # False: not UTF-8 (an editor saved another encoding); ``text`` shows U+FFFD there
+
+
+class TooLarge(Exception):
+    """The file holds more than the reader takes (``FileSwapper.read(at_most=...)``); none of it is used."""
+
+
+def read_text(fd: int) -> str:
+    return read_bytes(fd).decode("utf-8", errors="replace")
+
+
+def read_bytes(fd: int, at_most: int | None = None) -> bytes:
+    """The file's bytes; with ``at_most``, no more than one byte past it (:class:`TooLarge` decides)."""
+    chunks: list[bytes] = []
+    offset = 0
+    while (at_most is None or offset <= at_most) and (chunk := os.pread(fd, 1 << 20, offset)):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def read_head(path: Path, cap: int) -> tuple[bytes, bool]:
+    """The file's bytes and True; or, when it holds more than ``cap``, only its start (to the end of its
+    last whole line, else of its last whole character) and False. No more than ``cap + 1`` is read."""
+    with open(path, "rb") as f:
+        data = f.read(cap + 1)
+    if len(data) <= cap:
+        return data, True
+    end = data.rfind(b"\n", 0, cap) + 1
+    if not end:  # one line longer than that: cut before the character ``cap`` falls in
+        end = cap
+        while end and data[end] & 0xC0 == 0x80:  # a continuation byte: inside a character
+            end -= 1
+    return data[:end], False
