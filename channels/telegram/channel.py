@@ -9,7 +9,8 @@ Start-up follows PTB's advice for sharing a loop: ``initialize`` → ``start``, 
    confirmed to Telegram; an update the journal already has (a redelivery) stops here.
 1. Only new messages count: edits, channel posts and messages from bots are ignored.
 2. Access, deny by default: private chats need an allowlisted or paired user (strangers get a pairing
-   code); groups must be allowlisted and, unless configured otherwise, mention or reply to the bot.
+   code, offered at most once a minute); groups must be allowlisted and, unless configured otherwise,
+   mention or reply to the bot.
 3. The bot's mention is cut out, ``/cmd@ThisBot`` becomes ``/cmd`` (``/cmd@OtherBot`` is ignored);
    photos and documents are fetched, never past their size limit (:mod:`channels.telegram.media`,
    :mod:`channels.telegram.files`).
@@ -76,6 +77,11 @@ _MAX_ATTEMPTS = 3  # an update whose intake fails this often for another reason 
 # have gone out (Telegram took it, its answer was late), and it is sent again: a slow Bot API must not
 # make the chat get each answer several times. Only a request that hangs this long still can.
 _READ_TIMEOUT = 30.0
+# A stranger gets at most one pairing offer in this many seconds. Updates are taken in one at a time and
+# an offer waits for the chat's pacing (one message a second after a burst), so answering every message
+# of a stranger's flood held up every allowed user's messages behind it: ten took seven seconds.
+OFFER_INTERVAL = 60.0
+_OFFERS_REMEMBERED = 1024  # strangers noted before those whose interval is over are forgotten
 
 
 class TelegramChannel(Channel):
@@ -94,7 +100,7 @@ class TelegramChannel(Channel):
         typing_interval, stream_interval: how often "typing…" is refreshed and a stream is edited.
         chat_interval, chat_burst: per-chat pacing (a burst, then one message per interval).
         storage_retry_delay, storage_retry_max_delay: backoff while storage fails (doubling, bounded).
-        monotonic: the clock for throttling (pacing follows the event loop's clock).
+        monotonic: the clock for throttling and for pairing offers (pacing follows the event loop's clock).
     """
 
     name: ClassVar[str] = "telegram"
@@ -127,6 +133,8 @@ class TelegramChannel(Channel):
         self._vision = vision_supported
         self._users = Allowlist(settings.allowed_users)
         self._groups = Allowlist(settings.allowed_groups)
+        self._monotonic = monotonic
+        self._offered: dict[int, float] = {}  # a stranger's user id -> when they were last offered a code
         self._new_outage = functools.partial(
             StorageOutage, first_delay=storage_retry_delay, max_delay=storage_retry_max_delay, clock=monotonic
         )
@@ -495,6 +503,8 @@ class TelegramChannel(Channel):
         if not self._settings.pairing:
             log.info("telegram_user_not_allowed", user_id=user.id)
             return
+        if not self._may_offer(user.id):
+            return  # offered a moment ago: the same code, and a flood of them would hold up everyone
         code = await self._pairing.request(self.name, str(user.id), user.full_name)
         log.info("telegram_pairing_requested", user_id=user.id, issued=code is not None)
         if code is None:
@@ -508,6 +518,18 @@ class TelegramChannel(Channel):
             await self._out.send_plain(message.chat.id, text)
         except ChannelError:  # logged; not tried again: writing again gets the offer (the same code)
             log.info("telegram_pairing_offer_not_sent", user_id=user.id)
+
+    def _may_offer(self, user_id: int) -> bool:
+        """Whether ``user_id`` may be offered a code now (at most once per :data:`OFFER_INTERVAL`); notes
+        the offer. Asking again after that gives the same code while it is valid."""
+        now = self._monotonic()
+        last = self._offered.get(user_id)
+        if last is not None and now - last < OFFER_INTERVAL:
+            return False
+        if len(self._offered) >= _OFFERS_REMEMBERED:
+            self._offered = {u: t for u, t in self._offered.items() if now - t < OFFER_INTERVAL}
+        self._offered[user_id] = now
+        return True
 
     async def _download(self, file_id: str, limit: int) -> bytes | None:
         if self._files is None:

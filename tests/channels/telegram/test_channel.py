@@ -54,16 +54,50 @@ async def test_unknown_user_gets_a_pairing_code_and_is_admitted_once_approved(tm
         code = re.search(r"membot pairing approve (\S+)", offer.text)
         assert code is not None and offer.parse_mode is None
 
-        tg.push_message("please?", chat_id=99, user_id=99)  # asking again gives the same code
-        second = (await tg.wait_for_messages(2, chat_id=99))[1]
-        assert code.group(1) in second.text
+        tg.push_message("please?", chat_id=99, user_id=99)  # asking again at once: no second offer
         tg.push_message("sentinel")
         assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]  # nothing from user 99 got in
+        assert len(tg.sent_to(99)) == 1
 
         assert await asyncio.to_thread(approve_code, tmp_path, code.group(1)) is not None
         tg.push_message("hello again", chat_id=99, user_id=99)
         received = await sink.wait_for(2)
         assert (received[1].text, received[1].sender_id) == ("hello again", "99")
+
+
+class Ticks:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_strangers_flood_gets_one_offer_and_holds_up_nobody(tmp_path: Path) -> None:
+    """Updates are taken in one at a time, and an offer waits for the chat's pacing (one message a
+    second after a burst): answering every message of a stranger's flood held every allowed user's
+    message up behind it (ten held the next one for seven seconds). One offer a minute; after that, the
+    same code again."""
+    clock = Ticks()
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, chat_interval=1.0, monotonic=clock) as (_, sink),
+    ):
+        for n in range(10):
+            tg.push_message(f"let me in {n}", chat_id=99, user_id=99, first_name="Mallory")
+        tg.push_message("sentinel")
+        assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
+        [offer] = tg.sent_to(99)
+
+        clock.now += 61.0  # past the minute
+        tg.push_message("still waiting", chat_id=99, user_id=99)
+        tg.push_message("sentinel 2")
+        assert [m.text for m in await sink.wait_for(2)][1] == "sentinel 2"
+        [_, again] = tg.sent_to(99)
+        code = re.search(r"membot pairing approve (\S+)", offer.text)
+        assert code is not None and code.group(1) in again.text
 
 
 async def test_a_stranger_who_blocked_the_bot_is_offered_a_code_once_and_the_rest_flows(

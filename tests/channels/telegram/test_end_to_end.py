@@ -109,10 +109,13 @@ async def test_a_stranger_never_reaches_the_model(tmp_path: Path) -> None:
     async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
         async with telegram_bot(await settings_for(tmp_path / "ws", llm, tg)):
             tg.push_message("/status", chat_id=99, user_id=99)
-            tg.push_message("hello", chat_id=99, user_id=99)
-            replies = await tg.wait_for_messages(2, chat_id=99)
-        assert all("membot pairing approve" in r.text for r in replies)
-        assert llm.requests == []
+            tg.push_message("hello from mallory", chat_id=99, user_id=99)
+            tg.push_message("sentinel")  # user 42's, answered once the stranger's two were decided
+            [answer] = await tg.wait_for_messages(1)
+            replies = tg.sent_to(99)
+        assert answer.text == "echo: sentinel"
+        assert [("membot pairing approve" in r.text) for r in replies] == [True]  # one offer a minute
+        assert not any("mallory" in json.dumps(r.body) for r in llm.requests)
         assert not (tmp_path / "ws" / "sessions" / "telegram:99.json").exists()
 
 
