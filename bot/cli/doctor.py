@@ -360,7 +360,7 @@ async def _telegram(http: httpx.AsyncClient, settings: Settings) -> Check:
         ok=ok,
         auth_hint="the token was rejected: get it again from @BotFather and set MEMBOT_TELEGRAM__TOKEN",
         reach_hint="check network access to the Bot API (or MEMBOT_TELEGRAM__BASE_URL)",
-        shown_url=base + "<token>/getMe",
+        shown_url=_public(base) + "<token>/getMe",
         auth_statuses=(401, 403, 404),  # the Bot API answers 404 for an unknown token
     )
 
@@ -437,7 +437,14 @@ async def _probe(
 
 
 def _public(url: str) -> str:
+    """``url`` as a check line shows it: without the user:password a proxy's base URL may carry (which
+    ``membot config`` and the log mask too) and without its query (``?key=...``)."""
     import httpx
 
-    parsed = httpx.URL(url)
-    return str(parsed.copy_with(query=None, fragment=None))
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        from bot.logging import redact_shapes
+
+        return redact_shapes(url)
+    return str(parsed.copy_with(username=None, password=None, query=None, fragment=None))

@@ -200,3 +200,27 @@ async def test_a_base_url_doctor_cannot_ask_is_a_fail_line_not_a_traceback(tmp_p
         tmp_path, MEMBOT_LLM__OPENAI__API_KEY="sk-x", MEMBOT_LLM__OPENAI__BASE_URL="http://127.0.0.1:99999/v1"
     )
     assert code == 1 and "Traceback" not in out and "cannot be asked" in out
+
+
+async def test_a_password_in_a_base_url_is_never_shown(tmp_path: Path) -> None:
+    """A proxy's user:password in a base URL: ``membot config`` and the log mask it, and the check
+    lines that name the URL (a failure's first words, which operators paste into bug reports) did not."""
+    port = closed_port()
+    code, out = await doctor(
+        tmp_path,
+        MEMBOT_LLM__OPENAI__API_KEY="sk-test-key-123456",
+        MEMBOT_LLM__OPENAI__BASE_URL=f"http://llm-user:llm-pass-4321@127.0.0.1:{port}/v1",
+        MEMBOT_TELEGRAM__TOKEN="123456789:AAFakeTokenForTestsOnly_abcdefghijklmno",
+        MEMBOT_TELEGRAM__BASE_URL=f"http://tg-user:tg-pass-4321@127.0.0.1:{port}/bot",
+        MEMBOT_DISCORD__TOKEN="fake.discord.token",
+        MEMBOT_DISCORD__API_BASE=f"http://dc-user:dc-pass-4321@127.0.0.1:{port}/api/v10",
+    )
+    assert code == 1
+    for name, shown in (
+        ("llm openai", f"http://127.0.0.1:{port}/v1/models"),
+        ("telegram", f"http://127.0.0.1:{port}/bot<token>/getMe"),
+        ("discord", f"http://127.0.0.1:{port}/api/v10/users/@me"),
+    ):
+        text = "".join(line(out, name).split())  # a long URL may wrap anywhere
+        assert text.startswith("✗fail") and f"{shown}:cannotconnect" in text, out
+    assert "-pass-4321" not in out and "AAFakeToken" not in out
