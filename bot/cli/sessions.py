@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,7 +26,8 @@ from rich.text import Text
 
 from bot.cli.root import app, command_group, console, err_console, fail, settings_from
 from bot.domain import Message, Session
-from bot.storage import atomic_write_text
+from bot.storage import atomic_write_at, ensure_private_dir
+from bot.surrogates import utf8
 from bot.workspace_lock import WorkspaceLock
 
 if TYPE_CHECKING:
@@ -143,7 +145,7 @@ def export(
         console.out(text, highlight=False)
         return
     try:
-        atomic_write_text(output.expanduser(), text)
+        _write_export(output.expanduser(), text)
     except OSError as exc:
         fail(f"cannot write {output}: {exc.strerror}")
     err_console.print(f"Wrote {len(archived) + len(active)} messages of {loaded.id} to {output}.")
@@ -302,3 +304,21 @@ def _size(count: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} GB"
+
+
+# ---- writing ---------------------------------------------------------------------------------------
+
+
+def _write_export(path: Path, text: str) -> None:
+    """``text`` as ``path``, 0600 and whole (a temp file renamed over it), in a folder the operator chose:
+    one made here is private (0700), one that exists keeps its mode. (``atomic_write_text`` makes its
+    folder 0700, as the workspace's are: an export to /tmp took /tmp's sticky bit and every other user's
+    access to it.)"""
+    folder = path.parent
+    if not folder.exists():
+        ensure_private_dir(folder)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        atomic_write_at(fd, path.name, utf8(text))
+    finally:
+        os.close(fd)

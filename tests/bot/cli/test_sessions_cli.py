@@ -106,6 +106,24 @@ def test_export_markdown_to_a_private_file(tmp_path: Path, workspace: Path) -> N
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
 
 
+@pytest.mark.parametrize("mode", [0o1777, 0o755])
+def test_export_leaves_the_folder_as_it_was(tmp_path: Path, workspace: Path, mode: int) -> None:
+    """The export is private, the folder is the operator's: an export to /tmp (1777) made /tmp 0700, its
+    sticky bit and every other user's access gone, as if it were a workspace folder."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    target = shared / "chat.json"
+    target.write_text("an older export\n")
+    target.chmod(0o644)
+    result = membot(tmp_path, "sessions", "export", "telegram:777", "-o", str(target))
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(shared.stat().st_mode) == mode
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert json.loads(target.read_text())["id"] == "telegram:777"
+    assert sorted(p.name for p in shared.iterdir()) == ["chat.json"]  # no temp file left beside it
+
+
 def test_delete_asks_first_and_then_removes_the_files(tmp_path: Path, workspace: Path) -> None:
     kept = membot(tmp_path, "sessions", "delete", "cli:alice", stdin="n\n")
     assert kept.returncode == 1 and (workspace / "sessions" / "cli:alice.json").exists()
