@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 import structlog
 
 from bot.domain import Message, Role
-from bot.errors import LLMError
+from bot.errors import LLMError, plain_reason
 from bot.llm import ChatRequest
 from bot.memory.consolidation_reply import MAX_FACT_CHARS, memory_problem, parse_reply
 from bot.memory.history import HistoryLog, raw_fallback_entry
@@ -208,7 +208,10 @@ class Consolidator:
         except TimeoutError:
             result.raw_fallback, result.reason = True, f"timed out after {timeout:g} s"
         except LLMError as exc:
-            result.raw_fallback, result.reason = True, f"{type(exc).__name__}: {exc}"
+            # The error's own text is the log's: a server may quote the request back, key and all, and
+            # the reason is kept in HISTORY.md, which the model's tools read.
+            log.warning("consolidation_llm_failed", session_id=session_id, error=str(exc))
+            result.raw_fallback, result.reason = True, f"{type(exc).__name__}: {plain_reason(type(exc))}"
         except (Conflict, MemoryFull, NotUtf8) as exc:
             result.raw_fallback, result.reason = True, str(exc)
         if result.raw_fallback:

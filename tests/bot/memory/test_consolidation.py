@@ -167,9 +167,15 @@ async def test_llm_error_falls_back(
     tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
 ) -> None:
     memory = await make_memory(tmp_path, clock, llm)
-    fake_llm.script(FakeReply(status=500))
+    fake_llm.script(
+        FakeReply(status=400, error={"error": {"message": "bad request from key sk-live-echoed"}})
+    )
     result = await memory.consolidate("cli:me", conversation(clock), timeout=5)
     assert result.raw_fallback and "LLM" in result.reason
+    # The reason is kept in HISTORY.md, which the model's tools read: the server's words (and address,
+    # which may carry a password) stay in the log.
+    history = (memory.root / "HISTORY.md").read_text()
+    assert "sk-live-echoed" not in history and "127.0.0.1" not in history and "HTTP 400" not in history
 
 
 async def test_two_sessions_at_once_keep_memory_consistent(
