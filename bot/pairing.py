@@ -38,6 +38,9 @@ from bot.storage import atomic_write_text, ensure_private_dir
 PAIRING_FILE = "pairing.json"
 CODE_TTL = timedelta(hours=1)
 MAX_PENDING_PER_CHANNEL = 3
+# A stranger is offered a code at most once in this many seconds (:class:`OfferPacing`).
+OFFER_INTERVAL = 60.0
+_OFFERS_REMEMBERED = 1024  # strangers noted before those whose interval is over are forgotten
 # No 0/O, 1/I/L: codes are read aloud and typed from a phone screen.
 _ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
 
@@ -71,6 +74,31 @@ class Approval:
 class _State:
     pending: list[PairingRequest]
     approved: list[Approval]
+
+
+class OfferPacing:
+    """Whether a stranger may be offered a code now: at most once per :data:`OFFER_INTERVAL` each.
+
+    Each offer is a write of ``pairing.json`` and a message out, paced per chat by the platform: answering
+    every message of a stranger's flood held up every allowed user's messages behind it on Telegram
+    (updates are taken in one at a time; ten took seven seconds) and made a write per message anywhere.
+    Asking again after the interval gives the same code while it is valid. In memory only: a restart
+    allows one more offer, which is harmless."""
+
+    def __init__(self, monotonic: Callable[[], float]) -> None:
+        self._monotonic = monotonic
+        self._offered: dict[str, float] = {}  # a stranger's user id -> when they were last offered a code
+
+    def may_offer(self, user_id: str) -> bool:
+        """Whether ``user_id`` may be offered a code now; notes the offer when so."""
+        now = self._monotonic()
+        last = self._offered.get(user_id)
+        if last is not None and now - last < OFFER_INTERVAL:
+            return False
+        if len(self._offered) >= _OFFERS_REMEMBERED:
+            self._offered = {u: t for u, t in self._offered.items() if now - t < OFFER_INTERVAL}
+        self._offered[user_id] = now
+        return True
 
 
 def new_code() -> str:

@@ -41,7 +41,7 @@ import structlog
 from bot.config import DiscordSettings
 from bot.domain import InboundMessage, OutboundMessage
 from bot.errors import ChannelError, ConfigError
-from bot.pairing import PairingStore
+from bot.pairing import OfferPacing, PairingStore
 from bot.retry import retry
 from channels.base import Channel, InboundSink, PartialSink
 from channels.discord.attachments import AttachmentReader
@@ -90,6 +90,7 @@ class DiscordChannel(Channel):
         # ``pairing = false`` stops offering codes; whom the operator approved stays approved until
         # ``membot pairing revoke`` (as on Telegram): an approval is the operator's own decision.
         self._pairing = pairing
+        self._offers = OfferPacing(clock)
         self._commands = commands
         self._attachments = AttachmentReader(
             max_bytes=settings.max_attachment_bytes,
@@ -264,7 +265,7 @@ class DiscordChannel(Channel):
         if not place.is_dm or self._pairing is None or not self._settings.pairing:
             log.info("discord_message_denied", user_id=user_id, channel_id=place.channel_id)
             return False
-        if message is not None:
+        if message is not None and self._offers.may_offer(user_id):  # (a flood: one offer a minute)
             code = await self._pairing.request(self.name, user_id, user_name)
             await self._outbox.deliver(place.channel_id, lambda: message.channel.send(_pairing_text(code)))
         return False

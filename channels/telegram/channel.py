@@ -48,7 +48,7 @@ from telegram.warnings import PTBUserWarning
 from bot.config import TelegramSettings
 from bot.domain import InboundMessage, OutboundMessage
 from bot.errors import ChannelError, ConfigError
-from bot.pairing import PairingStore
+from bot.pairing import OfferPacing, PairingStore
 from bot.storage import atomic_write_text_async
 from bot.surrogates import scrub
 from channels.base import Allowlist, Channel, InboundSink, PartialSink, quote_reply
@@ -77,11 +77,6 @@ _MAX_ATTEMPTS = 3  # an update whose intake fails this often for another reason 
 # have gone out (Telegram took it, its answer was late), and it is sent again: a slow Bot API must not
 # make the chat get each answer several times. Only a request that hangs this long still can.
 _READ_TIMEOUT = 30.0
-# A stranger gets at most one pairing offer in this many seconds. Updates are taken in one at a time and
-# an offer waits for the chat's pacing (one message a second after a burst), so answering every message
-# of a stranger's flood held up every allowed user's messages behind it: ten took seven seconds.
-OFFER_INTERVAL = 60.0
-_OFFERS_REMEMBERED = 1024  # strangers noted before those whose interval is over are forgotten
 
 
 class TelegramChannel(Channel):
@@ -133,8 +128,7 @@ class TelegramChannel(Channel):
         self._vision = vision_supported
         self._users = Allowlist(settings.allowed_users)
         self._groups = Allowlist(settings.allowed_groups)
-        self._monotonic = monotonic
-        self._offered: dict[int, float] = {}  # a stranger's user id -> when they were last offered a code
+        self._offers = OfferPacing(monotonic)
         self._new_outage = functools.partial(
             StorageOutage, first_delay=storage_retry_delay, max_delay=storage_retry_max_delay, clock=monotonic
         )
@@ -503,7 +497,7 @@ class TelegramChannel(Channel):
         if not self._settings.pairing:
             log.info("telegram_user_not_allowed", user_id=user.id)
             return
-        if not self._may_offer(user.id):
+        if not self._offers.may_offer(str(user.id)):
             return  # offered a moment ago: the same code, and a flood of them would hold up everyone
         code = await self._pairing.request(self.name, str(user.id), user.full_name)
         log.info("telegram_pairing_requested", user_id=user.id, issued=code is not None)
@@ -518,18 +512,6 @@ class TelegramChannel(Channel):
             await self._out.send_plain(message.chat.id, text)
         except ChannelError:  # logged; not tried again: writing again gets the offer (the same code)
             log.info("telegram_pairing_offer_not_sent", user_id=user.id)
-
-    def _may_offer(self, user_id: int) -> bool:
-        """Whether ``user_id`` may be offered a code now (at most once per :data:`OFFER_INTERVAL`); notes
-        the offer. Asking again after that gives the same code while it is valid."""
-        now = self._monotonic()
-        last = self._offered.get(user_id)
-        if last is not None and now - last < OFFER_INTERVAL:
-            return False
-        if len(self._offered) >= _OFFERS_REMEMBERED:
-            self._offered = {u: t for u, t in self._offered.items() if now - t < OFFER_INTERVAL}
-        self._offered[user_id] = now
-        return True
 
     async def _download(self, file_id: str, limit: int) -> bytes | None:
         if self._files is None:

@@ -200,6 +200,20 @@ async def test_strangers_are_denied_and_dm_strangers_can_pair(tmp_path: Path) ->
         assert w.user_texts() == ["thanks"]  # "let me in" never reached the model
 
 
+async def test_a_strangers_dm_flood_gets_one_offer(tmp_path: Path) -> None:
+    """Each offer is a write of pairing.json and a message out: a flood gets one a minute."""
+    async with discord_world(tmp_path) as w:
+        d = w.discord
+        mallory, mallory_dm = d.user("mallory"), d.dm_channel()
+        for n in range(5):
+            await d.user_message(channel_id=mallory_dm, author=mallory, content=f"let me in {n}")
+        await d.user_message(channel_id=w.dm, author=w.alice, content="hello")
+        await d.wait_for_bot_messages(w.dm)
+        await asyncio.sleep(0.5)  # (the stranger's DMs are taken in beside alice's, not before)
+        [offer] = d.bot_texts(mallory_dm)
+        assert "membot pairing approve" in offer and w.user_texts() == ["hello"]
+
+
 async def test_pairing_off_offers_no_codes_and_keeps_users_approved_before(tmp_path: Path) -> None:
     """``pairing = false`` stops offering codes; an approval the operator gave stays until revoked."""
     async with discord_world(tmp_path, discord_settings={"pairing": False}) as w:
