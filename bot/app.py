@@ -44,7 +44,7 @@ from bot.session_service import SessionService
 from bot.sessions import JsonSessionStore
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
 from bot.tokens import TokenCounter
-from bot.tools import ToolRegistry, builtin_tools, check_tool_names
+from bot.tools import ToolJournal, ToolRegistry, builtin_tools, check_tool_names
 from bot.usage import UsageLedger
 from bot.workspace_lock import WorkspaceLock
 from channels import Channel
@@ -385,6 +385,7 @@ def _pipeline(
             budget=budget,
             max_overflow_retries=settings.compaction.max_overflow_retries,
             observer=metrics,
+            journal=ToolJournal(settings.workspace / "state" / "tool_calls"),
         ),
         UsageSystem(budget, ledger),  # 90
     ]

@@ -3,6 +3,10 @@
 Invariant kept here: every assistant message with tool calls is followed by exactly one tool result per
 call id, whatever happens (limits, bad arguments, unknown tools, timeouts, cancellation), so the history
 is always valid for both providers and compaction can never split a pair it did not see.
+
+With a ``journal`` (bot/tools/journal.py) every result is on disk before the model reads it, and a turn
+run again (after a kill, or a model outage) gets the results of the calls it had made instead of making
+them twice: a second ``append`` or shell command would repeat what the first already did.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from bot.domain import Message, Role, ToolCall
 from bot.errors import LLMContextOverflow
 from bot.llm import ChatRequest, ChatResponse
 from bot.surrogates import scrub
-from bot.tools import ToolContext, ToolError, ToolRegistry
+from bot.tools import CallKey, ToolContext, ToolError, ToolJournal, ToolRegistry
 from pipeline.base import Turn
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
@@ -108,8 +112,10 @@ class ToolLoopSystem:
         budget: ContextBudget | None = None,
         max_overflow_retries: int = 3,
         observer: ToolObserver | None = None,
+        journal: ToolJournal | None = None,
     ) -> None:
         self._llm = llm
+        self._journal = journal
         self._registry = registry
         self._settings = settings
         self._clock = clock
@@ -150,6 +156,11 @@ class _TurnRun:
         self.asked_again = False  # after an empty answer (once a turn)
         self.best = ""
         self.partial_ok = turn.on_partial is not None
+        # What an earlier run of this turn recorded (see ToolJournal): read at its first tool call.
+        self.made: dict[CallKey, str] | None = None
+        first_id = turn.inbound[0].message_id if turn.inbound else None
+        self.journal = system._journal if first_id else None  # a turn without an id has nothing to match
+        self.turn_key = first_id or ""
 
     def remaining(self) -> float:
         return self.deadline - self.system._clock()
@@ -318,6 +329,8 @@ class _TurnRun:
         limit are answered :data:`NOT_RUN` (the next model call is then the last).
         """
         budget = max(0, self.settings.max_tool_calls - self.tool_runs)
+        if self.journal is not None and self.made is None:
+            self.made = await self.journal.made(self.turn.session.id, self.turn_key)
         results: dict[int, str] = {i: NOT_RUN for i in range(budget, len(calls))}
         self.not_run += len(results)
         gate = asyncio.Semaphore(max(1, self.settings.max_parallel))
@@ -387,6 +400,16 @@ class _TurnRun:
                 "in this turn. Use the earlier results or change the arguments.",
                 "repeated",
             )
+        made = (call.name, key[1], self.seen[key])
+        if self.made and made in self.made:  # run by an earlier run of this turn: not again
+            log.info("tool_call_replayed", tool=call.name)
+            return self.made[made], "replayed"
+        result, outcome = await self._run_tool(tool, call, args)
+        if self.journal is not None:
+            await self.journal.keep(self.turn.session.id, self.turn_key, made, result)
+        return result, outcome
+
+    async def _run_tool(self, tool: Any, call: ToolCall, args: dict[str, Any]) -> tuple[str, str]:
         limit = self.settings.tool_timeout
         try:
             async with asyncio.timeout(limit) as window:

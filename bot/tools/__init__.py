@@ -2,11 +2,14 @@
 
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry, check_tool_names, untrusted
 from bot.tools.builtin import builtin_tools
+from bot.tools.journal import CallKey, ToolJournal
 
 __all__ = [
+    "CallKey",
     "Tool",
     "ToolContext",
     "ToolError",
+    "ToolJournal",
     "ToolRegistry",
     "builtin_tools",
     "check_tool_names",

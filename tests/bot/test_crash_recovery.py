@@ -238,3 +238,26 @@ async def test_a_long_answer_killed_between_its_chunks_sends_only_the_rest_after
             await wait_answer(tg, 777, "PART-3")
             await stop(service)
         assert [m.text.split()[0] for m in tg.sent_to(777)] == ["PART-1", "PART-2", "PART-3"]
+
+
+async def test_a_turn_killed_after_its_tool_ran_does_not_run_it_again_after_restart(tmp_path: Path) -> None:
+    """Answered again from the start after the restart, the turn asks for the same tool call: it gets the
+    result the first run recorded, and the note is appended once, not twice."""
+    workspace = tmp_path / "ws"
+    append = ("files", {"action": "append", "path": "notes/shopping.md", "content": "- milk"})
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        llm.script(FakeReply(tool_calls=[append]), FakeReply(text="never finished", delay=60))
+        async with membot_run(workspace, llm, **telegram_env(tg)) as service:
+            tg.push_message("add milk to my shopping list", chat_id=777, user_id=42)
+            async with asyncio.timeout(30):
+                while len(llm.requests) < 2 or not llm.in_flight:  # the tool ran; the model answers
+                    await asyncio.sleep(0.01)
+            await service.kill()
+        llm.script(FakeReply(tool_calls=[append]), FakeReply(text="Added."))
+        async with membot_run(workspace, llm, **telegram_env(tg)) as service:
+            await wait_answer(tg, 777, "Added.")
+            await stop(service)
+        assert [m.text for m in tg.sent_to(777)] == ["Added."]
+        tool_results = [m for m in llm.requests[-1].body["messages"] if m["role"] == "tool"]
+    assert (workspace / "notes" / "shopping.md").read_text() == "- milk"  # (twice: "- milk- milk")
+    assert len(tool_results) == 1 and "notes/shopping.md" in tool_results[0]["content"]

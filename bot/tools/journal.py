@@ -1,0 +1,97 @@
+"""The results of a turn's tool calls, kept on disk until the turn is over, so a rerun does not redo them.
+
+A turn cut by a kill (or a power cut, or a shutdown's grace running out) is answered again after the
+restart from the start: the model is asked anew and, given the same conversation, asks for the same
+tools. Without a record, the calls that had run ran again: an ``append`` wrote its line twice, a shell
+command ran twice. With it, a call already made in this turn (the same tool, the same arguments, the
+same how-many-th such call) is answered with the result it had, and only new calls run.
+
+One file per chat in ``state/tool_calls/``, named as its session's files are: a first line naming the
+turn (its first message's platform id) and one line per result, each appended and fsynced before the
+model reads it. A file naming another turn is stale (that turn ended) and is removed when the chat's
+next turn makes its first call; so is one whose turn runs again after a restart once it ends, at the
+latest. A torn last line (a kill mid-append) is ignored, as in every log of the workspace.
+
+    journal = ToolJournal(workspace / "state" / "tool_calls")
+    made = await journal.made("telegram:42", "9001")           # {(name, arguments, n): result}
+    await journal.keep("telegram:42", "9001", ("files", '{"action": "append"}', 1), "Appended.")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import structlog
+
+from bot.sessions import encode_id
+from bot.storage import append_bytes
+
+log = structlog.get_logger(__name__)
+
+CallKey = tuple[str, str, int]
+"""A call within a turn: its tool's name, its arguments (JSON, keys sorted) and how many such calls
+the turn had made with it (1 for the first)."""
+
+
+class ToolJournal:
+    """Results of the tool calls of each chat's current turn (blocking I/O runs in a thread)."""
+
+    def __init__(self, folder: Path) -> None:
+        self._folder = folder
+
+    def _path(self, session_id: str) -> Path:
+        return self._folder / f"{encode_id(session_id)}.jsonl"
+
+    async def made(self, session_id: str, turn_key: str) -> dict[CallKey, str]:
+        """The calls this turn already made (none the first time), dropping a stale record of an
+        earlier turn of the chat."""
+        return await asyncio.to_thread(self._made, session_id, turn_key)
+
+    async def keep(self, session_id: str, turn_key: str, call: CallKey, result: str) -> None:
+        """Record ``call``'s result durably (the first one also names the turn)."""
+        await asyncio.to_thread(self._keep, session_id, turn_key, call, result)
+
+    def _made(self, session_id: str, turn_key: str) -> dict[CallKey, str]:
+        path = self._path(session_id)
+        try:
+            lines = path.read_bytes().split(b"\n")
+        except FileNotFoundError:
+            return {}
+        records = [_parsed(line) for line in lines if line.strip()]
+        if not records or records[0].get("turn") != turn_key:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # an earlier turn's, over (a lost unlink leaves it stale, nothing more)
+            return {}
+        made: dict[CallKey, str] = {}
+        for record in records[1:]:
+            name, arguments, n, result = (record.get(k) for k in ("name", "arguments", "n", "result"))
+            if (
+                isinstance(name, str)
+                and isinstance(arguments, str)
+                and isinstance(n, int)
+                and isinstance(result, str)
+            ):
+                made[(name, arguments, n)] = result
+        if made:
+            log.info("tool_calls_from_an_earlier_run", session_id=session_id, calls=len(made))
+        return made
+
+    def _keep(self, session_id: str, turn_key: str, call: CallKey, result: str) -> None:
+        path = self._path(session_id)
+        name, arguments, n = call
+        lines: list[dict[str, str | int]] = [] if path.exists() else [{"turn": turn_key}]
+        lines.append({"name": name, "arguments": arguments, "n": n, "result": result})
+        data = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+        append_bytes(path, data.encode("utf-8"), whole_lines=True)
+
+
+def _parsed(line: bytes) -> dict[str, object]:
+    try:
+        value = json.loads(line)
+    except ValueError:  # a torn last line
+        return {}
+    return value if isinstance(value, dict) else {}
