@@ -6,17 +6,17 @@ dispatcher, the channels and the ops HTTP server) enter the one AsyncExitStack o
 each is closed once, in reverse order, whatever happens; channels and the ops server go into its
 ``core.edge`` part, which closes after the dispatcher has drained. Channel libraries, and aiohttp and
 prometheus_client for the ops endpoints, are imported only when configured, so start-up time and memory
-follow the configuration. This is the only module of ``bot`` that imports ``channels``.
+follow the configuration. This is the only module of ``bot`` that imports ``channels``: the CLI's
+long-running commands take their channels from here (``membot run``: bot/serve.py; ``membot chat``:
+bot/terminal_chat.py), and the checks and repairs of start-up are in bot/startup.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -34,19 +34,16 @@ from bot.dispatcher import Dispatcher
 from bot.errors import ConfigError
 from bot.inbox import Inbox
 from bot.intake import COMMANDS_NOTED
-from bot.lifecycle import EXIT_OK, ServiceRunner, settle_heap
 from bot.llm import ChatModel, LLMClient, llm_http_client
-from bot.logging import SecretRedactor, configure_logging
 from bot.memory import CONSOLIDATION_OUTPUT, Embedder, MemoryService, MemoryTool, build_embedder
 from bot.memory import operator as memory_operator
 from bot.model_wait import WAIT_FILE, WaitRecords
 from bot.session_service import SessionService
 from bot.sessions import JsonSessionStore
-from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
+from bot.startup import check_llm_configured, own_workspace, recover_memory
 from bot.tokens import TokenCounter
 from bot.tools import ToolJournal, ToolRegistry, builtin_tools, check_tool_names
 from bot.usage import UsageLedger
-from bot.workspace_lock import WorkspaceLock
 from channels import Channel
 from pipeline import (
     AutoCompactionSystem,
@@ -59,14 +56,11 @@ from pipeline import (
 )
 
 if TYPE_CHECKING:
-    from bot.admin import AdminServer
     from bot.metrics import Metrics
     from bot.pairing import PairingStore
     from channels import TerminalChannel
 
 log = structlog.get_logger(__name__)
-
-RECOVERY_SLACK = timedelta(minutes=1)
 
 
 @dataclass
@@ -89,62 +83,8 @@ class Core:
     edge: contextlib.AsyncExitStack
 
 
-def check_llm_configured(settings: Settings, catalog: ModelCatalog) -> None:
-    """Fail at once, with the settings to set, when no model provider can be reached."""
-    llm = settings.llm
-    provider = llm.provider or catalog.get(llm.model).provider
-    if provider == "anthropic" and llm.anthropic.api_key is None:
-        raise ConfigError(
-            f"model {llm.model!r} is an Anthropic model but no Anthropic API key is set: "
-            "set MEMBOT_LLM__ANTHROPIC__API_KEY (or [llm.anthropic] api_key in the config file)."
-        )
-    if provider == "openai" and llm.openai.api_key is None and llm.openai.base_url is None:
-        if llm.anthropic.api_key is not None:
-            raise ConfigError(
-                f"an Anthropic API key is set, but the model is {llm.model!r}, which OpenAI serves, and "
-                "no OpenAI key is set: set MEMBOT_LLM__MODEL to a Claude model, e.g. claude-sonnet-4-5 "
-                "(`membot models` lists them), or set MEMBOT_LLM__OPENAI__API_KEY."
-            )
-        raise ConfigError(
-            "no LLM is configured. Set one of:\n"
-            "  OpenAI:     MEMBOT_LLM__OPENAI__API_KEY=sk-...  (model: MEMBOT_LLM__MODEL)\n"
-            "  Anthropic:  MEMBOT_LLM__MODEL=claude-sonnet-4-5\n"
-            "              MEMBOT_LLM__ANTHROPIC__API_KEY=sk-ant-...\n"
-            "  Local:      MEMBOT_LLM__OPENAI__BASE_URL=http://localhost:11434/v1\n"
-            "              MEMBOT_LLM__MODEL=llama3.1\n"
-            "              (Ollama, vLLM, llama.cpp, LM Studio: any OpenAI-compatible server)\n"
-            "The same settings can go in a .env file or the TOML config (deploy/membot.example.toml)."
-        )
-
-
-def prepare_workspace(settings: Settings) -> None:
-    """Create the workspace (0700) and tighten any file that is more open than it should be."""
-    try:
-        ensure_private_dir(settings.workspace)
-        for sub in (settings.sessions_dir, settings.memory_dir, settings.workspace / "inbox"):
-            ensure_private_dir(sub)
-        fixed = fix_private_tree(settings.workspace)
-        stale = remove_stale_temp_files(settings.workspace)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot use workspace {settings.workspace}: {exc.strerror} (set --workspace or MEMBOT_WORKSPACE)"
-        ) from None
-    if fixed:
-        log.warning("workspace_permissions_fixed", count=fixed, workspace=str(settings.workspace))
-    if stale:
-        log.info("stale_temp_files_removed", count=stale, workspace=str(settings.workspace))
-
-
-def _lock_workspace(settings: Settings) -> WorkspaceLock:
-    try:
-        return WorkspaceLock.acquire(settings.workspace)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot use workspace {settings.workspace}: {exc.strerror} (set --workspace or MEMBOT_WORKSPACE)"
-        ) from None
-
-
 def secrets_of(settings: Settings) -> list[str]:
+    """The values the log (and ``/healthz``) must never show: every token and key that is set."""
     values = [
         settings.llm.openai.api_key,
         settings.llm.anthropic.api_key,
@@ -178,7 +118,7 @@ async def build_core(
     catalog = await asyncio.to_thread(load_catalog, settings.models_file)
     check_llm_configured(settings, catalog)
     async with contextlib.AsyncExitStack() as stack:
-        await _own_workspace(settings, stack)  # first of all, and released last
+        await own_workspace(settings, stack)  # first of all, and released last
         http, web_http = await _http_clients(settings, stack, http)
         # Before anything that may call the model: the client reports every call (chat, compaction,
         # consolidation) to the ledger, and the flush is pushed first so it runs after memory.close.
@@ -200,7 +140,7 @@ async def build_core(
             JsonSessionStore(settings.sessions_dir), cache_size=settings.sessions.cache_size
         )
         if memory.unsynced_since is not None:
-            await _recover_memory(memory, sessions)
+            await recover_memory(memory, sessions)
         commands = _commands(settings, catalog, sessions, budget, ledger, memory)
         inbox = Inbox(settings.workspace / "inbox")
         dispatcher = Dispatcher(
@@ -219,13 +159,6 @@ async def build_core(
 
 
 # ---- the steps of build_core, in its order ----------------------------------------------------------
-
-
-async def _own_workspace(settings: Settings, stack: contextlib.AsyncExitStack) -> None:
-    """This process owns the workspace (bot/workspace_lock.py) until the stack closes."""
-    lock = await asyncio.to_thread(_lock_workspace, settings)
-    stack.push_async_callback(asyncio.to_thread, lock.release)
-    await asyncio.to_thread(prepare_workspace, settings)
 
 
 async def _http_clients(
@@ -290,21 +223,6 @@ def _window(settings: Settings, catalog: ModelCatalog) -> int:
     return min(
         [info.max_input_tokens, *(catalog.get(m).max_input_tokens for m in settings.llm.fallback_models)]
     )
-
-
-async def _recover_memory(memory: MemoryService, sessions: SessionService) -> None:
-    """The last run stopped before its memory writes were fsynced (bot/memory/lazy_sync.py): record
-    again what the sessions changed since then hold and memory lacks (a power cut may have lost it)."""
-    assert memory.unsynced_since is not None
-    since = memory.unsynced_since - RECOVERY_SLACK  # a turn's session save may precede the marker
-    changed = await sessions.changed_since(since)
-    recorded = 0
-    for sid in changed:
-        session = await sessions.get(sid)
-        if session is not None:
-            recorded += await memory.recover(session)
-    await memory.recovered()
-    log.warning("memory_recovered", since=since.isoformat(), sessions=len(changed), messages=recorded)
 
 
 def _tools(settings: Settings, memory: MemoryService, web_http: httpx.AsyncClient) -> ToolRegistry:
@@ -431,156 +349,11 @@ def _redelivery_window(settings: Settings) -> int:
     return max(COMMANDS_NOTED, discord)
 
 
-# ---- entry points used by the CLI -------------------------------------------------------------------
-
-
-async def run_chat(settings: Settings) -> None:
-    """``membot chat``: the terminal channel over the full pipeline until the user quits.
-
-    SIGTERM and SIGHUP (the terminal closed) stop it as they stop ``membot run``, not as a kill: the
-    running answer gets ``lifecycle.grace_period`` to finish (none after SIGHUP: no one would see it),
-    then is cut short, saving what it has; what is not answered yet is answered at the next start, and
-    the chat exits 0. A second signal exits at once with 128 + signal (``bot/lifecycle.py``).
-    """
-    # The terminal is the chat: log lines and tracebacks go to a file, the user sees plain replies.
-    await asyncio.to_thread(
-        configure_logging, level=settings.log_level, secrets=secrets_of(settings), file=settings.chat_log
-    )
-    terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]  # after a hang-up isatty says False
-    runner = ServiceRunner(settings.lifecycle, signals=(signal.SIGTERM, signal.SIGHUP))
-    with runner.handling_signals():  # over the shutdown too: a second signal then exits at once
-        async with build_core(settings) as core:
-            channel = await _terminal(core)
-            loop = asyncio.get_running_loop()
-
-            stopping: set[asyncio.Task[int | None]] = set()
-
-            def on_interrupt() -> None:
-                # Once the reply is printed the turn may still be saving; Ctrl-C then quits (the
-                # shutdown lets it finish), it does not "stop" an answer the user already has.
-                if not (channel.waiting_for_reply and core.dispatcher.is_running(channel.session_id)):
-                    channel.close()
-                    return
-                if stopping:  # a second press while the first stop runs: one stop, one "[stopped]"
-                    return
-                channel.notice("[stopping the answer — Ctrl-C again at the prompt quits]")
-                task = loop.create_task(core.dispatcher.stop(channel.session_id))
-                stopping.add(task)
-                task.add_done_callback(stopping.discard)
-                task.add_done_callback(lambda _: channel.answer_stopped())
-
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(signal.SIGINT, on_interrupt)
-            sys.stdout.write(
-                f"membot — model {settings.llm.model}; /help for commands, Ctrl-D to quit. "
-                f"Log: {settings.chat_log}\n"
-            )
-            await core.dispatcher.recover()
-            channel.show_unanswered([m.text for m in core.inbox.pending_messages(channel.session_id)])
-            await _open(channel, core)  # stopped by core.edge, once the dispatcher has drained
-            settle_heap()  # started: as ``membot run`` does (bot/lifecycle.py)
-            try:
-                await _first_of(_until_quit(channel, core), runner.wait_stop())
-                if runner.stop_signal is not None:
-                    hung_up = runner.stop_signal == signal.SIGHUP
-                    if hung_up:
-                        _leave_closed_terminal(terminal_fds)
-                    # The drain build_core's exit would run (it then finds nothing left), done here so
-                    # that what the grace period still prints comes before "bye".
-                    await core.dispatcher.close(0 if hung_up else settings.lifecycle.grace_period)
-            finally:
-                with contextlib.suppress(NotImplementedError):
-                    loop.remove_signal_handler(signal.SIGINT)
-                sys.stdout.write("\nbye — the conversation is saved.\n")
-
-
-async def _until_quit(channel: TerminalChannel, core: Core) -> None:
-    await channel.wait_closed()
-    # The input ended (``echo hi | membot chat``, Ctrl-D): what was typed is answered first.
-    await core.dispatcher.settled(channel.session_id)
-
-
-async def _first_of(*waits: Awaitable[None]) -> None:
-    """Returns when the first of ``waits`` does (raising what it raised); the others are cancelled."""
-    tasks = [asyncio.ensure_future(wait) for wait in waits]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for task in done:
-        task.result()
-
-
-def _leave_closed_terminal(fds: Sequence[int]) -> None:
-    """After SIGHUP the terminal is gone and every write to it fails (EIO): "bye" did, and the chat
-    exited 1 instead of 0. What is still written (a stream's last piece, "bye") now goes nowhere."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for fd in fds:
-        os.dup2(devnull, fd)
-    os.close(devnull)
-
-
-async def run_service(settings: Settings) -> int:
-    """``membot run``: every configured channel until SIGTERM/SIGINT. Returns the exit code."""
-    redactor = configure_logging(
-        level=settings.log_level, fmt=settings.log_format, secrets=secrets_of(settings)
-    )
-    wanted = configured_channels(settings)
-    if not wanted:
-        raise ConfigError(
-            "no channel is configured. Set MEMBOT_TELEGRAM__TOKEN (Telegram), MEMBOT_DISCORD__TOKEN "
-            "(Discord) or MEMBOT_TERMINAL__ENABLED=true (terminal), or use `membot chat` for a terminal chat."
-        )
-    runner = ServiceRunner(settings.lifecycle)
-    metrics: Metrics | None = None
-    if settings.admin.enabled:  # only /metrics reads them; prometheus_client loads only then
-        from bot.metrics import Metrics
-
-        metrics = Metrics()
-    # The signal handlers span the shutdown too: a second signal during the drain exits at once.
-    with runner.handling_signals():
-        async with build_core(settings, metrics=metrics) as core:
-            if metrics is not None:
-                await serve_ops(core, metrics, runner, redactor)
-            log.info("membot_starting", channels=wanted, model=settings.llm.model)
-            code = await runner.serve(
-                wanted, start_channel=lambda name: _start_channel(name, core), recover=core.dispatcher.recover
-            )
-        # build_core's exit stack has drained the dispatcher, flushed memory and stopped the channels.
-    if code == EXIT_OK:
-        log.info("membot_stopped")
-    return code
-
-
-async def serve_ops(
-    core: Core, metrics: Metrics, runner: ServiceRunner, redactor: SecretRedactor
-) -> AdminServer:
-    """/healthz and /metrics, served until ``core.edge`` closes (after the channels); returns the server.
-    ``redactor``: the log's (configure_logging), so /healthz hides exactly what the log hides."""
-    from bot.admin import AdminServer  # aiohttp, for the ops endpoints only
-
-    stats = getattr(core.llm, "stats", None)  # the LLM client's; an injected model may have none
-    metrics.watch(
-        llm_stats=lambda: stats,
-        queued=core.dispatcher.total_queued,
-        running_turns=core.dispatcher.running_turns,
-        active_sessions=lambda: core.sessions.cached,
-        kept_answers=lambda: sum(core.inbox.kept_counts().values()),
-    )
-    admin = AdminServer(
-        core.settings.admin,
-        metrics,
-        channels=runner.channel_health,
-        llm_stats=lambda: stats,
-        kept_answers=core.inbox.kept_counts,
-        redact=redactor.redact,
-    )
-    return await core.edge.enter_async_context(admin)
+# ---- the channels -----------------------------------------------------------------------------------
 
 
 def configured_channels(settings: Settings) -> list[str]:
+    """The channels ``membot run`` starts, in this order: those whose token (or switch) is set."""
     names = []
     if settings.telegram.token is not None:
         names.append("telegram")
@@ -597,11 +370,11 @@ def _pairing(core: Core) -> PairingStore:
     return PairingStore(core.settings.workspace / PAIRING_FILE)
 
 
-async def _start_channel(name: str, core: Core) -> Channel:
+async def start_channel(name: str, core: Core) -> Channel:
     """Build the channel ``name``, start it and hand its teardown to ``core.edge``."""
     channel: Channel
     if name == "cli":
-        channel = await _terminal(core)
+        channel = await terminal_channel(core)
     elif name == "telegram":
         from channels.telegram import TelegramChannel
 
@@ -627,11 +400,12 @@ async def _start_channel(name: str, core: Core) -> Channel:
         )
     else:
         raise ConfigError(f"channel {name!r} is not available in this build")
-    await _open(channel, core)
+    await open_channel(channel, core)
     return channel
 
 
-async def _terminal(core: Core) -> TerminalChannel:
+async def terminal_channel(core: Core) -> TerminalChannel:
+    """The terminal channel over this process's stdin and stdout, not started (see :func:`open_channel`)."""
     from channels import TerminalChannel, stdin_reader
 
     return TerminalChannel(
@@ -644,7 +418,7 @@ async def _terminal(core: Core) -> TerminalChannel:
     )
 
 
-async def _open(channel: Channel, core: Core) -> None:
+async def open_channel(channel: Channel, core: Core) -> None:
     """Attach ``channel`` to the dispatcher, start it, and let ``core.edge`` stop it."""
     core.dispatcher.attach(channel, ready=False)
     await channel.start()

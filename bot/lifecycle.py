@@ -21,7 +21,7 @@ Shutdown on the first SIGTERM or SIGINT, in this order:
 3. channels stop, in reverse start order (so replies of finishing turns could still go out in step 1);
 4. the process exits 0.
 
-:meth:`ServiceRunner.run` takes these steps itself. ``membot run`` (``bot/app.py``) instead calls
+:meth:`ServiceRunner.run` takes these steps itself. ``membot run`` (``bot/serve.py``) instead calls
 :meth:`ServiceRunner.serve` inside ``build_core``, whose one exit stack takes the same steps in the same
 order when ``serve`` returns: each part is closed once, by its owner.
 
@@ -156,7 +156,7 @@ class ServiceRunner:
     def handling_signals(self) -> Iterator[None]:
         """While held, the first signal begins the graceful shutdown and a second one exits at once.
 
-        Hold it over the shutdown too (``bot/app.py`` holds it over ``build_core``), so that a second
+        Hold it over the shutdown too (``bot/serve.py`` holds it over ``build_core``), so that a second
         signal during the drain still exits at once.
         """
         loop = asyncio.get_running_loop()

@@ -3,7 +3,7 @@
 Input lines come from an asyncio stream (stdin in production, a pipe in tests); replies are printed as
 they arrive. At a terminal, lines pasted together are one message (see :class:`TerminalChannel`); piped
 or file input is one message per line. Session id ``cli:<user>``. Ctrl-C while a reply is being written
-stops that turn (``bot/app.py`` routes SIGINT); Ctrl-C at the prompt or Ctrl-D ends the chat.
+stops that turn (``bot/terminal_chat.py`` routes SIGINT); Ctrl-C at the prompt or Ctrl-D ends the chat.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from bot.errors import ConfigError
 @app.command()
 def run(ctx: typer.Context) -> None:
     """Start every configured channel (Telegram, Discord, terminal) and serve until stopped."""
-    from bot.app import run_service
+    from bot.serve import run_service
 
     settings = settings_from(ctx)
     try:
@@ -35,7 +35,7 @@ def chat(
 
     Ctrl-C while membot is answering stops that answer; Ctrl-C at the prompt, Ctrl-D or /quit ends the chat.
     """
-    from bot.app import run_chat
+    from bot.terminal_chat import run_chat
 
     settings = settings_from(ctx)
     if user:

@@ -229,7 +229,7 @@ def _catalog(settings: Settings) -> tuple[ModelCatalog | None, Check]:
 
 
 def _llm_settings(settings: Settings, catalog: ModelCatalog) -> Check:
-    from bot.app import check_llm_configured
+    from bot.startup import check_llm_configured
 
     try:
         check_llm_configured(settings, catalog)

@@ -20,7 +20,7 @@ The kernel writes dirty pages back within ~30 s by itself, so a power cut rarely
   that earlier time durably in place: the sessions saved meanwhile carry that clock's dates too, and a
   start would not look back far enough to find them;
 - a start that finds the marker records again what the sessions changed since its time hold and
-  memory lacks (:meth:`MemoryService.recover`, driven by ``bot/app.py``).
+  memory lacks (:meth:`MemoryService.recover`, driven by ``bot/startup.py``).
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def test_subcommand_help_imports_none_of_the_heavy_libraries(group: str) -> None
 def test_the_composition_root_imports_no_channel_or_ops_library() -> None:
     # Channel libraries load when a channel is configured, aiohttp and prometheus_client when the ops
     # endpoints are enabled, tiktoken when the token counter loads an encoding.
-    loaded = loaded_after("import bot.app\n")
+    loaded = loaded_after("import bot.app, bot.serve, bot.startup, bot.terminal_chat\n")
     assert not {"aiohttp", "discord", "prometheus_client", "telegram", "tiktoken"} & set(loaded)
 
 

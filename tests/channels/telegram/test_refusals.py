@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.app import secrets_of, serve_ops
+from bot.app import secrets_of
 from bot.config import Settings
 from bot.domain import OutboundMessage
 from bot.errors import ChannelRefused
@@ -23,6 +23,7 @@ from bot.inbox import Inbox
 from bot.lifecycle import ServiceRunner
 from bot.logging import SecretRedactor
 from bot.metrics import Metrics
+from bot.serve import serve_ops
 from tests.bot.cli.test_doctor import doctor, line
 from tests.channels.telegram.kit import running_channel
 from tests.channels.telegram.test_end_to_end import settings_for, telegram_bot
