@@ -25,7 +25,8 @@ from bot.memory.pack import MemoryPack, assemble, overhead, price
 from bot.memory.recall import MessageKey, Recaller
 from bot.memory.retrieval import Retriever, ScoredItem, diversify
 from bot.memory.scope import belongs_to
-from bot.memory.vectors import Feedback, VectorStore
+from bot.memory.vector_search import Feedback
+from bot.memory.vectors import VectorStore
 
 SEMANTIC_CANDIDATES = 100  # items the embedding signal brings in, beyond what the words found
 

@@ -9,6 +9,10 @@ last use share one vector, and an edit gets a new one. Each embedding model has 
 ``memory.embeddings_local_model`` starts an empty one, which fills as items are submitted again (at
 start-up, or all at once with ``membot memory reindex``).
 
+The store owns the file, the background worker and the query cache's lifetime; the rows in memory are
+a :class:`~bot.memory.vector_matrix.Matrix` (``vector_matrix.py``), and a query is embedded, scored and
+ranked, with feedback, by ``vector_search.py``.
+
 Use::
 
     store = VectorStore(memory_dir / "vectors", embedder)
@@ -20,28 +24,28 @@ Use::
 
 A failing embedder (an endpoint down, a missing package) never fails a turn: the failure is logged once,
 queries get no semantic scores, and the worker retries the queue later with a growing delay. A slow one
-never holds a turn for long either: a query waits for its vector at most ``QUERY_WAIT`` seconds.
+never holds a turn for long either: a query waits for its vector at most ``vector_search.QUERY_WAIT``
+seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import structlog
 from numpy.typing import NDArray
 
 from bot.allocator import release_free_memory
-from bot.memory import vector_file
+from bot.memory import vector_file, vector_search
 from bot.memory.embeddings import EMBED_CHARS, Embedder
 from bot.memory.items import MemoryItem
+from bot.memory.vector_matrix import Matrix, unit
+from bot.memory.vector_search import QUERY_WAIT, Feedback, QueryVectors
 from bot.retry import Backoff
 
 log = structlog.get_logger(__name__)
@@ -50,128 +54,9 @@ VECTORS_DIR = "vectors"  # under the memory folder
 BATCH = 64  # texts per embedder call
 SETTLE = 0.25  # seconds without new items before the queue is embedded
 MAX_WAIT = 2.0  # seconds a queued item waits at most while items keep arriving
-THREAD_SCORING_ROWS = 20_000  # above this many rows a query is scored in a worker thread
-QUERY_CACHE = 256  # recent query vectors kept: a message is the query, then an item to embed
-LOOKED_AT = 64  # nearest items among which feedback looks for its seeds
-RESCORED = 2_000  # nearest items feedback scores again (a second pass over 100,000 rows costs ~9 ms)
 IDLE_TRIM = 1.0  # seconds without new items after a batch before freed memory goes back to the system
-# Seconds a turn waits for its query's vector. The bundled model makes one in milliseconds (its first
-# load takes some 0.3 s), an endpoint in well under a second; one that is slow or stuck held the reply
-# for as long as it took (for a server sending a byte now and then: until the turn's own timeout).
-# Past this the turn goes on with words alone; the vector, if it comes, is kept for the next time.
-QUERY_WAIT = 5.0
 
 Progress = Callable[[int, int], None]  # (done, total)
-
-
-class Keys(Protocol):
-    """The key of each scored row, by its position (a list, or rows named when asked)."""
-
-    def __getitem__(self, i: int, /) -> str: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Feedback:
-    """Pseudo-relevance feedback in meaning (Rocchio): the query's vector is moved toward the mean of its
-    ``seeds`` nearest items by ``weight`` and scored again.
-
-    Why: a question shares few words and only part of its meaning with the message that answers it
-    ("how many fish in my aquariums?" / "my 20-gallon tank has 10 neon tetras"), while its nearest items
-    are about the same thing in the user's own words; moving toward them finds their neighbours. On the
-    open subset (any seeds from 2 to 10, weight 0.3 to 1.0) session recall_all@5 went from 0.940 to
-    0.964-0.976 and turn recall_any@5 from 0.940 to 0.940-0.952, at the cost of a second scoring pass
-    over the query's ``RESCORED`` nearest items.
-    ``usable`` keeps seeds to what the asker may see (chat scope): another chat's items never steer it.
-    """
-
-    seeds: int = 3
-    weight: float = 0.5
-    floor: float = 0.2  # a seed is at least this near the query (unrelated texts score ~0)
-    usable: Callable[[str], bool] | None = None  # by fingerprint
-
-    def pick(self, keys: Keys, scores: NDArray[np.float32]) -> list[int]:
-        """Indices of the seeds: the best-scored keys that are usable and near enough, among the
-        ``LOOKED_AT`` best (no seeds if none of those is usable: the query is then scored as it is)."""
-        out: list[int] = []
-        best = np.argpartition(-scores, LOOKED_AT - 1)[:LOOKED_AT] if len(scores) > LOOKED_AT else None
-        order = np.argsort(-scores if best is None else -scores[best], kind="stable")
-        for i in order if best is None else best[order]:
-            if scores[i] < self.floor:
-                break
-            if self.usable is None or self.usable(keys[int(i)]):
-                out.append(int(i))
-                if len(out) == self.seeds:
-                    break
-        return out
-
-
-class _Matrix:
-    """Unit rows (float32, as scored) with a key per row; a repeated key overwrites its row.
-
-    Built from a file's records in a thread, adopting their array (100,000 rows are ~150 MB), then
-    grown by :meth:`add`. Room is made ahead with :meth:`reserve`, also in a thread, so the event loop
-    never copies the matrix; a scoring thread that holds the old array keeps a valid view of it.
-    """
-
-    def __init__(self, keys: list[str] | None = None, vectors: NDArray[np.float32] | None = None) -> None:
-        keys = keys or []
-        self.rows: dict[str, int] = dict(zip(keys, range(len(keys)), strict=True))  # last one wins
-        self._data: NDArray[np.float32] | None = None
-        if vectors is None or not keys:
-            self.keys: list[str] = []
-            return
-        if len(self.rows) != len(keys):
-            picked = np.fromiter(self.rows.values(), dtype=np.int64, count=len(self.rows))
-            keys, vectors = list(self.rows), vectors[picked]
-            self.rows = dict(zip(keys, range(len(keys)), strict=True))
-        self.keys = list(keys)
-        self._data = np.ascontiguousarray(vectors, dtype=np.float32)  # full: the first add grows it
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    @property
-    def dim(self) -> int | None:
-        return None if self._data is None else self._data.shape[1]
-
-    def view(self) -> NDArray[np.float32]:
-        assert self._data is not None
-        return self._data[: len(self.keys)]
-
-    def pick(self, keys: Iterable[str]) -> NDArray[np.int64]:
-        """The rows of ``keys`` that have one, in their first order, each once."""
-        rows = self.rows
-        found = [row for key in dict.fromkeys(keys) if (row := rows.get(key)) is not None]
-        return np.array(found, dtype=np.int64)
-
-    def reserve(self, extra: int, dim: int) -> None:
-        """Make room for ``extra`` more rows of ``dim`` (blocking: the copy of a large matrix)."""
-        if self._data is None or self._data.shape[1] != dim:
-            self.keys, self.rows = [], {}
-            self._data = np.empty((_capacity(extra), dim), dtype=np.float32)
-        elif len(self.keys) + extra > len(self._data):
-            grown = np.empty((_capacity(len(self.keys) + extra), dim), dtype=np.float32)
-            grown[: len(self.keys)] = self._data[: len(self.keys)]
-            self._data = grown
-
-    def add(self, keys: list[str], vectors: NDArray[np.float32]) -> None:
-        if not keys:
-            return
-        self.reserve(len(keys), vectors.shape[1])  # a no-op when the caller reserved already
-        assert self._data is not None
-        for key, vector in zip(keys, vectors, strict=True):
-            row = self.rows.get(key)
-            if row is None:
-                row = len(self.keys)
-                self._data[row] = vector  # the row first, then the key: a reader never sees a blank row
-                self.keys.append(key)
-                self.rows[key] = row
-            else:
-                self._data[row] = vector
-
-
-def _capacity(rows: int) -> int:
-    return max(1024, rows + rows // 4)
 
 
 class VectorStore:
@@ -179,7 +64,7 @@ class VectorStore:
 
     ``folder`` holds one file per model id (``embedder.model_id``). ``batch`` texts go to the embedder at
     a time; after a failure the worker waits ``retry_after`` seconds, doubling up to ``max_retry_after``.
-    A query waits at most ``query_wait`` seconds for its vector (:data:`QUERY_WAIT`).
+    A query waits at most ``query_wait`` seconds for its vector (``vector_search.QUERY_WAIT``).
     """
 
     def __init__(
@@ -203,9 +88,8 @@ class VectorStore:
         self._max_retry_after = max_retry_after
         self._settle = settle
         self._max_wait = max_wait
-        self._query_wait = query_wait
         self._hurry = False  # drain() wants the queue embedded now
-        self._matrix = _Matrix()
+        self._matrix = Matrix()
         self._end = 0
         self._inode = 0
         self._queue: dict[str, str] = {}  # fingerprint -> text, oldest first
@@ -216,8 +100,9 @@ class VectorStore:
         self._failures = 0  # consecutive failed batches; 0 while healthy
         self._failure_events = 0  # every failed batch, ever (drain stops at a new one)
         self.last_error: str | None = None
-        self._queries: OrderedDict[str, NDArray[np.float32]] = OrderedDict()
-        self._embedding: dict[str, asyncio.Task[NDArray[np.float32] | None]] = {}  # queries in the model
+        self._queries = QueryVectors(
+            embedder, matrix=lambda: self._matrix, failing=lambda: self._failures > 0, wait=query_wait
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -256,13 +141,13 @@ class VectorStore:
             )
         log.info("vectors_loaded", model=self.model_id, count=len(self._matrix))
 
-    def _read(self) -> tuple[vector_file.Records, _Matrix] | None:
+    def _read(self) -> tuple[vector_file.Records, Matrix] | None:
         if not self.path.exists():
             return None
         records = vector_file.read(self.path, self.model_id)[1]
-        return records, _Matrix(records.keys, records.vectors)
+        return records, Matrix(records.keys, records.vectors)
 
-    def _replace(self, records: vector_file.Records, matrix: _Matrix) -> None:
+    def _replace(self, records: vector_file.Records, matrix: Matrix) -> None:
         self._matrix = matrix
         self._end, self._inode = records.end, records.inode
         self._queries.clear()
@@ -281,8 +166,7 @@ class VectorStore:
                 async with asyncio.timeout(timeout):
                     await self.drain()
         self._worker.cancel()
-        for task in list(self._embedding.values()):
-            task.cancel()
+        self._queries.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._worker
         self._worker = None
@@ -402,9 +286,9 @@ class VectorStore:
     async def _embed(self, texts: list[str]) -> NDArray[np.float32]:
         """Unit vectors for ``texts``; one the bot just asked with (a user's message is both the query and
         then an item) is taken from the query cache instead of being embedded twice."""
-        known = {i: self._queries[t.strip()] for i, t in enumerate(texts) if t.strip() in self._queries}
+        known = {i: q for i, t in enumerate(texts) if (q := self._queries.cached(t.strip())) is not None}
         rest = [t for i, t in enumerate(texts) if i not in known]
-        fresh = _unit(await self.embedder.embed(rest)) if rest else np.zeros((0, 0), dtype=np.float32)
+        fresh = unit(await self.embedder.embed(rest)) if rest else np.zeros((0, 0), dtype=np.float32)
         if not known:
             return fresh
         rows = iter(fresh)
@@ -440,7 +324,7 @@ class VectorStore:
             )
             others = done.others
             if others is not None and done.replaced:
-                rebuilt = await asyncio.to_thread(_Matrix, others.keys, others.vectors)
+                rebuilt = await asyncio.to_thread(Matrix, others.keys, others.vectors)
                 self._replace(others, rebuilt)
             elif others is not None:
                 await asyncio.to_thread(self._matrix.reserve, len(others.keys), halves.shape[1])
@@ -455,7 +339,7 @@ class VectorStore:
             vector_file.rewrite, self.path, self.model_id, vectors.shape[1], keys, vectors
         )
         rows = vectors.astype(np.float32)
-        self._replace(vector_file.Records(keys, rows, end, inode), _Matrix(keys, rows))
+        self._replace(vector_file.Records(keys, rows, end, inode), Matrix(keys, rows))
 
     async def compact(self, live: Collection[str]) -> int:
         """Drop the vectors of fingerprints not in ``live`` once they are at least half the file.
@@ -486,15 +370,10 @@ class VectorStore:
 
         Empty when there are no vectors or the query cannot be embedded (logged once per outage).
         """
-        q = await self._query(query)
+        q = await self._queries.vector(query)
         if q is None:
             return {}
-        matrix = self._matrix
-        keys = matrix.keys  # rows are only ever appended (or overwritten in place): indices hold
-        picked = None if fingerprints is None else matrix.pick(fingerprints)
-        scores = await self._score(matrix.view(), q, picked)
-        named = keys[: len(scores)] if picked is None else [keys[i] for i in picked.tolist()]
-        return dict(zip(named, scores.tolist(), strict=True))
+        return await vector_search.similarities(self._matrix, q, fingerprints)
 
     async def nearest(
         self,
@@ -507,120 +386,16 @@ class VectorStore:
     ) -> list[tuple[str, float]]:
         """The ``k`` fingerprints most similar to ``query`` (among ``fingerprints``; only those
         ``admits``, asked of the best until ``k`` pass), best first; with ``feedback``, to the query
-        moved toward its nearest items (see :class:`Feedback`).
-
-        Rows are handled as index arrays and named only for the ``k`` returned: naming every scored
-        row (a list of keys per pass, and a dict look-up per key to score again) was most of its time
-        on the event loop's thread."""
-        q = await self._query(query)
+        moved toward its nearest items (see :class:`~bot.memory.vector_search.Feedback`)."""
+        q = await self._queries.vector(query)
         if q is None or k <= 0:
             return []
-        matrix = self._matrix
-        keys = matrix.keys  # rows are only ever appended (or overwritten in place): indices hold
-        rows = matrix.view()
-        picked = None if fingerprints is None else matrix.pick(fingerprints)
-        scores = await self._score(rows, q, picked)
-        if feedback is not None and feedback.seeds > 0:
-            seeds = feedback.pick(_Named(keys, picked), scores)
-            if seeds:
-                at = seeds if picked is None else picked[seeds]
-                moved = _unit((q + feedback.weight * rows[at].mean(axis=0))[None, :])[0]
-                if len(scores) > RESCORED:  # the moved query re-ranks what the query found, not all
-                    best = np.argpartition(-scores, RESCORED - 1)[:RESCORED]
-                    picked = best if picked is None else picked[best]
-                scores = await self._score(rows, moved, picked)
-        want = k if admits is None else 2 * k  # (``admits`` is for fingerprints that are most of them)
-        while True:
-            top = np.argpartition(-scores, want - 1)[:want] if len(scores) > want else np.arange(len(scores))
-            top = top[np.argsort(-scores[top], kind="stable")]
-            found = top if picked is None else picked[top]
-            ranked = list(zip(found.tolist(), scores[top].tolist(), strict=True))
-            if admits is not None:
-                ranked = [(i, s) for i, s in ranked if admits(keys[i])]
-            if len(ranked) >= k or len(top) == len(scores):
-                return [(keys[i], s) for i, s in ranked[:k]]
-            want *= 2
+        return await vector_search.nearest(self._matrix, q, k, fingerprints, feedback=feedback, admits=admits)
 
     def prefetch(self, query: str) -> None:
         """Start embedding ``query`` without waiting for it, so the caller can work meanwhile (memory
         counts the query's words); :meth:`nearest` then takes the vector, made or still in the making."""
-        self._embed_query(query[:EMBED_CHARS].strip())
-
-    async def _query(self, query: str) -> NDArray[np.float32] | None:
-        if not self._matrix.keys:
-            return None
-        query = query[:EMBED_CHARS].strip()
-        q = self._queries.get(query)
-        if q is not None:
-            self._queries.move_to_end(query)
-            return q
-        task = self._embed_query(query)
-        if task is None:
-            return None
-        try:
-            async with asyncio.timeout(self._query_wait) as window:
-                # Shielded: a stopped turn, or one that stops waiting, does not cancel an embedding
-                # another turn may be waiting for (and whose vector is kept when it comes).
-                return await asyncio.shield(task)
-        except TimeoutError:
-            if not window.expired():
-                raise
-            log.warning("vectors_query_embedding_slow", model=self.model_id, waited=self._query_wait)
-            return None
-
-    def _embed_query(self, query: str) -> asyncio.Task[NDArray[np.float32] | None] | None:
-        """The task embedding ``query`` (one per text at a time), unless its vector is known."""
-        if not query or query in self._queries or not self._matrix.keys:
-            return None
-        task = self._embedding.get(query)
-        if task is None:
-            task = self._embedding[query] = asyncio.create_task(self._new_query(query), name="query-vector")
-            task.add_done_callback(lambda _: self._embedding.pop(query, None))
-        return task
-
-    async def _new_query(self, query: str) -> NDArray[np.float32] | None:
-        try:
-            q = np.asarray(_unit(await self.embedder.embed([query]))[0], dtype=np.float32)
-        except Exception as exc:  # the turn goes on with lexical retrieval only
-            if self._failures == 0:
-                log.warning("vectors_query_embedding_failed", model=self.model_id, error=str(exc))
-            return None
-        if q.shape[0] != self._matrix.dim:
-            return None
-        self._queries[query] = q
-        if len(self._queries) > QUERY_CACHE:
-            self._queries.popitem(last=False)
-        return q
-
-    async def _score(
-        self, rows: NDArray[np.float32], q: NDArray[np.float32], picked: NDArray[np.int64] | None
-    ) -> NDArray[np.float32]:
-        """Cosine of ``q`` with ``rows`` (those at ``picked``, in its order, when given)."""
-        if picked is not None and not len(picked):
-            return np.zeros(0, dtype=np.float32)
-
-        def score() -> NDArray[np.float32]:
-            chosen = rows if picked is None else rows[picked]
-            # einsum, not ``@``: OpenBLAS's threaded matrix-vector product is slower here (0.1 against
-            # 1.3 ms for 2,000 rows, 11 against 19 ms for 100,000 on 2 cores: its thread hand-offs cost).
-            return np.asarray(np.einsum("ij,j->i", chosen, q), dtype=np.float32)
-
-        if (len(rows) if picked is None else len(picked)) > THREAD_SCORING_ROWS:  # ~10 ms of numpy
-            return await asyncio.to_thread(score)  # keep it off the event loop
-        return score()
-
-
-class _Named:
-    """The keys of scored rows, named only when asked (:meth:`Feedback.pick` asks for a few)."""
-
-    __slots__ = ("_keys", "_picked")
-
-    def __init__(self, keys: list[str], picked: NDArray[np.int64] | None) -> None:
-        self._keys = keys
-        self._picked = picked
-
-    def __getitem__(self, i: int) -> str:
-        return self._keys[i if self._picked is None else int(self._picked[i])]
+        self._queries.prefetch(query)
 
 
 def _remove(path: Path) -> bool:
@@ -630,11 +405,3 @@ def _remove(path: Path) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def _unit(vectors: object) -> NDArray[np.float32]:
-    matrix = np.asarray(vectors, dtype=np.float32)
-    if matrix.ndim != 2:
-        raise ValueError(f"the embedder answered an array of shape {matrix.shape}, not one row per text")
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return np.asarray(matrix / np.maximum(norms, 1e-12), dtype=np.float32)

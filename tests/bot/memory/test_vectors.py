@@ -16,9 +16,10 @@ from structlog.testing import capture_logs
 
 from bot.allocator import release_free_memory
 from bot.errors import LLMUnavailable
-from bot.memory import vector_file, vectors
+from bot.memory import vector_file, vector_search, vectors
 from bot.memory.items import ItemType, Layer, MemoryItem
-from bot.memory.vectors import Feedback, VectorStore
+from bot.memory.vector_search import Feedback
+from bot.memory.vectors import VectorStore
 
 NOW = datetime(2024, 5, 20, 9, 30, tzinfo=UTC)
 SYNONYMS = {"automobile": "car", "vehicle": "car", "puppy": "dog"}
@@ -170,7 +171,7 @@ async def test_feedback_finds_what_the_nearest_items_talk_about_in_other_words(t
 async def test_feedback_scores_again_only_what_the_query_found_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(vectors, "RESCORED", 3)  # a large memory, in small
+    monkeypatch.setattr(vector_search, "RESCORED", 3)  # a large memory, in small
     seeds = [item("aquarium fish tank gravel"), item("aquarium fish tank plants")]
     answer = item("tank gravel plants tetras")
     near = item("dentist count appointment")  # one word of the query: among its three nearest
@@ -186,7 +187,7 @@ async def test_nearest_among_some_items_names_each_score_by_its_own_item(
     """Rows are scored by index and named only at the end: among a subset (given in any order, repeated,
     with fingerprints that have no vector) each score is its own item's, and feedback moves the query
     toward the subset's own nearest rows (worked out here by hand, the way the module doc says)."""
-    monkeypatch.setattr(vectors, "RESCORED", 4)  # a large memory, in small: the second pass re-ranks
+    monkeypatch.setattr(vector_search, "RESCORED", 4)  # a large memory, in small: the second pass re-ranks
     words = ["aquarium", "fish", "tank", "gravel", "plants", "tetras", "dentist", "friday", "garden", "basil"]
     pick = random.Random(7)
     everything = [item(" ".join(pick.choices(words, k=6)) + f" n{i}") for i in range(24)]
