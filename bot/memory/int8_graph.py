@@ -9,7 +9,7 @@ float32 to look up a few rows. :func:`int8_weights` rewrites
 - each ``MatMul(x, Mul(Cast(w), s))`` into onnxruntime's ``DynamicQuantizeMatMul(x, w, s)``, which
   quantizes the activations on the fly and multiplies in integers: 1.0 ms per short query, vectors
   within 0.97-0.99 cosine of the float path (so a new vector space id: ``MINILM_ID`` in
-  bot/memory/embeddings.py);
+  bot/memory/minilm.py);
 - each ``Gather(Mul(Cast(w), s), ids)`` into ``Mul(Cast(Gather(w, ids)), Gather(s, ids))``: the same
   numbers, widening only the rows looked up.
 

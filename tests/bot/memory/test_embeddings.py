@@ -301,14 +301,15 @@ def test_a_loaded_model_keeps_no_copy_of_its_file(minilm: OnnxEmbedder) -> None:
 def test_the_vectors_are_those_of_a_plain_onnxruntime_session(minilm: OnnxEmbedder) -> None:
     import onnxruntime
 
-    from bot.memory.embeddings import _minilm_int8_file, _unit_rows
+    from bot.memory.embeddings import _unit_rows
     from bot.memory.int8_graph import int8_weights
+    from bot.memory.minilm import int8_file
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     plain = onnxruntime.InferenceSession(
-        int8_weights(_minilm_int8_file(None)[0])[0], options, providers=["CPUExecutionProvider"]
+        int8_weights(int8_file(None)[0])[0], options, providers=["CPUExecutionProvider"]
     )
     texts = ["are you there?", "we adopted a puppy named Biscuit", "tea " * 600]
     for text, vector in zip(texts, minilm.encode(texts), strict=True):
@@ -321,17 +322,17 @@ def test_the_vectors_are_those_of_a_plain_onnxruntime_session(minilm: OnnxEmbedd
 def test_the_word_table_offset_is_where_the_known_file_holds_the_table() -> None:
     from google.protobuf.unknown_fields import UnknownFieldSet
 
-    from bot.memory.embeddings import _WORD_TABLE, _WORD_TABLE_AT, _WORD_TABLE_SHAPE, _minilm_int8_file
     from bot.memory.int8_graph import _model_class
+    from bot.memory.minilm import WORD_TABLE, WORD_TABLE_AT, WORD_TABLE_SHAPE, int8_file
 
-    model, mapped = _minilm_int8_file(None)
+    model, mapped = int8_file(None)
     proto = _model_class()()
     proto.ParseFromString(model)
-    (table,) = [t for t in proto.graph.initializer if t.name == _WORD_TABLE]
-    assert tuple(table.dims) == _WORD_TABLE_SHAPE
+    (table,) = [t for t in proto.graph.initializer if t.name == WORD_TABLE]
+    assert tuple(table.dims) == WORD_TABLE_SHAPE
     (raw,) = [f.data for f in UnknownFieldSet(table) if f.field_number == 9]  # TensorProto.raw_data
-    assert model[_WORD_TABLE_AT : _WORD_TABLE_AT + len(raw)] == raw
-    assert mapped[_WORD_TABLE_AT : _WORD_TABLE_AT + len(raw)] == raw
+    assert model[WORD_TABLE_AT : WORD_TABLE_AT + len(raw)] == raw
+    assert mapped[WORD_TABLE_AT : WORD_TABLE_AT + len(raw)] == raw
     mapped.close()
 
 

@@ -6,8 +6,9 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from bot.memory.embeddings import OnnxEmbedder, _minilm_int8_file
+from bot.memory.embeddings import OnnxEmbedder
 from bot.memory.int8_graph import int8_weights
+from bot.memory.minilm import int8_file
 
 SENTENCES = [
     "my automobile needs new tires",
@@ -25,7 +26,7 @@ def _session(model: bytes) -> onnxruntime.InferenceSession:
 
 
 def test_every_weight_matmul_is_rewritten_and_the_vectors_keep_their_meaning() -> None:
-    original = _minilm_int8_file(None)[0]
+    original = int8_file(None)[0]
     rewritten, count = int8_weights(original)
     assert count == 38  # 6 layers x (query, key, value, output, two feed-forward), 2 embedding tables
     assert len(rewritten) < len(original)  # the Cast and Mul nodes are gone, the int8 weights stay
@@ -43,7 +44,7 @@ def test_every_weight_matmul_is_rewritten_and_the_vectors_keep_their_meaning() -
 
 
 def test_what_the_rewrite_does_not_know_passes_through() -> None:
-    original = _minilm_int8_file(None)[0]
+    original = int8_file(None)[0]
     rewritten, _ = int8_weights(original)
     again, count = int8_weights(rewritten)  # nothing left to rewrite: the same bytes come back
     assert count == 0 and again == rewritten
