@@ -38,10 +38,9 @@ from numpy.typing import NDArray
 
 from bot.capped import read_at_most
 from bot.config import MemorySettings
-from bot.errors import ConfigError, LLMBadResponse, LLMError, LLMTimeout, LLMUnavailable
+from bot.errors import ConfigError, LLMBadResponse, LLMTimeout, LLMUnavailable
 from bot.memory import minilm
 from bot.memory.int8_graph import int8_weights
-from bot.memory.items import MemoryItem
 
 log = structlog.get_logger(__name__)
 
@@ -303,29 +302,3 @@ def build_embedder(settings: MemorySettings, http: httpx.AsyncClient | None = No
 def _unit_rows(matrix: NDArray[np.float32]) -> Vectors:
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
     return np.asarray(matrix / np.maximum(norms, 1e-12), dtype=np.float32)
-
-
-class EmbeddingCache:
-    """Vectors per item fingerprint, and cosine similarities of a query against items (in memory only).
-
-    Superseded by :class:`bot.memory.vectors.VectorStore`, which persists vectors and embeds in the
-    background; kept until the memory service is wired to the store.
-    """
-
-    def __init__(self, embedder: Embedder) -> None:
-        self._embedder = embedder
-        self._vectors: dict[str, Vectors] = {}
-
-    async def similarities(self, query: str, items: Sequence[MemoryItem]) -> dict[str, float] | None:
-        try:
-            missing = list({i.fingerprint: i for i in items if i.fingerprint not in self._vectors}.values())
-            for start in range(0, len(missing), BATCH):
-                batch = missing[start : start + BATCH]
-                vectors = _unit_rows(await self._embedder.embed([i.content[:EMBED_CHARS] for i in batch]))
-                for item, vector in zip(batch, vectors, strict=True):
-                    self._vectors[item.fingerprint] = vector
-            q = _unit_rows(await self._embedder.embed([query[:EMBED_CHARS]]))[0]
-        except LLMError as exc:
-            log.warning("embeddings_unavailable", error=str(exc))
-            return None
-        return {i.id: float(self._vectors[i.fingerprint] @ q) for i in items}
