@@ -44,7 +44,6 @@ from bot.memory.int8_graph import int8_weights
 
 log = structlog.get_logger(__name__)
 
-BATCH = 64
 EMBED_CHARS = 2000  # a text is cut here before tokenizing; MiniLM reads at most minilm.MAX_TOKENS
 
 Vectors = NDArray[np.float32]
