@@ -323,6 +323,11 @@ def _named(month: int, day: int, year: str | None, today: date) -> date | None:
 
 
 def _valid(year: int, month: int, day: int) -> date | None:
+    """The day, or ``None`` when there is none ("2/30") or it lies at the calendar's edge: "9999-12-31"
+    and "0001-01-01" are placeholders ("valid until 9999-12-31", a pasted log's empty date), and a
+    day either side of them, or their midnight in a time zone, is no ``datetime`` at all."""
+    if not date.min.year < year < date.max.year:
+        return None
     try:
         return date(year, month, day)
     except ValueError:
