@@ -164,10 +164,13 @@ class _Packer:
         if block.fence is not None:
             self._add_fenced(block, block.fence)
         else:
-            separator = block.separator
-            for line in block.lines:
-                self._add_line(separator, line)
-                separator = "\n"
+            self._add_lines(block)
+
+    def _add_lines(self, block: _Block) -> None:
+        separator = block.separator
+        for line in block.lines:
+            self._add_line(separator, line)
+            separator = "\n"
 
     def _add_line(self, separator: str, line: str) -> None:
         if self._measure(line) <= self._room(separator):
@@ -185,7 +188,10 @@ class _Packer:
         opening, closing = fence.opening, fence.closing
         overhead = self._measure(opening) + self._measure(closing) + 2  # two newlines
         if self._limit - overhead < 8:
-            raise ValueError(f"limit {self._limit} cannot hold a code block fenced by {opening!r}")
+            # An opening line too long to repeat in every chunk (a model repeating "`" thousands of
+            # times, a huge info string) cannot reopen the block: its lines go out as they are.
+            self._add_lines(block)
+            return
         body = block.lines[1:]
         closed = bool(body) and fence.closes(body[-1])
         if closed:
@@ -211,9 +217,14 @@ class _Packer:
                     self._append("", opening)
                 self._append("\n", piece)
         if not is_open:  # an empty code block
+            if self._measure(opening) + reserve > self._room(separator):
+                self._flush()
             self._append(separator, opening)
         if closed:
-            self._append("\n", block.lines[-1])
+            # The closing line as written, unless it outgrows the room kept for it (a run of backticks
+            # a model repeated): the fence's own marker closes the block the same way.
+            last = block.lines[-1]
+            self._append("\n", last if self._measure(last) <= self._room("\n") else closing)
 
     # -- oversize lines -----------------------------------------------------------------------------
 

@@ -109,3 +109,27 @@ def test_properties_hold_for_random_markdown(text: str, limit: int) -> None:
         assert chunk.strip()
         assert len(fence_lines(chunk)) % 2 == 0, chunk
     assert content("\n".join(chunks)) == content(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "`" * 5000,  # a model repeating one token: a "fence" opening that is the whole answer
+        "~" * 5000,
+        "Here:\n\n```" + "a" * 5000 + "\nprint(1)\n```",  # an info string longer than a message
+    ],
+)
+def test_a_fence_opening_too_long_to_repeat_is_split_as_plain_lines(text: str) -> None:
+    for limit, measure in ((2000, len), (4096, utf16_len)):
+        chunks = split_message(text, limit, measure=measure)
+        assert chunks and all(measure(c) <= limit for c in chunks)
+        assert re.sub(r"\s", "", "".join(chunks)) == re.sub(r"\s", "", text)
+
+
+def test_a_closing_fence_longer_than_the_room_left_closes_with_the_fences_marker() -> None:
+    code = "\n".join(f"print({i})" for i in range(300))
+    for text in (f"```py\n{code}\n" + "`" * 5000, "```\nx = 1\n" + "`" * 5000, "```\n" + "`" * 5000):
+        chunks = split_message(text, 2000)
+        assert all(len(c) <= 2000 for c in chunks), [len(c) for c in chunks]
+        assert all(len(fence_lines(c)) % 2 == 0 for c in chunks)
+        assert content("\n".join(chunks)) == content(text)
