@@ -40,9 +40,9 @@ def scrub_json_text(text: str) -> str:
         return text
     try:
         value = json.loads(text)
-    except ValueError:
+        cleaned = scrub_json(value)
+    except (ValueError, RecursionError):  # no JSON, or nested too deeply: the tool loop says so
         return text
-    cleaned = scrub_json(value)
     return text if cleaned == value else json.dumps(cleaned, ensure_ascii=False)
 
 

@@ -390,6 +390,12 @@ class _TurnRun:
                 "object that matches its schema.",
                 "bad_arguments",
             )
+        except RecursionError:  # "[[[[…" a thousand deep: a model repeating itself, not JSON to read
+            return (
+                f"Error: the arguments are nested too deeply to read. Call {call.name} again with one "
+                "JSON object that matches its schema.",
+                "bad_arguments",
+            )
         if not isinstance(args, dict):
             return "Error: the arguments must be a JSON object.", "bad_arguments"
         key = (call.name, json.dumps(args, sort_keys=True))

@@ -106,7 +106,7 @@ def parse(target: Target, content: bytes) -> ChatResponse:
     with HTTP 200 and fields of the wrong type are errors of the server (see :func:`readable`)."""
     try:
         body = json.loads(content)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, nested too deeply
         raise LLMBadResponse(
             f"{target.where} answered with malformed JSON for {target.model}", model=target.model
         ) from None

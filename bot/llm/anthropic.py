@@ -104,10 +104,11 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
 
 
 def _arguments(text: str) -> dict[str, Any]:
-    """``tool_use.input`` must be an object; arguments that are not a JSON object become ``{}``."""
+    """``tool_use.input`` must be an object; arguments that are not a JSON object (or are nested too
+    deeply to decode) become ``{}``."""
     try:
         value = json.loads(text or "{}")
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -99,7 +99,7 @@ def error_fields(text: str) -> tuple[str, str, str]:
     """``(type, code, message)`` from either provider's error body; raw text when it is not JSON."""
     try:
         body: Any = json.loads(text)
-    except (json.JSONDecodeError, TypeError):
+    except (json.JSONDecodeError, TypeError, RecursionError):
         return "", "", (text or "").strip()[:300]
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict):

@@ -102,10 +102,11 @@ def _arguments(text: str) -> str:
     """A call's arguments as sent back in the history: as the model wrote them when they are a JSON
     object, else ``{}``. Local servers (vLLM, llama.cpp, SGLang, Ollama) parse them for the chat template
     and refuse the whole request otherwise, so one broken call made every later request of the chat
-    fail; the call's result already tells the model what was wrong with them."""
+    fail; the call's result already tells the model what was wrong with them. Nested too deeply to
+    decode (``RecursionError``), they would fail every later request here too."""
     try:
         value = json.loads(text or "{}")
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return "{}"
     return text if isinstance(value, dict) else "{}"
 

@@ -135,7 +135,7 @@ class StreamFold:
         """One event's JSON object; anything else is the provider's fault, said as such."""
         try:
             parsed = json.loads(data) if data else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise LLMBadResponse(f"{self._where} streamed malformed JSON", model=self._model) from None
         if not isinstance(parsed, dict):
             raise LLMBadResponse(f"{self._where} streamed an unexpected {what}", model=self._model)

@@ -37,7 +37,7 @@ def parse_object(text: str, fields: tuple[str, ...]) -> tuple[dict[str, Any], in
 def _loads_object(text: str) -> dict[str, Any] | None:
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 
