@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from bot.config_files import read_text_file
 from bot.domain import Usage
 from bot.errors import ConfigError
 
@@ -111,7 +112,7 @@ def load_catalog(override: Path | None = None) -> ModelCatalog:
     tiers = {p: dict(t) for p, t in base.tiers.items()}
     if override is not None:
         try:
-            text = override.read_text(encoding="utf-8")
+            text = read_text_file(override, "models_file")  # (a ConfigError when it is not UTF-8)
         except OSError as exc:
             raise ConfigError(f"cannot read models_file {override}: {exc.strerror}") from None
         extra = _read(text, str(override))

@@ -32,10 +32,10 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
-    TomlConfigSettingsSource,
 )
 
 from bot.config_errors import ENV_PREFIX, explain_undecodable, explain_validation, unknown_variables
+from bot.config_files import TomlSource
 from bot.errors import ConfigError
 
 DEFAULT_HOME = Path("~/.membot")
@@ -326,7 +326,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, dotenv_settings, TomlConfigSettingsSource(settings_cls))
+        return (init_settings, env_settings, dotenv_settings, TomlSource(settings_cls))
 
     @property
     def sessions_dir(self) -> Path:
@@ -389,6 +389,11 @@ def load_settings(
         raise ConfigError(f"{toml} is not valid TOML: {exc}") from None
     except SettingsError as exc:  # a value that should be JSON (a list, a table) is not
         raise ConfigError(explain_undecodable(exc, env_file, Settings)) from None
+    except UnicodeDecodeError as exc:  # the TOML file says so itself (config_files.py): this is the .env
+        raise ConfigError(
+            f"{env_file} is not UTF-8 text (the byte 0x{exc.object[exc.start : exc.start + 1].hex()}): "
+            "save it as UTF-8"
+        ) from None
     except (OSError, ValueError) as exc:  # unreadable TOML / .env
         raise ConfigError(f"could not read configuration: {exc}") from None
 
@@ -412,7 +417,7 @@ def describe_settings(
         (".env", _lower_keys(DotEnvSettingsSource(cls)())),
     ]
     if toml is not None:
-        sources.append((str(toml), _lower_keys(TomlConfigSettingsSource(cls, toml_file=toml)())))
+        sources.append((str(toml), _lower_keys(TomlSource(cls, toml_file=toml)())))
     rows: list[tuple[str, str, str]] = []
     for path, value in _leaves(settings.model_dump()):
         origin = "default"
