@@ -53,7 +53,7 @@ def render_chunks(markdown: str, limit: int = TELEGRAM_TEXT_LIMIT) -> list[Rende
     chunks: list[RenderedChunk] = []
     for piece in split_message(markdown, limit, measure=utf16_len):
         rendered = markdown_to_html(piece)
-        if not rendered.strip():
+        if not visible_text(rendered).strip():  # "[](url)", "> ": Telegram refuses a message showing nothing
             chunks.append(RenderedChunk(None, piece))
         elif utf16_len(visible_text(rendered)) <= limit:
             chunks.append(RenderedChunk(rendered, piece))
