@@ -52,6 +52,7 @@ from channels.discord.inbound import (
     DiscordAccess,
     Place,
     addresses_bot,
+    carried,
     from_a_person,
     quoted,
     readable_text,
@@ -231,7 +232,7 @@ class DiscordChannel(Channel):
             return False
         text = "\n".join(part for part in (quoted(message, bot.id), readable_text(message, bot.id)) if part)
         found = await self._attachments.read(message)
-        text = "\n\n".join(part for part in (text, *found.notes) if part)
+        text = "\n\n".join(part for part in (text, *carried(message), *found.notes) if part)
         if not text and not found.attachments:
             return False
         self._outbox.received(chat_id, str(message.id), message.author.id)

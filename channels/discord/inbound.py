@@ -147,3 +147,15 @@ def quoted(message: discord.Message, bot_id: int) -> str:
     if not isinstance(replied, discord.Message) or replied.author.id == bot_id:
         return ""
     return quote_reply(replied.author.display_name, readable_text(replied, bot_id))
+
+
+def carried(message: discord.Message) -> list[str]:
+    """What a message holds besides its own text, as lines for the model: a forwarded message (Discord
+    keeps its words in a snapshot; the forward itself has no content) and stickers. Without them a
+    forward or a sticker sent alone looked like an empty message and was dropped without a word."""
+    lines = []
+    for snapshot in message.message_snapshots:
+        files = f" (with {len(snapshot.attachments)} attachment(s), not read)" if snapshot.attachments else ""
+        lines.append(f"[forwarded message{files}]\n{snapshot.content}".strip())
+    lines += [f"[sticker {sticker.name}]" for sticker in message.stickers]
+    return lines

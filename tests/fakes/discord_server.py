@@ -293,6 +293,8 @@ class FakeDiscord:
         reply_to: Json | None = None,
         attachments: tuple[tuple[str, str, bytes] | CdnFile, ...] = (),  # (filename, content type, data)
         at: datetime | None = None,  # written then (its id says so too); default now
+        stickers: tuple[str, ...] = (),  # sticker names
+        forwarded: str | None = None,  # the content of a message this one forwards (Discord's "Forward")
     ) -> Json:
         """A user writes in a channel; MESSAGE_CREATE goes to the bot (now, or on its RESUME; a bot that
         is down and starts a new session gets it only from the channel's history)."""
@@ -321,6 +323,13 @@ class FakeDiscord:
         if reply_to is not None:
             message["message_reference"] = {"message_id": reply_to["id"], "channel_id": channel_id}
             message["referenced_message"] = reply_to
+        if stickers:
+            message["sticker_items"] = [{"id": snowflake(), "name": n, "format_type": 1} for n in stickers]
+        if forwarded is not None:  # a forward has no content of its own: the original is a snapshot
+            original = {key: message[key] for key in ("type", "embeds", "attachments", "timestamp", "flags")}
+            snapshot = {**original, "content": forwarded, "edited_timestamp": None}
+            message["message_snapshots"] = [{"message": snapshot}]
+            message["message_reference"] = {"type": 1, "message_id": snowflake(), "channel_id": channel_id}
         self.messages[message["id"]] = message
         await self._dispatch("MESSAGE_CREATE", message)
         return message
