@@ -108,9 +108,13 @@ async def _extract(
         ("a location", message.location),
         ("a contact", message.contact),
         ("a poll", message.poll),
+        ("a story", message.story),
+        ("a game", message.game),
     ):
         if present:
             out.notes.append(f"[The user sent {label}.]")
+    if message.dice is not None:  # a dice, darts or slot-machine emoji, and what it rolled
+        out.notes.append(f"[The user rolled {message.dice.emoji}: {message.dice.value}]")
     if message.sticker is not None:
         out.notes.append(f"[sticker {message.sticker.emoji or ''}]".replace(" ]", "]"))
 
