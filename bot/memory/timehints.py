@@ -12,6 +12,7 @@ or after an event that is not a date ("before getting the air fryer") is only th
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -122,6 +123,17 @@ _ANY = re.compile("|".join(f"(?:{pattern.pattern})" for pattern in _NAMED), re.I
 _NUMERIC = re.compile(r"\d[-/.]\d")
 
 
+# How far before a date the words that announce it ("on the", "prior to") are looked for. Searching
+# from the query's start instead made a paste of many dates quadratic: 16,000 characters of "on 1/2"
+# (the longest message a chat takes in) held the event loop for five seconds.
+_LEAD = 40
+
+
+def _before(start: int) -> int:
+    """Where to look for the words that lead up to a date found at ``start``."""
+    return max(0, start - _LEAD)
+
+
 def _names_time(text: str) -> bool:
     """Whether ``text`` may name a time (one search or two instead of a dozen)."""
     return _ANY.search(text) is not None or _NUMERIC.search(text) is not None
@@ -216,7 +228,7 @@ def periods(query: str, now: datetime, tz: ZoneInfo) -> list[Span]:
         spans.append((now - timedelta(days=back + slack), now - timedelta(days=max(0.0, back - slack))))
     local = now.astimezone(tz)
     for mention in _dates(query, local.date()):
-        side = _SIDE_OF.search(query, 0, mention.start)
+        side = _SIDE_OF.search(query, _before(mention.start), mention.start)
         if side is None:
             if mention.plain is not None:
                 spans.append(_local_span(*mention.plain, tz))
@@ -262,10 +274,15 @@ def _dates(query: str, today: date) -> list[_Mention]:
 
     A date without a year is its latest one not after ``today``."""
     found: list[_Mention] = []
+    taken: list[tuple[int, int]] = []  # where the dates found stand, in order; they never overlap
 
     def add(start: int, end: int, first: date, last: date, plain: tuple[date, date] | None) -> None:
-        if not any(start < m.end and m.start < end for m in found):
-            found.append(_Mention(start, end, first, last, plain))
+        # Only the neighbours can overlap: a paste of thousands of dates stays linear.
+        i = bisect.bisect_left(taken, (start, end))
+        if (i > 0 and taken[i - 1][1] > start) or (i < len(taken) and taken[i][0] < end):
+            return
+        taken.insert(i, (start, end))
+        found.append(_Mention(start, end, first, last, plain))
 
     def day(start: int, end: int, named: date | None) -> None:
         if named is not None:
@@ -297,7 +314,7 @@ def _numeric_days(query: str, today: date) -> list[tuple[int, int, date | None]]
         out.append((m.start(), m.end(), _valid(int(m.group(1)), int(m.group(2)), int(m.group(3)))))
     for m in _SLASHED.finditer(query):
         first, second, year = int(m.group(1)), int(m.group(2)), m.group(3)
-        announced = _DATE_WORD.search(query, 0, m.start()) is not None
+        announced = _DATE_WORD.search(query, _before(m.start()), m.start()) is not None
         if year is None and not announced:
             # "1/2 cup", "3/4", "8/10", "10/10": a fraction or a score. "24/7", "22/7": no month first.
             if first > 12 or (first <= second and second in _DENOMINATORS) or _UNIT.match(query, m.end()):
@@ -307,7 +324,7 @@ def _numeric_days(query: str, today: date) -> list[tuple[int, int, date | None]]
         month, number = (first, second) if first <= 12 else (second, first)
         out.append((m.start(), m.end(), _named(month, number, year, today)))
     for m in _DOTTED.finditer(query):
-        if m.group(3) is None and _DATE_WORD.search(query, 0, m.start()) is None:
+        if m.group(3) is None and _DATE_WORD.search(query, _before(m.start()), m.start()) is None:
             continue  # "it was 22.7." is more likely a decimal
         out.append((m.start(), m.end(), _named(int(m.group(2)), int(m.group(1)), m.group(3), today)))
     return out
