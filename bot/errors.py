@@ -53,6 +53,13 @@ class ChannelRefused(ChannelError):
         self.fix = fix
 
 
+class MessageRefused(ChannelRefused):
+    """The platform refused this message for good, not the chat: its content (a Discord server's
+    automatic moderation, a text Telegram finds empty once formatted). Sent again it is refused again,
+    but the chat can still be written to, so the dispatcher tells the chat, in plain words, that the
+    answer could not be delivered, instead of keeping it to be refused before every later answer."""
+
+
 class LLMError(MembotError):
     """The model provider failed. ``retryable`` tells the client whether another try may help, and
     ``retry_after`` how long the provider asked it to wait first (its Retry-After header), if it said."""

@@ -21,7 +21,7 @@ import structlog
 from bot.config import DispatcherSettings
 from bot.dispatcher.lanes import Lane
 from bot.domain import InboundMessage, OutboundMessage, utcnow
-from bot.errors import ChannelRefused, StorageError
+from bot.errors import ChannelRefused, MessageRefused, StorageError
 from bot.inbox import Inbox
 from bot.outbox import PendingReply
 from bot.ports import ChannelPort
@@ -31,7 +31,13 @@ log = structlog.get_logger(__name__)
 
 RETRY = Backoff(2.0, 60.0)  # pauses before sending or writing again after a failure
 SEND_PATIENCE = 3600.0  # seconds an unsent answer holds its chat before it waits for the next start
-Outcome = Literal["sent", "failed", "refused"]  # went out; may go out later; never will as it is
+# went out; may go out later; never will as it is (the chat refuses the bot); nor will this message
+# (its content), but the chat can be told
+Outcome = Literal["sent", "failed", "refused", "rejected"]
+# What the chat is told when the platform refused an answer itself (MessageRefused).
+REJECTED_NOTICE = (
+    "⚠️ My answer could not be delivered: {platform} refused it. Ask me again and I'll put it differently."
+)
 
 
 class Delivery:
@@ -69,30 +75,37 @@ class Delivery:
         sent again here with growing pauses for up to ``send_patience`` while the chat waits, so answers
         keep their order. A platform that refuses it for good (:class:`~bot.errors.ChannelRefused`:
         the user blocked the bot, the chat is gone) would refuse every try: it is kept and set aside at
-        once, and the chat's later answers are each tried once, as this one was. A done mark the disk
+        once, and the chat's later answers are each tried once, as this one was. One it refuses for its
+        content (:class:`~bot.errors.MessageRefused`) would be too, but the chat can be told: it is, in
+        plain words, and the answer is done (the history holds it; asked again, the model rewords it).
+        A done mark the disk
         refuses is written again until it goes through: left out, the next start would answer twice."""
         inbox = self._inbox
         await self._send_set_aside(lane)
         outcome = await self.send_out(reply.outbound())
         if inbox is None or not reply.entries:
+            if outcome == "rejected":
+                await self._tell_rejected(reply)
             return
-        if outcome != "sent":
+        if outcome in ("failed", "refused"):
             await self.persist("reply_keep", lambda: inbox.keep(reply))
             if outcome == "failed":
                 outcome = await self._resend(reply)
-            if outcome != "sent":
-                lane.set_aside.append(reply)
-                if outcome == "refused":
-                    where = str(inbox.file(reply.session_id))
-                    log.warning(
-                        "reply_set_aside",
-                        channel=reply.channel,
-                        chat_id=reply.chat_id,
-                        reply_id=reply.id,
-                        kept_in=where,
-                        tried_again="once before the chat's next answer, and at the next start",
-                    )
-                return
+        if outcome == "rejected":  # told, it is done: kept, the same answer would be refused again
+            await self._tell_rejected(reply)
+        elif outcome != "sent":
+            lane.set_aside.append(reply)
+            if outcome == "refused":
+                where = str(inbox.file(reply.session_id))
+                log.warning(
+                    "reply_set_aside",
+                    channel=reply.channel,
+                    chat_id=reply.chat_id,
+                    reply_id=reply.id,
+                    kept_in=where,
+                    tried_again="once before the chat's next answer, and at the next start",
+                )
+            return
         await self._finish(reply)
 
     async def _send_set_aside(self, lane: Lane) -> None:
@@ -104,11 +117,29 @@ class Delivery:
                 await self.persist("reply_expire", functools.partial(self._inbox.expire, reply))
                 lane.set_aside.pop(0)
                 continue
-            if await self.send_out(reply.outbound()) != "sent":
+            outcome = await self.send_out(reply.outbound())
+            if outcome == "rejected":
+                await self._tell_rejected(reply)
+            elif outcome != "sent":
                 return
             lane.set_aside.pop(0)
             log.info("reply_sent_late", channel=reply.channel, chat_id=reply.chat_id, reply_id=reply.id)
             await self._finish(reply)
+
+    async def _tell_rejected(self, reply: PendingReply) -> None:
+        """The platform refused the answer itself: say so to the chat (the log has its words)."""
+        log.warning("reply_rejected", channel=reply.channel, chat_id=reply.chat_id, reply_id=reply.id)
+        platform = reply.channel.capitalize()
+        out = reply.outbound()
+        notice = OutboundMessage(
+            out.channel,
+            out.chat_id,
+            REJECTED_NOTICE.format(platform=platform),
+            reply_to=out.reply_to,
+            is_error=True,
+            aside=True,
+        )
+        await self.send_out(notice)
 
     async def _finish(self, reply: PendingReply) -> None:
         if self._inbox is None or not reply.entries:
@@ -183,7 +214,7 @@ class Delivery:
                 fix=exc.fix,
                 error=str(exc),
             )
-            return "refused"
+            return "rejected" if isinstance(exc, MessageRefused) and not out.aside else "refused"
         except Exception:
             log.exception("reply_failed", channel=out.channel, chat_id=out.chat_id)
             return "failed"

@@ -7,14 +7,16 @@ again, the same request gets the same answer until someone acts, so :func:`as_ch
 for an hour. Whether it is refused is decided by the HTTP status (400, 403 and 404: the request, not the
 service); the JSON error code only picks the words for the log. A 429 (discord.py waits those out
 itself; one it gave up on), a 401, a 5xx or a network failure stays a plain
-:class:`~bot.errors.ChannelError`: it may work later.
+:class:`~bot.errors.ChannelError`: it may work later. A 400 of no known code is about the message, not
+the channel (200000: the server's automatic moderation blocked it), and the chat can still be told: a
+:class:`~bot.errors.MessageRefused`.
 """
 
 from __future__ import annotations
 
 import discord
 
-from bot.errors import ChannelError, ChannelRefused
+from bot.errors import ChannelError, ChannelRefused, MessageRefused
 
 _REFUSED_STATUSES = frozenset({400, 403, 404})
 
@@ -43,11 +45,12 @@ def as_channel_error(message: str, exc: BaseException) -> ChannelError:
     """``exc`` (a request's final error) as the core sees it: refused for good, or maybe later."""
     if not isinstance(exc, discord.HTTPException) or exc.status not in _REFUSED_STATUSES:
         return ChannelError(message)
-    reason, fix = _KNOWN.get(
-        exc.code,
-        (
-            f"Discord refused the request (HTTP {exc.status}, code {exc.code}: {exc.text or exc})",
-            "see Discord's words in the error; the same request would be refused again",
-        ),
+    known = _KNOWN.get(exc.code)
+    if known is not None:
+        return ChannelRefused(message, reason=known[0], fix=known[1])
+    refused = MessageRefused if exc.status == 400 else ChannelRefused
+    return refused(
+        message,
+        reason=f"Discord refused the request (HTTP {exc.status}, code {exc.code}: {exc.text or exc})",
+        fix="see Discord's words in the error; the same request would be refused again",
     )
-    return ChannelRefused(message, reason=reason, fix=fix)

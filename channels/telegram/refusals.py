@@ -11,14 +11,16 @@ again for an hour. Whether it is refused is decided by PTB's error type (``Forbi
 :class:`~bot.errors.ChannelError`: it may work later.
 
 Parse errors and "message is too long" are 400s too, but :mod:`channels.telegram.outbound` handles
-them before they get here; a 400 that still arrives would be refused the same way on every try.
+them before they get here; a 400 that still arrives would be refused the same way on every try. One
+that is not about the chat (none of the known words) is about the message, and the chat can still be
+told: a :class:`~bot.errors.MessageRefused`.
 """
 
 from __future__ import annotations
 
 from telegram.error import BadRequest, ChatMigrated, Forbidden, TelegramError
 
-from bot.errors import ChannelError, ChannelRefused
+from bot.errors import ChannelError, ChannelRefused, MessageRefused
 
 _MUTED, _UNMUTE = "the bot may not write in the chat", "a group admin has to allow the bot to send messages"
 
@@ -64,7 +66,8 @@ def as_channel_error(message: str, exc: TelegramError) -> ChannelError:
     for words, reason, fix in _KNOWN:
         if words in said:
             return ChannelRefused(message, reason=reason, fix=fix)
-    return ChannelRefused(
+    refused = MessageRefused if isinstance(exc, BadRequest) else ChannelRefused
+    return refused(
         message,
         reason=f"Telegram refused the message ({exc})",
         fix="see Telegram's words in the error; the same request would be refused again",

@@ -171,6 +171,7 @@ class FakeDiscord:
         self.typing: list[str] = []
         self._faults: list[_Fault] = []
         self.refused: dict[str, tuple[int, int, str]] = {}  # channel id -> (status, code, message)
+        self.blocked_words: set[str] = set()  # a server's automatic moderation (see block_word)
         self._interactions: dict[str, Json] = {}  # token -> interaction
         self._nonces: dict[tuple[str, str], str] = {}  # (channel id, nonce) -> message id
         self._files: dict[str, CdnFile] = {}  # attachment id -> what the CDN serves
@@ -254,6 +255,11 @@ class FakeDiscord:
         """From now on answer every request to ``channel_id`` with ``refusal`` (the user does not accept
         the bot's DMs, by default), as Discord does until someone acts; ``allow_channel`` undoes it."""
         self.refused[channel_id] = refusal
+
+    def block_word(self, word: str) -> None:
+        """From now on refuse any message holding ``word`` as a server's AutoMod keyword rule does:
+        HTTP 400, code 200000 "Message was blocked by automatic moderation"."""
+        self.blocked_words.add(word)
 
     def allow_channel(self, channel_id: str) -> None:
         self.refused.pop(channel_id, None)
@@ -742,6 +748,8 @@ class FakeDiscord:
             )
         if not edit and not content and not body.get("embeds") and not body.get("attachments"):
             return _json({"message": "Cannot send an empty message", "code": 50006}, 400)
+        if content and any(word in content for word in self.blocked_words):
+            return _json({"message": "Message was blocked by automatic moderation", "code": 200000}, 400)
         return None
 
     def _bot_message(self, channel_id: str, body: Json, **extra: Any) -> Json:
