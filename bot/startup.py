@@ -63,10 +63,10 @@ async def own_workspace(settings: Settings, stack: contextlib.AsyncExitStack) ->
     """This process owns the workspace (bot/workspace_lock.py) until the stack closes."""
     lock = await asyncio.to_thread(_lock_workspace, settings)
     stack.push_async_callback(asyncio.to_thread, lock.release)
-    await asyncio.to_thread(_prepare_workspace, settings)
+    await asyncio.to_thread(prepare_workspace, settings)
 
 
-def _prepare_workspace(settings: Settings) -> None:
+def prepare_workspace(settings: Settings) -> None:
     """Create the workspace (0700) and tighten any file that is more open than it should be."""
     try:
         ensure_private_dir(settings.workspace)

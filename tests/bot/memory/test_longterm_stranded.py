@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from bot.app import prepare_workspace
 from bot.config import load_settings
 from bot.memory import exchange
 from bot.memory.longterm import LongTermMemory
+from bot.startup import prepare_workspace
 
 pytestmark = pytest.mark.skipif(not exchange.AVAILABLE, reason="renameat2/statx are Linux-only")
 
