@@ -1,6 +1,7 @@
 """The Telegram channel: python-telegram-bot (PTB) driven by hand, next to the rest of membot's loop.
 
-Start-up follows PTB's advice for sharing a loop: ``initialize`` → ``start``, then our own long polling
+Start-up follows PTB's advice for sharing a loop: ``initialize`` (and the command menu, registered
+when it changed: :mod:`channels.telegram.commands`) → ``start``, then our own long polling
 (:mod:`channels.telegram.polling`) or our own webhook endpoint (:mod:`channels.telegram.webhook`);
 ``stop`` runs the same steps in reverse. PTB's ``Updater`` and ``run_polling`` are not used: the
 ``Updater`` confirms updates as soon as it fetches them. A message takes this path:
@@ -8,10 +9,11 @@ Start-up follows PTB's advice for sharing a loop: ``initialize`` → ``start``, 
 0. It is stored in the channel's update journal (:mod:`channels.telegram.journal`) and only then
    confirmed to Telegram; an update the journal already has (a redelivery) stops here.
 1. Only new messages count: edits, channel posts and messages from bots are ignored.
-2. Access, deny by default: private chats need an allowlisted or paired user (strangers get a pairing
-   code, offered at most once a minute); groups must be allowlisted and, unless configured otherwise,
-   mention or reply to the bot.
-3. The bot's mention is cut out, ``/cmd@ThisBot`` becomes ``/cmd`` (``/cmd@OtherBot`` is ignored);
+2. Access, deny by default (:mod:`channels.telegram.access`): private chats need an allowlisted or
+   paired user (strangers get a pairing code, offered at most once a minute); groups must be allowlisted
+   and, unless configured otherwise, mention or reply to the bot (:mod:`channels.telegram.addressing`).
+3. The bot's mention is cut out, ``/cmd@ThisBot`` becomes ``/cmd`` (``/cmd@OtherBot`` is ignored), and
+   what the message replies to or forwards is put before it (:mod:`channels.telegram.addressing`);
    photos and documents are fetched, never past their size limit (:mod:`channels.telegram.media`,
    :mod:`channels.telegram.files`).
 4. Messages a client split from one paste are joined (:class:`~channels.telegram.inbound.PasteJoiner`)
@@ -29,49 +31,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
-import json
-import re
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import structlog
-from telegram import Bot, BotCommand, Message, Update
-from telegram.constants import ChatType, MessageEntityType
+from telegram import Bot, Message, Update
+from telegram.constants import ChatType
 from telegram.error import Conflict, InvalidToken, TelegramError
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder
-from telegram.warnings import PTBUserWarning
 
 from bot.config import TelegramSettings
 from bot.domain import InboundMessage, OutboundMessage
 from bot.errors import ChannelError, ConfigError
-from bot.pairing import OfferPacing, PairingStore
-from bot.storage import atomic_write_text_async
-from bot.surrogates import scrub
-from channels.base import Allowlist, Channel, InboundSink, PartialSink, quote_reply
+from bot.pairing import PairingStore
+from channels.base import Channel, InboundSink, PartialSink
 from channels.outage import StorageOutage
+from channels.telegram.access import TelegramAccess
+from channels.telegram.addressing import addressed
+from channels.telegram.commands import sync_commands
 from channels.telegram.files import TelegramFiles
 from channels.telegram.handover import HandOver
-from channels.telegram.inbound import PasteJoiner, normalize_command, remove_utf16_spans
+from channels.telegram.inbound import PasteJoiner
 from channels.telegram.journal import JOURNAL_FILE, UpdateJournal
 from channels.telegram.media import extract_media
 from channels.telegram.outbound import ChatPacer, TelegramOutbox
-from channels.telegram.polling import UpdatePoller
+from channels.telegram.polling import ALLOWED_UPDATES, UpdatePoller, fetch_raw
 from channels.telegram.sent import SENT_FILE, SentChunks
 
 if TYPE_CHECKING:
     from channels.telegram.webhook import WebhookServer
 
 log = structlog.get_logger(__name__)
-_RAW_GET_UPDATES = r"Please use 'Bot\.getUpdates' instead of 'Bot\.do_api_request"
-warnings.filterwarnings("ignore", message=_RAW_GET_UPDATES, category=PTBUserWarning)
 
-COMMANDS_STATE_FILE = "telegram_commands.json"
-_ALLOWED_UPDATES = ["message"]
-_COMMAND_NAME = re.compile(r"[a-z0-9_]{1,32}")
 _MAX_ATTEMPTS = 3  # an update whose intake fails this often for another reason than storage is dropped
 # How long a Bot API request may wait for its answer (PTB's default is 5 s). A send that timed out may
 # have gone out (Telegram took it, its answer was late), and it is sent again: a slow Bot API must not
@@ -122,13 +115,17 @@ class TelegramChannel(Channel):
     ) -> None:
         super().__init__(submit)
         self._settings = settings
-        self._pairing = pairing
         self._state_dir = state_dir
         self._commands = list(commands)
+        self._command_names = tuple(name for name, _ in self._commands)
         self._vision = vision_supported
-        self._users = Allowlist(settings.allowed_users)
-        self._groups = Allowlist(settings.allowed_groups)
-        self._offers = OfferPacing(monotonic)
+        self._access = TelegramAccess(
+            settings,
+            pairing,
+            channel=self.name,
+            send=lambda chat, text: self._out.send_plain(chat, text),
+            monotonic=monotonic,
+        )
         self._new_outage = functools.partial(
             StorageOutage, first_delay=storage_retry_delay, max_delay=storage_retry_max_delay, clock=monotonic
         )
@@ -200,7 +197,7 @@ class TelegramChannel(Channel):
         self._files = TelegramFiles(app.bot, self._outbox, deadline=settings.download_timeout)
         try:
             await app.initialize()
-            await self._sync_commands()
+            await sync_commands(app.bot, self._commands, self._state_dir, self._out)
             self._joiner = self._new_joiner()
             journal = UpdateJournal(
                 self._state_dir / JOURNAL_FILE, outage=self._new_outage("the Telegram update journal")
@@ -281,40 +278,18 @@ class TelegramChannel(Channel):
         assert journal is not None
         self._poller = UpdatePoller(
             lambda offset, timeout: self.bot.get_updates(
-                offset=offset, timeout=timeout, allowed_updates=_ALLOWED_UPDATES
+                offset=offset, timeout=timeout, allowed_updates=ALLOWED_UPDATES
             ),
             lambda updates: journal.accept([u.to_dict() for u in updates]),
             timeout=self._settings.poll_timeout,
             on_error=self._on_poll_error,
             room=journal.room,
             storage_backoff=self._intake_outage.delay,
-            fetch_one=self._fetch_one,
+            fetch_one=lambda offset: fetch_raw(self.bot, offset),
             on_recovered=self._on_poll_recovered,
         )
         self._polling = asyncio.create_task(self._poller.run(), name="telegram-polling")
         self._polling.add_done_callback(self._on_polling_ended)
-
-    async def _fetch_one(self, offset: int | None) -> tuple[int, Update | None] | None:
-        """The first update from ``offset`` on, raw, and its parse (None when PTB cannot read it).
-
-        Raw through ``do_api_request``, since ``get_updates`` parses before it returns; PTB's warning
-        that ``get_updates`` exists is silenced for this call at import (:data:`_RAW_GET_UPDATES`)."""
-        found = await self.bot.do_api_request(
-            "getUpdates",
-            api_kwargs={
-                "offset": offset,
-                "limit": 1,
-                "timeout": 0,
-                "allowed_updates": list(_ALLOWED_UPDATES),
-            },
-        )
-        if not isinstance(found, list) or not found or not isinstance(found[0], dict):
-            return None
-        raw = found[0]
-        try:
-            return int(raw["update_id"]), Update.de_json(raw, self.bot)
-        except (KeyError, TypeError, ValueError):
-            return (int(raw["update_id"]), None) if isinstance(raw.get("update_id"), int) else None
 
     def _on_polling_ended(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or task.exception() is None:
@@ -327,46 +302,11 @@ class TelegramChannel(Channel):
         log.error("telegram_polling_ended", error=type(task.exception()).__name__)
 
     async def _start_webhook(self) -> None:
-        from channels.telegram.webhook import WebhookServer  # aiohttp's server: webhook mode only
+        from channels.telegram.webhook import register_webhook, webhook_server  # aiohttp: webhook only
 
-        settings = self._settings
-        assert settings.webhook_url is not None and settings.webhook_secret is not None
-        self._webhook = WebhookServer(
-            host=settings.webhook_listen,
-            port=settings.webhook_port,
-            public_url=settings.webhook_url,
-            secret=settings.webhook_secret.get_secret_value(),
-            handle=self._on_webhook_update,
-        )
+        self._webhook = webhook_server(self._settings, self._on_webhook_update)
         await self._webhook.start()
-        await self._out.call(
-            lambda: self.bot.set_webhook(
-                url=settings.webhook_url or "",
-                secret_token=settings.webhook_secret.get_secret_value() if settings.webhook_secret else None,
-                allowed_updates=_ALLOWED_UPDATES,
-            ),
-            what="setWebhook",
-        )
-
-    async def _sync_commands(self) -> None:
-        """Register the command menu, but only when it differs from what was registered last time."""
-        commands = [
-            BotCommand(name.lower(), description[:256])
-            for name, description in self._commands
-            if _COMMAND_NAME.fullmatch(name.lower()) and description
-        ]
-        payload = json.dumps([self.bot.id, [(c.command, c.description) for c in commands]])
-        digest = hashlib.sha256(payload.encode()).hexdigest()
-        path = self._state_dir / COMMANDS_STATE_FILE
-        stored = await asyncio.to_thread(_read_json, path)
-        if stored.get("hash") == digest:
-            return
-        await self._out.call(lambda: self.bot.set_my_commands(commands), what="setMyCommands")
-        log.info("telegram_commands_registered", count=len(commands))
-        try:
-            await atomic_write_text_async(path, json.dumps({"hash": digest}) + "\n")
-        except OSError as exc:  # only costs registering again at the next start
-            log.warning("telegram_commands_hash_not_saved", error=exc.strerror or str(exc))
+        await register_webhook(self._settings, self.bot, self._out)
 
     # -- inbound ------------------------------------------------------------------------------------
 
@@ -400,36 +340,21 @@ class TelegramChannel(Channel):
         user, chat = message.from_user, message.chat
         if user is None or user.is_bot:
             return None
-        private = chat.type == ChatType.PRIVATE
-        if private:
-            if not (self._users.allows(user.id) or await self._pairing.is_approved(self.name, str(user.id))):
-                await self._offer_pairing(message)
-                return None
-        elif chat.type not in (ChatType.GROUP, ChatType.SUPERGROUP) or not self._groups.allows(chat.id):
-            log.info("telegram_chat_not_allowed", chat_id=chat.id, chat_type=chat.type)
+        if not await self._access.admits(message):
             return None
-        text, mentioned = self._without_mention(message)
-        is_command = text.startswith("/")
-        if is_command:
-            normalized = normalize_command(text, self.bot.username)
-            if normalized is None:
-                return None  # a command for another bot in the same group
-            # In a group, "/usr/bin is broken" or "/shrug" is no command for us: only one of ours, or
-            # one addressed to this bot by name, is.
-            is_command = private or normalized != text or self._is_ours(normalized)
-            text = normalized
-        addressed = mentioned or is_command or self._replies_to_me(message)
-        if not private and self._requires_mention(chat.id) and not addressed:
+        me = self.bot
+        meant = addressed(
+            message, self._settings, username=me.username, bot_id=me.id, commands=self._command_names
+        )
+        if meant is None:
             return None
-        if not is_command:  # what the message answers or passes on is part of what it says
-            text = "\n".join(part for part in (_forwarded(message), self._quoted(message), text) if part)
         media = await extract_media(
             message,
             download=self._download,
             vision=self._vision(),
             max_document_bytes=self._settings.max_document_bytes,
         )
-        text = "\n\n".join(part for part in (text, *media.notes) if part)
+        text = "\n\n".join(part for part in (meant.text, *media.notes) if part)
         if not text and not media.attachments:
             return None
         thread = message.message_thread_id if message.is_topic_message else None
@@ -442,76 +367,9 @@ class TelegramChannel(Channel):
             message_id=str(message.message_id),
             timestamp=message.date,
             attachments=tuple(media.attachments),
-            is_group=not private,
+            is_group=chat.type != ChatType.PRIVATE,
         )
-        return self._joiner.add(inbound, alone=is_command)
-
-    def _is_ours(self, text: str) -> bool:
-        """Whether ``text`` starts with one of the commands this bot offers (``/help``, ``/status``...)."""
-        name = text[1:].split(maxsplit=1)[0].lower() if len(text) > 1 else ""
-        return any(name == command.lower() for command, _ in self._commands)
-
-    def _without_mention(self, message: Message) -> tuple[str, bool]:
-        """The message text with this bot's @mention / text_mention cut out, and whether it had one."""
-        text = scrub(message.text or message.caption or "")  # U+FFFD is one UTF-16 unit too: offsets fit
-        entities = message.entities if message.text else message.caption_entities
-        me = self.bot
-        spans: list[tuple[int, int]] = []
-        units = text.encode("utf-16-le")
-        for entity in entities:
-            if entity.type == MessageEntityType.MENTION:
-                word = units[entity.offset * 2 : (entity.offset + entity.length) * 2].decode("utf-16-le")
-                if word.lower() == f"@{me.username}".lower():
-                    spans.append((entity.offset, entity.length))
-            elif entity.type == MessageEntityType.TEXT_MENTION and entity.user and entity.user.id == me.id:
-                spans.append((entity.offset, entity.length))
-        if not spans:
-            return text.strip(), False
-        return remove_utf16_spans(text, spans), True
-
-    def _quoted(self, message: Message) -> str:
-        """The message it replies to, quoted, unless that is the bot's own (in the history already) or
-        a forum topic's first message (every message of a topic "replies" to it)."""
-        replied = message.reply_to_message
-        if replied is None or self._replies_to_me(message):
-            return ""
-        if message.is_topic_message and replied.message_id == message.message_thread_id:
-            return ""
-        who = replied.from_user.full_name if replied.from_user is not None else "someone"
-        return quote_reply(who, scrub(replied.text or replied.caption or ""))
-
-    def _replies_to_me(self, message: Message) -> bool:
-        replied = message.reply_to_message
-        if replied is None or replied.from_user is None or replied.from_user.id != self.bot.id:
-            return False
-        # In forum topics every message "replies" to the topic's first message; that is no reply.
-        return not (message.is_topic_message and replied.message_id == message.message_thread_id)
-
-    def _requires_mention(self, chat_id: int) -> bool:
-        group = self._settings.groups.get(str(chat_id))
-        return group.require_mention if group is not None else self._settings.require_mention
-
-    async def _offer_pairing(self, message: Message) -> None:
-        user = message.from_user
-        assert user is not None
-        if not self._settings.pairing:
-            log.info("telegram_user_not_allowed", user_id=user.id)
-            return
-        if not self._offers.may_offer(str(user.id)):
-            return  # offered a moment ago: the same code, and a flood of them would hold up everyone
-        code = await self._pairing.request(self.name, str(user.id), user.full_name)
-        log.info("telegram_pairing_requested", user_id=user.id, issued=code is not None)
-        if code is None:
-            text = "I can't take more access requests right now. Please try again in an hour."
-        else:
-            text = (
-                "Hi! I don't know you yet. To get access, ask the operator of this bot to run:\n\n"
-                f"membot pairing approve {code}\n\nThe code is valid for one hour."
-            )
-        try:
-            await self._out.send_plain(message.chat.id, text)
-        except ChannelError:  # logged; not tried again: writing again gets the offer (the same code)
-            log.info("telegram_pairing_offer_not_sent", user_id=user.id)
+        return self._joiner.add(inbound, alone=meant.command)
 
     async def _download(self, file_id: str, limit: int) -> bytes | None:
         if self._files is None:
@@ -539,26 +397,3 @@ class TelegramChannel(Channel):
 
     def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
         return self._out.stream(chat_id, reply_to) if self._settings.streaming else None
-
-
-def _forwarded(message: Message) -> str:
-    """``[forwarded from …]`` for a forwarded message (the model would take it for the user's words)."""
-    origin = message.forward_origin
-    if origin is None:
-        return ""
-    name = (
-        getattr(getattr(origin, "sender_user", None), "full_name", None)
-        or getattr(origin, "sender_user_name", None)
-        or getattr(getattr(origin, "sender_chat", None), "title", None)
-        or getattr(getattr(origin, "chat", None), "title", None)
-        or "someone"
-    )
-    return f"[forwarded from {name}]"
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

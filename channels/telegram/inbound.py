@@ -1,10 +1,8 @@
-"""Inbound Telegram text: who a message is addressed to, and joining a paste the client split up.
+"""Inbound Telegram text: joining a paste the client split up.
 
 Telegram clients split a long paste into several messages sent within a second; :class:`PasteJoiner`
-puts them back together so the model sees one question, not four. The addressing helpers decide
-whether a group message is meant for this bot (``@mention``, a ``text_mention``, a reply to the bot,
-or ``/cmd@ThisBot``) and strip the mention from the text. Entity offsets are UTF-16 code units, so
-the helpers convert before cutting.
+puts them back together so the model sees one question, not four. Whether a message is meant for this
+bot at all is decided before, in :mod:`channels.telegram.addressing`.
 """
 
 from __future__ import annotations
@@ -12,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import re
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine
 from typing import Any
 
 import structlog
@@ -23,31 +20,6 @@ from channels.base import InboundSink
 from channels.outage import StorageOutage, is_storage_error
 
 log = structlog.get_logger(__name__)
-
-_COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,32})@([A-Za-z0-9_]+)(?=\s|$)")
-
-
-def normalize_command(text: str, bot_username: str) -> str | None:
-    """``/cmd@ThisBot args`` → ``/cmd args``; ``None`` when the command names another bot.
-
-    ``/start`` (what a Telegram client sends when someone opens the bot) becomes ``/help``.
-    """
-    match = _COMMAND.match(text)
-    if match is not None:
-        if match.group(2).lower() != bot_username.lower():
-            return None
-        text = f"/{match.group(1)}{text[match.end() :]}"
-    if text == "/start" or text.startswith("/start "):
-        return "/help"
-    return text
-
-
-def remove_utf16_spans(text: str, spans: Iterable[tuple[int, int]]) -> str:
-    """Cut ``(offset, length)`` spans given in UTF-16 code units out of ``text``."""
-    units = text.encode("utf-16-le")
-    for offset, length in sorted(spans, reverse=True):
-        units = units[: offset * 2] + units[(offset + length) * 2 :]
-    return re.sub(r"[ \t]{2,}", " ", units.decode("utf-16-le")).strip()
 
 
 class NotTaken(Exception):

@@ -9,22 +9,30 @@ the confirmation. A batch that could not be stored is not confirmed; the poller 
 a backoff (doubling, at most ``max_backoff``), and Telegram keeps it meanwhile.
 
 Confirmation never waits for the paste-join window or the dispatcher: what is in the journal is safe,
-so the poller always long-polls, and a chat that keeps typing holds back nobody.
+so the poller always long-polls, and a chat that keeps typing holds back nobody. An update PTB cannot
+parse is fetched alone and raw (:func:`fetch_raw`) and set aside, so it cannot stop polling.
 """
 
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 
 import structlog
-from telegram import Update
+from telegram import Bot, Update
 from telegram.error import InvalidToken, RetryAfter, TelegramError
+from telegram.warnings import PTBUserWarning
 
 from channels.outage import is_storage_error
 
 log = structlog.get_logger(__name__)
+_RAW_GET_UPDATES = r"Please use 'Bot\.getUpdates' instead of 'Bot\.do_api_request"
+warnings.filterwarnings("ignore", message=_RAW_GET_UPDATES, category=PTBUserWarning)
+
+ALLOWED_UPDATES = ["message"]
+"""The update kinds asked for, by polling and by the webhook (``setWebhook``): only new messages."""
 
 
 Fetch = Callable[[int | None, int], Awaitable[Sequence[Update]]]
@@ -154,6 +162,30 @@ class UpdatePoller:
             await self._fetch(self._next, 0)
         except TelegramError as exc:
             log.warning("telegram_confirm_failed", error=str(exc))
+
+
+async def fetch_raw(bot: Bot, offset: int | None) -> tuple[int, Update | None] | None:
+    """The first update from ``offset`` on, raw, and its parse (None when PTB cannot read it).
+
+    A :data:`FetchOne`. Raw through ``do_api_request``, since ``get_updates`` parses before it returns;
+    PTB's warning that ``get_updates`` exists is silenced for this call at import
+    (:data:`_RAW_GET_UPDATES`)."""
+    found = await bot.do_api_request(
+        "getUpdates",
+        api_kwargs={
+            "offset": offset,
+            "limit": 1,
+            "timeout": 0,
+            "allowed_updates": list(ALLOWED_UPDATES),
+        },
+    )
+    if not isinstance(found, list) or not found or not isinstance(found[0], dict):
+        return None
+    raw = found[0]
+    try:
+        return int(raw["update_id"]), Update.de_json(raw, bot)
+    except (KeyError, TypeError, ValueError):
+        return (int(raw["update_id"]), None) if isinstance(raw.get("update_id"), int) else None
 
 
 def _pause(exc: TelegramError, errors: int, cap: float) -> float:

@@ -5,7 +5,7 @@ after would lose the message. Here the handler awaits the channel's ``accept`` (
 update is in the channel's journal on disk, see :mod:`channels.telegram.journal`) and only then answers
 200. When it could not be stored (a full disk, or the journal is full) the answer is 503, and on any
 other failure 500: Telegram then delivers the update again. Every request must carry the secret token
-set with setWebhook.
+set with setWebhook (:func:`register_webhook`, called once the server listens).
 """
 
 from __future__ import annotations
@@ -13,19 +13,51 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import structlog
 from aiohttp import web
 
 from channels.outage import is_storage_error
+from channels.telegram.polling import ALLOWED_UPDATES
+
+if TYPE_CHECKING:
+    from telegram import Bot
+
+    from bot.config import TelegramSettings
+    from channels.telegram.outbound import TelegramOutbox
 
 log = structlog.get_logger(__name__)
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 
 UpdateHandler = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def webhook_server(settings: TelegramSettings, handle: UpdateHandler) -> WebhookServer:
+    """The server for ``telegram.webhook_url`` on ``webhook_listen:webhook_port``, not yet started."""
+    assert settings.webhook_url is not None and settings.webhook_secret is not None
+    return WebhookServer(
+        host=settings.webhook_listen,
+        port=settings.webhook_port,
+        public_url=settings.webhook_url,
+        secret=settings.webhook_secret.get_secret_value(),
+        handle=handle,
+    )
+
+
+async def register_webhook(settings: TelegramSettings, bot: Bot, outbox: TelegramOutbox) -> None:
+    """Point Telegram at ``telegram.webhook_url`` with the secret (setWebhook, through ``outbox``'s
+    retries); call it once the server listens, so no update is sent to a closed port."""
+    await outbox.call(
+        lambda: bot.set_webhook(
+            url=settings.webhook_url or "",
+            secret_token=settings.webhook_secret.get_secret_value() if settings.webhook_secret else None,
+            allowed_updates=ALLOWED_UPDATES,
+        ),
+        what="setWebhook",
+    )
 
 
 class WebhookServer:
