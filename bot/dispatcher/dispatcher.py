@@ -131,7 +131,8 @@ class Dispatcher:
         """Accept a message: answer a command at once, otherwise queue it (durably) for its session.
 
         Returns once the message is in the inbox on disk: then the channel may confirm it to the
-        platform. A platform message already accepted (a redelivery after a crash) is ignored.
+        platform. A platform message already accepted (a redelivery after a crash) is ignored. A
+        cancel that comes once the inbox took the message is raised once the message is queued.
         """
         message = intake.bounded(message, self._max_chars)
         call = self._router.parse(message)
@@ -151,17 +152,20 @@ class Dispatcher:
                 )
                 return
             entry_id, durable = self._inbox.add(message) if self._inbox else (None, None)
+            cancelled: asyncio.CancelledError | None = None
             if durable is not None:
                 # On disk before it is queued: a message that could not be stored is never answered
                 # (the channel does not confirm it, and the platform's redelivery is taken as new).
                 # Only this session's later messages wait here, and they would wait for its inbox file.
-                await durable
+                cancelled = await _through_cancel(durable)
             if self._accepting and not lane.queue and (lane.turn is None or self._settings.mode != "collect"):
                 # It will be a turn of its own: its systems may start on it while the turn is set up. (In
                 # collect mode, one that arrives during a turn may be answered together with the next.)
                 self._pipeline.anticipate(message)
             queued = Queued(message, [entry_id] if entry_id else [])
             notice = self._enqueue(message.session_id, lane, queued) if self._accepting else None
+        if cancelled is not None:
+            raise cancelled
         if not self._accepting:
             # Shutting down: the inbox keeps it and the next start answers it.
             await self._delivery.send(message, "I'm restarting — I'll answer this as soon as I'm back.")
@@ -355,3 +359,25 @@ class Dispatcher:
         for session in self._sessions.cached_sessions():
             if session.unsaved:  # (a command's note may be all that changed: see Session.unsaved)
                 await self._sessions.save(session)
+
+
+async def _through_cancel(durable: asyncio.Future[None]) -> asyncio.CancelledError | None:
+    """Wait for an inbox line to be written even when the caller is cancelled meanwhile; returns the
+    cancel, to raise once the message is queued. The line reaches the disk whatever the caller does
+    (bot/group_writer.py), so a message given up here was half taken: pending with no lane to answer
+    it (its redelivery ignored as known), or forgotten by the inbox but on disk, answered as new when
+    handed over again and once more by the next start. (The Discord channel cancels its catch-up when
+    a new gateway session replaces the one it read for.) A write that failed raises, or the cancel."""
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            await asyncio.shield(durable)
+            return cancelled
+        except asyncio.CancelledError as exc:
+            if durable.cancelled():  # the write itself was (the loop is closing): nothing to finish
+                raise
+            cancelled = exc
+        except Exception:
+            if cancelled is not None:
+                raise cancelled from None
+            raise
