@@ -267,6 +267,14 @@ class CatchUp:
                 max_age=self._max_age,
                 hint="older than discord.catch_up_max_age: not answered",
             )
+        if missed.more_waiting:  # the chat's next live message moves the mark past the rest
+            log.warning(
+                "discord_catch_up_limit_reached",
+                chat_id=chat_id,
+                read=self._limit,
+                hint="more messages were written while the bot was down than discord.catch_up_max_messages "
+                "reads: the later ones are not answered; raise it if this chat is that busy",
+            )
         return True
 
     def _unreadable(self, chat_id: str, exc: BaseException) -> bool:

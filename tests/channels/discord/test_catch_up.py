@@ -164,6 +164,24 @@ async def test_after_a_long_absence_the_last_day_is_still_read_within_the_limit(
     assert skipped["skipped"] == 2 and skipped["at_least"] is True
 
 
+async def test_a_catch_up_that_reaches_its_limit_says_so_to_the_operator(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past ``catch_up_max_messages`` the later messages are not answered: a warning names the chat
+    and the setting, where only an info line's ``more_waiting`` had said it."""
+    async with offline(tmp_path) as o:
+        async with o.run(catch_up_max_messages=2):
+            await o.dm_from_alice("hello")
+            await o.discord.wait_for_bot_messages(o.dm, 1)
+        for n in range(3):
+            await o.dm_from_alice(f"while down {n}")
+        async with o.run(catch_up_max_messages=2):
+            await o.discord.wait_for_bot_messages(o.dm, 2)
+    [reached] = events(caplog, "discord_catch_up_limit_reached")
+    assert reached["chat_id"] == o.dm and reached["read"] == 2
+    assert "discord.catch_up_max_messages" in reached["hint"]
+
+
 async def test_the_catch_up_keeps_the_access_and_mention_rules(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
