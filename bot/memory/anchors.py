@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG
-from bot.memory.item_store import retrievable
+from bot.memory.item_index import retrievable
 from bot.memory.items import MemoryItem
 from bot.memory.lexical import LexicalIndex
 from bot.memory.timehints import EPOCH, MICROSECOND, Anchor, Span

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from bot.memory.extract import QUESTION_TAG, SUBJECT_PREFIX
-from bot.memory.item_store import ItemStore, retrievable
+from bot.memory.item_index import retrievable
+from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem
 from bot.memory.retrieval import ScoredItem
 
@@ -175,7 +176,7 @@ class Recaller:
             if item is None or not retrievable(item):
                 return None
             return self._memory(key, (ScoredItem(item, score, 0.0),))
-        items = [i for i in self._store.of_message(key) if retrievable(i)]
+        items = [i for i in self._store.index.of_message(key) if retrievable(i)]
         if not items:
             return None
         return self._memory(key, (ScoredItem(items[0], score, 0.0),))
@@ -192,11 +193,11 @@ class Recaller:
             )  # fmt: skip
         role = "assistant" if "assistant" in item.tags else "user"
         limit = self._max_message // 3 if brief_assistant and role == "assistant" else self._max_message
-        stamp = self._store.stamp_of(key)
+        stamp = self._store.index.stamp_of(key)
         built = self._built.get((key, limit))
         if built is None or built.stamp != stamp or built.fallback != item.content:
-            family = self._store.of_message(key)
-            parts = self._store.passages(key)
+            family = self._store.index.of_message(key)
+            parts = self._store.index.passages(key)
             text, whole = self._text(parts, hits, fallback=item.content, limit=limit)
             built = _Built(
                 stamp, item.content, text, whole,
@@ -323,7 +324,7 @@ class Recaller:
         for memory in chosen[:EXPAND_FIRST]:
             if memory.role != "user":  # the user's words lead; a reply brings nothing more along
                 continue
-            for key in self._store.neighbours(memory.key):
+            for key in self._store.index.neighbours(memory.key):
                 if key in have:
                     continue
                 near = self.memory_of(key, score=memory.score * 0.5)
@@ -359,7 +360,7 @@ class Recaller:
         for memory in list(chosen):
             for subject in memory.subjects:
                 if subject not in latest:
-                    stated = self._store.with_subject(subject)
+                    stated = self._store.index.with_subject(subject)
                     if visible is not None:
                         stated = [item for item in stated if visible(item)]
                     latest[subject] = max(stated, key=lambda i: (i.created_at, i.id), default=None)

@@ -55,7 +55,7 @@ class RecentNotes:
         # may_see(), hoisted: this chat's items are read from its own index, and without a chat (chat
         # scope's "") each item is asked.
         ask = self._chat_scope and own is None
-        for item in self._items.newest_between(start, end, session_id=own):
+        for item in self._items.index.newest_between(start, end, session_id=own):
             if item.source in STANDALONE_SOURCES:
                 continue
             if ask and not belongs_to(item, session_id):
@@ -90,7 +90,7 @@ class RecentNotes:
         nothing worth a line; remembered while the message's stamp holds and it is shown whole (then its
         line depends on nothing but its items)."""
         key = candidate.key
-        stamp = self._items.stamp_of(key) if key[0] != "item" else 0
+        stamp = self._items.index.stamp_of(key) if key[0] != "item" else 0
         if stamp:
             found = self._notes.get(key)
             if found is not None and found[0] == stamp:

@@ -213,7 +213,7 @@ class Recorder:
             if m.role in (Role.USER, Role.ASSISTANT)
             and m.content.strip()
             and not m.tool_calls  # a step of the tool loop, not an answer (never recorded)
-            and not self._items.of_message((session.id, m.id))
+            and not self._items.index.of_message((session.id, m.id))
         ]
 
 

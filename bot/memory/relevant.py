@@ -95,7 +95,7 @@ class RelevantMemory:
         # crowd them out of the best: named when they are the fewer, else asked about (Where).
         own: AbstractSet[str] | Where | None = None
         if visible is not None and session_id is not None:
-            mine = self._items.of_session(session_id)
+            mine = self._items.index.of_session(session_id)
             own = mine if len(mine) * 2 < len(self._items) else Where(mine.__contains__)
         now = now or self._clock()
         if self._vectors is not None:
@@ -131,7 +131,7 @@ class RelevantMemory:
         assert self._vectors is not None
         usable = None
         if visible is not None:
-            usable = lambda f: any(visible(i) for i in self._items.with_fingerprint(f))  # noqa: E731
+            usable = lambda f: any(visible(i) for i in self._items.index.with_fingerprint(f))  # noqa: E731
         feedback = Feedback(usable=usable)
         among = None
         if isinstance(own, AbstractSet):
@@ -142,7 +142,7 @@ class RelevantMemory:
             query, SEMANTIC_CANDIDATES, among, feedback=feedback, admits=admits
         )
         for fingerprint, score in nearest:
-            for item in self._items.with_fingerprint(fingerprint):
+            for item in self._items.index.with_fingerprint(fingerprint):
                 if visible is None or visible(item):
                     out[item.id] = score
         return out

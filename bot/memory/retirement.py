@@ -207,5 +207,5 @@ class Retirement:
         await self._upkeep.promote(await self._items.add_many(items))
 
     def _stored(self, fact: DurableFact, ref: Reference) -> bool:
-        found = self._items.with_fingerprint(fingerprint(fact.type, fact.content))
+        found = self._items.index.with_fingerprint(fingerprint(fact.type, fact.content))
         return any(ref in item.references for item in found)

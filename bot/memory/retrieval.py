@@ -39,7 +39,8 @@ from bot.memory.anchors import event_spans
 from bot.memory.asks import asks_about_assistant, asks_for_advice
 from bot.memory.conversations import conversation_of, conversation_scores, session_rank_bonus
 from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG, owned_subject, subjects_in_query
-from bot.memory.item_store import ItemStore, retrievable
+from bot.memory.item_index import retrievable
+from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, MemoryItem
 from bot.memory.lexical import Frequencies
 from bot.memory.timehints import TimeHint, anchor_of, microseconds, time_hint
@@ -189,7 +190,7 @@ class Retriever:
         on_subject = {
             stated.id
             for subject in asked
-            for stated in self._store.with_subject(subject)
+            for stated in self._store.index.with_subject(subject)
             if only is None or stated.id in only
         }
         in_period = time_hint(query, now, tz) if w.time_hint else None

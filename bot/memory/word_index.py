@@ -18,7 +18,8 @@ from pathlib import Path
 
 import structlog
 
-from bot.memory.item_store import ItemStore, retrievable
+from bot.memory.item_index import retrievable
+from bot.memory.item_store import ItemStore
 from bot.memory.items import MemoryItem
 from bot.memory.lexical import Frequencies, LexicalIndex
 from bot.memory.words import tokenize

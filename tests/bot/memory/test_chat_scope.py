@@ -231,11 +231,11 @@ async def memory_chat(tmp_path: Path, clock: Clock) -> AsyncIterator[MemoryServi
 
 async def say_much_else(memory: MemoryService, clock: Clock, sid: str) -> None:
     """``sid`` says enough about other things to hold most of the items."""
-    others = len(memory.items) - len(memory.items.of_session(sid))
+    others = len(memory.items) - len(memory.items.index.of_session(sid))
     await memory.record_exchanges(
         [exchange(clock, sid, f"Gardening note {n}: tomatoes and basil.", f"Ok {n}.") for n in range(others)]
     )
-    assert len(memory.items.of_session(sid)) * 2 > len(memory.items)
+    assert len(memory.items.index.of_session(sid)) * 2 > len(memory.items)
 
 
 @pytest.mark.parametrize("holds", ["few", "most"])

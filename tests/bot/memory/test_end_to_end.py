@@ -397,4 +397,4 @@ async def test_what_a_full_disk_kept_out_of_memory_is_made_again(
         session = await bot.core.sessions.get("test:c1")
         assert session is not None
         (said,) = [m for m in session.messages if m.content == lost]
-        assert notes.count(f"User: {lost}") == 1 and memory.items.of_message(("test:c1", said.id))
+        assert notes.count(f"User: {lost}") == 1 and memory.items.index.of_message(("test:c1", said.id))

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bot.memory import item_store
-from bot.memory.item_store import NEWEST_CHUNK, ItemStore
+from bot.memory.item_index import NEWEST_CHUNK
+from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from tests.bot.memory.conftest import Clock
 
@@ -63,7 +64,9 @@ async def test_a_message_said_again_and_again_keeps_a_bounded_list_of_where_it_w
         said = item(clock, "ok thanks a lot")
         await store.add(MemoryItem(**{**_fields(said), "references": (Reference(f"tg:{n}", "m"),)}))
     await store.load()  # what is on disk agrees
-    (only,) = [i for i in store.created_between(clock.now - timedelta(days=1), clock.now + timedelta(days=1))]
+    (only,) = [
+        i for i in store.index.created_between(clock.now - timedelta(days=1), clock.now + timedelta(days=1))
+    ]
     chats = [r.session_id for r in only.references]
     assert len(chats) == 24 and chats[0] == "tg:0" and chats[-1] == "tg:199"
     line = max((tmp_path / "episodic").glob("*.jsonl")).read_text().splitlines()[-1]
@@ -274,12 +277,12 @@ async def test_neighbours_are_the_turns_around_a_message_in_its_own_conversation
         said("a Brooks saddle", "m3"),
     )
     await store.add_many([first, elsewhere, middle, last])
-    assert store.neighbours(("tg:1", "m2")) == [("tg:1", "m1"), ("tg:1", "m3")]
-    assert store.neighbours(("tg:1", "x1")) == []  # alone in its conversation
+    assert store.index.neighbours(("tg:1", "m2")) == [("tg:1", "m1"), ("tg:1", "m3")]
+    assert store.index.neighbours(("tg:1", "x1")) == []  # alone in its conversation
     await store.delete(last.id, clock.now)
-    assert store.neighbours(("tg:1", "m2")) == [("tg:1", "m1")]
+    assert store.index.neighbours(("tg:1", "m2")) == [("tg:1", "m1")]
     await store.load()  # the same after a restart
-    assert store.neighbours(("tg:1", "m2")) == [("tg:1", "m1")]
+    assert store.index.neighbours(("tg:1", "m2")) == [("tg:1", "m1")]
 
 
 def set_aside(folder: Path) -> list[Path]:
@@ -332,7 +335,7 @@ async def test_newest_between_reads_a_busy_day_newest_first_while_items_are_writ
     end = clock.now
     forgotten = {written[10].id, written[NEWEST_CHUNK + 3].id}
     seen = []
-    for found in store.newest_between(start, end):
+    for found in store.index.newest_between(start, end):
         seen.append(found.id)
         if len(seen) == 50:  # a new item, a repeat merged into one not read yet, two older ones forgotten
             await store.add(item(clock, "said later"))

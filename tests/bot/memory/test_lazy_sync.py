@@ -117,7 +117,7 @@ async def test_a_power_cut_before_the_sync_loses_no_memory(tmp_path: Path) -> No
     with capture_logs() as logs:
         async with chat(tmp_path / "cut") as bot:  # the next start
             memory = bot.core.memory
-            assert all(memory.items.of_message(("test:c1", mid)) for mid in lost)
+            assert all(memory.items.index.of_message(("test:c1", mid)) for mid in lost)
             notes = await asyncio.to_thread((memory.root / f"{DAY:%Y-%m-%d}.md").read_text)
             assert all(notes.count(f"User: {text}") == 1 for text in said)  # back, once
             assert notes.count("User: My sister Hanna lives in Porto.") == 1  # never lost: not twice

@@ -76,7 +76,7 @@ async def test_a_long_message_is_retrievable_to_its_last_line(tmp_path: Path) ->
     assert "FATAL: disk quota exceeded on volume zeta-archive-7" in shown
     assert "[…]" in shown  # only the parts that matched (and their neighbours), not 45,000 characters
     assert estimate_tokens(shown) < 1000
-    parts = store.passages(("cli:me", "m0"))
+    parts = store.index.passages(("cli:me", "m0"))
     assert "".join(p.content for p in parts).replace("\n", "") == pasted.replace("\n", "")
 
 
@@ -221,6 +221,6 @@ async def test_todays_notes_show_each_message_as_it_is_now(tmp_path: Path) -> No
 
     assert [line.split(": ", 1)[1] for line in lines()] == ["we fixed the boiler in the cellar"]
     assert lines() == lines()  # remembered: the same line
-    (passage,) = store.passages(("cli:me", "m0"))
+    (passage,) = store.index.passages(("cli:me", "m0"))
     await store.put(passage.with_changes(content="we fixed the boiler and the radiator", updated_at=NOW))
     assert [line.split(": ", 1)[1] for line in lines()] == ["we fixed the boiler and the radiator"]
