@@ -5,11 +5,13 @@ the file. Until that temp name is removed it holds a version that is not the bot
 or, when an editor saved in between and the exchange back failed (:class:`~bot.memory.exchange.Stranded`)
 or a kill came between the two exchanges, the operator's save, of which it is the only copy. So a swap's
 temp name is not the shape the start-up cleanup removes after a minute (``bot/storage.py``): it ends in
-``.swap`` and carries the inode of the bot's version, which tells the two kinds apart at the next use of
-the file, found by :func:`collect`:
+``.swap`` and carries the inode of the bot's version and the stamp of the version the swap was based on,
+which tell the kinds apart at the next use of the file, found by :func:`collect`:
 
 - the bot's own version (a kill before the exchange, or after the exchange back) is removed: it never
   stood in place, and merging it would bring back lines the operator deleted since;
+- so is the version the swap displaced, untouched since it was read (a kill after the exchange, before
+  it was let go): merging it would bring back what the write removed;
 - any other is merged back into the file, and only then removed (:func:`remove`).
 
 Both run under the file's lock (:meth:`~bot.memory.swap.FileSwapper.lock`), which every swap holds, so a
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import structlog
 
+from bot.memory.exchange import Stamp
 from bot.memory.versions import read_bytes
 from bot.storage import TEMP_SUFFIX, fsync_dir
 
@@ -42,13 +45,16 @@ class Stray:
     text: str
 
 
-def name_for(temp: str, inode: int) -> str:
-    """The name a swap's temp file (``mkstemp``'s ``temp``, holding the bot's version) takes."""
-    return f"{temp.removesuffix(TEMP_SUFFIX)}.{inode}{SUFFIX}"
+def name_for(temp: str, inode: int, base: Stamp | None) -> str:
+    """The name a swap's temp file (``mkstemp``'s ``temp``, holding the bot's version, of ``inode``)
+    takes; ``base`` is the stamp of the version the swap was based on (``None``: no file yet)."""
+    based = "-".join(map(str, base)) if base is not None else "none"
+    return f"{temp.removesuffix(TEMP_SUFFIX)}.{inode}.{based}{SUFFIX}"
 
 
 def _pattern(path: Path) -> re.Pattern[str]:
-    return re.compile(rf"^\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.(\d+){re.escape(SUFFIX)}$")
+    name, suffix = re.escape(path.name), re.escape(SUFFIX)
+    return re.compile(rf"^\.{name}\.[a-z0-9_]{{8}}\.(\d+)\.(\d+-\d+-\d+|none){suffix}$")
 
 
 def present(path: Path) -> bool:
@@ -84,7 +90,10 @@ def collect(path: Path) -> list[Stray]:
             continue  # gone, or a link someone put there: not ours to read
         try:
             info = os.fstat(fd)
-            if info.st_ino == int(match.group(1)):  # the bot's own version: never in place
+            stamp = f"{info.st_ino}-{info.st_size}-{info.st_mtime_ns}"
+            # The bot's own version (never in place), or the one its swap displaced, untouched since (a
+            # kill before the swap let it go): merging the latter back would undo what the write removed.
+            if info.st_ino == int(match.group(1)) or stamp == match.group(2):
                 os.unlink(file)
                 removed = True
                 continue

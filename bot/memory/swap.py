@@ -199,7 +199,7 @@ class FileSwapper:
         ``deliberate``: the lines ``text`` drops are meant to go (not a late edit merged in, which may
         come from a save made from a version that briefly lacked them), so they are no longer guarded.
         """
-        tmp = self._temp(text)
+        tmp = self._temp(text, based_on)
         ours = os.stat(tmp).st_ino
         stranded = False
         try:
@@ -263,7 +263,7 @@ class FileSwapper:
 
     # -- steps ----------------------------------------------------------------------------------------
 
-    def _temp(self, text: str) -> str:
+    def _temp(self, text: str, based_on: Version | None) -> str:
         if self._own_folder:
             ensure_private_dir(self._path.parent)
         fd, tmp = tempfile.mkstemp(dir=self._path.parent, prefix=f".{self._path.name}.", suffix=".tmp")
@@ -273,7 +273,8 @@ class FileSwapper:
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, FILE_MODE)
-            kept = strays.name_for(tmp, os.stat(tmp).st_ino)  # a name the start-up cleanup leaves
+            base = based_on.stamp if based_on is not None else None
+            kept = strays.name_for(tmp, os.stat(tmp).st_ino, base)  # a name the start-up cleanup leaves
             os.rename(tmp, kept)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):

@@ -144,3 +144,39 @@ async def test_the_bots_own_version_left_by_a_kill_is_removed_not_merged(tmp_pat
 
     assert (await LongTermMemory(path).read()).text == "- likes tea\n"
     assert sorted(p.name for p in path.parent.iterdir()) == [".MEMORY.md.lock", "MEMORY.md"]
+
+
+KILLED_AFTER_THE_EXCHANGE = r"""
+import asyncio, os, signal, sys
+from pathlib import Path
+from bot.memory import exchange
+from bot.memory.longterm import LongTermMemory
+
+rename = exchange._CALLS[0]
+
+def renameat2(*args):
+    done = rename(*args)
+    os.kill(os.getpid(), signal.SIGKILL)  # the bot's version in place, the one it displaced not let go yet
+    return done
+
+exchange._CALLS = (renameat2, *exchange._CALLS[1:])
+asyncio.run(LongTermMemory(Path(sys.argv[1])).update(lambda text: text.replace("- lives in Lyon\n", "")))
+"""
+
+
+async def test_the_version_a_write_displaced_left_by_a_kill_does_not_undo_the_write(tmp_path: Path) -> None:
+    """A kill between the exchange and the letting go of the version it displaced left that version
+    under the temp name; merged back, it brought back the line the write (a consolidation, an operator's
+    ``membot memory edit``) had just removed."""
+    path = tmp_path / "memory" / "MEMORY.md"
+    path.parent.mkdir()
+    path.write_text(BASE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [sys.executable, "-c", KILLED_AFTER_THE_EXCHANGE, str(path)]
+    killed = await asyncio.to_thread(subprocess.run, args, env=env, capture_output=True, check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    assert path.read_text() == "- likes tea\n"  # the write is in place
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".swap")]  # and the displaced one left
+
+    assert (await LongTermMemory(path).read()).text == "- likes tea\n"
+    assert not [p.name for p in path.parent.iterdir() if p.name.endswith(".swap")]
