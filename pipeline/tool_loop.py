@@ -23,10 +23,10 @@ import structlog
 from bot.config import ToolSettings
 from bot.context_budget import ContextBudget
 from bot.domain import Message, Role, ToolCall
-from bot.errors import LLMContextOverflow
+from bot.errors import LLMContextOverflow, StorageError
 from bot.llm import ChatRequest, ChatResponse
 from bot.surrogates import scrub
-from bot.tools import CallKey, ToolContext, ToolError, ToolJournal, ToolRegistry
+from bot.tools import CallKey, Tool, ToolContext, ToolError, ToolJournal, ToolRegistry
 from pipeline.base import Turn
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
@@ -157,7 +157,7 @@ class _TurnRun:
         self.best = ""
         self.partial_ok = turn.on_partial is not None
         # What an earlier run of this turn recorded (see ToolJournal): read at its first tool call.
-        self.made: dict[CallKey, str] | None = None
+        self.replays: dict[CallKey, str] | None = None
         first_id = turn.inbound[0].message_id if turn.inbound else None
         self.journal = system._journal if first_id else None  # a turn without an id has nothing to match
         self.turn_key = first_id or ""
@@ -329,8 +329,12 @@ class _TurnRun:
         limit are answered :data:`NOT_RUN` (the next model call is then the last).
         """
         budget = max(0, self.settings.max_tool_calls - self.tool_runs)
-        if self.journal is not None and self.made is None:
-            self.made = await self.journal.made(self.turn.session.id, self.turn_key)
+        if self.journal is not None and self.replays is None:
+            try:
+                self.replays = await self.journal.made(self.turn.session.id, self.turn_key)
+            except OSError as exc:  # unreadable: every call runs, as without a record
+                log.warning("tool_calls_not_read", error=str(exc))
+                self.replays = {}
         results: dict[int, str] = {i: NOT_RUN for i in range(budget, len(calls))}
         self.not_run += len(results)
         gate = asyncio.Semaphore(max(1, self.settings.max_parallel))
@@ -406,16 +410,20 @@ class _TurnRun:
                 "in this turn. Use the earlier results or change the arguments.",
                 "repeated",
             )
-        made = (call.name, key[1], self.seen[key])
-        if self.made and made in self.made:  # run by an earlier run of this turn: not again
+        call_key = (call.name, key[1], self.seen[key])
+        if self.replays and call_key in self.replays:  # run by an earlier run of this turn: not again
             log.info("tool_call_replayed", tool=call.name)
-            return self.made[made], "replayed"
+            return self.replays[call_key], "replayed"
         result, outcome = await self._run_tool(tool, call, args)
         if self.journal is not None:
-            await self.journal.keep(self.turn.session.id, self.turn_key, made, result)
+            result = cap(scrub(result), self.settings.result_max_chars)  # as the model reads it
+            try:
+                await self.journal.keep(self.turn.session.id, self.turn_key, call_key, result)
+            except (OSError, StorageError) as exc:  # the result stands; a rerun would run it again
+                log.warning("tool_call_not_recorded", tool=call.name, error=str(exc))
         return result, outcome
 
-    async def _run_tool(self, tool: Any, call: ToolCall, args: dict[str, Any]) -> tuple[str, str]:
+    async def _run_tool(self, tool: Tool, call: ToolCall, args: dict[str, Any]) -> tuple[str, str]:
         limit = self.settings.tool_timeout
         try:
             async with asyncio.timeout(limit) as window:

@@ -9,8 +9,9 @@ same how-many-th such call) is answered with the result it had, and only new cal
 One file per chat in ``state/tool_calls/``, named as its session's files are: a first line naming the
 turn (its first message's platform id) and one line per result, each appended and fsynced before the
 model reads it. A file naming another turn is stale (that turn ended) and is removed when the chat's
-next turn makes its first call; so is one whose turn runs again after a restart once it ends, at the
-latest. A torn last line (a kill mid-append) is ignored, as in every log of the workspace.
+next turn makes its first call; until then it holds what the session's log holds too. A torn last line
+(a kill mid-append) is ignored, as in every log of the workspace. A turn is known by its first
+message's platform id: one without (the terminal's) is not recorded, and runs its calls again.
 
     journal = ToolJournal(workspace / "state" / "tool_calls")
     made = await journal.made("telegram:42", "9001")           # {(name, arguments, n): result}
@@ -67,7 +68,7 @@ class ToolJournal:
                 os.unlink(path)  # an earlier turn's, over (a lost unlink leaves it stale, nothing more)
             return {}
         made: dict[CallKey, str] = {}
-        for record in records[1:]:
+        for record in records[1:]:  # (calls made at once may each have written a header: skipped here)
             name, arguments, n, result = (record.get(k) for k in ("name", "arguments", "n", "result"))
             if (
                 isinstance(name, str)
