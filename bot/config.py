@@ -238,7 +238,7 @@ class DiscordSettings(_Section):
     pairing: bool = True
     streaming: bool = False
     max_attachment_bytes: int = Field(default=1_000_000, ge=0)
-    download_timeout: float = Field(default=60.0, gt=0)  # seconds for a whole attachment download
+    download_timeout: float = Field(default=60.0, gt=0)  # seconds for a message's attachments, all of them
     stream_edit_interval: float = Field(default=1.5, ge=0.2)  # seconds between edits while streaming
     sync_commands: bool = True  # register /status, /new, ... as slash commands (only when changed)
     send_retries: int = Field(default=4, ge=0)  # extra tries on 5xx / network errors, with backoff

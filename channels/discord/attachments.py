@@ -7,9 +7,11 @@ streamed here with aiohttp, discord.py's own HTTP library, and the read stops at
 becomes a note in the message text, so the user's words still reach the model and it can say why the
 file went unread (:mod:`channels.downloads`). The operator gets a log line for each.
 
-A whole download has a deadline too (``discord.download_timeout``): the cap bounds memory, not time, and
-a CDN that sends a byte now and then would hold the message back for as long as it kept on. Past it,
-the message goes on with :func:`~channels.downloads.too_slow_note`.
+A message's downloads have a deadline too, all of them together (``discord.download_timeout``): the cap
+bounds memory, not time, and a CDN that sends a byte now and then would hold the message back for as long
+as it kept on. A file not in by then (or not started: the deadline has passed) is not read, and the
+message goes on with its note (:class:`~channels.downloads.DownloadTooSlow`). The connection's own
+limits (10 s to connect, 30 s without a byte) are failures like any other, not the deadline.
 
     reader = AttachmentReader(max_bytes=1_000_000, deadline=60.0, vision_supported=lambda: True)
     await reader.open()
@@ -32,10 +34,11 @@ import structlog
 from bot.capped import read_at_most
 from bot.domain import Attachment
 from bot.errors import ChannelError
-from channels.downloads import PLAIN_BODY, encoded, stated_over, too_large_note, too_slow_note
+from channels.downloads import PLAIN_BODY, DownloadTooSlow, encoded, stated_over, too_large_note
 
 log = structlog.get_logger(__name__)
 
+_CONNECTION_LIMITS = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=30.0)
 _TEXT_SUFFIXES = frozenset([
     ".txt", ".md", ".markdown", ".rst", ".log", ".csv", ".tsv", ".json", ".jsonl", ".yaml", ".yml", ".toml",
     ".ini", ".cfg", ".conf", ".xml", ".html", ".css", ".js", ".ts", ".py", ".rs", ".go", ".java", ".c", ".h",
@@ -63,8 +66,11 @@ class AttachmentReader:
         self._http: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
-        # No inflating: a compressed body is refused instead (see channels.downloads).
-        self._http = aiohttp.ClientSession(headers=PLAIN_BODY, auto_decompress=False)
+        # No inflating: a compressed body is refused instead (see channels.downloads). No total limit of
+        # aiohttp's own (5 minutes by default): the message's deadline is the one (see the module doc).
+        self._http = aiohttp.ClientSession(
+            headers=PLAIN_BODY, auto_decompress=False, timeout=_CONNECTION_LIMITS
+        )
 
     async def close(self) -> None:
         http, self._http = self._http, None
@@ -75,6 +81,7 @@ class AttachmentReader:
         found: list[Attachment] = []
         notes: list[str] = []
         limit = self._max_bytes
+        deadline = asyncio.get_running_loop().time() + self._deadline
         for item in message.attachments:
             mime = item.content_type or mimetypes.guess_type(item.filename)[0] or "application/octet-stream"
             mime = mime.split(";")[0].strip()
@@ -87,11 +94,11 @@ class AttachmentReader:
                 found.append(named)
                 continue
             try:
-                data = None if stated_over(item.size, limit) else await self._fetch(item.url, limit)
-            except TimeoutError:
+                data = None if stated_over(item.size, limit) else await self._fetch(item.url, limit, deadline)
+            except DownloadTooSlow as exc:
                 log.warning("discord_attachment_too_slow", filename=item.filename, seconds=self._deadline)
                 found.append(named)
-                notes.append(too_slow_note(item.filename, self._deadline))
+                notes.append(exc.note(item.filename))
                 continue
             except (ChannelError, aiohttp.ClientError, OSError) as exc:
                 log.warning("discord_attachment_unreadable", filename=item.filename, error=str(exc))
@@ -111,19 +118,27 @@ class AttachmentReader:
                 found.append(named)
         return Found(tuple(found), tuple(notes))
 
-    async def _fetch(self, url: str, limit: int) -> bytes | None:
-        """The body at ``url``, or None once it passes ``limit`` bytes (leaving drops the connection)."""
+    async def _fetch(self, url: str, limit: int, deadline: float) -> bytes | None:
+        """The body at ``url``, or None once it passes ``limit`` bytes (leaving drops the connection).
+        Raises :class:`DownloadTooSlow` once the message's ``deadline`` (the loop's clock) passed."""
         if self._http is None or self._http.closed:
             raise ChannelError("the Discord channel is not started")
-        async with asyncio.timeout(self._deadline), self._http.get(url) as response:
-            if response.status != 200:
-                raise ChannelError(f"Discord's CDN answered HTTP {response.status}")
-            coding = encoded(response.headers)
-            if coding is not None:
-                raise ChannelError(f"Discord's CDN sent the file {coding}-encoded")
-            if stated_over(response.content_length, limit):
-                return None
-            return await read_at_most(response.content.iter_any(), limit)
+        try:
+            async with asyncio.timeout_at(deadline), self._http.get(url) as response:
+                if response.status != 200:
+                    raise ChannelError(f"Discord's CDN answered HTTP {response.status}")
+                coding = encoded(response.headers)
+                if coding is not None:
+                    raise ChannelError(f"Discord's CDN sent the file {coding}-encoded")
+                if stated_over(response.content_length, limit):
+                    return None
+                return await read_at_most(response.content.iter_any(), limit)
+        except TimeoutError as exc:
+            if isinstance(exc, aiohttp.ClientError):  # the connection's own limits: a failure
+                raise
+            seconds = self._deadline
+            why = f"a Discord attachment took longer than {seconds:g} s (discord.download_timeout)"
+            raise DownloadTooSlow(why, seconds=seconds) from None
 
 
 def _is_utf8(data: bytes) -> bool:

@@ -877,6 +877,7 @@ class FakeDiscord:
         chunk = 64 * 1024
         with contextlib.suppress(ConnectionError):
             while file.drip:
+                await asyncio.sleep(file.drip)  # (an empty body never spins without yielding)
                 for byte in body:
                     await response.write(bytes([byte]))
                     file.served += 1

@@ -67,10 +67,13 @@ async def test_a_download_that_never_finishes_goes_on_with_a_note_at_its_deadlin
     settings = {**CAP, "download_timeout": 0.5}
     async with discord_world(tmp_path, discord_settings=settings) as w:
         slow = CdnFile("slow.txt", "text/plain", b"abc", drip=0.05)
+        later = CdnFile("later.md", "text/markdown", b"never reached", drip=0.05)
         await w.discord.user_message(
-            channel_id=w.dm, author=w.alice, content="read this", attachments=(slow,)
+            channel_id=w.dm, author=w.alice, content="read this", attachments=(slow, later)
         )
         await w.discord.wait_for_bot_messages(w.dm)
     said = w.user_texts()[-1]
     assert "read this" in said
+    # One deadline for the message's files together: the second is not given another 0.5 s.
     assert "slow.txt took longer than 0.5 seconds to download, so it was not read." in said
+    assert "later.md took longer than 0.5 seconds to download, so it was not read." in said
