@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import structlog
 
@@ -21,6 +22,7 @@ from bot.commands import CommandRouter
 from bot.config import DispatcherSettings
 from bot.dispatcher.commands import Commands
 from bot.dispatcher.delivery import RETRY, SEND_PATIENCE, Delivery
+from bot.dispatcher.durable import through_cancel
 from bot.dispatcher.lanes import (
     Command,
     KeptCommand,
@@ -157,7 +159,7 @@ class Dispatcher:
                 # On disk before it is queued: a message that could not be stored is never answered
                 # (the channel does not confirm it, and the platform's redelivery is taken as new).
                 # Only this session's later messages wait here, and they would wait for its inbox file.
-                cancelled = await _through_cancel(durable)
+                cancelled = await through_cancel(durable)
             if self._accepting and not lane.queue and (lane.turn is None or self._settings.mode != "collect"):
                 # It will be a turn of its own: its systems may start on it while the turn is set up. (In
                 # collect mode, one that arrives during a turn may be answered together with the next.)
@@ -165,6 +167,9 @@ class Dispatcher:
             queued = Queued(message, [entry_id] if entry_id else [])
             notice = self._enqueue(message.session_id, lane, queued) if self._accepting else None
         if cancelled is not None:
+            if notice is not None:  # not sent after all: a later message of the flood says it
+                notice.close()
+                lane.overflow_noticed = False
             raise cancelled
         if not self._accepting:
             # Shutting down: the inbox keeps it and the next start answers it.
@@ -238,9 +243,9 @@ class Dispatcher:
             lane = self._lanes[sid] = Lane(channel, chat_id)
         return lane
 
-    def _enqueue(self, sid: str, lane: Lane, queued: Queued) -> Awaitable[None] | None:
+    def _enqueue(self, sid: str, lane: Lane, queued: Queued) -> Coroutine[Any, Any, None] | None:
         """Queue without awaiting (so arrival order is kept); returns the overflow notice to await."""
-        notice: Awaitable[None] | None = None
+        notice: Coroutine[Any, Any, None] | None = None
         last = lane.queue[-1] if lane.queue else None
         if len(lane.queue) >= self._settings.queue_limit and isinstance(last, Queued) and not last.in_session:
             # Never drop: fold the overflow behind the newest queued message (answered in its turn, each
@@ -359,25 +364,3 @@ class Dispatcher:
         for session in self._sessions.cached_sessions():
             if session.unsaved:  # (a command's note may be all that changed: see Session.unsaved)
                 await self._sessions.save(session)
-
-
-async def _through_cancel(durable: asyncio.Future[None]) -> asyncio.CancelledError | None:
-    """Wait for an inbox line to be written even when the caller is cancelled meanwhile; returns the
-    cancel, to raise once the message is queued. The line reaches the disk whatever the caller does
-    (bot/group_writer.py), so a message given up here was half taken: pending with no lane to answer
-    it (its redelivery ignored as known), or forgotten by the inbox but on disk, answered as new when
-    handed over again and once more by the next start. (The Discord channel cancels its catch-up when
-    a new gateway session replaces the one it read for.) A write that failed raises, or the cancel."""
-    cancelled: asyncio.CancelledError | None = None
-    while True:
-        try:
-            await asyncio.shield(durable)
-            return cancelled
-        except asyncio.CancelledError as exc:
-            if durable.cancelled():  # the write itself was (the loop is closing): nothing to finish
-                raise
-            cancelled = exc
-        except Exception:
-            if cancelled is not None:
-                raise cancelled from None
-            raise

@@ -74,3 +74,22 @@ async def test_a_message_whose_hand_over_was_cancelled_is_answered_once(tmp_path
     await restarted.close(grace=1)
     assert [m.text for m in channel2.sent] == ["answer to later"]  # not "hi" a second time
     assert model2.seen == ["later"]
+
+
+async def test_an_overflow_whose_hand_over_was_cancelled_still_gets_the_chat_told(tmp_path: Path) -> None:
+    """The hand-over that found the chat's queue full and owed it the "I'm still on your earlier
+    messages" notice was cancelled: the notice was dropped unsent (a coroutine never awaited) and the
+    lane marked as told, so the chat never heard it. Now the next message of the flood says it."""
+    model = ModelSystem()
+    model.gate = asyncio.Event()
+    dispatcher, channel, _ = await started(tmp_path, model, queue_limit=1)
+    await dispatcher.submit(msg("running", message_id="1"))
+    await model.started.wait()
+    await dispatcher.submit(msg("queued", message_id="2"))
+    await cancelled_once_in_the_inbox(dispatcher, msg("over", message_id="3"), steps=1)
+    await dispatcher.submit(msg("over again", message_id="4"))
+    [notice] = await channel.wait_for(1)
+    model.gate.set()
+    await dispatcher.settled("test:c1")
+    await dispatcher.close(grace=1)
+    assert notice.text.startswith("I'm still on your earlier messages")
