@@ -78,8 +78,8 @@ class Delivery:
         once, and the chat's later answers are each tried once, as this one was. One it refuses for its
         content (:class:`~bot.errors.MessageRefused`) would be too, but the chat can be told: it is, in
         plain words, and the answer is done (the history holds it; asked again, the model rewords it).
-        A done mark the disk
-        refuses is written again until it goes through: left out, the next start would answer twice."""
+        A done mark the disk refuses is written again until it goes through: left out, the next start
+        would answer twice."""
         inbox = self._inbox
         await self._send_set_aside(lane)
         outcome = await self.send_out(reply.outbound())
@@ -122,8 +122,9 @@ class Delivery:
                 await self._tell_rejected(reply)
             elif outcome != "sent":
                 return
+            else:
+                log.info("reply_sent_late", channel=reply.channel, chat_id=reply.chat_id, reply_id=reply.id)
             lane.set_aside.pop(0)
-            log.info("reply_sent_late", channel=reply.channel, chat_id=reply.chat_id, reply_id=reply.id)
             await self._finish(reply)
 
     async def _tell_rejected(self, reply: PendingReply) -> None:
@@ -148,8 +149,9 @@ class Delivery:
         await self.persist("inbox_done_mark", lambda: inbox.finish(sid, set(reply.entries), reply=reply.id))
 
     async def _resend(self, reply: PendingReply) -> Outcome:
-        """Send ``reply`` again with growing pauses for up to ``send_patience`` seconds. "refused": a
-        refusal for good ends the wait at once; "failed": the patience ran out, or a shutdown began."""
+        """Send ``reply`` again with growing pauses for up to ``send_patience`` seconds. "refused" or
+        "rejected": a refusal for good ends the wait at once; "failed": the patience ran out, or a
+        shutdown began."""
         deadline = time.monotonic() + self._send_patience
         attempt = 0
         while time.monotonic() + (pause := self._retry(attempt)) <= deadline:
