@@ -226,8 +226,8 @@ class Session:
 
     @property
     def unsaved(self) -> bool:
-        """Whether messages or metadata changed since the last save (cache eviction and shutdown look
-        first)."""
+        """Whether messages changed since the last save, or a command's note (``metadata_changed``: the
+        other metadata changes with a turn's messages); cache eviction and shutdown look first."""
         return self.rewrite_needed or self.metadata_changed or self.persisted_count != len(self.messages)
 
     def append(self, message: Message) -> None:

@@ -52,8 +52,8 @@ STORAGE_NOTICE = (
 
 
 def crash_notice(exc: Exception) -> str:
-    """What the chat is told when its turn failed outside the pipeline (its session could not be read):
-    the messages stay pending in the inbox, and the next start answers them."""
+    """What the chat is told when its turn failed outside the pipeline (its session could not be read,
+    say): the messages stay pending in the inbox, and the next start answers them."""
     return (
         f"⚠️ Sorry, I couldn't answer this ({plain_reason(type(exc))}). "
         "Your message is kept: I'll answer it after my next restart."

@@ -41,6 +41,7 @@ from bot.config import MemorySettings
 from bot.errors import ConfigError, LLMBadResponse, LLMTimeout, LLMUnavailable
 from bot.memory import minilm
 from bot.memory.int8_graph import int8_weights
+from bot.memory.vector_matrix import unit
 
 log = structlog.get_logger(__name__)
 
@@ -227,7 +228,7 @@ class OnnxEmbedder:
         ids = np.array([self._tokenizer.encode(text).ids], dtype=np.int64)
         feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
         (hidden,) = self._session.run(["last_hidden_state"], feeds)
-        return _unit_rows(hidden.mean(axis=1))
+        return unit(hidden.mean(axis=1))
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         return await asyncio.to_thread(self.encode, list(texts))
@@ -296,8 +297,3 @@ def build_embedder(settings: MemorySettings, http: httpx.AsyncClient | None = No
             return OnnxEmbedder()
         return LocalEmbedder(settings.embeddings_local_model)
     return None
-
-
-def _unit_rows(matrix: NDArray[np.float32]) -> Vectors:
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return np.asarray(matrix / np.maximum(norms, 1e-12), dtype=np.float32)

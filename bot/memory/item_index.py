@@ -54,7 +54,7 @@ class ItemIndex:
         self._message_stamps: dict[MessageKey, int] = {}
         self._stamp = 0
         # Each conversation's messages in time order, so a message's neighbours are a bisect away; each
-        # message stands at the best place its episodes offer (_place), whichever was filed first.
+        # message stands at the best place its episodes offer (_place), whatever the order of filing.
         self._timelines: dict[Line, list[tuple[datetime, MessageKey]]] = {}
         self._placed: dict[MessageKey, _Place] = {}
         self._by_subject: dict[str, set[str]] = {}
@@ -135,7 +135,7 @@ class ItemIndex:
         if old.tags != new.tags:
             gone, added = _differ(_subjects(old.tags), _subjects(new.tags))
             self._refile(self._by_subject, item_id, gone, added)
-        if old.references == new.references:  # kept as they were: compared by identity, item by item
+        if old.references == new.references:  # kept as they were (compared by value, item by item)
             self._restamp(_first_references(new))
             return
         old_sessions = {ref.session_id for ref in old.references}

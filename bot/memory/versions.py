@@ -41,7 +41,10 @@ def read_bytes(fd: int, at_most: int | None = None) -> bytes:
     """The file's bytes; with ``at_most``, no more than one byte past it (:class:`TooLarge` decides)."""
     chunks: list[bytes] = []
     offset = 0
-    while (at_most is None or offset <= at_most) and (chunk := os.pread(fd, 1 << 20, offset)):
+    while at_most is None or offset <= at_most:
+        size = 1 << 20 if at_most is None else min(1 << 20, at_most + 1 - offset)
+        if not (chunk := os.pread(fd, size, offset)):
+            break
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)

@@ -337,7 +337,17 @@ class FilesTool:
             raise ToolError("memory/MEMORY.md cannot be written: the memory service is not running")
         sid, key = ctx.session_id, str(MEMORY_FILE)
         if action == "append":
-            snap = await self._long_term.update(lambda text: _join_once(text, content))
+            there = False
+
+            def append(text: str) -> str:
+                nonlocal there
+                joined = _join_once(text, content)
+                there = joined == text
+                return joined
+
+            snap = await self._long_term.update(append)
+            if there:
+                return f"Already in {MEMORY_FILE}, line for line; nothing appended."
             # The model has not seen what others wrote meanwhile: a later whole write needs a new read.
             self._memory_seen.pop(sid, None)
             self._reads.forget(sid, key)

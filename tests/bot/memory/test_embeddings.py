@@ -301,9 +301,9 @@ def test_a_loaded_model_keeps_no_copy_of_its_file(minilm: OnnxEmbedder) -> None:
 def test_the_vectors_are_those_of_a_plain_onnxruntime_session(minilm: OnnxEmbedder) -> None:
     import onnxruntime
 
-    from bot.memory.embeddings import _unit_rows
     from bot.memory.int8_graph import int8_weights
     from bot.memory.minilm import int8_file
+    from bot.memory.vector_matrix import unit
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1
@@ -316,7 +316,7 @@ def test_the_vectors_are_those_of_a_plain_onnxruntime_session(minilm: OnnxEmbedd
         ids = np.array([minilm._tokenizer.encode(text).ids], dtype=np.int64)
         feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
         (hidden,) = plain.run(["last_hidden_state"], feeds)
-        assert vector.tobytes() == _unit_rows(hidden.mean(axis=1))[0].tobytes()
+        assert vector.tobytes() == unit(hidden.mean(axis=1))[0].tobytes()
 
 
 def test_the_word_table_offset_is_where_the_known_file_holds_the_table() -> None:

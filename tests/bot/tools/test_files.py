@@ -358,8 +358,11 @@ async def test_an_append_to_memory_md_repeated_after_a_restart_adds_nothing(work
     memory_md = workspace / "memory" / "MEMORY.md"
     memory_md.write_text("# Memory\n- likes tea\n")
     files = tool(workspace, long_term=CasFile(memory_md))
-    for _ in range(2):
+    said = [
         await run(files, action="append", path="memory/MEMORY.md", content="## Pets\n- has a cat\n")
+        for _ in range(2)
+    ]
+    assert said[0].startswith("Appended") and said[1].startswith("Already in memory/MEMORY.md")
     await run(files, action="append", path="memory/MEMORY.md", content="- likes tea\n- has a dog")
     assert memory_md.read_text() == "# Memory\n- likes tea\n## Pets\n- has a cat\n- likes tea\n- has a dog\n"
 
