@@ -147,7 +147,7 @@ class LongTermMemory:
         self._looked = True
         if self._files.watching:
             with self._files.lock():
-                self._rescue()
+                self._rescue(reading=True)
 
     def _read_sync(self) -> Snapshot:
         try:
@@ -256,9 +256,9 @@ class LongTermMemory:
             own = real.parent == Path(os.path.realpath(self._path.parent))
             self._files = FileSwapper(real, exchange=self._exchange, own_folder=own)
 
-    def _rescue(self) -> None:
+    def _rescue(self, *, reading: bool = False) -> None:
         """Merge in what an editor wrote into versions that lost their name to a bot write (swap.py)."""
-        edits = self._files.late_writes()
+        edits = self._files.late_writes(reading=reading)
         for i, edit in enumerate(edits):
             writer = (
                 "a restore of dropped lines"
@@ -270,8 +270,8 @@ class LongTermMemory:
             try:
                 merge = functools.partial(merge_lines, edit.seen, edit.now)
                 self._apply(merge, writer=writer, limit=False, deliberate=False)
-            except (Conflict, NotUtf8):  # still being edited: the next read or write merges it
-                self._files.defer(edits[i:])
+            except (Conflict, NotUtf8):  # still being edited, or not UTF-8: a later read or write merges it
+                self._files.defer(edits[i:], pause=True)
                 return
             except BaseException:
                 # Kept as well, whatever else stopped it (a full disk): the displaced version is gone

@@ -57,6 +57,7 @@ from bot.storage import FILE_MODE, ensure_private_dir, fsync_dir
 _SETLEASE: int | None = getattr(fcntl, "F_SETLEASE", None)  # Linux only
 _SETSIG: int = getattr(fcntl, "F_SETSIG", 10)
 WATCH_SECONDS = 10.0
+DEFER_PAUSE = 30.0  # seconds before a read tries again edits that could not be merged
 MAX_WATCHES = 256
 
 
@@ -106,6 +107,7 @@ class FileSwapper:
         self._watches: list[_Watch] = []
         self._guards: list[_Guard] = []
         self._pending: list[LateEdit] = []
+        self._retry_at = 0.0  # (monotonic) when deferred edits are worth a read's try again
         self._held: int | None = None  # the last version read (see read)
         self._strays: bool | None = None  # versions a swap left beside the file (None: not looked yet)
 
@@ -119,7 +121,11 @@ class FileSwapper:
 
     @property
     def watching(self) -> bool:
-        return bool(self._watches or self._guards or self._pending or self._strays)
+        """Whether :meth:`late_writes` may have something to hand back now. Edits that could not be
+        merged (:meth:`defer`) count again only after :data:`DEFER_PAUSE`: what stopped them (a file
+        saved in another encoding, one still being written) lasts, and each read would try again."""
+        due = bool(self._pending) and time.monotonic() >= self._retry_at
+        return bool(self._watches or self._guards or self._strays or due)
 
     def look(self) -> None:
         """At first use: note whether an earlier swap left versions beside the file (then ``watching``:
@@ -228,11 +234,13 @@ class FileSwapper:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
 
-    def late_writes(self) -> list[LateEdit]:
+    def late_writes(self, *, reading: bool = False) -> list[LateEdit]:
         """(text when it lost its name, text now) for each such version written since; old ones retire.
 
         What comes back is no longer tracked: a caller that cannot merge it now hands it to :meth:`defer`.
         """
+        if reading and self._pending and time.monotonic() < self._retry_at:
+            return []  # edits that could not be merged a moment ago wait (see defer); a write tries them
         found, self._pending = self._pending, []
         if self._strays is not False:  # (under the lock: strays.py)
             found += [LateEdit("", stray.text, kept=stray.file) for stray in strays.collect(self._path)]
@@ -257,9 +265,12 @@ class FileSwapper:
                 self._guards.append(_Guard({line for line in added if line.strip()}))
         return found
 
-    def defer(self, edits: list[LateEdit]) -> None:
-        """Keep late edits that could not be merged yet for the next :meth:`late_writes`."""
+    def defer(self, edits: list[LateEdit], *, pause: bool = False) -> None:
+        """Keep late edits that could not be merged yet for the next :meth:`late_writes`. ``pause``: what
+        stopped them lasts (a file saved in another encoding, one still being written), so a read's
+        :meth:`late_writes` hands them back only once :data:`DEFER_PAUSE` has passed (a write's at once)."""
         self._pending = edits + self._pending
+        self._retry_at = time.monotonic() + DEFER_PAUSE if pause else 0.0
 
     # -- steps ----------------------------------------------------------------------------------------
 

@@ -180,3 +180,21 @@ async def test_the_version_a_write_displaced_left_by_a_kill_does_not_undo_the_wr
 
     assert (await LongTermMemory(path).read()).text == "- likes tea\n"
     assert not [p.name for p in path.parent.iterdir() if p.name.endswith(".swap")]
+
+
+async def test_an_edit_that_cannot_be_merged_yet_is_not_tried_again_at_every_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator saved MEMORY.md in another encoding meanwhile: the stranded save cannot be merged
+    until they save it as UTF-8 again, and each turn's read took the locks, tried and logged an error."""
+    path = tmp_path / "memory" / "MEMORY.md"
+    memory = await strand_an_operator_save(monkeypatch, path)
+    await asyncio.to_thread(path.write_bytes, "- caf\xe9\n".encode("latin-1"))
+
+    with capture_logs() as logs:
+        for _ in range(20):
+            await memory.read()
+
+    tries = [e for e in logs if e["event"] == "memory_file_not_utf8" and e.get("log_level") == "error"]
+    assert len(tries) == 1
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".swap")]  # kept for a later try
