@@ -131,7 +131,7 @@ async def _photo(
         return
     if data is None:
         _too_large(chat_id, "photo", MAX_IMAGE_BYTES)
-        out.notes.append(f"[The user sent a photo larger than {MAX_IMAGE_BYTES} bytes; it was not read.]")
+        out.notes.append(too_large_note("The user's photo", MAX_IMAGE_BYTES))
         return
     out.attachments.append(Attachment("image", "photo.jpg", "image/jpeg", data, len(data)))
 

@@ -168,8 +168,8 @@ async def fetch_raw(bot: Bot, offset: int | None) -> tuple[int, Update | None] |
     """The first update from ``offset`` on, raw, and its parse (None when PTB cannot read it).
 
     A :data:`FetchOne`. Raw through ``do_api_request``, since ``get_updates`` parses before it returns;
-    PTB's warning that ``get_updates`` exists is silenced for this call at import
-    (:data:`_RAW_GET_UPDATES`)."""
+    PTB's warning that ``get_updates`` exists is silenced process-wide by the filter this module
+    installs when imported (:data:`_RAW_GET_UPDATES`)."""
     found = await bot.do_api_request(
         "getUpdates",
         api_kwargs={
