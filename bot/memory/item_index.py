@@ -9,10 +9,10 @@ load (:meth:`ItemIndex.rebuild`), so no lookup ever scans every item or touches 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from datetime import UTC, date, datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from bot.memory.items import SENTENCE_TAG, ItemType, MemoryItem, Reference
 
@@ -22,6 +22,9 @@ SUBJECT_TAG = "subject:"  # tags naming what a statement is about (see extract.p
 
 K = TypeVar("K")
 V = TypeVar("V")
+# How _tables files an item: in time order (or appended, or taken out), and in a set (or taken out).
+_TimeFiling = Callable[[dict[Any, list[tuple[datetime, str]]], Any, tuple[datetime, str]], None]
+_SetFiling = Callable[[dict[Any, set[str]], Any, str], None]
 MessageKey = tuple[str, str]  # (session id, message id)
 Line = tuple[str, str | None]  # a conversation: (session id, conversation)
 # Where a message stands in its conversation, as one item offers it: ((sentence, part, time, item id),
@@ -79,18 +82,7 @@ class ItemIndex:
         self._by_session_day.clear()
         placed = self._placed
         for item in items.values():
-            item_id, entry = item.id, (item.created_at, item.id)
-            _file(self._by_fingerprint, item.fingerprint, item_id)
-            day = item.created_at.astimezone(UTC).date()
-            self._by_day.setdefault(day, []).append(entry)
-            for session_id in {ref.session_id for ref in item.references}:
-                self._by_session_day.setdefault((session_id, day), []).append(entry)
-                _file(self._by_session, session_id, item_id)
-            firsts = _first_references(item)
-            for key in firsts:
-                _file(self._by_message, key, item_id)
-            for subject in _subjects(item.tags):
-                _file(self._by_subject, subject, item_id)
+            firsts = self._tables(item, _append_in_time, _file)  # (sorted once, below)
             if item.type is ItemType.EPISODE:
                 for key, ref in firsts.items():
                     place = _place(item, ref)
@@ -158,20 +150,27 @@ class ItemIndex:
                     self._offer(key, item_id, None if ref is None else _place(new, ref))
         self._restamp(old_firsts.keys() | new_firsts.keys())
 
-    def _add(self, item: MemoryItem) -> None:
+    def _tables(
+        self, item: MemoryItem, in_time: _TimeFiling, in_set: _SetFiling
+    ) -> dict[MessageKey, Reference]:
+        """File (or unfile) ``item`` in every table but the timelines; its messages' first references."""
         item_id, entry = item.id, (item.created_at, item.id)
-        _file(self._by_fingerprint, item.fingerprint, item_id)
+        in_set(self._by_fingerprint, item.fingerprint, item_id)
         day = item.created_at.astimezone(UTC).date()
-        _file_in_time(self._by_day, day, entry)
+        in_time(self._by_day, day, entry)
         for session_id in {ref.session_id for ref in item.references}:
-            _file_in_time(self._by_session_day, (session_id, day), entry)
-            _file(self._by_session, session_id, item_id)
+            in_time(self._by_session_day, (session_id, day), entry)
+            in_set(self._by_session, session_id, item_id)
         firsts = _first_references(item)
         for key in firsts:
-            _file(self._by_message, key, item_id)
-        for tag in item.tags:
-            if tag.startswith(SUBJECT_TAG):
-                _file(self._by_subject, tag[len(SUBJECT_TAG) :], item_id)
+            in_set(self._by_message, key, item_id)
+        for subject in _subjects(item.tags):
+            in_set(self._by_subject, subject, item_id)
+        return firsts
+
+    def _add(self, item: MemoryItem) -> None:
+        item_id = item.id
+        firsts = self._tables(item, _file_in_time, _file)
         if item.type is ItemType.EPISODE:
             for key, ref in firsts.items():
                 if key in self._placed:
@@ -182,18 +181,8 @@ class ItemIndex:
         self._restamp(firsts)
 
     def _remove(self, item: MemoryItem) -> None:
-        item_id, entry = item.id, (item.created_at, item.id)
-        _unfile(self._by_fingerprint, item.fingerprint, item_id)
-        day = item.created_at.astimezone(UTC).date()
-        _unfile_in_time(self._by_day, day, entry)
-        for session_id in {ref.session_id for ref in item.references}:
-            _unfile_in_time(self._by_session_day, (session_id, day), entry)
-            _unfile(self._by_session, session_id, item_id)
-        firsts = _first_references(item)
-        for key in firsts:
-            _unfile(self._by_message, key, item_id)
-        for subject in _subjects(item.tags):
-            _unfile(self._by_subject, subject, item_id)
+        item_id = item.id
+        firsts = self._tables(item, _unfile_in_time, _unfile)
         if item.type is ItemType.EPISODE:
             for key in firsts:
                 self._offer(key, item_id, None)
@@ -349,6 +338,11 @@ def _subjects(tags: tuple[str, ...]) -> set[str]:
 def _differ(old: AbstractSet[K], new: AbstractSet[K]) -> tuple[AbstractSet[K], AbstractSet[K]]:
     """What ``old`` has and ``new`` lacks, and the reverse."""
     return old - new, new - old
+
+
+def _append_in_time(table: dict[K, list[tuple[datetime, V]]], key: K, entry: tuple[datetime, V]) -> None:
+    """Add ``entry`` at the end of ``table[key]`` (a rebuild sorts each list once it has them all)."""
+    table.setdefault(key, []).append(entry)
 
 
 def _file(table: dict[K, set[str]], key: K, item_id: str) -> None:
