@@ -258,7 +258,9 @@ class Consolidator:
     ) -> Plan | None:
         """The model's answer as a plan, or None with ``result`` saying why it cannot be used."""
         base = await longterm.read()
-        prompt = self._prompt_that_fits(base.text, messages, result)
+        # (past what the bot reads, the model sees no more of MEMORY.md than a turn's prompt shows)
+        shown = base.text if base.whole else base.text[: longterm.max_bytes]
+        prompt = self._prompt_that_fits(shown, messages, result)
         if prompt is None:
             return None
         remaining = max(0.1, deadline - asyncio.get_running_loop().time())
@@ -284,12 +286,14 @@ class Consolidator:
         if reply is None:
             result.raw_fallback, result.reason = True, "the model's answer held no usable JSON"
             return None
-        problem = memory_problem(reply, base.text, max_bytes=longterm.max_bytes)
+        # A MEMORY.md past what the bot reads (longterm.py) showed the model only its start: its
+        # memory_update is no file to write, and refusing it would drop the history entry too.
+        problem = memory_problem(reply, base.text, max_bytes=longterm.max_bytes) if base.whole else None
         if problem:  # MEMORY.md stays as it is; the messages are kept verbatim instead
             result.raw_fallback, result.reason = True, f"memory_update refused: {problem}"
             return None
         memory = (reply.memory_update or "").strip()
-        changed = bool(memory) and memory != base.text.strip()
+        changed = base.whole and bool(memory) and memory != base.text.strip()
         return Plan(
             when,
             reply.history_entry,

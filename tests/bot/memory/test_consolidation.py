@@ -133,6 +133,25 @@ def test_format_marks_tools_and_skips_results(clock: Clock) -> None:
     assert text == "[2024-05-20 09:30] ASSISTANT [tools: web_fetch, time]: looking"
 
 
+async def test_a_memory_md_past_what_the_bot_reads_keeps_the_history_entry_and_is_left_alone(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    """The model saw only the start of a MEMORY.md the operator let grow past the read cap: its
+    memory_update was refused when written (MemoryFull), after the history entry had gone in, and the
+    raw fallback wrote a second entry for the same messages."""
+    memory = await make_memory(tmp_path, clock, llm)
+    huge = "".join(f"- operator fact {n:07d}\n" for n in range(80_000))  # ~1.9 MB, past limit + 1 MiB
+    await asyncio.to_thread((memory.root / "MEMORY.md").write_text, huge)
+    fake_llm.script(FakeReply(text=reply()))
+
+    result = await memory.consolidate("cli:me", conversation(clock), timeout=5)
+
+    assert not result.raw_fallback and not result.memory_changed
+    history = (memory.root / "HISTORY.md").read_text()
+    assert history.count("cli:me") == 1 and "We planned the Lisbon trip." in history
+    assert (memory.root / "MEMORY.md").read_text() == huge
+
+
 async def test_garbage_output_falls_back_to_raw_entry(
     tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
 ) -> None:
