@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
 import itertools
 import json
 import secrets
@@ -34,6 +33,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import WSMsgType, web
+
+from tests.fakes.file_body import send_body
 
 MESSAGE_CONTENT = 1 << 15
 PRIVILEGED_INTENTS = (1 << 1) | (1 << 8) | MESSAGE_CONTENT  # members, presences, message content
@@ -867,24 +868,10 @@ class FakeDiscord:
         file = self._files.get(request.match_info["id"])
         if file is None:
             return web.Response(status=404)
-        body = gzip.compress(file.data) if file.gzip else file.data
-        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-        if file.gzip:
-            response.headers["Content-Encoding"] = "gzip"
-        if not file.chunked and not file.drip:
-            response.content_length = len(body)
-        await response.prepare(request)
-        chunk = 64 * 1024
-        with contextlib.suppress(ConnectionError):
-            while file.drip:
-                await asyncio.sleep(file.drip)  # (an empty body never spins without yielding)
-                for byte in body:
-                    await response.write(bytes([byte]))
-                    file.served += 1
-                    await asyncio.sleep(file.drip)
-            for start in range(0, len(body), chunk):
-                piece = body[start : start + chunk]
-                await response.write(piece)
-                file.served += len(piece)
-            await response.write_eof()
-        return response
+
+        def sent(n: int) -> None:
+            file.served += n
+
+        return await send_body(
+            request, file.data, gzipped=file.gzip, chunked=file.chunked, drip=file.drip, sent=sent
+        )

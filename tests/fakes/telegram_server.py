@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
 import html
 import itertools
 import json
@@ -35,6 +34,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from tests.fakes.file_body import send_body
 
 TOKEN = "123456789:AAFakeTokenForTestsOnly_abcdefghijklmno"
 TEXT_LIMIT = 4096
@@ -567,29 +568,15 @@ def _error(exc: TelegramAPIError) -> web.Response:
     return web.json_response(body, status=exc.status)
 
 
-async def _serve(request: web.Request, stored: StoredFile, chunk: int = 64 * 1024) -> web.StreamResponse:
+async def _serve(request: web.Request, stored: StoredFile) -> web.StreamResponse:
     """Write ``stored`` in pieces, counting what went out, until done or the client hung up."""
     if stored.failures:
         stored.failures -= 1
         return web.Response(status=502, text="Bad Gateway")
-    body = gzip.compress(stored.content) if stored.gzip else stored.content
-    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-    if stored.gzip:
-        response.headers["Content-Encoding"] = "gzip"
-    if not stored.chunked and not stored.drip:
-        response.content_length = len(body)
-    await response.prepare(request)
-    if stored.drip:
-        with contextlib.suppress(ConnectionError):
-            for byte in itertools.cycle(body):
-                await response.write(bytes([byte]))
-                stored.served += 1
-                await asyncio.sleep(stored.drip)
-        return response
-    with contextlib.suppress(ConnectionError):
-        for start in range(0, len(body), chunk):
-            piece = body[start : start + chunk]
-            await response.write(piece)
-            stored.served += len(piece)
-        await response.write_eof()
-    return response
+
+    def sent(n: int) -> None:
+        stored.served += n
+
+    return await send_body(
+        request, stored.content, gzipped=stored.gzip, chunked=stored.chunked, drip=stored.drip, sent=sent
+    )
