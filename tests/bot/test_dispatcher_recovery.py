@@ -12,6 +12,7 @@ import json
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,11 +86,15 @@ def build(
     channel_type: type[RecordingChannel] = RecordingChannel,
     *,
     send_patience: float = 5.0,
+    after: tuple[Any, ...] = (),
+    cache_size: int | None = None,
     **settings: object,
 ) -> tuple[Dispatcher, RecordingChannel, SessionService]:
-    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    """``after``: systems after the model's; ``cache_size``: the session cache's (its default if None)."""
+    store = JsonSessionStore(tmp_path / "sessions")
+    sessions = SessionService(store) if cache_size is None else SessionService(store, cache_size=cache_size)
     dispatcher = Dispatcher(
-        Pipeline([model]),
+        Pipeline([model, *after]),
         sessions,
         CommandRouter(),
         DispatcherSettings(**settings),  # type: ignore[arg-type]

@@ -10,16 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot import intake
-from bot.commands import CommandRouter
-from bot.config import DispatcherSettings
-from bot.dispatcher import Dispatcher
-from bot.inbox import Inbox
-from bot.session_service import SessionService
 from bot.sessions import JsonSessionStore
-from pipeline import Pipeline
 from tests.bot.test_dispatcher import ModelSystem
 from tests.bot.test_dispatcher_recovery import msg, settled, started
-from tests.recording import RecordingChannel
 
 
 async def test_a_command_that_changed_nothing_is_not_run_again_after_a_restart(tmp_path: Path) -> None:
@@ -44,17 +37,7 @@ async def test_a_command_that_changed_nothing_is_not_run_again_after_a_restart(t
 async def test_a_noted_command_is_kept_when_its_session_leaves_the_cache(tmp_path: Path) -> None:
     """Another chat's turn makes room in a full session cache: the session whose only change is a command's
     note was evicted as saved, the note went with it, and the restart ran the command again."""
-    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"), cache_size=1)
-    dispatcher = Dispatcher(
-        Pipeline([ModelSystem()]),
-        sessions,
-        CommandRouter(),
-        DispatcherSettings(),
-        inbox=Inbox(tmp_path / "inbox"),
-    )
-    channel = RecordingChannel(dispatcher.submit)
-    await dispatcher.recover()
-    dispatcher.attach(channel)
+    dispatcher, channel, _ = await started(tmp_path, ModelSystem(), cache_size=1)
     await dispatcher.submit(msg("hello", message_id="1"))
     await channel.wait_for(1)
     await settled(tmp_path)

@@ -13,15 +13,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from bot.commands import CommandRouter
-from bot.config import DispatcherSettings
 from bot.dispatcher import Dispatcher
 from bot.domain import OutboundMessage, Role
-from bot.inbox import Inbox
 from bot.session_service import SessionService
-from bot.sessions import JsonSessionStore
 from channels.base import InboundSink
-from pipeline import Pipeline, Turn
+from pipeline import Turn
 from tests.bot.test_dispatcher import ModelSystem
 from tests.bot.test_dispatcher_recovery import msg, pending, settled, started
 from tests.recording import RecordingChannel
@@ -91,17 +87,7 @@ async def past_the_model(
     """A dispatcher whose turn for "hello" is held after the model answered (the session holds it),
     while memory's step runs."""
     after = AfterTheAnswer()
-    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
-    dispatcher = Dispatcher(
-        Pipeline([ModelSystem(), after]),
-        sessions,
-        CommandRouter(),
-        DispatcherSettings(),
-        inbox=Inbox(tmp_path / "inbox"),
-    )
-    channel = RecordingChannel(dispatcher.submit)
-    await dispatcher.recover()
-    dispatcher.attach(channel)
+    dispatcher, channel, sessions = await started(tmp_path, ModelSystem(), after=(after,))
     await dispatcher.submit(msg("hello", message_id="1"))
     await after.reached.wait()
     return dispatcher, channel, sessions, after
