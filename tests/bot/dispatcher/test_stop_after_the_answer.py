@@ -42,15 +42,11 @@ class SlowPlatform(RecordingChannel):
         await super().send(message)
 
 
-async def test_a_stop_while_the_answer_is_sent_leaves_it_to_arrive_and_in_the_history(
-    tmp_path: Path,
+async def answered_once_on_its_way(
+    tmp_path: Path, dispatcher: Dispatcher, channel: RecordingChannel, sessions: SessionService
 ) -> None:
-    dispatcher, channel, sessions = await started(tmp_path, ModelSystem(), channel_type=SlowPlatform)
-    assert isinstance(channel, SlowPlatform)
-    await dispatcher.submit(msg("hello", message_id="1"))
-    await channel.sending.wait()  # saved with the turn, and on its way
-    await dispatcher.submit(msg("/stop", message_id="2"))
-    channel.release.set()
+    """Once the held answer went on: the chat got it, the history holds exactly it, and /stop said it
+    was on its way."""
     await dispatcher.settled("test:c1")
     await settled(tmp_path)
     session = await sessions.get("test:c1")
@@ -61,6 +57,18 @@ async def test_a_stop_while_the_answer_is_sent_leaves_it_to_arrive_and_in_the_hi
     assert session is not None
     assert [m.content for m in session.messages if m.role is Role.ASSISTANT] == delivered
     assert [m.text for m in channel.sent if m.aside] == [ON_ITS_WAY]
+
+
+async def test_a_stop_while_the_answer_is_sent_leaves_it_to_arrive_and_in_the_history(
+    tmp_path: Path,
+) -> None:
+    dispatcher, channel, sessions = await started(tmp_path, ModelSystem(), channel_type=SlowPlatform)
+    assert isinstance(channel, SlowPlatform)
+    await dispatcher.submit(msg("hello", message_id="1"))
+    await channel.sending.wait()  # saved with the turn, and on its way
+    await dispatcher.submit(msg("/stop", message_id="2"))
+    channel.release.set()
+    await answered_once_on_its_way(tmp_path, dispatcher, channel, sessions)
     assert await pending(tmp_path) == []
 
 
@@ -97,16 +105,7 @@ async def test_a_stop_after_the_model_answered_leaves_the_answer_to_arrive(tmp_p
     dispatcher, channel, sessions, after = await past_the_model(tmp_path)
     await dispatcher.submit(msg("/stop", message_id="2"))
     after.release.set()
-    await dispatcher.settled("test:c1")
-    await settled(tmp_path)
-    session = await sessions.get("test:c1")
-    await dispatcher.close(grace=1)
-
-    delivered = [m.text for m in channel.sent if not m.aside]
-    assert delivered == ["answer to hello"]
-    assert session is not None
-    assert [m.content for m in session.messages if m.role is Role.ASSISTANT] == delivered
-    assert [m.text for m in channel.sent if m.aside] == [ON_ITS_WAY]
+    await answered_once_on_its_way(tmp_path, dispatcher, channel, sessions)
 
 
 async def test_a_shutdown_after_the_model_answered_sends_that_answer_after_the_restart(
