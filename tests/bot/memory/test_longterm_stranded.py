@@ -113,6 +113,18 @@ async def test_a_stranded_operator_save_survives_the_start_up_cleanup_of_a_later
     ]
 
 
+async def killed_writing(tmp_path: Path, script: str) -> Path:
+    """MEMORY.md (holding ``BASE``) after a child process ran ``script`` on it and was SIGKILLed."""
+    path = tmp_path / "memory" / "MEMORY.md"
+    path.parent.mkdir()
+    path.write_text(BASE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [sys.executable, "-c", script, str(path)]
+    killed = await asyncio.to_thread(subprocess.run, args, env=env, capture_output=True, check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    return path
+
+
 KILLED_BEFORE_THE_EXCHANGE = r"""
 import asyncio, os, signal, sys
 from pathlib import Path
@@ -130,13 +142,7 @@ asyncio.run(LongTermMemory(Path(sys.argv[1])).update(lambda text: text + "- bot 
 async def test_the_bots_own_version_left_by_a_kill_is_removed_not_merged(tmp_path: Path) -> None:
     """Only a version that is not the bot's is merged back: the bot's own, never put in place, would bring
     back a line the operator deleted after the kill."""
-    path = tmp_path / "memory" / "MEMORY.md"
-    path.parent.mkdir()
-    path.write_text(BASE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    args = [sys.executable, "-c", KILLED_BEFORE_THE_EXCHANGE, str(path)]
-    killed = await asyncio.to_thread(subprocess.run, args, env=env, capture_output=True, check=False)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    path = await killed_writing(tmp_path, KILLED_BEFORE_THE_EXCHANGE)
     assert [
         p.name for p in path.parent.iterdir() if p.name.startswith(".MEMORY.md.") and "lock" not in p.name
     ]
@@ -168,13 +174,7 @@ async def test_the_version_a_write_displaced_left_by_a_kill_does_not_undo_the_wr
     """A kill between the exchange and the letting go of the version it displaced left that version
     under the temp name; merged back, it brought back the line the write (a consolidation, an operator's
     ``membot memory edit``) had just removed."""
-    path = tmp_path / "memory" / "MEMORY.md"
-    path.parent.mkdir()
-    path.write_text(BASE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    args = [sys.executable, "-c", KILLED_AFTER_THE_EXCHANGE, str(path)]
-    killed = await asyncio.to_thread(subprocess.run, args, env=env, capture_output=True, check=False)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    path = await killed_writing(tmp_path, KILLED_AFTER_THE_EXCHANGE)
     assert path.read_text() == "- likes tea\n"  # the write is in place
     assert [p.name for p in path.parent.iterdir() if p.name.endswith(".swap")]  # and the displaced one left
 
