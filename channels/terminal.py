@@ -13,6 +13,7 @@ import os
 import re
 import stat
 import sys
+import uuid
 from collections.abc import Sequence
 from typing import ClassVar, TextIO
 
@@ -144,8 +145,11 @@ class TerminalChannel(Channel):
             if text in ("/quit", "/exit"):
                 break
             self._waiting += 1
+            # An id of its own, as a platform gives one: a turn killed after its tools ran is answered
+            # again at the next start, and finds what they did by it (bot/tools/journal.py).
+            message_id = uuid.uuid4().hex
             await self.handle_inbound(
-                InboundMessage(channel=self.name, chat_id=self._user, sender_id=self._user, text=text)
+                InboundMessage(self.name, self._user, self._user, text, message_id=message_id)
             )
         self._closed.set()
 

@@ -11,7 +11,8 @@ turn (its first message's platform id) and one line per result, each appended an
 model reads it. A file naming another turn is stale (that turn ended) and is removed when the chat's
 next turn makes its first call; until then it holds what the session's log holds too. A torn last line
 (a kill mid-append) is ignored, as in every log of the workspace. A turn is known by its first
-message's platform id: one without (the terminal's) is not recorded, and runs its calls again.
+message's id (the platform's; the terminal makes one per message): a message without one is not
+recorded, and its turn runs its calls again.
 
     journal = ToolJournal(workspace / "state" / "tool_calls")
     made = await journal.made("telegram:42", "9001")           # {(name, arguments, n): result}

@@ -430,3 +430,29 @@ async def test_a_command_typed_while_an_answer_streams_does_not_print_the_answer
             assert await chat.exit_code() == 0, chat.err
     assert chat.out.count("alpha") == 1 and chat.out.count("zeta") == 1, chat.out
     assert chat.out.index("alpha") < chat.out.index("Uptime:") < chat.out.index("zeta")
+
+
+async def test_a_chat_killed_after_its_tool_ran_does_not_run_it_again_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """The terminal's turns are recorded like a platform's: answered again after a kill, the turn that
+    asks for the same tool call gets the result the first run recorded; the note is appended once."""
+    append = ("files", {"action": "append", "path": "notes/shopping.md", "content": "- milk"})
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(tool_calls=[append]), FakeReply(text="never finished", delay=30))
+        async with membot_chat(tmp_path, llm) as chat:
+            await chat.type("add milk to my shopping list")
+            async with asyncio.timeout(30):
+                while len(llm.requests) < 2 or not llm.in_flight:  # the tool ran; the model answers
+                    await asyncio.sleep(0.01)
+            chat.process.kill()
+            await chat.exit_code()
+        llm.script(FakeReply(tool_calls=[append]), FakeReply(text="Added."))
+        async with membot_chat(tmp_path, llm) as chat:
+            await chat.wait_for("membot › Added.\nyou › ")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code() == 0, chat.err
+        tool_results = [m for m in llm.requests[-1].body["messages"] if m["role"] == "tool"]
+    assert (tmp_path / "ws" / "notes" / "shopping.md").read_text() == "- milk"  # (twice: "- milk- milk")
+    assert len(tool_results) == 1 and "notes/shopping.md" in tool_results[0]["content"]
