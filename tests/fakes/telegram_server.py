@@ -9,8 +9,9 @@ effect (``slow``: a client's read timeout cannot tell that from a lost request),
 the bot for good (:meth:`FakeTelegramServer.refuse_chat`, with the Bot API's own answers: ``BLOCKED``,
 ``KICKED``, ``CHAT_NOT_FOUND``). Files are served under ``/file/bot<token>/<file_path>``; a test can make ``getFile``
 state a wrong ``file_size`` or none (the field is optional in the Bot API), and serve the body chunked,
-without ``Content-Length``, or a byte at a time without end, as a misbehaving server would
-(:meth:`FakeTelegramServer.add_file`). ``getFile`` refuses a file over the Bot API's 20 MB as it does.
+without ``Content-Length``, a byte at a time without end, or only once the test lets it go, as a
+misbehaving or slow server would (:meth:`FakeTelegramServer.add_file`). ``getFile`` refuses a file
+over the Bot API's 20 MB as it does.
 
     async with FakeTelegramServer() as tg:
         app = ApplicationBuilder().token(tg.token).base_url(tg.base_url).base_file_url(tg.base_file_url)
@@ -147,7 +148,9 @@ class StoredFile:
     gzip: bool = False  # served gzip-encoded, even to a client that asked for no encoding
     failures: int = 0  # the next downloads answered with 502
     drip: float = 0.0  # > 0: one byte every so many seconds, never ending (a body that never finishes)
+    held: asyncio.Event | None = None  # the body waits until this is set (a slow server, no clock)
     served: int = 0  # bytes written to the bot so far, over all downloads
+    downloads: int = 0  # requests for the body, answered or not
 
 
 @dataclass
@@ -279,6 +282,7 @@ class FakeTelegramServer:
         gzip: bool = False,
         failures: int = 0,
         drip: float = 0.0,
+        held: asyncio.Event | None = None,
     ) -> str:
         """Store a file to be fetched with ``getFile``; returns its ``file_id``.
 
@@ -286,11 +290,13 @@ class FakeTelegramServer:
         to leave the optional field out. The file server misbehaves if asked: ``chunked`` sends no
         ``Content-Length``, ``gzip`` compresses whatever the client accepts, and the first ``failures``
         downloads get a 502; ``drip`` sends the content a byte every ``drip`` seconds, over and over, until
-        the client hangs up (each byte comes well within any read timeout, the body never ends).
+        the client hangs up (each byte comes well within any read timeout, the body never ends); ``held``
+        sends the headers and keeps the body back until the test sets the event (``downloads`` counts the
+        requests, so a test can wait until the bot is waiting).
         """
         file_id = f"file{len(self.files) + 1}"
         stated = len(content) if isinstance(file_size, EllipsisType) else file_size
-        self.files[file_id] = StoredFile(path, content, stated, chunked, gzip, failures, drip)
+        self.files[file_id] = StoredFile(path, content, stated, chunked, gzip, failures, drip, held)
         return file_id
 
     def fail(
@@ -492,6 +498,8 @@ class FakeTelegramServer:
             return web.Response(status=401)
         for stored in self.files.values():
             if stored.path == request.match_info["path"]:
+                stored.downloads += 1
+                await self._notify()
                 return await _serve(request, stored)
         return web.Response(status=404)
 
@@ -578,5 +586,11 @@ async def _serve(request: web.Request, stored: StoredFile) -> web.StreamResponse
         stored.served += n
 
     return await send_body(
-        request, stored.content, gzipped=stored.gzip, chunked=stored.chunked, drip=stored.drip, sent=sent
+        request,
+        stored.content,
+        gzipped=stored.gzip,
+        chunked=stored.chunked,
+        drip=stored.drip,
+        held=stored.held,
+        sent=sent,
     )
