@@ -81,7 +81,8 @@ class OfferPacing:
 
     Each offer is a write of ``pairing.json`` and a message out, paced per chat by the platform: answering
     every message of a stranger's flood held up every allowed user's messages behind it on Telegram
-    (updates are taken in one at a time; ten took seven seconds) and made a write per message anywhere.
+    (updates were taken in one at a time then; ten took seven seconds) and made a write per message
+    anywhere.
     Asking again after the interval gives the same code while it is valid. In memory only: a restart
     allows one more offer, which is harmless."""
 

@@ -7,7 +7,9 @@ when it changed: :mod:`channels.telegram.commands`) → ``start``, then our own 
 ``Updater`` confirms updates as soon as it fetches them. A message takes this path:
 
 0. It is stored in the channel's update journal (:mod:`channels.telegram.journal`) and only then
-   confirmed to Telegram; an update the journal already has (a redelivery) stops here.
+   confirmed to Telegram; an update the journal already has (a redelivery) stops here. Steps 1-4 run
+   for a chat's updates one at a time, in order, and for several chats side by side
+   (:mod:`channels.telegram.handover`): a slow download holds back only its own chat.
 1. Only new messages count: edits, channel posts and messages from bots are ignored.
 2. Access, deny by default (:mod:`channels.telegram.access`): private chats need an allowlisted or
    paired user (strangers get a pairing code, offered at most once a minute); groups must be allowlisted

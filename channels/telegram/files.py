@@ -9,8 +9,9 @@ Bot API request. A self-hosted Bot API server in ``--local`` mode names a path o
 instead of a URL; that file is read up to the cap too.
 
 A whole fetch (``getFile``, the body, the retries of both) has a deadline, ``telegram.download_timeout``:
-the read timeout only bounds the wait for the next bytes, and the channel takes messages in one at a
-time, so a file server that drips bytes held every later message back. Past the deadline, and when
+the read timeout only bounds the wait for the next bytes, and a chat's messages are taken in one at a
+time, so a file server that drips bytes would hold that chat's later messages back for good (other
+chats go on meanwhile: :mod:`channels.telegram.handover`). Past the deadline, and when
 ``getFile`` refuses a file over the Bot API's own limit (20 MB: "file is too big"), the fetch raises a
 :class:`~channels.downloads.FileNotRead` and the message goes on with its note.
 

@@ -1,30 +1,37 @@
-"""Handing held Telegram updates over to the dispatcher, one at a time, in the order they arrived.
+"""Handing held Telegram updates over to the dispatcher: each chat's in arrival order, chats side by side.
 
 The update journal (:mod:`channels.telegram.journal`) holds every accepted update until the dispatcher
-has it. :class:`HandOver` takes the held updates out in arrival order, runs the channel's intake on each
-(access checks, media, the paste joiner) and releases the update from the journal once its message is
-queued, or at once when it needed nothing. Failures are sorted by kind, because a full disk and a bug
-need opposite treatment:
+has it. :class:`HandOver` takes the held updates out in arrival order and puts each in its chat's lane
+(:mod:`channels.telegram.lanes`, :func:`lane_of`), where the channel's intake runs on it (access checks,
+media, the paste joiner). A chat's updates are taken in one at a time, in order: its second message never
+overtakes its first (the paste joiner and the dispatcher rely on that). Other chats go on meanwhile, up
+to ``width`` chats at once, so a photo Telegram's file server sends slowly (for up to
+``telegram.download_timeout``) holds back only the chat that sent it. An update is released from the
+journal once its message is queued, or at once when it needed nothing. Failures are sorted by kind,
+because a full disk and a bug need opposite treatment:
 
 - storage (``OSError``, ``StorageError``): wait with backoff and try again, for as long as it takes;
-  the outage is logged once. Dropping would lose the message, and a restart could not do better.
+  the outage is logged once. Dropping would lose the message, and a restart could not do better. The
+  chat's later updates wait behind it.
 - anything else: tried ``max_attempts`` times, then the update is logged and released, so one message
-  that cannot be processed does not block every later one.
+  that cannot be processed does not block its chat's later ones.
 
-When the channel stops, what was not handed over (not yet taken in, or not taken by ``submit`` before
-the joiner closed) stays held and is taken in at the next start.
+When the channel stops, what was not handed over (not yet taken in, waiting in its lane, or not taken by
+``submit`` before the joiner closed) stays held and is taken in at the next start.
 
-The updates held from an earlier run come first, and once they are all taken in ``resumed_done`` is
-called: the channel hands on the paste they make at once, so a message that arrives after the start is
-never joined to them. The dispatcher may have them already (a kill between its inbox's fsync and the
-journal's release) and knows a joined message by its first update's message id: a new message joined
-in would be dropped with the redelivery.
+The updates held from an earlier run come first: no update that arrived after the start is taken in
+before they all are (they go side by side among themselves, but a slow download among them holds back
+every chat's new messages at that start). Then ``resumed_done`` is called: the channel hands on the
+paste they make at once, so a message that arrives after the start is never joined to them. The
+dispatcher may have them already (a kill between its inbox's fsync and the journal's release) and knows
+a joined message by its first update's message id: a new message joined in would be dropped with the
+redelivery.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import structlog
@@ -32,6 +39,7 @@ import structlog
 from channels.outage import StorageOutage, is_storage_error
 from channels.telegram.inbound import NotTaken
 from channels.telegram.journal import UpdateJournal
+from channels.telegram.lanes import Lanes
 
 log = structlog.get_logger(__name__)
 
@@ -39,9 +47,30 @@ Intake = Callable[[dict[str, Any]], Awaitable["asyncio.Future[None] | None"]]
 """Takes one update in; returns a future that completes once its message is queued, or ``None`` when
 there is nothing to queue."""
 
+WIDTH = 8  # chats taken in at once; the others wait their turn (a flood spawns no tasks)
+
+LaneKey = tuple[str, int]
+"""``("chat", chat id)``, or ``("update", update id)`` for an update about no chat."""
+
+
+def lane_of(update: Mapping[str, Any]) -> LaneKey:
+    """The lane of an update: its chat's, whatever kind of update it is (a message, an edit, a member
+    change, a button pressed under a message); an update about no chat gets a lane of its own."""
+    for value in update.values():
+        if not isinstance(value, dict):
+            continue
+        for holder in (value, value.get("message")):  # a callback query names its chat in its message
+            chat = holder.get("chat") if isinstance(holder, dict) else None
+            if isinstance(chat, dict) and isinstance(chat.get("id"), int):
+                return ("chat", chat["id"])
+    return ("update", update["update_id"])
+
 
 class HandOver:
-    """Runs until cancelled (:meth:`run`); :meth:`drain` waits for the releases still pending."""
+    """Runs until cancelled (:meth:`run`); :meth:`drain` waits for the releases still pending.
+
+    ``width`` bounds how many chats are taken in at once (see the module doc).
+    """
 
     def __init__(
         self,
@@ -52,23 +81,30 @@ class HandOver:
         max_attempts: int,
         resumed: int = 0,
         resumed_done: Callable[[], None] = lambda: None,
+        width: int = WIDTH,
     ) -> None:
-        self._resumed = resumed  # held updates of an earlier run still to take in (they come first)
+        self._resumed = resumed  # held updates of an earlier run: taken in before any other
         self._resumed_done = resumed_done
         self._journal = journal
         self._intake = intake
         self._outage = outage
         self._max_attempts = max_attempts
+        self._width = width
         self._releases: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        while True:
-            update = dict(await self._journal.next())
-            await self._hand_over(update)
+        lanes: Lanes[LaneKey, dict[str, Any]] = Lanes(self._hand_over, width=self._width)
+        async with asyncio.TaskGroup() as group:  # cancelling run() cancels the lanes: the rest stays held
+            group.create_task(lanes.run(), name="telegram-handover-lanes")
             if self._resumed > 0:
-                self._resumed -= 1
-                if self._resumed == 0:
-                    self._resumed_done()
+                for _ in range(self._resumed):
+                    update = dict(await self._journal.next())
+                    lanes.put(lane_of(update), update)
+                await lanes.idle()  # all taken in; only then the updates that arrived after the start
+                self._resumed_done()
+            while True:
+                update = dict(await self._journal.next())
+                lanes.put(lane_of(update), update)
 
     async def drain(self) -> None:
         """Wait until every message handed over is either queued or refused (call after the joiner closed)."""

@@ -16,7 +16,8 @@ three steps, each durable before the next:
    that is the dedup of Telegram's redeliveries (after a crash before the confirming ``getUpdates``, a
    failed confirmation, or a webhook answer that got lost).
 2. **Take in** (:meth:`next`): held updates come out in arrival order to the channel's access checks, the
-   paste joiner and ``Dispatcher.submit``, which returns once the message is in the durable inbox.
+   paste joiner and ``Dispatcher.submit``, which returns once the message is in the durable inbox
+   (each chat's in that order, chats side by side: :mod:`channels.telegram.handover`).
 3. **Release** (:meth:`release`): then the update moves from *held* to *done*. Updates that needed
    nothing (a stranger's, an ignored one) and updates given up as unprocessable are released too.
 

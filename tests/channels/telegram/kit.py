@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from bot.domain import InboundMessage, OutboundMessage
 from bot.pairing import PAIRING_FILE, PairingStore
 from bot.storage import append_line
 from channels.telegram import TelegramChannel
+from channels.telegram.journal import JOURNAL_FILE
 from tests.fakes.telegram_server import FakeTelegramServer
 
 COMMANDS = [
@@ -71,6 +73,17 @@ class DurableSink(RecordingSink):
         finally:
             await self.changed()
         await super().submit(message)
+
+
+async def all_taken_in(state_dir: Path, timeout: float = 10.0) -> None:
+    """Wait until the channel's update journal in ``state_dir`` holds nothing: every update accepted so
+    far was taken in and released. Call it once a later update is in (a sentinel): a message that reaches
+    no sink (a stranger's, an ignored one) is decided then. A sentinel alone proves that only for its
+    own chat, as chats are taken in side by side."""
+    path = state_dir / JOURNAL_FILE
+    async with asyncio.timeout(timeout):
+        while json.loads(path.read_text())["held"]:
+            await asyncio.sleep(0.01)
 
 
 def break_folder(path: Path) -> Callable[[], None]:

@@ -1,8 +1,10 @@
 """The Telegram channel end to end: the real python-telegram-bot against the fake Bot API server.
 
 Each test starts a channel whose dispatcher side is a recording sink (tests/channels/telegram/kit.py).
-Messages that must be ignored are followed by a "sentinel" message that must arrive: updates are
-processed in order, so once the sentinel is in, the ignored ones were decided.
+Messages that must be ignored are followed by a "sentinel" message that must arrive: a chat's updates
+are processed in order, so once the sentinel is in, the ignored ones of its chat were decided. Chats are
+taken in side by side, so for another chat's (a stranger's) the test also waits until the journal holds
+nothing (``all_taken_in``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 from bot.domain import OutboundMessage
 from bot.errors import ChannelError
 from bot.pairing import PAIRING_FILE, PairingStore, approve_code
-from tests.channels.telegram.kit import COMMANDS, RecordingSink, running_channel
+from tests.channels.telegram.kit import COMMANDS, RecordingSink, all_taken_in, running_channel
 from tests.fakes.telegram_server import FakeTelegramServer, utf16_len
 
 BOT = "membot_test_bot"
@@ -56,7 +58,9 @@ async def test_unknown_user_gets_a_pairing_code_and_is_admitted_once_approved(tm
 
         tg.push_message("please?", chat_id=99, user_id=99)  # asking again at once: no second offer
         tg.push_message("sentinel")
-        assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]  # nothing from user 99 got in
+        assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
+        await all_taken_in(tmp_path)
+        assert [m.text for m in sink.received] == ["sentinel"]  # nothing from user 99 got in
         assert len(tg.sent_to(99)) == 1
 
         assert await asyncio.to_thread(approve_code, tmp_path, code.group(1)) is not None
@@ -76,10 +80,10 @@ class Ticks:
 
 
 async def test_a_strangers_flood_gets_one_offer_and_holds_up_nobody(tmp_path: Path) -> None:
-    """Updates are taken in one at a time, and an offer waits for the chat's pacing (one message a
-    second after a burst): answering every message of a stranger's flood held every allowed user's
-    message up behind it (ten held the next one for seven seconds). One offer a minute; after that, the
-    same code again."""
+    """An offer waits for the chat's pacing (one message a second after a burst): when updates were taken
+    in one at a time, answering every message of a stranger's flood held every allowed user's message up
+    behind it (ten held the next one for seven seconds). One offer a minute; after that, the same code
+    again."""
     clock = Ticks()
     async with (
         FakeTelegramServer() as tg,
@@ -89,12 +93,14 @@ async def test_a_strangers_flood_gets_one_offer_and_holds_up_nobody(tmp_path: Pa
             tg.push_message(f"let me in {n}", chat_id=99, user_id=99, first_name="Mallory")
         tg.push_message("sentinel")
         assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
+        await all_taken_in(tmp_path)
         [offer] = tg.sent_to(99)
 
         clock.now += 61.0  # past the minute
         tg.push_message("still waiting", chat_id=99, user_id=99)
         tg.push_message("sentinel 2")
         assert [m.text for m in await sink.wait_for(2)][1] == "sentinel 2"
+        await all_taken_in(tmp_path)
         [_, again] = tg.sent_to(99)
         code = re.search(r"membot pairing approve (\S+)", offer.text)
         assert code is not None and code.group(1) in again.text
@@ -110,6 +116,7 @@ async def test_a_stranger_who_blocked_the_bot_is_offered_a_code_once_and_the_res
         tg.push_message("let me in", chat_id=99, user_id=99, first_name="Mallory")
         tg.push_message("sentinel")
         assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
+        await all_taken_in(tmp_path)
         offers = [c for c in tg.calls_to("sendMessage") if c.params.get("chat_id") == 99]
         assert len(offers) == 1
 
@@ -119,6 +126,7 @@ async def test_pairing_off_ignores_strangers_silently(tmp_path: Path) -> None:
         tg.push_message("let me in", chat_id=99, user_id=99)
         tg.push_message("sentinel")
         assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
+        await all_taken_in(tmp_path)
         assert tg.sent_to(99) == []
 
 
@@ -131,8 +139,9 @@ async def test_pairing_off_keeps_users_approved_before(tmp_path: Path) -> None:
         tg.push_message("back again", chat_id=99, user_id=99)
         tg.push_message("who am i", chat_id=98, user_id=98)
         tg.push_message("sentinel")
-        received = await sink.wait_for(2)
-        assert [m.text for m in received] == ["back again", "sentinel"]
+        await sink.wait_for(2)
+        await all_taken_in(tmp_path)
+        assert sorted(m.text for m in sink.received) == ["back again", "sentinel"]  # two chats: any order
         assert tg.sent_to(98) == []
 
 

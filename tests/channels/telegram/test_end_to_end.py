@@ -18,7 +18,7 @@ from bot.app import Core, build_core
 from bot.config import Settings, load_settings
 from bot.pairing import PAIRING_FILE, PairingStore
 from channels.telegram import TelegramChannel
-from tests.channels.telegram.kit import telegram_values
+from tests.channels.telegram.kit import all_taken_in, telegram_values
 from tests.fakes.llm_server import FakeLLMServer
 from tests.fakes.telegram_server import FakeTelegramServer
 
@@ -110,8 +110,9 @@ async def test_a_stranger_never_reaches_the_model(tmp_path: Path) -> None:
         async with telegram_bot(await settings_for(tmp_path / "ws", llm, tg)):
             tg.push_message("/status", chat_id=99, user_id=99)
             tg.push_message("hello from mallory", chat_id=99, user_id=99)
-            tg.push_message("sentinel")  # user 42's, answered once the stranger's two were decided
+            tg.push_message("sentinel")  # user 42's: once it is answered, all three were accepted
             [answer] = await tg.wait_for_messages(1)
+            await all_taken_in(tmp_path / "ws" / "state")  # and the stranger's two decided
             replies = tg.sent_to(99)
         assert answer.text == "echo: sentinel"
         assert [("membot pairing approve" in r.text) for r in replies] == [True]  # one offer a minute
