@@ -1,6 +1,6 @@
 """Long files read one page at a time, and the rule that replacing a file needs all of it seen first.
 
-The tool loop cuts any result over ``tools.result_max_chars`` in the middle (``pipeline.tool_loop.cap``).
+The tool loop cuts any result over ``tools.result_max_chars`` in the middle (``pipeline.tool_calls.cap``).
 A model that wrote such a view back deleted everything that was cut (272 of 600 MEMORY.md lines) and
 wrote the cut marker into the file. So the files tool pages long reads itself, by whole lines and under
 that limit, says which lines it showed and how to get the next page, and remembers per conversation
@@ -14,7 +14,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
-# The marker of pipeline.tool_loop.cap ("[... 123 characters cut ...]"); tests keep the two in step.
+# The marker of pipeline.tool_calls.cap ("[... 123 characters cut ...]"); tests keep the two in step.
 CUT_MARKER = re.compile(r"\[\.\.\. ?\d+ characters cut \.\.\.\]")
 PAGE_NOTE = "[page: lines "  # opens the footer of a partial read, also refused in written content
 

@@ -26,16 +26,14 @@ from bot.tokens import TokenCounter
 from bot.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
 from pipeline import Pipeline
 from pipeline.base import Turn
+from pipeline.tool_calls import CANCELLED, NOT_RUN, cap
 from pipeline.tool_loop import (
     ANSWER_NOW,
-    CANCELLED,
     CUT_SHORT,
     LAST_CALL,
     MAX_CALLS_PER_ANSWER,
-    NOT_RUN,
     TOO_MANY_CALLS,
     ToolLoopSystem,
-    cap,
 )
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.recording import RecordingChannel, SlowTool

@@ -19,7 +19,8 @@ from bot.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
 from bot.tools.files import FilesTool
 from bot.tools.paging import CUT_MARKER
 from pipeline.base import Turn
-from pipeline.tool_loop import ToolLoopSystem, cap
+from pipeline.tool_calls import cap
+from pipeline.tool_loop import ToolLoopSystem
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 CATALOG = load_catalog()
