@@ -76,7 +76,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_at(folder: int, name: str, data: bytes) -> None:
     """:func:`atomic_write_bytes` for ``name`` in an open ``folder`` (a descriptor), for a caller that
-    reached the folder without following links (bot/tools/files.py); the temp file has the shape
+    reached the folder without following links (bot/tools/workspace_files.py); the temp file has the shape
     :func:`remove_stale_temp_files` knows."""
     temp = f".{name[:40]}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE, dir_fd=folder)

@@ -58,7 +58,7 @@ async def test_every_spec_is_an_object_schema(tmp_path: Path) -> None:
 
 def test_public_surface() -> None:
     public = {n for n in vars(bot.tools) if not n.startswith("_")} - {
-        "base", "builtin", "clock", "confine", "files", "html_text", "journal", "memory", "netguard", "paging", "shell", "web_fetch"
+        "base", "builtin", "clock", "confine", "files", "html_text", "journal", "memory", "netguard", "paging", "shell", "web_fetch", "workspace_files"
     }  # fmt: skip
     assert public == set(bot.tools.__all__)
 
