@@ -21,8 +21,9 @@ from bot.memory.asks import asks_about_assistant
 from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem
 from bot.memory.lexical import Where
+from bot.memory.memories import MessageKey
 from bot.memory.pack import MemoryPack, assemble, overhead, price
-from bot.memory.recall import MessageKey, Recaller
+from bot.memory.recall import Recaller
 from bot.memory.retrieval import Retriever, ScoredItem, diversify
 from bot.memory.scope import belongs_to
 from bot.memory.vector_search import Feedback

@@ -38,10 +38,11 @@ from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem
 from bot.memory.lazy_sync import MARKER
 from bot.memory.longterm import READ_MARGIN, Limits, LongTermMemory
+from bot.memory.memories import MessageKey
 from bot.memory.notes import DailyNotes
 from bot.memory.pack import MemoryPack, TokenCounter, estimate_tokens
 from bot.memory.pending import PENDING_DIR, PendingConsolidations
-from bot.memory.recall import MessageKey, Recaller
+from bot.memory.recall import Recaller
 from bot.memory.recent import RecentNotes
 from bot.memory.recorder import Exchange, Recorder, exchanges_of
 from bot.memory.relevant import RelevantMemory, embeddable
