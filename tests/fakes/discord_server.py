@@ -681,14 +681,22 @@ class FakeDiscord:
         if not parts[2:] and method == "GET":
             return self._channel(channel_id)
         if parts[2:] == ["messages"] and method == "GET":
-            # Up to ``limit`` messages right after ``after``, newest first, as Discord lists them; the
-            # content rules of the gateway apply to the history too.
-            after, limit = int(query.get("after", 0)), int(query.get("limit", 50))
-            found = [
-                m for m in self.messages.values() if m["channel_id"] == channel_id and int(m["id"]) > after
-            ]
-            listed = sorted(found, key=lambda m: int(m["id"]))[:limit][::-1]
-            return _json([self._as_seen_by_bot(m) for m in listed])
+            # As Discord lists a page: up to ``limit`` (1 to 100) messages right after ``after``, right
+            # before ``before``, or else the newest, always newest first; the content rules of the gateway
+            # apply to the history too.
+            limit = int(query.get("limit", 50))
+            if not 1 <= limit <= 100:
+                return _json({"code": 50035, "message": "Invalid Form Body"}, 400)
+            found = sorted(
+                (m for m in self.messages.values() if m["channel_id"] == channel_id),
+                key=lambda m: int(m["id"]),
+            )
+            if "after" in query:
+                listed = [m for m in found if int(m["id"]) > int(query["after"])][:limit]
+            else:
+                before = int(query.get("before", 1 << 64))
+                listed = [m for m in found if int(m["id"]) < before][-limit:]
+            return _json([self._as_seen_by_bot(m) for m in listed[::-1]])
         if parts[2:] == ["messages"] and method == "POST":
             error = self._invalid(body)
             if error is not None:

@@ -100,3 +100,27 @@ async def test_a_dropped_connection_resumes_the_same_session() -> None:
             await fake.drop()
             await fake.wait_until(lambda: fake.resumes == 1 and fake.connected)
         assert len(fake.identifies) == 1
+
+
+async def test_the_history_pages_as_discord_lists_it() -> None:
+    """``after`` lists the oldest after a point, no anchor the newest, ``before`` the ones below; always
+    newest first, and at most 100 a page: discord.py's ``history`` relies on all of it to page."""
+    async with FakeDiscord() as fake:
+        channel, alice = fake.dm_channel(), fake.user("alice")
+        written = [
+            await fake.user_message(channel_id=channel, author=alice, content=f"{n}") for n in range(250)
+        ]
+        ids = [int(m["id"]) for m in written]
+        async with connected(fake, message_content=True) as client:
+            chat = client.get_partial_messageable(int(channel))
+            oldest = [m.id async for m in chat.history(limit=150, after=discord.Object(ids[9]))]
+            top = chat.history(limit=120, after=discord.Object(ids[9]), oldest_first=False)
+            newest = [m.id async for m in top]
+            near = chat.history(limit=5, after=discord.Object(ids[246]), oldest_first=False)
+            short = [m.id async for m in near]
+            with pytest.raises(discord.HTTPException) as refused:
+                await client.http.logs_from(int(channel), 101)
+        assert oldest == ids[10:160]
+        assert newest == ids[130:][::-1]  # two pages: the newest 100, then 20 before them
+        assert short == ids[247:][::-1]  # (discord.py drops what is not after the point)
+        assert refused.value.status == 400 and refused.value.code == 50035
