@@ -245,8 +245,9 @@ class DiscordSettings(_Section):
     send_retry_delay: float = Field(default=1.0, ge=0.0)  # first backoff delay; doubles, max 30 s
     start_timeout: float = Field(default=60.0, gt=0)  # login + gateway READY
     # At each fresh gateway session, per chat the bot talks in (and per server channel with news since it
-    # was last connected): messages read from what it missed (0: no catch-up) and the age in seconds past
-    # which they are skipped, counted in the log (0: any age).
+    # was last connected): how many of the messages it missed are taken in, the newest (0: no catch-up;
+    # older ones are skipped and counted in the log), and the age in seconds past which they are skipped,
+    # counted in the log (0: any age).
     catch_up_max_messages: int = Field(default=50, ge=0, le=1000)
     catch_up_max_age: float = Field(default=86400.0, ge=0)
     api_base: str | None = None  # for tests

@@ -4,10 +4,11 @@ Telegram keeps updates while a bot is down; Discord does not: a session that sta
 start, a deploy, a crash, or a connection that could not RESUME) replays nothing. So at each READY
 after IDENTIFY (discord.py's ``on_connect``; a RESUME replays missed events itself and is left alone)
 every chat the bot talks in (:class:`~channels.discord.seen.SeenMarks`) has its history read after the
-newest message seen there, oldest first, and each message goes down the live path: the same access
-checks and mention rules, the same normalized message, the same durable hand-over. A message that
-arrives both live and in the history is taken once, since the dispatcher takes a platform message id
-once (``Dispatcher.submit``: the inbox, then the session).
+newest message seen there, up to the session's start (what comes later arrives live), and each message
+goes down the live path, oldest first: the same access checks and mention rules, the same normalized
+message, the same durable hand-over. A message that arrives both live and in the history is taken
+once, since the dispatcher takes a platform message id once (``Dispatcher.submit``: the inbox, then
+the session).
 
 Chats it never tracked are read too, when something was written there since the bot was last connected
 (:mod:`channels.discord.unseen`: guild channels and active threads whose newest message is newer than
@@ -18,10 +19,12 @@ a user the bot never talked with cannot be reached this way (a bot cannot list i
 very first start (no point yet) nothing untracked is read.
 
 Bounded: at most ``discord.catch_up_max_messages`` per chat, none older than
-``discord.catch_up_max_age``; what is too old is counted in the log (``discord_catch_up_too_old``).
-A chat whose history cannot be read is logged and skipped (one the bot lost for good is no longer
-tracked); the others and the bot go on. The work runs as a task: the bot is ready at once, and only
-the live messages of a chat still being caught up wait, so that chat's messages stay in order.
+``discord.catch_up_max_age``. When more were written, the newest are taken (the ones people still wait
+for) and the older ones skipped; the mark moves past all of them, and the log counts what was skipped
+(``discord_catch_up_limit_reached``, and ``discord_catch_up_too_old`` for the too old). A chat whose
+history cannot be read is logged and skipped (one the bot lost for good is no longer tracked); the
+others and the bot go on. The work runs as a task: the bot is ready at once, and only the live
+messages of a chat still being caught up wait, so that chat's messages stay in order.
 
     catch_up = CatchUp(settings, seen, live_client, take_in, lock_of)
     catch_up.session_started()         # on_connect: sync, before any later gateway event is handled
@@ -61,30 +64,40 @@ Readable = discord.abc.Messageable
 class Missed:
     """What a chat's history holds after the mark, as far as it was read."""
 
-    messages: tuple[discord.Message, ...]  # young enough, oldest first (the bot's own included)
+    messages: tuple[discord.Message, ...]  # to take in: the newest young enough, oldest first (bot's too)
     newest_id: int | None  # the newest message read, too old or not
     too_old: int
     too_old_at_least: bool  # more too-old messages were left unread
-    more_waiting: bool  # the limit was reached: younger messages may wait unread
+    skipped: int  # young enough, but older than the ``limit`` newest: not taken in
+    skipped_at_least: bool  # more of them were left unread
 
 
-async def read_missed(where: Readable, after: int, *, limit: int, max_age: float) -> Missed:
-    """Up to ``limit`` messages after ``after``, oldest first, the too-old ones only counted.
+async def read_missed(where: Readable, after: int, before: int, *, limit: int, max_age: float) -> Missed:
+    """The newest ``limit`` young enough messages between ``after`` and ``before``, oldest first; the
+    others only counted.
 
-    One request when the chat was quiet. When the first ``limit`` messages are all too old (the bot was
-    away for longer than ``max_age``), the rest of them is skipped unread and the read starts again at
-    the age limit, so a long absence still gets its last day answered.
+    The newest, because those are the ones people still wait for. One request when no more than
+    ``limit`` were written (an empty page for a quiet chat). Past that, a second request reads the newest
+    young enough ones: Discord pages ``after`` a point from its oldest end, so discord.py reads down from
+    ``before`` and drops what is not after the point. The young enough messages older than those are
+    skipped and counted, exactly when the two reads meet, else as many as they saw. So after a long
+    absence the end of the last day is answered, however much was written before it.
     """
     cutoff = discord.utils.utcnow() - timedelta(seconds=max_age) if max_age > 0 else None
-    page = [m async for m in where.history(limit=limit, after=discord.Object(after))]
-    old = [m for m in page if cutoff is not None and m.created_at < cutoff]
-    newest = page[-1].id if page else None
-    jumped = bool(page) and len(page) == limit and len(old) == len(page)
-    if jumped and cutoff is not None:
-        page = [m async for m in where.history(limit=limit, after=cutoff)]
-        newest = page[-1].id if page else newest
-    fresh = tuple(m for m in page if cutoff is None or m.created_at >= cutoff)
-    return Missed(fresh, newest, len(old), jumped, len(page) == limit)
+    young = after if cutoff is None else max(after, discord.utils.time_snowflake(cutoff, high=True))
+    end = discord.Object(before)
+    first = [m async for m in where.history(limit=limit + 1, after=discord.Object(after), before=end)]
+    too_old = sum(m.id <= young for m in first)
+    if len(first) <= limit:  # all that was written since the mark
+        fresh = tuple(m for m in first if m.id > young)
+        return Missed(fresh, first[-1].id if first else None, too_old, False, 0, False)
+    newer = discord.Object(young)
+    top = [m async for m in where.history(limit=limit + 1, after=newer, before=end, oldest_first=False)]
+    taken = tuple(reversed(top[:limit]))
+    skipped = {m.id for m in (*first, *top) if m.id > young} - {m.id for m in taken}
+    gap = len(top) > limit and first[-1].id < top[limit].id  # unread messages may lie between the reads
+    newest = max(first[-1].id, top[0].id if top else 0)
+    return Missed(taken, newest, too_old, first[-1].id <= young, len(skipped), gap)
 
 
 async def open_chat(client: discord.Client, chat_id: int) -> Readable:
@@ -105,8 +118,8 @@ class CatchUp:
         settings: the bounds (``catch_up_max_messages``: 0 turns the catch-up off; ``catch_up_max_age``).
         seen: the marks; the catch-up moves them as it takes messages in.
         client: the live discord.py client.
-        take_in: the live path for any message read (the bot's own included: it skips them as live),
-            called under the chat's lock; true when the message was handed to the dispatcher.
+        take_in: the live path for any message taken from the history (the bot's own included: it skips
+            them as live), called under the chat's lock; true when the message was handed to the dispatcher.
         lock_of: the chat's intake lock, which the live path holds too.
     """
 
@@ -193,12 +206,16 @@ class CatchUp:
         finally:
             planned.set()
         slots = asyncio.Semaphore(CONCURRENCY)
+        # What was written since the session started arrives live, after the chat's gate: left to the
+        # live path, it cannot push what was missed past the limit, nor go out of order. A margin for
+        # the host's clock: a message read here and also live is taken once.
+        before = started + MARGIN
 
         async def one(chat_id: str, after: int, *, tracked: bool) -> bool:
             covered = False
             async with slots, self._lock_of(chat_id):
                 try:
-                    covered = await self._chat(chat_id, after, tracked=tracked)
+                    covered = await self._chat(chat_id, after, before, tracked=tracked)
                 except Exception:  # a bug, or a hand-over given up: logged, and the other chats go on
                     log.exception("discord_catch_up_failed", chat_id=chat_id)
                     self._seen.caught_up(chat_id)
@@ -231,12 +248,13 @@ class CatchUp:
         log.info("discord_catch_up_planned", tracked=len(since), untracked=len(untracked))
         return untracked
 
-    async def _chat(self, chat_id: str, after: int, *, tracked: bool) -> bool:
-        """Read ``chat_id`` after ``after`` down the live path; false when it could not be read for now."""
+    async def _chat(self, chat_id: str, after: int, before: int, *, tracked: bool) -> bool:
+        """Read ``chat_id`` between ``after`` and ``before`` down the live path; false when it could not be
+        read for now."""
         try:
             async with asyncio.timeout(self._timeout):
                 where = await open_chat(self._client(), int(chat_id))
-                missed = await read_missed(where, after, limit=self._limit, max_age=self._max_age)
+                missed = await read_missed(where, after, before, limit=self._limit, max_age=self._max_age)
         except (discord.HTTPException, aiohttp.ClientError, TimeoutError, TypeError) as exc:
             return self._unreadable(chat_id, exc)
         taken = 0
@@ -256,7 +274,7 @@ class CatchUp:
             read=len(missed.messages) + missed.too_old,
             handed_over=taken,
             too_old=missed.too_old,
-            more_waiting=missed.more_waiting,
+            skipped=missed.skipped,
         )
         if missed.too_old:
             log.warning(
@@ -267,13 +285,15 @@ class CatchUp:
                 max_age=self._max_age,
                 hint="older than discord.catch_up_max_age: not answered",
             )
-        if missed.more_waiting:  # the chat's next live message moves the mark past the rest
+        if missed.skipped:
             log.warning(
                 "discord_catch_up_limit_reached",
                 chat_id=chat_id,
                 read=self._limit,
+                skipped=missed.skipped,
+                at_least=missed.skipped_at_least,
                 hint="more messages were written while the bot was down than discord.catch_up_max_messages "
-                "reads: the later ones are not answered; raise it if this chat is that busy",
+                "reads: the newest were answered, the older ones skipped; raise it if this chat is that busy",
             )
         return True
 

@@ -9,7 +9,8 @@ there (``state/discord_seen.json``, written atomically like the rest of the work
   there (answered, ignored for want of a mention, denied) moves its mark forward, so the next catch-up
   does not read the same chatter again. The channel moves a mark only under the chat's intake lock,
   after the message needed nothing more (a handed-over one is in the durable inbox by then), so a mark
-  never passes a message that could still be lost.
+  never passes a message that could still be lost, only those the catch-up skips on purpose (too old,
+  or older than the newest it takes in).
 - At READY after IDENTIFY, :meth:`SeenMarks.begin` freezes each chat's mark as the point its catch-up
   reads after. Until that chat is caught up, the file keeps the frozen point, not what live messages
   moved the mark to: a crash, or a session replaced before its catch-up ended, reads the gap again.
@@ -114,7 +115,7 @@ class SeenMarks:
             self._changed()
 
     def caught_up_to(self, chat_id: str, message_id: int) -> None:
-        """The catch-up of ``chat_id`` took everything up to ``message_id`` in."""
+        """The catch-up of ``chat_id`` took in (or skipped) everything up to ``message_id``."""
         if chat_id in self._catching_up and message_id > self._catching_up[chat_id]:
             self._catching_up[chat_id] = message_id
             self._changed()

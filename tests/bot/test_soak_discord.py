@@ -258,7 +258,7 @@ async def test_random_kills_while_discord_users_write_lose_nothing_and_repeat_no
                 (edge if resent and killed_after else duplicated).append(token)
     corrupt = await asyncio.to_thread(corrupt_files, workspace)
     unreadable = [line for text in stderr for line in text.splitlines() if "_unreadable" in line]
-    bounded = [line for text in stderr for line in text.splitlines() if '"more_waiting": true' in line]
+    bounded = _events(stderr, "discord_catch_up_limit_reached")
     caught_up = sum(e["handed_over"] for e in _events(stderr, "discord_caught_up"))
     ignored = len(_events(stderr, "duplicate_message_ignored"))
     posts = Counter(
