@@ -342,7 +342,7 @@ def _commands(
 
 
 def _redelivery_window(settings: Settings) -> int:
-    """The most messages of a chat a channel may hand over again: Discord's catch-up reads up to
+    """The most messages of a chat a channel may hand over again: Discord's catch-up hands over up to
     ``discord.catch_up_max_messages`` after a mark not on disk yet; Telegram's journal takes an update
     once (bot/intake.py, ``COMMANDS_NOTED``)."""
     discord = settings.discord.catch_up_max_messages if settings.discord.token is not None else 0

@@ -25,7 +25,7 @@ MESSAGES_META = "messages_taken"  # session.metadata: platform ids of the latest
 COMMANDS_META = "commands_run"  # session.metadata: platform ids of the latest commands run in the chat
 # Messages and commands a session notes at the least (every save carries the lists): Telegram's update
 # journal takes an update once, so only the last few come again (a kill between the inbox's fsync and
-# the journal's). A channel that hands over more again raises it: Discord's catch-up reads up to
+# the journal's). A channel that hands over more again raises it: Discord's catch-up hands over up to
 # ``discord.catch_up_max_messages`` after a mark not on disk yet (``Dispatcher``'s ``redelivery_window``).
 # Fewer, and a command it reads again ran again, and noted, pushed out the next one, which ran again too.
 COMMANDS_NOTED = 20
