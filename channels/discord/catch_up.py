@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -129,7 +130,7 @@ class CatchUp:
         seen: SeenMarks,
         client: Callable[[], discord.Client],
         take_in: Callable[[discord.Message], Awaitable[bool]],
-        lock_of: Callable[[str], asyncio.Lock],
+        lock_of: Callable[[str], AbstractAsyncContextManager[None]],
     ) -> None:
         self._limit = settings.catch_up_max_messages
         self._max_age = settings.catch_up_max_age

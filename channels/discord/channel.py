@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -44,6 +45,7 @@ from bot.errors import ChannelError, ConfigError
 from bot.pairing import OfferPacing, PairingStore
 from bot.retry import retry
 from channels.base import Channel, InboundSink, PartialSink
+from channels.chat_locks import ChatLocks
 from channels.discord.attachments import AttachmentReader
 from channels.discord.catch_up import CatchUp
 from channels.discord.commands import interaction_text, sync_commands
@@ -106,7 +108,7 @@ class DiscordChannel(Channel):
         self._ready = asyncio.Event()
         self._restore_library: Callable[[], None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._intake: dict[str, asyncio.Lock] = {}
+        self._intake = ChatLocks()  # each chat's messages reach the dispatcher in order
         self._outbox = DiscordOutbox(settings, self.health, self._live_client, clock)
         self._outage = StorageOutage(
             "taking Discord messages in", first_delay=storage_retry_delay, max_delay=storage_retry_max_delay
@@ -251,8 +253,8 @@ class DiscordChannel(Channel):
         )
         return True
 
-    def _lock_of(self, chat_id: str) -> asyncio.Lock:
-        return self._intake.setdefault(chat_id, asyncio.Lock())
+    def _lock_of(self, chat_id: str) -> AbstractAsyncContextManager[None]:
+        return self._intake.hold(chat_id)
 
     async def _admitted(
         self, user_id: str, user_name: str, place: Place, message: discord.Message | None

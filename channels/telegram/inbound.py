@@ -17,6 +17,7 @@ import structlog
 
 from bot.domain import InboundMessage
 from channels.base import InboundSink
+from channels.chat_locks import ChatLocks
 from channels.outage import StorageOutage, is_storage_error
 
 log = structlog.get_logger(__name__)
@@ -55,7 +56,7 @@ class PasteJoiner:
         self._outage = outage or StorageOutage("handing Telegram messages to the dispatcher")
         self._max_attempts = max_attempts
         self._pending: dict[tuple[str, str], _Batch] = {}
-        self._chats: dict[str, asyncio.Lock] = {}  # submits of one chat, in order
+        self._chats = ChatLocks()  # submits of one chat, in order
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = asyncio.Event()
 
@@ -105,9 +106,8 @@ class PasteJoiner:
 
     async def _send(self, batch: _Batch) -> None:
         message = self._joined(batch.messages)
-        lock = self._chats.setdefault(message.chat_id, asyncio.Lock())
         try:
-            async with lock:
+            async with self._chats.hold(message.chat_id):
                 await self._submit_until_taken(message)
         except BaseException as exc:
             if not batch.done.done():

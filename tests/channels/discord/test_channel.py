@@ -214,6 +214,22 @@ async def test_a_strangers_dm_flood_gets_one_offer(tmp_path: Path) -> None:
         assert "membot pairing approve" in offer and w.user_texts() == ["hello"]
 
 
+async def test_chats_seen_once_leave_no_intake_lock_behind(tmp_path: Path) -> None:
+    """One lock per chat ever seen (every stranger's DM too) grew for as long as the bot ran."""
+    async with discord_world(tmp_path) as w:
+        d = w.discord
+        strangers = [(d.user(f"stranger{n}"), d.dm_channel()) for n in range(5)]
+        for stranger, dm in strangers:
+            await d.user_message(channel_id=dm, author=stranger, content="let me in")
+        await d.user_message(channel_id=w.dm, author=w.alice, content="hello")
+        await d.wait_for_bot_messages(w.dm)
+        for _, dm in strangers:
+            await d.wait_for_bot_messages(dm)  # each offered a code: its message went all the way
+        async with asyncio.timeout(10):  # the last offer's lock is let go once Discord answered it
+            while len(w.channel._intake) > 0:  # (a dict of 6 locks before, for good)
+                await asyncio.sleep(0.01)
+
+
 async def test_pairing_off_offers_no_codes_and_keeps_users_approved_before(tmp_path: Path) -> None:
     """``pairing = false`` stops offering codes; an approval the operator gave stays until revoked."""
     async with discord_world(tmp_path, discord_settings={"pairing": False}) as w:
