@@ -15,7 +15,10 @@ warning in the log). A bot write that would grow MEMORY.md past ``memory.max_mem
 refused (:class:`MemoryFull`); the operator's edits are never limited, but a file past the limit is
 logged when read (``memory_file_over_limit``): the prompt shows only its start. A file more than
 :data:`READ_MARGIN` past the limit is not even read whole (a multi-GB one took the process down): the bot
-reads its start, logs ``memory_file_too_large`` and refuses its own writes, never cutting the file.
+reads its start, logs ``memory_file_too_large`` and refuses its own writes, never cutting the file. The
+merge of late edits reads no more (nor any version it merges, see swap.py): while the file is that large,
+an edit to merge waits for it to be shortened (``memory_late_edit_waiting``), and no write, not even
+``membot memory edit``'s, makes it that large.
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ class LongTermMemory:
         self._read_cap = limits.max_bytes + READ_MARGIN
         self._replaced_max = limits.replaced_max_bytes
         self._exchange = exchange
-        self._files = FileSwapper(path, exchange=exchange)
+        self._files = FileSwapper(path, read_cap=self._read_cap, exchange=exchange)
         self._stamp: tuple[int, int, int] | None = None
         self._cached = Snapshot("", content_hash(""))
         self._lock = asyncio.Lock()
@@ -130,6 +133,11 @@ class LongTermMemory:
     @property
     def max_bytes(self) -> int:
         return self._max_bytes
+
+    @property
+    def read_cap(self) -> int:
+        """The most of the file the bot reads (``max_bytes`` + :data:`READ_MARGIN`); it never writes more."""
+        return self._read_cap
 
     async def read(self) -> Snapshot:
         """The current text; re-read from disk only when its mtime, size or inode changed."""
@@ -186,7 +194,7 @@ class LongTermMemory:
             read=self._read_cap,
             limit=self._max_bytes,
             hint=f"the bot reads only its first {self._read_cap} bytes, shows the model their start and "
-            "does not write it; shorten it (membot memory edit) or raise memory.max_memory_hard_size",
+            "does not write it; shorten it in an editor or raise memory.max_memory_hard_size",
         )
 
     async def write(self, text: str, *, expected: str) -> Snapshot:
@@ -254,7 +262,7 @@ class LongTermMemory:
         real = Path(os.path.realpath(self._path))
         if real != self._files.path:
             own = real.parent == Path(os.path.realpath(self._path.parent))
-            self._files = FileSwapper(real, exchange=self._exchange, own_folder=own)
+            self._files = FileSwapper(real, read_cap=self._read_cap, exchange=self._exchange, own_folder=own)
 
     def _rescue(self, *, reading: bool = False) -> None:
         """Merge in what an editor wrote into versions that lost their name to a bot write (swap.py)."""
@@ -272,6 +280,17 @@ class LongTermMemory:
                 self._apply(merge, writer=writer, limit=False, deliberate=False)
             except (Conflict, NotUtf8):  # still being edited, or not UTF-8: a later read or write merges it
                 self._files.defer(edits[i:], pause=True)
+                return
+            except MemoryFull as exc:  # the file, or the merge, is more than the bot reads: it waits too
+                self._files.defer(edits[i:], pause=True)
+                log.warning(
+                    "memory_late_edit_waiting",
+                    file=str(self._path),
+                    edits=len(edits) - i,
+                    reason=str(exc),
+                    hint=f"shorten {self._path.name} in an editor to under {self._read_cap} bytes; the bot "
+                    "merges the edit at a read after that",
+                )
                 return
             except BaseException:
                 # Kept as well, whatever else stopped it (a full disk): the displaced version is gone
@@ -293,8 +312,8 @@ class LongTermMemory:
         deadline = time.monotonic() + MAX_CAS_SECONDS
         logged: list[str] = []
         while True:
-            try:  # the bot's writes read the file whole: not one it would not read whole for the prompt
-                found = self._settled_read(deadline, at_most=self._read_cap if limit else None)
+            try:  # every write reads the file whole: not one it would not read whole for the prompt
+                found = self._settled_read(deadline)
             except TooLarge:
                 self._too_large(self._read_cap + 1)
                 raise MemoryFull(
@@ -309,8 +328,7 @@ class LongTermMemory:
                 )
             base = found.text if found else ""
             new = change(base)
-            if limit:
-                self._check_size(base, new)
+            self._check_size(base, new, limit=limit)
             if new == base:
                 break
             logged = self._keep_removed(base, new, writer, logged)
@@ -321,7 +339,7 @@ class LongTermMemory:
         self._stamp = None
         return self._read_sync()
 
-    def _settled_read(self, deadline: float, *, at_most: int | None) -> Version | None:
+    def _settled_read(self, deadline: float) -> Version | None:
         """The current version, unless it shrank while another program is writing it: then wait.
 
         An editor that saves by truncating and rewriting leaves the file empty or half-written for a
@@ -333,12 +351,12 @@ class LongTermMemory:
         """
         while True:
             busy = self._files.being_written()
-            found = self._files.read(at_most=at_most)
+            found = self._files.read()
             size = found.stamp[1] if found is not None else 0
             if busy is False or size >= len(self._cached.text.encode("utf-8")):
                 return found
             time.sleep(_SETTLE_PAUSE)
-            if busy is None and self._files.read(at_most=at_most) == found:
+            if busy is None and self._files.read() == found:
                 return found  # stable: a deliberate cut, not a save in progress
             if time.monotonic() > deadline:
                 raise Conflict(
@@ -346,12 +364,20 @@ class LongTermMemory:
                     f"{MAX_CAS_SECONDS:g} s; not writing it meanwhile"
                 )
 
-    def _check_size(self, old: str, new: str) -> None:
+    def _check_size(self, old: str, new: str, *, limit: bool) -> None:
+        """``limit``: the bot's own write, which may not grow the file past ``max_bytes``; no write, not
+        even the operator's through ``membot memory edit`` or a late edit's merge, makes it more than
+        the bot reads back whole."""
         size = len(new.encode("utf-8"))
-        if size > self._max_bytes and size > len(old.encode("utf-8")):
+        if limit and size > self._max_bytes and size > len(old.encode("utf-8")):
             raise MemoryFull(
                 f"{self._path.name} would grow to {size} bytes, over its limit of {self._max_bytes} "
                 "(memory.max_memory_hard_size); keep facts short, merge or remove lines instead"
+            )
+        if size > self._read_cap:
+            raise MemoryFull(
+                f"{self._path.name} would be {size} bytes, more than the bot reads ({self._read_cap}), "
+                "so it was not changed"
             )
 
     def _keep_removed(self, old: str, new: str, writer: str, logged: list[str]) -> list[str]:

@@ -12,7 +12,11 @@ which tell the kinds apart at the next use of the file, found by :func:`collect`
   stood in place, and merging it would bring back lines the operator deleted since;
 - so is the version the swap displaced, untouched since it was read (a kill after the exchange, before
   it was let go): merging it would bring back what the write removed;
-- any other is merged back into the file, and only then removed (:func:`remove`).
+- any other is merged back into the file, and only then removed (:func:`remove`); one too large to
+  read (past the cap the reader gives) is left where it is, with a warning naming it.
+
+A version that lost its name and is too large to read (an editor wrote that much into it) is copied
+here by :func:`keep`, under a name :func:`collect` never takes for the bot's own.
 
 Both run under the file's lock (:meth:`~bot.memory.swap.FileSwapper.lock`), which every swap holds, so a
 swap in progress is never taken for a leftover.
@@ -23,13 +27,14 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from bot.memory.exchange import Stamp
-from bot.memory.versions import read_bytes
+from bot.memory.versions import TooLarge, read_bytes
 from bot.storage import TEMP_SUFFIX, fsync_dir
 
 log = structlog.get_logger(__name__)
@@ -67,11 +72,12 @@ def present(path: Path) -> bool:
     return any(pattern.match(name) for name in names)
 
 
-def collect(path: Path) -> list[Stray]:
+def collect(path: Path, *, at_most: int) -> list[Stray]:
     """Remove the bot's own versions left beside ``path``; return the others, oldest first, to merge.
 
-    One that is not UTF-8 is left where it is, with a warning naming it: the merge would turn its
-    other-encoded letters into U+FFFD, and it is the operator's to look at.
+    One that is not UTF-8, or holds more than ``at_most`` bytes (read no further), is left where it is,
+    with a warning naming it: the merge would turn its other-encoded letters into U+FFFD, or hold more
+    than the bot reads, and it is the operator's to look at.
     """
     try:
         names = os.listdir(path.parent)
@@ -97,21 +103,82 @@ def collect(path: Path) -> list[Stray]:
                 os.unlink(file)
                 removed = True
                 continue
-            data = read_bytes(fd)
+            data = read_bytes(fd, at_most)
+        except TooLarge:
+            _kept(path, file, f"holds more than the bot reads ({at_most} bytes)")
+            continue
         finally:
             os.close(fd)
         try:
             found.append((info.st_mtime_ns, Stray(file, data.decode("utf-8"))))
         except UnicodeDecodeError:
-            log.warning(
-                "memory_stranded_version_kept",
-                file=file,
-                hint=f"a version of {path.name} that is not UTF-8 was left by a failed write; "
-                "merge what you need from it by hand, then delete it",
-            )
+            _kept(path, file, "is not UTF-8")
     if removed:
         fsync_dir(path.parent)
     return [stray for _, stray in sorted(found, key=lambda pair: pair[0])]
+
+
+def keep(path: Path, fd: int, cap: int) -> None:
+    """Copy the version of ``path`` open at ``fd``, more than ``cap`` bytes (the most the bot reads) and
+    without a name, or about to lose it, beside ``path`` under a stray's name, a piece at a time.
+
+    The copy is the operator's to merge by hand (``memory_late_edit_too_large`` names it); shortened
+    under ``cap``, it is merged back at the bot's next start like any stray. Its name carries no inode
+    or stamp of ours (0, ``none``), so :func:`collect` never removes it as the bot's own version."""
+    size = os.fstat(fd).st_size
+    hint = (
+        f"an editor wrote more than the bot reads ({cap} bytes) into a version of {path.name} that a bot "
+        "write had replaced"
+    )
+    try:
+        kept = _copy(path, fd)
+    except OSError as exc:  # a full disk, say: there is nowhere else to keep it
+        log.error(
+            "memory_late_edit_lost",
+            file=str(path),
+            bytes=size,
+            error=str(exc),
+            hint=f"{hint}; it could not be copied beside the file",
+        )
+        return
+    log.warning(
+        "memory_late_edit_too_large",
+        file=str(path),
+        kept=kept,
+        bytes=size,
+        hint=f"{hint}; merge what you need from the copy by hand, then delete it",
+    )
+
+
+def _copy(path: Path, fd: int) -> str:
+    out, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    try:
+        offset = 0
+        while chunk := os.pread(fd, 1 << 20, offset):
+            offset += len(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(out, view) :]
+        os.fsync(out)
+        kept = name_for(tmp, 0, None)
+        os.rename(tmp, kept)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    finally:
+        os.close(out)
+    fsync_dir(path.parent)
+    return kept
+
+
+def _kept(path: Path, file: str, why: str) -> None:
+    log.warning(
+        "memory_stranded_version_kept",
+        file=file,
+        hint=f"a version of {path.name} that {why} is kept beside it (an editor saved it while the bot "
+        "wrote the file); merge what you need from it by hand, then delete it",
+    )
 
 
 def remove(file: str) -> None:

@@ -30,6 +30,9 @@ has a name. Ordinary editors take no lock, so :meth:`FileSwapper.swap` checks af
 - Elsewhere (no ``renameat2``, or a filesystem without exchange) a plain rename follows a last
   re-check of the current text; an editor's rename landing between the two is then lost, which is why
   the exchange is preferred.
+- No version is read past the swapper's ``read_cap`` (a multi-GB MEMORY.md took the process down): a
+  version that lost its name and holds more is copied beside the file for the operator
+  (:func:`~bot.memory.strays.keep`, ``memory_late_edit_too_large`` in the log), not merged.
 
 :meth:`FileSwapper.lock` is an advisory ``flock`` on a lock file beside the target for our own
 processes (the bot and ``membot memory edit``); the steps above are for everyone else.
@@ -91,7 +94,7 @@ class _Guard:
 class FileSwapper:
     """Puts new versions of one file in place, never over a save it has not seen (blocking; use a thread).
 
-    Usage, under :meth:`lock`::
+    No version of the file is read past ``read_cap`` bytes. Usage, under :meth:`lock`::
 
         seen = swapper.read()
         while not swapper.swap(change(seen.text), based_on=seen):
@@ -100,8 +103,9 @@ class FileSwapper:
             ...   # merge what an editor wrote into a version after it lost its name
     """
 
-    def __init__(self, path: Path, *, exchange: bool = True, own_folder: bool = True) -> None:
+    def __init__(self, path: Path, *, read_cap: int, exchange: bool = True, own_folder: bool = True) -> None:
         self._path = path
+        self._read_cap = read_cap
         self._own_folder = own_folder  # False: a folder a symlink leads to, whose mode is not ours to set
         self._exchange = exchange and AVAILABLE
         self._watches: list[_Watch] = []
@@ -170,8 +174,8 @@ class FileSwapper:
         finally:
             os.close(fd)
 
-    def read(self, *, at_most: int | None = None) -> Version | None:
-        """The current version, or None if the file does not exist; :class:`TooLarge` past ``at_most``
+    def read(self) -> Version | None:
+        """The current version, or None if the file does not exist; :class:`TooLarge` past ``read_cap``
         bytes (what is read stops there).
 
         The version stays open until the next read or swap: while it is, no other file can get its
@@ -184,9 +188,7 @@ class FileSwapper:
             self._release()
             return None
         try:
-            data = read_bytes(fd, at_most)
-            if at_most is not None and len(data) > at_most:
-                raise TooLarge(f"{self._path} holds more than {at_most} bytes")
+            data = read_bytes(fd, self._read_cap)
             try:
                 version = Version(data.decode("utf-8"), stamp_of(fd))
             except UnicodeDecodeError:
@@ -243,13 +245,18 @@ class FileSwapper:
             return []  # edits that could not be merged a moment ago wait (see defer); a write tries them
         found, self._pending = self._pending, []
         if self._strays is not False:  # (under the lock: strays.py)
-            found += [LateEdit("", stray.text, kept=stray.file) for stray in strays.collect(self._path)]
+            found += [
+                LateEdit("", stray.text, kept=stray.file)
+                for stray in strays.collect(self._path, at_most=self._read_cap)
+            ]
             self._strays = False
         now = time.monotonic()
         keep: list[_Watch] = []
         for i, watch in enumerate(self._watches):
             if stamp_of(watch.fd) != watch.stamp:
-                text = read_text(watch.fd)
+                if (text := self._text_of(watch.fd)) is None:  # copied beside the file instead
+                    os.close(watch.fd)
+                    continue
                 if text != watch.text:
                     found.append(LateEdit(watch.text, text))
                 watch.text, watch.stamp = text, stamp_of(watch.fd)
@@ -298,9 +305,12 @@ class FileSwapper:
         place. Merge their change (from the version ours was based on) back once the file can be
         written; ``tmp`` stays until then, and a restart finds it there (strays.py)."""
         try:
-            with open(tmp, "rb") as f:
-                text = f.read().decode("utf-8")
-        except (OSError, UnicodeDecodeError):
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                text = read_bytes(fd, self._read_cap).decode("utf-8")
+            finally:
+                os.close(fd)
+        except (OSError, UnicodeDecodeError, TooLarge):
             self._strays = True  # strays.collect takes it up (or says why not)
             return
         self._pending.append(LateEdit(based_on.text if based_on else "", text, kept=tmp))
@@ -314,7 +324,9 @@ class FileSwapper:
         fd = os.open(tmp, os.O_RDONLY)
         os.unlink(tmp)
         fsync_dir(self._path.parent)
-        seen = read_text(fd)
+        if (seen := self._text_of(fd)) is None:  # an editor wrote that much into it meanwhile: kept
+            os.close(fd)
+            return
         if based_on is not None and seen != based_on.text:
             self._pending.append(LateEdit(based_on.text, seen))
         self._watch(fd, seen)
@@ -330,15 +342,20 @@ class FileSwapper:
         cover those.
         """
         fd = os.open(tmp, os.O_RDONLY)
-        now = read_text(fd)
-        if now != text:  # an editor wrote into ours, or renamed its version over ours, meanwhile
-            self._pending.append(LateEdit(text, now))
-        self._watch(fd, now)
-        theirs = set(now.splitlines()) if os.fstat(fd).st_ino != ours else set()
+        theirs: set[str] = set()
+        if (now := self._text_of(fd)) is None:  # an editor wrote that much into ours meanwhile: kept
+            os.close(fd)
+        else:
+            if now != text:  # an editor wrote into ours, or renamed its version over ours, meanwhile
+                self._pending.append(LateEdit(text, now))
+            self._watch(fd, now)
+            theirs = set(now.splitlines()) if os.fstat(fd).st_ino != ours else set()
         if back is not None:
             try:
                 if based_on is None or os.fstat(back).st_ino != based_on.stamp[0]:
-                    theirs |= set(read_text(back).splitlines())
+                    theirs |= set(read_text(back, self._read_cap).splitlines())
+            except TooLarge:  # the file in place, which the bot does not write (longterm.py): no guard
+                pass
             finally:
                 os.close(back)
         known = set(text.splitlines()) | set(based_on.text.splitlines() if based_on else ())
@@ -359,7 +376,9 @@ class FileSwapper:
             return False
         os.replace(tmp, self._path)
         fsync_dir(self._path.parent)
-        current = read_text(fd)
+        if (current := self._text_of(fd)) is None:  # an editor wrote that much into it meanwhile: kept
+            os.close(fd)
+            return True
         if current != based_on.text:
             self._pending.append(LateEdit(based_on.text, current))
         self._watch(fd, current)
@@ -382,6 +401,15 @@ class FileSwapper:
     def _watch(self, fd: int, text: str) -> None:
         self._watches.append(_Watch(fd, text, stamp_of(fd)))
 
+    def _text_of(self, fd: int) -> str | None:
+        """The text of a version that lost its name (or is about to), or None past ``read_cap``: then
+        it is not read whole but copied beside the file, for the operator to merge (strays.keep)."""
+        try:
+            return read_text(fd, self._read_cap)
+        except TooLarge:
+            strays.keep(self._path, fd, self._read_cap)
+            return None
+
     def _done(self, based_on: Version | None, text: str, deliberate: bool) -> bool:
         """Our version is in place: lines it removed on purpose are no longer guarded."""
         if deliberate and self._guards and based_on is not None:
@@ -397,7 +425,10 @@ class FileSwapper:
         have (the next look decides)."""
         if self.being_written():
             return []
-        current = self.read()
+        try:
+            current = self.read()
+        except TooLarge:  # not read whole: every guarded line comes back, merged once it can be
+            current = None
         self._release()
         present = set(current.text.splitlines()) if current else set()
         missing = dict.fromkeys(line for g in self._guards for line in sorted(g.lines) if line not in present)

@@ -2,8 +2,8 @@
 
 :class:`~bot.memory.swap.FileSwapper` compares stamps to tell whether a file is still the version a
 change was based on, and reads displaced versions through descriptors it keeps open; strays.py reads the
-versions a swap left beside the file. A cap (:func:`read_head`, ``read_bytes(at_most=...)``) keeps an
-operator's multi-GB MEMORY.md from being read whole (longterm.py).
+versions a swap left beside the file. Every read has a cap (:func:`read_head`, ``read_bytes(fd, at_most)``):
+an operator's multi-GB MEMORY.md, or a version an editor wrote as large, is never read whole (longterm.py).
 """
 
 from __future__ import annotations
@@ -30,24 +30,24 @@ class Version:
 
 
 class TooLarge(Exception):
-    """The file holds more than the reader takes (``FileSwapper.read(at_most=...)``); none of it is used."""
+    """The file holds more than the reader takes (:func:`read_bytes`); none of it is used."""
 
 
-def read_text(fd: int) -> str:
-    return read_bytes(fd).decode("utf-8", errors="replace")
+def read_text(fd: int, at_most: int) -> str:
+    """The file's text (bytes not UTF-8 shown as U+FFFD); :class:`TooLarge` past ``at_most`` bytes."""
+    return read_bytes(fd, at_most).decode("utf-8", errors="replace")
 
 
-def read_bytes(fd: int, at_most: int | None = None) -> bytes:
-    """The file's bytes; with ``at_most``, no more than one byte past it (:class:`TooLarge` decides)."""
+def read_bytes(fd: int, at_most: int) -> bytes:
+    """The file's bytes; :class:`TooLarge` past ``at_most`` bytes, of which no more than one more is read."""
     chunks: list[bytes] = []
     offset = 0
-    while at_most is None or offset <= at_most:
-        size = 1 << 20 if at_most is None else min(1 << 20, at_most + 1 - offset)
-        if not (chunk := os.pread(fd, size, offset)):
-            break
+    while offset <= at_most:
+        if not (chunk := os.pread(fd, min(1 << 20, at_most + 1 - offset), offset)):
+            return b"".join(chunks)
         chunks.append(chunk)
         offset += len(chunk)
-    return b"".join(chunks)
+    raise TooLarge(f"the file holds more than {at_most} bytes")
 
 
 def read_head(path: Path, cap: int) -> tuple[bytes, bool]:

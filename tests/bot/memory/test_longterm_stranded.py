@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from bot.config import load_settings
-from bot.memory import exchange
+from bot.memory import exchange, swap
 from bot.memory.longterm import LongTermMemory
 from bot.startup import prepare_workspace
 
@@ -198,3 +199,70 @@ async def test_an_edit_that_cannot_be_merged_yet_is_not_tried_again_at_every_rea
     tries = [e for e in logs if e["event"] == "memory_file_not_utf8" and e.get("log_level") == "error"]
     assert len(tries) == 1
     assert [p.name for p in path.parent.iterdir() if p.name.endswith(".swap")]  # kept for a later try
+
+
+def swap_files(path: Path) -> list[str]:
+    return [p.name for p in path.parent.iterdir() if p.name.endswith(".swap")]
+
+
+async def test_a_stranded_save_waits_while_the_file_is_past_what_the_bot_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator pasted 8 MB into MEMORY.md meanwhile. The merge of their stranded save read it whole
+    and wrote it back; it now leaves the file alone, says so, and merges once the file is shortened."""
+    path = tmp_path / "memory" / "MEMORY.md"
+    memory = await strand_an_operator_save(monkeypatch, path)
+    monkeypatch.setattr(swap, "DEFER_PAUSE", 0.0)  # a read tries again at once, not 30 s later
+    os.truncate(path, 8 << 20)  # sparse: no disk
+    before = path.stat()
+
+    with capture_logs() as logs:
+        snap = await memory.read()
+
+    assert snap.text == BASE + "- bot fact\n" and not snap.whole
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    assert swap_files(path)  # the operator's save, still beside the file
+    [waiting] = [e for e in logs if e["event"] == "memory_late_edit_waiting"]
+    assert "shorten MEMORY.md" in waiting["hint"]
+
+    path.write_text(BASE + "- bot fact\n")  # the operator cuts the paste out
+    lines = (await memory.read()).text.splitlines()
+
+    assert lines == ["- likes tea", "- bot fact", "- lives in Porto"]
+    assert path.read_text().splitlines() == lines and not swap_files(path)
+
+
+READ_IN_A_SMALL_PROCESS = r"""
+import asyncio, json, resource, sys
+from pathlib import Path
+from structlog.testing import capture_logs
+from bot.memory.longterm import LongTermMemory
+
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # a small host: 1 GB for the whole process
+with capture_logs() as logs:
+    snap = asyncio.run(LongTermMemory(Path(sys.argv[1])).read())
+print(json.dumps({"text": snap.text, "events": [e["event"] for e in logs]}))
+"""
+
+
+async def test_a_stranded_save_beside_a_multi_gigabyte_file_does_not_take_the_process_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next start finds the operator's stranded save and a 4 GB MEMORY.md: the merge read it whole."""
+    path = tmp_path / "memory" / "MEMORY.md"
+    await strand_an_operator_save(monkeypatch, path)
+    os.truncate(path, 4 << 30)  # sparse: no disk
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [sys.executable, "-c", READ_IN_A_SMALL_PROCESS, str(path)]
+
+    done = await asyncio.to_thread(subprocess.run, args, env=env, capture_output=True, check=False)
+
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    read = json.loads(done.stdout.decode().splitlines()[-1])
+    assert read["text"] == BASE + "- bot fact\n" and "memory_late_edit_waiting" in read["events"]
+    assert path.stat().st_size == 4 << 30 and swap_files(path)
