@@ -81,16 +81,23 @@ def show(
 def edit(ctx: typer.Context) -> None:
     """Edit MEMORY.md in $EDITOR; a running bot sees the change on the next message.
 
-    You edit a copy, saved when the editor exits; what the bot wrote meanwhile is merged in.
+    You edit a copy, saved when the editor exits; what the bot wrote meanwhile is merged in. A file more
+    than the bot reads is not opened: shorten it in another editor (the bot does not write it meanwhile).
     """
-    from bot.memory import Conflict, Limits, LongTermMemory, NotUtf8
+    from bot.memory import Conflict, Limits, LongTermMemory, MemoryFull, NotUtf8
 
     settings = settings_from(ctx)
     path = _run(settings, lambda service: _path(service))
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
     memory = LongTermMemory(path, limits=Limits.of(settings.memory))
     try:
-        start = path.read_text(encoding="utf-8") if path.exists() else ""
+        start = _read_capped(path, memory.read_cap) if path.exists() else ""
+    except _TooLarge:
+        fail(
+            f"{path} holds more than membot reads ({memory.read_cap} bytes), so it is not opened here: "
+            "shorten it in another editor (the bot does not write it meanwhile), or raise "
+            "memory.max_memory_hard_size"
+        )
     except UnicodeDecodeError as exc:
         fail(
             f"{path} is not UTF-8 text (byte {exc.start} is not): convert it first, e.g. "
@@ -106,7 +113,12 @@ def edit(ctx: typer.Context) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         fail(f"cannot start the editor {editor!r} ({exc}); set $EDITOR to one that is installed")
     try:
-        edited = copy.read_text(encoding="utf-8") if copy.exists() else start
+        edited = _read_capped(copy, memory.read_cap) if copy.exists() else start
+    except _TooLarge:
+        fail(
+            f"your text is more than membot reads ({memory.read_cap} bytes): MEMORY.md left as it was; "
+            f"your text is in {copy}"
+        )
     except UnicodeDecodeError:
         fail(f"the editor saved {copy} in another encoding than UTF-8: MEMORY.md left as it was")
     if code != 0:
@@ -123,6 +135,11 @@ def edit(ctx: typer.Context) -> None:
         merged = memory.apply_operator_edit(start, edited)
     except NotUtf8:  # saved in another encoding by something else while you edited
         fail(f"{path} is no longer UTF-8 text: MEMORY.md left as it was; your text is in {copy}")
+    except MemoryFull:  # another program made MEMORY.md that large while you edited, or the merge would
+        fail(
+            f"cannot save {path}: it would hold more than membot reads ({memory.read_cap} bytes) with the "
+            f"bot's change merged in, or it does already: MEMORY.md left as it was; your text is in {copy}"
+        )
     except (OSError, Conflict) as exc:  # a full disk, say: the copy is all the operator has
         reason = exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
         fail(
@@ -138,6 +155,20 @@ def edit(ctx: typer.Context) -> None:
         console.print(f"saved an empty MEMORY.md; the lines it held are in {where}", soft_wrap=True)
     else:
         console.print("saved")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _read_capped(path: Path, cap: int) -> str:
+    """The file's UTF-8 text (:class:`UnicodeDecodeError` if it is not); :class:`_TooLarge` past ``cap``
+    bytes, of which no more than one more is read (a multi-GB MEMORY.md read whole ended the process)."""
+    with open(path, "rb") as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise _TooLarge
+    return data.decode("utf-8")
 
 
 async def _path(service: MemoryService) -> Path:

@@ -5,7 +5,7 @@ from bot.memory.archive import TranscriptArchive
 from bot.memory.consolidation import CONSOLIDATION_OUTPUT, ConsolidationResult
 from bot.memory.embeddings import Embedder, build_embedder
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
-from bot.memory.longterm import Conflict, Limits, LongTermMemory, NotUtf8
+from bot.memory.longterm import Conflict, Limits, LongTermMemory, MemoryFull, NotUtf8
 from bot.memory.pack import MemoryPack
 from bot.memory.prompt import system_prompt
 from bot.memory.recorder import CONVERSATION_KEY, Exchange
@@ -28,6 +28,7 @@ __all__ = [
     "Limits",
     "LongTermMemory",
     "MemoryContext",
+    "MemoryFull",
     "MemoryItem",
     "MemoryPack",
     "MemoryService",

@@ -177,6 +177,56 @@ def test_edit_of_a_memory_md_in_another_encoding_says_how_to_convert_it(tmp_path
     assert memory_md.read_bytes() == "- Crème brûlée\n".encode("latin-1")
 
 
+def test_edit_of_a_memory_md_past_what_membot_reads_is_not_opened(tmp_path: Path) -> None:
+    """8 MB pasted into MEMORY.md (sparse: no disk): read whole and copied for the editor, a multi-GB
+    one would end the command; it is left alone, and the message says how to shorten it."""
+    ws = tmp_path / "ws"
+    memory_md = ws / "memory" / "MEMORY.md"
+    memory_md.parent.mkdir(parents=True)
+    memory_md.write_text("- likes tea\n")
+    os.truncate(memory_md, 8 << 20)
+    before = memory_md.stat().st_mtime_ns
+    editor = tmp_path / "editor.py"
+    editor.write_text("raise SystemExit('the editor must not be opened')\n")
+
+    result = membot("memory", "edit", workspace=ws, editor=f"{sys.executable} {editor}")
+
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    message = " ".join(result.stderr.split())
+    assert "holds more than membot reads" in message and "shorten it in another editor" in message
+    assert memory_md.stat().st_size == 8 << 20 and memory_md.stat().st_mtime_ns == before
+
+
+def test_an_edit_past_what_membot_reads_is_not_saved(tmp_path: Path) -> None:
+    """The operator pastes 8 MB in the editor: MEMORY.md is not made larger than the bot reads back."""
+    ws = tmp_path / "ws"
+    memory_md = ws / "memory" / "MEMORY.md"
+    memory_md.parent.mkdir(parents=True)
+    memory_md.write_text("- likes tea\n")
+    editor = tmp_path / "editor.py"
+    editor.write_text("import os, sys\nos.truncate(sys.argv[1], 8 << 20)\n")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+
+    result = run_membot(
+        "memory",
+        "edit",
+        env={
+            "MEMBOT_WORKSPACE": str(ws),
+            "HOME": str(tmp_path),
+            "TMPDIR": str(temp),
+            "EDITOR": f"{sys.executable} {editor}",
+        },
+    )
+
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert memory_md.read_text() == "- likes tea\n"
+    [copy] = temp.glob("membot-edit-*/MEMORY.md")
+    assert copy.stat().st_size == 8 << 20
+    message = " ".join(result.stderr.split())
+    assert "more than membot reads" in message and str(copy) in message
+
+
 def test_an_item_with_a_naive_timestamp_does_not_break_retrieval(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     (ws / "memory" / "items").mkdir(parents=True)
