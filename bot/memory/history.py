@@ -20,6 +20,7 @@ from bot.storage import append_bytes
 RAW_FALLBACK = "[raw-fallback]"
 FALLBACK_MESSAGES = 10
 FALLBACK_CHARS = 200
+_PIECE = 1 << 20
 
 
 class HistoryLog:
@@ -54,7 +55,15 @@ def raw_fallback_entry(messages: Sequence[Message], reason: str) -> str:
 
 
 def _holds(path: Path, block: bytes) -> bool:
+    """Whether ``path`` holds ``block``, read a piece at a time: HISTORY.md only grows (and is the
+    operator's to edit), and read whole it would take memory the size of the file."""
+    keep, seen = len(block) - 1, b""  # the end of what was read: the block may start there
     try:
-        return block in path.read_bytes()
+        with open(path, "rb") as f:
+            while piece := f.read(_PIECE):
+                if block in (seen := seen + piece):
+                    return True
+                seen = seen[-keep:] if keep else b""
     except FileNotFoundError:
-        return False
+        pass
+    return False

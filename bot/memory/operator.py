@@ -85,7 +85,7 @@ async def stats(service: MemoryService, *, session_id: str | None = None) -> Mem
     else:
         longterm, notes = service.longterm, service.notes
     snap = await longterm.read()
-    today = await notes.read_day(notes.local(service.now()).date(), max_lines=100_000)
+    today = await notes.count_day(notes.local(service.now()).date())
 
     def sizes() -> tuple[int, int, int]:
         history = service.history.main_path
@@ -100,7 +100,7 @@ async def stats(service: MemoryService, *, session_id: str | None = None) -> Mem
     return MemoryStats(
         memory_md_bytes=snap.size,
         history_bytes=history_bytes,
-        today_notes=len(today),
+        today_notes=today,
         items={
             layer.value: sum(1 for i in service.items.items(layer) if service.visible(i, session_id))
             for layer in Layer
