@@ -151,7 +151,7 @@ async def build_core(
             inbox=inbox,
             max_inbound_chars=settings.sessions.max_inbound_chars,
             observer=metrics,
-            waits=WaitRecords(settings.workspace / "state" / WAIT_FILE),
+            waits=WaitRecords(settings.state_dir / WAIT_FILE),
             redelivery_window=_redelivery_window(settings),
         )
         stack.push_async_callback(dispatcher.close, settings.lifecycle.grace_period)
@@ -303,7 +303,7 @@ def _pipeline(
             budget=budget,
             max_overflow_retries=settings.compaction.max_overflow_retries,
             observer=metrics,
-            journal=ToolJournal(settings.workspace / "state" / "tool_calls"),
+            journal=ToolJournal(settings.state_dir / "tool_calls"),
         ),
         UsageSystem(budget, ledger),  # 90
     ]
@@ -382,7 +382,7 @@ async def start_channel(name: str, core: Core) -> Channel:
             core.settings.telegram,
             core.dispatcher.submit,
             pairing=_pairing(core),
-            state_dir=core.settings.workspace / "state",
+            state_dir=core.settings.state_dir,
             commands=core.commands.commands,
             vision_supported=lambda: core.catalog.get(core.settings.llm.model).supports_vision,
             max_inbound_chars=core.settings.sessions.max_inbound_chars,
@@ -396,7 +396,7 @@ async def start_channel(name: str, core: Core) -> Channel:
             pairing=_pairing(core),
             commands=core.commands.commands,
             vision_supported=lambda: core.catalog.get(core.settings.llm.model).supports_vision,
-            state_dir=core.settings.workspace / "state",
+            state_dir=core.settings.state_dir,
         )
     else:
         raise ConfigError(f"channel {name!r} is not available in this build")

@@ -338,6 +338,12 @@ class Settings(BaseSettings):
         return self.workspace / "memory"
 
     @property
+    def state_dir(self) -> Path:
+        """The bot's own bookkeeping between runs (``<workspace>/state``): tool-call records, model waits,
+        Telegram's update journal and sent chunks, Discord's seen marks, each channel's command menu."""
+        return self.workspace / "state"
+
+    @property
     def chat_log(self) -> Path:
         """Where ``membot chat`` logs (the terminal shows only the chat)."""
         return self.workspace / "logs" / "chat.log"

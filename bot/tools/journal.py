@@ -14,7 +14,7 @@ next turn makes its first call; until then it holds what the session's log holds
 message's id (the platform's; the terminal makes one per message): a message without one is not
 recorded, and its turn runs its calls again.
 
-    journal = ToolJournal(workspace / "state" / "tool_calls")
+    journal = ToolJournal(settings.state_dir / "tool_calls")
     made = await journal.made("telegram:42", "9001")           # {(name, arguments, n): result}
     await journal.keep("telegram:42", "9001", ("files", '{"action": "append"}', 1), "Appended.")
 """

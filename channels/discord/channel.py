@@ -18,7 +18,7 @@ outage leaves it to the next start's catch-up (its chat's mark never moved past 
 
     channel = DiscordChannel(settings.discord, dispatcher.submit, pairing=store,
                              commands=router.commands, vision_supported=lambda: True,
-                             state_dir=settings.workspace / "state")
+                             state_dir=settings.state_dir)
     dispatcher.attach(channel)
     await channel.start()    # returns once the gateway is READY; ChannelError if it cannot be
     ...
