@@ -11,7 +11,7 @@ import asyncio
 import collections
 import re
 from collections.abc import Iterator
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -89,14 +89,3 @@ class DailyNotes:
 
     def _written(self, day: date) -> Iterator[str]:
         return (line for line in _lines_of(self.path_for(day)) if line.strip())
-
-    async def recent(self, now: datetime, days: int, *, max_lines: int) -> list[tuple[date, list[str]]]:
-        """The ``days`` days before today, newest first, skipping days without notes."""
-        today = self.local(now).date()
-        out: list[tuple[date, list[str]]] = []
-        for back in range(1, days + 1):
-            day = today - timedelta(days=back)
-            lines = await self.read_day(day, max_lines=max_lines)
-            if lines:
-                out.append((day, lines))
-        return out
