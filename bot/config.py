@@ -194,6 +194,7 @@ class ToolSettings(_Section):
         default_factory=lambda: ["ls", "cat", "grep", "wc", "head", "tail", "date"]
     )
     shell_timeout: float = Field(default=30.0, gt=0)
+    shell_max_memory_bytes: int = Field(default=512 * 1024 * 1024, ge=16 * 1024 * 1024)
     channel_allow: dict[str, list[str]] = Field(default_factory=dict)
     channel_deny: dict[str, list[str]] = Field(default_factory=dict)
 

@@ -53,6 +53,7 @@ def builtin_tools(
             workspace,
             allow=settings.shell_allow,
             timeout=settings.shell_timeout,
+            max_memory=settings.shell_max_memory_bytes,
             max_output=settings.result_max_chars * 4,
             protected=protected,  # the same rules as files: memory/ vanishes too in chat scope
         ),

@@ -21,6 +21,12 @@ A mount namespace does not have to know: the program simply has nothing else to 
 - an empty ``/tmp``, a private ``/proc`` and ``/dev``, no network, no capabilities, a new session (so
   it cannot type into the bot's terminal), and it dies with the tool.
 
+The program's memory is capped too (``max_memory``, the data limit ``RLIMIT_DATA``, set by ``/bin/sh``
+in the sandbox right before it becomes the program): ``tail /dev/zero`` keeps one endless line and
+took the machine's memory at gigabytes a second until the timeout, or the kernel's OOM killer, ended
+it (the bot itself a likely victim). bwrap has no option for limits, and a ``preexec_fn`` in the bot's
+threaded process could deadlock the fork.
+
 Symbolic links are harmless there: they resolve inside the sandbox, where neither the outside nor the
 bot's state exists. The command line is split with :func:`shlex.split` and executed directly (no pipes,
 redirection, globbing or variables) with a minimal environment (no API keys), a timeout and an output
@@ -32,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -48,6 +55,9 @@ from bot.tools.confine import READ_ONLY, Confinement
 log = structlog.get_logger(__name__)
 
 _CHUNK = 65536
+DEFAULT_MAX_MEMORY = 512 * 1024 * 1024
+# Run by /bin/sh in the sandbox: cap the data segment (KiB), then become the program ($0, its words "$@").
+_LIMIT = 'ulimit -d {kib} || exit 126; exec "$0" "$@"'
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives")
@@ -65,7 +75,8 @@ _SCHEMA: dict[str, Any] = {
 
 
 class ShellTool:
-    """Run ``allow``-listed programs in a sandbox of ``workspace``; ``max_output`` bytes are kept.
+    """Run ``allow``-listed programs in a sandbox of ``workspace``; ``max_output`` bytes are kept, and a
+    program may use at most ``max_memory`` bytes of data memory (heap and private mappings).
 
     ``sandbox`` is the bubblewrap executable; ``protected`` and ``read_only`` add to the workspace rules
     the files tool follows (:class:`bot.tools.confine.Confinement`).
@@ -81,6 +92,7 @@ class ShellTool:
         allow: Collection[str],
         timeout: float,
         max_output: int,
+        max_memory: int = DEFAULT_MAX_MEMORY,
         search_path: str = SANDBOX_PATH,
         sandbox: str = "bwrap",
         protected: Collection[str] = (),
@@ -90,6 +102,7 @@ class ShellTool:
         self._allow = sorted(set(allow))
         self._timeout = timeout
         self._max_output = max_output
+        self._max_memory = max_memory
         self._path = search_path
         self._sandbox = sandbox
         self._rules = Confinement(workspace, protected=protected, read_only=read_only)
@@ -106,7 +119,7 @@ class ShellTool:
         program = await asyncio.to_thread(shutil.which, argv[0], path=self._path)
         if program is None:
             raise ToolError(f"{argv[0]!r} is allowed but not installed on this machine")
-        command = [bwrap, *await asyncio.to_thread(self._jail), program, *argv[1:]]
+        command = [bwrap, *await asyncio.to_thread(self._jail), *self._limited(program), *argv[1:]]
         process = await asyncio.create_subprocess_exec(
             *command,
             stdin=asyncio.subprocess.DEVNULL,
@@ -152,6 +165,15 @@ class ShellTool:
         if "/" in argv[0] or argv[0] not in self._allow:
             raise ToolError(f"{argv[0]!r} is not allowed; allowed programs: {', '.join(self._allow)}")
         return argv
+
+    def _limited(self, program: str) -> list[str]:
+        """``program`` started through ``/bin/sh``, which first caps its data memory (see the module doc).
+        Never above the bot's own hard limit: ``ulimit`` could not raise it, and nothing would run."""
+        limit = self._max_memory
+        _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        return ["/bin/sh", "-c", _LIMIT.format(kib=max(1, limit // 1024)), program]
 
     # -- the sandbox ----------------------------------------------------------------------------------
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from bot.tools import ToolContext, ToolError
+from bot.config import ToolSettings
+from bot.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
 from bot.tools.files import FilesTool
 from bot.tools.shell import SANDBOX_PATH, ShellTool
 
@@ -254,6 +257,24 @@ async def test_output_is_capped(workspace: Path) -> None:
     result = await shell(workspace, max_output=100).run({"command": "cat big.txt"}, CTX)
     assert "[output cut at 100 bytes]" in result
     assert result.count("line") <= 21
+
+
+async def test_a_command_cannot_take_the_machines_memory(workspace: Path) -> None:
+    """``tail /dev/zero`` keeps one endless line in memory: it took gigabytes a second until the
+    timeout or the OOM killer ended it. Through the registry, as the bot builds the tool."""
+    settings = ToolSettings(
+        shell_enabled=True, shell_allow=["cat", "tail"], shell_timeout=20, shell_max_memory_bytes=64 * 2**20
+    )
+    async with httpx.AsyncClient() as http:
+        tools = builtin_tools(settings, workspace=workspace, timezone="UTC", http=http)
+    tool = ToolRegistry(tools, settings).get("shell", "test")
+    assert tool is not None
+    limits = await tool.run({"command": "cat /proc/self/limits"}, CTX)
+    data = re.search(r"Max data size\s+(\S+)\s+(\S+)", limits)
+    assert data is not None and data.groups() == (str(64 * 2**20), str(64 * 2**20)), limits
+    result = await tool.run({"command": "tail /dev/zero"}, CTX)
+    assert result.startswith("Exit code: 1\n") and "memory exhausted" in result, result
+    assert "Exit code: 0" in await tool.run({"command": "tail -n 1 notes.txt"}, CTX)  # the rest works
 
 
 async def test_timeout_kills_the_process(workspace: Path) -> None:
