@@ -25,7 +25,9 @@ _METADATA = {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 # IANA's special-purpose ranges that are not globally reachable, named here rather than left to the
 # ``ipaddress`` tables of the running Python: 3.11's count only 192.0.0.0/29 of 192.0.0.0/24 as private
-# (192.0.0.192 is a cloud metadata address), and not 3fff::/20.
+# (192.0.0.192 is a cloud metadata address), and not 3fff::/20. Nor the deprecated site-local fec0::/10
+# (RFC 3879), which no table calls private or reserved, though networks still number hosts in it (and
+# Windows its DNS servers, fec0:0:0:ffff::1): outside 2000::/3, nothing there is a public address.
 _NOT_GLOBAL = tuple(
     ipaddress.ip_network(net)
     for net in (
@@ -33,7 +35,7 @@ _NOT_GLOBAL = tuple(
         "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15",
         "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
         "::/127", "64:ff9b:1::/48", "100::/64", "2001::/23", "2001:db8::/32", "3fff::/20", "5f00::/16",
-        "fc00::/7", "fe80::/10", "ff00::/8",
+        "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8",
     )
 )  # fmt: skip
 

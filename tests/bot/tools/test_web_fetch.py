@@ -313,6 +313,25 @@ async def test_local_and_private_addresses_are_refused(
     assert target.hits == []
 
 
+async def test_site_local_ipv6_is_refused_by_name_literal_and_redirect(
+    http: httpx.AsyncClient, allowed: Server
+) -> None:
+    """fec0::/10 (deprecated site-local, still used inside networks) was let through: no ``ipaddress``
+    table calls it private or reserved."""
+
+    async def intranet(host: str, port: int) -> list[IPAddress]:
+        return [ipaddress.ip_address("fec0::10")]
+
+    tool = fetcher(http, allowed, resolver=intranet)
+    for url in (
+        "http://intranet.test/admin",
+        "http://[fec0::10]/admin",
+        "http://[fec0:0:0:ffff::1]/",
+        f"{allowed.base}/redirect?to=http://[fec0::10]/admin",
+    ):
+        assert (await refused(tool, url)).startswith("refused:"), url
+
+
 async def test_ipv6_loopback_server_is_not_reached(http: httpx.AsyncClient, allowed: Server) -> None:
     if not ipv6_available():
         pytest.skip("no IPv6 loopback here")
@@ -385,6 +404,7 @@ async def test_bad_urls_are_tool_errors(http: httpx.AsyncClient, url: str, reaso
         # Not globally reachable, though Python 3.11's tables call them global.
         ("192.0.0.192", False),  # a cloud metadata address in 192.0.0.0/24
         ("3fff::1", False),
+        ("fec0::1", False),  # site-local, deprecated but still routed inside networks
         ("192.0.1.1", True),
     ],
 )
