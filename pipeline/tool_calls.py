@@ -34,10 +34,15 @@ REPEAT_LIMIT = 2  # identical (tool, arguments) pairs allowed per turn
 CANCELLED = "Cancelled: the turn was stopped before this tool call finished."
 DEADLINE = "Not finished: the turn deadline passed."
 NOT_RUN = "Not run: the tool call limit for this turn was reached."
+UNKNOWN_TOOL = "(unknown)"  # the name metrics give a call of a tool that does not exist
 
 
 class ToolObserver(Protocol):
-    """Receives one outcome per tool call (ok, error, timeout, unknown, bad_arguments, ...) for metrics."""
+    """Receives one outcome per tool call (ok, error, timeout, unknown, bad_arguments, ...) for metrics.
+
+    ``name`` is always a tool's own name, or :data:`UNKNOWN_TOOL` when the model called one that does
+    not exist: the model writes those names (a page it read can choose them), and each would be a
+    metrics series of its own, kept for the life of the process."""
 
     def tool_call(self, name: str, outcome: str) -> None: ...
 
@@ -127,7 +132,7 @@ class TurnTools:
             raise
         finally:
             if self.system._observer is not None:
-                self.system._observer.tool_call(call.name, outcome)
+                self.system._observer.tool_call(call.name if outcome != "unknown" else UNKNOWN_TOOL, outcome)
 
     async def _execute(self, call: ToolCall) -> tuple[str, str]:
         """Run one call; every failure becomes ``(message for the model, outcome)``."""

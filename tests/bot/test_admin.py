@@ -102,6 +102,36 @@ async def test_healthz_and_metrics_after_a_real_turn(tmp_path: Path) -> None:
     assert sample(text, "membot_active_sessions") == 1
 
 
+async def test_tool_names_no_tool_has_are_one_series_of_metrics(tmp_path: Path) -> None:
+    """The model names the tools it calls, and a page it read can choose the names: each made-up one
+    was a series of its own on /metrics, kept for the life of the process (unbounded, as long as the
+    model cared to write them)."""
+    made_up = [f"ignore_previous_{i}_" + "x" * 2000 for i in range(5)]
+    async with FakeLLMServer() as llm:
+        llm.script(
+            FakeReply(tool_calls=[*((name, {}) for name in made_up), ("time", {})]),
+            FakeReply(text="no such tools"),
+        )
+        overrides = {
+            "workspace": tmp_path / "ws",
+            "llm": {"openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"}},
+        }
+        settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+        metrics = Metrics()
+        async with build_core(settings, metrics=metrics) as core:
+            reader, screen = asyncio.StreamReader(), Screen()
+            channel = TerminalChannel(core.dispatcher.submit, user="ops", reader=reader, writer=screen)
+            core.dispatcher.attach(channel)
+            await channel.start()
+            reader.feed_data(b"what time is it?\n")
+            await screen.wait_for("no such tools")
+            await channel.stop()
+    text = metrics.render().decode()
+    assert sample(text, "membot_tool_calls_total", tool="(unknown)", outcome="unknown") == 5
+    assert sample(text, "membot_tool_calls_total", tool="time", outcome="ok") == 1
+    assert "ignore_previous" not in text
+
+
 def test_recording_calls_show_up_and_registries_are_separate() -> None:
     one, two = Metrics(), Metrics()
     one.tool_call("web_fetch", "timeout")
