@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,11 +83,20 @@ class Embedder(Protocol):
     async def embed(self, texts: Sequence[str]) -> Vectors: ...
 
 
+def _without_credentials(url: str) -> str:
+    try:
+        return str(httpx.URL(url).copy_with(username=None, password=None))
+    except httpx.InvalidURL:
+        return re.sub(r"//[^/]*@", "//", url)
+
+
 class OpenAIEmbedder:
     """``POST {base_url}/embeddings`` with ``{"model", "input": [...]}`` over an injected httpx client.
 
     A call of ``n`` texts must be over within ``timeout + timeout_per_text * n`` seconds (see
-    :data:`ANSWER_SECONDS`), else it is :class:`~bot.errors.LLMTimeout`."""
+    :data:`ANSWER_SECONDS`), else it is :class:`~bot.errors.LLMTimeout`. Errors name the endpoint
+    without the user:password a proxy's URL may carry: they reach the log and ``membot memory reindex``
+    prints them."""
 
     def __init__(
         self,
@@ -100,6 +110,7 @@ class OpenAIEmbedder:
     ) -> None:
         self._http = http
         self._url = base_url.rstrip("/") + "/embeddings"
+        self._shown = _without_credentials(self._url)
         self._model = model
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = timeout
@@ -121,19 +132,19 @@ class OpenAIEmbedder:
                     content = await read_at_most(answer.aiter_bytes(), limit)
         except httpx.HTTPError as exc:
             raise LLMUnavailable(
-                f"embeddings endpoint {self._url} unreachable: {type(exc).__name__}"
+                f"embeddings endpoint {self._shown} unreachable: {type(exc).__name__}"
             ) from exc
         except TimeoutError:
             if not window.expired():
                 raise
             raise LLMTimeout(
-                f"embeddings endpoint {self._url} did not answer {len(texts)} texts within {seconds:g} s; "
+                f"embeddings endpoint {self._shown} did not answer {len(texts)} texts within {seconds:g} s; "
                 "check that memory.embeddings_base_url (MEMBOT_MEMORY__EMBEDDINGS_BASE_URL) is a "
                 "server that is up and not overloaded"
             ) from None
         if content is None:
             raise LLMBadResponse(
-                f"embeddings endpoint {self._url} sent over {limit / MiB:g} MiB for {len(texts)} texts, "
+                f"embeddings endpoint {self._shown} sent over {limit / MiB:g} MiB for {len(texts)} texts, "
                 "more than any embedding model writes; reading stopped and the connection was closed. "
                 "Check that memory.embeddings_base_url (MEMBOT_MEMORY__EMBEDDINGS_BASE_URL) points at "
                 "an OpenAI-style /embeddings API"

@@ -126,3 +126,22 @@ def test_reindex_with_the_endpoint_down_fails_clearly_and_keeps_nothing_half_don
     assert (
         "unreachable" in result.stderr and f"{items} of {items} items still have no vector" in result.stderr
     )
+
+
+def test_the_endpoints_credentials_are_never_printed(tmp_path: Path) -> None:
+    """A proxy's user:password in memory.embeddings_base_url (which ``membot config`` masks) was in the
+    embedder's errors: ``reindex`` printed it in its error line and in a log line that no redaction
+    passed through (only ``run`` and ``chat`` set one up)."""
+    ws, _ = imported(tmp_path)
+    result = membot(
+        "memory",
+        "reindex",
+        workspace=ws,
+        embeddings="openai",
+        embeddings_base_url="http://bob:hunter2secret@127.0.0.1:9/v1",
+        embeddings_api_key="sk-embed-0123456789abcdef",
+    )
+    assert result.returncode == 2 and "unreachable" in result.stderr, result.stderr
+    assert "http://127.0.0.1:9/v1/embeddings" in result.stderr  # still names the server to fix
+    for secret in ("hunter2secret", "0123456789abcdef"):
+        assert secret not in result.stdout + result.stderr
