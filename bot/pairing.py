@@ -145,7 +145,8 @@ class PairingStore:
     # -- used by channels (async) -------------------------------------------------------------------
 
     async def request(self, channel: str, user_id: str, user_name: str = "") -> str | None:
-        """The user's pairing code: their existing one if still valid, a new one if there is room.
+        """The user's pairing code: their existing one if still valid (the file is not written then),
+        a new one if there is room.
 
         ``None`` when the channel already has the maximum of pending codes from other users.
         """
@@ -163,6 +164,13 @@ class PairingStore:
     # -- synchronous core (the CLI calls these directly) ----------------------------------------------
 
     def request_sync(self, channel: str, user_id: str, user_name: str = "") -> str | None:
+        # Asked again while the code is valid: that code, and no write. Every ask rewrote and fsynced
+        # the file, and a stranger asks as often as they like (each slash command must be answered).
+        self._refresh()
+        now = self._clock()
+        for req in self._state.pending:
+            if req.channel == channel and req.user_id == user_id and req.expires_at > now:
+                return req.code
         with self._update() as state:
             now = self._clock()
             for req in state.pending:

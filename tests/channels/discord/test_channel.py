@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,6 +213,25 @@ async def test_a_strangers_dm_flood_gets_one_offer(tmp_path: Path) -> None:
         await asyncio.sleep(0.5)  # (the stranger's DMs are taken in beside alice's, not before)
         [offer] = d.bot_texts(mallory_dm)
         assert "membot pairing approve" in offer and w.user_texts() == ["hello"]
+
+
+async def test_a_strangers_flood_of_slash_commands_writes_pairing_json_once(tmp_path: Path) -> None:
+    """A slash command must be answered, so each of a stranger's is (the same code, ephemeral); but each
+    asked the pairing store again, and every ask rewrote and fsynced pairing.json."""
+    async with discord_world(tmp_path) as w:
+        d = w.discord
+        mallory, mallory_dm = d.user("mallory"), d.dm_channel()
+        path = w.workspace / PAIRING_FILE
+        first = await d.slash_command("status", channel_id=mallory_dm, user=mallory)
+        [offer] = await d.wait_for_followups(first["token"])
+        written = await asyncio.to_thread(os.stat, path)
+        for _ in range(5):
+            again = await d.slash_command("help", channel_id=mallory_dm, user=mallory)
+            [same] = await d.wait_for_followups(again["token"])
+            assert same["content"] == offer["content"] and "membot pairing approve" in same["content"]
+        now = await asyncio.to_thread(os.stat, path)
+        assert (now.st_ino, now.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+        assert w.llm.requests == []
 
 
 async def test_chats_seen_once_leave_no_intake_lock_behind(tmp_path: Path) -> None:
