@@ -20,6 +20,7 @@ from typing import ClassVar, TextIO
 import structlog
 
 from bot.domain import InboundMessage, OutboundMessage
+from bot.printable import printable
 from channels.base import Channel, InboundSink, PartialSink
 
 log = structlog.get_logger(__name__)
@@ -121,7 +122,7 @@ class TerminalChannel(Channel):
         for text in texts:
             first, *more = text.splitlines() or [""]
             cut = more or len(first) > _SHOWN_CHARS
-            self._writer.write(f"  {self._prompt}{_printable(first[:_SHOWN_CHARS])}{' …' if cut else ''}\n")
+            self._writer.write(f"  {self._prompt}{printable(first[:_SHOWN_CHARS])}{' …' if cut else ''}\n")
 
     @property
     def waiting_for_reply(self) -> bool:
@@ -203,7 +204,7 @@ class TerminalChannel(Channel):
                 if not rest:
                     return  # all of it was on the screen before the reply that came between
                 self._writer.write("\rmembot › …")
-            self._writer.write(_printable(rest) + "\n")
+            self._writer.write(printable(rest) + "\n")
         else:
             if self._streamed and not self._interrupted:
                 self._writer.write("\n")
@@ -215,7 +216,7 @@ class TerminalChannel(Channel):
     def _write_reply(self, message: OutboundMessage) -> None:
         marked = not message.is_error or message.text.startswith("⚠️")  # one warning sign is enough
         marker = "" if marked else "! "
-        self._writer.write(f"membot › {marker}{_printable(message.text)}\n")
+        self._writer.write(f"membot › {marker}{printable(message.text)}\n")
 
     def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
         if not self._stream:
@@ -229,7 +230,7 @@ class TerminalChannel(Channel):
             elif self._interrupted:  # a command's reply came between: the answer goes on below it
                 self._writer.write("\rmembot › …")
                 self._interrupted = False
-            self._writer.write(_printable(text_so_far[len(self._streamed) :]))
+            self._writer.write(printable(text_so_far[len(self._streamed) :]))
             self._writer.flush()
             self._streamed = text_so_far
 
@@ -238,22 +239,6 @@ class TerminalChannel(Channel):
     def _show_prompt(self) -> None:
         self._writer.write(self._prompt)
         self._writer.flush()
-
-
-# A reply is shown, never obeyed: the terminal would act on the control characters in it (ESC starts
-# sequences that retitle the window, clear the screen or write the clipboard; \r and \b write over
-# what was shown). Each is printed as its visible symbol (ESC as ␛, C1 controls as �); \r is dropped so
-# that "\r\n" stays a line end. Per character, so a stream's pieces map like the whole answer.
-_SHOWN = {
-    **{code: chr(0x2400 + code) for code in range(0x20) if chr(code) not in "\n\t"},
-    0x0D: None,
-    0x7F: "\u2421",
-    **dict.fromkeys(range(0x80, 0xA0), "\ufffd"),
-}
-
-
-def _printable(text: str) -> str:
-    return text.translate(_SHOWN)
 
 
 _BLANK_LINES = re.compile(r"\A(?:[ \t]*\r?\n)+")

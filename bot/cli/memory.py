@@ -18,6 +18,7 @@ import typer
 from rich.table import Table
 
 from bot.cli.root import app, command_group, console, fail, settings_from
+from bot.printable import printable
 
 if TYPE_CHECKING:
     from bot.config import Settings
@@ -74,7 +75,7 @@ def show(
             service, settings.system_prompt, history, query, session_id=session or ""
         )
 
-    console.print(_run(settings, work), markup=False, highlight=False, soft_wrap=True)
+    console.print(printable(_run(settings, work)), markup=False, highlight=False, soft_wrap=True)
 
 
 @memory_app.command()
@@ -200,7 +201,7 @@ def search(
     zone = ZoneInfo(settings.memory_timezone)  # the day of the daily note it is in
     for hit in found:
         item = hit.item
-        text = " ".join(item.content.split())
+        text = printable(" ".join(item.content.split()))
         table.add_row(
             f"{hit.score:.2f}",
             item.layer,

@@ -26,6 +26,7 @@ from rich.text import Text
 
 from bot.cli.root import app, command_group, console, err_console, fail, settings_from
 from bot.domain import Message, Session
+from bot.printable import printable
 from bot.storage import atomic_write_at, ensure_private_dir
 from bot.surrogates import utf8
 from bot.workspace_lock import WorkspaceLock
@@ -81,7 +82,9 @@ def list_sessions(ctx: typer.Context) -> None:
     table.add_column("size", justify="right", no_wrap=True)
     table.add_column("last activity (UTC)", no_wrap=True)
     for s in rows:
-        table.add_row(s.id, str(s.messages), str(s.archived), _size(s.size), _when(s.last_activity))
+        table.add_row(
+            printable(s.id), str(s.messages), str(s.archived), _size(s.size), _when(s.last_activity)
+        )
     console.print(table)
 
 
@@ -110,13 +113,14 @@ def show(
         ("cost", f"${usage.cost_usd:.4f}"),
         ("metadata", json.dumps(loaded.metadata, ensure_ascii=False) if loaded.metadata else "-"),
     ):
-        table.add_row(key, value)
+        table.add_row(key, printable(value))
     console.print(table)
     for message in loaded.messages[-last:] if last > 0 else []:
         text = message.content if len(message.content) <= 500 else message.content[:500] + " …"
         heading = Text.assemble((message.role.value, "bold"), " ", (_when(message.timestamp), "dim"))
         console.print(heading, highlight=False)
-        console.print(text or _calls(message), highlight=False, markup=False)
+        # What chat members, fetched pages and the model wrote: shown, never obeyed by the terminal.
+        console.print(printable(text or _calls(message)), highlight=False, markup=False)
         console.print()
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.domain import Message, Role, Session
+from bot.domain import Message, Role, Session, ToolCall
 from bot.memory.archive import TranscriptArchive
 from bot.sessions import JsonSessionStore
 from tests.bot.cli.membot_process import run_membot
@@ -67,6 +67,30 @@ def test_list_shows_counts_sizes_and_activity_newest_first(tmp_path: Path, works
     assert rows[0].split()[1:3] == ["3", "3"]  # 3 active, 3 archived
     assert "2025-03-03 12:00" in rows[0] and "B" in rows[0]
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+# OSC 52 writes the operator's clipboard, CSI 2J clears the screen to fake what follows, BEL, C1 CSI.
+HOSTILE = "see \x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[8mhidden\x9b31m\rdone"
+
+
+def test_show_prints_what_others_wrote_without_obeying_its_control_characters(tmp_path: Path) -> None:
+    """A group member's words, a fetched page (a tool result) and the model's tool call reached the
+    operator's terminal raw: ESC sequences were obeyed (the chat on the terminal and pairing names
+    were already shown, not obeyed)."""
+    session = Session.new("telegram", "-100")
+    session.messages = [
+        message(Role.USER, f"Mallory: {HOSTILE}", 0),
+        Message(Role.ASSISTANT, "", tool_calls=(ToolCall("c1", "web_fetch", f'{{"url": "{HOSTILE}"}}'),)),
+        Message(Role.TOOL, f"page text {HOSTILE}", tool_call_id="c1", name="web_fetch"),
+        message(Role.ASSISTANT, f"The page says {HOSTILE}", 2),
+    ]
+    store(tmp_path / "ws", session)
+    result = membot(tmp_path, "sessions", "show", "telegram:-100")
+    assert result.returncode == 0, result.stderr
+    for obeyed in ("\x1b", "\x07", "\x9b", "\r"):
+        assert obeyed not in result.stdout
+    assert result.stdout.count("see ␛]52;c;cm0gLXJmIH4=␇␛[2J␛[8mhidden�31mdone") == 4
+    assert "Mallory: see" in result.stdout and "→ web_fetch(" in result.stdout
 
 
 def test_list_of_an_empty_workspace(tmp_path: Path) -> None:
