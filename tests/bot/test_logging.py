@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -89,6 +90,10 @@ def test_echoed_keys_and_url_credentials_are_masked_but_setting_names_stay() -> 
         == "cannot reach http://***@10.0.0.1/v1 now"
     )
     assert r.redact("MEMBOT_LLM__OPENAI__API_KEY=local-key-1234") == "MEMBOT_LLM__OPENAI__API_KEY=***"
+    # Discord tokens start with the bot's id in base64: "M"/"N" for most, "O" for ids from 8 or 9 on.
+    for user_id in ("123456789012345678", "456789012345678901", "876543210987654321"):
+        token = f"{base64.b64encode(user_id.encode()).decode().rstrip('=')}.GhIjKl.{'x1Y2z3' * 6}"
+        assert r.redact(f"login failed with {token} today") == "login failed with *** today", token
     for plain in (
         "the API key was rejected: check MEMBOT_LLM__OPENAI__API_KEY",
         "write to bob@example.com or see http://example.com/a@b",
