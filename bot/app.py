@@ -83,19 +83,6 @@ class Core:
     edge: contextlib.AsyncExitStack
 
 
-def secrets_of(settings: Settings) -> list[str]:
-    """The values the log (and ``/healthz``) must never show: every token and key that is set."""
-    values = [
-        settings.llm.openai.api_key,
-        settings.llm.anthropic.api_key,
-        settings.telegram.token,
-        settings.telegram.webhook_secret,
-        settings.discord.token,
-        settings.memory.embeddings_api_key,
-    ]
-    return [v.get_secret_value() for v in values if v is not None]
-
-
 @contextlib.asynccontextmanager
 async def build_core(
     settings: Settings,

@@ -345,6 +345,19 @@ class Settings(BaseSettings):
         return self.workspace / "state"
 
     @property
+    def secrets(self) -> list[str]:
+        """The values no log, ``/healthz`` or CLI line may show: every token and key that is set."""
+        values = [
+            self.llm.openai.api_key,
+            self.llm.anthropic.api_key,
+            self.telegram.token,
+            self.telegram.webhook_secret,
+            self.discord.token,
+            self.memory.embeddings_api_key,
+        ]
+        return [v.get_secret_value() for v in values if v is not None]
+
+    @property
     def chat_log(self) -> Path:
         """Where ``membot chat`` logs (the terminal shows only the chat)."""
         return self.workspace / "logs" / "chat.log"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from bot.app import Core, build_core, configured_channels, secrets_of, start_channel
+from bot.app import Core, build_core, configured_channels, start_channel
 from bot.config import Settings
 from bot.errors import ConfigError
 from bot.lifecycle import EXIT_OK, ServiceRunner
@@ -28,9 +28,7 @@ log = structlog.get_logger(__name__)
 
 async def run_service(settings: Settings) -> int:
     """``membot run``: every configured channel until SIGTERM/SIGINT. Returns the exit code."""
-    redactor = configure_logging(
-        level=settings.log_level, fmt=settings.log_format, secrets=secrets_of(settings)
-    )
+    redactor = configure_logging(level=settings.log_level, fmt=settings.log_format, secrets=settings.secrets)
     wanted = configured_channels(settings)
     if not wanted:
         raise ConfigError(

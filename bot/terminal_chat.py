@@ -15,7 +15,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Sequence
 
-from bot.app import build_core, open_channel, secrets_of, terminal_channel
+from bot.app import build_core, open_channel, terminal_channel
 from bot.config import Settings
 from bot.lifecycle import ServiceRunner, settle_heap
 from bot.logging import configure_logging
@@ -31,7 +31,7 @@ async def run_chat(settings: Settings) -> None:
     """
     # The terminal is the chat: log lines and tracebacks go to a file, the user sees plain replies.
     await asyncio.to_thread(
-        configure_logging, level=settings.log_level, secrets=secrets_of(settings), file=settings.chat_log
+        configure_logging, level=settings.log_level, secrets=settings.secrets, file=settings.chat_log
     )
     terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]  # after a hang-up isatty says False
     runner = ServiceRunner(settings.lifecycle, signals=(signal.SIGTERM, signal.SIGHUP))

@@ -122,11 +122,33 @@ def settings_from(ctx: typer.Context) -> Settings:
         fail(
             f"the workspace {settings.workspace} is a file: point --workspace or MEMBOT_WORKSPACE at a folder"
         )
+    _hide(settings)
     return settings
 
 
+# What no line of a command may show: its settings' tokens and keys, once they are loaded.
+_secrets: list[str] = []
+
+
+def _hide(settings: Settings) -> None:
+    """Every command's log (to stderr, off stdout's data) and error lines mask the settings' secrets and
+    anything credential-shaped, as ``membot run``'s log does; ``run`` and ``chat`` set up their own log
+    after this."""
+    from bot.logging import configure_logging
+
+    _secrets[:] = settings.secrets
+    configure_logging(level=settings.log_level, fmt=settings.log_format, secrets=_secrets)
+
+
+def shown(message: str) -> str:
+    """``message`` as a command may print it: the settings' secrets and credential-shaped text masked."""
+    from bot.logging import SecretRedactor
+
+    return SecretRedactor(_secrets).redact(message)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
-    err_console.print(Text.assemble(("error:", "bold red"), " ", message), highlight=False)
+    err_console.print(Text.assemble(("error:", "bold red"), " ", shown(message)), highlight=False)
     raise typer.Exit(code)
 
 
@@ -138,11 +160,10 @@ def main() -> None:
     try:
         app()
     except MembotError as exc:  # anything that escaped a command: one clear line, no traceback
-        err_console.print(Text.assemble(("error:", "bold red"), " ", str(exc)), highlight=False)
+        err_console.print(Text.assemble(("error:", "bold red"), " ", shown(str(exc))), highlight=False)
         sys.exit(2)
     except OSError as exc:  # a folder that cannot be made or read: what and where, no traceback
         where = f"{exc.filename}: " if exc.filename else ""
-        err_console.print(
-            Text.assemble(("error:", "bold red"), f" {where}{exc.strerror or exc}"), highlight=False
-        )
+        said = shown(f"{where}{exc.strerror or exc}")
+        err_console.print(Text.assemble(("error:", "bold red"), " ", said), highlight=False)
         sys.exit(1)

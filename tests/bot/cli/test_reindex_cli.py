@@ -145,3 +145,20 @@ def test_the_endpoints_credentials_are_never_printed(tmp_path: Path) -> None:
     assert "http://127.0.0.1:9/v1/embeddings" in result.stderr  # still names the server to fix
     for secret in ("hunter2secret", "0123456789abcdef"):
         assert secret not in result.stdout + result.stderr
+
+
+def test_what_a_command_logs_is_masked_and_kept_off_its_output(tmp_path: Path) -> None:
+    """Only ``run`` and ``chat`` set up the log: other commands logged through structlog's default, to
+    stdout (among the data they print) and unmasked, and their error line was not masked either."""
+    ws, _ = imported(tmp_path)
+    result = membot(
+        "memory",
+        "reindex",
+        workspace=ws,
+        embeddings="openai",
+        embeddings_base_url="http://127.0.0.1:9/v1?api_key=zz-query-secret-42",
+        embeddings_api_key="sk-embed-0123456789abcdef",
+    )
+    assert result.returncode == 2 and "vectors_embedding_failed" in result.stderr, result.stderr
+    assert result.stdout.strip() == ""  # the log is on stderr
+    assert "zz-query-secret-42" not in result.stderr and "api_key=***" in result.stderr

@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.app import secrets_of
 from bot.config import Settings
 from bot.domain import OutboundMessage
 from bot.errors import ChannelRefused
@@ -192,7 +191,7 @@ async def test_the_operators_views_count_the_answers_kept_aside_per_chat(
             "MEMBOT_LLM__OPENAI__API_KEY": "sk-test-1234567890abcdef",
         }
         async with telegram_bot(settings) as core:
-            redactor = SecretRedactor(secrets_of(settings))
+            redactor = SecretRedactor(settings.secrets)
             server = await serve_ops(core, Metrics(), ServiceRunner(settings.lifecycle), redactor)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
                 tg.refuse_chat(777)
