@@ -16,9 +16,9 @@ refused (:class:`MemoryFull`); the operator's edits are never limited, but a fil
 logged when read (``memory_file_over_limit``): the prompt shows only its start. A file more than
 :data:`READ_MARGIN` past the limit is not even read whole (a multi-GB one took the process down): the bot
 reads its start, logs ``memory_file_too_large`` and refuses its own writes, never cutting the file. The
-merge of late edits reads no more (nor any version it merges, see swap.py): while the file is that large,
-an edit to merge waits for it to be shortened (``memory_late_edit_waiting``), and no write, not even
-``membot memory edit``'s, makes it that large.
+merge of late edits reads no more (nor any version it merges, see late_edits.py): while the file is that
+large, an edit to merge waits for it to be shortened (``memory_late_edit_waiting``), and no write, not
+even ``membot memory edit``'s, makes it that large.
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ class LongTermMemory:
             self._files = FileSwapper(real, read_cap=self._read_cap, exchange=self._exchange, own_folder=own)
 
     def _rescue(self, *, reading: bool = False) -> None:
-        """Merge in what an editor wrote into versions that lost their name to a bot write (swap.py)."""
+        """Merge in what an editor wrote into versions that lost their name to a bot write (late_edits.py)."""
         edits = self._files.late_writes(reading=reading)
         for i, edit in enumerate(edits):
             writer = (
@@ -300,7 +300,7 @@ class LongTermMemory:
             if edit.kept is not None:  # the only copy of an operator's save, merged: it may go now
                 strays.remove(edit.kept)
                 log.warning("memory_stranded_version_merged", file=str(self._path), kept=edit.kept)
-            elif edit.restores:  # an editor saved from a version that briefly lacked them (swap.py)
+            elif edit.restores:  # an editor saved from a version that briefly lacked them (late_edits.py)
                 log.warning("memory_lines_restored", file=str(self._path), lines=edit.now.count("\n"))
             else:
                 log.warning("memory_late_edit_merged", file=str(self._path), chars=len(edit.now))
@@ -347,7 +347,7 @@ class LongTermMemory:
         the editor, lost the operator's lines. So a file that shrank since we last saw it is not used
         while the kernel says it is open for writing (or, where it cannot tell, until it stops
         changing). A file that grew is used at once: what is still being appended lands in the
-        version our swap displaces, which is watched (see swap.py).
+        version our swap displaces, which is watched (see late_edits.py).
         """
         while True:
             busy = self._files.being_written()

@@ -1,9 +1,10 @@
 """A version of a file as read: its text and its stamp (inode, size, mtime), whole or up to a cap.
 
 :class:`~bot.memory.swap.FileSwapper` compares stamps to tell whether a file is still the version a
-change was based on, and reads displaced versions through descriptors it keeps open; strays.py reads the
-versions a swap left beside the file. Every read has a cap (:func:`read_head`, ``read_bytes(fd, at_most)``):
-an operator's multi-GB MEMORY.md, or a version an editor wrote as large, is never read whole (longterm.py).
+change was based on, late_edits.py reads displaced versions through descriptors it keeps open, and
+strays.py reads the versions a swap left beside the file. Every read has a cap (:func:`read_head`,
+``read_bytes(fd, at_most)``): an operator's multi-GB MEMORY.md, or a version an editor wrote as large,
+is never read whole (longterm.py).
 """
 
 from __future__ import annotations

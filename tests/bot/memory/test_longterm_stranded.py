@@ -23,7 +23,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from bot.config import load_settings
-from bot.memory import exchange, swap
+from bot.memory import exchange, late_edits
 from bot.memory.longterm import LongTermMemory
 from bot.startup import prepare_workspace
 
@@ -212,7 +212,7 @@ async def test_a_stranded_save_waits_while_the_file_is_past_what_the_bot_reads(
     and wrote it back; it now leaves the file alone, says so, and merges once the file is shortened."""
     path = tmp_path / "memory" / "MEMORY.md"
     memory = await strand_an_operator_save(monkeypatch, path)
-    monkeypatch.setattr(swap, "DEFER_PAUSE", 0.0)  # a read tries again at once, not 30 s later
+    monkeypatch.setattr(late_edits, "DEFER_PAUSE", 0.0)  # a read tries again at once, not 30 s later
     os.truncate(path, 8 << 20)  # sparse: no disk
     before = path.stat()
 
