@@ -25,7 +25,8 @@ from bot.errors import LLMError, plain_reason
 from bot.llm import ChatRequest
 from bot.memory.consolidation_reply import MAX_FACT_CHARS, memory_problem, parse_reply
 from bot.memory.history import HistoryLog, raw_fallback_entry
-from bot.memory.longterm import Conflict, LongTermMemory, MemoryFull, NotUtf8, Snapshot, content_hash
+from bot.memory.longterm import Conflict, LongTermMemory, MemoryFull, NotUtf8
+from bot.memory.longterm_read import Snapshot, content_hash
 from bot.memory.pending import DurableFact, Journal, Plan
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here

@@ -7,31 +7,26 @@ hash. A bot write is a change applied to the newest text: under an advisory lock
 wrote into the old file after the swap) so the change is merged into it and nothing the operator saved
 is overwritten. :func:`merge_lines` re-applies the bot's change on top of the operator's version.
 
-Each bot write first appends the lines it removes to ``MEMORY.replaced.md`` beside it, so a
-consolidation that drops a fact it should have kept can be undone (lines it only adds cost nothing
-there; it used to copy the whole file each time and reached 17 MB after 500 writes). Past
-``memory.replaced_max_size`` that file moves to ``MEMORY.replaced.1.md`` (the previous one goes, with a
-warning in the log). A bot write that would grow MEMORY.md past ``memory.max_memory_hard_size`` is
-refused (:class:`MemoryFull`); the operator's edits are never limited, but a file past the limit is
-logged when read (``memory_file_over_limit``): the prompt shows only its start. A file more than
-:data:`READ_MARGIN` past the limit is not even read whole (a multi-GB one took the process down): the bot
-reads its start, logs ``memory_file_too_large`` and refuses its own writes, never cutting the file. The
-merge of late edits reads no more (nor any version it merges, see late_edits.py): while the file is that
-large, an edit to merge waits for it to be shortened (``memory_late_edit_waiting``), and no write, not
-even ``membot memory edit``'s, makes it that large.
+Each bot write first appends the lines it removes to ``MEMORY.replaced.md`` beside it (replaced.py), so
+a consolidation that drops a fact it should have kept can be undone. A bot write that would grow
+MEMORY.md past ``memory.max_memory_hard_size`` is refused (:class:`MemoryFull`); the operator's edits are
+never limited, but a file past the limit is logged when read (``memory_file_over_limit``): the prompt
+shows only its start. A file more than :data:`READ_MARGIN` past the limit is not even read whole (a
+multi-GB one took the process down): the bot reads its start (longterm_read.py), logs
+``memory_file_too_large`` and refuses its own writes, never cutting the file. The merge of late edits
+reads no more (nor any version it merges, see late_edits.py): while the file is that large, an edit to
+merge waits for it to be shortened (``memory_late_edit_waiting``), and no write, not even
+``membot memory edit``'s, makes it that large.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import hashlib
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -39,34 +34,18 @@ import structlog
 
 from bot.config import MemorySettings
 from bot.memory import strays
+from bot.memory.longterm_read import Snapshot, SnapshotCache, content_hash
+from bot.memory.replaced import DEFAULT_REPLACED_MAX_BYTES, REPLACED_NAME, ReplacedLines
 from bot.memory.swap import FileSwapper
-from bot.memory.versions import TooLarge, Version, read_head
-from bot.storage import append_bytes, fsync_dir
+from bot.memory.versions import TooLarge, Version
 from bot.tools import ToolError
 
 log = structlog.get_logger(__name__)
 
 MAX_CAS_SECONDS = 5.0
-REPLACED_NAME = "MEMORY.replaced.md"
-ROTATED_NAME = "MEMORY.replaced.1.md"
 DEFAULT_MAX_BYTES = 65_536
-DEFAULT_REPLACED_MAX_BYTES = 1_048_576
 READ_MARGIN = 1 << 20  # how far past its limit an operator's MEMORY.md is still read whole (and written)
 _SETTLE_PAUSE = 0.005
-
-
-def content_hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """MEMORY.md as read: its text (only its start when not ``whole``) and its size on disk in bytes."""
-
-    text: str
-    hash: str
-    size: int = 0
-    whole: bool = True
 
 
 class Conflict(Exception):
@@ -110,14 +89,12 @@ class LongTermMemory:
 
     def __init__(self, path: Path, *, limits: Limits = Limits(), exchange: bool = True) -> None:
         self._path = path
-        self._replaced = path.with_name(REPLACED_NAME)
+        self._replaced = ReplacedLines(path.with_name(REPLACED_NAME), max_bytes=limits.replaced_max_bytes)
         self._max_bytes = limits.max_bytes
         self._read_cap = limits.max_bytes + READ_MARGIN
-        self._replaced_max = limits.replaced_max_bytes
         self._exchange = exchange
         self._files = FileSwapper(path, read_cap=self._read_cap, exchange=exchange)
-        self._stamp: tuple[int, int, int] | None = None
-        self._cached = Snapshot("", content_hash(""))
+        self._snapshots = SnapshotCache(path, max_bytes=self._max_bytes, read_cap=self._read_cap)
         self._lock = asyncio.Lock()
         self._looked = False  # for versions a failed write left beside the file (strays.py)
 
@@ -128,7 +105,7 @@ class LongTermMemory:
     @property
     def replaced_path(self) -> Path:
         """The lines bot writes removed, oldest first (append-only; rotated to MEMORY.replaced.1.md)."""
-        return self._replaced
+        return self._replaced.path
 
     @property
     def max_bytes(self) -> int:
@@ -144,7 +121,7 @@ class LongTermMemory:
         if not self._looked or self._files.watching:
             async with self._lock:
                 await asyncio.to_thread(self._rescue_if_needed)
-        return await asyncio.to_thread(self._read_sync)
+        return await asyncio.to_thread(self._snapshots.read)
 
     def _rescue_if_needed(self) -> None:
         """Merge what an editor wrote into a version a bot write displaced and, at the first read, an
@@ -156,46 +133,6 @@ class LongTermMemory:
         if self._files.watching:
             with self._files.lock():
                 self._rescue(reading=True)
-
-    def _read_sync(self) -> Snapshot:
-        try:
-            st = os.stat(self._path)
-        except FileNotFoundError:
-            self._stamp, self._cached = None, Snapshot("", content_hash(""))
-            return self._cached
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if stamp != self._stamp:
-            data, whole = read_head(self._path, self._read_cap)
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError as exc:  # shown with U+FFFD; the bot does not write it (NotUtf8)
-                text = data.decode("utf-8", errors="replace")
-                log.warning("memory_file_not_utf8", file=str(self._path), at_byte=exc.start)
-            size = len(data) if whole else max(st.st_size, self._read_cap + 1)
-            if not whole:
-                self._too_large(size)
-            elif size > self._max_bytes:  # the prompt shows its start only, and bot writes cannot grow it
-                log.warning(
-                    "memory_file_over_limit",
-                    file=str(self._path),
-                    bytes=size,
-                    limit=self._max_bytes,
-                    hint="the model sees only its start (memory.inject_max_bytes) and the bot adds no "
-                    "line to it; shorten it (membot memory edit) or raise memory.max_memory_hard_size",
-                )
-            self._stamp, self._cached = stamp, Snapshot(text, content_hash(text), size, whole)
-        return self._cached
-
-    def _too_large(self, size: int) -> None:
-        log.warning(
-            "memory_file_too_large",
-            file=str(self._path),
-            bytes=size,
-            read=self._read_cap,
-            limit=self._max_bytes,
-            hint=f"the bot reads only its first {self._read_cap} bytes, shows the model their start and "
-            "does not write it; shorten it in an editor or raise memory.max_memory_hard_size",
-        )
 
     async def write(self, text: str, *, expected: str) -> Snapshot:
         """Replace the file with ``text`` if it still has the content hash ``expected``."""
@@ -315,7 +252,7 @@ class LongTermMemory:
             try:  # every write reads the file whole: not one it would not read whole for the prompt
                 found = self._settled_read(deadline)
             except TooLarge:
-                self._too_large(self._read_cap + 1)
+                self._snapshots.too_large(self._read_cap + 1)
                 raise MemoryFull(
                     f"{self._path.name} holds more than the bot reads ({self._read_cap} bytes), so it was "
                     "not changed. Ask the operator to shorten it."
@@ -331,13 +268,13 @@ class LongTermMemory:
             self._check_size(base, new, limit=limit)
             if new == base:
                 break
-            logged = self._keep_removed(base, new, writer, logged)
+            logged = self._replaced.keep(base, new, writer, logged)
             if self._files.swap(new, based_on=found, deliberate=deliberate):
                 break
             if time.monotonic() > deadline:
                 raise Conflict(f"{self._path.name} kept changing for {MAX_CAS_SECONDS:g} s; gave up")
-        self._stamp = None
-        return self._read_sync()
+        self._snapshots.forget()
+        return self._snapshots.read()
 
     def _settled_read(self, deadline: float) -> Version | None:
         """The current version, unless it shrank while another program is writing it: then wait.
@@ -353,7 +290,7 @@ class LongTermMemory:
             busy = self._files.being_written()
             found = self._files.read()
             size = found.stamp[1] if found is not None else 0
-            if busy is False or size >= len(self._cached.text.encode("utf-8")):
+            if busy is False or size >= len(self._snapshots.last.text.encode("utf-8")):
                 return found
             time.sleep(_SETTLE_PAUSE)
             if busy is None and self._files.read() == found:
@@ -379,32 +316,6 @@ class LongTermMemory:
                 f"{self._path.name} would be {size} bytes, more than the bot reads ({self._read_cap}), "
                 "so it was not changed"
             )
-
-    def _keep_removed(self, old: str, new: str, writer: str, logged: list[str]) -> list[str]:
-        """Append the lines ``new`` drops from ``old`` to MEMORY.replaced.md (rotating it when full).
-
-        ``logged`` is what an earlier attempt of the same write already kept; it is not kept twice.
-        """
-        remaining = set(new.splitlines())
-        removed = list(dict.fromkeys(ln for ln in old.splitlines() if ln.strip() and ln not in remaining))
-        if not removed or set(removed) <= set(logged):
-            return logged
-        stamp = datetime.now(UTC).isoformat(timespec="seconds")
-        block = f"## {stamp} — removed by {writer}\n\n" + "\n".join(removed) + "\n\n"
-        data = block.encode("utf-8")
-        with contextlib.suppress(FileNotFoundError):
-            if os.path.getsize(self._replaced) + len(data) > self._replaced_max:
-                self._rotate()
-        append_bytes(self._replaced, data, whole_lines=True)
-        return [*logged, *removed]
-
-    def _rotate(self) -> None:
-        rotated = self._replaced.with_name(ROTATED_NAME)
-        with contextlib.suppress(FileNotFoundError):
-            dropped = os.path.getsize(rotated)
-            log.warning("memory_backup_rotated", dropped=str(rotated), bytes=dropped)
-        os.replace(self._replaced, rotated)
-        fsync_dir(self._replaced.parent)
 
 
 def merge_lines(base: str, ours: str, theirs: str) -> str:

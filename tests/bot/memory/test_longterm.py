@@ -15,9 +15,9 @@ from bot.memory.longterm import (
     LongTermMemory,
     MemoryFull,
     NotUtf8,
-    content_hash,
     merge_lines,
 )
+from bot.memory.longterm_read import content_hash
 
 
 async def test_operator_edit_is_seen_on_next_read(tmp_path: Path) -> None:
