@@ -15,18 +15,18 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import structlog
 
+from bot.config import ToolSettings
 from bot.domain import Message, Role, ToolCall
 from bot.errors import StorageError
 from bot.surrogates import scrub
-from bot.tools import CallKey, Tool, ToolContext, ToolError
+from bot.tools import CallKey, Tool, ToolContext, ToolError, ToolJournal, ToolRegistry
 from pipeline.base import Turn
-
-if TYPE_CHECKING:
-    from pipeline.tool_loop import ToolLoopSystem
 
 log = structlog.get_logger(__name__)
 
@@ -51,16 +51,28 @@ class LimitReached(Exception):
     """A per-turn limit was reached; the message says which, for the user's note."""
 
 
+@dataclass(frozen=True, slots=True)
+class ToolKit:
+    """What running tool calls needs, the same for every turn: the system that owns the loop
+    (``ToolLoopSystem`` in tool_loop.py) builds it once and hands it to each turn's :class:`TurnTools`."""
+
+    registry: ToolRegistry
+    settings: ToolSettings
+    clock: Callable[[], float]
+    observer: ToolObserver | None = None
+    journal: ToolJournal | None = None
+
+
 class TurnTools:
     """What one turn's tool calls need across its loop (the deadline, the repeat guard, the results an
     earlier run recorded, the call counters) and the running of them; the loop (``_TurnRun`` in
     tool_loop.py) extends it."""
 
-    def __init__(self, system: ToolLoopSystem, turn: Turn) -> None:
-        self.system = system
-        self.settings = system._settings
+    def __init__(self, kit: ToolKit, turn: Turn) -> None:
+        self.kit = kit
+        self.settings = kit.settings
         self.turn = turn
-        self.deadline = system._clock() + self.settings.turn_deadline
+        self.deadline = kit.clock() + self.settings.turn_deadline
         self.ctx = ToolContext(turn.session.id, turn.channel, turn.id)
         self.seen: Counter[tuple[str, str]] = Counter()
         self.tool_runs = 0
@@ -68,11 +80,11 @@ class TurnTools:
         # What an earlier run of this turn recorded (see ToolJournal): read at its first tool call.
         self.replays: dict[CallKey, str] | None = None
         first_id = turn.inbound[0].message_id if turn.inbound else None
-        self.journal = system._journal if first_id else None  # a turn without an id has nothing to match
+        self.journal = kit.journal if first_id else None  # a turn without an id has nothing to match
         self.turn_key = first_id or ""
 
     def remaining(self) -> float:
-        return self.deadline - self.system._clock()
+        return self.deadline - self.kit.clock()
 
     def deadline_stop(self) -> LimitReached:
         return LimitReached(f"it ran past the {self.settings.turn_deadline:g} s deadline")
@@ -131,14 +143,14 @@ class TurnTools:
             outcome = "cancelled"
             raise
         finally:
-            if self.system._observer is not None:
-                self.system._observer.tool_call(call.name if outcome != "unknown" else UNKNOWN_TOOL, outcome)
+            if self.kit.observer is not None:
+                self.kit.observer.tool_call(call.name if outcome != "unknown" else UNKNOWN_TOOL, outcome)
 
     async def _execute(self, call: ToolCall) -> tuple[str, str]:
         """Run one call; every failure becomes ``(message for the model, outcome)``."""
-        tool = self.system._registry.get(call.name, self.ctx.channel)
+        tool = self.kit.registry.get(call.name, self.ctx.channel)
         if tool is None:
-            names = ", ".join(t.name for t in self.system._registry.available(self.ctx.channel)) or "none"
+            names = ", ".join(t.name for t in self.kit.registry.available(self.ctx.channel)) or "none"
             return f"Error: there is no tool named {call.name!r}. Available tools: {names}.", "unknown"
         try:
             args: Any = json.loads(call.arguments or "{}")

@@ -24,7 +24,7 @@ from bot.errors import LLMContextOverflow
 from bot.llm import ChatRequest, ChatResponse
 from bot.tools import ToolJournal, ToolRegistry
 from pipeline.base import Turn
-from pipeline.tool_calls import LimitReached, ToolObserver, TurnTools
+from pipeline.tool_calls import LimitReached, ToolKit, ToolObserver, TurnTools
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
     from bot.llm import ChatModel
@@ -98,13 +98,9 @@ class ToolLoopSystem:
         journal: ToolJournal | None = None,
     ) -> None:
         self._llm = llm
-        self._journal = journal
-        self._registry = registry
-        self._settings = settings
-        self._clock = clock
+        self._kit = ToolKit(registry, settings, clock, observer=observer, journal=journal)
         self._budget = budget
         self._max_overflow_retries = max_overflow_retries
-        self._observer = observer
 
     def should_process(self, turn: Turn) -> bool:
         return turn.reply is None
@@ -126,8 +122,9 @@ class _TurnRun(TurnTools):
     (the deadline, the repeat guard, the call counters) it has as a :class:`TurnTools`."""
 
     def __init__(self, system: ToolLoopSystem, turn: Turn) -> None:
-        super().__init__(system, turn)
-        self.specs = system._registry.specs(turn.channel)
+        super().__init__(system._kit, turn)
+        self.system = system
+        self.specs = self.kit.registry.specs(turn.channel)
         self.llm_calls = self.overflows = 0
         self.cut_short = 0  # calls of answers cut off at the output limit: never run
         self.dropped = 0  # calls past MAX_CALLS_PER_ANSWER: neither stored nor run
