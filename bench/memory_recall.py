@@ -48,8 +48,9 @@ from bot.errors import ConfigError
 from bot.logging import configure_logging
 from bot.memory.importer import parse_date, read_json, sessions_from
 from bot.memory.operator import import_sessions
-from bot.memory.retrieval import ScoredItem, Weights
+from bot.memory.retrieval import ScoredItem
 from bot.memory.service import MemoryService
+from bot.memory.weights import Weights
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "bench" / "longmemeval_s_100.json.gz"
 KS = (5, 10)
@@ -208,7 +209,7 @@ async def main() -> None:
         "--weights",
         type=parse_weights,
         default={},
-        help="change ranking weights for this run, e.g. hop=0,question=1 (bot/memory/retrieval.py Weights)",
+        help="change ranking weights for this run, e.g. hop=0,question=1 (bot/memory/weights.py Weights)",
     )
     parser.add_argument(
         "--no-feedback",

@@ -18,17 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG
 from bot.memory.item_index import retrievable
 from bot.memory.items import MemoryItem
 from bot.memory.lexical import LexicalIndex
 from bot.memory.timehints import EPOCH, MICROSECOND, Anchor, Span
+from bot.memory.weights import Weights
 from bot.memory.words import tokenize
-
-if TYPE_CHECKING:
-    from bot.memory.retrieval import Weights
 
 COVER = 0.5  # of the event's word weight (idf) its best match must hold
 SAME_TELLING = timedelta(days=1)  # how far apart the matches of one event may have been said

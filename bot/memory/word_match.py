@@ -19,7 +19,6 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from operator import itemgetter
-from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from bot.memory.anchors import event_spans
@@ -29,11 +28,9 @@ from bot.memory.item_store import ItemStore
 from bot.memory.items import MemoryItem
 from bot.memory.lexical import Frequencies
 from bot.memory.timehints import TimeHint, anchor_of, time_hint
+from bot.memory.weights import Weights
 from bot.memory.word_index import WordIndex, frequencies
 from bot.memory.words import tokenize
-
-if TYPE_CHECKING:
-    from bot.memory.retrieval import Weights
 
 _UTC = ZoneInfo("UTC")
 TERMS_CACHE = 4096  # items whose term counts a query may look inside (second hop, restated questions)

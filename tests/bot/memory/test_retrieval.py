@@ -19,8 +19,9 @@ from bot.memory.conversations import READ, rank_conversations
 from bot.memory.item_store import ItemStore
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference
 from bot.memory.lexical import LexicalIndex
-from bot.memory.retrieval import Retriever, ScoredItem, Weights, diversify
+from bot.memory.retrieval import Retriever, ScoredItem, diversify
 from bot.memory.timehints import periods, time_hint
+from bot.memory.weights import Weights
 from bot.memory.word_match import reciprocal_rank_fusion
 from bot.memory.words import normalize_word, stem, tokenize
 from tests.bot.memory.conftest import said_before
