@@ -29,6 +29,10 @@ One call, step by step:
    an unknown model and malformed answers are not tried again on the same model, since another try
    cannot help there, but the next model of the chain is tried (another provider, another key, a model
    the server has). A context overflow is raised at once: compaction, not another model, makes room.
+   When every model failed, the error raised is the last one a later try may cure (an outage, a rate
+   limit, a timeout), else the last one: a fallback whose key is refused must not make a primary's
+   outage look like a refused key, which the chat would be told at once instead of waiting for the
+   model (bot/model_wait.py). The fallback's own error is logged (``llm_fallback_failed``).
 5. Success: each tool call gets an id no other call of the conversation has (call_ids.py); usage
    and cost (from the catalog) are added to :class:`LLMStats` and reported, with the request's
    ``purpose``, to the ``usage`` observer (the daily ledger), so every call is counted: chat turns,
@@ -137,12 +141,17 @@ class LLMClient:
     async def chat(self, request: ChatRequest) -> ChatResponse:
         """One complete answer, with retries and failover (see the module docstring)."""
         chain = self._chain(request)
+        failures: list[LLMError] = []
         for position, model in enumerate(chain):
             try:
                 return await self._with_retries(model, request)
             except LLMError as exc:
-                if isinstance(exc, LLMContextOverflow) or position == len(chain) - 1:
+                if isinstance(exc, LLMContextOverflow):
                     raise
+                failures.append(exc)
+                if position == len(chain) - 1:
+                    error = _exhausted(failures)
+                    raise error from error.__cause__  # (the cause it was raised with, if any)
                 self._failover(model, chain[position + 1], exc)
         raise AssertionError("the chain is never empty")
 
@@ -154,6 +163,7 @@ class LLMClient:
         caller has already shown part of an answer.
         """
         chain = self._chain(request)
+        failures: list[LLMError] = []
         for position, model in enumerate(chain):
             for attempt in range(self._settings.max_retries + 1):
                 started = False
@@ -170,8 +180,10 @@ class LLMClient:
                     if exc.retryable and self._may_retry(exc, attempt):
                         await self._backoff(attempt, exc)
                         continue
+                    failures.append(exc)
                     if position == len(chain) - 1:
-                        raise
+                        error = _exhausted(failures)
+                        raise error from error.__cause__  # (the cause it was raised with, if any)
                     self._failover(model, chain[position + 1], exc)
                     break
 
@@ -327,6 +339,17 @@ class LLMClient:
 
     def _failed(self, model: str, exc: LLMError) -> None:
         self.stats.failed(model, exc)
+
+
+def _exhausted(failures: list[LLMError]) -> LLMError:
+    """The error of a chain whose every model failed (one per model, in order): the last one a later
+    try may cure, else the last. The last is logged when it is not the one raised (the others were, at
+    their failover), so the operator still learns of a fallback that is misconfigured."""
+    last = failures[-1]
+    hopeful = next((exc for exc in reversed(failures) if exc.retryable), last)
+    if hopeful is not last:
+        log.warning("llm_fallback_failed", model=last.model, error=str(last), raised=str(hopeful))
+    return hopeful
 
 
 def _unique_ids(target: Target, request: ChatRequest, response: ChatResponse) -> ChatResponse:

@@ -304,6 +304,25 @@ async def test_a_failure_that_would_repeat_is_told_at_once_and_not_retried(
         assert bot.dispatcher.model_wait(SID) is None
 
 
+async def test_an_outage_is_waited_out_even_when_the_fallback_model_is_refused(
+    bot_on: Callable[..., Bot], server: FakeLLMServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The primary is down (503) and the fallback cannot be used (no key for its provider): the outage
+    is what the chat waits for. Raised as the chain's last error, the fallback's refused key told the
+    chat "the operator needs to check its settings" at once and marked the message done, so the answer
+    never came although the primary was back a moment later."""
+    model = Model(server)
+    async with bot_on(dispatcher=QUICK, llm={"fallback_models": ["claude-haiku-4-5"]}) as bot:
+        assert await bot.say("hello?") == NOTICE
+        model.down = False
+        await bot.channel.wait_for(2)
+        assert texts(bot) == [NOTICE, "echo: hello?"]
+        await inbox_done(tmp_path)
+    assert all(r.api == "openai" for r in server.requests)  # the fallback was never reachable
+    refused = logged(caplog, "llm_fallback_failed")
+    assert refused and "MEMBOT_LLM__ANTHROPIC__API_KEY" in str(refused[0]["error"])
+
+
 async def test_other_chats_are_answered_while_one_waits(
     bot_on: Callable[..., Bot], server: FakeLLMServer, tmp_path: Path
 ) -> None:

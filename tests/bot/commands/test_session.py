@@ -69,10 +69,11 @@ class Bot:
         tools: Sequence[Tool] = (),
         turn_timeout: float = 600.0,
         dispatcher: dict[str, float] | None = None,
+        llm: dict[str, Any] | None = None,
     ) -> None:
         self.root = root
         self.ledger = UsageLedger(root / "usage.json", tz=ZoneInfo("UTC"))
-        self.llm = llm_client(server, catalog, http, model=MODEL, usage=self.ledger)
+        self.llm = llm_client(server, catalog, http, model=MODEL, usage=self.ledger, **(llm or {}))
         self.sessions = SessionService(JsonSessionStore(root / "sessions"))
         self.memory = MemoryService(
             root / "memory",

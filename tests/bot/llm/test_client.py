@@ -488,6 +488,19 @@ async def test_the_last_error_of_an_exhausted_chain_is_raised(
     assert info.value.model == "gpt-4o-mini"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_exhausted_chain_raises_the_outage_not_the_fallbacks_refusal(
+    make_client: Any, server: FakeLLMServer, stream: bool
+) -> None:
+    """An outage may pass; a refused fallback would not. The chain's error is the outage, so the turn
+    waits for the model (bot/model_wait.py) instead of telling the chat the bot's access was refused."""
+    llm, _ = make_client("openai", max_retries=0, fallback_models=["gpt-4o-mini"])
+    server.script(FakeReply(status=503), FakeReply(status=401))
+    with pytest.raises(LLMUnavailable) as info:
+        await (collect(llm, ask("x")) if stream else llm.chat(ask("x")))
+    assert info.value.model == "gpt-4.1-mini" and len(server.requests) == 2
+
+
 async def test_a_named_model_does_not_fail_over(make_client: Any, server: FakeLLMServer) -> None:
     llm, _ = make_client("openai", max_retries=0, fallback_models=["claude-haiku-4-5"])
     server.script(FakeReply(status=503))
