@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from bot.domain import OutboundMessage
 from bot.tools import ToolContext
-from channels.base import Channel, InboundSink
+from channels.base import Channel, InboundSink, PartialSink
 
 
 class RecordingChannel(Channel):
@@ -37,6 +37,21 @@ class RecordingChannel(Channel):
         async with asyncio.timeout(timeout), self._arrived:
             await self._arrived.wait_for(lambda: len(self.sent) >= count)
         return list(self.sent)
+
+
+class StreamingChannel(RecordingChannel):
+    """A recording channel that also shows answers as they stream, as Telegram and Discord can: each
+    preview (the text of the model call so far) is recorded in ``previews``."""
+
+    def __init__(self, submit: InboundSink, name: str = "test") -> None:
+        super().__init__(submit, name)
+        self.previews: list[str] = []
+
+    def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
+        async def show(text_so_far: str) -> None:
+            self.previews.append(text_so_far)
+
+        return show
 
 
 class SlowTool:

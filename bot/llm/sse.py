@@ -20,8 +20,11 @@ _LINE_END = re.compile(r"\r\n|\r|\n")  # the SSE spec's three; not the other Uni
 
 @dataclass(frozen=True, slots=True)
 class SSEvent:
+    """One event. ``cut``: the stream ended inside it, before the blank line that ends an event."""
+
     event: str
     data: str
+    cut: bool = False
 
 
 class SSETooLarge(Exception):
@@ -66,7 +69,9 @@ async def iter_sse(lines: AsyncIterator[str], limit: int = MAX_EVENT_CHARS) -> A
     """Group raw lines into events; comments (``:``) are skipped, multi-line data is joined with newlines.
 
     An event whose data passes ``limit`` characters is SSETooLarge: ``data:`` lines without a blank
-    line after them were gathered without end. The data is kept in one buffer, as it comes.
+    line after them were gathered without end. The data is kept in one buffer, as it comes. An event
+    the stream ends inside (no blank line after it) is still yielded, marked ``cut``: some servers
+    leave out the last blank line, and a stream cut off in the middle of an event is told by its data.
     """
     event = ""
     data = io.StringIO()
@@ -92,7 +97,7 @@ async def iter_sse(lines: AsyncIterator[str], limit: int = MAX_EVENT_CHARS) -> A
             if data.tell() > limit:
                 raise SSETooLarge(f"an event over {limit // MiB} Mi characters")
     if lines_of_data:
-        yield SSEvent(event or "message", data.getvalue())
+        yield SSEvent(event or "message", data.getvalue(), cut=True)
 
 
 @dataclass(slots=True)

@@ -6,6 +6,7 @@ The client opens the stream, checks its status and owns the response; :func:`str
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Protocol
 
@@ -41,7 +42,9 @@ async def stream_answer(
 
     A silence longer than ``idle`` seconds is LLMTimeout, and so is an answer sent whole (not as
     events) that takes longer than ``whole`` seconds; an answer past the limits of limits.py is
-    LLMBadResponse; a stream that ends before the answer is complete is LLMUnavailable. The ``done``
+    LLMBadResponse; a stream that ends before the answer is complete is LLMUnavailable, also when it
+    ends in the middle of an event (half a JSON chunk: a connection or a proxy that gave up, which
+    another try may not meet, not a server that writes malformed JSON). The ``done``
     answer's tool-call ids are still the server's: the client makes them unique and counts the usage.
     """
     if "text/event-stream" not in response.headers.get("content-type", ""):
@@ -64,6 +67,8 @@ async def stream_answer(
         # turn's deadline.
         found = Quiet(_events(iter_sse(lines), target), None, target)
         async for sse in found:
+            if _cut_short(sse):
+                break  # the body ended in the middle of this event: the answer is incomplete (below)
             with readable(target):
                 events = list(decoder.feed(sse))
             if decoder.size > MAX_STREAMED_CHARS:
@@ -83,6 +88,17 @@ async def stream_answer(
         with readable(target):
             final = decoder.finish()
     yield StreamEvent("done", response=final)
+
+
+def _cut_short(event: SSEvent) -> bool:
+    """Whether the stream ended inside ``event`` before its data was whole (JSON that does not parse)."""
+    if not event.cut or event.data.strip() == "[DONE]":
+        return False
+    try:
+        json.loads(event.data)
+    except ValueError:
+        return True
+    return False
 
 
 async def _events(events: AsyncIterator[SSEvent], target: Target) -> AsyncIterator[SSEvent]:

@@ -24,6 +24,7 @@ from bot.model_wait import NOTICE, WAIT_FILE
 from bot.tokens import TokenCounter
 from tests.bot.commands.test_session import MODEL, SID, Bot, wait_until
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.recording import StreamingChannel
 
 QUICK = {"model_retry_first": 0.05, "model_retry_max": 0.1, "model_retry_max_age": 60.0}
 PATIENT = {"model_retry_first": 30.0, "model_retry_max": 30.0, "model_retry_max_age": 60.0}  # no try by time
@@ -321,6 +322,25 @@ async def test_an_outage_is_waited_out_even_when_the_fallback_model_is_refused(
     assert all(r.api == "openai" for r in server.requests)  # the fallback was never reachable
     refused = logged(caplog, "llm_fallback_failed")
     assert refused and "MEMBOT_LLM__ANTHROPIC__API_KEY" in str(refused[0]["error"])
+
+
+async def test_an_answer_whose_stream_was_cut_off_mid_event_is_waited_for(
+    bot_on: Callable[..., Bot], server: FakeLLMServer, tmp_path: Path
+) -> None:
+    """A streamed answer the connection or a proxy cut off inside an event (half a JSON chunk, then a
+    proper end of the body) after its first words were shown: it did not come whole, so the turn
+    waits for the model and answers then. Taken for malformed JSON, it was an answer "that could not
+    be used": the chat was told at once to send the question again."""
+    server.script(FakeReply(text="The answer is forty-two, as it always was.", cut_after=2))
+    async with bot_on(dispatcher=QUICK, streaming=True) as bot:
+        assert await bot.say("hello?") == NOTICE
+        await bot.channel.wait_for(2)
+        assert texts(bot) == [NOTICE, "echo: hello?"]
+        await inbox_done(tmp_path)
+        assert isinstance(bot.channel, StreamingChannel)
+        previews = bot.channel.previews
+        assert previews[0] == "The answer is " and previews[-1] == "echo: hello?"  # shown, then cut
+        assert await bot.on_disk() == [(Role.USER, "hello?"), (Role.ASSISTANT, "echo: hello?")]
 
 
 async def test_other_chats_are_answered_while_one_waits(

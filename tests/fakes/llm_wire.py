@@ -45,7 +45,10 @@ class FakeReply:
     ``drip=s``: the body (an error's too; asked to stream, a whole JSON answer, as a server that ignores
     ``stream``) goes out one byte every ``s`` seconds, then spaces at that pace for ``stall`` seconds:
     never silent for long, never done. ``keepalive_data``: while stalled (``keepalive``), an event
-    ``data: <it>`` that carries nothing, in place of the comment.
+    ``data: <it>`` that carries nothing, in place of the comment. ``cut_after=n``: a streamed answer
+    ends after ``n`` whole SSE events, in the middle of the next one (half its data, no blank line
+    after it), with a proper end of the body: as a proxy that gives up waiting for the model ends its
+    own answer.
     """
 
     text: str = ""
@@ -69,6 +72,7 @@ class FakeReply:
     flood_as: Literal["deltas", "line", "event"] = "deltas"
     raw_unicode: bool = False
     drip: float | None = None
+    cut_after: int | None = None
 
     def ids(self, api: str) -> list[str | None]:
         """The id each tool call is sent with (``None``: sent without one)."""
@@ -185,8 +189,18 @@ class _Sse:
         self._response = response
         self._reply = reply
         self._sent = 0
+        self._ended = False
 
     async def send(self, data: dict[str, Any] | str, event: str | None = None) -> None:
+        if self._ended:
+            return
+        if self._sent == self._reply.cut_after:  # the body ends inside this event (see FakeReply)
+            text = data if isinstance(data, str) else json.dumps(data)
+            prefix = f"event: {event}\n" if event else ""
+            await self._response.write(f"{prefix}data: {text[: len(text) // 2]}".encode())
+            await self._response.write_eof()
+            self._ended = True
+            return
         if self._sent == self._reply.stall_after:  # a server hung mid-answer (only pinging, maybe)
             every = self._reply.keepalive
             if every is None:

@@ -41,7 +41,7 @@ from pipeline.compaction import AutoCompactionSystem
 from pipeline.tool_loop import ToolLoopSystem
 from pipeline.usage import UsageSystem
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
-from tests.recording import RecordingChannel, SlowTool
+from tests.recording import RecordingChannel, SlowTool, StreamingChannel
 from tests.session_kit import conversation, llm_client, tool_exchange
 
 MODEL = "gpt-4.1-mini"
@@ -70,6 +70,7 @@ class Bot:
         turn_timeout: float = 600.0,
         dispatcher: dict[str, float] | None = None,
         llm: dict[str, Any] | None = None,
+        streaming: bool = False,
     ) -> None:
         self.root = root
         self.ledger = UsageLedger(root / "usage.json", tz=ZoneInfo("UTC"))
@@ -128,7 +129,8 @@ class Bot:
             inbox=Inbox(root / "inbox"),
             waits=WaitRecords(root / "state" / WAIT_FILE),
         )
-        self.channel = RecordingChannel(self.dispatcher.submit)
+        kind = StreamingChannel if streaming else RecordingChannel  # streaming: answers are streamed
+        self.channel = kind(self.dispatcher.submit)
         self.dispatcher.attach(self.channel)
         self.grace = 5.0  # seconds the shutdown lets running work finish (0: cut it, as a kill would)
 

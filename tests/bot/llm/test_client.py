@@ -284,6 +284,28 @@ async def test_anthropic_mid_stream_invalid_request_is_a_bad_response(
 
 
 @both
+async def test_a_stream_that_ends_in_the_middle_of_an_event_was_cut_not_malformed(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    """A body that ends properly but inside an event (half a JSON chunk, no blank line after it): the
+    connection or a proxy gave up, so it is an answer that did not come whole (LLMUnavailable: retried
+    before the first words, waited for after them), not malformed JSON from the model's server."""
+    llm, sleeps = make_client(api)
+    server.script(FakeReply(text="never seen", cut_after=1), FakeReply(text="second try"))
+    events, done = await collect(llm, ask("x"))
+    assert done.content == "second try" and len(sleeps.calls) == 1
+    assert "".join(e.text for e in events if e.kind == "text") == "second try"
+
+    text_events = 2 if api == "openai" else 4  # (the role chunk; message_start, ping, block start)
+    server.script(FakeReply(text="a fairly long answer that breaks", cut_after=text_events))
+    seen: list[StreamEvent] = []
+    with pytest.raises(LLMUnavailable, match="ended the stream before the answer was complete"):
+        async for event in llm.stream(ask("x")):
+            seen.append(event)
+    assert [e.kind for e in seen] == ["text"]
+
+
+@both
 async def test_streamed_malformed_json_is_a_bad_response(
     make_client: Any, server: FakeLLMServer, api: str
 ) -> None:

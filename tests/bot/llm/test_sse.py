@@ -39,7 +39,7 @@ async def test_comments_ids_and_crlf_are_ignored_and_multiline_data_joined() -> 
 
 
 async def test_a_last_event_without_blank_line_is_still_delivered() -> None:
-    assert await parse("event: ping", "data: {}") == [SSEvent("ping", "{}")]
+    assert await parse("event: ping", "data: {}") == [SSEvent("ping", "{}", cut=True)]
 
 
 async def test_blank_lines_alone_make_no_events() -> None:
@@ -62,7 +62,7 @@ async def test_a_line_or_an_event_past_the_limit_is_too_large() -> None:
     with pytest.raises(SSETooLarge, match="a line over"):
         await split("x" * 101 + "\n")
     assert [e async for e in iter_sse(lines("data: " + "x" * 49, "data: " + "x" * 50), limit=100)] == [
-        SSEvent("message", "x" * 49 + "\n" + "x" * 50)
+        SSEvent("message", "x" * 49 + "\n" + "x" * 50, cut=True)
     ]
     with pytest.raises(SSETooLarge, match="an event over"):
         [e async for e in iter_sse(lines(*["data:"] * 102), limit=100)]  # 101 newlines
