@@ -21,7 +21,7 @@ from bot.catalog import ModelInfo
 from bot.config import ProviderSettings
 from bot.errors import LLMBadResponse, LLMError, LLMTimeout
 from bot.llm import anthropic, openai
-from bot.llm.failures import STATUS_OF_TYPE, Provider, error_fields, status_error
+from bot.llm.failures import Provider, error_fields, named_status, status_error
 from bot.llm.limits import MAX_BODY_BYTES, MiB, answer_too_large
 from bot.llm.types import ChatResponse
 
@@ -134,9 +134,7 @@ def _error_in_200(target: Target, content: bytes) -> LLMError:
     names (``code``), else by its type, like the same error sent with its status; its message kept."""
     text = content.decode("utf-8", "replace")
     kind, code, _ = error_fields(text)
-    status = int(code) if code.isdecimal() else 0  # (not isdigit: "²" is a digit int() refuses)
-    if not 400 <= status < 600:
-        status = STATUS_OF_TYPE.get(kind, 500)
+    status = named_status(kind, code)
     return status_error(status, {}, text, model=target.model, provider=target.provider, where=target.where)
 
 

@@ -175,8 +175,19 @@ def status_error(
     return LLMBadResponse(f"{where} refused the request for {model} {said}", model=model, status_code=status)
 
 
-def stream_error(kind: str, message: str, *, model: str, provider: Provider, where: str) -> LLMError:
-    """The error for an ``error`` event inside an HTTP 200 stream, classified like the same response."""
-    status = STATUS_OF_TYPE.get(kind, 500)
-    body = json.dumps({"error": {"type": kind, "message": message}})
+def named_status(kind: str, code: str) -> int:
+    """The HTTP status an error sent with HTTP 200 stands for: its ``code`` when that is a status
+    (proxies such as OpenRouter and LiteLLM send ``"code": 429``), else its type's, else 500."""
+    if len(code) == 3 and code.isdecimal() and 400 <= int(code) < 600:  # (isdecimal: "²" is a digit)
+        return int(code)
+    return STATUS_OF_TYPE.get(kind or code, 500)
+
+
+def stream_error(
+    kind: str, message: str, *, model: str, provider: Provider, where: str, code: str = ""
+) -> LLMError:
+    """The error for an ``error`` event inside an HTTP 200 stream, classified like the same response:
+    by the status its ``code`` names, else by its type (:func:`named_status`)."""
+    status = named_status(kind, code)
+    body = json.dumps({"error": {"type": kind or code, "message": message}})
     return status_error(status, {}, body, model=model, provider=provider, where=where, mid_stream=True)

@@ -196,9 +196,15 @@ class StreamDecoder(StreamFold):
         chunk = self._object(event.data, "chunk")
         error = chunk.get("error")
         if error:
-            kind = str(error.get("type") or error.get("code") or "") if isinstance(error, dict) else ""
-            text = str(error.get("message") or error) if isinstance(error, dict) else str(error)
-            raise stream_error(kind, text, model=self._model, provider="openai", where=self._where)
+            error = error if isinstance(error, dict) else {"message": str(error)}
+            raise stream_error(
+                str(error.get("type") or ""),
+                str(error.get("message") or error),
+                code=str(error.get("code") or ""),
+                model=self._model,
+                provider="openai",
+                where=self._where,
+            )
         if chunk.get("usage"):
             self._usage = parse_usage(chunk["usage"])
         self._served_by = str(chunk.get("model") or self._served_by)

@@ -343,6 +343,23 @@ async def test_an_answer_whose_stream_was_cut_off_mid_event_is_waited_for(
         assert await bot.on_disk() == [(Role.USER, "hello?"), (Role.ASSISTANT, "echo: hello?")]
 
 
+async def test_a_revoked_key_reported_mid_stream_is_told_at_once_not_waited_for(
+    bot_on: Callable[..., Bot], server: FakeLLMServer, tmp_path: Path
+) -> None:
+    """OpenRouter and LiteLLM report a failure after HTTP 200 as a chunk with an ``error`` whose
+    ``code`` is the status: 401 here. Read as any 500, the chat was told to wait for the model and the
+    lane asked again and again, for an hour, with a key that will not work before the operator acts."""
+    error = {"code": 401, "message": "User not found."}
+    server.responder = lambda api, body: FakeReply(text="x", stream_error_after=0, openai_error=error)
+    async with bot_on(dispatcher=QUICK, streaming=True) as bot:
+        reason = "the AI model refused the bot's access; the operator needs to check its settings"
+        assert await bot.say("hello?") == f"⚠️ Sorry, I couldn't answer this time ({reason}). {TODAY}"
+        await inbox_done(tmp_path)
+        await asyncio.sleep(0.3)  # QUICK's pauses would have tried again by now
+        assert len(server.requests) == 1 and len(texts(bot)) == 1
+        assert bot.dispatcher.model_wait(SID) is None
+
+
 async def test_other_chats_are_answered_while_one_waits(
     bot_on: Callable[..., Bot], server: FakeLLMServer, tmp_path: Path
 ) -> None:

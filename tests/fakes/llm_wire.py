@@ -33,9 +33,11 @@ class FakeReply:
     answer as stopped at the output limit (OpenAI ``finish_reason: length``, Anthropic ``stop_reason:
     max_tokens``), as the APIs do when ``max_tokens`` runs out mid-answer. ``stream_error_after=n``
     fails a streamed answer after ``n`` text pieces: Anthropic sends an ``error`` event of type
-    ``stream_error``, OpenAI drops the connection. ``usage=(input, output)`` and ``cached_tokens`` set
-    the reported token counts. ``call_ids``: the id sent for each tool call, in order (``None``: no id
-    at all), as local servers that repeat or omit ids send them; by default each gets a fresh one.
+    ``stream_error``, OpenAI drops the connection (or, given ``openai_error``, sends a last chunk
+    with that ``error`` object and ``finish_reason: "error"``, as OpenRouter and LiteLLM do).
+    ``usage=(input, output)`` and ``cached_tokens`` set the reported token counts. ``call_ids``: the
+    id sent for each tool call, in order (``None``: no id at all), as local servers that repeat or
+    omit ids send them; by default each gets a fresh one.
     ``flood=n``: an answer that never ends, like a model repeating itself with ``max_tokens`` ignored:
     ``n`` characters of text in 64 KiB pieces (text deltas when streaming, else one JSON body; streamed
     with ``tool_calls``, the first call's argument fragments instead), then ``stall`` seconds of
@@ -61,6 +63,7 @@ class FakeReply:
     cut_off: bool = False
     stream_error_after: int | None = None
     stream_error: str = "overloaded_error"
+    openai_error: dict[str, Any] | None = None
     usage: tuple[int, int] | None = None
     cached_tokens: int = 0
     stall_after: int | None = None
@@ -346,6 +349,11 @@ async def stream_openai(
         if reply.stream_error_after is not None and i >= reply.stream_error_after:
             break
         await sse.send(chunk({"content": piece}))
+    if reply.stream_error_after is not None and reply.openai_error is not None:
+        failed = {**chunk({"content": ""}, "error"), "error": reply.openai_error}
+        await sse.send(failed)
+        await response.write_eof()
+        return response
     if reply.stream_error_after is not None:
         assert request.transport is not None
         request.transport.close()  # OpenAI has no error event: the connection just drops mid-answer

@@ -27,6 +27,7 @@ from bot.errors import (
     LLMUnavailable,
 )
 from bot.llm import ChatRequest, ChatResponse, LLMClient, StreamEvent, ToolSpec
+from bot.llm.stats import failure_reason
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 both = pytest.mark.parametrize("api", ["openai", "anthropic"])
@@ -281,6 +282,35 @@ async def test_anthropic_mid_stream_invalid_request_is_a_bad_response(
     with pytest.raises(LLMBadResponse, match="mid-answer"):
         await collect(llm, ask("x"))
     assert sleeps.calls == []
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        ({"code": 401, "message": "User not found."}, LLMAuthError),
+        ({"code": "403", "message": "Key disabled"}, LLMAuthError),
+        ({"code": 429, "message": "Rate limit exceeded"}, LLMRateLimited),
+        ({"code": 400, "message": "This model's maximum context length is 8192 tokens"}, LLMContextOverflow),
+        ({"code": "server_error", "message": "Provider disconnected unexpectedly"}, LLMUnavailable),
+        ({"type": "overloaded_error", "code": None, "message": "Overloaded"}, LLMUnavailable),
+    ],
+)
+async def test_an_openai_error_chunk_mid_stream_is_classified_by_its_status_code(
+    make_client: Any, server: FakeLLMServer, error: dict[str, Any], kind: type[Exception]
+) -> None:
+    """OpenRouter and LiteLLM end a stream that failed after HTTP 200 with a chunk holding an ``error``
+    whose ``code`` is the HTTP status. Classified as any 500, a revoked key (401) was retried and then
+    waited for during an hour, and a prompt too long (400) never compacted."""
+    llm, sleeps = make_client("openai", max_retries=1)
+    server.script(FakeReply(text="abc", stream_error_after=0, openai_error=error), FakeReply(text="again"))
+    if kind is LLMUnavailable or kind is LLMRateLimited:
+        _, done = await collect(llm, ask("x"))  # retried: the next answer comes whole
+        assert done.content == "again" and len(sleeps.calls) == 1
+        assert next(iter(llm.stats.failures_by)) == (MODELS["openai"], failure_reason(kind("x")))
+        return
+    with pytest.raises(kind, match="mid-answer"):
+        await collect(llm, ask("x"))
+    assert sleeps.calls == [] and len(server.requests) == 1
 
 
 @both
