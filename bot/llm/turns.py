@@ -7,6 +7,8 @@ before the next one, and ``/compact`` puts its summary in a system message. Both
 :func:`normalized` messages, so every request has this shape:
 
 - tool-call ids the wire format accepts, each used once (:func:`~bot.llm.wire_ids.renamed`);
+- a name on every tool call: one a model sent without any goes out as :data:`NAMELESS` (both APIs
+  refuse a call with an empty name, so it made every later request of the chat fail);
 - tool calls paired with their results (:func:`~bot.llm.tool_pairs.paired`), and otherwise untouched;
 - system messages (compaction summaries) folded into the system prompt, in order;
 - consecutive user messages merged into one, and so are consecutive assistant texts;
@@ -16,13 +18,17 @@ before the next one, and ``/compact`` puts its summary in a system message. Both
 
 from __future__ import annotations
 
-from bot.domain import Message, Role
+from dataclasses import replace
+
+from bot.domain import Message, Role, ToolCall
 from bot.llm.tool_pairs import paired
 from bot.llm.types import ChatRequest
 from bot.llm.wire_ids import IdRule, renamed
 
 # Stands in where a template needs a user turn the history lacks (it must start with one).
 OPENING = "(the conversation so far continues)"
+# Stands in for the name of a tool call the model sent without one (its result said no such tool ran).
+NAMELESS = "unnamed_tool"
 
 
 def normalized(request: ChatRequest, ids: IdRule) -> tuple[str, list[Message]]:
@@ -37,6 +43,8 @@ def normalized(request: ChatRequest, ids: IdRule) -> tuple[str, list[Message]]:
             continue
         if message.role is Role.ASSISTANT and not message.tool_calls and not _says_something(message.content):
             continue  # says nothing; an empty assistant text is refused by some APIs
+        if message.tool_calls and not all(_says_something(call.name) for call in message.tool_calls):
+            message = _named(message)
         last = out[-1] if out else None
         if last is not None and last.role is message.role and message.role is not Role.TOOL:
             out[-1] = _merged(last, message)
@@ -49,6 +57,14 @@ def normalized(request: ChatRequest, ids: IdRule) -> tuple[str, list[Message]]:
 
 def _says_something(text: str) -> bool:
     return bool(text) and not text.isspace()  # as ``text.strip()``, without copying the text
+
+
+def _named(message: Message) -> Message:
+    calls = tuple(
+        call if _says_something(call.name) else ToolCall(call.id, NAMELESS, call.arguments)
+        for call in message.tool_calls
+    )
+    return replace(message, tool_calls=calls)
 
 
 def _merged(first: Message, second: Message) -> Message:

@@ -305,6 +305,34 @@ async def test_broken_arguments_in_the_history_do_not_get_the_chat_refused(http:
     assert [c.arguments for c in turn.session.messages[1].tool_calls] == ['{"a": 1, "b": ', "[1, 2]"]
 
 
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_tool_call_without_a_name_does_not_get_the_chat_refused(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str, stream: bool
+) -> None:
+    """A model that sends a tool call with an empty name (a local model's broken call): its result says
+    no such tool ran. Sent back as it was, both APIs refused the request for the missing name, so the
+    rest of the turn and every later turn of the chat failed."""
+    server.script(FakeReply(tool_calls=[("", {"a": 1, "b": 2})]), FakeReply(text="All done now."))
+    system = loop_for(server, http, api, [AddTool()])
+    turn = new_turn()
+    shown: list[str] = []
+
+    async def sink(text: str) -> None:
+        shown.append(text)
+
+    turn.on_partial = sink if stream else None
+    await system.process(turn)
+    assert turn.reply == "All done now." and not turn.failures
+    assert tool_results(turn.session)[0].startswith("Error: there is no tool named ''.")
+    follow_up = new_turn("and now?", session=turn.session)
+    await system.process(follow_up)
+    assert follow_up.reply == "echo: and now?"
+    assert_paired(turn.session)
+    # What the model wrote stays in the session: only what is sent is made acceptable.
+    assert turn.session.messages[1].tool_calls[0].name == ""
+
+
 class NoTextTool:
     """A tool that breaks its contract: it returns a value that is not text."""
 
