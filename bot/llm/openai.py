@@ -213,6 +213,8 @@ class StreamDecoder(StreamFold):
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 out.extend(self._said(text_of(delta["content"])))
+            if delta.get("refusal"):  # in place of content, as in a whole answer (parse_response)
+                out.extend(self._said(text_of(delta["refusal"])))
             for fragment in delta.get("tool_calls") or ():
                 out.extend(self._fragment(fragment))
             if choice.get("finish_reason"):

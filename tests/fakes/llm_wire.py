@@ -50,7 +50,7 @@ class FakeReply:
     ``data: <it>`` that carries nothing, in place of the comment. ``cut_after=n``: a streamed answer
     ends after ``n`` whole SSE events, in the middle of the next one (half its data, no blank line
     after it), with a proper end of the body: as a proxy that gives up waiting for the model ends its
-    own answer.
+    own answer. ``refusal``: OpenAI's refusal text, sent in ``message.refusal`` (streamed: ``delta.refusal``).
     """
 
     text: str = ""
@@ -76,6 +76,7 @@ class FakeReply:
     raw_unicode: bool = False
     drip: float | None = None
     cut_after: int | None = None
+    refusal: str = ""
 
     def ids(self, api: str) -> list[str | None]:
         """The id each tool call is sent with (``None``: sent without one)."""
@@ -145,6 +146,8 @@ def anthropic_stop(reply: FakeReply) -> str:
 
 def openai_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+    if reply.refusal:
+        message["refusal"] = reply.refusal
     if reply.tool_calls:
         message["tool_calls"] = [
             _with_id({"type": "function", "function": {"name": n, "arguments": args_text(a)}}, i)
@@ -349,6 +352,8 @@ async def stream_openai(
         if reply.stream_error_after is not None and i >= reply.stream_error_after:
             break
         await sse.send(chunk({"content": piece}))
+    for piece in pieces(reply.refusal):
+        await sse.send(chunk({"refusal": piece}))
     if reply.stream_error_after is not None and reply.openai_error is not None:
         failed = {**chunk({"content": ""}, "error"), "error": reply.openai_error}
         await sse.send(failed)

@@ -432,6 +432,21 @@ async def test_an_answer_cut_at_the_output_limit_says_so(
     assert turn.notes == ["The answer was cut off at the model's output limit: ask me to go on."]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_openai_refusal_is_the_answer_streamed_or_not(
+    server: FakeLLMServer, http: httpx.AsyncClient, stream: bool
+) -> None:
+    """OpenAI sends a refusal in ``refusal``, not ``content``: a whole answer showed it, a streamed one
+    (``delta.refusal``) lost it, and the chat read "the model returned an empty answer"."""
+    server.script(FakeReply(refusal="I can't help with that request."))
+    turn = new_turn()
+    sink = Sink()
+    turn.on_partial = sink if stream else None
+    await loop_for(server, http, "openai", []).process(turn)
+    assert turn.reply == "I can't help with that request."
+    assert not stream or sink.shown[-1] == "I can't help with that request."
+
+
 class Sink:
     def __init__(self) -> None:
         self.shown: list[str] = []
