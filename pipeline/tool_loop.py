@@ -50,6 +50,10 @@ TOO_MANY_CALLS = (
     "{limit} were kept and the other {dropped} were dropped without running. If you still need them, "
     "call them again in later steps, at most {limit} at a time."
 )
+# The turn's note when the model declined to answer (REFUSAL_REASONS): with no text (the chat is told
+# this in place of an answer), or after some (the chat should know that it is not all).
+DECLINED = "The AI model declined to answer this."
+DECLINED_PART = "The AI model declined to go on, so this answer stops here."
 # Said the same way on the one extra call after the model answered tool results with no text at all.
 ANSWER_NOW = (
     "Your last reply to the user had no text. Answer the user now, in plain text, from the tool results "
@@ -74,10 +78,12 @@ class ToolLoopSystem:
     dropped before it is stored, and the next model call is told so (:data:`TOO_MANY_CALLS`). An answer
     with no text after tool calls gets one more call a turn, told to answer in plain text
     (:data:`ANSWER_NOW`); if that is blank too, ``turn.reply`` is ``""`` and the dispatcher sends its
-    failed-turn text. Every request goes through the context ``budget`` first (it and the answer must
-    fit the window: bot/context_budget.py); a request that would not fit, or that the provider refused
-    as too long, makes the budget compact the session and the call is retried, at most
-    ``max_overflow_retries`` times. When ``turn.on_partial`` is set the answer is streamed and the sink
+    failed-turn text. An answer the model declined to give (``stop_reason`` refusal or content_filter)
+    is not asked for again: the turn's note says so (:data:`DECLINED`, or :data:`DECLINED_PART` after
+    the text it gave before it stopped). Every request goes through the context ``budget`` first (it
+    and the answer must fit the window: bot/context_budget.py); a request that would not fit, or that
+    the provider refused as too long, makes the budget compact the session and the call is retried, at
+    most ``max_overflow_retries`` times. When ``turn.on_partial`` is set the answer is streamed and the sink
     receives the text of the current model call so far, after every delta.
     """
 
@@ -159,7 +165,10 @@ class _TurnRun(TurnTools):
                     turn.add_message(Message(Role.TOOL, CUT_SHORT, tool_call_id=call.id, name=call.name))
                 continue
             if not calls:
-                if not said and self.empty_answer():
+                if response.refused:  # asked again, it would decline again
+                    log.warning("answer_refused", stop_reason=response.stop_reason, with_text=said)
+                    turn.notes.append(DECLINED_PART if said else DECLINED)
+                elif not said and self.empty_answer():
                     note = ANSWER_NOW
                     continue
                 turn.reply = response.content if said else ""  # "": the dispatcher's failed-turn reply

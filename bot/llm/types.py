@@ -45,6 +45,8 @@ class ChatRequest:
 
 # Why a model stops mid-answer at its output limit: OpenAI (and compatible servers), Anthropic.
 CUT_OFF_REASONS = frozenset({"length", "max_tokens", "model_context_window_exceeded"})
+# Why a model stops because it will not answer: its content filter (OpenAI, Azure), a refusal (Anthropic).
+REFUSAL_REASONS = frozenset({"content_filter", "refusal"})
 
 
 @dataclass(slots=True)
@@ -62,6 +64,12 @@ class ChatResponse:
     def cut_off(self) -> bool:
         """True when the answer ended at the output limit, so it is incomplete."""
         return self.stop_reason in CUT_OFF_REASONS
+
+    @property
+    def refused(self) -> bool:
+        """True when the model (or its provider's filter) declined to answer: the text, if any, is
+        what came before it stopped."""
+        return self.stop_reason in REFUSAL_REASONS
 
     def __post_init__(self) -> None:
         self.content = scrub(self.content)

@@ -291,6 +291,7 @@ async def test_a_new_kept_over_a_restart_does_not_wait_for_the_model(
             "the AI model refused the bot's access; the operator needs to check its settings",
         ),
         (FakeReply(malformed=True), "the AI model sent an answer that could not be used"),
+        (FakeReply(stop="content_filter"), "The AI model declined to answer this."),
     ],
 )
 async def test_a_failure_that_would_repeat_is_told_at_once_and_not_retried(

@@ -50,7 +50,9 @@ class FakeReply:
     ``data: <it>`` that carries nothing, in place of the comment. ``cut_after=n``: a streamed answer
     ends after ``n`` whole SSE events, in the middle of the next one (half its data, no blank line
     after it), with a proper end of the body: as a proxy that gives up waiting for the model ends its
-    own answer. ``refusal``: OpenAI's refusal text, sent in ``message.refusal`` (streamed: ``delta.refusal``).
+    own answer. ``stop``: the stop reason sent in place of the usual one (OpenAI's
+    ``finish_reason``, Anthropic's ``stop_reason``), such as ``content_filter`` or ``refusal``.
+    ``refusal``: OpenAI's refusal text, sent in ``message.refusal`` (streamed: ``delta.refusal``).
     """
 
     text: str = ""
@@ -76,6 +78,7 @@ class FakeReply:
     raw_unicode: bool = False
     drip: float | None = None
     cut_after: int | None = None
+    stop: str | None = None
     refusal: str = ""
 
     def ids(self, api: str) -> list[str | None]:
@@ -137,10 +140,14 @@ def anthropic_usage(usage: Usage3) -> dict[str, Any]:
 
 
 def openai_finish(reply: FakeReply) -> str:
+    if reply.stop is not None:
+        return reply.stop
     return "length" if reply.cut_off else "tool_calls" if reply.tool_calls else "stop"
 
 
 def anthropic_stop(reply: FakeReply) -> str:
+    if reply.stop is not None:
+        return reply.stop
     return "max_tokens" if reply.cut_off else "tool_use" if reply.tool_calls else "end_turn"
 
 

@@ -16,6 +16,7 @@ from bot.compaction import CompactionService
 from bot.config import CompactionSettings, DispatcherSettings, LLMSettings, ToolSettings
 from bot.context_budget import ContextBudget
 from bot.dispatcher import Dispatcher
+from bot.dispatcher.turns import reply_text
 from bot.domain import InboundMessage, Message, Role, Session
 from bot.errors import LLMContextOverflow
 from bot.inbox import Inbox
@@ -30,6 +31,8 @@ from pipeline.tool_calls import CANCELLED, NOT_RUN, cap
 from pipeline.tool_loop import (
     ANSWER_NOW,
     CUT_SHORT,
+    DECLINED,
+    DECLINED_PART,
     LAST_CALL,
     MAX_CALLS_PER_ANSWER,
     TOO_MANY_CALLS,
@@ -430,6 +433,32 @@ async def test_an_answer_cut_at_the_output_limit_says_so(
     await loop_for(server, http, api, []).process(turn)
     assert turn.reply == "The three steps are: first, open the"
     assert turn.notes == ["The answer was cut off at the model's output limit: ask me to go on."]
+
+
+@pytest.mark.parametrize(("api", "stop"), [("anthropic", "refusal"), ("openai", "content_filter")])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_the_model_declined_to_finish_says_so(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str, stop: str, stream: bool
+) -> None:
+    """Anthropic's ``stop_reason: refusal`` and OpenAI's (or Azure's) ``finish_reason: content_filter``
+    end an answer the model will not give, often after some text: sent as if whole, the chat could not
+    tell that it stopped short, and with no text it read "the model returned an empty answer"."""
+    server.script(FakeReply(text="Here is how you", stop=stop))
+    turn = new_turn()
+    turn.on_partial = Sink() if stream else None
+    await loop_for(server, http, api, [AddTool()]).process(turn)
+    assert turn.reply == "Here is how you" and turn.notes == [DECLINED_PART]
+
+    server.script(FakeReply(stop=stop))
+    blank = new_turn("and this?", session=turn.session)
+    blank.on_partial = Sink() if stream else None
+    await loop_for(server, http, api, [AddTool()]).process(blank)
+    assert blank.reply == "" and blank.notes == [DECLINED]
+    assert reply_text(blank) == (
+        f"⚠️ Sorry, I couldn't answer this time ({DECLINED}). Your message is saved — send another "
+        "message to try again.",
+        True,
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
