@@ -12,7 +12,10 @@ One call, step by step:
 2. Per model: the provider (``llm.provider`` for the primary, else the catalog), its key and base URL.
 3. Send. 408, 409, 429, 5xx, 529, timeouts and connection failures are retried (``retryable`` errors)
    up to ``llm.max_retries`` times with exponential backoff and jitter, or after the server's
-   ``retry-after-ms`` / ``retry-after``, never longer than ``llm.retry_max_delay``. A timeout is
+   ``retry-after-ms`` / ``retry-after``, never longer than ``llm.retry_max_delay``. A server that asks
+   for a longer wait than that is not tried again before it: such a try would only be refused again
+   (and count against the rate limit), so the next model is asked, and after the last one the turn
+   waits for the model as long as the server said (bot/model_wait.py). A timeout is
    retried once only: a server that stayed silent twice is hung, and every further try would keep
    the user waiting as long again. An answer larger than any model writes (a body over 32 MiB, a
    stream past 8 Mi characters or 10,000 tool calls, one line or event of it over 32 Mi characters:
@@ -200,6 +203,8 @@ class LLMClient:
         limit = self._settings.max_retries
         if isinstance(exc, LLMTimeout):
             limit = min(limit, 1)
+        if exc.retry_after is not None and exc.retry_after > self._settings.retry_max_delay:
+            return False  # not before then, said the server: the capped wait would end too soon
         return exc.retryable and attempt < limit
 
     async def _with_retries(self, model: str, request: ChatRequest) -> ChatResponse:

@@ -395,6 +395,24 @@ async def test_the_next_try_waits_for_the_providers_retry_after(
     assert wait["next_try_in"] == 1.0
 
 
+async def test_a_retry_after_past_the_clients_cap_is_not_tried_early(
+    bot_on: Callable[..., Bot], server: FakeLLMServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rate limit that says "not for 30 s", past ``llm.retry_max_delay``: the client does not try
+    again after its capped wait (each such try was refused again, counted against the limit, while the
+    chat waited in silence); the chat is told at once and the turn waits as long as the server said."""
+    down = True
+    server.responder = lambda api, body: (
+        FakeReply(status=429, headers={"retry-after": "30"}) if down else None
+    )
+    llm = {"max_retries": 3, "retry_max_delay": 0.05}
+    async with bot_on(dispatcher=QUICK, llm=llm) as bot:
+        assert await bot.say("hello?") == NOTICE
+        assert len(server.requests) == 1
+    [wait] = logged(caplog, "turn_waiting_for_model")
+    assert wait["next_try_in"] == 30.0
+
+
 async def test_a_damaged_wait_file_costs_only_a_second_notice(
     server: FakeLLMServer, tmp_path: Path, bot_on: Callable[..., Bot]
 ) -> None:

@@ -381,15 +381,27 @@ async def test_rate_limit_honours_retry_after(make_client: Any, server: FakeLLMS
     assert llm.stats.failures_by == {(MODELS[api], "rate_limited"): 1}
 
 
-async def test_retry_after_ms_wins_and_every_hint_is_capped(make_client: Any, server: FakeLLMServer) -> None:
-    llm, sleeps = make_client("openai", retry_max_delay=1.0)
+async def test_retry_after_ms_wins_and_a_hint_past_the_cap_is_not_tried_early(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    """Retried after ``llm.retry_max_delay`` when the server asked for longer, the request was refused
+    again (and counted against the limit) up to ``max_retries`` times while the chat waited in silence.
+    It goes to the next model instead; after the last one the turn waits as long as the server said."""
+    llm, sleeps = make_client("openai", retry_max_delay=1.0, fallback_models=["gpt-4o-mini"])
     server.script(
         FakeReply(status=429, headers={"retry-after-ms": "150", "retry-after": "9"}),
         FakeReply(status=503, headers={"retry-after": "60"}),
         FakeReply(text="ok"),
     )
     assert (await llm.chat(ask("x"))).content == "ok"
-    assert sleeps.calls == [0.15, 1.0]
+    assert sleeps.calls == [0.15]
+    assert [r.body["model"] for r in server.requests] == ["gpt-4.1-mini", "gpt-4.1-mini", "gpt-4o-mini"]
+
+    alone, sleeps = make_client("anthropic", retry_max_delay=1.0)
+    server.script(FakeReply(status=429, headers={"retry-after": "30"}))
+    with pytest.raises(LLMRateLimited) as info:
+        await alone.chat(ask("x"))
+    assert info.value.retry_after == 30.0 and sleeps.calls == []
 
 
 async def test_retry_after_as_an_http_date(make_client: Any, server: FakeLLMServer) -> None:
