@@ -107,14 +107,28 @@ def parse(target: Target, content: bytes) -> ChatResponse:
     try:
         body = json.loads(content)
     except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, nested too deeply
-        raise LLMBadResponse(
-            f"{target.where} answered with malformed JSON for {target.model}", model=target.model
-        ) from None
+        raise _not_json(target, content) from None
     if isinstance(body, dict) and "error" in body and "choices" not in body and "content" not in body:
         raise _error_in_200(target, content)
     translate = anthropic.parse_response if target.provider == "anthropic" else openai.parse_response
     with readable(target):
         return translate(body, target.model, target.where)
+
+
+def _not_json(target: Target, content: bytes) -> LLMBadResponse:
+    """An answer that is not JSON. A web page (an HTML document: a chat UI's address in place of its
+    API's, a proxy's login or error page) says the base URL is wrong, and the error says so."""
+    if content.lstrip()[:1] != b"<":
+        return LLMBadResponse(
+            f"{target.where} answered with malformed JSON for {target.model}", model=target.model
+        )
+    base = f"MEMBOT_LLM__{target.provider.upper()}__BASE_URL"
+    return LLMBadResponse(
+        f"{target.where} answered the request for {target.model} with a web page (HTML), not the API's "
+        f"JSON: check that {base} is the API's address (OpenAI-compatible servers usually end in /v1), "
+        "not a chat UI's, and that no proxy in between answers in its place",
+        model=target.model,
+    )
 
 
 def redirected(target: Target, response: httpx.Response) -> LLMError:

@@ -192,6 +192,8 @@ class FakeLLMServer:
                     text=text,
                     headers={"content-type": "application/json", **reply.headers},
                 )
+            if reply.html is not None:
+                return web.Response(text=reply.html, content_type="text/html", headers=reply.headers)
             if reply.flood is not None:
                 return await send_flood(request, api, body, reply)
             usage = usage_of(body, reply)

@@ -53,6 +53,8 @@ class FakeReply:
     own answer. ``stop``: the stop reason sent in place of the usual one (OpenAI's
     ``finish_reason``, Anthropic's ``stop_reason``), such as ``content_filter`` or ``refusal``.
     ``refusal``: OpenAI's refusal text, sent in ``message.refusal`` (streamed: ``delta.refusal``).
+    ``html``: a web page sent with HTTP 200 in place of the answer (also to a request that streams),
+    as a chat UI or a proxy's login page answers a request sent to the wrong address.
     """
 
     text: str = ""
@@ -80,6 +82,7 @@ class FakeReply:
     cut_after: int | None = None
     stop: str | None = None
     refusal: str = ""
+    html: str | None = None
 
     def ids(self, api: str) -> list[str | None]:
         """The id each tool call is sent with (``None``: sent without one)."""

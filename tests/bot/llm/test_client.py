@@ -336,6 +336,22 @@ async def test_a_stream_that_ends_in_the_middle_of_an_event_was_cut_not_malforme
 
 
 @both
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_web_page_in_place_of_the_answer_names_the_base_url_to_check(
+    make_client: Any, server: FakeLLMServer, api: str, stream: bool
+) -> None:
+    """A base URL that points at a chat UI (or a proxy's login page) gets HTTP 200 and HTML: the error
+    said only "malformed JSON", with nothing to fix; it says which setting to check."""
+    llm, sleeps = make_client(api)
+    page = "<!DOCTYPE html>\n<html><head><title>Open WebUI</title></head><body></body></html>"
+    server.script(FakeReply(html=page))
+    setting = f"MEMBOT_LLM__{api.upper()}__BASE_URL"
+    with pytest.raises(LLMBadResponse, match=f"with a web page \\(HTML\\).*check that {setting}"):
+        await (collect(llm, ask("x")) if stream else llm.chat(ask("x")))
+    assert sleeps.calls == []
+
+
+@both
 async def test_streamed_malformed_json_is_a_bad_response(
     make_client: Any, server: FakeLLMServer, api: str
 ) -> None:
