@@ -54,6 +54,9 @@ TOO_MANY_CALLS = (
 # this in place of an answer), or after some (the chat should know that it is not all).
 DECLINED = "The AI model declined to answer this."
 DECLINED_PART = "The AI model declined to go on, so this answer stops here."
+# The turn's note when the model's output limit ran out before it wrote a word (a reasoning model that
+# spent it all on thinking); the chat is told this in place of an answer, the log says what to raise.
+NO_ROOM = "The AI model used up its output limit before it wrote any answer."
 # Said the same way on the one extra call after the model answered tool results with no text at all.
 ANSWER_NOW = (
     "Your last reply to the user had no text. Answer the user now, in plain text, from the tool results "
@@ -80,11 +83,13 @@ class ToolLoopSystem:
     (:data:`ANSWER_NOW`); if that is blank too, ``turn.reply`` is ``""`` and the dispatcher sends its
     failed-turn text. An answer the model declined to give (``stop_reason`` refusal or content_filter)
     is not asked for again: the turn's note says so (:data:`DECLINED`, or :data:`DECLINED_PART` after
-    the text it gave before it stopped). Every request goes through the context ``budget`` first (it
-    and the answer must fit the window: bot/context_budget.py); a request that would not fit, or that
-    the provider refused as too long, makes the budget compact the session and the call is retried, at
-    most ``max_overflow_retries`` times. When ``turn.on_partial`` is set the answer is streamed and the sink
-    receives the text of the current model call so far, after every delta.
+    the text it gave before it stopped), and so does a blank answer cut off at the output limit
+    (:data:`NO_ROOM`; the log names the setting to raise). Every request goes through the context
+    ``budget`` first (it and the answer must fit the window: bot/context_budget.py); a request that
+    would not fit, or that the provider refused as too long, makes the budget compact the session and
+    the call is retried, at most ``max_overflow_retries`` times. When ``turn.on_partial`` is set the
+    answer is streamed and the sink receives the text of the current model call so far, after every
+    delta.
     """
 
     name = "tool_loop"
@@ -168,6 +173,15 @@ class _TurnRun(TurnTools):
                 if response.refused:  # asked again, it would decline again
                     log.warning("answer_refused", stop_reason=response.stop_reason, with_text=said)
                     turn.notes.append(DECLINED_PART if said else DECLINED)
+                elif not said and response.cut_off:  # asked again, it would run out again
+                    log.warning(
+                        "empty_answer_cut_off",
+                        stop_reason=response.stop_reason,
+                        model=response.model,
+                        fix="raise llm.max_output_tokens (MEMBOT_LLM__MAX_OUTPUT_TOKENS): a reasoning "
+                        "model spends it on thinking before it writes the answer",
+                    )
+                    turn.notes.append(NO_ROOM)
                 elif not said and self.empty_answer():
                     note = ANSWER_NOW
                     continue

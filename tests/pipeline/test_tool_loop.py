@@ -35,6 +35,7 @@ from pipeline.tool_loop import (
     DECLINED_PART,
     LAST_CALL,
     MAX_CALLS_PER_ANSWER,
+    NO_ROOM,
     TOO_MANY_CALLS,
     ToolLoopSystem,
 )
@@ -459,6 +460,21 @@ async def test_an_answer_the_model_declined_to_finish_says_so(
         "message to try again.",
         True,
     )
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_blank_answer_cut_off_at_the_output_limit_says_so(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reasoning model that spent ``max_tokens`` on thinking answers nothing, cut off at the limit: the
+    chat read "the model returned an empty answer", and the log had no word of the limit to raise."""
+    server.script(FakeReply(text="", cut_off=True))
+    turn = new_turn()
+    await loop_for(server, http, api, [AddTool()]).process(turn)
+    assert turn.reply == "" and turn.notes == [NO_ROOM] and len(server.requests) == 1
+    assert reply_text(turn)[0].startswith(f"⚠️ Sorry, I couldn't answer this time ({NO_ROOM}).")
+    [logged] = [r.msg for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("fix")]
+    assert "MEMBOT_LLM__MAX_OUTPUT_TOKENS" in str(logged["fix"])
 
 
 @pytest.mark.parametrize("stream", [False, True])
