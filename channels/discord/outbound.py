@@ -14,6 +14,7 @@ user closed their DMs, the bot lost access: :mod:`channels.discord.refusals`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import secrets
 from collections import OrderedDict
@@ -69,6 +70,9 @@ class DiscordOutbox:
         self._authors: OrderedDict[str, int] = OrderedDict()  # message id -> author id
         self._last_inbound: dict[str, str] = {}  # chat id -> last message id
         self._streams: dict[str, StreamedMessage[discord.Message, str]] = {}
+        # chat id -> (the message answered, the preview posted for it): kept until that answer goes out,
+        # so a second try of it (the model failed mid-answer and the turn waited) goes on in it
+        self._previews: dict[str, tuple[str | None, discord.Message]] = {}
 
     def received(self, chat_id: str, message_id: str, author_id: int) -> None:
         self._authors[message_id] = author_id
@@ -86,6 +90,7 @@ class DiscordOutbox:
     def clear(self) -> None:
         self._interactions.clear()
         self._streams.clear()
+        self._previews.clear()
 
     async def send(self, message: OutboundMessage) -> None:
         chunks = split_message(tables_as_code(message.text), LIMIT)  # Discord shows no tables
@@ -108,10 +113,14 @@ class DiscordOutbox:
         )
         target = self._client().get_partial_messageable(int(message.chat_id))
         stream = None if message.aside else self._streams.pop(message.chat_id, None)
+        preview = stream.message if stream is not None else None
+        left = None if message.aside else self._previews.pop(message.chat_id, None)
+        if preview is None and left is not None and left[0] == message.reply_to:
+            preview = left[1]  # an earlier try of this answer showed it there
         # An answer sent again keeps its nonces, so Discord drops a part it already has (enforce_nonce).
         nonce = hashlib.sha256(message.key.encode()).hexdigest()[:16] if message.key else secrets.token_hex(8)
         for index, chunk in enumerate(chunks):
-            streamed = stream.message if index == 0 and stream is not None else None
+            streamed = preview if index == 0 else None
             if streamed is not None and await self._finish_stream(streamed, chunk, message.chat_id):
                 continue
             reference = _reference(message.reply_to, message.chat_id) if index == 0 else None
@@ -230,15 +239,24 @@ class DiscordOutbox:
         if not self._settings.streaming:
             return None
 
+        errors = (discord.DiscordException, aiohttp.ClientError, OSError)
+
         def first_chunk(text_so_far: str) -> str | None:
             return (split_message(text_so_far, LIMIT - 2) or [""])[0] or None  # room for " …"
 
         async def post(preview: str) -> discord.Message:
+            left = self._previews.get(chat_id)
+            if left is not None and left[0] == reply_to:  # an earlier try of this answer: go on in it
+                with contextlib.suppress(*errors):
+                    await left[1].edit(content=preview + " …")
+                    return left[1]
             target = self._client().get_partial_messageable(int(chat_id))
             # The message being answered, not the chat's latest (a question sent meanwhile).
             ref = _reference(reply_to or self._last_inbound.get(chat_id), chat_id)
             options: dict[str, Any] = {"reference": ref} if ref is not None else {}
-            return await target.send(preview + " …", **options)
+            message = await target.send(preview + " …", **options)
+            self._previews[chat_id] = (reply_to, message)
+            return message
 
         async def edit(message: discord.Message, preview: str) -> None:
             await message.edit(content=preview + " …")
@@ -253,7 +271,7 @@ class DiscordOutbox:
             edit=edit,
             interval=self._settings.stream_edit_interval,
             clock=self._clock,
-            errors=(discord.DiscordException, aiohttp.ClientError, OSError),
+            errors=errors,
             on_error=failed,
             keep_trying=False,  # the final reply then goes out as new messages
         )

@@ -32,15 +32,20 @@ async def running_bot(
     *,
     vision: bool = True,
     before_start: Callable[[Core, DiscordChannel], None] | None = None,
+    llm_settings: dict[str, Any] | None = None,
+    dispatcher: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[Core, DiscordChannel]]:
     """The whole bot on ``workspace`` with its Discord channel started against ``fake``; stopped on exit,
-    so a test can start it again on the same workspace (a restart)."""
+    so a test can start it again on the same workspace (a restart). ``llm_settings`` and ``dispatcher``
+    add to (or override) those settings."""
     overrides = {
         "workspace": workspace,
         "llm": {
             "model": "gpt-4.1-mini",
             "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-123456"},
+            **(llm_settings or {}),
         },
+        "dispatcher": dispatcher or {},
         "discord": {
             "token": fake.token,
             "api_base": fake.api_base,

@@ -18,6 +18,7 @@ from discord.http import Route
 from bot.app import Core
 from bot.commands import CommandCall, SessionControl
 from bot.errors import ChannelError
+from bot.model_wait import NOTICE as MODEL_NOTICE
 from bot.pairing import PAIRING_FILE, PairingStore, approve_code
 from channels.discord import DiscordChannel
 from tests.channels.discord.kit import running_bot
@@ -60,7 +61,9 @@ async def discord_world(
     discord_settings: dict[str, Any] | None = None,
     configure: Callable[[World], None] | None = None,
     vision: bool = True,
+    **settings: dict[str, Any],
 ) -> AsyncIterator[World]:
+    """The bot with Discord in a fake world; ``settings``: ``llm_settings`` or ``dispatcher`` to add."""
     async with FakeLLMServer() as llm, FakeDiscord() as fake:
         guild = fake.add_guild("home")
         general = fake.add_channel(guild, "general")
@@ -87,7 +90,7 @@ async def discord_world(
             if configure is not None:
                 configure(world)
 
-        async with running_bot(fake, llm, workspace, section, vision=vision, before_start=build):
+        async with running_bot(fake, llm, workspace, section, vision=vision, before_start=build, **settings):
             yield worlds[0]
 
 
@@ -519,6 +522,26 @@ async def test_a_streamed_answer_replies_to_its_question_not_to_a_later_one(tmp_
         await show("the answer to A")
         preview = (await w.discord.wait_for_bot_messages(w.quiet, 3))[-1]
         assert str(preview["message_reference"]["message_id"]) == a["id"]
+
+
+async def test_an_answer_cut_off_mid_stream_finishes_its_preview_when_the_model_is_back(
+    tmp_path: Path,
+) -> None:
+    """The stream broke after its first words (shown in a preview), so the turn waited for the model and
+    was tried again: the new try posted a second preview, and the first stayed in the chat, half an
+    answer above the whole one. The answer goes into the preview its earlier try left."""
+    async with discord_world(
+        tmp_path,
+        discord_settings={"streaming": True, "stream_edit_interval": 0.2},
+        llm_settings={"max_retries": 0},
+        dispatcher={"model_retry_first": 0.05, "model_retry_max": 0.1},
+    ) as w:
+        w.llm.script(FakeReply(text="The answer is forty-two, as it always was.", stream_error_after=1))
+        await w.discord.user_message(channel_id=w.dm, author=w.alice, content="hello?")
+        await w.discord.wait_until(lambda: "echo: hello?" in w.discord.bot_texts(w.dm))
+        await asyncio.sleep(0.2)  # settle: a preview or answer posted late would show now
+        # The preview (posted before the notice) became the answer: nothing else, and nothing twice.
+        assert w.discord.bot_texts(w.dm) == ["echo: hello?", MODEL_NOTICE]
 
 
 async def test_a_table_in_an_answer_arrives_as_aligned_columns(tmp_path: Path) -> None:
