@@ -221,6 +221,8 @@ def _tools(settings: Settings, memory: MemoryService, web_http: httpx.AsyncClien
         # In chat scope the workspace MEMORY.md is the operator's: the files tool may not write it.
         long_term=None if memory.chat_scope else memory.longterm,
         private_memory=memory.chat_scope,
+        # Tokens and allowlists: no tool reads or edits them, wherever in the workspace they are.
+        operator_files=(settings.config_file, settings.models_file, settings.env_file),
     )
     check_tool_names(settings.tools, {t.name for t in tools} | {MemoryTool.name})
     if settings.memory.enabled:

@@ -345,6 +345,18 @@ class Settings(BaseSettings):
         return self.workspace / "state"
 
     @property
+    def config_file(self) -> Path | None:
+        """The TOML file these settings were read from, if any (``load_settings``)."""
+        toml = self.model_config.get("toml_file")
+        return Path(toml) if isinstance(toml, str | Path) else None
+
+    @property
+    def env_file(self) -> Path | None:
+        """The ``.env`` file these settings were read from, if any (``load_settings``)."""
+        env = self.model_config.get("env_file")
+        return Path(env) if isinstance(env, str | Path) else None
+
+    @property
     def secrets(self) -> list[str]:
         """The values no log, ``/healthz`` or CLI line may show: every token and key that is set."""
         values = [

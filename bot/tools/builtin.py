@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import httpx
 from bot.config import ToolSettings
 from bot.tools.base import Tool
 from bot.tools.clock import TimeTool
+from bot.tools.confine import inside
 from bot.tools.files import DEFAULT_PROTECTED, FilesTool, LongTermFile
 from bot.tools.shell import ShellTool
 from bot.tools.web_fetch import WebFetchTool
@@ -23,6 +25,7 @@ def builtin_tools(
     http: httpx.AsyncClient,
     long_term: LongTermFile[Any] | None = None,
     private_memory: bool = False,
+    operator_files: Iterable[Path | None] = (),
 ) -> list[Tool]:
     """Every built-in tool; :class:`ToolRegistry` then keeps the enabled ones per channel.
 
@@ -31,8 +34,11 @@ def builtin_tools(
     added by the app).
     ``private_memory`` (``memory.scope = "chat"``) closes ``memory/`` to ``files`` altogether, since it
     holds every chat's notes and the model must see only its own chat's, through the prompt.
+    ``operator_files``: the configuration files (TOML, ``models_file``, ``.env``); those kept in the
+    workspace are closed to ``files`` and ``shell`` as the bot's state is (``confine.inside``).
     """
-    protected = (*DEFAULT_PROTECTED, "memory") if private_memory else DEFAULT_PROTECTED
+    operator = inside(workspace, operator_files)
+    protected = (*DEFAULT_PROTECTED, *(("memory",) if private_memory else ()), *operator)
     tools: list[Tool] = [
         FilesTool(
             workspace,

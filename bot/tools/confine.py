@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from pathlib import Path, PurePosixPath
 
 from bot.storage import DIR_MODE
@@ -63,6 +63,18 @@ def relative_path(raw: str) -> PurePosixPath:
     if ".." in path.parts:
         raise ToolError(f"'..' is not allowed in paths ({raw!r}); stay inside the workspace")
     return path
+
+
+def inside(root: Path, files: Iterable[Path | None]) -> list[str]:
+    """Those of ``files`` that lie in ``root``, relative to it: the operator's configuration kept in the
+    workspace (the TOML file, ``models_file``, ``.env``), which holds the tokens and the allowlists and
+    so is the bot's to read, never a tool's."""
+    real = root.resolve()
+    found: list[str] = []
+    for file in files:
+        if file is not None and (path := file.expanduser().resolve()).is_relative_to(real) and path != real:
+            found.append(path.relative_to(real).as_posix())
+    return found
 
 
 def bot_owned_name(name: str) -> bool:

@@ -100,3 +100,31 @@ async def test_everything_a_real_bot_keeps_at_the_root_is_out_of_the_files_tools
                 assert "belongs to the bot" in str(exc), (name, action, str(exc))
             else:
                 raise AssertionError(f"files {action} {name} was allowed")
+
+
+async def test_a_config_file_kept_in_the_workspace_is_out_of_the_tools_reach(tmp_path: Path) -> None:
+    """An operator may keep membot.toml (tokens, allowlists) in a folder of the workspace: the files tool
+    read it back to the model, and could edit its allowlist."""
+    workspace = tmp_path / "ws"
+    config = workspace / "conf" / "membot.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('[telegram]\nallowed_users = ["42"]\n')
+    edit = '[telegram]\nallowed_users = ["42", "666"]\n'
+    async with FakeLLMServer() as llm:
+        llm.script(
+            FakeReply(tool_calls=[("files", {"action": "read", "path": "conf/membot.toml"})]),
+            FakeReply(tool_calls=[("files", {"action": "write", "path": "Conf/membot.toml", "content": edit})]),
+            FakeReply(tool_calls=[("files", {"action": "list", "path": "conf"})]),
+            FakeReply(text="all done"),
+        )
+        async with membot_chat(tmp_path, llm, MEMBOT_CONFIG=str(config)) as chat:
+            await chat.type("what is in conf/?")
+            await chat.wait_for("all done")
+            await chat.type("/exit")
+            await chat.exit_code()
+
+    read, write, listing = _tool_results(llm)
+    assert "belongs to the bot" in read and "allowed_users" not in read, read
+    assert "belongs to the bot" in write, write
+    assert "membot.toml" not in listing, listing
+    assert config.read_text() == '[telegram]\nallowed_users = ["42"]\n'
