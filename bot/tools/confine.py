@@ -49,6 +49,7 @@ BOT_STATE_PATHS = ("memory/archive", "memory/pending", "memory/items", "memory/v
 MEMORY_DIR = "memory"
 READ_ONLY = (MEMORY_DIR,)
 MEMORY_FILE = PurePosixPath("memory/MEMORY.md")
+MAX_PATH_CHARS = 1024  # well inside PATH_MAX (4,096 bytes) with the workspace's own path in front
 _SET_ASIDE = re.compile(r"\.(damaged|corrupt)-[^/]*$", re.IGNORECASE)
 
 
@@ -62,6 +63,12 @@ def relative_path(raw: str) -> PurePosixPath:
     path = PurePosixPath(text)
     if ".." in path.parts:
         raise ToolError(f"'..' is not allowed in paths ({raw!r}); stay inside the workspace")
+    if len(text) > MAX_PATH_CHARS or any(len(p.encode("utf-8", "surrogatepass")) > 255 for p in path.parts):
+        # The filesystem's own limits (255 bytes a name, 4,096 a path), said plainly instead of an OSError.
+        raise ToolError(
+            f"the path is too long ({len(text)} characters); use names of at most 255 bytes and paths of at "
+            f"most {MAX_PATH_CHARS} characters"
+        )
     return path
 
 

@@ -113,7 +113,9 @@ async def test_a_config_file_kept_in_the_workspace_is_out_of_the_tools_reach(tmp
     async with FakeLLMServer() as llm:
         llm.script(
             FakeReply(tool_calls=[("files", {"action": "read", "path": "conf/membot.toml"})]),
-            FakeReply(tool_calls=[("files", {"action": "write", "path": "Conf/membot.toml", "content": edit})]),
+            FakeReply(
+                tool_calls=[("files", {"action": "write", "path": "Conf/membot.toml", "content": edit})]
+            ),
             FakeReply(tool_calls=[("files", {"action": "list", "path": "conf"})]),
             FakeReply(text="all done"),
         )

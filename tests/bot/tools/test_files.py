@@ -127,6 +127,8 @@ async def test_write_read_append_list_search(workspace: Path) -> None:
         ("notes/\x00x", "NUL"),
         ("sessions/cli:alice.json", "internal state"),
         ("state/telegram_updates.json", "internal state"),  # other chats' messages, waiting to be handed on
+        ("a" * 3000, "the path is too long"),  # the tool failed with an OSError ("File name too long")
+        ("notes/" + "é" * 200 + ".md", "the path is too long"),  # a 400-byte name: ENAMETOOLONG too
     ],
 )
 async def test_paths_leading_out_are_refused(workspace: Path, path: str, reason: str) -> None:
