@@ -42,7 +42,7 @@ from bot.session_service import SessionService
 from bot.sessions import JsonSessionStore
 from bot.startup import check_llm_configured, own_workspace, recover_memory
 from bot.tokens import TokenCounter
-from bot.tools import ToolJournal, ToolRegistry, builtin_tools, check_tool_names
+from bot.tools import ToolJournal, ToolRegistry, builtin_tools, check_tool_names, inside_workspace
 from bot.usage import UsageLedger
 from channels import Channel
 from pipeline import (
@@ -117,7 +117,10 @@ async def build_core(
         window = _window(settings, catalog)
         memory = await _memory(settings, model, counter, embedder, http, metrics, window)
         stack.push_async_callback(memory.close)  # runs after dispatcher.close, pushed below
-        registry = _tools(settings, memory, web_http)
+        # Tokens and allowlists: no tool reads or edits them, wherever in the workspace they are kept.
+        config = (settings.config_file, settings.models_file, settings.env_file)
+        operator_files = await asyncio.to_thread(inside_workspace, settings.workspace, config)
+        registry = _tools(settings, memory, web_http, operator_files)
         budget = _context_budget(settings, catalog, model, counter, memory, registry, metrics, window)
         # The client reports every model call to the ledger; an injected model does not.
         pipeline = _pipeline(
@@ -212,7 +215,9 @@ def _window(settings: Settings, catalog: ModelCatalog) -> int:
     )
 
 
-def _tools(settings: Settings, memory: MemoryService, web_http: httpx.AsyncClient) -> ToolRegistry:
+def _tools(
+    settings: Settings, memory: MemoryService, web_http: httpx.AsyncClient, operator_files: list[str]
+) -> ToolRegistry:
     tools = builtin_tools(
         settings.tools,
         workspace=settings.workspace,
@@ -221,8 +226,7 @@ def _tools(settings: Settings, memory: MemoryService, web_http: httpx.AsyncClien
         # In chat scope the workspace MEMORY.md is the operator's: the files tool may not write it.
         long_term=None if memory.chat_scope else memory.longterm,
         private_memory=memory.chat_scope,
-        # Tokens and allowlists: no tool reads or edits them, wherever in the workspace they are.
-        operator_files=(settings.config_file, settings.models_file, settings.env_file),
+        operator_files=operator_files,
     )
     check_tool_names(settings.tools, {t.name for t in tools} | {MemoryTool.name})
     if settings.memory.enabled:

@@ -2,6 +2,7 @@
 
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry, check_tool_names, untrusted
 from bot.tools.builtin import builtin_tools
+from bot.tools.confine import inside_workspace
 from bot.tools.journal import CallKey, ToolJournal
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
     "ToolRegistry",
     "builtin_tools",
     "check_tool_names",
+    "inside_workspace",
     "untrusted",
 ]

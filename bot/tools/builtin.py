@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +11,6 @@ import httpx
 from bot.config import ToolSettings
 from bot.tools.base import Tool
 from bot.tools.clock import TimeTool
-from bot.tools.confine import inside
 from bot.tools.files import DEFAULT_PROTECTED, FilesTool, LongTermFile
 from bot.tools.shell import ShellTool
 from bot.tools.web_fetch import WebFetchTool
@@ -25,7 +24,7 @@ def builtin_tools(
     http: httpx.AsyncClient,
     long_term: LongTermFile[Any] | None = None,
     private_memory: bool = False,
-    operator_files: Iterable[Path | None] = (),
+    operator_files: Collection[str] = (),
 ) -> list[Tool]:
     """Every built-in tool; :class:`ToolRegistry` then keeps the enabled ones per channel.
 
@@ -34,11 +33,10 @@ def builtin_tools(
     added by the app).
     ``private_memory`` (``memory.scope = "chat"``) closes ``memory/`` to ``files`` altogether, since it
     holds every chat's notes and the model must see only its own chat's, through the prompt.
-    ``operator_files``: the configuration files (TOML, ``models_file``, ``.env``); those kept in the
-    workspace are closed to ``files`` and ``shell`` as the bot's state is (``confine.inside``).
+    ``operator_files``: the configuration files kept in the workspace, relative to it
+    (:func:`~bot.tools.confine.inside_workspace`), closed to ``files`` and ``shell`` as the bot's state is.
     """
-    operator = inside(workspace, operator_files)
-    protected = (*DEFAULT_PROTECTED, *(("memory",) if private_memory else ()), *operator)
+    protected = (*DEFAULT_PROTECTED, *(("memory",) if private_memory else ()), *operator_files)
     tools: list[Tool] = [
         FilesTool(
             workspace,

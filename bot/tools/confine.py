@@ -72,10 +72,10 @@ def relative_path(raw: str) -> PurePosixPath:
     return path
 
 
-def inside(root: Path, files: Iterable[Path | None]) -> list[str]:
+def inside_workspace(root: Path, files: Iterable[Path | None]) -> list[str]:
     """Those of ``files`` that lie in ``root``, relative to it: the operator's configuration kept in the
     workspace (the TOML file, ``models_file``, ``.env``), which holds the tokens and the allowlists and
-    so is the bot's to read, never a tool's."""
+    so is the bot's to read, never a tool's. Blocking (it resolves links): call it off the loop."""
     real = root.resolve()
     found: list[str] = []
     for file in files:
