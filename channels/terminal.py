@@ -22,6 +22,7 @@ import structlog
 from bot.domain import InboundMessage, OutboundMessage
 from bot.printable import printable
 from channels.base import Channel, InboundSink, PartialSink
+from channels.outage import StorageOutage, is_storage_error
 
 log = structlog.get_logger(__name__)
 
@@ -31,6 +32,13 @@ _SHOWN_CHARS = 200  # of each unanswered message shown at start (its first line)
 # apart, a few ms when the terminal writes a long paste in pieces), while a person needs well over 100 ms
 # to type a line and press Enter again: a line that follows within this window belongs to the same paste.
 _PASTE_WINDOW = 0.05  # seconds
+
+# Told once per message the inbox cannot store yet (a full disk): the line is held in this process only.
+STORAGE_NOTICE = (
+    "⚠️ I can't save your message right now (the server's disk refuses writes). I'll keep trying and "
+    "answer it once it is saved; if you quit before that, it is lost."
+)
+FAILED_NOTICE = "⚠️ Sorry, I couldn't take that message in (the details are in the log). Please send it again."
 
 
 class TerminalChannel(Channel):
@@ -77,6 +85,7 @@ class TerminalChannel(Channel):
         self._streamed = ""
         self._interrupted = False  # a reply was printed below the streaming answer (see send)
         self._waiting = 0
+        self._outage = StorageOutage("taking terminal messages in")
 
     @property
     def chat_id(self) -> str:
@@ -149,10 +158,34 @@ class TerminalChannel(Channel):
             # An id of its own, as a platform gives one: a turn killed after its tools ran is answered
             # again at the next start, and finds what they did by it (bot/tools/journal.py).
             message_id = uuid.uuid4().hex
-            await self.handle_inbound(
+            await self._hand_over(
                 InboundMessage(self.name, self._user, self._user, text, message_id=message_id)
             )
         self._closed.set()
+
+    async def _hand_over(self, message: InboundMessage) -> None:
+        """Hand a typed message to the dispatcher, again and again while storage refuses it (a full disk,
+        a read-only workspace), the user told once: no platform sends a typed line again, so it is held
+        here until the inbox has it. Any other failure costs that message only, said on the screen: the
+        terminal keeps reading (its read loop ended with the error, and nothing typed later was read)."""
+        tries = 0
+        while True:
+            try:
+                await self.handle_inbound(message)
+            except Exception as exc:
+                if not is_storage_error(exc):
+                    log.exception("terminal_message_failed")
+                    self._waiting = max(0, self._waiting - 1)
+                    self.notice(FAILED_NOTICE)
+                    return
+                tries += 1
+                self._outage.failed(exc)
+                if tries == 1:
+                    self.notice(STORAGE_NOTICE)
+                await asyncio.sleep(self._outage.delay(tries))
+                continue
+            self._outage.recovered()
+            return
 
     async def _read_message(self) -> bytes:
         """The next line, with the lines that follow it within the paste window (a paste); b"" at the

@@ -13,6 +13,7 @@ from bot.app import build_core
 from bot.config import Settings, load_settings
 from bot.domain import InboundMessage, OutboundMessage
 from channels.terminal import TerminalChannel
+from tests.channels.telegram.kit import break_folder
 from tests.fakes.llm_server import FakeLLMServer
 
 
@@ -144,3 +145,38 @@ async def test_a_command_reply_between_a_streamed_answer_and_its_end_does_not_pr
     assert screen.getvalue() == (
         "\rmembot › the whole answer\nmembot › Uptime: 0s\nyou › membot › next\nyou › "
     )
+
+
+def user_turns(llm: FakeLLMServer) -> list[str]:
+    """The last user message of each request the model got: one per turn that asked it."""
+    return [[m["content"] for m in r.body["messages"] if m["role"] == "user"][-1] for r in llm.requests]
+
+
+async def test_a_line_typed_while_the_disk_refuses_it_is_kept_and_answered_once_storage_returns(
+    tmp_path: Path,
+) -> None:
+    """The terminal has no platform to send a line again: one the inbox could not store is held and
+    handed over again until it can be, the user told once meanwhile, and the terminal keeps reading
+    (its read loop died with the write's error: the line was lost, and nothing typed after it was read)."""
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm:
+        settings = await settings_for(workspace, llm)
+        reader, screen = asyncio.StreamReader(), Screen()
+        async with build_core(settings) as core:
+            channel = TerminalChannel(core.dispatcher.submit, user="alice", reader=reader, writer=screen)
+            core.dispatcher.attach(channel)
+            await channel.start()
+            reader.feed_data(b"before the outage\n")
+            await screen.wait_for("echo: before the outage")
+            repair = break_folder(workspace / "inbox")  # every inbox write fails, as on a full disk
+            reader.feed_data(b"typed on a full disk\n")
+            await screen.wait_for("I can't save your message right now")
+            repair()
+            await screen.wait_for("echo: typed on a full disk")
+            reader.feed_data(b"typed after it\n")
+            await screen.wait_for("echo: typed after it")
+            reader.feed_eof()
+            await channel.wait_closed()
+            await channel.stop()
+    assert screen.getvalue().count("I can't save your message right now") == 1  # told once, not per try
+    assert user_turns(llm) == ["before the outage", "typed on a full disk", "typed after it"]
