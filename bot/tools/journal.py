@@ -85,7 +85,14 @@ class ToolJournal:
     def _keep(self, session_id: str, turn_key: str, call: CallKey, result: str) -> None:
         path = self._path(session_id)
         name, arguments, n = call
-        lines: list[dict[str, str | int]] = [] if path.exists() else [{"turn": turn_key}]
+        # Named in its first line: a file left empty by a first append that failed (a full disk) is named
+        # too, or every later record of the turn would go in unnamed and a rerun would take them for an
+        # earlier turn's (and run the calls again).
+        try:
+            named = path.stat().st_size > 0
+        except FileNotFoundError:
+            named = False
+        lines: list[dict[str, str | int]] = [] if named else [{"turn": turn_key}]
         lines.append({"name": name, "arguments": arguments, "n": n, "result": result})
         data = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
         append_bytes(path, data.encode("utf-8"), whole_lines=True)
