@@ -51,6 +51,12 @@ STORAGE_NOTICE = (
 )
 
 
+STOP_STORAGE_NOTICE = (
+    "⚠️ Stopped, but I can't save that in our conversation right now (a problem on the server). "
+    "I'll do it as soon as I can — nothing is lost."
+)
+
+
 def crash_notice(exc: Exception) -> str:
     """What the chat is told when its turn failed outside the pipeline (its session could not be read,
     say): the messages stay pending in the inbox, and the next start answers them."""
@@ -296,7 +302,20 @@ class Turns:
     async def _stopped(self, sid: str, lane: Lane, request: Stop) -> None:
         """/stop's bookkeeping, in the worker under the lane's lock: the stopped and the kept messages go
         into the history unanswered (those not there yet: a turn stopped before it stored its batch, or
-        a /new that cleared them, left them out), and their inbox entries need no answer any more."""
+        a /new that cleared them, left them out), and their inbox entries need no answer any more.
+
+        A write the disk refuses is written again until it goes through, as a turn's save is (the chat
+        told once): given up, the messages stayed pending and the next start answered what was stopped.
+        """
+        stopped_or_kept = request.stopped + request.kept
+        told = not stopped_or_kept  # (a /stop with nothing to keep has no message to answer)
+
+        async def tell() -> None:
+            nonlocal told
+            if not told:
+                told = True
+                await self._delivery.send(stopped_or_kept[0].message, STOP_STORAGE_NOTICE, error=True)
+
         try:
             async with self._sessions.lease(lane.channel, lane.chat_id) as session:
                 held = intake.entries_in(session.messages)
@@ -306,10 +325,14 @@ class Turns:
                 for queued in missing:
                     intake.add_message(session, queued.message, queued.entries, keep=self._noted)
                 if missing or request.kept:
-                    await self._sessions.save(session)
+                    await self._delivery.persist(
+                        "stop_save", lambda: self._sessions.save(session), notice=tell
+                    )
                 if self._inbox is not None:  # the user asked: these need no answer any more
-                    entries = {e for q in request.stopped + request.kept for e in q.entries}
-                    await self._inbox.finish(sid, entries)
+                    inbox, entries = self._inbox, {e for q in stopped_or_kept for e in q.entries}
+                    await self._delivery.persist(
+                        "inbox_done_mark", lambda: inbox.finish(sid, entries), notice=tell
+                    )
         except BaseException as exc:
             request.done.set_exception(exc)
             request.done.exception()  # retrieved: /stop may be gone (a shutdown)

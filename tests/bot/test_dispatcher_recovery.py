@@ -29,6 +29,7 @@ from bot.sessions import JsonSessionStore
 from channels.base import InboundSink
 from pipeline import Pipeline
 from tests.bot.test_dispatcher import ModelSystem
+from tests.channels.telegram.kit import break_folder
 from tests.recording import RecordingChannel
 
 
@@ -766,3 +767,35 @@ async def test_each_part_of_a_joined_message_is_known_and_one_new_part_is_not_dr
     await channel2.wait_for(1)
     assert model.seen == ["part one\npart two"]
     assert model2.seen == ["part one\npart two\npart three"]
+
+
+async def test_a_stop_on_a_full_disk_is_done_once_storage_returns_and_the_chat_is_told(
+    tmp_path: Path,
+) -> None:
+    """A /stop whose bookkeeping the disk refused was answered "/stop failed" though the turn had
+    stopped, and left the stopped and the kept message pending: the next start answered what the user
+    had stopped, after what they sent later."""
+    model = ModelSystem()
+    dispatcher, channel, _ = await started(tmp_path, model)
+    await dispatcher.submit(msg("first"))
+    await channel.wait_for(1)
+    model.gate, model.started = asyncio.Event(), asyncio.Event()
+    await dispatcher.submit(msg("hang"))
+    await model.started.wait()
+    await dispatcher.submit(msg("queued"))
+    repairs = [break_folder(tmp_path / "sessions"), break_folder(tmp_path / "inbox")]  # a full disk
+    stop = asyncio.create_task(dispatcher.submit(msg("/stop")))
+    notice = (await channel.wait_for(2))[1]
+    assert "can't save" in notice.text and notice.aside
+    for repair in repairs:
+        repair()
+    await stop
+    reply = channel.sent[2]
+    assert reply.text.startswith("⏹ Stopped. 1 queued message kept in the history")
+    await settled(tmp_path)  # nothing pending: no start answers what the user stopped
+    model.gate.set()
+    await dispatcher.close(grace=1)
+    stored = await JsonSessionStore(tmp_path / "sessions").load("test:c1")
+    assert stored is not None
+    assert [m.content for m in stored.messages] == ["first", "answer to first", "hang", "queued"]
+    assert model.seen == ["first"] and len(channel.sent) == 3
