@@ -117,7 +117,8 @@ class GroupWriter:
         except Exception as exc:  # (not a file's own failure: nothing is known to be durable)
             new, failed = set(), dict.fromkeys(files, exc)
         written = files.keys() - failed.keys()
-        self._unsynced.difference_update(synced)
+        # A failed append fsynced nothing: what was written unsynced before it still waits for a sync.
+        self._unsynced.difference_update(synced & written)
         self._unsynced.update(written - synced)
         self._new.update(new)
         for path, _, future, _ in group:

@@ -148,3 +148,21 @@ async def test_an_append_that_fails_after_an_editor_saved_in_place_leaves_the_ed
         await GroupWriter().append(note, b"[09:05] User: what's up | Assistant: not much\n")
 
     assert note.read_text() == edited
+
+
+async def test_a_synced_append_the_disk_refused_leaves_the_unsynced_lines_before_it_to_sync(
+    tmp_path: Path, fsynced: list[Path], full_disk_for: set[str]
+) -> None:
+    """A synced append that failed fsynced nothing, yet the lines written unsynced before it counted as
+    fsynced: ``sync`` passed them over, and the memory write path moved its power-cut marker past them."""
+    writer, path = GroupWriter(), tmp_path / "log.jsonl"
+    path.write_bytes(b"0\n")  # an existing file
+    await writer.append(path, b"a\n", sync=False)
+    full_disk_for.add("log.jsonl")
+    with pytest.raises(OSError, match="No space left"):
+        await writer.append(path, b"b\n" * 50)
+    assert writer.unsynced and fsynced == []
+    full_disk_for.clear()
+    await writer.sync()
+    assert fsynced == [path] and not writer.unsynced
+    assert path.read_bytes() == b"0\na\n"
