@@ -60,6 +60,7 @@ class ItemStore:
         self._merges: dict[tuple[Layer, str, str], str] = {}  # what a repeat merges into (_merge_key)
         self._lines: dict[Path, int] = defaultdict(int)
         self._damaged: set[Path] = set()  # logs holding lines the load could not read (kept aside)
+        self._unwritten: dict[str, Path] = {}  # items whose newest version a failed append left out
         self._touched: set[str] = set()  # ids whose last use is newer in memory than on disk
         self._listeners: list[ChangeListener] = []
         self._writer = GroupWriter("memory-writer")
@@ -107,8 +108,10 @@ class ItemStore:
         """Write the snapshot of the live items (after every queued line is on disk); best effort.
 
         Not while a log holds damaged lines: the next load would read only past them, and the running
-        bot, which rewrites such a log at its start, would never learn of them."""
-        if self._damaged:
+        bot, which rewrites such a log at its start, would never learn of them. Nor while an item's newest
+        version is in memory only (its append failed): the next start would take it as stored, and not
+        record its message again."""
+        if self._damaged or self._unwritten:
             return False
         items = list(self._items.values())
         lines = dict(self._lines)
@@ -248,14 +251,31 @@ class ItemStore:
 
     def _submit(self, items: list[MemoryItem], *, sync: bool = True) -> list[asyncio.Future[None]]:
         """Queue the items' lines now, in the order of the changes; the futures of their writes."""
-        groups: dict[Path, list[str]] = defaultdict(list)
+        groups: dict[Path, list[MemoryItem]] = defaultdict(list)
         for item in items:
-            groups[self.path_for(item)].append(item_logs.line_of(item))
+            groups[self.path_for(item)].append(item)
         writes = []
-        for path, lines in groups.items():
-            self._lines[path] += len(lines)
-            writes.append(self._writer.submit(path, ("\n".join(lines) + "\n").encode("utf-8"), sync=sync))
+        for path, group in groups.items():
+            self._lines[path] += len(group)
+            payload = "".join(item_logs.line_of(item) + "\n" for item in group).encode("utf-8")
+            write = self._writer.submit(path, payload, sync=sync)
+            write.add_done_callback(functools.partial(self._written, path, [item.id for item in group]))
+            writes.append(write)
         return writes
+
+    def _written(self, path: Path, ids: list[str], write: asyncio.Future[None]) -> None:
+        """Keep account of an append: a failed one (a full disk) left none of its lines in the log
+        (``append_bytes``), and the versions it held are in memory only until an append or a rewrite of
+        their log stores them. Counted as the log's, those lines made it look appended to by another
+        process until a restart: no snapshot was saved and the log was never compacted."""
+        if write.cancelled():  # (its caller was: the write went on, its outcome unknown here)
+            return
+        if write.exception() is None:
+            for item_id in ids:
+                self._unwritten.pop(item_id, None)
+            return
+        self._lines[path] -= len(ids)
+        self._unwritten.update(dict.fromkeys(ids, path))
 
     async def drain(self) -> None:
         """Wait until every change made so far is on disk."""
@@ -397,6 +417,8 @@ class ItemStore:
             elif result:
                 self._lines[path] += kept_count - lines  # lines queued meanwhile stay
                 self._damaged.discard(path)
+                # Rewritten from memory: the versions a failed append left out are in it now.
+                self._unwritten = {i: p for i, p in self._unwritten.items() if p != path}
                 rewritten += 1
             else:
                 log.warning("memory_items_changed_elsewhere", file=path.name)

@@ -88,3 +88,28 @@ async def test_a_note_line_whose_append_failed_is_written_by_the_next_turn_once(
     text = note.read_text()
     assert text.count("Hanna lives in Porto") == 1 and text.count("What is the weather like?") == 1
     assert stored and [i.id for i in memory.items.items(Layer.EPISODIC) if "Hanna" in i.content] == stored
+
+
+async def test_items_the_full_disk_refused_are_not_counted_as_lines_of_their_log(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store counted the lines of a failed append as in the log: until a restart, every snapshot was
+    refused (its log held "other lines than the store counted") and the log was never compacted."""
+    disk = FullDisk(monkeypatch, "/memory/items/")
+    memory = await make_memory(tmp_path, clock)
+    disk.full = True
+    with pytest.raises(OSError, match="No space"):
+        await memory.record_exchanges(
+            [exchange(clock, "My sister Hanna lives in Porto.", "Noted.")], sync=False
+        )
+    disk.full = False  # space is back
+
+    clock.advance(minutes=5)
+    await memory.record_exchanges([exchange(clock, "What is the weather like?", "Sunny.")], sync=False)
+    assert await memory.items.save_snapshot()
+    await memory.close()
+    assert (tmp_path / "memory" / "items" / "snapshot.bin").exists()
+    again = await make_memory(tmp_path, clock)  # a restart, from the snapshot and the logs' tails
+    contents = [i.content for i in again.items.items(Layer.EPISODIC)]
+    assert any("Hanna lives in Porto" in c for c in contents) and any("weather" in c for c in contents)
+    await again.close()
