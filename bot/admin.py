@@ -4,14 +4,17 @@ It runs on aiohttp's ``AppRunner`` + ``TCPSite`` (not ``web.run_app``, which wou
 itself), bound to ``admin.host`` — 127.0.0.1 by default, because metrics name models and channels and
 nothing here is authenticated. Put a reverse proxy in front if it must be reached from elsewhere.
 
-``/healthz`` answers **200 only when every channel is ``running``**. Any channel that is ``degraded``,
-``failed``, ``starting`` or ``stopped`` makes it **503**: the process is not fully doing its job, and an
-orchestrator or an operator should look. The LLM's reachability (from the last real call; no probe is
-made, so a health check costs nothing) is reported in the body but does not change the status code:
-restarting membot cannot fix a provider outage, and a restart loop would only drop running turns.
-Nor do ``kept_answers`` (answers a platform refused, kept in the inbox per chat: a user blocked the
-bot, a channel is gone; ``reply_refused`` in the log says why): an operator acts on them, a restart
-does not.
+``/healthz`` answers **200 only when every channel is ``running``** and storage takes every write.
+Any channel that is ``degraded``, ``failed``, ``starting`` or ``stopped`` makes it **503**: the process is
+not fully doing its job, and an orchestrator or an operator should look. So does a write that storage
+refuses (a full disk, a read-only workspace), listed under ``storage``: a channel that cannot store
+what it takes in (it takes nothing in meanwhile), or a chat held at its save or done mark; it clears
+by itself once the write goes through, as a platform out of reach does. The LLM's reachability (from
+the last real call; no probe is made, so a health check costs nothing) is reported in the body but does
+not change the status code: restarting membot cannot fix a provider outage, and a restart loop would
+only drop running turns. Nor do ``kept_answers`` (answers a platform refused, kept in the inbox per
+chat: a user blocked the bot, a channel is gone; ``reply_refused`` in the log says why): an operator
+acts on them, a restart does not.
 
     async with AdminServer(settings.admin, metrics, channels=runner.channel_health, llm_stats=stats):
         ...  # serving until the block ends
@@ -40,6 +43,7 @@ log = structlog.get_logger(__name__)
 ChannelsSource = Callable[[], Mapping[str, ChannelHealth]]
 StatsSource = Callable[[], LLMStats | None]
 KeptSource = Callable[[], Mapping[str, int]]  # session id -> answers kept aside, undelivered
+StorageSource = Callable[[], Mapping[str, str]]  # writes held up by storage (what for -> error)
 
 
 def health_report(
@@ -48,12 +52,18 @@ def health_report(
     *,
     uptime: float,
     kept: Mapping[str, int] | None = None,
+    storage: Mapping[str, str] | None = None,
     redact: Callable[[str], str] = redact_shapes,
 ) -> tuple[int, dict[str, Any]]:
-    """The /healthz status code and body (see the module doc for when it is 503). Error texts pass
-    through ``redact`` (the log's: the configured secrets and credential shapes): a Bot API front that
-    echoes the request path in its error page puts the bot token in a channel's error."""
-    healthy = bool(channels) and all(h.state == "running" for h in channels.values())
+    """The /healthz status code and body (see the module doc for when it is 503). ``storage``: the
+    writes the core waits to make (the dispatcher's); the channels' own are in their health. Error
+    texts pass through ``redact`` (the log's: the configured secrets and credential shapes): a Bot API
+    front that echoes the request path in its error page puts the bot token in a channel's error."""
+    failing = {
+        f"{name}: {what}": error for name, h in channels.items() for what, error in h.storage_errors.items()
+    }
+    failing.update(storage or {})
+    healthy = bool(channels) and all(h.state == "running" for h in channels.values()) and not failing
     body: dict[str, Any] = {
         "status": "ok" if healthy else "unhealthy",
         "uptime_seconds": round(uptime, 1),
@@ -69,6 +79,10 @@ def health_report(
         },
         "llm": _llm_report(llm, redact),
         "kept_answers": {"total": sum((kept or {}).values()), "chats": dict(sorted((kept or {}).items()))},
+        "storage": {
+            "ok": not failing,
+            "failing": {what: redact(error) for what, error in sorted(failing.items())},
+        },
     }
     return (200 if healthy else 503), body
 
@@ -99,6 +113,7 @@ class AdminServer:
         channels: ChannelsSource,
         llm_stats: StatsSource,
         kept_answers: KeptSource = dict,
+        storage: StorageSource = dict,
         clock: Callable[[], float] = time.monotonic,
         redact: Callable[[str], str] = redact_shapes,
     ) -> None:
@@ -107,6 +122,7 @@ class AdminServer:
         self._channels = channels
         self._llm_stats = llm_stats
         self._kept_answers = kept_answers
+        self._storage = storage
         self._clock = clock
         self._redact = redact  # the log's redaction: what /healthz shows of errors passes through it
         self._started = clock()
@@ -151,6 +167,7 @@ class AdminServer:
             self._llm_stats(),
             uptime=self._clock() - self._started,
             kept=self._kept_answers(),
+            storage=self._storage(),
             redact=self._redact,
         )
         return web.Response(

@@ -28,7 +28,9 @@ ChannelState = Literal["stopped", "starting", "running", "degraded", "failed"]
 
 @dataclass(slots=True)
 class ChannelHealth:
-    """What /healthz and /status report about a channel."""
+    """What /healthz and /status report about a channel. ``storage_errors``: the writes the channel
+    cannot make now (a full disk, a read-only workspace), by what they are for, each with its error;
+    it takes no message in meanwhile (they wait on the platform, or in its retries)."""
 
     state: ChannelState = "stopped"
     last_inbound: datetime | None = None
@@ -36,6 +38,7 @@ class ChannelHealth:
     sent: int = 0
     send_failures: int = 0
     extra: dict[str, str] = field(default_factory=dict)
+    storage_errors: dict[str, str] = field(default_factory=dict)
 
 
 class ChannelPort(Protocol):

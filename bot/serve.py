@@ -77,6 +77,7 @@ async def serve_ops(
         channels=runner.channel_health,
         llm_stats=lambda: stats,
         kept_answers=core.inbox.kept_counts,
+        storage=core.dispatcher.storage_waits,
         redact=redactor.redact,
     )
     return await core.edge.enter_async_context(admin)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import structlog
 
 from bot.errors import StorageError
+from bot.ports import ChannelHealth
 from bot.retry import Backoff
 
 log = structlog.get_logger(__name__)
@@ -35,7 +36,11 @@ def is_storage_error(exc: BaseException) -> bool:
 
 
 class StorageOutage:
-    """Tracks one kind of storage write (``what``) through failures; see the module doc."""
+    """Tracks one kind of storage write (``what``) through failures; see the module doc.
+
+    ``health``: the channel's, for a write without which it takes no message in: while the outage
+    lasts it is listed in ``storage_errors`` (so /healthz answers 503, as for a platform out of reach).
+    """
 
     def __init__(
         self,
@@ -44,11 +49,13 @@ class StorageOutage:
         first_delay: float = 0.5,
         max_delay: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        health: ChannelHealth | None = None,
     ) -> None:
         self.what = what
         self._first = first_delay
         self._max = max_delay
         self._clock = clock
+        self._health = health
         self._since: float | None = None
         self._failures = 0
 
@@ -62,6 +69,9 @@ class StorageOutage:
 
     def failed(self, exc: BaseException) -> None:
         self._failures += 1
+        if self._health is not None:
+            where = getattr(exc, "filename", None)
+            self._health.storage_errors[self.what] = _describe(exc) + (f" ({where})" if where else "")
         if self._since is not None:
             log.debug("storage_still_unavailable", what=self.what, error=_describe(exc))
             return
@@ -76,6 +86,8 @@ class StorageOutage:
         )
 
     def recovered(self) -> None:
+        if self._health is not None:
+            self._health.storage_errors.pop(self.what, None)
         if self._since is None:
             return
         seconds = round(self._clock() - self._since, 3)

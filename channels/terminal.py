@@ -85,7 +85,7 @@ class TerminalChannel(Channel):
         self._streamed = ""
         self._interrupted = False  # a reply was printed below the streaming answer (see send)
         self._waiting = 0
-        self._outage = StorageOutage("taking terminal messages in")
+        self._outage = StorageOutage("taking terminal messages in", health=self.health)
 
     @property
     def chat_id(self) -> str:

@@ -63,6 +63,7 @@ class Delivery:
         self._retry = retry
         self._send_patience = send_patience
         self._closing = asyncio.Event()  # set at shutdown: resends stop waiting (the inbox keeps them)
+        self._waiting: dict[object, tuple[str, str]] = {}  # writes held up by storage: what, and why
 
     def begin_shutdown(self) -> None:
         self._closing.set()
@@ -184,15 +185,25 @@ class Delivery:
             return
         except (StorageError, OSError) as exc:
             log.error("storage_write_failed_retrying", what=what, error=str(exc))
-        if notice is not None:
-            await notice()
-        await asyncio.sleep(self._retry(0))
-        await retry(
-            write,
-            retry_if=lambda exc, _: isinstance(exc, StorageError | OSError),
-            wait=lambda _, tries: self._retry(tries),
-        )
+            token = object()
+            self._waiting[token] = (what, f"{type(exc).__name__}: {exc}")
+        try:
+            if notice is not None:
+                await notice()
+            await asyncio.sleep(self._retry(0))
+            await retry(
+                write,
+                retry_if=lambda exc, _: isinstance(exc, StorageError | OSError),
+                wait=lambda _, tries: self._retry(tries),
+            )
+        finally:
+            del self._waiting[token]
         log.info("storage_write_recovered", what=what)
+
+    def storage_waits(self) -> dict[str, str]:
+        """The writes that wait for storage now (:meth:`persist`), by what they are for, with the error
+        that stopped the first try: their chats are held until they go through (/healthz shows them)."""
+        return dict(self._waiting.values())
 
     async def send(self, to: InboundMessage, text: str, *, error: bool = False) -> None:
         """A command's reply or a notice: beside whatever turn the chat is running."""

@@ -305,6 +305,10 @@ class Dispatcher:
     def total_queued(self) -> int:
         return sum(queued_count(lane) for lane in self._lanes.values())
 
+    def storage_waits(self) -> dict[str, str]:
+        """The writes holding up a chat until storage takes them (a full disk), with their errors."""
+        return self._delivery.storage_waits()
+
     def running_turns(self) -> int:
         """Turns not finished yet, bookkeeping after the send included (the metrics gauge)."""
         return sum(1 for lane in self._lanes.values() if lane.turn is not None and not lane.turn.done())

@@ -111,7 +111,10 @@ class DiscordChannel(Channel):
         self._intake = ChatLocks()  # each chat's messages reach the dispatcher in order
         self._outbox = DiscordOutbox(settings, self.health, self._live_client, clock)
         self._outage = StorageOutage(
-            "taking Discord messages in", first_delay=storage_retry_delay, max_delay=storage_retry_max_delay
+            "taking Discord messages in",
+            first_delay=storage_retry_delay,
+            max_delay=storage_retry_max_delay,
+            health=self.health,
         )
         self._seen = SeenMarks(state_dir / SEEN_FILE)
         self._catch_up = CatchUp(

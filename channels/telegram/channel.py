@@ -128,8 +128,12 @@ class TelegramChannel(Channel):
             send=lambda chat, text: self._out.send_plain(chat, text),
             monotonic=monotonic,
         )
-        self._new_outage = functools.partial(
-            StorageOutage, first_delay=storage_retry_delay, max_delay=storage_retry_max_delay, clock=monotonic
+        self._new_outage = functools.partial(  # (each one keeps every message out while it lasts)
+            StorageOutage,
+            first_delay=storage_retry_delay,
+            max_delay=storage_retry_max_delay,
+            clock=monotonic,
+            health=self.health,
         )
         self._intake_outage = self._new_outage("taking Telegram messages in")
         self._new_joiner = functools.partial(

@@ -21,7 +21,10 @@ from bot.logging import SecretRedactor
 from bot.metrics import Metrics
 from channels.base import ChannelHealth
 from channels.terminal import TerminalChannel
+from tests.bot.membot_service import membot_run, telegram_env
+from tests.channels.telegram.kit import break_folder
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.fakes.telegram_server import FakeTelegramServer
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:
@@ -208,3 +211,83 @@ def test_healthz_shows_no_secret_of_the_configuration_in_any_error() -> None:
 
     assert token.split(":")[1] not in served and key not in served and "upstream failed" in served
     assert token.split(":")[1] not in by_shape
+
+
+async def test_healthz_tells_of_a_storage_outage_while_it_lasts(tmp_path: Path) -> None:
+    """/healthz answered 200 "ok" while a full disk kept every message out, or held a chat at its save."""
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm:
+        overrides = {
+            "workspace": workspace,
+            "llm": {"openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"}},
+        }
+        settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+        async with build_core(settings) as core:
+            reader, screen = asyncio.StreamReader(), Screen()
+            channel = TerminalChannel(core.dispatcher.submit, user="ops", reader=reader, writer=screen)
+            core.dispatcher.attach(channel)
+            admin = AdminServer(
+                AdminSettings(enabled=True, port=0),
+                Metrics(),
+                channels=lambda: {"cli": channel.health},
+                llm_stats=lambda: core.llm.stats,
+                storage=core.dispatcher.storage_waits,
+            )
+            async with admin, httpx.AsyncClient(base_url=f"http://127.0.0.1:{admin.port}") as http:
+                await channel.start()
+                repair = break_folder(workspace / "inbox")  # the message cannot be taken in
+                reader.feed_data(b"kept out\n")
+                await screen.wait_for("I can't save your message right now")
+                kept_out = await http.get("/healthz")
+                repair()
+                await screen.wait_for("echo: kept out")
+                taken = await http.get("/healthz")
+
+                repair = break_folder(workspace / "sessions")  # taken in, but its answer cannot be saved
+                reader.feed_data(b"held at its save\n")
+                await screen.wait_for("cannot save our conversation right now")
+                held = await http.get("/healthz")
+                repair()
+                await screen.wait_for("echo: held at its save")
+                async with asyncio.timeout(10):  # the text shows before the turn's done mark is written
+                    while core.dispatcher.running_turns():
+                        await asyncio.sleep(0.01)
+                saved = await http.get("/healthz")
+            await channel.stop()
+
+    assert kept_out.status_code == 503 and kept_out.json()["status"] == "unhealthy"
+    [(what, error)] = kept_out.json()["storage"]["failing"].items()
+    assert what == "cli: taking terminal messages in" and error.startswith("NotADirectoryError")
+    assert held.status_code == 503 and list(held.json()["storage"]["failing"]) == ["session_save"]
+    for recovered in (taken, saved):
+        assert recovered.status_code == 200 and recovered.json()["storage"] == {"ok": True, "failing": {}}
+
+
+async def test_healthz_of_membot_run_answers_503_while_a_full_disk_keeps_messages_out(tmp_path: Path) -> None:
+    """The real ``membot run`` with Telegram: while no update can be stored, /healthz says why (it said
+    "ok"); once storage is back the message is answered and /healthz is 200 again."""
+    workspace = tmp_path / "ws"
+    async with (
+        FakeLLMServer() as llm,
+        FakeTelegramServer() as tg,
+        membot_run(workspace, llm, admin=True, **telegram_env(tg)) as service,
+    ):
+        url = f"http://127.0.0.1:{service.admin_port}/healthz"
+        tg.push_message("first", chat_id=777, user_id=42)
+        await tg.wait_for_messages(1, timeout=30)
+        repairs = [break_folder(workspace / "state"), break_folder(workspace / "inbox")]
+        tg.push_message("written on a full disk", chat_id=777, user_id=42)
+        await service.wait_log("storage_unavailable")
+        async with httpx.AsyncClient() as http:
+            during = await http.get(url)
+            for repair in repairs:
+                repair()
+            await tg.wait_for_messages(2, timeout=30)
+            async with asyncio.timeout(30):  # every write that waited goes through by itself
+                while (after := await http.get(url)).status_code != 200:
+                    await asyncio.sleep(0.05)
+    assert during.status_code == 503
+    failing = during.json()["storage"]["failing"]  # (the first answer's done mark may wait too)
+    assert failing["telegram: the Telegram update journal"].startswith("NotADirectoryError")
+    assert [m.text for m in tg.sent_to(777)] == ["echo: first", "echo: written on a full disk"]
+    assert after.status_code == 200 and after.json()["storage"] == {"ok": True, "failing": {}}
