@@ -342,7 +342,9 @@ class Dispatcher:
         Messages that arrive meanwhile are kept in the inbox but not queued; they, the queued ones that
         never ran, the turns cut short and the commands still waiting for their chat's turn stay pending
         and are finished after the next start. Last, the sessions are saved that changed since their
-        last save, their note of the commands run included.
+        last save, their note of the commands run included; one that storage refuses (a full disk) is
+        logged and the others are still saved: its messages are pending in the inbox, and the next start
+        answers them (raised, it failed the whole shutdown, and left the other sessions unsaved).
         """
         self._accepting = False
         self._delivery.begin_shutdown()
@@ -367,4 +369,12 @@ class Dispatcher:
                 await asyncio.wait(pending, timeout=5)
         for session in self._sessions.cached_sessions():
             if session.unsaved:  # (a command's note may be all that changed: see Session.unsaved)
-                await self._sessions.save(session)
+                try:
+                    await self._sessions.save(session)
+                except StorageError as exc:
+                    log.error(
+                        "session_not_saved_at_stop",
+                        session_id=session.id,
+                        error=str(exc),
+                        kept="its unanswered messages stay pending in the inbox: the next start answers them",
+                    )

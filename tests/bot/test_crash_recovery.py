@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bot.model_wait import NOTICE
 from tests.bot.membot_service import membot_run, stored, telegram_env, wait_in_flight
+from tests.channels.telegram.kit import break_folder
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.fakes.telegram_server import FakeTelegramServer
 
@@ -261,3 +262,32 @@ async def test_a_turn_killed_after_its_tool_ran_does_not_run_it_again_after_rest
         tool_results = [m for m in llm.requests[-1].body["messages"] if m["role"] == "tool"]
     assert (workspace / "notes" / "shopping.md").read_text() == "- milk"  # (twice: "- milk- milk")
     assert len(tool_results) == 1 and "notes/shopping.md" in tool_results[0]["content"]
+
+
+async def test_a_stop_while_the_disk_refuses_the_save_ends_cleanly_and_the_next_start_answers(
+    tmp_path: Path,
+) -> None:
+    """A graceful stop on a full disk: the turn it cuts cannot be saved, nor can the session at close.
+    That close failed the whole shutdown (exit 2, "error: cannot save session …"); the inbox still holds
+    the question, so the next start answers it, once."""
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        llm.script(FakeReply(text="never saved", delay=60))
+        env = telegram_env(tg, MEMBOT_LIFECYCLE__GRACE_PERIOD="0.2")
+        async with membot_run(workspace, llm, **env) as service:
+            tg.push_message("what is the capital of France?", chat_id=777, user_id=42)
+            await wait_in_flight(llm)
+            repair = break_folder(workspace / "sessions")  # no session can be saved now
+            await stop(service)  # exit code 0
+            assert service.logged("session_not_saved_at_stop") and service.logged("membot_stopped")
+        repair()
+        llm.script(FakeReply(text="Paris."))
+        async with membot_run(workspace, llm, **telegram_env(tg)) as service:
+            await wait_answer(tg, 777, "Paris.")
+            await stop(service)
+        assert [m.text for m in tg.sent_to(777)][-1] == "Paris."
+        assert len(answers(tg, 777, "Paris.")) == 1
+    assert await asyncio.to_thread(stored, workspace, "telegram:777") == [
+        ("user", "what is the capital of France?"),
+        ("assistant", "Paris."),
+    ]
