@@ -152,12 +152,17 @@ class UsageLedger:
         await self._writer.drain()
 
     async def close(self) -> None:
-        """Stop the timer and flush (on shutdown)."""
+        """Stop the timer and flush (on shutdown). A flush storage refuses (a full disk) is logged, not
+        raised: the journal keeps every figure and the next start counts them, while raised it failed
+        the shutdown it is part of."""
         if self._later is not None:
             self._later.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._later
-        await self.flush()
+        try:
+            await self.flush()
+        except OSError as exc:
+            log.error("usage_ledger_write_failed", path=str(self._path), error=str(exc))
 
     def _journal_failed(self, written: asyncio.Future[None]) -> None:
         if not written.cancelled() and (exc := written.exception()) is not None:

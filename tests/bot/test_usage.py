@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
+
+import pytest
 
 from bot.domain import Usage
 from bot.usage import UsageLedger
@@ -103,3 +107,25 @@ async def test_a_damaged_journal_line_costs_only_itself_and_is_kept_aside(tmp_pa
     digest = hashlib.sha256(damage + b"\n").hexdigest()[:16]
     kept = path.with_name(f"usage.json.journal.damaged-{digest}")
     assert kept.read_bytes() == damage + b"\n"
+
+
+async def test_a_close_storage_refuses_leaves_the_figures_to_the_journal_and_does_not_raise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flush at close raised when the disk refused usage.json, and with it the shutdown it is part
+    of (``membot run`` ended a graceful stop with "error: … No space left on device", exit 1). The
+    journal holds every figure: the next start counts them, as after a kill."""
+    path = tmp_path / "usage.json"
+    book = await journaled(path, ("chat", Usage(100, 10, calls=1)))
+    real = os.fsync
+
+    def fsync(fd: int) -> None:  # at the system call: the ledger's own code runs as it would
+        if os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1].startswith(".usage.json."):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    await book.close()
+    monkeypatch.undo()
+    assert not path.exists()
+    assert (await ledger(path).day()).calls == 1
