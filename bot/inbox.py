@@ -23,9 +23,10 @@ still find it, and marks its entries done, so the file can be cut and no start a
 When nothing of a session is pending any more the file is cut to zero length without an fsync: should
 the cut be lost in a crash, the accept lines come back together with their done lines, so nothing is
 answered twice. A file that has gathered many finished lines while something is still pending (a chat
-that never pauses) is rewritten atomically with only what is pending. Damaged lines (a torn append)
-cost only themselves: they are left out, and kept aside as ``<file>.damaged-<hash>`` (``bot/damaged.py``)
-before a cut or a rewrite could drop them.
+that never pauses) is rewritten atomically with only what is pending. A file the start could not read
+(EIO) is neither cut nor rewritten in that run: what it holds is left for a start that reads it.
+Damaged lines (a torn append) cost only themselves: they are left out, and kept aside as
+``<file>.damaged-<hash>`` (``bot/damaged.py``) before a cut or a rewrite could drop them.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class Inbox:
         self._clock = clock
         self._journals: dict[str, _Journal] = {}
         self._loaded = False
+        self._unread: set[Path] = set()  # files the start could not read: never cut nor rewritten
         self._writer = GroupWriter("inbox-writer")
 
     def add(self, message: InboundMessage) -> tuple[str, asyncio.Task[None]]:
@@ -131,7 +133,7 @@ class Inbox:
             if key != reply and not set(kept[0].entries).isdisjoint(journal.pending)
         }
         journal.finished_lines += 1 + len(entry_ids)
-        if not self._loaded:
+        if not self._loaded or path in self._unread:
             return  # lines of an earlier run may still be unread: never cut them away
         # Decided and queued with no await in between: a line added later is queued after the cut or
         # the rewrite (it lands after it); one added earlier is pending, so it is kept.
@@ -212,7 +214,15 @@ class Inbox:
             try:
                 read = _read(path)
             except OSError as exc:
-                log.error("inbox_unreadable", path=str(path), error=exc.strerror)
+                # Its pending messages wait for a start that reads them; until then nothing cuts the file
+                # (the chat's next answered message did: they were gone for good).
+                self._unread.add(path)
+                log.error(
+                    "inbox_unreadable",
+                    path=str(path),
+                    error=exc.strerror,
+                    kept="neither cut nor rewritten until a start reads it: restart once the disk reads it",
+                )
                 continue
             # Kept aside before a cut or a rewrite of the file (once everything is done) can drop it.
             damaged.keep_aside(path, read.unreadable, event="inbox_lines_set_aside")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import json
 import os
 from datetime import timedelta
@@ -799,3 +800,36 @@ async def test_a_stop_on_a_full_disk_is_done_once_storage_returns_and_the_chat_i
     assert stored is not None
     assert [m.content for m in stored.messages] == ["first", "answer to first", "hang", "queued"]
     assert model.seen == ["first"] and len(channel.sent) == 3
+
+
+async def test_an_inbox_file_a_start_could_not_read_is_never_cut_and_the_next_start_answers_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chat's inbox file the start could not read (EIO) was skipped, and the chat's next answered
+    message cut it to nothing: the question a kill had left pending there was gone for good."""
+    inbox = Inbox(tmp_path / "inbox")
+    await inbox.load_pending()
+    _, written = inbox.add(msg("asked before the kill", message_id="1"))
+    await written  # accepted, never answered: a kill
+    (path,) = (tmp_path / "inbox").glob("*.jsonl")
+    real = Path.read_bytes
+
+    def read_bytes(self: Path) -> bytes:  # the disk cannot read this file now (a bad sector)
+        if self == path:
+            raise OSError(errno.EIO, "Input/output error", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    model = ModelSystem()
+    dispatcher, channel, _ = await started(tmp_path, model)
+    monkeypatch.undo()  # the file reads again: only this start missed it
+    await dispatcher.submit(msg("asked after the start", message_id="2"))
+    await channel.wait_for(1)
+    await dispatcher.close(grace=1)
+    assert model.seen == ["asked after the start"]
+
+    model = ModelSystem()
+    _, channel, _ = await started(tmp_path, model)  # the next start reads it
+    await channel.wait_for(1)
+    await settled(tmp_path)
+    assert model.seen == ["asked before the kill"]
