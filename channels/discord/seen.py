@@ -66,13 +66,22 @@ class SeenMarks:
         self._saved = 0
         self._writer: asyncio.Task[None] | None = None
         self._outage = StorageOutage("the Discord seen-message marks")
+        self._unread = False  # the file could not be read at load: it is not written over
 
     async def load(self) -> None:
-        """Read the marks; an unreadable file is logged and costs only the catch-up, never the start."""
+        """Read the marks; an unreadable file is logged and costs only this start's catch-up, never the
+        start. It is not written over in this run (the first new mark replaced it, and every later start
+        lost the catch-up of the chats it tracked): the next start reads it."""
         try:
             self._newest, self._until = await asyncio.to_thread(_read, self._path)
         except OSError as exc:
-            log.error("discord_seen_marks_unreadable", path=str(self._path), error=exc.strerror or str(exc))
+            self._unread = True
+            log.error(
+                "discord_seen_marks_unreadable",
+                path=str(self._path),
+                error=exc.strerror or str(exc),
+                kept="not written over in this run: the next start reads it",
+            )
 
     def saw(self, chat_id: str, message_id: int, *, start: bool) -> None:
         """``message_id`` needs nothing more in ``chat_id``; ``start`` tracks a chat not tracked yet."""
@@ -150,7 +159,7 @@ class SeenMarks:
 
     async def _write_all(self) -> None:
         """Write snapshots until the newest change is on disk; stop at a failure (the next change retries)."""
-        while self._saved < self._version:
+        while self._saved < self._version and not self._unread:
             version = self._version
             marks = {chat: str(self._catching_up.get(chat, mid)) for chat, mid in self._newest.items()}
             data: dict[str, Any] = {"newest": marks}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -65,3 +66,32 @@ async def test_the_connected_point_stays_on_disk_until_a_fresh_sessions_catch_up
 
 def on_disk(path: Path) -> int:
     return int(json.loads(path.read_text())["connected_until"])
+
+
+async def test_a_file_the_start_could_not_read_is_not_written_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unreadable at the start (EIO), the marks cost this start its catch-up; but the first new mark
+    then replaced the file, and every later start lost the catch-up of the chats it tracked too."""
+    path = tmp_path / "discord_seen.json"
+    before = {"newest": {"123": str(5_000 << 22)}, "connected_until": str(6_000 << 22)}
+    path.write_text(json.dumps(before) + "\n")
+    real = Path.read_bytes
+
+    def read_bytes(self: Path) -> bytes:  # the disk cannot read it now (a bad sector)
+        if self == path:
+            raise OSError(errno.EIO, "Input/output error", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    marks = SeenMarks(path)
+    await marks.load()
+    monkeypatch.undo()
+    assert marks.begin() == {}  # this start reads no chat's history
+    marks.saw("456", 7_000 << 22, start=True)
+    marks.connected_through(8_000 << 22)
+    await marks.close()
+
+    again = SeenMarks(path)  # a later start reads it
+    await again.load()
+    assert again.begin() == {"123": 5_000 << 22} and again.connected_until == 6_000 << 22
