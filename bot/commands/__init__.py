@@ -35,6 +35,10 @@ class SessionControl(Protocol):
     def model_wait(self, sid: str) -> float | None:
         """Seconds until the answers waiting for the model are tried again; ``None`` if none wait."""
 
+    def storage_wait(self, sid: str) -> str | None:
+        """What of the chat waits for storage to take it (a full disk holds its answer's save, say),
+        or ``None``: the chat goes on by itself once the write goes through."""
+
     async def stop(self, sid: str) -> int | None:
         """Cancel the running turn, or the wait for the model; ``None`` if there was neither, else how
         many queued (or waiting) messages were kept."""

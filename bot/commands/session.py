@@ -111,6 +111,8 @@ class SessionCommands:
         running = "answering now" if control.is_running(sid) else "idle"
         if (next_try := control.model_wait(sid)) is not None:
             running = f"waiting for the AI model (next try in {_duration(next_try)})"
+        if control.storage_wait(sid) is not None:  # (it said "idle" while an answer waited for the disk)
+            running = "waiting for the server's disk to save this chat (it goes on by itself once it can)"
         lines.append(f"Queue: {control.queue_depth(sid)} waiting · {running}")
         lines.append(f"Uptime: {_duration(self._monotonic() - self._started)}")
         return "\n".join(lines)

@@ -213,7 +213,7 @@ class Commands:
     async def _entry_done(self, sid: str, entry: str) -> None:
         if self._inbox is not None:
             inbox = self._inbox
-            await self._delivery.persist("inbox_done_mark", lambda: inbox.finish(sid, {entry}))
+            await self._delivery.persist("inbox_done_mark", sid, lambda: inbox.finish(sid, {entry}))
 
     @contextlib.asynccontextmanager
     async def exclusive(self, sid: str) -> AsyncIterator[None]:

@@ -63,7 +63,7 @@ class Delivery:
         self._retry = retry
         self._send_patience = send_patience
         self._closing = asyncio.Event()  # set at shutdown: resends stop waiting (the inbox keeps them)
-        self._waiting: dict[object, tuple[str, str]] = {}  # writes held up by storage: what, and why
+        self._waiting: dict[object, tuple[str, str, str]] = {}  # writes held up by storage: what, why, chat
 
     def begin_shutdown(self) -> None:
         self._closing.set()
@@ -89,7 +89,7 @@ class Delivery:
                 await self._tell_rejected(reply)
             return
         if outcome in ("failed", "refused"):
-            await self.persist("reply_keep", lambda: inbox.keep(reply))
+            await self.persist("reply_keep", reply.session_id, lambda: inbox.keep(reply))
             if outcome == "failed":
                 outcome = await self._resend(reply)
         if outcome == "rejected":  # told, it is done: kept, the same answer would be refused again
@@ -115,7 +115,9 @@ class Delivery:
         while lane.set_aside:
             reply = lane.set_aside[0]
             if self._inbox is not None and reply.expired(self._settings.kept_reply_max_age, utcnow()):
-                await self.persist("reply_expire", functools.partial(self._inbox.expire, reply))
+                await self.persist(
+                    "reply_expire", reply.session_id, functools.partial(self._inbox.expire, reply)
+                )
                 lane.set_aside.pop(0)
                 continue
             outcome = await self.send_out(reply.outbound())
@@ -147,7 +149,9 @@ class Delivery:
         if self._inbox is None or not reply.entries:
             return
         inbox, sid = self._inbox, reply.session_id
-        await self.persist("inbox_done_mark", lambda: inbox.finish(sid, set(reply.entries), reply=reply.id))
+        await self.persist(
+            "inbox_done_mark", sid, lambda: inbox.finish(sid, set(reply.entries), reply=reply.id)
+        )
 
     async def _resend(self, reply: PendingReply) -> Outcome:
         """Send ``reply`` again with growing pauses for up to ``send_patience`` seconds. "refused" or
@@ -173,20 +177,22 @@ class Delivery:
     async def persist(
         self,
         what: str,
+        sid: str,
         write: Callable[[], Awaitable[object]],
         *,
         notice: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """``write`` again with growing pauses while storage refuses it (a full disk frees up; a
-        shutdown cancels the wait, and the inbox then has the work for the next start). ``notice``
-        tells the user once, so a chat that waits is not a chat that seems dead."""
+        """``write`` (of chat ``sid``) again with growing pauses while storage refuses it (a full disk
+        frees up; a shutdown cancels the wait, and the inbox then has the work for the next start).
+        ``notice`` tells the user once, so a chat that waits is not a chat that seems dead; /status
+        and /healthz tell of the wait meanwhile (:meth:`storage_wait`, :meth:`storage_waits`)."""
         try:
             await write()
             return
         except (StorageError, OSError) as exc:
             log.error("storage_write_failed_retrying", what=what, error=str(exc))
             token = object()
-            self._waiting[token] = (what, f"{type(exc).__name__}: {exc}")
+            self._waiting[token] = (what, f"{type(exc).__name__}: {exc}", sid)
         try:
             if notice is not None:
                 await notice()
@@ -203,7 +209,11 @@ class Delivery:
     def storage_waits(self) -> dict[str, str]:
         """The writes that wait for storage now (:meth:`persist`), by what they are for, with the error
         that stopped the first try: their chats are held until they go through (/healthz shows them)."""
-        return dict(self._waiting.values())
+        return {what: error for what, error, _ in self._waiting.values()}
+
+    def storage_wait(self, sid: str) -> str | None:
+        """What of chat ``sid`` waits for storage now (``"session_save"``, ``"inbox_done_mark"``, …)."""
+        return next((what for what, _, chat in self._waiting.values() if chat == sid), None)
 
     async def send(self, to: InboundMessage, text: str, *, error: bool = False) -> None:
         """A command's reply or a notice: beside whatever turn the chat is running."""

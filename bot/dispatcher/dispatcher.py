@@ -305,6 +305,10 @@ class Dispatcher:
     def total_queued(self) -> int:
         return sum(queued_count(lane) for lane in self._lanes.values())
 
+    def storage_wait(self, sid: str) -> str | None:
+        """What of ``sid`` waits for storage to take it (its answer's save, say), or ``None``."""
+        return self._delivery.storage_wait(sid)
+
     def storage_waits(self) -> dict[str, str]:
         """The writes holding up a chat until storage takes them (a full disk), with their errors."""
         return self._delivery.storage_waits()

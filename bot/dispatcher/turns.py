@@ -220,6 +220,7 @@ class Turns:
                 # A full disk holds the chat here until the save goes through (nothing else is lost).
                 await self._delivery.persist(
                     "session_save",
+                    session.id,
                     lambda: self._save(session, turn, replies=[reply] if entries else []),
                     notice=lambda: self._delivery.send(first, STORAGE_NOTICE, error=True),
                 )
@@ -265,7 +266,9 @@ class Turns:
             if lane.model_wait is not None:  # (with model_retry_max_age = 0 nothing waited)
                 log.warning("model_wait_gave_up", chat_id=lane.chat_id, attempts=wait.attempts + 1)
             return False
-        await self._delivery.persist("session_save", lambda: self._save(session, turn, replies=[]))
+        await self._delivery.persist(
+            "session_save", session.id, lambda: self._save(session, turn, replies=[])
+        )
         for queued in batch:
             queued.in_session = True
         lane.queue.appendleft(one_turn(batch))  # before what arrived meanwhile: the order holds
@@ -326,12 +329,12 @@ class Turns:
                     intake.add_message(session, queued.message, queued.entries, keep=self._noted)
                 if missing or request.kept:
                     await self._delivery.persist(
-                        "stop_save", lambda: self._sessions.save(session), notice=tell
+                        "stop_save", sid, lambda: self._sessions.save(session), notice=tell
                     )
                 if self._inbox is not None:  # the user asked: these need no answer any more
                     inbox, entries = self._inbox, {e for q in stopped_or_kept for e in q.entries}
                     await self._delivery.persist(
-                        "inbox_done_mark", lambda: inbox.finish(sid, entries), notice=tell
+                        "inbox_done_mark", sid, lambda: inbox.finish(sid, entries), notice=tell
                     )
         except BaseException as exc:
             request.done.set_exception(exc)

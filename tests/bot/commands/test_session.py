@@ -40,6 +40,7 @@ from pipeline import Pipeline
 from pipeline.compaction import AutoCompactionSystem
 from pipeline.tool_loop import ToolLoopSystem
 from pipeline.usage import UsageSystem
+from tests.channels.telegram.kit import break_folder
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.recording import RecordingChannel, SlowTool, StreamingChannel
 from tests.session_kit import conversation, llm_client, tool_exchange
@@ -211,6 +212,19 @@ async def test_status_figures_match_the_real_usage(
     assert lines[-1].startswith("Uptime: ")
     assert len(status) < 600  # readable on a phone
     assert len(server.requests) == 2  # commands never reach the model
+
+
+async def test_status_says_when_an_answer_waits_for_the_disk(bot_on: Callable[..., Bot]) -> None:
+    """/status said "idle" while the chat's answer waited for a full disk to take its save."""
+    async with bot_on() as bot:
+        await bot.say("first")
+        repair = break_folder(bot.root / "sessions")  # every save fails, as on a full disk
+        assert "cannot save our conversation right now" in await bot.say("held at its save")
+        status = await bot.say("/status")
+        repair()
+        answer = (await bot.channel.wait_for(4))[3]
+    assert "Queue: 0 waiting · waiting for the server's disk to save this chat" in status
+    assert answer.text == "echo: held at its save"
 
 
 async def test_status_counts_every_model_call_by_purpose(
