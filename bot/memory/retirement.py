@@ -6,12 +6,15 @@ it in the background (:meth:`Retirement.in_background`), and :meth:`Retirement.c
 
 Messages are retired once: those the archive holds already are skipped, and the others are recorded
 as pending (bot/memory/pending.py) before they reach the archive. A kill before their consolidation
-is written leaves that record, and :meth:`Retirement.resume` (the next start) finishes the work.
+is written leaves that record, and :meth:`Retirement.resume` (the next start) finishes the work. A
+background consolidation whose writes storage refused (a full disk) is made again, the same way, after
+the next retirement whose own writes went through: the running bot need not be restarted for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -61,6 +64,9 @@ class Retirement:
         self._longterm_for = longterm_for
         self._clock = clock
         self._tasks: set[asyncio.Task[ConsolidationResult]] = set()
+        # Background consolidations storage refused: their records wait on disk; made again after the
+        # next retirement the disk takes (else by the next start).
+        self._stalled: list[PendingWork] = []
 
     async def archive_messages(self, session_id: str, messages: Sequence[Message]) -> int:
         """Keep ``messages`` in the archive before they leave the session; what was recorded of them
@@ -132,21 +138,35 @@ class Retirement:
             # consolidated a second time by the next start.
             await self._pending.done(work)
             raise
+        stalled, self._stalled = self._stalled, []  # the disk took this one's writes: theirs now
+        for earlier in stalled:
+            # As a start resumes them, but their facts are stored again: one the disk refused is in
+            # memory all the same, and would be taken for stored (a merge writes it once more).
+            self._start(earlier, resumed=True, skip_stored_facts=False)
         return work
 
-    def _start(self, work: PendingWork, *, resumed: bool) -> asyncio.Task[ConsolidationResult]:
+    def _start(
+        self, work: PendingWork, *, resumed: bool, skip_stored_facts: bool | None = None
+    ) -> asyncio.Task[ConsolidationResult]:
         task = asyncio.create_task(
-            self._finish(work, timeout=None, resumed=resumed), name=f"consolidate:{work.session_id}"
+            self._finish(work, timeout=None, resumed=resumed, skip_stored_facts=skip_stored_facts),
+            name=f"consolidate:{work.session_id}",
         )
         self._tasks.add(task)
-        task.add_done_callback(self._finished)
+        task.add_done_callback(functools.partial(self._finished, work))
         return task
 
     async def _finish(
-        self, work: PendingWork, *, timeout: float | None, resumed: bool
+        self,
+        work: PendingWork,
+        *,
+        timeout: float | None,
+        resumed: bool,
+        skip_stored_facts: bool | None = None,
     ) -> ConsolidationResult:
         """Consolidate ``work`` (writing again only what is missing of its plan when ``resumed``), store
-        its facts, and drop its pending record: a failure before then leaves it for the next start."""
+        its facts (those found stored are skipped when ``skip_stored_facts``, by default when
+        ``resumed``), and drop its pending record: a failure before then leaves it for the next start."""
         wait = self._settings.consolidation_timeout if timeout is None else timeout
         result = await self._consolidator.run(
             work.session_id,
@@ -157,15 +177,26 @@ class Retirement:
             plan=work.plan if resumed else None,
         )
         result.archived = work.archived
-        await self._store_facts(work.session_id, work.messages, result, resumed=resumed)
+        skip = resumed if skip_stored_facts is None else skip_stored_facts
+        await self._store_facts(work.session_id, work.messages, result, resumed=skip)
         await self._pending.done(work)
         self._upkeep.start_when_due()
         return result
 
-    def _finished(self, task: asyncio.Task[ConsolidationResult]) -> None:
+    def _finished(self, work: PendingWork, task: asyncio.Task[ConsolidationResult]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("consolidation_crashed", error=repr(task.exception()))
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        storage = isinstance(error, OSError)
+        if storage:  # its record waits on disk (see ``_stalled``)
+            self._stalled.append(work)
+        log.error(
+            "consolidation_crashed",
+            error=repr(error),
+            made_again="after the next retirement the disk takes, else at the next start"
+            if storage
+            else None,
+        )
 
     @property
     def pending(self) -> int:

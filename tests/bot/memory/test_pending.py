@@ -290,3 +290,45 @@ async def test_a_record_whose_messages_a_later_retirement_took_is_dropped(
     await restarted.close()
     assert len(fake_llm.requests) == 1
     assert (root / "HISTORY.md").read_text().count(ENTRY) == 1
+
+
+async def test_a_consolidation_the_full_disk_refused_is_made_once_space_is_back_without_a_restart(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background consolidation whose HISTORY entry the disk refused crashed and left its record to
+    the next start: until a restart (weeks, for a bot that runs on) the retired messages had no HISTORY
+    entry, no MEMORY.md change and no facts. The next retirement the disk takes makes it, from the plan
+    the model gave (not asked again)."""
+    full = [True]
+    real = os.write
+
+    def write(fd: int, data: Any) -> int:  # at the system call: our code runs as it would
+        if full[0] and "/memory/HISTORY" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    memory = await running_bot(tmp_path, clock, llm)
+    root = memory.root
+    fake_llm.script(FakeReply(text=ANSWER))
+    first = await memory.consolidate_in_background("cli:me", talk(clock))
+    assert first is not None
+    with pytest.raises(OSError, match="No space"):
+        await first
+    full[0] = False  # space is back
+    clock.advance(minutes=5)
+    later = [Message(Role.USER, "Porto next, part 9", timestamp=clock.now)]
+    fake_llm.script(FakeReply(text=json.dumps({"history_entry": "Porto was planned.", "memory_update": ""})))
+    second = await memory.consolidate_in_background("cli:me", later)  # the chat's next trim
+    assert second is not None
+    await second
+    await memory.close()  # (waits for every consolidation)
+    assert len(fake_llm.requests) == 2
+    history = (root / "HISTORY.md").read_text()
+    assert history.count(ENTRY) == 1 and history.count("Porto was planned.") == 1
+    assert f"- {FACT}" in (root / "MEMORY.md").read_text()
+    assert list((root / "pending").iterdir()) == []  # nothing left for the next start
+    restarted = await running_bot(tmp_path, clock, llm)
+    assert [i.content for i in restarted.items.items(Layer.EPISODIC) if i.content == FACT] == [FACT]
+    await restarted.close()
+    assert len(fake_llm.requests) == 2
