@@ -8,8 +8,9 @@ One compaction:
    time, ask the ``balanced`` model for a summary of them. Nothing is removed before the retirer
    confirmed: if it fails, the session stays as it was.
 3. Replace the older messages with one ``system`` message starting ``[Conversation summary]``. When
-   the model fails or answers empty/garbage, fall back to plain truncation (the last N messages, plus
-   the previous summary if there was one), log it, and record it on the session for ``/status``.
+   the model fails, declines (a refusal, a content filter: its words are no summary) or answers
+   empty/garbage, fall back to plain truncation (the last N messages, plus the previous summary if
+   there was one), log it, and record it on the session for ``/status``.
 """
 
 from __future__ import annotations
@@ -310,6 +311,14 @@ class CompactionService:
         except Exception as exc:  # any failure of the summarizer must still make room
             log.warning("compaction_summary_failed", error=f"{type(exc).__name__}: {exc}")
             return None, f"the summary failed ({type(exc).__name__})"
+        if response.refused:  # its text is a refusal, or what came before the model stopped
+            log.warning(
+                "compaction_summary_refused",
+                model=response.model,
+                stop_reason=response.stop_reason,
+                refusal=response.refusal,
+            )
+            return None, "the model declined to summarize"
         if response.cut_off:  # its end, usually the newest facts, is missing: no summary beats half of one
             return None, "the summary was cut at its output limit"
         text = clean_summary(response.content, max_chars=s.summary_max_tokens * 6)

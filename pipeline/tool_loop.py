@@ -172,7 +172,8 @@ class _TurnRun(TurnTools):
             if not calls:
                 if response.refused:  # asked again, it would decline again
                     log.warning("answer_refused", stop_reason=response.stop_reason, with_text=said)
-                    turn.notes.append(DECLINED_PART if said else DECLINED)
+                    if not response.refusal:  # (the model's own refusal says so itself)
+                        turn.notes.append(DECLINED_PART if said else DECLINED)
                 elif not said and response.cut_off:  # asked again, it would run out again
                     log.warning(
                         "empty_answer_cut_off",

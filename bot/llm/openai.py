@@ -159,13 +159,14 @@ def parse_response(body: Any, model: str, where: str = "OpenAI") -> ChatResponse
             for c in message.get("tool_calls") or ()
         )
         # A refusal arrives instead of content; showing it beats an empty reply.
-        content = text_of(message.get("content")) or text_of(message.get("refusal"))
+        refusal = text_of(message.get("refusal"))
         return ChatResponse(
-            content=content,
+            content=text_of(message.get("content")) or refusal,
             tool_calls=calls,
             usage=parse_usage(body.get("usage")),
             model=str(body.get("model") or model),
             stop_reason=str(choice.get("finish_reason") or ""),
+            refusal=bool(refusal.strip()),
         )
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
         raise LLMBadResponse(
@@ -184,6 +185,7 @@ class StreamDecoder(StreamFold):
     def __init__(self, model: str, where: str = "OpenAI") -> None:
         super().__init__(model, where)
         self._last = 0  # the slot of the tool call fragments without an index belong to
+        self._refusal = False  # a refusal was streamed (delta.refusal)
 
     @property
     def complete(self) -> bool:
@@ -214,12 +216,19 @@ class StreamDecoder(StreamFold):
             if delta.get("content"):
                 out.extend(self._said(text_of(delta["content"])))
             if delta.get("refusal"):  # in place of content, as in a whole answer (parse_response)
-                out.extend(self._said(text_of(delta["refusal"])))
+                refusal = text_of(delta["refusal"])
+                self._refusal = self._refusal or bool(refusal.strip())
+                out.extend(self._said(refusal))
             for fragment in delta.get("tool_calls") or ():
                 out.extend(self._fragment(fragment))
             if choice.get("finish_reason"):
                 self._stop = str(choice["finish_reason"])
         return out
+
+    def finish(self) -> ChatResponse:
+        response = super().finish()
+        response.refusal = self._refusal
+        return response
 
     def _fragment(self, fragment: dict[str, Any]) -> list[StreamEvent]:
         raw = fragment.get("index")

@@ -59,6 +59,7 @@ class ChatResponse:
     usage: Usage = field(default_factory=Usage)
     model: str = ""
     stop_reason: str = ""  # as the provider said it: "stop", "length", "end_turn", "max_tokens", ...
+    refusal: bool = False  # the text is the model's refusal (OpenAI's ``refusal`` field), not an answer
 
     @property
     def cut_off(self) -> bool:
@@ -68,8 +69,8 @@ class ChatResponse:
     @property
     def refused(self) -> bool:
         """True when the model (or its provider's filter) declined to answer: the text, if any, is
-        what came before it stopped."""
-        return self.stop_reason in REFUSAL_REASONS
+        what came before it stopped, or (``refusal``) the model's own words declining."""
+        return self.refusal or self.stop_reason in REFUSAL_REASONS
 
     def __post_init__(self) -> None:
         self.content = scrub(self.content)

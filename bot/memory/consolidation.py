@@ -2,8 +2,9 @@
 
 Consolidations run one at a time (an asyncio lock is the queue), so two sessions never race on
 MEMORY.md; in chat scope each run names the chat's own MEMORY.md, and the queue stays shared. A
-deadline covers waiting in the queue and the model call; when it passes, or the model fails or answers
-garbage, a ``[raw-fallback]`` entry keeps the last messages verbatim instead.
+deadline covers waiting in the queue and the model call; when it passes, or the model fails, declines
+(a refusal, a content filter) or answers garbage or nothing (no history entry and MEMORY.md as it was),
+a ``[raw-fallback]`` entry keeps the last messages verbatim instead.
 
 An answer is used whole or not at all, and MEMORY.md is replaced only from an answer that can be
 trusted to hold all of it (bot/memory/consolidation_reply.py reads it and says whether it can).
@@ -276,6 +277,10 @@ class Consolidator:
         )
         async with asyncio.timeout_at(deadline):
             response = await llm.chat(request)
+        if response.refused:  # whatever came before it stopped, the model did not give this answer
+            result.raw_fallback = True
+            result.reason = "the model declined to consolidate these messages; none of its answer was used"
+            return None
         if response.cut_off:
             result.raw_fallback = True
             result.reason = (
@@ -295,6 +300,10 @@ class Consolidator:
             return None
         memory = (reply.memory_update or "").strip()
         changed = base.whole and bool(memory) and memory != base.text.strip()
+        if not reply.history_entry and not changed:  # nothing would be written for these messages
+            result.raw_fallback = True
+            result.reason = "the model's answer was blank: no history entry and no change to MEMORY.md"
+            return None
         return Plan(
             when,
             reply.history_entry,

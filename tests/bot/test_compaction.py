@@ -130,6 +130,54 @@ async def test_a_failed_summary_falls_back_to_truncation(
     assert retirer.retired == [history[:-8]]  # saved to memory all the same
 
 
+@pytest.mark.parametrize(
+    ("api", "reply"),
+    [
+        ("anthropic", FakeReply(text="- The user prefers tea.\n- TODO: book flight", stop="refusal")),
+        ("openai", FakeReply(text=SUMMARY, stop="content_filter")),
+        ("openai", FakeReply(refusal="I'm sorry, but I can't help with summarizing this conversation.")),
+    ],
+    ids=["anthropic-refusal", "content-filter", "openai-refusal-field"],
+)
+async def test_a_summary_the_model_declined_is_a_failed_summary(
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    caplog: pytest.LogCaptureFixture,
+    api: str,
+    reply: FakeReply,
+) -> None:
+    """A model that declines to summarize (Anthropic's ``stop_reason: refusal``, a ``content_filter``,
+    OpenAI's ``refusal`` text) wrote no summary, or only the start of one: its words became the
+    conversation's summary, in place of the messages it was asked to keep, for every later turn. It
+    is a failed summary, as one whose call errored: the log says why, and the compaction truncates."""
+    model = "claude-haiku-4-5" if api == "anthropic" else "gpt-4.1-mini"
+    llm = llm_client(
+        server, catalog, http, model=model,
+        anthropic={"base_url": server.anthropic_base_url, "api_key": "sk-ant-test"},
+    )  # fmt: skip
+    retirer = RecordingRetirer()
+    compaction = CompactionService(
+        llm, TokenCounter.approximate(), retirer, CompactionSettings(), summary_model=None
+    )
+    history = conversation(30)
+    session = session_with(history)
+    server.script(reply)
+
+    result = await compaction.compact(session, keep_last=8)
+
+    assert result.performed and result.fallback and "declined" in result.reason
+    assert session.messages == history[-8:]  # no summary of the refusal: truncated, as after an error
+    assert session.metadata[META_LAST]["fallback"] is True
+    assert retirer.retired == [history[:-8]]  # saved to memory all the same
+    [refused] = logged(caplog, "compaction_summary_refused")
+    assert refused["model"] == model and refused["stop_reason"] == (reply.stop or "stop")
+
+
+def logged(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, object]]:
+    return [r.msg for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == event]
+
+
 async def test_truncation_keeps_the_previous_summary(
     server: FakeLLMServer, catalog: ModelCatalog, http: httpx.AsyncClient
 ) -> None:

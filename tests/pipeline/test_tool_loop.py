@@ -489,6 +489,7 @@ async def test_an_openai_refusal_is_the_answer_streamed_or_not(
     turn.on_partial = sink if stream else None
     await loop_for(server, http, "openai", []).process(turn)
     assert turn.reply == "I can't help with that request."
+    assert turn.notes == []  # (it says so itself)
     assert not stream or sink.shown[-1] == "I can't help with that request."
 
 

@@ -303,6 +303,37 @@ async def test_compact_replies_with_what_it_did_and_saves(
         assert len(summaries) == 1 and len(archived) == 30 + 1  # all but the last message, + summary 1
 
 
+async def test_compact_when_the_model_declines_to_summarize(
+    tmp_path: Path, server: FakeLLMServer, bot_on: Callable[..., Bot]
+) -> None:
+    """The model refuses both the summary and the consolidation of what leaves the session (OpenAI's
+    ``refusal``): its refusal became the chat's summary, for every later turn, and the chat was told
+    the messages were summarized. Each is a failed summary, as when its call errors."""
+    server.responder = lambda api, body: (
+        FakeReply(refusal="I'm sorry, but I can't help with that.")
+        if "compress" in json.dumps(body) or "memory consolidation" in json.dumps(body)
+        else None
+    )
+    async with bot_on() as bot:
+        await asyncio.to_thread((tmp_path / "memory" / "MEMORY.md").write_text, "- operator fact\n")
+        session = await bot.sessions.get_or_create("test", "c1")
+        for m in conversation(30):
+            session.append(m)
+        await bot.sessions.save(session)
+        reply = await bot.say("/compact 5")
+        assert reply.endswith(
+            "No summary (the model declined to summarize): the older messages were saved to memory and "
+            "dropped."
+        )
+        disk = await bot.on_disk()
+        status = await bot.say("/status")
+    assert all("can't help" not in text for _, text in disk) and len(disk) == 5
+    assert "(last one fell back to truncation: the model declined to summarize)" in status
+    history = (tmp_path / "memory" / "HISTORY.md").read_text()
+    assert "[raw-fallback]" in history and "declined" in history and "can't help" not in history
+    assert (tmp_path / "memory" / "MEMORY.md").read_text() == "- operator fact\n"
+
+
 # ---- /stop ----------------------------------------------------------------------------------------
 
 

@@ -169,6 +169,59 @@ async def test_garbage_output_falls_back_to_raw_entry(
     assert (memory.root / "MEMORY.md").read_text() == "- operator fact\n"
 
 
+@pytest.mark.parametrize(
+    "declined",
+    [
+        FakeReply(text=reply(), stop="content_filter"),  # the filter stopped it after the JSON
+        FakeReply(  # ... or in the middle of memory_update: the history entry was whole
+            text='{"history_entry": "We planned the Lisbon trip.", "memory_update": "- User is go',
+            stop="content_filter",
+        ),
+        FakeReply(refusal="I'm sorry, but I can't help with that."),  # OpenAI's refusal, no content
+    ],
+    ids=["filtered-after-the-json", "filtered-midway", "refusal-field"],
+)
+async def test_an_answer_the_model_declined_is_a_failed_consolidation(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, declined: FakeReply
+) -> None:
+    """An answer the model (or its provider's filter) declined to give is no consolidation, whatever
+    JSON came before it stopped: its history entry was written to HISTORY.md and its memory_update
+    replaced MEMORY.md. It goes the way of a failed call: a raw-fallback entry that says why."""
+    memory = await make_memory(tmp_path, clock, llm)
+    await memory.longterm.update(lambda _: "- operator fact\n")
+    fake_llm.script(declined)
+
+    result = await memory.consolidate("cli:me", conversation(clock), timeout=5)
+
+    assert result.raw_fallback and "declined" in result.reason
+    history = (memory.root / "HISTORY.md").read_text()
+    assert RAW_FALLBACK in history and "declined" in history
+    assert "We planned" not in history and "can't help" not in history
+    assert (memory.root / "MEMORY.md").read_text() == "- operator fact\n"
+
+
+@pytest.mark.parametrize(
+    "blank",
+    [reply("", ""), reply("  ", "- operator fact\n"), reply("", "- operator fact")],
+    ids=["both-blank", "no-entry-memory-unchanged", "no-entry-memory-unchanged-but-newline"],
+)
+async def test_a_blank_answer_is_a_failed_consolidation(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, blank: str
+) -> None:
+    """JSON with no history entry and MEMORY.md as it was says nothing: the consolidation counted as
+    done, and the retiring messages left the session with no trace in HISTORY.md."""
+    memory = await make_memory(tmp_path, clock, llm)
+    await memory.longterm.update(lambda _: "- operator fact\n")
+    fake_llm.script(FakeReply(text=blank))
+
+    result = await memory.consolidate("cli:me", conversation(clock), timeout=5)
+
+    assert result.raw_fallback and "blank" in result.reason
+    history = (memory.root / "HISTORY.md").read_text()
+    assert RAW_FALLBACK in history and "message 5 about the Lisbon trip" in history
+    assert (memory.root / "MEMORY.md").read_text() == "- operator fact\n"
+
+
 async def test_timeout_falls_back_and_archives(
     tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
 ) -> None:
