@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from bot.domain import Message, Role, ToolCall, Usage
-from bot.errors import LLMBadResponse
+from bot.errors import LLMBadResponse, LLMError, LLMUnavailable
 from bot.llm.failures import stream_error
 from bot.llm.sse import SSEvent, StreamFold
 from bot.llm.turns import normalized
@@ -158,6 +158,8 @@ def parse_response(body: Any, model: str, where: str = "OpenAI") -> ChatResponse
             )
             for c in message.get("tool_calls") or ()
         )
+        if choice.get("finish_reason") == "error":  # the model failed in the middle of it
+            raise failed_answer(choice.get("error") or body.get("error"), model, where)
         # A refusal arrives instead of content; showing it beats an empty reply.
         refusal = text_of(message.get("refusal"))
         return ChatResponse(
@@ -172,6 +174,28 @@ def parse_response(body: Any, model: str, where: str = "OpenAI") -> ChatResponse
         raise LLMBadResponse(
             f"{where} sent an answer without the expected fields ({exc!r})", model=model
         ) from None
+
+
+def failed_answer(error: Any, model: str, where: str) -> LLMError:
+    """The error of an answer that failed after HTTP 200 (OpenRouter, LiteLLM: an ``error`` object, in
+    a chunk or a choice, with ``finish_reason: "error"``): classified by its ``code`` like the same
+    error sent as a response (failures.py). With no error object it says only that the answer did not
+    come whole, which another try may cure: LLMUnavailable, never an answer taken for all of itself."""
+    if not error:
+        return LLMUnavailable(
+            f"{where} ended the answer of {model} with finish_reason 'error' and no error: the answer "
+            "did not come whole",
+            model=model,
+        )
+    error = error if isinstance(error, dict) else {"message": str(error)}
+    return stream_error(
+        str(error.get("type") or ""),
+        str(error.get("message") or error),
+        code=str(error.get("code") or ""),
+        model=model,
+        provider="openai",
+        where=where,
+    )
 
 
 class StreamDecoder(StreamFold):
@@ -196,17 +220,8 @@ class StreamDecoder(StreamFold):
             self.done = True
             return []
         chunk = self._object(event.data, "chunk")
-        error = chunk.get("error")
-        if error:
-            error = error if isinstance(error, dict) else {"message": str(error)}
-            raise stream_error(
-                str(error.get("type") or ""),
-                str(error.get("message") or error),
-                code=str(error.get("code") or ""),
-                model=self._model,
-                provider="openai",
-                where=self._where,
-            )
+        if chunk.get("error"):
+            raise failed_answer(chunk["error"], self._model, self._where)
         if chunk.get("usage"):
             self._usage = parse_usage(chunk["usage"])
         self._served_by = str(chunk.get("model") or self._served_by)
@@ -221,6 +236,8 @@ class StreamDecoder(StreamFold):
                 out.extend(self._said(refusal))
             for fragment in delta.get("tool_calls") or ():
                 out.extend(self._fragment(fragment))
+            if choice.get("finish_reason") == "error":
+                raise failed_answer(choice.get("error"), self._model, self._where)
             if choice.get("finish_reason"):
                 self._stop = str(choice["finish_reason"])
         return out

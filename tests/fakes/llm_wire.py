@@ -34,7 +34,9 @@ class FakeReply:
     max_tokens``), as the APIs do when ``max_tokens`` runs out mid-answer. ``stream_error_after=n``
     fails a streamed answer after ``n`` text pieces: Anthropic sends an ``error`` event of type
     ``stream_error``, OpenAI drops the connection (or, given ``openai_error``, sends a last chunk
-    with that ``error`` object and ``finish_reason: "error"``, as OpenRouter and LiteLLM do).
+    with that ``error`` object and ``finish_reason: "error"``, as OpenRouter and LiteLLM do). Not
+    streamed, ``openai_error`` is the choice's ``error`` (OpenRouter's ``choices[0].error``), sent
+    with the ``finish_reason`` of ``stop`` (``stop="error"`` without it: an error that names none).
     ``usage=(input, output)`` and ``cached_tokens`` set the reported token counts. ``call_ids``: the
     id sent for each tool call, in order (``None``: no id at all), as local servers that repeat or
     omit ids send them; by default each gets a fresh one.
@@ -167,9 +169,13 @@ def openai_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[s
         "id": "chatcmpl-" + uuid.uuid4().hex[:8],
         "object": "chat.completion",
         "model": body["model"],
-        "choices": [{"index": 0, "message": message, "finish_reason": openai_finish(reply)}],
+        "choices": [_choice({"index": 0, "message": message, "finish_reason": openai_finish(reply)}, reply)],
         "usage": openai_usage(usage),
     }
+
+
+def _choice(choice: dict[str, Any], reply: FakeReply) -> dict[str, Any]:
+    return choice if reply.openai_error is None else {**choice, "error": reply.openai_error}
 
 
 def anthropic_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[str, Any]:

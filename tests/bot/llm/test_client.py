@@ -313,6 +313,55 @@ async def test_an_openai_error_chunk_mid_stream_is_classified_by_its_status_code
     assert sleeps.calls == [] and len(server.requests) == 1
 
 
+async def test_a_whole_openai_answer_ended_by_finish_reason_error_did_not_come_whole(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    """OpenRouter and LiteLLM end an answer whose model failed in the middle of it with
+    ``finish_reason: "error"``, not always with an error object. Taken as complete, its first half
+    went to the chat (or into a summary) as if it were all; another try may bring it whole."""
+    llm, sleeps = make_client("openai", max_retries=1)
+    server.script(FakeReply(text="The answer is", stop="error"), FakeReply(text="The answer is 42."))
+    response = await llm.chat(ask("x"))
+    assert response.content == "The answer is 42." and len(sleeps.calls) == 1
+    assert next(iter(llm.stats.failures_by)) == (MODELS["openai"], "unavailable")
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        ({"code": 401, "message": "User not found."}, LLMAuthError),
+        ({"code": 502, "message": "Provider returned error"}, LLMUnavailable),
+    ],
+)
+async def test_a_whole_openai_answer_with_an_error_in_its_choice_is_that_error(
+    make_client: Any, server: FakeLLMServer, error: dict[str, Any], kind: type[Exception]
+) -> None:
+    """OpenRouter puts the error of an answer that failed after HTTP 200 in ``choices[0].error``:
+    classified as the same error in a stream is (by its ``code``), not taken for an answer."""
+    llm, sleeps = make_client("openai", max_retries=1)
+    server.script(FakeReply(text="abc", stop="error", openai_error=error), FakeReply(text="whole"))
+    if kind is LLMUnavailable:
+        assert (await llm.chat(ask("x"))).content == "whole" and len(sleeps.calls) == 1
+        return
+    with pytest.raises(kind):
+        await llm.chat(ask("x"))
+    assert sleeps.calls == [] and len(server.requests) == 1
+
+
+async def test_a_streamed_openai_answer_ended_by_finish_reason_error_did_not_come_whole(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    """The same end of a streamed answer: before its first words it is tried again; after them it is
+    raised as the outage it is (the turn waits for the model), not finished as if whole."""
+    llm, sleeps = make_client("openai", max_retries=1)
+    server.script(FakeReply(stop="error"), FakeReply(text="whole"))
+    _, done = await collect(llm, ask("x"))
+    assert done.content == "whole" and len(sleeps.calls) == 1
+    server.script(FakeReply(text="The answer is", stop="error"))
+    with pytest.raises(LLMUnavailable, match="did not come whole"):
+        await collect(llm, ask("x"))
+
+
 @both
 async def test_a_stream_that_ends_in_the_middle_of_an_event_was_cut_not_malformed(
     make_client: Any, server: FakeLLMServer, api: str
