@@ -13,6 +13,7 @@ MembotError
     ├── LLMUnavailable   connection failures, 5xx, 529 overloaded
     ├── LLMContextOverflow  the prompt is larger than the model's window
     └── LLMBadResponse   the provider answered something we cannot use
+        └── LLMContentFiltered  the provider's content filter declined the request (Azure OpenAI)
 
 An error's message is for the operator (it names the setting or file at fault); :func:`plain_reason`
 says what a failure type means to a chat user.
@@ -114,12 +115,19 @@ class LLMBadResponse(LLMError):
     retryable = False
 
 
+class LLMContentFiltered(LLMBadResponse):
+    """The provider's content filter declined the request (Azure OpenAI's 400 ``content_filter``): the
+    same prompt would be declined again, so it is not retried on the same model, and the chat is told
+    what happened rather than that an answer could not be used."""
+
+
 _PLAIN_REASONS: tuple[tuple[type[MembotError], str], ...] = (
     (LLMTimeout, "the AI model took too long to answer"),
     (LLMRateLimited, "the AI model is busy right now"),
     (LLMAuthError, "the AI model refused the bot's access; the operator needs to check its settings"),
     (LLMContextOverflow, "this conversation is too long for the AI model; /compact or /new makes room"),
     (LLMUnavailable, "the AI model cannot be reached right now"),
+    (LLMContentFiltered, "the AI provider's content filter declined this request"),
     (LLMBadResponse, "the AI model sent an answer that could not be used"),
 )
 

@@ -5,6 +5,7 @@ error *type*; the client's retry and failover then decide by type alone:
 
     401, 403                                  LLMAuthError      never retried: fix the key
     quota / spend limit / credit exhausted    LLMAuthError      never retried: add credit or raise the limit
+    code "content_filter" (Azure OpenAI)      LLMContentFiltered  never retried: the prompt was declined
     413, "prompt is too long", ...            LLMContextOverflow  compaction must shrink the prompt
     429                                       LLMRateLimited    retried, honouring retry-after
     408, 409, 5xx, 529                        LLMUnavailable    retried, then failover
@@ -23,6 +24,7 @@ from typing import Any, Literal
 from bot.errors import (
     LLMAuthError,
     LLMBadResponse,
+    LLMContentFiltered,
     LLMContextOverflow,
     LLMError,
     LLMRateLimited,
@@ -139,6 +141,12 @@ def status_error(
         return LLMAuthError(
             f"{where}: the account's quota or spend limit is used up {said}. Add credit or raise the "
             f"limit in the provider's console, or switch MEMBOT_LLM__MODEL to another provider",
+            model=model,
+            status_code=status,
+        )
+    if code == "content_filter":  # Azure OpenAI's filter flagged the prompt: it would again
+        return LLMContentFiltered(
+            f"{where} declined the request for {model}: its content filter flagged the prompt {said}",
             model=model,
             status_code=status,
         )

@@ -9,6 +9,7 @@ from bot.domain import Usage
 from bot.errors import (
     LLMAuthError,
     LLMBadResponse,
+    LLMContentFiltered,
     LLMContextOverflow,
     LLMRateLimited,
     LLMTimeout,
@@ -20,6 +21,7 @@ _REASONS: tuple[tuple[type[Exception], str], ...] = (
     (LLMRateLimited, "rate_limited"),
     (LLMAuthError, "auth"),
     (LLMContextOverflow, "context_overflow"),
+    (LLMContentFiltered, "content_filter"),
     (LLMBadResponse, "bad_response"),
     (LLMUnavailable, "unavailable"),
 )

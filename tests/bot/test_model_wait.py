@@ -24,6 +24,7 @@ from bot.model_wait import NOTICE, WAIT_FILE
 from bot.tokens import TokenCounter
 from tests.bot.commands.test_session import MODEL, SID, Bot, wait_until
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.fakes.llm_wire import AZURE_FILTERED
 from tests.recording import StreamingChannel
 
 QUICK = {"model_retry_first": 0.05, "model_retry_max": 0.1, "model_retry_max_age": 60.0}
@@ -292,6 +293,10 @@ async def test_a_new_kept_over_a_restart_does_not_wait_for_the_model(
         ),
         (FakeReply(malformed=True), "the AI model sent an answer that could not be used"),
         (FakeReply(stop="content_filter"), "The AI model declined to answer this."),
+        (
+            FakeReply(status=400, error=AZURE_FILTERED),  # Azure OpenAI's filter flagged the prompt
+            "the AI provider's content filter declined this request",
+        ),
     ],
 )
 async def test_a_failure_that_would_repeat_is_told_at_once_and_not_retried(

@@ -93,6 +93,29 @@ class FakeReply:
         return [call_id(api) for _ in self.tool_calls]
 
 
+# What Azure OpenAI answers (HTTP 400) to a prompt its content filter flags.
+AZURE_FILTERED = {
+    "error": {
+        "message": "The response was filtered due to the prompt triggering Azure OpenAI's content "
+        "management policy. Please modify your prompt and retry. To learn more about our content "
+        "filtering policies please read our documentation: https://go.microsoft.com/fwlink/?linkid=2198766",
+        "type": None,
+        "param": "prompt",
+        "code": "content_filter",
+        "status": 400,
+        "innererror": {
+            "code": "ResponsibleAIPolicyViolation",
+            "content_filter_result": {
+                "hate": {"filtered": False, "severity": "safe"},
+                "self_harm": {"filtered": False, "severity": "safe"},
+                "sexual": {"filtered": False, "severity": "safe"},
+                "violence": {"filtered": True, "severity": "medium"},
+            },
+        },
+    }
+}
+
+
 def tokens(text: str) -> int:
     """About four characters per token, as the providers' own rule of thumb says."""
     return max(1, (len(text) + 3) // 4) if text else 0

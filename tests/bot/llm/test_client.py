@@ -21,14 +21,17 @@ from bot.domain import ImagePart, Message, Role, ToolCall
 from bot.errors import (
     LLMAuthError,
     LLMBadResponse,
+    LLMContentFiltered,
     LLMContextOverflow,
     LLMRateLimited,
     LLMTimeout,
     LLMUnavailable,
+    plain_reason,
 )
 from bot.llm import ChatRequest, ChatResponse, LLMClient, StreamEvent, ToolSpec
 from bot.llm.stats import failure_reason
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.fakes.llm_wire import AZURE_FILTERED
 
 both = pytest.mark.parametrize("api", ["openai", "anthropic"])
 MODELS = {"openai": "gpt-4.1-mini", "anthropic": "claude-haiku-4-5"}
@@ -360,6 +363,22 @@ async def test_a_streamed_openai_answer_ended_by_finish_reason_error_did_not_com
     server.script(FakeReply(text="The answer is", stop="error"))
     with pytest.raises(LLMUnavailable, match="did not come whole"):
         await collect(llm, ask("x"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_prompt_azure_filtered_is_declined_not_retried(
+    make_client: Any, server: FakeLLMServer, stream: bool
+) -> None:
+    """Azure OpenAI refuses a prompt its content filter flags with a 400 ``code: content_filter``:
+    it read as "an answer that could not be used". It is its own error, never tried again on the
+    same model (the next model of the chain may answer it: one try each)."""
+    llm, sleeps = make_client("openai", max_retries=3, fallback_models=["gpt-4o-mini"])
+    server.responder = lambda api, body: FakeReply(status=400, error=AZURE_FILTERED)
+    with pytest.raises(LLMContentFiltered, match="content filter") as info:
+        await (collect(llm, ask("x")) if stream else llm.chat(ask("x")))
+    assert plain_reason(type(info.value)) == "the AI provider's content filter declined this request"
+    assert sleeps.calls == [] and len(server.requests) == 2  # one per model of the chain
+    assert (MODELS["openai"], "content_filter") in llm.stats.failures_by
 
 
 @both
