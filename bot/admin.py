@@ -96,6 +96,8 @@ def _llm_report(stats: LLMStats | None, redact: Callable[[str], str]) -> dict[st
         "last_error": redact(stats.last_error) if stats.last_error else None,  # a key in a URL
         "calls": stats.calls,
         "failures": stats.failures,
+        # models failing with an outage, asked after the others for now (bot/llm/breaker.py)
+        "skipped_models": {model: since.isoformat() for model, since in stats.skipped.items()},
     }
 
 

@@ -8,7 +8,11 @@ membot's own (bot/errors.py).
 
 One call, step by step:
 
-1. The failover chain: ``request.model`` alone, or ``llm.model`` then ``llm.fallback_models``.
+1. The failover chain: ``request.model`` alone, or ``llm.model`` then ``llm.fallback_models``. A model
+   of a longer chain that failed with an outage (5xx, a timeout, no connection) on two calls in a row
+   is asked last, after the others, for 30 s (doubling to 5 min while it keeps failing; one call tries
+   it when each cool-down ends, and its first success ends that): the circuit breaker, breaker.py
+   (``llm_model_skipped`` / ``llm_model_back`` in the log). A single model is always asked first.
 2. Per model: the provider (``llm.provider`` for the primary, else the catalog), its key and base URL.
 3. Send. 408, 409, 429, 5xx, 529, timeouts and connection failures are retried (``retryable`` errors)
    up to ``llm.max_retries`` times with exponential backoff and jitter, or after the server's
@@ -61,6 +65,7 @@ from bot.domain import Usage
 from bot.errors import LLMAuthError, LLMContextOverflow, LLMError, LLMTimeout
 from bot.llm import anthropic, openai
 from bot.llm.answer import Target, error_answer, parse, read_body, read_whole, redirected, within
+from bot.llm.breaker import Breakers
 from bot.llm.call_ids import made_unique
 from bot.llm.endpoints import check_base_url, where
 from bot.llm.failures import Provider, key_setting
@@ -94,7 +99,8 @@ class LLMClient:
 
     The HTTP client belongs to the caller (the composition root), so this class owns nothing to close.
     ``usage`` is told every successful call's usage and purpose. ``sleep`` and ``rng`` are injectable
-    so tests can check backoff without waiting for it. Errors are always bot.errors LLM types;
+    so tests can check backoff without waiting for it, and ``clock`` (monotonic seconds) the circuit
+    breaker's cool-downs (breaker.py). Errors are always bot.errors LLM types;
     ``stats`` is read by the ops endpoints.
     """
 
@@ -107,6 +113,7 @@ class LLMClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
         usage: UsageObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         for name, section in (("openai", settings.openai), ("anthropic", settings.anthropic)):
             check_base_url(name, section.base_url)
@@ -122,6 +129,7 @@ class LLMClient:
         self._rng = rng
         self._usage = usage
         self.stats = LLMStats()
+        self._breakers = Breakers(self.stats, clock)
 
     @property
     def model(self) -> str:
@@ -143,12 +151,13 @@ class LLMClient:
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         """One complete answer, with retries and failover (see the module docstring)."""
-        chain = self._chain(request)
+        chain = self._breakers.order(self._chain(request))
         failures: list[LLMError] = []
         for position, model in enumerate(chain):
             try:
                 return await self._with_retries(model, request)
             except LLMError as exc:
+                self._breakers.failed(model, exc)
                 if isinstance(exc, LLMContextOverflow):
                     raise
                 failures.append(exc)
@@ -165,7 +174,7 @@ class LLMClient:
         failover happen only before the first delta; after it an error is raised as is, because the
         caller has already shown part of an answer.
         """
-        chain = self._chain(request)
+        chain = self._breakers.order(self._chain(request))
         failures: list[LLMError] = []
         for position, model in enumerate(chain):
             for attempt in range(self._settings.max_retries + 1):
@@ -178,11 +187,13 @@ class LLMClient:
                     return
                 except LLMError as exc:
                     self._failed(model, exc)
-                    if started or isinstance(exc, LLMContextOverflow):
-                        raise
-                    if exc.retryable and self._may_retry(exc, attempt):
+                    final = started or isinstance(exc, LLMContextOverflow)
+                    if not final and exc.retryable and self._may_retry(exc, attempt):
                         await self._backoff(attempt, exc)
                         continue
+                    self._breakers.failed(model, exc)
+                    if final:
+                        raise
                     failures.append(exc)
                     if position == len(chain) - 1:
                         error = _exhausted(failures)
@@ -336,6 +347,7 @@ class LLMClient:
         response.usage.cost_usd = self.info(model).cost(response.usage)
         response.model = response.model or model
         self.stats.succeeded(model, response.usage, latency, request.purpose)
+        self._breakers.succeeded(model)
         if self._usage is not None:
             try:
                 await self._usage.record(request.purpose, model, response.usage)

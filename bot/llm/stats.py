@@ -42,7 +42,8 @@ class LLMStats:
     ``last_error`` is the latest failure (cleared by a success). ``by_model`` and ``by_purpose`` add
     up tokens and cost per model id and per purpose (chat, compaction, consolidation);
     ``failures_by`` counts failed attempts per (model id, reason), so an operator sees which provider
-    is the trouble and whether it is rate limits, timeouts or outages.
+    is the trouble and whether it is rate limits, timeouts or outages. ``skipped`` names the models the
+    circuit breaker asks last for now (breaker.py), and since when.
     """
 
     calls: int = 0
@@ -57,6 +58,7 @@ class LLMStats:
     by_model: dict[str, Usage] = field(default_factory=dict)
     by_purpose: dict[str, Usage] = field(default_factory=dict)
     failures_by: dict[tuple[str, str], int] = field(default_factory=dict)
+    skipped: dict[str, datetime] = field(default_factory=dict)
 
     def succeeded(self, model: str, usage: Usage, latency: float, purpose: str = "chat") -> None:
         self.calls += 1

@@ -182,6 +182,7 @@ def test_health_is_503_when_any_channel_is_not_running() -> None:
         "last_error": "boom",
         "calls": 0,
         "failures": 0,
+        "skipped_models": {},
     }
     assert health_report({}, None, uptime=1)[0] == 503
     # A key the operator put in a base URL's query string is not shown to whoever may ask /healthz.
