@@ -8,7 +8,10 @@ and a ``Via`` header, and every JSON answer carries exactly ``Content-Type: appl
 channel can refuse the bot for good with Discord's own error bodies (:meth:`FakeDiscord.refuse_channel`:
 ``CANNOT_DM``, ``UNKNOWN_CHANNEL``, ``MISSING_ACCESS``, ``MISSING_PERMISSIONS``). Attachments are served
 as the CDN does, under their ``url``; a :class:`CdnFile` can state another ``size`` in the message than
-the body the CDN sends, and send that body chunked, without ``Content-Length``.
+the body the CDN sends, and send that body chunked, without ``Content-Length``. A message sent with a
+nonce Discord was told to enforce is not posted twice: the first is returned again, until
+:meth:`FakeDiscord.forget_nonces` (Discord keeps a nonce for a few minutes). An edit of a message that
+was deleted (:meth:`FakeDiscord.delete_message`) gets 404 "Unknown Message".
 
 The gateway is one session at a time. Every dispatch gets the next sequence number and is kept, so a
 client that drops and RESUMEs receives what it missed, as on the real gateway.
@@ -116,6 +119,7 @@ class _Fault:
     status: int
     retry_after: float = 0.0
     after_commit: bool = False  # the request takes effect, then the connection is cut
+    when: Callable[[Json], bool] | None = None  # only requests whose JSON body ({} if none) this accepts
 
 
 @dataclass(slots=True)
@@ -249,8 +253,17 @@ class FakeDiscord:
         """The next ``times`` matching requests get 429 (with ``Via``, as Discord's edge sends)."""
         self._faults.append(_Fault(method, path_prefix, times, 429, retry_after))
 
-    def fail(self, method: str, path_prefix: str, *, status: int = 503, times: int = 1) -> None:
-        self._faults.append(_Fault(method, path_prefix, times, status))
+    def fail(
+        self,
+        method: str,
+        path_prefix: str,
+        *,
+        status: int = 503,
+        times: int = 1,
+        when: Callable[[Json], bool] | None = None,
+    ) -> None:
+        """The next ``times`` matching requests (with ``when``: whose JSON body it accepts) get ``status``."""
+        self._faults.append(_Fault(method, path_prefix, times, status, when=when))
 
     def refuse_channel(self, channel_id: str, refusal: tuple[int, int, str] = CANNOT_DM) -> None:
         """From now on answer every request to ``channel_id`` with ``refusal`` (the user does not accept
@@ -264,6 +277,21 @@ class FakeDiscord:
 
     def allow_channel(self, channel_id: str) -> None:
         self.refused.pop(channel_id, None)
+
+    def clear_faults(self) -> None:
+        """Discord is well again: the faults not yet used up are dropped."""
+        self._faults.clear()
+
+    def forget_nonces(self) -> None:
+        """Minutes pass: Discord checks a nonce (``enforce_nonce``) against the past few minutes only, so a
+        message sent again after that with the same nonce is posted again."""
+        self._nonces.clear()
+
+    def delete_message(self, message_id: str) -> None:
+        """Someone deletes a message (a moderator, the bot's own): gone from the chat, from ``messages``
+        and ``bot_messages``; an edit of it gets 404 "Unknown Message" (10008)."""
+        self.messages.pop(message_id, None)
+        self.bot_messages[:] = [m for m in self.bot_messages if m["id"] != message_id]
 
     def cut_after_commit(self, method: str, path_prefix: str, *, times: int = 1) -> None:
         """The next matching requests succeed on the server but the client never sees the answer."""
@@ -618,8 +646,9 @@ class FakeDiscord:
         if request.can_read_body:
             body = await request.json()
         self.requests.append(RecordedRequest(request.method, path, body, dict(request.headers)))
-        fault = self._take_fault(request.method, path)
+        fault = self._take_fault(request.method, path, body)
         if fault is not None and not fault.after_commit:
+            await self._notify()  # (a test may wait for the request that failed)
             if fault.status == 429:
                 data = {
                     "message": "You are being rate limited.",
@@ -639,9 +668,11 @@ class FakeDiscord:
         await self._notify()
         return response
 
-    def _take_fault(self, method: str, path: str) -> _Fault | None:
+    def _take_fault(self, method: str, path: str, body: Json | None) -> _Fault | None:
         for fault in self._faults:
-            if fault.method == method and path.startswith(fault.path_prefix) and fault.times > 0:
+            if fault.method != method or not path.startswith(fault.path_prefix) or fault.times <= 0:
+                continue
+            if fault.when is None or fault.when(body if isinstance(body, dict) else {}):
                 fault.times -= 1
                 return fault
         return None

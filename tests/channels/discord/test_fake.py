@@ -124,3 +124,32 @@ async def test_the_history_pages_as_discord_lists_it() -> None:
         assert newest == ids[130:][::-1]  # two pages: the newest 100, then 20 before them
         assert short == ids[247:][::-1]  # (discord.py drops what is not after the point)
         assert refused.value.status == 400 and refused.value.code == 50035
+
+
+async def test_a_nonce_holds_for_a_few_minutes_and_a_deleted_message_cannot_be_edited() -> None:
+    async with FakeDiscord() as fake:
+        async with connected(fake, message_content=True) as client:
+            chat = client.get_partial_messageable(int(fake.dm_channel()))
+            first = await chat.send("once", nonce="n-1")  # discord.py sets enforce_nonce with a nonce
+            again = await chat.send("once", nonce="n-1")
+            fake.forget_nonces()  # minutes pass
+            later = await chat.send("once", nonce="n-1")
+            fake.delete_message(str(first.id))
+            with pytest.raises(discord.NotFound) as gone:
+                await chat.get_partial_message(first.id).edit(content="edited")
+        assert again.id == first.id and later.id != first.id
+        assert [m["id"] for m in fake.bot_messages] == [str(later.id)]
+        assert gone.value.code == 10008
+
+
+async def test_a_fault_can_pick_requests_by_their_body() -> None:
+    async with FakeDiscord() as fake:
+        async with connected(fake, message_content=True) as client:
+            chat = client.get_partial_messageable(int(fake.dm_channel()))
+            fake.fail("POST", "/channels/", times=5, when=lambda body: body.get("content") == "no")
+            await chat.send("yes")
+            with pytest.raises(discord.DiscordServerError):
+                await chat.send("no")
+            fake.clear_faults()
+            await chat.send("no")
+        assert [m["content"] for m in fake.bot_messages] == ["yes", "no"]
