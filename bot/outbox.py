@@ -9,8 +9,8 @@ Exactly once, as far as a platform allows: if the process dies after the platfor
 but before the done mark reached the disk, the next start sends the answer again (at least once).
 That window is one fsync wide; no chat platform offers an idempotent send that would close it. An
 answer sent in several messages keeps it that narrow: the channel notes, per answer key, the parts
-that went out (Telegram: ``channels/telegram/sent.py``; Discord: nonces from the key), so after a kill
-between two parts only the rest goes out.
+that went out (``channels/telegram/sent.py``, ``channels/discord/sent.py``; Discord also drops a part
+sent again within minutes by its nonce), so after a kill between two parts only the rest goes out.
 
 A reply whose send fails for good (the channel gave up after its retries) is copied into the inbox
 journal, where a later compaction of the session cannot drop it, and is sent again on the next start.

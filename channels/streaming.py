@@ -32,7 +32,9 @@ class StreamedMessage(Generic[M, P]):
         errors: the failures of ``post``/``edit`` that streaming tolerates (anything else propagates).
         on_error: told about each tolerated failure (to log it).
         keep_trying: after a failure, whether later previews try again; if not, the stream stops and
-            :attr:`message` is None from then on, so the final reply goes out as new messages.
+            :attr:`message` is None from then on: the final reply is not edited into it through the
+            stream (Discord's looks the preview up in its record instead, and goes out as new messages
+            only if that edit fails too).
         gives_up: whether a failure ends the tries even so (the chat refuses the bot for good, so every
             later preview of the turn would be refused too); :attr:`message` stays, for the final reply.
     """

@@ -61,6 +61,7 @@ from channels.discord.inbound import (
 )
 from channels.discord.outbound import DiscordOutbox
 from channels.discord.seen import SEEN_FILE, SeenMarks
+from channels.discord.sent import SENT_FILE
 from channels.outage import StorageOutage, is_storage_error
 
 log = structlog.get_logger(__name__)
@@ -109,7 +110,7 @@ class DiscordChannel(Channel):
         self._restore_library: Callable[[], None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._intake = ChatLocks()  # each chat's messages reach the dispatcher in order
-        self._outbox = DiscordOutbox(settings, self.health, self._live_client, clock)
+        self._outbox = DiscordOutbox(settings, self.health, self._live_client, clock, state_dir / SENT_FILE)
         self._outage = StorageOutage(
             "taking Discord messages in",
             first_delay=storage_retry_delay,
@@ -136,6 +137,7 @@ class DiscordChannel(Channel):
         self.health.state = "starting"
         self._ready.clear()
         await self._seen.load()
+        await self._outbox.open()
         await self._attachments.open()
         self._restore_library = point_library_at(self._settings.api_base, self._settings.gateway_url)
         intents = discord.Intents.default()
@@ -180,7 +182,7 @@ class DiscordChannel(Channel):
         if self._restore_library is not None:
             self._restore_library()
             self._restore_library = None
-        self._outbox.clear()
+        await self._outbox.close()
         await self._attachments.close()
         await self._seen.close()
         self.health.state = "stopped"

@@ -4,8 +4,11 @@ A reply is split under the 2000-character limit at paragraph and line boundaries
 block (:mod:`channels.chunking`); the first chunk replies to the user's message. Mentions are locked
 down: never ``@everyone`` or roles, and of users only the author being answered. Server errors and
 network failures are retried with backoff (discord.py itself waits out 429s); each chunk carries a
-nonce Discord enforces, so a retry after a lost answer never posts twice (an interaction's follow-ups
-cannot carry one: before a retry the channel is searched for the part instead, see ``_follow_up``).
+nonce Discord enforces for a few minutes, so a retry after a lost answer never posts twice (an
+interaction's follow-ups cannot carry one: before a retry the channel is searched for the part instead,
+see ``_follow_up``). How far a keyed answer got, and the preview a streamed answer is shown in, are
+noted on disk (:mod:`channels.discord.sent`): sent again, after a failure or a restart, the answer goes
+on from the part it reached, and into its preview rather than below it.
 What still fails is logged with its channel id and raised as :class:`~bot.errors.ChannelError`, never
 dropped silently; as :class:`~bot.errors.ChannelRefused` when Discord refuses the channel for good (the
 user closed their DMs, the bot lost access: :mod:`channels.discord.refusals`).
@@ -14,12 +17,12 @@ user closed their DMs, the bot lost access: :mod:`channels.discord.refusals`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
@@ -33,6 +36,7 @@ from bot.retry import Backoff, retry
 from channels.base import ChannelHealth, PartialSink, while_running
 from channels.chunking import split_message
 from channels.discord.refusals import as_channel_error
+from channels.discord.sent import SentParts
 from channels.streaming import StreamedMessage
 from channels.tables import tables_as_code
 
@@ -42,6 +46,7 @@ LIMIT = 2000
 _TYPING_EVERY = 8.0  # Discord shows "typing" for 10 s after each trigger
 _INTERACTION_TTL = 14 * 60.0  # interaction tokens live 15 minutes
 _REMEMBERED = 1024
+_UNKNOWN_MESSAGE = 10008  # Discord's code for a message that is gone (deleted)
 # Worth another try: the service or the network failed, not our request.
 _TRANSIENT = (discord.DiscordServerError, discord.RateLimited, aiohttp.ClientError, OSError, TimeoutError)
 _T = TypeVar("_T")
@@ -52,7 +57,9 @@ class DiscordOutbox:
 
     It also remembers what replies need from the inbound side: who wrote a message (to allow pinging
     only them), each chat's latest message (for a streamed reply's reference) and the slash-command
-    interactions still waiting for their answer.
+    interactions still waiting for their answer. The parts and previews of answers not yet done are
+    kept in ``sent_file`` (:mod:`channels.discord.sent`; ``None``: in memory only): :meth:`open` before
+    the first send, :meth:`close` at the channel's stop.
     """
 
     def __init__(
@@ -61,6 +68,7 @@ class DiscordOutbox:
         health: ChannelHealth,
         client: Callable[[], discord.Client],
         clock: Callable[[], float],
+        sent_file: Path | None = None,
     ) -> None:
         self._settings = settings
         self._health = health
@@ -69,10 +77,10 @@ class DiscordOutbox:
         self._interactions: dict[str, tuple[discord.Interaction, float]] = {}
         self._authors: OrderedDict[str, int] = OrderedDict()  # message id -> author id
         self._last_inbound: dict[str, str] = {}  # chat id -> last message id
-        self._streams: dict[str, StreamedMessage[discord.Message, str]] = {}
-        # chat id -> (the message answered, the preview posted for it): kept until that answer goes out,
-        # so a second try of it (the model failed mid-answer and the turn waited) goes on in it
-        self._previews: dict[str, tuple[str | None, discord.Message]] = {}
+        self._streams: dict[str, StreamedMessage[int, str]] = {}  # chat id -> the stream of its turn
+        # The preview of each chat's answer (kept until that answer went out, so a second try of it, in
+        # this run or the next, goes on in it) and the parts of answers cut short.
+        self._sent = SentParts(sent_file)
 
     def received(self, chat_id: str, message_id: str, author_id: int) -> None:
         self._authors[message_id] = author_id
@@ -87,23 +95,28 @@ class DiscordOutbox:
             del self._interactions[stale]
         self._interactions[key] = (interaction, now)
 
-    def clear(self) -> None:
+    async def open(self) -> None:
+        await self._sent.load()
+
+    async def close(self) -> None:
+        """The channel stops: what was in flight is forgotten; the answers not yet done stay on disk."""
         self._interactions.clear()
         self._streams.clear()
-        self._previews.clear()
+        await self._sent.close()
 
     async def send(self, message: OutboundMessage) -> None:
         chunks = split_message(tables_as_code(message.text), LIMIT)  # Discord shows no tables
         if not chunks:
             log.warning("discord_empty_reply", channel_id=message.chat_id)
             return
+        key = message.key
+        first = self._sent.get(key) if key else 0  # sent again (maybe after a restart): only the rest
         pending = self._interactions.pop(message.reply_to, None) if message.reply_to else None
-        if pending is not None:
-            answered = await self._answer_interaction(pending[0], chunks, message.chat_id)
-            chunks = chunks[answered:]  # what the interaction could not carry goes to the channel
-            if not chunks:
-                self._health.sent += 1
-                return
+        if pending is not None and not first:
+            # what the interaction could not carry goes to the channel
+            first = await self._answer_interaction(pending[0], chunks, message.chat_id)
+            if key and 0 < first < len(chunks):
+                await self._sent.record(key, first)
         author = self._authors.get(message.reply_to or "")
         mentions = discord.AllowedMentions(
             everyone=False,
@@ -114,22 +127,28 @@ class DiscordOutbox:
         target = self._client().get_partial_messageable(int(message.chat_id))
         stream = None if message.aside else self._streams.pop(message.chat_id, None)
         preview = stream.message if stream is not None else None
-        left = None if message.aside else self._previews.pop(message.chat_id, None)
-        if preview is None and left is not None and left[0] == message.reply_to:
-            preview = left[1]  # an earlier try of this answer showed it there
-        # An answer sent again keeps its nonces, so Discord drops a part it already has (enforce_nonce).
-        nonce = hashlib.sha256(message.key.encode()).hexdigest()[:16] if message.key else secrets.token_hex(8)
-        for index, chunk in enumerate(chunks):
+        if preview is None and not message.aside:  # an earlier try's, or one a kill left in the chat
+            preview = self._sent.preview(message.chat_id, message.reply_to)
+        # An answer sent again keeps its nonces, so Discord drops a part it took minutes ago (enforce_nonce).
+        nonce = hashlib.sha256(key.encode()).hexdigest()[:16] if key else secrets.token_hex(8)
+        for index in range(first, len(chunks)):
+            chunk = chunks[index]
             streamed = preview if index == 0 else None
-            if streamed is not None and await self._finish_stream(streamed, chunk, message.chat_id):
-                continue
-            reference = _reference(message.reply_to, message.chat_id) if index == 0 else None
+            if streamed is None or not await self._finish_stream(streamed, chunk, message.chat_id):
+                # also when the preview is gone (deleted)
+                reference = _reference(message.reply_to, message.chat_id) if index == 0 else None
 
-            def post(chunk: str = chunk, ref: Any = reference, n: str = f"mb{nonce}{index:03d}") -> Any:
-                # The nonce makes a retry after a lost answer idempotent (enforce_nonce).
-                return target.send(chunk, reference=ref, allowed_mentions=mentions, nonce=n)
+                def post(chunk: str = chunk, ref: Any = reference, n: str = f"mb{nonce}{index:03d}") -> Any:
+                    # The nonce makes a retry after a lost answer idempotent (enforce_nonce).
+                    return target.send(chunk, reference=ref, allowed_mentions=mentions, nonce=n)
 
-            await self.deliver(message.chat_id, post)
+                await self.deliver(message.chat_id, post)
+            if key and index + 1 < len(chunks):
+                await self._sent.record(key, index + 1)
+        if key:
+            self._sent.finished(key)
+        if not message.aside:
+            self._sent.preview_done(message.chat_id, message.reply_to)
         self._health.sent += 1
 
     async def _answer_interaction(
@@ -244,22 +263,27 @@ class DiscordOutbox:
         def first_chunk(text_so_far: str) -> str | None:
             return (split_message(text_so_far, LIMIT - 2) or [""])[0] or None  # room for " …"
 
-        async def post(preview: str) -> discord.Message:
-            left = self._previews.get(chat_id)
-            if left is not None and left[0] == reply_to:  # an earlier try of this answer: go on in it
-                with contextlib.suppress(*errors):
-                    await left[1].edit(content=preview + " …")
-                    return left[1]
-            target = self._client().get_partial_messageable(int(chat_id))
+        def target() -> discord.PartialMessageable:
+            return self._client().get_partial_messageable(int(chat_id))
+
+        async def post(preview: str) -> int:
+            earlier = self._sent.preview(chat_id, reply_to)
+            if earlier is not None:  # an earlier try of this answer (maybe before a restart): go on in it
+                try:
+                    await target().get_partial_message(earlier).edit(content=preview + " …")
+                    return earlier
+                except discord.NotFound as exc:  # deleted: a new preview takes its place
+                    if exc.code != _UNKNOWN_MESSAGE:
+                        raise
             # The message being answered, not the chat's latest (a question sent meanwhile).
             ref = _reference(reply_to or self._last_inbound.get(chat_id), chat_id)
             options: dict[str, Any] = {"reference": ref} if ref is not None else {}
-            message = await target.send(preview + " …", **options)
-            self._previews[chat_id] = (reply_to, message)
-            return message
+            message = await target().send(preview + " …", **options)
+            await self._sent.record_preview(chat_id, reply_to, message.id)  # on disk before the answer
+            return message.id
 
-        async def edit(message: discord.Message, preview: str) -> None:
-            await message.edit(content=preview + " …")
+        async def edit(message_id: int, preview: str) -> None:
+            await target().get_partial_message(message_id).edit(content=preview + " …")
 
         def failed(exc: Exception) -> None:
             log.warning("discord_stream_failed", channel_id=chat_id, error=describe(exc))
@@ -273,16 +297,29 @@ class DiscordOutbox:
             clock=self._clock,
             errors=errors,
             on_error=failed,
-            keep_trying=False,  # the final reply then goes out as new messages
+            keep_trying=False,  # no more previews; the final reply still goes into the one on record
         )
         return stream.show
 
-    async def _finish_stream(self, message: discord.Message, chunk: str, chat_id: str) -> bool:
+    async def _finish_stream(self, message_id: int, chunk: str, chat_id: str) -> bool:
+        """Edit the answer's first part into its preview. False: the preview is gone (deleted) or could
+        not be edited, and the part is to be sent as a new message."""
+        preview = self._client().get_partial_messageable(int(chat_id)).get_partial_message(message_id)
+
+        async def edit() -> bool:
+            try:
+                await preview.edit(content=chunk)
+            except discord.NotFound as exc:
+                if exc.code != _UNKNOWN_MESSAGE:
+                    raise
+                log.warning("discord_preview_gone", channel_id=chat_id, message_id=message_id)
+                return False
+            return True
+
         try:
-            await self.deliver(chat_id, lambda: message.edit(content=chunk))
+            return await self.deliver(chat_id, edit)
         except ChannelError:
             return False
-        return True
 
 
 def _reference(message_id: str | None, chat_id: str) -> discord.MessageReference | None:

@@ -516,7 +516,8 @@ async def test_a_streamed_answer_replies_to_its_question_not_to_a_later_one(tmp_
         )
         await w.discord.wait_for_bot_messages(w.quiet)
         await w.discord.user_message(channel_id=w.quiet, author=w.alice, content="question B", guild=w.guild)
-        await w.discord.wait_for_bot_messages(w.quiet, 2)
+        # B's answer done, not only its preview posted: one turn streams in a chat at a time
+        await w.discord.wait_until(lambda: "echo: alice: question B" in w.discord.bot_texts(w.quiet))
         show = w.channel.partial_sink(w.quiet, a["id"])  # as the dispatcher makes it for A's turn
         assert show is not None
         await show("the answer to A")
