@@ -361,11 +361,17 @@ class LLMClient:
 def _exhausted(failures: list[LLMError]) -> LLMError:
     """The error of a chain whose every model failed (one per model, in order): the last one a later
     try may cure, else the last. The last is logged when it is not the one raised (the others were, at
-    their failover), so the operator still learns of a fallback that is misconfigured."""
+    their failover), so the operator still learns of a fallback that is misconfigured.
+
+    It carries the first model's Retry-After when that is longer than its own: the next try asks that
+    model first, and before then it would only be refused again (and count against its rate limit)."""
     last = failures[-1]
     hopeful = next((exc for exc in reversed(failures) if exc.retryable), last)
     if hopeful is not last:
         log.warning("llm_fallback_failed", model=last.model, error=str(last), raised=str(hopeful))
+    first = failures[0].retry_after
+    if first is not None and first > (hopeful.retry_after or 0.0):
+        hopeful.retry_after = first
     return hopeful
 
 

@@ -418,6 +418,25 @@ async def test_a_retry_after_past_the_clients_cap_is_not_tried_early(
     assert wait["next_try_in"] == 30.0
 
 
+async def test_the_primarys_retry_after_holds_when_a_fallback_fails_too(
+    bot_on: Callable[..., Bot], server: FakeLLMServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The primary says "not for 30 s", the fallback is down (503, no hint): the turn waits the
+    primary's 30 s, since the next try asks it first (the fallback's error came without a hint, and
+    the wait's own backoff asked the primary again early, over and over)."""
+    server.responder = lambda api, body: (
+        FakeReply(status=429, headers={"retry-after": "30"})
+        if body["model"] == "gpt-4.1-mini"
+        else FakeReply(status=503)
+    )
+    llm = {"max_retries": 0, "retry_max_delay": 0.05, "fallback_models": ["gpt-4o-mini"]}
+    async with bot_on(dispatcher=QUICK, llm=llm) as bot:
+        assert await bot.say("hello?") == NOTICE
+        assert [r.body["model"] for r in server.requests] == ["gpt-4.1-mini", "gpt-4o-mini"]
+    [wait] = logged(caplog, "turn_waiting_for_model")
+    assert wait["next_try_in"] == 30.0
+
+
 async def test_a_damaged_wait_file_costs_only_a_second_notice(
     server: FakeLLMServer, tmp_path: Path, bot_on: Callable[..., Bot]
 ) -> None:
