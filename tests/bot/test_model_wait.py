@@ -284,6 +284,16 @@ async def test_a_new_kept_over_a_restart_does_not_wait_for_the_model(
         await inbox_done(tmp_path)
 
 
+async def test_an_answer_the_model_declined_is_told_as_it_is_and_not_retried(
+    bot_on: Callable[..., Bot], server: FakeLLMServer, tmp_path: Path
+) -> None:
+    server.responder = lambda api, body: FakeReply(stop="content_filter")
+    async with bot_on(dispatcher=QUICK) as bot:
+        assert await bot.say("hello?") == "⚠️ The AI model declined to answer this."
+        await inbox_done(tmp_path)
+        assert len(server.requests) == 1 and bot.dispatcher.model_wait(SID) is None
+
+
 @pytest.mark.parametrize(
     ("reply", "reason"),
     [
@@ -292,7 +302,6 @@ async def test_a_new_kept_over_a_restart_does_not_wait_for_the_model(
             "the AI model refused the bot's access; the operator needs to check its settings",
         ),
         (FakeReply(malformed=True), "the AI model sent an answer that could not be used"),
-        (FakeReply(stop="content_filter"), "The AI model declined to answer this."),
         (
             FakeReply(status=400, error=AZURE_FILTERED),  # Azure OpenAI's filter flagged the prompt
             "the AI provider's content filter declined this request",

@@ -455,11 +455,9 @@ async def test_an_answer_the_model_declined_to_finish_says_so(
     blank.on_partial = Sink() if stream else None
     await loop_for(server, http, api, [AddTool()]).process(blank)
     assert blank.reply == "" and blank.notes == [DECLINED]
-    assert reply_text(blank) == (
-        f"⚠️ Sorry, I couldn't answer this time ({DECLINED}). Your message is saved — send another "
-        "message to try again.",
-        True,
-    )
+    # Told as it is: "Sorry, I couldn't answer this time (… this.). … send another message to try
+    # again" read badly, and asking again meets the same refusal.
+    assert reply_text(blank) == (f"⚠️ {DECLINED}", True)
 
 
 @pytest.mark.parametrize("api", APIS)
@@ -472,7 +470,7 @@ async def test_a_blank_answer_cut_off_at_the_output_limit_says_so(
     turn = new_turn()
     await loop_for(server, http, api, [AddTool()]).process(turn)
     assert turn.reply == "" and turn.notes == [NO_ROOM] and len(server.requests) == 1
-    assert reply_text(turn)[0].startswith(f"⚠️ Sorry, I couldn't answer this time ({NO_ROOM}).")
+    assert reply_text(turn) == (f"⚠️ {NO_ROOM}", True)  # asking again would end the same way
     [logged] = [r.msg for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("fix")]
     assert "MEMBOT_LLM__MAX_OUTPUT_TOKENS" in str(logged["fix"])
 
