@@ -7,8 +7,10 @@ before the next one, and ``/compact`` puts its summary in a system message. Both
 :func:`normalized` messages, so every request has this shape:
 
 - tool-call ids the wire format accepts, each used once (:func:`~bot.llm.wire_ids.renamed`);
-- a name on every tool call: one a model sent without any goes out as :data:`NAMELESS` (both APIs
-  refuse a call with an empty name, so it made every later request of the chat fail);
+- a name on every tool call that both APIs accept (``^[a-zA-Z0-9_-]{1,64}$``, as for the tools they
+  are offered): one a model sent without any goes out as :data:`NAMELESS`, one with other characters
+  (a local model's ``files<|channel|>commentary``) with those made ``_`` (a refused name made every
+  later request of the chat fail);
 - tool calls paired with their results (:func:`~bot.llm.tool_pairs.paired`), and otherwise untouched;
 - system messages (compaction summaries) folded into the system prompt, in order;
 - consecutive user messages merged into one, and so are consecutive assistant texts;
@@ -18,6 +20,7 @@ before the next one, and ``/compact`` puts its summary in a system message. Both
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from bot.domain import Message, Role, ToolCall
@@ -29,6 +32,8 @@ from bot.llm.wire_ids import IdRule, renamed
 OPENING = "(the conversation so far continues)"
 # Stands in for the name of a tool call the model sent without one (its result said no such tool ran).
 NAMELESS = "unnamed_tool"
+_WIRE_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_NOT_IN_NAMES = re.compile(r"[^a-zA-Z0-9_-]+")
 
 
 def normalized(request: ChatRequest, ids: IdRule) -> tuple[str, list[Message]]:
@@ -43,7 +48,7 @@ def normalized(request: ChatRequest, ids: IdRule) -> tuple[str, list[Message]]:
             continue
         if message.role is Role.ASSISTANT and not message.tool_calls and not _says_something(message.content):
             continue  # says nothing; an empty assistant text is refused by some APIs
-        if message.tool_calls and not all(_says_something(call.name) for call in message.tool_calls):
+        if message.tool_calls and not all(_WIRE_NAME.fullmatch(call.name) for call in message.tool_calls):
             message = _named(message)
         last = out[-1] if out else None
         if last is not None and last.role is message.role and message.role is not Role.TOOL:
@@ -61,10 +66,14 @@ def _says_something(text: str) -> bool:
 
 def _named(message: Message) -> Message:
     calls = tuple(
-        call if _says_something(call.name) else ToolCall(call.id, NAMELESS, call.arguments)
+        call if _WIRE_NAME.fullmatch(call.name) else ToolCall(call.id, _wire_name(call.name), call.arguments)
         for call in message.tool_calls
     )
     return replace(message, tool_calls=calls)
+
+
+def _wire_name(name: str) -> str:
+    return _NOT_IN_NAMES.sub("_", name).strip("_")[:64] or NAMELESS
 
 
 def _merged(first: Message, second: Message) -> Message:

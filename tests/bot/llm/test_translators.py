@@ -495,3 +495,27 @@ def test_history_is_normalized_for_strict_templates_and_tool_pairs_are_kept() ->
     ]
     assert out[2].images == (ImagePart("image/png", "AAAA"),)
     assert out[3].tool_calls == calls  # the text and the call it led to are one assistant turn
+
+
+@pytest.mark.parametrize(
+    ("name", "sent"),
+    [
+        ("", "unnamed_tool"),
+        ("files<|channel|>commentary", "files_channel_commentary"),  # a local model's leaked template
+        ("web.fetch", "web_fetch"),
+        ("x" * 80, "x" * 64),
+        ("files", "files"),
+    ],
+)
+def test_tool_call_names_go_out_as_both_apis_accept_them(name: str, sent: str) -> None:
+    """Both APIs take tool names of ``[a-zA-Z0-9_-]{1,64}`` only: a call the model named otherwise (its
+    result said there is no such tool) made every later request of the chat fail."""
+    call = ToolCall("call_1", name, "{}")
+    history = [
+        Message(Role.USER, "hi"),
+        Message(Role.ASSISTANT, "", tool_calls=(call,)),
+        Message(Role.TOOL, "Error: there is no tool named that.", tool_call_id="call_1"),
+    ]
+    _, out = normalized(ChatRequest(messages=history), OPENAI_IDS)
+    assert [c.name for c in out[1].tool_calls] == [sent]
+    assert history[1].tool_calls[0].name == name  # the session keeps what the model wrote
