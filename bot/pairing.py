@@ -227,7 +227,10 @@ class PairingStore:
 
     @contextlib.contextmanager
     def _update(self) -> Iterator[_State]:
-        """Read-modify-write under an exclusive lock; expired codes are dropped on the way."""
+        """Read-modify-write under an exclusive lock; expired codes are dropped on the way.
+
+        Nothing is written when the state read is left as it was: a refused ask, an unknown code or a
+        revoke of nobody (a stranger's unpaced slash commands were a write and an fsync each)."""
         ensure_private_dir(self._path.parent)
         lock_path = self._path.with_name(self._path.name + ".lock")
         with self._lock:
@@ -241,6 +244,8 @@ class PairingStore:
                     [r for r in self._state.pending if r.expires_at > now], list(self._state.approved)
                 )
                 yield state
+                if state == self._state:
+                    return
                 try:
                     atomic_write_text(self._path, _dump(state))
                 except OSError as exc:

@@ -148,3 +148,20 @@ def test_a_user_approved_in_the_file_is_approved_for_every_thread_that_asks_firs
         with ThreadPoolExecutor(4) as pool:
             denied += [f.result() for f in [pool.submit(ask) for _ in range(4)]].count(False)
     assert denied == 0
+
+
+async def test_asks_refused_for_a_full_channel_leave_the_file_alone(tmp_path: Path, clock: Clock) -> None:
+    """With the channel's pending codes at the maximum, each further stranger's ask is refused, but each
+    still rewrote and fsynced pairing.json (a Discord slash command must be answered and is not paced,
+    so a flood of them was a write each); an unknown code or a revoke of nobody wrote it too."""
+    store = store_in(tmp_path, clock)
+    assert all([await store.request("discord", str(uid)) for uid in (1, 2, 3)])
+    path = tmp_path / "ws" / PAIRING_FILE
+    written = path.stat()
+    for _ in range(5):
+        assert await store.request("discord", "4") is None
+    assert await store.approve("ZZZZ-ZZZZ") is None
+    assert not await asyncio.to_thread(store.revoke_sync, "discord", "9")
+    now = path.stat()
+    assert (now.st_ino, now.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+    assert [r.user_id for r in await store.pending()] == ["1", "2", "3"]
