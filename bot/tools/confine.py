@@ -32,6 +32,7 @@ it was given. Elsewhere this refuses a few names the bot does not use, which cos
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 from collections.abc import Collection, Iterable
@@ -49,7 +50,9 @@ BOT_STATE_PATHS = ("memory/archive", "memory/pending", "memory/items", "memory/v
 MEMORY_DIR = "memory"
 READ_ONLY = (MEMORY_DIR,)
 MEMORY_FILE = PurePosixPath("memory/MEMORY.md")
-MAX_PATH_CHARS = 1024  # well inside PATH_MAX (4,096 bytes) with the workspace's own path in front
+PATH_MAX = 4096  # bytes, with the final NUL: Linux's limit on a path handed to the system
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 3072  # leaves a workspace path of up to 1,000 bytes or so room in front, within PATH_MAX
 _SET_ASIDE = re.compile(r"\.(damaged|corrupt)-[^/]*$", re.IGNORECASE)
 
 
@@ -63,13 +66,19 @@ def relative_path(raw: str) -> PurePosixPath:
     path = PurePosixPath(text)
     if ".." in path.parts:
         raise ToolError(f"'..' is not allowed in paths ({raw!r}); stay inside the workspace")
-    if len(text) > MAX_PATH_CHARS or any(len(p.encode("utf-8", "surrogatepass")) > 255 for p in path.parts):
-        # The filesystem's own limits (255 bytes a name, 4,096 a path), said plainly instead of an OSError.
+    # The filesystem's own limits (255 bytes a name, 4,096 a path), said plainly instead of an OSError;
+    # in bytes, as the system counts them (1,023 characters of emoji are 4,092 bytes).
+    if _size(text) > MAX_PATH_BYTES or any(_size(p) > MAX_NAME_BYTES for p in path.parts):
         raise ToolError(
-            f"the path is too long ({len(text)} characters); use names of at most 255 bytes and paths of at "
-            f"most {MAX_PATH_CHARS} characters"
+            f"the path is too long ({_size(text)} bytes); use names of at most {MAX_NAME_BYTES} bytes and "
+            f"paths of at most {MAX_PATH_BYTES} bytes"
         )
     return path
+
+
+def _size(text: str) -> int:
+    """``text``'s length in bytes as UTF-8 (a lone surrogate counted as the three bytes it would take)."""
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def inside_workspace(root: Path, files: Iterable[Path | None]) -> list[str]:
@@ -148,7 +157,7 @@ class Confinement:
         and out of the bot's state, so a link cannot reach ``sessions/`` or anything outside.
         """
         root = self.root.resolve()
-        real = (root / rel).resolve()
+        real = _joined(root, rel)
         if real != root and not real.is_relative_to(root):
             raise ToolError(f"{rel} leads outside the workspace through a symbolic link; refused")
         inner = PurePosixPath(real.relative_to(root).as_posix())
@@ -186,3 +195,21 @@ class Confinement:
                 f"a folder on the path of {rel} changed while it was used ({exc.strerror}); refused"
             ) from None
         return fd
+
+
+def _joined(root: Path, rel: PurePosixPath) -> Path:
+    """``root / rel`` resolved, refused plainly when the workspace's own path in front of ``rel`` takes it
+    past PATH_MAX: ``rel`` alone is within :data:`MAX_PATH_BYTES`, but a workspace deep in the disk leaves
+    less room, and the tool crashed with ENAMETOOLONG on the first look at the file."""
+    try:
+        real = (root / rel).resolve()
+    except OSError as exc:  # (a non-strict resolve keeps going past it today)
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+    else:
+        if _size(str(real)) < PATH_MAX:
+            return real
+    raise ToolError(
+        f"the path is too long for this workspace ({_size(str(root / rel))} bytes with the workspace's path "
+        f"in front, over the system's limit of {PATH_MAX - 1}); use a shorter path"
+    )

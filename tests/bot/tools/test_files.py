@@ -129,6 +129,9 @@ async def test_write_read_append_list_search(workspace: Path) -> None:
         ("state/telegram_updates.json", "internal state"),  # other chats' messages, waiting to be handed on
         ("a" * 3000, "the path is too long"),  # the tool failed with an OSError ("File name too long")
         ("notes/" + "é" * 200 + ".md", "the path is too long"),  # a 400-byte name: ENAMETOOLONG too
+        # 1,023 characters (the limit counted those) but 4,044 bytes, past PATH_MAX behind the workspace:
+        # the tool crashed with ENAMETOOLONG
+        ("/".join(["\U0001f600" * 60] * 16) + "/" + "\U0001f600" * 47, "the path is too long"),
     ],
 )
 async def test_paths_leading_out_are_refused(workspace: Path, path: str, reason: str) -> None:
@@ -136,6 +139,17 @@ async def test_paths_leading_out_are_refused(workspace: Path, path: str, reason:
     assert reason in await refused(files, action="read", path=path)
     assert reason in await refused(files, action="write", path=path, content="pwned")
     assert (workspace.parent / "outside" / "secret.txt").read_text() == "TOP SECRET"
+
+
+@pytest.mark.parametrize("action", ["read", "write", "append", "list", "search"])
+async def test_a_path_too_long_for_a_deep_workspace_is_refused(tmp_path: Path, action: str) -> None:
+    """Within the limit on its own, but past PATH_MAX once joined to a workspace deep in the disk: a plain
+    refusal, not a crash with ENAMETOOLONG."""
+    root = tmp_path.joinpath(*["d" * 250] * 13)  # about 3,300 bytes
+    (root / "notes").mkdir(parents=True)
+    path = "notes/" + "/".join(["a" * 250] * 4) + "/x.md"  # 1,014 bytes
+    reason = await refused(tool(root), action=action, path=path, content="x", query="x")
+    assert "the path is too long" in reason
 
 
 @pytest.mark.parametrize(
