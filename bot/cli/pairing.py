@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import unicodedata
 from typing import Annotated
 
 import typer
@@ -10,6 +9,7 @@ from rich.table import Table
 
 from bot.cli.root import app, command_group, console, fail, settings_from
 from bot.pairing import approve_code, list_pairings, revoke_user
+from bot.printable import printable
 
 pairing_app = command_group("Approve chat users who asked for access (pairing codes).")
 app.add_typer(pairing_app, name="pairing")
@@ -23,8 +23,8 @@ def approve(
     approval = approve_code(settings_from(ctx).workspace, code)
     if approval is None:
         fail(f"no pending pairing code {code!r} (codes expire after an hour; see `membot pairing list`)")
-    name = shown(approval.user_name)
-    who = f"{name} ({shown(approval.user_id)})" if name else shown(approval.user_id)
+    name = _one_line(approval.user_name)
+    who = f"{name} ({_one_line(approval.user_id)})" if name else _one_line(approval.user_id)
     console.print(f"approved {who} on {approval.channel}")
 
 
@@ -35,10 +35,10 @@ def list_(ctx: typer.Context) -> None:
     table = Table("state", "channel", "user id", "name", "code / since")
     for req in pending:
         until = f"{req.code} (until {req.expires_at:%H:%M} UTC)"
-        table.add_row("pending", req.channel, shown(req.user_id), shown(req.user_name), until)
+        table.add_row("pending", req.channel, _one_line(req.user_id), _one_line(req.user_name), until)
     for done in approved:
         since = f"{done.approved_at:%Y-%m-%d}"
-        table.add_row("approved", done.channel, shown(done.user_id), shown(done.user_name), since)
+        table.add_row("approved", done.channel, _one_line(done.user_id), _one_line(done.user_name), since)
     console.print(table if pending or approved else "no pairing requests and no approved users")
 
 
@@ -50,11 +50,9 @@ def revoke(ctx: typer.Context, channel: str, user_id: str) -> None:
     console.print(f"revoked {user_id} on {channel}")
 
 
-def shown(text: str) -> str:
-    """A stranger's name (their platform profile's) as the operator's terminal may show it: control
-    and format characters (ESC sequences that clear the screen or hide text, bidi overrides that
-    reverse it) as U+FFFD, never obeyed."""
-    return "".join("\ufffd" if unicodedata.category(c) in _HIDDEN else c for c in text)
-
-
-_HIDDEN = {"Cc", "Cf", "Zl", "Zp"}
+def _one_line(text: str) -> str:
+    """A stranger's name (their platform profile's) as the operator's terminal may show it: its control
+    characters (ESC sequences that clear the screen or hide text, bidi overrides that reverse it) made
+    visible, never obeyed (bot/printable.py), and on one line, its line breaks as spaces (a name with a
+    line break in it would add a fake row to the table)."""
+    return printable(" ".join(text.split()))

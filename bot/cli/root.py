@@ -140,7 +140,7 @@ def _hide(settings: Settings) -> None:
     configure_logging(level=settings.log_level, fmt=settings.log_format, secrets=_secrets)
 
 
-def shown(message: str) -> str:
+def masked(message: str) -> str:
     """``message`` as a command may print it: the settings' secrets and credential-shaped text masked."""
     from bot.logging import SecretRedactor
 
@@ -148,7 +148,7 @@ def shown(message: str) -> str:
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    err_console.print(Text.assemble(("error:", "bold red"), " ", shown(message)), highlight=False)
+    err_console.print(Text.assemble(("error:", "bold red"), " ", masked(message)), highlight=False)
     raise typer.Exit(code)
 
 
@@ -160,10 +160,10 @@ def main() -> None:
     try:
         app()
     except MembotError as exc:  # anything that escaped a command: one clear line, no traceback
-        err_console.print(Text.assemble(("error:", "bold red"), " ", shown(str(exc))), highlight=False)
+        err_console.print(Text.assemble(("error:", "bold red"), " ", masked(str(exc))), highlight=False)
         sys.exit(2)
     except OSError as exc:  # a folder that cannot be made or read: what and where, no traceback
         where = f"{exc.filename}: " if exc.filename else ""
-        said = shown(f"{where}{exc.strerror or exc}")
+        said = masked(f"{where}{exc.strerror or exc}")
         err_console.print(Text.assemble(("error:", "bold red"), " ", said), highlight=False)
         sys.exit(1)

@@ -371,7 +371,7 @@ def test_import_errors_name_the_session_turn_or_field_at_fault(tmp_path: Path) -
 def test_show_and_search_print_memories_without_obeying_their_control_characters(tmp_path: Path) -> None:
     """MEMORY.md and the items hold what chats said and what the model wrote: printed raw, their ESC
     sequences (OSC 52 writes the clipboard, CSI 2J clears the screen) were obeyed by the terminal."""
-    hostile = "green tea \x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x9b31m from Kyoto"
+    hostile = "green tea \x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x9b31m from \u202eotoyK"  # a bidi override too
     export = tmp_path / "conv.json"
     turns = [{"role": "user", "content": f"I love {hostile}"}, {"role": "assistant", "content": "Ok"}]
     export.write_text(json.dumps({"sessions": [{"id": "s1", "date": "2024-01-01 10:00", "turns": turns}]}))
@@ -382,4 +382,5 @@ def test_show_and_search_print_memories_without_obeying_their_control_characters
         result = membot(*args, workspace=ws)
         assert result.returncode == 0, result.stderr
         assert "\x1b" not in result.stdout and "\x07" not in result.stdout and "\x9b" not in result.stdout
+        assert "\u202e" not in result.stdout and "\ufffdotoyK" in result.stdout, args
         assert "␛]52;c;cm0gLXJmIH4=␇␛[2J" in result.stdout, args

@@ -69,8 +69,11 @@ def test_list_shows_counts_sizes_and_activity_newest_first(tmp_path: Path, works
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
 
 
-# OSC 52 writes the operator's clipboard, CSI 2J clears the screen to fake what follows, BEL, C1 CSI.
-HOSTILE = "see \x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[8mhidden\x9b31m\rdone"
+# OSC 52 writes the operator's clipboard, CSI 2J clears the screen to fake what follows, BEL, C1 CSI, a
+# bidi override that shows what follows backwards (and an emoji whose zero-width joiner must stay).
+HOSTILE = (
+    "see \x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[8mhidden\x9b31m\rdone \u202eexe.txt \U0001f469\u200d\U0001f4bb"
+)
 
 
 def test_show_prints_what_others_wrote_without_obeying_its_control_characters(tmp_path: Path) -> None:
@@ -87,9 +90,10 @@ def test_show_prints_what_others_wrote_without_obeying_its_control_characters(tm
     store(tmp_path / "ws", session)
     result = membot(tmp_path, "sessions", "show", "telegram:-100")
     assert result.returncode == 0, result.stderr
-    for obeyed in ("\x1b", "\x07", "\x9b", "\r"):
+    for obeyed in ("\x1b", "\x07", "\x9b", "\r", "\u202e"):
         assert obeyed not in result.stdout
-    assert result.stdout.count("see ␛]52;c;cm0gLXJmIH4=␇␛[2J␛[8mhidden�31mdone") == 4
+    assert result.stdout.count("see ␛]52;c;cm0gLXJmIH4=␇␛[2J␛[8mhidden�31mdone \ufffdexe.txt") == 4
+    assert result.stdout.count("\U0001f469\u200d\U0001f4bb") == 4  # (a line may wrap before it)
     assert "Mallory: see" in result.stdout and "→ web_fetch(" in result.stdout
 
 
