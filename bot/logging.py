@@ -28,7 +28,7 @@ LOG_FILE_BYTES = 5_000_000
 _PATTERNS = [
     re.compile(r"sk-(?:ant-|proj-)?[A-Za-z0-9_\-]{16,}"),  # OpenAI / Anthropic keys
     re.compile(r"(?<!\d)\d{6,12}:[A-Za-z0-9_\-]{30,}"),  # Telegram bot tokens (also inside URLs)
-    # Discord tokens: the bot's id in base64 first ("M", "N" or "O": ids from 1, 2-7 or 8-9 on)
+    # Discord tokens: the bot's id in base64 first ("M" for ids starting 1-3, "N" for 4-7, "O" for 8-9)
     re.compile(r"\b[MNO][A-Za-z\d_\-]{23,25}\.[A-Za-z\d_\-]{6}\.[A-Za-z\d_\-]{27,}\b"),
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-]{12,}"),
     re.compile(r"(?i)(x-api-key['\"]?\s*[:=]\s*['\"]?)[A-Za-z0-9._\-]{12,}"),

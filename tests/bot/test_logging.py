@@ -90,7 +90,7 @@ def test_echoed_keys_and_url_credentials_are_masked_but_setting_names_stay() -> 
         == "cannot reach http://***@10.0.0.1/v1 now"
     )
     assert r.redact("MEMBOT_LLM__OPENAI__API_KEY=local-key-1234") == "MEMBOT_LLM__OPENAI__API_KEY=***"
-    # Discord tokens start with the bot's id in base64: "M"/"N" for most, "O" for ids from 8 or 9 on.
+    # Discord tokens start with the bot's id in base64: "M" for ids starting 1-3, "N" for 4-7, "O" for 8-9.
     for user_id in ("123456789012345678", "456789012345678901", "876543210987654321"):
         token = f"{base64.b64encode(user_id.encode()).decode().rstrip('=')}.GhIjKl.{'x1Y2z3' * 6}"
         assert r.redact(f"login failed with {token} today") == "login failed with *** today", token
