@@ -7,8 +7,9 @@ it in the background (:meth:`Retirement.in_background`), and :meth:`Retirement.c
 Messages are retired once: those the archive holds already are skipped, and the others are recorded
 as pending (bot/memory/pending.py) before they reach the archive. A kill before their consolidation
 is written leaves that record, and :meth:`Retirement.resume` (the next start) finishes the work. A
-background consolidation whose writes storage refused (a full disk) is made again, the same way, after
-the next retirement whose own writes went through: the running bot need not be restarted for it.
+consolidation whose writes storage refused (a full disk), awaited or in the background, is made again,
+the same way, after the next retirement whose own writes went through: the running bot need not be
+restarted for it.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ class Retirement:
         self._longterm_for = longterm_for
         self._clock = clock
         self._tasks: set[asyncio.Task[ConsolidationResult]] = set()
-        # Background consolidations storage refused: their records wait on disk; made again after the
-        # next retirement the disk takes (else by the next start).
+        # Consolidations storage refused (awaited or in the background): their records wait on disk;
+        # made again after the next retirement the disk takes (else by the next start).
         self._stalled: list[PendingWork] = []
 
     async def archive_messages(self, session_id: str, messages: Sequence[Message]) -> int:
@@ -89,13 +90,19 @@ class Retirement:
         Used by compaction and ``/new``. On timeout or failure a raw-fallback entry is written and
         ``result.raw_fallback`` is True; the caller may drop the messages from the session either way.
         Messages the archive held already were retired before (a kill kept them in their session):
-        they are not consolidated again.
+        they are not consolidated again. One whose writes storage refused raises, and is made again
+        after the next retirement the disk takes (see ``_stalled``): its messages are archived, so no
+        later retirement would take them.
         """
         session_id = session if isinstance(session, str) else session.id
         work = await self._record(session_id, messages_to_retire)
         if work is None:
             return ConsolidationResult(session_id)
-        return await self._finish(work, timeout=timeout, resumed=False)
+        try:
+            return await self._finish(work, timeout=timeout, resumed=False)
+        except OSError:
+            self._stalled.append(work)  # its record waits on disk, as a background one's does
+            raise
 
     async def in_background(
         self, session_id: str, messages_to_retire: Sequence[Message]

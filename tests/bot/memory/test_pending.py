@@ -332,3 +332,40 @@ async def test_a_consolidation_the_full_disk_refused_is_made_once_space_is_back_
     assert [i.content for i in restarted.items.items(Layer.EPISODIC) if i.content == FACT] == [FACT]
     await restarted.close()
     assert len(fake_llm.requests) == 2
+
+
+async def test_an_awaited_consolidation_the_full_disk_refused_is_made_once_space_is_back_without_a_restart(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compaction and /new await the consolidation: one whose HISTORY entry the disk refused raised and
+    left its record to the next start (only a background one was made again by the running bot), so
+    until a restart its messages, archived already, had no HISTORY entry, MEMORY.md change or facts."""
+    full = [True]
+    real = os.write
+
+    def write(fd: int, data: Any) -> int:  # at the system call: our code runs as it would
+        if full[0] and "/memory/HISTORY" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    memory = await running_bot(tmp_path, clock, llm)
+    root = memory.root
+    fake_llm.script(FakeReply(text=ANSWER))
+    with pytest.raises(OSError, match="No space"):
+        await memory.consolidate("cli:me", talk(clock))  # compaction's retirement
+    full[0] = False  # space is back
+    clock.advance(minutes=5)
+    later = [Message(Role.USER, "Porto next, part 9", timestamp=clock.now)]
+    fake_llm.script(FakeReply(text=json.dumps({"history_entry": "Porto was planned.", "memory_update": ""})))
+    await memory.consolidate("cli:me", later)  # the chat's next compaction
+    await memory.close()  # (waits for every consolidation)
+    assert len(fake_llm.requests) == 2
+    history = (root / "HISTORY.md").read_text()
+    assert history.count(ENTRY) == 1 and history.count("Porto was planned.") == 1
+    assert f"- {FACT}" in (root / "MEMORY.md").read_text()
+    assert list((root / "pending").iterdir()) == []  # nothing left for the next start
+    restarted = await running_bot(tmp_path, clock, llm)
+    assert [i.content for i in restarted.items.items(Layer.EPISODIC) if i.content == FACT] == [FACT]
+    await restarted.close()
+    assert len(fake_llm.requests) == 2
