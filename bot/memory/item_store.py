@@ -268,8 +268,6 @@ class ItemStore:
         (``append_bytes``), and the versions it held are in memory only until an append or a rewrite of
         their log stores them. Counted as the log's, those lines made it look appended to by another
         process until a restart: no snapshot was saved and the log was never compacted."""
-        if write.cancelled():  # (its caller was: the write went on, its outcome unknown here)
-            return
         if write.exception() is None:
             for item_id in ids:
                 self._unwritten.pop(item_id, None)
@@ -429,7 +427,11 @@ class ItemStore:
 
 async def _all_written(writes: list[asyncio.Future[None]]) -> None:
     """Wait for every write, then raise the first failure: a full disk fails them all, and each
-    failure left unread would be logged again as never retrieved."""
-    for result in await asyncio.gather(*writes, return_exceptions=True):
+    failure left unread would be logged again as never retrieved.
+
+    Shielded: a caller cancelled meanwhile (/stop, a timeout) cancelled the writes' futures, and the
+    store's account of them (``ItemStore._written``) went with it: a failed append stayed counted as
+    lines of its log, and the versions it held were taken for stored."""
+    for result in await asyncio.shield(asyncio.gather(*writes, return_exceptions=True)):
         if isinstance(result, BaseException):
             raise result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 from pathlib import Path
@@ -11,7 +12,10 @@ import pytest
 
 from bot.domain import Message, Role
 from bot.memory import Exchange, Layer
+from bot.memory.item_snapshot import SNAPSHOT
+from bot.memory.item_store import ItemStore
 from tests.bot.memory.conftest import Clock, make_memory
+from tests.bot.memory.test_items import item
 
 
 def exchange(clock: Clock, user: str, answer: str) -> Exchange:
@@ -113,3 +117,31 @@ async def test_items_the_full_disk_refused_are_not_counted_as_lines_of_their_log
     contents = [i.content for i in again.items.items(Layer.EPISODIC)]
     assert any("Hanna lives in Porto" in c for c in contents) and any("weather" in c for c in contents)
     await again.close()
+
+
+async def test_a_failed_append_whose_caller_was_cancelled_is_counted_and_written_again(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller cancelled while its items were written (/stop, a timeout) took the store's account of
+    the append with it: a failed one stayed counted as lines of its log (never compacted again, "changed
+    elsewhere") and its items were taken for stored."""
+    disk = FullDisk(monkeypatch, "/items/")
+    store = ItemStore(tmp_path / "items")
+    await store.load()
+    first = await store.add(item(clock, "Hanna lives in Porto"))
+    disk.full = True
+    adding = asyncio.create_task(store.add_many([item(clock, "Ines lives in Braga")]))
+    await asyncio.sleep(0)  # its lines are queued
+    adding.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await adding
+    await store.drain()  # the append failed all the same
+    disk.full = False  # space is back
+    for n in range(8):  # versions enough for the log to be compacted
+        await store.put(first.with_changes(salience=0.5 + n / 100))
+    assert await store.compact() == 1
+    assert await store.save_snapshot()
+    (tmp_path / "items" / SNAPSHOT).unlink()  # a restart from the logs alone
+    again = ItemStore(tmp_path / "items")
+    await again.load()
+    assert sorted(i.content for i in again.items()) == ["Hanna lives in Porto", "Ines lives in Braga"]
