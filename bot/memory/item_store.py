@@ -60,7 +60,9 @@ class ItemStore:
         self._merges: dict[tuple[Layer, str, str], str] = {}  # what a repeat merges into (_merge_key)
         self._lines: dict[Path, int] = defaultdict(int)
         self._damaged: set[Path] = set()  # logs holding lines the load could not read (kept aside)
-        self._unwritten: dict[str, Path] = {}  # items whose newest version a failed append left out
+        # Per log, the newest version of each item a failed append left out (a tombstone too): written
+        # again with the log's next append, or by the next snapshot (_left_out).
+        self._unwritten: dict[Path, dict[str, MemoryItem]] = {}
         self._touched: set[str] = set()  # ids whose last use is newer in memory than on disk
         self._listeners: list[ChangeListener] = []
         self._writer = GroupWriter("memory-writer")
@@ -108,14 +110,19 @@ class ItemStore:
         """Write the snapshot of the live items (after every queued line is on disk); best effort.
 
         Not while a log holds damaged lines: the next load would read only past them, and the running
-        bot, which rewrites such a log at its start, would never learn of them. Nor while an item's newest
-        version is in memory only (its append failed): the next start would take it as stored, and not
-        record its message again."""
-        if self._damaged or self._unwritten:
+        bot, which rewrites such a log at its start, would never learn of them. The versions a failed
+        append left out (a full disk) are appended first; while one still is in memory only, no snapshot:
+        the next start would take it as stored, and not record its message again (or bring back an item
+        forgotten since)."""
+        if self._damaged:
             return False
-        items = list(self._items.values())
-        lines = dict(self._lines)
         try:
+            if self._unwritten:
+                await _all_written(self._submit([], logs=list(self._unwritten)))
+            if self._unwritten:  # (left out again since, by another append)
+                return False
+            items = list(self._items.values())
+            lines = dict(self._lines)
             return await self._writer.call(functools.partial(item_snapshot.write, self._root, items, lines))
         except OSError as exc:
             log.warning("memory_snapshot_not_saved", error=repr(exc))
@@ -173,6 +180,8 @@ class ItemStore:
         await self._write(batch)
 
     async def delete(self, item_id: str, now: datetime) -> MemoryItem | None:
+        """Forget an item: gone from memory at once; its tombstone, should a full disk refuse it, is
+        appended again later (with its log's next append, or by the next snapshot)."""
         item = self._items.get(item_id)
         if item is None:
             return None
@@ -249,31 +258,63 @@ class ItemStore:
         """Queue the items' lines (one payload per file) and wait until they are durable (written)."""
         await _all_written(self._submit(items, sync=sync))
 
-    def _submit(self, items: list[MemoryItem], *, sync: bool = True) -> list[asyncio.Future[None]]:
-        """Queue the items' lines now, in the order of the changes; the futures of their writes."""
+    def _submit(
+        self, items: list[MemoryItem], *, sync: bool = True, logs: Iterable[Path] = ()
+    ) -> list[asyncio.Future[None]]:
+        """Queue the items' lines now, in the order of the changes, each log's with the versions a failed
+        append left out of it (``logs``: those logs too, with nothing new); the futures of their writes.
+
+        The store keeps account of each write on the writer's own future (``_written``), which its
+        callers never cancel (``_all_written``).
+        """
         groups: dict[Path, list[MemoryItem]] = defaultdict(list)
         for item in items:
             groups[self.path_for(item)].append(item)
+        for path in logs:
+            groups.setdefault(path, [])
         writes = []
         for path, group in groups.items():
+            group[:0] = self._left_out(path, group)
+            if not group:
+                continue
             self._lines[path] += len(group)
             payload = "".join(item_logs.line_of(item) + "\n" for item in group).encode("utf-8")
             write = self._writer.submit(path, payload, sync=sync)
-            write.add_done_callback(functools.partial(self._written, path, [item.id for item in group]))
+            write.add_done_callback(functools.partial(self._written, path, group))
             writes.append(write)
         return writes
 
-    def _written(self, path: Path, ids: list[str], write: asyncio.Future[None]) -> None:
+    def _left_out(self, path: Path, group: list[MemoryItem]) -> list[MemoryItem]:
+        """What a failed append left out of ``path`` and ``group`` does not write anew: each item's
+        version of now (a later one carries it), and the tombstone of one forgotten."""
+        left = self._unwritten.get(path)
+        if not left:
+            return []
+        new = {item.id for item in group}
+        versions = []
+        for item_id, version in left.items():
+            if item_id in new:
+                continue
+            if (current := self._items.get(item_id)) is not None:
+                versions.append(current)
+            elif version.deleted:  # (a version not deleted of an item gone: its tombstone is on its way)
+                versions.append(version)
+        return versions
+
+    def _written(self, path: Path, group: list[MemoryItem], write: asyncio.Future[None]) -> None:
         """Keep account of an append: a failed one (a full disk) left none of its lines in the log
         (``append_bytes``), and the versions it held are in memory only until an append or a rewrite of
         their log stores them. Counted as the log's, those lines made it look appended to by another
         process until a restart: no snapshot was saved and the log was never compacted."""
+        left = self._unwritten.setdefault(path, {})
         if write.exception() is None:
-            for item_id in ids:
-                self._unwritten.pop(item_id, None)
-            return
-        self._lines[path] -= len(ids)
-        self._unwritten.update(dict.fromkeys(ids, path))
+            for item in group:
+                left.pop(item.id, None)
+        else:
+            self._lines[path] -= len(group)
+            left.update((item.id, item) for item in group)  # the newest of each id last
+        if not left:
+            del self._unwritten[path]
 
     async def drain(self) -> None:
         """Wait until every change made so far is on disk."""
@@ -406,17 +447,24 @@ class ItemStore:
             where = named.get(path)
             items, lines = keep[where] if where is not None else [], self._lines[path]
             rewrite = functools.partial(item_logs.rewrite_if_unchanged, self._root, path, lines, items)
-            queued.append((path, lines, len(items), self._writer.submit_call(rewrite)))
+            left = dict(self._unwritten.get(path, {}))  # the versions of this moment are in the rewrite
+            queued.append((path, lines, len(items), left, self._writer.submit_call(rewrite)))
         results = await asyncio.gather(*(done for *_, done in queued), return_exceptions=True)
         rewritten, error = 0, None
-        for (path, lines, kept_count, _), result in zip(queued, results, strict=True):
+        for (path, lines, kept_count, left, _), result in zip(queued, results, strict=True):
             if isinstance(result, BaseException):
                 error = error or result
             elif result:
                 self._lines[path] += kept_count - lines  # lines queued meanwhile stay
                 self._damaged.discard(path)
-                # Rewritten from memory: the versions a failed append left out are in it now.
-                self._unwritten = {i: p for i, p in self._unwritten.items() if p != path}
+                # Rewritten from memory: the versions a failed append left out are in it now (not
+                # one left out later, by an append queued behind the rewrite).
+                still = self._unwritten.get(path, {})
+                for item_id, version in left.items():
+                    if still.get(item_id) is version:
+                        del still[item_id]
+                if not still:
+                    self._unwritten.pop(path, None)
                 rewritten += 1
             else:
                 log.warning("memory_items_changed_elsewhere", file=path.name)

@@ -14,6 +14,8 @@ from bot.domain import Message, Role
 from bot.memory import Exchange, Layer
 from bot.memory.item_snapshot import SNAPSHOT
 from bot.memory.item_store import ItemStore
+from bot.memory.tool import MemoryTool
+from bot.tools.base import ToolContext
 from tests.bot.memory.conftest import Clock, make_memory
 from tests.bot.memory.test_items import item
 
@@ -119,6 +121,28 @@ async def test_items_the_full_disk_refused_are_not_counted_as_lines_of_their_log
     await again.close()
 
 
+async def test_a_decay_the_full_disk_refused_is_written_once_space_is_back_and_the_snapshot_saved(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version a failed append left out was written only with the item's next version: one decay on a
+    full disk (or a flush of touches, a promotion, an update) held every snapshot off until a restart."""
+    disk = FullDisk(monkeypatch, "/items/")
+    store = ItemStore(tmp_path / "items")
+    await store.load()
+    stored = await store.add(item(clock, "Hanna lives in Porto"))
+    clock.advance(days=40)
+    disk.full = True
+    with pytest.raises(OSError, match="No space"):
+        await store.decay(clock.now, 30)
+    disk.full = False  # space is back
+    assert await store.save_snapshot()
+    (tmp_path / "items" / SNAPSHOT).unlink()  # a restart from the logs alone
+    again = ItemStore(tmp_path / "items")
+    await again.load()
+    faded = again.get(stored.id)
+    assert faded is not None and faded.salience == stored.salience / 2
+
+
 async def test_a_failed_append_whose_caller_was_cancelled_is_counted_and_written_again(
     tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -145,3 +169,25 @@ async def test_a_failed_append_whose_caller_was_cancelled_is_counted_and_written
     again = ItemStore(tmp_path / "items")
     await again.load()
     assert sorted(i.content for i in again.items()) == ["Hanna lives in Porto", "Ines lives in Braga"]
+
+
+async def test_an_item_forgotten_on_a_full_disk_stays_forgotten_after_a_restart(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store dropped the item before its tombstone was written: on a full disk the forget was in
+    memory only, and the item came back at the next start."""
+    disk = FullDisk(monkeypatch, "/memory/items/")
+    memory = await make_memory(tmp_path, clock)
+    tool, ctx = MemoryTool(memory), ToolContext("cli:me", "cli", "turn1")
+    saved = await tool.run({"action": "add", "content": "User's cat is called Miso", "type": "fact"}, ctx)
+    item_id = saved.split()[2]
+    disk.full = True
+    with pytest.raises(OSError, match="No space"):
+        await tool.run({"action": "forget", "id": item_id}, ctx)
+    assert memory.items.get(item_id) is None  # forgotten for the running bot all the same
+    disk.full = False  # space is back
+    await memory.close()
+    again = await make_memory(tmp_path, clock)  # a restart
+    assert again.items.get(item_id) is None
+    assert await MemoryTool(again).run({"action": "search", "query": "cat"}, ctx) == "No matching memories."
+    await again.close()
