@@ -8,7 +8,7 @@ nothing here is authenticated. Put a reverse proxy in front if it must be reache
 Any channel that is ``degraded``, ``failed``, ``starting`` or ``stopped`` makes it **503**: the process is
 not fully doing its job, and an orchestrator or an operator should look. So does a write that storage
 refuses (a full disk, a read-only workspace), listed under ``storage``: a channel that cannot store
-what it takes in (it takes nothing in meanwhile), or a chat held at its save or done mark; it clears
+what it takes in (it takes nothing in meanwhile), or each chat held at its save or done mark; it clears
 by itself once the write goes through, as a platform out of reach does. The LLM's reachability (from
 the last real call; no probe is made, so a health check costs nothing) is reported in the body but does
 not change the status code: restarting membot cannot fix a provider outage, and a restart loop would
@@ -43,7 +43,7 @@ log = structlog.get_logger(__name__)
 ChannelsSource = Callable[[], Mapping[str, ChannelHealth]]
 StatsSource = Callable[[], LLMStats | None]
 KeptSource = Callable[[], Mapping[str, int]]  # session id -> answers kept aside, undelivered
-StorageSource = Callable[[], Mapping[str, str]]  # writes held up by storage (what for -> error)
+StorageSource = Callable[[], Mapping[str, str]]  # writes held up by storage ("what (chat)" -> error)
 
 
 def health_report(
@@ -56,7 +56,8 @@ def health_report(
     redact: Callable[[str], str] = redact_shapes,
 ) -> tuple[int, dict[str, Any]]:
     """The /healthz status code and body (see the module doc for when it is 503). ``storage``: the
-    writes the core waits to make (the dispatcher's); the channels' own are in their health. Error
+    writes the core waits to make (the dispatcher's), one per chat held (``"session_save
+    (telegram:42)"``); the channels' own are in their health. Error
     texts pass through ``redact`` (the log's: the configured secrets and credential shapes): a Bot API
     front that echoes the request path in its error page puts the bot token in a channel's error."""
     failing = {

@@ -207,9 +207,10 @@ class Delivery:
         log.info("storage_write_recovered", what=what)
 
     def storage_waits(self) -> dict[str, str]:
-        """The writes that wait for storage now (:meth:`persist`), by what they are for, with the error
-        that stopped the first try: their chats are held until they go through (/healthz shows them)."""
-        return {what: error for what, error, _ in self._waiting.values()}
+        """The writes that wait for storage now (:meth:`persist`), each by what it is for and its chat
+        (``"session_save (telegram:42)"``: two chats held at their saves are two), with the error that
+        stopped its first try: their chats are held until they go through (/healthz shows them)."""
+        return {f"{what} ({sid})": error for what, error, sid in self._waiting.values()}
 
     def storage_wait(self, sid: str) -> str | None:
         """What of chat ``sid`` waits for storage now (``"session_save"``, ``"inbox_done_mark"``, …)."""

@@ -310,7 +310,8 @@ class Dispatcher:
         return self._delivery.storage_wait(sid)
 
     def storage_waits(self) -> dict[str, str]:
-        """The writes holding up a chat until storage takes them (a full disk), with their errors."""
+        """The writes holding up a chat until storage takes them (a full disk), each by what it is for
+        and its chat (``"session_save (telegram:42)"``), with their errors."""
         return self._delivery.storage_waits()
 
     def running_turns(self) -> int:

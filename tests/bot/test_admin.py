@@ -15,6 +15,7 @@ import pytest
 from bot.admin import AdminServer, health_report
 from bot.app import build_core
 from bot.config import AdminSettings, load_settings
+from bot.domain import InboundMessage
 from bot.errors import ConfigError, LLMRateLimited, LLMTimeout
 from bot.llm.client import LLMStats
 from bot.logging import SecretRedactor
@@ -215,7 +216,8 @@ def test_healthz_shows_no_secret_of_the_configuration_in_any_error() -> None:
 
 
 async def test_healthz_tells_of_a_storage_outage_while_it_lasts(tmp_path: Path) -> None:
-    """/healthz answered 200 "ok" while a full disk kept every message out, or held a chat at its save."""
+    """/healthz answered 200 "ok" while a full disk kept every message out, or held a chat at its save;
+    two chats held at their saves showed as one entry ("session_save"), not one each."""
     workspace = tmp_path / "ws"
     async with FakeLLMServer() as llm:
         overrides = {
@@ -244,12 +246,20 @@ async def test_healthz_tells_of_a_storage_outage_while_it_lasts(tmp_path: Path) 
                 await screen.wait_for("echo: kept out")
                 taken = await http.get("/healthz")
 
+                await core.dispatcher.submit(InboundMessage("cli", "dev", "dev", "hi", message_id="dev-1"))
+                await screen.wait_for("echo: hi")  # a second chat, its session saved once
                 repair = break_folder(workspace / "sessions")  # taken in, but its answer cannot be saved
                 reader.feed_data(b"held at its save\n")
-                await screen.wait_for("cannot save our conversation right now")
+                await core.dispatcher.submit(
+                    InboundMessage("cli", "dev", "dev", "held too", message_id="dev-2")
+                )
+                async with asyncio.timeout(10):
+                    while not all(map(core.dispatcher.storage_wait, ("cli:ops", "cli:dev"))):
+                        await asyncio.sleep(0.01)
                 held = await http.get("/healthz")
                 repair()
                 await screen.wait_for("echo: held at its save")
+                await screen.wait_for("echo: held too")
                 async with asyncio.timeout(10):  # the text shows before the turn's done mark is written
                     while core.dispatcher.running_turns():
                         await asyncio.sleep(0.01)
@@ -259,7 +269,8 @@ async def test_healthz_tells_of_a_storage_outage_while_it_lasts(tmp_path: Path) 
     assert kept_out.status_code == 503 and kept_out.json()["status"] == "unhealthy"
     [(what, error)] = kept_out.json()["storage"]["failing"].items()
     assert what == "cli: taking terminal messages in" and error.startswith("NotADirectoryError")
-    assert held.status_code == 503 and list(held.json()["storage"]["failing"]) == ["session_save"]
+    assert held.status_code == 503
+    assert list(held.json()["storage"]["failing"]) == ["session_save (cli:dev)", "session_save (cli:ops)"]
     for recovered in (taken, saved):
         assert recovered.status_code == 200 and recovered.json()["storage"] == {"ok": True, "failing": {}}
 
