@@ -153,8 +153,9 @@ class UsageLedger:
 
     async def close(self) -> None:
         """Stop the timer and flush (on shutdown). A flush storage refuses (a full disk) is logged, not
-        raised: the journal keeps every figure and the next start counts them, while raised it failed
-        the shutdown it is part of."""
+        raised: the journal keeps what it could write and the next start counts that (on a full disk
+        its own appends fail too, and those calls are lost), while raised it failed the shutdown it is
+        part of."""
         if self._later is not None:
             self._later.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -173,7 +174,8 @@ class UsageLedger:
         await asyncio.sleep(self._interval)
         try:
             await self.flush()
-        except OSError as exc:  # the journal keeps every figure; the next flush or start folds it
+        except OSError as exc:
+            # The totals keep every figure for the next flush; the journal, what it could write.
             log.error("usage_ledger_write_failed", path=str(self._path), error=str(exc))
 
     async def _loaded(self) -> dict[str, _Day]:
