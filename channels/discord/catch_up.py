@@ -18,10 +18,12 @@ refused for good) with all guilds in view; otherwise the next fresh session read
 a user the bot never talked with cannot be reached this way (a bot cannot list its DMs), and at the
 very first start (no point yet) nothing untracked is read.
 
-Bounded: at most ``discord.catch_up_max_messages`` per chat, none older than
-``discord.catch_up_max_age``. When more were written, the newest are taken (the ones people still wait
-for) and the older ones skipped; the mark moves past all of them, and the log counts what was skipped
-(``discord_catch_up_limit_reached``, and ``discord_catch_up_too_old`` for the too old). A chat whose
+Bounded: at most ``discord.catch_up_max_messages`` per chat written before the session started, none
+older than ``discord.catch_up_max_age``. When more were written, the newest are taken (the ones people
+still wait for) and the older ones skipped; the mark moves past all of them, and the log counts what was
+skipped (``discord_catch_up_limit_reached``, and ``discord_catch_up_too_old`` for the too old). What was
+written in the minute after the start (the host's clock may lag Discord's) is taken besides, never
+counted against the limit: a live message held at the gate cannot push out what was missed. A chat whose
 history cannot be read is logged and skipped (one the bot lost for good is no longer tracked); the
 others and the bot go on. The work runs as a task: the bot is ready at once, and only the live
 messages of a chat still being caught up wait, so that chat's messages stay in order.
@@ -73,31 +75,40 @@ class Missed:
     skipped_at_least: bool  # more of them were left unread
 
 
-async def read_missed(where: Readable, after: int, before: int, *, limit: int, max_age: float) -> Missed:
-    """The newest ``limit`` young enough messages between ``after`` and ``before``, oldest first; the
-    others only counted.
+async def read_missed(where: Readable, after: int, start: int, *, limit: int, max_age: float) -> Missed:
+    """The newest ``limit`` young enough messages written between ``after`` and the session's ``start``,
+    then every message of the margin after it, oldest first; the others only counted.
 
     The newest, because those are the ones people still wait for. One request when no more than
-    ``limit`` were written (an empty page for a quiet chat). Past that, a second request reads the newest
-    young enough ones: Discord pages ``after`` a point from its oldest end, so discord.py reads down from
-    ``before`` and drops what is not after the point. The young enough messages older than those are
-    skipped and counted, exactly when the two reads meet, else as many as they saw. So after a long
-    absence the end of the last day is answered, however much was written before it.
+    ``limit`` were written up to the margin's end (an empty page for a quiet chat). Past that, a second
+    request reads the newest young enough ones before ``start``: Discord pages ``after`` a point from its
+    oldest end, so discord.py reads down from ``start`` and drops what is not after the point. The young
+    enough messages older than those are skipped and counted, exactly when the two reads meet, else as
+    many as they saw. So after a long absence the end of the last day is answered, however much was
+    written before it.
+
+    Only what was written before ``start`` competes for the limit. What came later arrives live, behind
+    the chat's gate; but ``start`` is the host's clock, so the margin after it (:data:`MARGIN`) may still
+    hold messages Discord wrote before the session. A third request reads them all, and they are taken
+    after the rest: what also arrives live is then a duplicate the dispatcher drops, and nothing newer
+    than them is read. Live messages thus never push what was missed out of the newest nor go out of order.
     """
     cutoff = discord.utils.utcnow() - timedelta(seconds=max_age) if max_age > 0 else None
     young = after if cutoff is None else max(after, discord.utils.time_snowflake(cutoff, high=True))
-    end = discord.Object(before)
+    end = discord.Object(start + MARGIN)
     first = [m async for m in where.history(limit=limit + 1, after=discord.Object(after), before=end)]
     too_old = sum(m.id <= young for m in first)
     if len(first) <= limit:  # all that was written since the mark
         fresh = tuple(m for m in first if m.id > young)
         return Missed(fresh, first[-1].id if first else None, too_old, False, 0, False)
-    newer = discord.Object(young)
-    top = [m async for m in where.history(limit=limit + 1, after=newer, before=end, oldest_first=False)]
-    taken = tuple(reversed(top[:limit]))
-    skipped = {m.id for m in (*first, *top) if m.id > young} - {m.id for m in taken}
+    newer, older = discord.Object(young), discord.Object(start)
+    top = [m async for m in where.history(limit=limit + 1, after=newer, before=older, oldest_first=False)]
+    since = discord.Object(max(young, start - 1))
+    margin = [m async for m in where.history(limit=None, after=since, before=end)]
+    taken = (*reversed(top[:limit]), *margin)
+    skipped = {m.id for m in (*first, *top) if young < m.id < start} - {m.id for m in taken}
     gap = len(top) > limit and first[-1].id < top[limit].id  # unread messages may lie between the reads
-    newest = max(first[-1].id, top[0].id if top else 0)
+    newest = max(m.id for m in (first[-1], *top[:1], *margin[-1:]))
     return Missed(taken, newest, too_old, first[-1].id <= young, len(skipped), gap)
 
 
@@ -207,16 +218,12 @@ class CatchUp:
         finally:
             planned.set()
         slots = asyncio.Semaphore(CONCURRENCY)
-        # What was written since the session started arrives live, after the chat's gate: left to the
-        # live path, it cannot push what was missed past the limit, nor go out of order. A margin for
-        # the host's clock: a message read here and also live is taken once.
-        before = started + MARGIN
 
         async def one(chat_id: str, after: int, *, tracked: bool) -> bool:
             covered = False
             async with slots, self._lock_of(chat_id):
                 try:
-                    covered = await self._chat(chat_id, after, before, tracked=tracked)
+                    covered = await self._chat(chat_id, after, started, tracked=tracked)
                 except Exception:  # a bug, or a hand-over given up: logged, and the other chats go on
                     log.exception("discord_catch_up_failed", chat_id=chat_id)
                     self._seen.caught_up(chat_id)
@@ -249,13 +256,13 @@ class CatchUp:
         log.info("discord_catch_up_planned", tracked=len(since), untracked=len(untracked))
         return untracked
 
-    async def _chat(self, chat_id: str, after: int, before: int, *, tracked: bool) -> bool:
-        """Read ``chat_id`` between ``after`` and ``before`` down the live path; false when it could not be
-        read for now."""
+    async def _chat(self, chat_id: str, after: int, started: int, *, tracked: bool) -> bool:
+        """Read what ``chat_id`` missed after ``after`` up to the session's start (:func:`read_missed`) down
+        the live path; false when it could not be read for now."""
         try:
             async with asyncio.timeout(self._timeout):
                 where = await open_chat(self._client(), int(chat_id))
-                missed = await read_missed(where, after, before, limit=self._limit, max_age=self._max_age)
+                missed = await read_missed(where, after, started, limit=self._limit, max_age=self._max_age)
         except (discord.HTTPException, aiohttp.ClientError, TimeoutError, TypeError) as exc:
             return self._unreadable(chat_id, exc)
         taken = 0
