@@ -14,6 +14,10 @@ debug level. The delay before the n-th retry doubles from ``first_delay`` up to 
         on_retry=lambda exc, tries, delay: outage.failed(exc),
     )
     outage.recovered()
+
+Several writers may share one outage (the Telegram intake's lanes and its paste joiner): each names
+itself (``holder``), and the outage ends when the last one failing goes through, so one chat's write
+that works does not clear /healthz while another's is still refused.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class StorageOutage:
         self._health = health
         self._since: float | None = None
         self._failures = 0
+        self._failing: set[object] = set()  # the holders whose last write failed
 
     @property
     def active(self) -> bool:
@@ -67,8 +72,9 @@ class StorageOutage:
         """Seconds to wait before retry number ``attempt`` (1, 2, ...): doubling, at most ``max_delay``."""
         return Backoff(self._first, self._max)(attempt - 1)
 
-    def failed(self, exc: BaseException) -> None:
+    def failed(self, exc: BaseException, holder: object = None) -> None:
         self._failures += 1
+        self._failing.add(holder)
         if self._health is not None:
             where = getattr(exc, "filename", None)
             self._health.storage_errors[self.what] = _describe(exc) + (f" ({where})" if where else "")
@@ -85,7 +91,11 @@ class StorageOutage:
             "confirms nothing to the chat platform that it has not stored",
         )
 
-    def recovered(self) -> None:
+    def recovered(self, holder: object = None) -> None:
+        """``holder``'s write went through; the outage ends once no holder's is failing."""
+        self.given_up(holder)
+        if self._failing:
+            return
         if self._health is not None:
             self._health.storage_errors.pop(self.what, None)
         if self._since is None:
@@ -94,6 +104,11 @@ class StorageOutage:
         log.info("storage_recovered", what=self.what, seconds=seconds, failed_tries=self._failures)
         self._since = None
         self._failures = 0
+
+    def given_up(self, holder: object = None) -> None:
+        """``holder`` stopped retrying (cancelled, or its write was dropped): it keeps the outage no longer,
+        which lasts until another write goes through."""
+        self._failing.discard(holder)
 
 
 def _describe(exc: BaseException) -> str:

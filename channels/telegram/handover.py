@@ -11,8 +11,9 @@ journal once its message is queued, or at once when it needed nothing. Failures 
 because a full disk and a bug need opposite treatment:
 
 - storage (``OSError``, ``StorageError``): wait with backoff and try again, for as long as it takes;
-  the outage is logged once. Dropping would lose the message, and a restart could not do better. The
-  chat's later updates wait behind it.
+  the outage is logged once, and /healthz names it until no chat's intake is refused any more.
+  Dropping would lose the message, and a restart could not do better. The chat's later updates wait
+  behind it.
 - anything else: tried ``max_attempts`` times, then the update is logged and released, so one message
   that cannot be processed does not block its chat's later ones.
 
@@ -114,21 +115,25 @@ class HandOver:
     async def _hand_over(self, update: dict[str, Any]) -> None:
         update_id: int = update["update_id"]
         attempt = 0
-        while True:
-            attempt += 1
-            try:
-                queued = await self._intake(update)
-                break
-            except Exception as exc:
-                if is_storage_error(exc):  # pairing.json on a full disk, say: wait, drop nothing
-                    self._outage.failed(exc)
-                    await asyncio.sleep(self._outage.delay(attempt))
-                    continue
-                log.exception("telegram_update_failed", update_id=update_id, attempt=attempt)
-                if attempt >= self._max_attempts:
-                    log.error("telegram_update_dropped", update_id=update_id, attempts=attempt)
-                    await self._journal.release([update_id])
-                    return
+        try:
+            while True:
+                attempt += 1
+                try:
+                    queued = await self._intake(update)
+                    break
+                except Exception as exc:
+                    if is_storage_error(exc):  # pairing.json on a full disk, say: wait, drop nothing
+                        self._outage.failed(exc, holder=update_id)
+                        await asyncio.sleep(self._outage.delay(attempt))
+                        continue
+                    log.exception("telegram_update_failed", update_id=update_id, attempt=attempt)
+                    if attempt >= self._max_attempts:
+                        log.error("telegram_update_dropped", update_id=update_id, attempts=attempt)
+                        await self._journal.release([update_id])
+                        return
+        finally:
+            self._outage.given_up(holder=update_id)  # (dropped or cancelled: the next success ends it)
+        self._outage.recovered(holder=update_id)  # the outage ends unless another chat's write still fails
         if queued is None:
             await self._journal.release([update_id])
             return

@@ -120,6 +120,13 @@ class PasteJoiner:
                 batch.done.set_result(None)
 
     async def _submit_until_taken(self, message: InboundMessage) -> None:
+        holder = object()  # in the outage the hand-over's lanes share: this submit's failures
+        try:
+            await self._submit_with_retries(message, holder)
+        finally:
+            self._outage.given_up(holder)
+
+    async def _submit_with_retries(self, message: InboundMessage, holder: object) -> None:
         attempt = 0
         while True:
             attempt += 1
@@ -128,7 +135,7 @@ class PasteJoiner:
             except Exception as exc:
                 storage = is_storage_error(exc)
                 if storage:
-                    self._outage.failed(exc)
+                    self._outage.failed(exc, holder)
                 else:
                     log.exception("telegram_submit_failed", chat_id=message.chat_id, attempt=attempt)
                 if self._closing.is_set():
@@ -139,7 +146,7 @@ class PasteJoiner:
                     async with asyncio.timeout(self._outage.delay(attempt)):
                         await self._closing.wait()
                 continue
-            self._outage.recovered()
+            self._outage.recovered(holder)
             return
 
     async def close(self) -> None:

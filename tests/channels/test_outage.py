@@ -7,6 +7,7 @@ import errno
 import pytest
 
 from bot.errors import StorageError
+from bot.ports import ChannelHealth
 from channels.outage import StorageOutage, is_storage_error
 
 
@@ -51,3 +52,24 @@ def test_storage_errors_are_told_apart_from_bugs() -> None:
     assert is_storage_error(StorageError("cannot write"))
     assert not is_storage_error(ValueError("bad data"))
     assert not is_storage_error(UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"))
+
+
+def test_an_outage_several_writers_share_ends_when_the_last_one_failing_goes_through(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The Telegram intake's lanes and paste joiner share one outage: one chat's write that works must not
+    clear /healthz while another's is still refused, and one that stopped trying holds it no longer."""
+    health = ChannelHealth()
+    outage = StorageOutage("taking messages in", health=health)
+    full = OSError(errno.ENOSPC, "No space left on device")
+    outage.failed(full, holder="a")
+    outage.failed(full, holder="b")
+    outage.failed(full, holder="c")
+    outage.recovered(holder="a")
+    outage.failed(full, holder="b")  # b's retry fails again
+    assert "taking messages in" in health.storage_errors and outage.active
+    outage.given_up(holder="c")  # cancelled: whether its write would go through is unknown
+    assert "taking messages in" in health.storage_errors
+    outage.recovered(holder="b")
+    assert health.storage_errors == {} and not outage.active
+    assert [event for event, _ in events(caplog)].count("storage_recovered") == 1

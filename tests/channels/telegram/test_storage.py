@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.channels.telegram.kit import DurableSink, break_folder, running_channel
+from tests.channels.telegram.kit import DurableSink, all_taken_in, break_folder, running_channel
 from tests.channels.telegram.test_end_to_end import settings_for, telegram_bot
 from tests.channels.telegram.test_polling import offsets
 from tests.fakes.llm_server import FakeLLMServer
@@ -132,3 +132,24 @@ async def test_an_inbox_that_cannot_be_written_under_the_real_core_keeps_each_me
             await tg.wait_for_messages(1)
     assert len(tg.sent_to(777)) == 1
     assert await user_turns(llm) == [["the inbox is broken"]]
+
+
+async def test_the_health_check_clears_once_an_intake_storage_refused_goes_through(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stranger's pairing code cannot be stored (pairing.json below a plain file), so the intake waits
+    and /healthz names "taking Telegram messages in"; once the write goes through, the entry goes too.
+    (Only a paste-joiner submit used to clear it: a chat with no message for the dispatcher left the
+    health check failing for good.)"""
+    workspace, state = tmp_path / "ws", tmp_path / "state"
+    async with FakeTelegramServer() as tg, running_channel(tg, workspace, state_dir=state) as (channel, _):
+        repair = break_folder(workspace)
+        tg.push_message("let me in", chat_id=99, user_id=99, first_name="Mallory")
+        await tg.wait_for(lambda: bool(logged(caplog, "storage_unavailable")))
+        assert "taking Telegram messages in" in channel.health.storage_errors
+        repair()
+        await tg.wait_for_messages(1, chat_id=99)  # the offer: the code is stored
+        await all_taken_in(state)
+        assert channel.health.storage_errors == {}
+    [recovered] = logged(caplog, "storage_recovered")
+    assert recovered["what"] == "taking Telegram messages in"
