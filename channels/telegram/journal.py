@@ -128,9 +128,9 @@ class UpdateJournal:
         for update in self._held.values():
             self._incoming.put_nowait(update)
         self._update_room()
-        if held:
-            log.info("telegram_held_updates_resumed", count=len(held))
-        return len(held)
+        if self._held:
+            log.info("telegram_held_updates_resumed", count=len(self._held))
+        return len(self._held)  # as many as were queued: an id listed twice is queued once
 
     async def accept(self, updates: Sequence[Update]) -> int:
         """Hold the updates not seen before, durably; returns how many were new.

@@ -11,6 +11,7 @@ import pytest
 
 from bot.errors import StorageError
 from channels.outage import StorageOutage
+from channels.telegram.handover import HandOver
 from channels.telegram.journal import JOURNAL_FILE, UpdateJournal
 from tests.channels.telegram.kit import break_folder
 
@@ -139,6 +140,36 @@ async def test_a_bad_entry_costs_only_itself_and_a_bad_done_list_does_not_stop_t
     assert [(await journal.next())["update_id"] for _ in range(2)] == [5, 6]
     [kept] = set_aside(tmp_path)
     assert kept.read_bytes() == b'7\n{"update_id": "x"}\n{"done": 3}\n'
+
+
+async def test_a_held_update_listed_twice_is_counted_once_and_the_start_does_not_wait_for_a_new_one(
+    tmp_path: Path,
+) -> None:
+    """load() queues each held update once; it returned the file's count, so the hand-over waited for one
+    more update (a new one, after the start) before it called resumed_done."""
+    document = {"bot_id": 1, "held": [update(5), update(6), update(5)], "done": []}
+    (tmp_path / JOURNAL_FILE).write_text(json.dumps(document))
+    journal = UpdateJournal(tmp_path / JOURNAL_FILE)
+    resumed = await journal.load(bot_id=1)
+    assert resumed == 2
+    taken: list[int] = []
+    done = asyncio.Event()
+
+    async def intake(data: dict[str, Any]) -> None:
+        taken.append(data["update_id"])
+
+    outage = StorageOutage("x")
+    handover = HandOver(
+        journal, intake, outage=outage, max_attempts=3, resumed=resumed, resumed_done=done.set
+    )
+    running = asyncio.create_task(handover.run())
+    try:
+        async with asyncio.timeout(10):  # (a guard: with no new update, a wrong count waits for ever)
+            await done.wait()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    assert sorted(taken) == [5, 6]
 
 
 async def test_an_unreadable_journal_stops_the_start_with_a_clear_error(tmp_path: Path) -> None:
