@@ -38,9 +38,10 @@ from typing import Any
 
 import structlog
 
-from bot import damaged
 from bot.errors import StorageError
 from bot.storage import atomic_write_text
+from channels import kept_state
+from channels.kept_state import is_count, put
 
 log = structlog.get_logger(__name__)
 
@@ -74,7 +75,7 @@ class SentParts:
     async def record(self, key: str, parts: int) -> None:
         """The first ``parts`` parts of the answer ``key`` went out, and more are to come: kept durably
         before the next part is sent."""
-        _put(self._sent, key, parts, self._limit)
+        put(self._sent, key, parts, self._limit)
         await self._save()
 
     def finished(self, key: str) -> None:
@@ -92,7 +93,7 @@ class SentParts:
         ``reply_to`` no later answer could be matched to it, and nothing is kept."""
         if reply_to is None:
             return
-        _put(self._previews, chat_id, (reply_to, message_id), self._limit)
+        put(self._previews, chat_id, (reply_to, message_id), self._limit)
         await self._save()
 
     def preview_done(self, chat_id: str, reply_to: str | None) -> None:
@@ -122,41 +123,21 @@ class SentParts:
             log.warning("discord_sent_parts_not_saved", path=str(path), error=str(exc))
 
 
-def _put(kept: dict[str, Any], key: str, value: Any, limit: int) -> None:
-    """``kept[key] = value`` as its newest entry, the oldest dropped past ``limit``."""
-    kept.pop(key, None)
-    kept[key] = value
-    while len(kept) > limit:
-        del kept[next(iter(kept))]
-
-
 def _read(path: Path) -> tuple[dict[str, int], dict[str, tuple[str, int]]]:
-    """What the file says; an unreadable one counts as empty (it only saves parts sent twice), and a
-    damaged one is moved aside (kept for the operator) and logged."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return {}, {}
-    except OSError as exc:
-        log.warning("discord_sent_parts_unreadable", path=str(path), error=exc.strerror or str(exc))
-        return {}, {}
-    try:
-        data: Any = json.loads(raw.decode("utf-8"))
-        answers = {str(key): parts for key, parts in data["answers"].items() if _is_count(parts) and parts}
-        previews = {
-            str(chat): (seen[0], int(seen[1]))
-            for chat, seen in data["previews"].items()
-            if isinstance(seen, list) and len(seen) == 2 and isinstance(seen[0], str) and _is_id(seen[1])
-        }
-        return answers, previews
-    except damaged.UNREADABLE:
-        damaged.move_aside(path, raw, event="discord_sent_parts_damaged")
-        return {}, {}
+    """What the file says (channels/kept_state.py: a missing or unreadable file is empty, a damaged one
+    moved aside)."""
+    found = kept_state.read(path, _parsed, event="discord_sent_parts")
+    return found if found is not None else ({}, {})
 
 
-def _is_count(value: Any) -> bool:
-    """An int from 0 up, not a bool (JSON's ``true`` reads as one)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _parsed(data: Any) -> tuple[dict[str, int], dict[str, tuple[str, int]]]:
+    answers = {str(key): parts for key, parts in data["answers"].items() if is_count(parts) and parts}
+    previews = {
+        str(chat): (seen[0], int(seen[1]))
+        for chat, seen in data["previews"].items()
+        if isinstance(seen, list) and len(seen) == 2 and isinstance(seen[0], str) and _is_id(seen[1])
+    }
+    return answers, previews
 
 
 def _is_id(value: Any) -> bool:

@@ -38,9 +38,10 @@ from typing import Any
 
 import structlog
 
-from bot import damaged
 from bot.errors import StorageError
 from bot.storage import atomic_write_text
+from channels import kept_state
+from channels.kept_state import is_count, put
 
 log = structlog.get_logger(__name__)
 
@@ -75,7 +76,7 @@ class SentChunks:
 
     async def record(self, key: str, progress: Progress) -> None:
         """The answer ``key`` got this far, and more is to come: kept durably before the next send."""
-        _put(self._sent, key, progress, self._limit)
+        put(self._sent, key, progress, self._limit)
         await self._save()
 
     def finished(self, key: str) -> None:
@@ -92,7 +93,7 @@ class SentChunks:
         ``reply_to`` no later answer could be matched to it, and nothing is kept."""
         if reply_to is None:
             return
-        _put(self._previews, chat_id, (reply_to, message_id), self._limit)
+        put(self._previews, chat_id, (reply_to, message_id), self._limit)
         await self._save()
 
     def preview_done(self, chat_id: str, reply_to: str | None) -> None:
@@ -114,36 +115,21 @@ class SentChunks:
             log.warning("telegram_sent_chunks_not_saved", path=str(path), error=str(exc))
 
 
-def _put(kept: dict[str, Any], key: str, value: Any, limit: int) -> None:
-    """``kept[key] = value`` as its newest entry, the oldest dropped past ``limit``."""
-    kept.pop(key, None)
-    kept[key] = value
-    while len(kept) > limit:
-        del kept[next(iter(kept))]
-
-
 def _read(path: Path) -> tuple[dict[str, Progress], dict[str, tuple[str, int]]]:
-    """What the file says; an unreadable one counts as empty (it only saves duplicate chunks), and a
-    damaged one is moved aside (kept for the operator) and logged."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return {}, {}
-    except OSError as exc:
-        log.warning("telegram_sent_chunks_unreadable", path=str(path), error=exc.strerror or str(exc))
-        return {}, {}
-    try:
-        data: Any = json.loads(raw.decode("utf-8"))
-        found = {str(k): _progress(v) for k, v in data["answers"].items()}
-        previews = {
-            str(chat): (seen[0], seen[1])
-            for chat, seen in data.get("previews", {}).items()  # none before previews were kept
-            if isinstance(seen, list) and len(seen) == 2 and isinstance(seen[0], str) and _is_count(seen[1])
-        }
-        return {k: v for k, v in found.items() if v}, previews
-    except damaged.UNREADABLE:
-        damaged.move_aside(path, raw, event="telegram_sent_chunks_damaged")
-        return {}, {}
+    """What the file says (channels/kept_state.py: a missing or unreadable file is empty, a damaged one
+    moved aside)."""
+    found = kept_state.read(path, _parsed, event="telegram_sent_chunks")
+    return found if found is not None else ({}, {})
+
+
+def _parsed(data: Any) -> tuple[dict[str, Progress], dict[str, tuple[str, int]]]:
+    found = {str(k): _progress(v) for k, v in data["answers"].items()}
+    previews = {
+        str(chat): (seen[0], seen[1])
+        for chat, seen in data.get("previews", {}).items()  # none before previews were kept
+        if isinstance(seen, list) and len(seen) == 2 and isinstance(seen[0], str) and is_count(seen[1])
+    }
+    return {k: v for k, v in found.items() if v}, previews
 
 
 def _progress(value: Any) -> Progress:
@@ -152,11 +138,6 @@ def _progress(value: Any) -> Progress:
     got = [value] if isinstance(value, int) else value
     if not isinstance(got, list) or not got:
         return ()
-    if not all(_is_count(n) for n in got) or not any(got):
+    if not all(is_count(n) for n in got) or not any(got):
         return ()
     return tuple(got)
-
-
-def _is_count(value: Any) -> bool:
-    """An int from 0 up, not a bool (JSON's ``true`` reads as one)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
