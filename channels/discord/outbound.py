@@ -36,7 +36,7 @@ from bot.retry import Backoff, retry
 from channels.base import ChannelHealth, PartialSink, while_running
 from channels.chunking import split_message
 from channels.discord.refusals import as_channel_error
-from channels.discord.sent import SentParts
+from channels.discord.sent import sent_parts
 from channels.streaming import StreamedMessage
 from channels.tables import tables_as_code
 
@@ -80,7 +80,7 @@ class DiscordOutbox:
         self._streams: dict[str, StreamedMessage[int, str]] = {}  # chat id -> the stream of its turn
         # The preview of each chat's answer (kept until that answer went out, so a second try of it, in
         # this run or the next, goes on in it) and the parts of answers cut short.
-        self._sent = SentParts(sent_file)
+        self._sent = sent_parts(sent_file)
 
     def received(self, chat_id: str, message_id: str, author_id: int) -> None:
         self._authors[message_id] = author_id

@@ -60,7 +60,7 @@ from channels.telegram.journal import JOURNAL_FILE, UpdateJournal
 from channels.telegram.media import extract_media
 from channels.telegram.outbound import ChatPacer, TelegramOutbox
 from channels.telegram.polling import ALLOWED_UPDATES, UpdatePoller, fetch_raw
-from channels.telegram.sent import SENT_FILE, SentChunks
+from channels.telegram.sent import SENT_FILE, sent_chunks
 
 if TYPE_CHECKING:
     from channels.telegram.webhook import WebhookServer
@@ -146,7 +146,7 @@ class TelegramChannel(Channel):
         )
         self._joiner = self._new_joiner()
         self._max_retries = max_retries
-        self._sent = SentChunks(state_dir / SENT_FILE)
+        self._sent = sent_chunks(state_dir / SENT_FILE)
         self._new_outbox: Callable[[Bot], TelegramOutbox] = functools.partial(
             TelegramOutbox,
             max_retries=max_retries,
@@ -268,6 +268,7 @@ class TelegramChannel(Channel):
         journal, self._journal = self._journal, None
         if journal is not None:
             await journal.close()
+        await self._sent.close()  # what was only forgotten (answers finished) leaves the file
         if self._poller is not None:
             await self._poller.confirm()  # what is in the journal is safe: let Telegram forget it
             self._poller = None

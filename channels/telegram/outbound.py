@@ -39,7 +39,7 @@ from channels.chunking import split_message, utf16_len
 from channels.streaming import StreamedMessage
 from channels.telegram.format import RenderedChunk, render_chunks
 from channels.telegram.refusals import as_channel_error, refuses_for_good
-from channels.telegram.sent import Progress, SentChunks
+from channels.telegram.sent import Progress, SentChunks, sent_chunks
 
 log = structlog.get_logger(__name__)
 
@@ -97,7 +97,7 @@ class TelegramOutbox:
         self._pacer = pacer
         self._monotonic = monotonic
         self._streams: dict[str, StreamedMessage[int, RenderedChunk]] = {}
-        self._sent = sent or SentChunks(None)  # chunks of a keyed answer that went out before a failure
+        self._sent = sent or sent_chunks(None)  # chunks of a keyed answer that went out before a failure
 
     async def send(self, message: OutboundMessage) -> None:
         """Deliver a whole reply; raises ChannelError (after logging it) if part of it could not go out,

@@ -189,13 +189,13 @@ async def test_the_record_keeps_only_answers_not_yet_done(tmp_path: Path) -> Non
 
 
 async def test_the_record_is_bounded(tmp_path: Path) -> None:
-    from channels.discord.sent import SentParts  # (here: the other tests run on code from before it)
+    from channels.discord.sent import sent_parts  # (here: the other tests run on code from before it)
 
-    sent = SentParts(tmp_path / SENT_FILE, limit=2)
+    sent = sent_parts(tmp_path / SENT_FILE, limit=2)
     for n in range(3):
         await sent.record(f"answer-{n}", 1)
         await sent.record_preview(f"chat-{n}", f"question-{n}", 100 + n)
-    again = SentParts(tmp_path / SENT_FILE, limit=2)
+    again = sent_parts(tmp_path / SENT_FILE, limit=2)
     await again.load()
     assert [again.get(f"answer-{n}") for n in range(3)] == [0, 1, 1]
     assert [again.preview(f"chat-{n}", f"question-{n}") for n in range(3)] == [None, 101, 102]
