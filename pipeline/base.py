@@ -93,6 +93,9 @@ class Turn:
     on_partial: PartialSink | None = None
     diagnostics: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False  # /stop or the turn timeout cut the turn short
+    # The model declined, or had no room left to write: asked again it would do the same, so the chat
+    # is told the note as it is, without the failed-turn message's "send another message to try again".
+    final_note: bool = False
     now: datetime = field(default_factory=utcnow)
     writes: list[asyncio.Future[Any]] = field(default_factory=list)
     _started: float = field(default_factory=time.monotonic, repr=False)

@@ -174,6 +174,7 @@ class _TurnRun(TurnTools):
                     log.warning("answer_refused", stop_reason=response.stop_reason, with_text=said)
                     if not response.refusal:  # (the model's own refusal says so itself)
                         turn.notes.append(DECLINED_PART if said else DECLINED)
+                        turn.final_note = not said
                 elif not said and response.cut_off:  # asked again, it would run out again
                     log.warning(
                         "empty_answer_cut_off",
@@ -183,6 +184,7 @@ class _TurnRun(TurnTools):
                         "model spends it on thinking before it writes the answer",
                     )
                     turn.notes.append(NO_ROOM)
+                    turn.final_note = True
                 elif not said and self.empty_answer():
                     note = ANSWER_NOW
                     continue

@@ -370,10 +370,12 @@ def reply_text(turn: Turn) -> tuple[str, bool]:
     notes = "\n\n".join(f"_{note}_" for note in turn.notes)
     if turn.answered:  # a blank answer is no answer: channels drop or mangle it
         return (str(turn.reply) + (f"\n\n{notes}" if notes else "")), False
-    if not turn.failures and turn.notes:  # the model declined, or had no room left: asking again
-        return "⚠️ " + " ".join(turn.notes), True  # would meet the same, so no "try again" here
+    if turn.final_note and not turn.failures:  # the model declined, or had no room left: asking
+        return "⚠️ " + " ".join(turn.notes), True  # again would meet the same, so no "try again" here
     if turn.failures:
         reason = plain_reason((model_failure(turn) or turn.failures[-1]).kind)
+    elif turn.notes:
+        reason = " ".join(turn.notes)
     else:
         reason = "the model returned an empty answer"
     text = (

@@ -401,6 +401,7 @@ async def test_a_cut_short_turn_still_counts_the_model_calls_it_made(
         else:
             (reply, *_) = (await bot.channel.wait_for(count + 1))[count:]
             assert "took longer than 1 s" in reply.text
+            assert "send another message to try again" in reply.text  # a timeout may pass next time
         await wait_until(lambda: not bot.dispatcher.is_running(SID))
         today = await bot.ledger.day()
         status = await bot.say("/status")
