@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated
 
 import typer
@@ -53,6 +54,13 @@ def revoke(ctx: typer.Context, channel: str, user_id: str) -> None:
 def _one_line(text: str) -> str:
     """A stranger's name (their platform profile's) as the operator's terminal may show it: its control
     characters (ESC sequences that clear the screen or hide text, bidi overrides that reverse it) made
-    visible, never obeyed (bot/printable.py), and on one line, its line breaks as spaces (a name with a
-    line break in it would add a fake row to the table)."""
-    return printable(" ".join(text.split()))
+    visible, never obeyed (bot/printable.py), on one line, its line breaks as spaces (a name with a line
+    break in it would add a fake row to the table), and its invisible format characters shown too: this
+    is the table the operator approves people from, and "ad\u200bmin" must not pass for "admin" (the
+    zero-width joiner stays: it holds emoji together)."""
+    shown = printable(" ".join(text.split()))
+    return "".join("\ufffd" if _invisible(c) else c for c in shown)
+
+
+def _invisible(char: str) -> bool:
+    return unicodedata.category(char) == "Cf" and char != "\u200d"

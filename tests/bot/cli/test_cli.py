@@ -159,7 +159,7 @@ def test_a_strangers_name_cannot_send_escape_sequences_to_the_operators_terminal
     (here: clear the screen, hide what follows, a bidi override), never obeys them."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    evil = "Mallory\x1b[2J\x1b[H\x1b[8m(hidden)\u202etxt.exe"
+    evil = "Mallory\x1b[2J\x1b[H\x1b[8m(hidden)\u202etxt.exe ad\u200bmin \U0001f469\u200d\U0001f4bb"
     assert PairingStore(ws / PAIRING_FILE).request_sync("telegram", "666", evil) is not None
     result = membot(
         "pairing",
@@ -170,3 +170,7 @@ def test_a_strangers_name_cannot_send_escape_sequences_to_the_operators_terminal
 
     assert result.returncode == 0, result.stderr
     assert "Mallory" in result.stdout and "\x1b" not in result.stdout and "\u202e" not in result.stdout
+    # An invisible character must not let a name pass for another ("ad\u200bmin" for "admin"); the
+    # zero-width joiner of an emoji stays.
+    assert "\u200b" not in result.stdout and "ad\ufffdmin" in result.stdout
+    assert "\U0001f469\u200d\U0001f4bb" in result.stdout
