@@ -204,10 +204,29 @@ class JsonSessionStore:
                 raise StorageError(f"session {sid} cannot be read ({type(exc).__name__}: {exc})") from exc
             self._move_aside(sid, header_path, reason=f"{type(exc).__name__}: {exc}")
             return None
-        if (content.damaged or content.unfinished) and not self._read_only:
-            self._keep_unread(sid, session, content)
+        if not self._read_only:
+            if content.damaged or content.unfinished:
+                self._keep_unread(sid, session, content)
+            self._drop_old_logs(sid, session.log_generation)
         session.persisted_count = len(session.messages)
         return session
+
+    def _drop_old_logs(self, sid: str, current: int) -> None:
+        """Delete the logs older than the ``current`` generation the header names: a kill between a
+        rewrite's header rename and the unlink of the old log left it (nothing reads it any more). A
+        newer one (a kill before the rename) is left: the next rewrite writes that generation anew."""
+        name = encode_id(sid)
+        for path in self._dir.glob(f"{glob_escape(name)}.*.jsonl"):
+            number = path.name[len(name) + 1 : -len(".jsonl")]
+            if number.isdigit() and int(number) < current:
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:  # only disk space is at stake: the next load tries again
+                    log.warning("session_old_log_not_deleted", session_id=sid, path=str(path), error=str(exc))
+                    continue
+                log.info("session_old_log_deleted", session_id=sid, generation=int(number))
 
     def _header_from_log(self, sid: str, raw: bytes, *, reason: str) -> dict[str, Any] | None:
         """Rebuild a damaged header from its newest log, whose state records hold the same fields, and

@@ -377,3 +377,35 @@ async def test_a_reader_beside_the_bot_leaves_a_damaged_session_to_the_bot(tmp_p
     assert sorted(p.name for p in folder.iterdir()) == before  # nothing rebuilt, moved or set aside
     rebuilt = await service(tmp_path).get("cli:me")  # the owner repairs it
     assert rebuilt is not None and [m.content for m in rebuilt.messages] == ["hello"]
+
+
+async def test_a_log_generation_a_kill_left_behind_is_deleted_at_load_and_the_session_kept(
+    tmp_path: Path,
+) -> None:
+    """A kill between a rewrite's header rename and the unlink of the old log left that log on disk
+    for good: no later load or save looked at it again (a small disk leak per kill)."""
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("cli", "me")
+    session.append(Message(Role.USER, "old"))
+    await sessions.save(session)  # generation 1
+    folder = tmp_path / "sessions"
+    stale = (folder / "cli:me.1.jsonl").read_bytes()
+    session.replace_messages([Message(Role.USER, "kept")])
+    session.append(Message(Role.ASSISTANT, "answer"))
+    await sessions.save(session)  # a rewrite: generation 2, the header renamed, generation 1 unlinked
+    (folder / "cli:me.1.jsonl").write_bytes(stale)  # as a kill right after the header's rename left it
+    other = await sessions.get_or_create("cli", "me.1")  # another session whose name shares the prefix
+    other.append(Message(Role.USER, "other"))
+    await sessions.save(other)
+    (folder / "cli:me.3.jsonl").write_bytes(b"")  # a newer one (a kill before the header's rename): kept
+
+    fresh = await service(tmp_path).get("cli:me")
+
+    assert fresh is not None and [m.content for m in fresh.messages] == ["kept", "answer"]
+    assert sorted(p.name for p in folder.glob("*.jsonl")) == [
+        "cli:me.1.1.jsonl",
+        "cli:me.2.jsonl",
+        "cli:me.3.jsonl",
+    ]
+    again = await service(tmp_path).get("cli:me.1")
+    assert again is not None and [m.content for m in again.messages] == ["other"]
