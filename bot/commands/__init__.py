@@ -39,6 +39,13 @@ class SessionControl(Protocol):
         """What of the chat waits for storage to take it (a full disk holds its answer's save, say),
         or ``None``: the chat goes on by itself once the write goes through."""
 
+    async def save_through(
+        self, to: InboundMessage, what: str, write: Callable[[], Awaitable[object]], *, notice: str
+    ) -> None:
+        """Do a command's ``write`` to storage (``what``: ``"new_save"``, say); while storage refuses it,
+        tell the chat ``notice`` once and write again with growing pauses until it goes through, as a
+        turn's save is (``storage_wait`` tells of it meanwhile; a shutdown cancels the wait)."""
+
     async def stop(self, sid: str) -> int | None:
         """Cancel the running turn, or the wait for the model; ``None`` if there was neither, else how
         many queued (or waiting) messages were kept."""

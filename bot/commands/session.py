@@ -41,6 +41,10 @@ log = structlog.get_logger(__name__)
 
 COMPACT_DEFAULT = 10
 COMPACT_RANGE = (1, 100)
+NEW_STORAGE_NOTICE = (
+    "⚠️ Your conversation is saved to memory, but I can't save the fresh start right now (a problem on "
+    "the server). I'll finish /new as soon as I can — nothing is lost."
+)
 COMPACT_USAGE = "Usage: /compact [N] — summarize older messages and keep the last N (1–100, default 10)."
 
 
@@ -198,7 +202,14 @@ class SessionCommands:
                 session.usage = Usage()
                 session.compactions = 0
                 session.metadata.pop(META_LAST, None)
-                await self._sessions.clear_messages(session)
+                session.replace_messages([])
+                # Cleared in memory now, so a save the disk refuses is written again until it goes
+                # through (the chat told once), as a turn's is: "/new failed" was untrue, and the old
+                # session came back from disk at the next start.
+                sessions = self._sessions
+                await control.save_through(
+                    msg, "new_save", lambda: sessions.save(session), notice=NEW_STORAGE_NOTICE
+                )
         return "Session cleared."
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -308,6 +308,15 @@ class Dispatcher:
     def storage_wait(self, sid: str) -> str | None:
         """What of ``sid`` waits for storage to take it (its answer's save, say), or ``None``."""
         return self._delivery.storage_wait(sid)
+
+    async def save_through(
+        self, to: InboundMessage, what: str, write: Callable[[], Awaitable[object]], *, notice: str
+    ) -> None:
+        """See :class:`~bot.commands.SessionControl`."""
+        delivery = self._delivery
+        await delivery.persist(
+            what, to.session_id, write, notice=lambda: delivery.send(to, notice, error=True)
+        )
 
     def storage_waits(self) -> dict[str, str]:
         """The writes holding up a chat until storage takes them (a full disk), each by what it is for

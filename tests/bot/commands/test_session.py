@@ -457,6 +457,32 @@ async def test_new_consolidates_then_clears(
     assert (tmp_path / "memory" / "MEMORY.md").read_text() == "- likes tea\n- says hello\n"
 
 
+async def test_new_on_a_full_disk_clears_once_storage_returns_and_the_chat_is_told(
+    bot_on: Callable[..., Bot],
+) -> None:
+    """/new whose save the disk refused answered "/new failed" though it had cleared the session in
+    memory: the next message was answered from the cleared session, and a restart brought back the old
+    one from disk."""
+    async with bot_on() as bot:
+        await bot.say("hello")
+        repair = break_folder(bot.root / "sessions")  # every save fails, as on a full disk
+        new = asyncio.create_task(bot.dispatcher.submit(InboundMessage("test", "c1", "u1", "/new")))
+        notice = (await bot.channel.wait_for(2))[1]
+        assert "can't save" in notice.text and notice.aside and "/new failed" not in notice.text
+        status = await bot.say("/status")
+        repair()
+        await new
+        cleared = (await bot.channel.wait_for(4))[3]
+        on_disk_after_new = await bot.on_disk()
+        answer = await bot.say("after")
+    assert "waiting for the server's disk to save this chat" in status
+    assert cleared.text == "Session cleared."
+    assert on_disk_after_new == []
+    assert answer == "echo: after"
+    assert [c for _, c in await bot.on_disk()] == ["after", "echo: after"]
+    assert len(bot.channel.sent) == 5  # told once
+
+
 async def test_new_under_a_consolidation_timeout_still_clears_and_writes_the_raw_fallback(
     tmp_path: Path,
     server: FakeLLMServer,
