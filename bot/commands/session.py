@@ -31,6 +31,7 @@ from bot.catalog import ModelInfo
 from bot.compaction import META_LAST
 from bot.context_budget import ContextBudget
 from bot.domain import Session, Usage
+from bot.errors import StorageError
 from bot.session_service import SessionService
 from bot.usage import UsageLedger
 
@@ -94,11 +95,18 @@ class SessionCommands:
 
     async def status(self, call: CommandCall, control: SessionControl) -> str:
         sid = call.session_id
-        session = await self._sessions.get(sid)
+        try:
+            session: Session | None = await self._sessions.get(sid)
+            readable = True
+        except StorageError:  # a status line must not take /status down; the operator gets the details
+            log.warning("status_session_unreadable", session_id=sid, exc_info=True)
+            session, readable = None, False
         m = self._model
         tier = f", {self._tier} tier" if self._tier else ""
         lines = [f"Model: {m.display_name or m.id} ({m.id}{tier})"]
-        if session is None:
+        if not readable:
+            lines.append("Messages: unknown for now (the server's disk cannot be read)")
+        elif session is None:
             lines.append("Messages: 0 (no conversation yet)")
         else:
             lines += await self._session_lines(session)
@@ -115,8 +123,11 @@ class SessionCommands:
         running = "answering now" if control.is_running(sid) else "idle"
         if (next_try := control.model_wait(sid)) is not None:
             running = f"waiting for the AI model (next try in {_duration(next_try)})"
-        if control.storage_wait(sid) is not None:  # (it said "idle" while an answer waited for the disk)
-            running = "waiting for the server's disk to save this chat (it goes on by itself once it can)"
+        if (
+            held := control.storage_wait(sid)
+        ) is not None:  # (it said "idle" while an answer waited for the disk)
+            doing = "read" if held == "session_load" else "save"
+            running = f"waiting for the server's disk to {doing} this chat (it goes on by itself once it can)"
         lines.append(f"Queue: {control.queue_depth(sid)} waiting · {running}")
         lines.append(f"Uptime: {_duration(self._monotonic() - self._started)}")
         return "\n".join(lines)

@@ -56,10 +56,16 @@ STOP_STORAGE_NOTICE = (
     "I'll do it as soon as I can — nothing is lost."
 )
 
+LOAD_STORAGE_NOTICE = (
+    "⚠️ I can't read our conversation right now (a problem on the server). "
+    "I'll answer as soon as I can — nothing is lost."
+)
+
 
 def crash_notice(exc: Exception) -> str:
-    """What the chat is told when its turn failed outside the pipeline (its session could not be read,
-    say): the messages stay pending in the inbox, and the next start answers them."""
+    """What the chat is told when its turn failed outside the pipeline (a bug: a session storage cannot
+    read is read again until it can, see ``Turns._readable``): the messages stay pending in the inbox,
+    and the next start answers them."""
     return (
         f"⚠️ Sorry, I couldn't answer this ({plain_reason(type(exc))}). "
         "Your message is kept: I'll answer it after my next restart."
@@ -157,6 +163,9 @@ class Turns:
         first = batch[0].message
         channel = self._channels.get(lane.channel)
         entries = tuple(e for q in batch for e in q.entries)
+        await self._readable(
+            first.session_id, lambda: self._delivery.send(first, LOAD_STORAGE_NOTICE, error=True)
+        )
         async with self._sessions.lease(lane.channel, lane.chat_id) as session:
             structlog.contextvars.bind_contextvars(session_id=session.id, channel=lane.channel)
             try:
@@ -232,6 +241,14 @@ class Turns:
                 if self._observer is not None:
                     self._observer.turn_finished(lane.channel, outcome, time.perf_counter() - started)
                 structlog.contextvars.unbind_contextvars("session_id", "channel", "turn_id")
+
+    async def _readable(self, sid: str, notice: Callable[[], Awaitable[None]]) -> None:
+        """Read ``sid``'s session (into the cache, unless there is none yet) again with growing pauses
+        while storage refuses it, ``notice`` telling the chat once, as a save is written again: the
+        lease that follows then finds it. A read the disk refused crashed the turn, and the chat was
+        told its message waited for a restart, even once storage was back."""
+        sessions = self._sessions
+        await self._delivery.persist("session_load", sid, lambda: sessions.get(sid), notice=notice)
 
     async def _save(self, session: Session, turn: Turn, *, replies: list[PendingReply]) -> None:
         """Save the session with ``replies``, and wait for the turn's own writes (``turn.writes``) in the
@@ -320,6 +337,7 @@ class Turns:
                 await self._delivery.send(stopped_or_kept[0].message, STOP_STORAGE_NOTICE, error=True)
 
         try:
+            await self._readable(sid, tell)
             async with self._sessions.lease(lane.channel, lane.chat_id) as session:
                 held = intake.entries_in(session.messages)
                 stopped = [q for q in request.stopped if not _in_history(q, session, held, assumed=True)]

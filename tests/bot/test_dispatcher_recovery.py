@@ -833,3 +833,29 @@ async def test_an_inbox_file_a_start_could_not_read_is_never_cut_and_the_next_st
     await channel.wait_for(1)
     await settled(tmp_path)
     assert model.seen == ["asked before the kill"]
+
+
+async def test_a_first_message_while_sessions_cannot_be_read_is_answered_once_storage_returns(
+    tmp_path: Path,
+) -> None:
+    """A message from a chat with no session yet, while the sessions folder was unusable, crashed its
+    turn (its session could not be read): the chat was told it would be answered after a restart, and
+    only a restart answered it."""
+    model = ModelSystem()
+    dispatcher, channel, _ = await started(tmp_path, model)
+    repair = break_folder(tmp_path / "sessions")  # no session can be read or written
+    await dispatcher.submit(msg("hello", message_id="1"))
+    notice = (await channel.wait_for(1))[0]
+    assert "can't read our conversation" in notice.text and notice.aside
+    assert "restart" not in notice.text
+    assert dispatcher.storage_wait("test:c1") == "session_load"
+    await asyncio.sleep(0.2)  # tries again meanwhile, without telling again
+    assert len(channel.sent) == 1
+    repair()
+    answer = (await channel.wait_for(2))[1]
+    assert answer.text == "answer to hello" and not answer.aside
+    await settled(tmp_path)
+    await dispatcher.close(grace=1)
+    assert model.seen == ["hello"] and len(channel.sent) == 2
+    stored = await JsonSessionStore(tmp_path / "sessions").load("test:c1")
+    assert stored is not None and [m.content for m in stored.messages] == ["hello", "answer to hello"]

@@ -227,6 +227,23 @@ async def test_status_says_when_an_answer_waits_for_the_disk(bot_on: Callable[..
     assert answer.text == "echo: held at its save"
 
 
+async def test_status_of_a_new_chat_whose_session_cannot_be_read_says_it_waits_for_the_disk(
+    bot_on: Callable[..., Bot],
+) -> None:
+    """With the sessions folder unusable, a new chat's first message crashed its turn, and /status
+    failed on the same read ("/status failed")."""
+    async with bot_on() as bot:
+        repair = break_folder(bot.root / "sessions")  # no session can be read or written
+        assert "can't read our conversation right now" in await bot.say("hello")
+        status = await bot.say("/status")
+        repair()
+        answer = (await bot.channel.wait_for(3))[2]
+    assert "failed" not in status
+    assert "Messages: unknown for now (the server's disk cannot be read)" in status
+    assert "Queue: 0 waiting · waiting for the server's disk to read this chat" in status
+    assert answer.text == "echo: hello"
+
+
 async def test_status_counts_every_model_call_by_purpose(
     server: FakeLLMServer,
     bot_on: Callable[..., Bot],

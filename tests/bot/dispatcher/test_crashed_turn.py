@@ -2,8 +2,8 @@
 
 The pipeline turns each system's failure into the turn's reply, but a turn can fail around it: the
 session's file cannot be read (a permission, a disk error). The dispatcher logged it and went on, and
-the chat got nothing at all, message after message. Now it is told, in plain words; the message stays
-in the inbox, and the next start answers it, as the reply says.
+the chat got nothing at all, message after message. Now it is told once, in plain words, and the read is
+tried again until storage takes it (bot/dispatcher/turns.py); the message stays in the inbox meanwhile.
 """
 
 from __future__ import annotations
@@ -14,19 +14,25 @@ from tests.bot.test_dispatcher import ModelSystem
 from tests.bot.test_dispatcher_recovery import msg, pending, started
 
 
-async def test_a_turn_whose_session_cannot_be_read_is_answered_with_an_apology(tmp_path: Path) -> None:
+async def test_a_turn_whose_session_cannot_be_read_tells_the_chat_and_a_restart_meanwhile_answers_it(
+    tmp_path: Path,
+) -> None:
+    """The read is tried again until it goes through, as a save is (answered then without a restart:
+    tests/bot/test_dispatcher_recovery.py); a shutdown meanwhile leaves the message to the next start."""
     dispatcher, channel, sessions = await started(tmp_path, ModelSystem())
     unreadable = sessions.store.header_path("test:c1")  # reading it fails as a disk error would
     unreadable.mkdir(parents=True)
     await dispatcher.submit(msg("hello", message_id="1"))
-    await dispatcher.settled("test:c1")
+    await channel.wait_for(1)
+    waiting = dispatcher.storage_wait("test:c1")
+    await dispatcher.close(grace=0.2)
     told = list(channel.sent)
     kept = await pending(tmp_path)
-    await dispatcher.close(grace=1)
 
     assert [(m.reply_to, m.is_error) for m in told] == [("1", True)]
-    assert "I'll answer it after my next restart" in told[0].text
+    assert "I'll answer as soon as I can" in told[0].text
     assert "test:c1.json" not in told[0].text  # the details are the operator's, in the log
+    assert waiting == "session_load"
     assert kept == ["hello"]
 
     unreadable.rmdir()  # the operator fixed it
