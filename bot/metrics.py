@@ -12,7 +12,8 @@ Two ways numbers get in:
   (a ``CompactionObserver``) and memory's consolidator :meth:`Metrics.consolidation` (a
   ``ConsolidationObserver``). ``bot/app.py`` passes the one ``Metrics`` to all four.
 - **Reads at scrape time** of state other parts already keep, so they need no hooks: the LLM client's
-  :class:`~bot.llm.client.LLMStats` (calls, tokens, cost per model, failures, retries, failovers) and
+  :class:`~bot.llm.client.LLMStats` (calls, tokens, cost per model, failures, retries, failovers, the
+  models the circuit breaker skips) and
   the dispatcher's queue depth, running turns and cached sessions (:meth:`Metrics.watch`).
 
     metrics = Metrics()
@@ -187,6 +188,14 @@ def _llm_families(stats: LLMStats) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "membot_llm_failovers", "Switches to the next model of the failover chain.", value=stats.failovers
     )
+    skipped = GaugeMetricFamily(
+        "membot_llm_model_skipped",
+        "1 for each model the circuit breaker skips now (failing with an outage: asked after the others).",
+        labels=["model"],
+    )
+    for model in sorted(stats.skipped):  # a model that is back has no sample, as /healthz lists none
+        skipped.add_metric([model], 1)
+    yield skipped
     if stats.last_ok is not None:  # no call yet: unknown, so no sample rather than a false 0
         yield GaugeMetricFamily(
             "membot_llm_last_call_ok", "1 if the last LLM call succeeded, else 0.", value=int(stats.last_ok)

@@ -8,14 +8,16 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.admin import health_report
+from bot.admin import AdminServer, health_report
 from bot.catalog import ModelCatalog
-from bot.config import LLMSettings
+from bot.config import AdminSettings, LLMSettings
 from bot.domain import Message, Role
 from bot.errors import LLMUnavailable
 from bot.llm import ChatRequest, LLMClient
 from bot.llm.breaker import COOL_DOWN, OPEN_AFTER
+from bot.metrics import Metrics
 from tests.bot.llm.conftest import Sleeps
+from tests.bot.test_admin import sample
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 PRIMARY, FALLBACK = "gpt-4.1-mini", "claude-haiku-4-5"
@@ -186,3 +188,34 @@ async def test_healthz_names_the_skipped_model(
     _, body = health_report({}, llm.stats, uptime=1.0)
     assert body["llm"]["reachable"] is True  # the fallback answers
     assert list(body["llm"]["skipped_models"]) == [PRIMARY]
+
+
+async def test_metrics_show_the_skipped_model_while_it_is_skipped(
+    server: FakeLLMServer, http: httpx.AsyncClient, catalog: ModelCatalog
+) -> None:
+    """/metrics had no sign of a skipped model: an operator could alert on failures, not on a primary
+    the breaker keeps out of the chain. ``membot_llm_model_skipped{model}`` is 1 while it is skipped,
+    and gone once it is back."""
+    clock = Clock()
+    llm = client(server, http, catalog, clock, fallback_models=[FALLBACK], max_retries=0)
+    outage = Outage(server, PRIMARY)
+    metrics = Metrics()
+    metrics.watch(llm_stats=lambda: llm.stats)
+    admin = AdminServer(
+        AdminSettings(enabled=True, port=0), metrics, channels=dict, llm_stats=lambda: llm.stats
+    )
+    async with admin, httpx.AsyncClient(base_url=f"http://127.0.0.1:{admin.port}") as scraper:
+        await llm.chat(REQUEST)
+        before = (await scraper.get("/metrics")).text
+        for _ in range(OPEN_AFTER - 1):
+            await llm.chat(REQUEST)
+        during = (await scraper.get("/metrics")).text
+        outage.down = False
+        clock.now += COOL_DOWN
+        await llm.chat(REQUEST)
+        after = (await scraper.get("/metrics")).text
+    assert sample(before, "membot_llm_model_skipped", model=PRIMARY) is None  # one outage: not yet
+    assert sample(during, "membot_llm_model_skipped", model=PRIMARY) == 1
+    assert sample(during, "membot_llm_model_skipped", model=FALLBACK) is None
+    assert "# TYPE membot_llm_model_skipped gauge" in during
+    assert sample(after, "membot_llm_model_skipped", model=PRIMARY) is None
