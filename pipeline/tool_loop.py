@@ -22,6 +22,7 @@ from bot.context_budget import ContextBudget
 from bot.domain import Message, Role, ToolCall
 from bot.errors import LLMContextOverflow
 from bot.llm import ChatRequest, ChatResponse
+from bot.long_answers import bounded
 from bot.tools import ToolJournal, ToolRegistry
 from pipeline.base import Turn
 from pipeline.tool_calls import LimitReached, ToolKit, ToolObserver, TurnTools
@@ -157,11 +158,16 @@ class _TurnRun(TurnTools):
             self.llm_calls += 1
             turn.usage.add(response.usage)
             said = bool(response.content.strip())
+            content = bounded(response.content)  # kept as the chat gets it (bot/long_answers.py)
+            if content != response.content:
+                log.warning(
+                    "answer_cut", model=response.model, chars=len(response.content), kept=len(content)
+                )
             calls, too_many = self.kept(response.tool_calls)
             if said or calls:  # a blank answer is not kept: the next call reads the results
-                turn.add_message(Message(Role.ASSISTANT, response.content, tool_calls=calls))
+                turn.add_message(Message(Role.ASSISTANT, content, tool_calls=calls))
             if said:
-                self.best = response.content
+                self.best = content
             if calls and response.cut_off:
                 # Cut at the output limit, a call may lack the end of its arguments and still parse
                 # ("write" with half a report): none of it runs; the model reads why, and tries again.
@@ -188,7 +194,7 @@ class _TurnRun(TurnTools):
                 elif not said and self.empty_answer():
                     note = ANSWER_NOW
                     continue
-                turn.reply = response.content if said else ""  # "": the dispatcher's failed-turn reply
+                turn.reply = content if said else ""  # "": the dispatcher's failed-turn reply
                 if response.cut_off and said:  # the user should know it is not all
                     turn.notes.append("The answer was cut off at the model's output limit: ask me to go on.")
                 if self.not_run:

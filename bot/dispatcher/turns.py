@@ -35,6 +35,7 @@ from bot.dispatcher.lanes import (
 from bot.domain import Session
 from bot.errors import plain_reason
 from bot.inbox import Inbox
+from bot.long_answers import bounded
 from bot.model_wait import NOTICE as MODEL_NOTICE
 from bot.model_wait import ModelWait, WaitRecords, model_failure, waits_for_model
 from bot.outbox import PendingReply
@@ -384,10 +385,11 @@ def _pending_reply(lane: Lane, turn: Turn, entries: tuple[str, ...]) -> tuple[Pe
 def reply_text(turn: Turn) -> tuple[str, bool]:
     """The reply and whether it reports a failure. A failure is told in plain words chosen by its
     type: its text names servers, settings and exception types, which belong in the log (where the
-    pipeline put it, secrets redacted), not in a chat."""
+    pipeline put it, secrets redacted), not in a chat. An answer is bounded (bot/long_answers.py)
+    whatever set it: the tool loop bounds the model's, as the session keeps it."""
     notes = "\n\n".join(f"_{note}_" for note in turn.notes)
     if turn.answered:  # a blank answer is no answer: channels drop or mangle it
-        return (str(turn.reply) + (f"\n\n{notes}" if notes else "")), False
+        return (bounded(str(turn.reply)) + (f"\n\n{notes}" if notes else "")), False
     if turn.final_note and not turn.failures:  # the model declined, or had no room left: asking
         return "⚠️ " + " ".join(turn.notes), True  # again would meet the same, so no "try again" here
     if turn.failures:

@@ -19,9 +19,11 @@ from bot.config import Settings, load_settings
 from bot.pairing import PAIRING_FILE, PairingStore
 from channels.telegram import TelegramChannel
 from tests.channels.telegram.kit import all_taken_in, telegram_values
-from tests.fakes.llm_server import FakeLLMServer
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.fakes.telegram_server import FakeTelegramServer
 
+CUT_NOTE_START = "(the answer was cut here"
+MAX_ANSWER_CHARS = 40_000  # bot/long_answers.py
 JPEG = b"\xff\xd8\xff\xe0fake-jpeg-bytes"
 
 
@@ -128,3 +130,28 @@ async def test_a_message_with_a_lone_surrogate_is_answered_not_dropped(tmp_path:
             [reply] = await tg.wait_for_messages(1)
         assert reply.text == "echo: half an emoji \ufffd here"
         assert "\ufffd" in llm.requests[-1].body["messages"][-1]["content"]
+
+
+async def test_a_runaway_answer_reaches_the_chat_cut_with_a_note(tmp_path: Path) -> None:
+    """A server that ignores ``max_tokens`` can stream megabytes of answer: the chat got it all, as
+    dozens of messages at one a second, and the next turn sent it all back to the model. The chat gets
+    at most MAX_ANSWER_CHARS with a plain note that the answer was cut; the session keeps that cut
+    version (what the chat saw), so the runaway is not fed to the model again."""
+    paragraph = "All work and no play makes Jack a dull boy. " * 20
+    runaway = "\n\n".join(f"{i}. {paragraph}" for i in range(250)) + "\n\nTHE-VERY-END"
+    assert len(runaway) > 200_000
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        llm.script(FakeReply(text=runaway))
+        async with telegram_bot(await settings_for(tmp_path / "ws", llm, tg), chat_interval=0):
+            tg.push_message("tell me everything")
+            await tg.wait_for(lambda: any(CUT_NOTE_START in m.text for m in tg.sent_to(777)))
+            tg.push_message("thanks")
+            await tg.wait_for(lambda: any(m.text == "echo: thanks" for m in tg.sent_to(777)))
+        sent = [m.text for m in tg.sent_to(777)][:-1]
+    assert sent[-1].endswith("(the answer was cut here: it was longer than 40,000 characters)")
+    assert sum(map(len, sent)) <= MAX_ANSWER_CHARS and len(sent) <= 15
+    assert "".join(sent).startswith("0. All work") and "THE-VERY-END" not in "".join(sent)
+    [asked_again] = [r for r in llm.requests if "thanks" in json.dumps(r.body["messages"][-1])]
+    history = json.dumps(asked_again.body["messages"])
+    assert CUT_NOTE_START in history and "THE-VERY-END" not in history
+    assert len(history) < MAX_ANSWER_CHARS + 10_000
