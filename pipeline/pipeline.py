@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import structlog
 
 from bot.domain import InboundMessage
+from bot.errors import LLMContentFiltered
 from pipeline.base import System, SystemFailure, Turn
 
 log = structlog.get_logger(__name__)
@@ -74,14 +75,22 @@ class Pipeline:
             await system.process(turn)
         except asyncio.CancelledError:
             raise
+        except LLMContentFiltered as exc:  # expected and classified: the provider declined, no bug
+            log.warning("llm_content_filtered", system=system.name, model=exc.model, error=str(exc))
+            Pipeline._record(system, turn, exc)
         except Exception as exc:
             log.exception("system_failed", system=system.name)
-            hint = getattr(exc, "retry_after", None)
-            turn.failures.append(
-                SystemFailure(
-                    system.name,
-                    f"{type(exc).__name__}: {exc}",
-                    type(exc),
-                    retry_after=float(hint) if isinstance(hint, int | float) and hint > 0 else None,
-                )
+            Pipeline._record(system, turn, exc)
+
+    @staticmethod
+    def _record(system: System, turn: Turn, exc: Exception) -> None:
+        """The failure on the turn: the dispatcher tells the chat in plain words chosen by its type."""
+        hint = getattr(exc, "retry_after", None)
+        turn.failures.append(
+            SystemFailure(
+                system.name,
+                f"{type(exc).__name__}: {exc}",
+                type(exc),
+                retry_after=float(hint) if isinstance(hint, int | float) and hint > 0 else None,
             )
+        )

@@ -9,12 +9,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bot.app import build_core
 from bot.config import Settings, load_settings
 from bot.domain import InboundMessage, OutboundMessage
 from channels.terminal import TerminalChannel
 from tests.channels.telegram.kit import break_folder
-from tests.fakes.llm_server import FakeLLMServer
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.fakes.llm_wire import AZURE_FILTERED
 
 
 async def settings_for(workspace: Path, llm: FakeLLMServer, **extra: Any) -> Settings:
@@ -184,3 +187,20 @@ async def test_a_line_typed_while_the_disk_refuses_it_is_kept_and_answered_once_
     assert first == "before the outage" and asked.count("typed on a full disk") == 1
     assert asked.count("typed after it") == 1
     assert asked.index("typed on a full disk") < asked.index("typed after it")
+
+
+async def test_an_answer_the_content_filter_declined_is_one_warning_not_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Azure's content filter declining a prompt (400 ``content_filter``) is an expected, classified
+    refusal: it went through ``system_failed`` with a full traceback, as if membot had a bug."""
+    async with FakeLLMServer() as llm:
+        llm.responder = lambda api, body: FakeReply(status=400, error=AZURE_FILTERED)
+        settings = await settings_for(tmp_path / "ws", llm)
+        out = await chat_once(settings, ["something the filter flags"], "content filter declined")
+    assert "the AI provider's content filter declined this request" in out
+    events = [r for r in caplog.records if isinstance(r.msg, dict)]
+    assert [r.msg["system"] for r in events if r.msg["event"] == "system_failed"] == []
+    [declined] = [r for r in events if r.msg["event"] == "llm_content_filtered"]
+    assert declined.levelname == "WARNING" and not declined.exc_info and "exception" not in declined.msg
+    assert declined.msg["system"] == "tool_loop" and "content filter" in declined.msg["error"]
