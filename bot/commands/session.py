@@ -46,6 +46,10 @@ NEW_STORAGE_NOTICE = (
     "⚠️ Your conversation is saved to memory, but I can't save the fresh start right now (a problem on "
     "the server). I'll finish /new as soon as I can — nothing is lost."
 )
+COMPACT_STORAGE_NOTICE = (
+    "⚠️ The older messages are saved to memory, but I can't save the compacted conversation right now "
+    "(a problem on the server). I'll finish /compact as soon as I can — nothing is lost."
+)
 COMPACT_USAGE = "Usage: /compact [N] — summarize older messages and keep the last N (1–100, default 10)."
 
 
@@ -187,7 +191,12 @@ class SessionCommands:
                         plural = "message" if len(session.messages) == 1 else "messages"
                         return f"Nothing to compact: {len(session.messages)} {plural}, keeping {keep}."
                     return f"Not compacted: {result.reason}."
-                await self._sessions.save(session)
+                # Compacted in memory now: a save the disk refuses is written again until it goes
+                # through (the chat told once), as /new's is ("/compact failed" was untrue).
+                sessions = self._sessions
+                await control.save_through(
+                    msg, "compact_save", lambda: sessions.save(session), notice=COMPACT_STORAGE_NOTICE
+                )
         removed = f"{result.removed} message{'' if result.removed == 1 else 's'}"
         text = (
             f"Compacted: removed {removed}, kept {result.kept}. "

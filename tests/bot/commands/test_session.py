@@ -500,6 +500,28 @@ async def test_new_on_a_full_disk_clears_once_storage_returns_and_the_chat_is_to
     assert len(bot.channel.sent) == 5  # told once
 
 
+async def test_compact_on_a_full_disk_is_saved_once_storage_returns_and_the_chat_is_told(
+    bot_on: Callable[..., Bot],
+) -> None:
+    """/compact whose save the disk refused answered "/compact failed" though it had compacted the
+    session in memory; a restart then brought the whole conversation back from disk."""
+    async with bot_on() as bot:
+        for n in range(4):
+            await bot.say(f"message {n}")
+        sent = len(bot.channel.sent)
+        repair = break_folder(bot.root / "sessions")  # every save fails, as on a full disk
+        task = asyncio.create_task(bot.dispatcher.submit(InboundMessage("test", "c1", "u1", "/compact 2")))
+        notice = (await bot.channel.wait_for(sent + 1))[sent]
+        assert "can't save" in notice.text and notice.aside and "failed" not in notice.text
+        repair()
+        await task
+        done = (await bot.channel.wait_for(sent + 2))[sent + 1]
+        on_disk = await bot.on_disk()
+    assert done.text.startswith("Compacted:"), done.text
+    assert [c for _, c in on_disk][-2:] == ["message 3", "echo: message 3"] and len(on_disk) <= 3
+    assert len(bot.channel.sent) == sent + 2  # told once
+
+
 async def test_new_under_a_consolidation_timeout_still_clears_and_writes_the_raw_fallback(
     tmp_path: Path,
     server: FakeLLMServer,
