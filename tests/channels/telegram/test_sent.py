@@ -6,6 +6,7 @@ afresh on the same ``state/`` folder, as the next start after a kill does (``bot
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,22 @@ async def test_an_answer_whose_preview_a_kill_cut_short_is_finished_in_that_prev
             await channel.send(answer)
         assert [m.text for m in tg.sent_to(777)] == ["The answer is forty-two."]
         assert len(tg.calls_to("sendMessage")) == 1
+
+
+async def test_the_record_keeps_only_answers_not_yet_done(tmp_path: Path) -> None:
+    """A finished answer was forgotten in memory only: the file went on naming it (and the preview) until
+    some later answer was cut short. The stop writes what was forgotten."""
+    record = tmp_path / "telegram_sent.json"
+    record.write_text('{"answers": {"answer-1": 1}}\n')
+    text = "\n\n".join(f"PART-{n} " + "word " * 700 for n in (1, 2))
+    async with FakeTelegramServer() as tg:
+        await streamed_then_stopped(tg, tmp_path, "The answer is")
+        assert list(json.loads(record.read_text())["previews"]) == ["777"]
+        async with running_channel(tg, tmp_path, streaming=True) as (channel, _):
+            await channel.send(OutboundMessage("telegram", "777", text, key="answer-1"))
+            answer = OutboundMessage("telegram", "777", "The answer is forty-two.", reply_to="100", key="a-1")
+            await channel.send(answer)
+    assert json.loads(record.read_text()) == {"answers": {}, "previews": {}}
 
 
 async def test_a_question_answered_anew_after_a_kill_streams_into_its_old_preview(tmp_path: Path) -> None:
