@@ -128,19 +128,25 @@ def test_reindex_with_the_endpoint_down_fails_clearly_and_keeps_nothing_half_don
     )
 
 
-def test_the_endpoints_credentials_are_never_printed(tmp_path: Path) -> None:
-    """A proxy's user:password in memory.embeddings_base_url (which ``membot config`` masks) was in the
-    embedder's errors: ``reindex`` printed it in its error line and in a log line that no redaction
-    passed through (only ``run`` and ``chat`` set one up)."""
+def reindex_against(tmp_path: Path, base_url: str) -> subprocess.CompletedProcess[str]:
+    """``membot memory reindex`` of an imported workspace against an OpenAI-style embeddings endpoint at
+    ``base_url`` (nothing listens there), with an API key set."""
     ws, _ = imported(tmp_path)
-    result = membot(
+    return membot(
         "memory",
         "reindex",
         workspace=ws,
         embeddings="openai",
-        embeddings_base_url="http://bob:hunter2secret@127.0.0.1:9/v1",
+        embeddings_base_url=base_url,
         embeddings_api_key="sk-embed-0123456789abcdef",
     )
+
+
+def test_the_endpoints_credentials_are_never_printed(tmp_path: Path) -> None:
+    """A proxy's user:password in memory.embeddings_base_url (which ``membot config`` masks) was in the
+    embedder's errors: ``reindex`` printed it in its error line and in a log line that no redaction
+    passed through (only ``run`` and ``chat`` set one up)."""
+    result = reindex_against(tmp_path, "http://bob:hunter2secret@127.0.0.1:9/v1")
     assert result.returncode == 2 and "unreachable" in result.stderr, result.stderr
     assert "http://127.0.0.1:9/v1/embeddings" in result.stderr  # still names the server to fix
     for secret in ("hunter2secret", "0123456789abcdef"):
@@ -150,15 +156,7 @@ def test_the_endpoints_credentials_are_never_printed(tmp_path: Path) -> None:
 def test_what_a_command_logs_is_masked_and_kept_off_its_output(tmp_path: Path) -> None:
     """Only ``run`` and ``chat`` set up the log: other commands logged through structlog's default, to
     stdout (among the data they print) and unmasked, and their error line was not masked either."""
-    ws, _ = imported(tmp_path)
-    result = membot(
-        "memory",
-        "reindex",
-        workspace=ws,
-        embeddings="openai",
-        embeddings_base_url="http://127.0.0.1:9/v1?api_key=zz-query-secret-42",
-        embeddings_api_key="sk-embed-0123456789abcdef",
-    )
+    result = reindex_against(tmp_path, "http://127.0.0.1:9/v1?api_key=zz-query-secret-42")
     assert result.returncode == 2 and "vectors_embedding_failed" in result.stderr, result.stderr
     assert result.stdout.strip() == ""  # the log is on stderr
     assert "zz-query-secret-42" not in result.stderr and "api_key=***" in result.stderr

@@ -292,6 +292,21 @@ async def test_a_record_whose_messages_a_later_retirement_took_is_dropped(
     assert (root / "HISTORY.md").read_text().count(ENTRY) == 1
 
 
+def history_disk_full(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Writes to HISTORY.md fail with ENOSPC while the returned flag's ``[0]`` is True, refused at the
+    system call (``os.write``), so our code runs as it would on a full disk."""
+    full = [True]
+    real = os.write
+
+    def write(fd: int, data: Any) -> int:
+        if full[0] and "/memory/HISTORY" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    return full
+
+
 async def test_a_consolidation_the_full_disk_refused_is_made_once_space_is_back_without_a_restart(
     tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -299,15 +314,7 @@ async def test_a_consolidation_the_full_disk_refused_is_made_once_space_is_back_
     the next start: until a restart (weeks, for a bot that runs on) the retired messages had no HISTORY
     entry, no MEMORY.md change and no facts. The next retirement the disk takes makes it, from the plan
     the model gave (not asked again)."""
-    full = [True]
-    real = os.write
-
-    def write(fd: int, data: Any) -> int:  # at the system call: our code runs as it would
-        if full[0] and "/memory/HISTORY" in os.readlink(f"/proc/self/fd/{fd}"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data)
-
-    monkeypatch.setattr(os, "write", write)
+    full = history_disk_full(monkeypatch)
     memory = await running_bot(tmp_path, clock, llm)
     root = memory.root
     fake_llm.script(FakeReply(text=ANSWER))
@@ -340,15 +347,7 @@ async def test_an_awaited_consolidation_the_full_disk_refused_is_made_once_space
     """Compaction and /new await the consolidation: one whose HISTORY entry the disk refused raised and
     left its record to the next start (only a background one was made again by the running bot), so
     until a restart its messages, archived already, had no HISTORY entry, MEMORY.md change or facts."""
-    full = [True]
-    real = os.write
-
-    def write(fd: int, data: Any) -> int:  # at the system call: our code runs as it would
-        if full[0] and "/memory/HISTORY" in os.readlink(f"/proc/self/fd/{fd}"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data)
-
-    monkeypatch.setattr(os, "write", write)
+    full = history_disk_full(monkeypatch)
     memory = await running_bot(tmp_path, clock, llm)
     root = memory.root
     fake_llm.script(FakeReply(text=ANSWER))
