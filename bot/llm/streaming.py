@@ -96,7 +96,7 @@ def _cut_short(event: SSEvent) -> bool:
         return False
     try:
         json.loads(event.data)
-    except ValueError:
+    except (ValueError, RecursionError):  # (cut inside data nested deeper than the parser goes)
         return True
     return False
 

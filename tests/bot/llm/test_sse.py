@@ -74,3 +74,12 @@ def test_lines_are_those_of_the_whole_text_however_it_is_cut(chunks: list[str]) 
     if whole[-1] == "":  # the text ended with a line end: no line after it
         whole.pop()
     assert asyncio.run(split(*chunks, limit=1000)) == whole
+
+
+def test_an_event_cut_inside_deeply_nested_data_counts_as_cut_short() -> None:
+    """json.loads raises RecursionError, not ValueError, on data nested past its depth: such a cut event
+    escaped the stream as a crash instead of an answer that did not come whole (retried)."""
+    from bot.llm.streaming import _cut_short
+
+    assert _cut_short(SSEvent("message", "[" * 100_000, cut=True))
+    assert not _cut_short(SSEvent("message", '{"a": 1}', cut=True))
