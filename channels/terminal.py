@@ -21,6 +21,7 @@ import structlog
 
 from bot.domain import InboundMessage, OutboundMessage
 from bot.printable import printable
+from bot.retry import retry
 from channels.base import Channel, InboundSink, PartialSink
 from channels.outage import StorageOutage, is_storage_error
 
@@ -168,24 +169,25 @@ class TerminalChannel(Channel):
         a read-only workspace), the user told once: no platform sends a typed line again, so it is held
         here until the inbox has it. Any other failure costs that message only, said on the screen: the
         terminal keeps reading (its read loop ended with the error, and nothing typed later was read)."""
-        tries = 0
-        while True:
-            try:
-                await self.handle_inbound(message)
-            except Exception as exc:
-                if not is_storage_error(exc):
-                    log.exception("terminal_message_failed")
-                    self._waiting = max(0, self._waiting - 1)
-                    self.notice(FAILED_NOTICE)
-                    return
-                tries += 1
-                self._outage.failed(exc)
-                if tries == 1:
-                    self.notice(STORAGE_NOTICE)
-                await asyncio.sleep(self._outage.delay(tries))
-                continue
-            self._outage.recovered()
+
+        def failed(exc: Exception, tries: int, delay: float) -> None:
+            self._outage.failed(exc)
+            if tries == 1:
+                self.notice(STORAGE_NOTICE)
+
+        try:
+            await retry(
+                lambda: self.handle_inbound(message),
+                retry_if=lambda exc, tries: is_storage_error(exc),
+                wait=lambda exc, tries: self._outage.delay(tries),
+                on_retry=failed,
+            )
+        except Exception:
+            log.exception("terminal_message_failed")
+            self._waiting = max(0, self._waiting - 1)
+            self.notice(FAILED_NOTICE)
             return
+        self._outage.recovered()
 
     async def _read_message(self) -> bytes:
         """The next line, with the lines that follow it within the paste window (a paste); b"" at the
