@@ -160,10 +160,7 @@ class UsageLedger:
             self._later.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._later
-        try:
-            await self.flush()
-        except OSError as exc:
-            log.error("usage_ledger_write_failed", path=str(self._path), error=str(exc))
+        await self._flush_logged()
 
     def _journal_failed(self, written: asyncio.Future[None]) -> None:
         if not written.cancelled() and (exc := written.exception()) is not None:
@@ -172,10 +169,14 @@ class UsageLedger:
 
     async def _flush_later(self) -> None:
         await asyncio.sleep(self._interval)
+        await self._flush_logged()
+
+    async def _flush_logged(self) -> None:
+        """:meth:`flush`, a failure logged: the totals keep every figure for the next flush; the journal,
+        what it could write."""
         try:
             await self.flush()
         except OSError as exc:
-            # The totals keep every figure for the next flush; the journal, what it could write.
             log.error("usage_ledger_write_failed", path=str(self._path), error=str(exc))
 
     async def _loaded(self) -> dict[str, _Day]:
