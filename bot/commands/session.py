@@ -127,9 +127,8 @@ class SessionCommands:
         running = "answering now" if control.is_running(sid) else "idle"
         if (next_try := control.model_wait(sid)) is not None:
             running = f"waiting for the AI model (next try in {_duration(next_try)})"
-        if (
-            held := control.storage_wait(sid)
-        ) is not None:  # (it said "idle" while an answer waited for the disk)
+        held = control.storage_wait(sid)
+        if held is not None:  # (it said "idle" while an answer waited for the disk)
             doing = "read" if held == "session_load" else "save"
             running = f"waiting for the server's disk to {doing} this chat (it goes on by itself once it can)"
         lines.append(f"Queue: {control.queue_depth(sid)} waiting · {running}")
