@@ -8,10 +8,29 @@ from collections.abc import Iterable
 import structlog
 
 from bot.domain import InboundMessage
-from bot.errors import LLMContentFiltered
+from bot.errors import (
+    LLMAuthError,
+    LLMBadResponse,
+    LLMContentFiltered,
+    LLMContextOverflow,
+    LLMError,
+    LLMRateLimited,
+    LLMTimeout,
+    LLMUnavailable,
+)
 from pipeline.base import System, SystemFailure, Turn
 
 log = structlog.get_logger(__name__)
+
+# What an operator checks for each failure the LLM client classifies (after its retries and fallbacks).
+_LLM_HINTS: dict[type[LLMError], str] = {
+    LLMAuthError: "check llm.<provider>.api_key (MEMBOT_LLM__OPENAI__API_KEY...) and its access",
+    LLMUnavailable: "the provider (llm.<provider>.base_url) is out of reach; see llm.fallback_models",
+    LLMTimeout: "the model was slower than llm.timeout (first_byte_timeout, idle_timeout when streamed)",
+    LLMRateLimited: "the provider's rate limit held past the retries; lower the load or raise the limit",
+    LLMContextOverflow: "the prompt is over the model's window; check max_input_tokens in the models file",
+    LLMBadResponse: "the server's answer was not one membot can read; check llm.provider and its base_url",
+}
 
 
 class Pipeline:
@@ -78,9 +97,27 @@ class Pipeline:
         except LLMContentFiltered as exc:  # expected and classified: the provider declined, no bug
             log.warning("llm_content_filtered", system=system.name, model=exc.model, error=str(exc))
             Pipeline._record(system, turn, exc)
+        except LLMError as exc:  # classified by the client after its retries: an outage, not a bug here
+            Pipeline._log_llm_failure(system, exc)
+            Pipeline._record(system, turn, exc)
         except Exception as exc:
             log.exception("system_failed", system=system.name)
             Pipeline._record(system, turn, exc)
+
+    @staticmethod
+    def _log_llm_failure(system: System, exc: LLMError) -> None:
+        """One line the operator can act on, without a traceback (that points into the client, not at a
+        cause): an error when only the operator can fix it (a refused key), a warning otherwise."""
+        level = log.warning if exc.retryable else log.error
+        level(
+            "llm_failed",
+            system=system.name,
+            model=exc.model,
+            status=exc.status_code,
+            kind=type(exc).__name__,
+            error=str(exc),
+            hint=_LLM_HINTS.get(type(exc), "see the lines before this one for each try"),
+        )
 
     @staticmethod
     def _record(system: System, turn: Turn, exc: Exception) -> None:

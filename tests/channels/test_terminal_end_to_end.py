@@ -20,12 +20,15 @@ from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.fakes.llm_wire import AZURE_FILTERED
 
 
-async def settings_for(workspace: Path, llm: FakeLLMServer, **extra: Any) -> Settings:
+async def settings_for(
+    workspace: Path, llm: FakeLLMServer, *, llm_extra: dict[str, Any] | None = None, **extra: Any
+) -> Settings:
     overrides: dict[str, Any] = {
         "workspace": workspace,
         "llm": {
             "model": "gpt-4.1-mini",
             "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"},
+            **(llm_extra or {}),
         },
     }
     overrides.update(extra)
@@ -204,3 +207,34 @@ async def test_an_answer_the_content_filter_declined_is_one_warning_not_a_traceb
     [declined] = [r for r in events if r.msg["event"] == "llm_content_filtered"]
     assert declined.levelname == "WARNING" and not declined.exc_info and "exception" not in declined.msg
     assert declined.msg["system"] == "tool_loop" and "content filter" in declined.msg["error"]
+
+
+@pytest.mark.parametrize(
+    ("status", "level", "kind", "told"),
+    [
+        (401, "ERROR", "LLMAuthError", "the AI model refused the bot's access"),
+        (503, "WARNING", "LLMUnavailable", "I can't reach the AI model right now"),  # answered later
+    ],
+)
+async def test_a_model_failure_the_client_classified_is_one_line_with_a_fix_not_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, status: int, level: str, kind: str, told: str
+) -> None:
+    """A refused key or a provider outage (after the client's retries) is expected and already explained:
+    it went through ``system_failed`` with a traceback into the HTTP client, as if membot had a bug. The
+    operator gets one line saying what failed and where to look; only what needs them is an error."""
+    async with FakeLLMServer() as llm:
+        llm.responder = lambda api, body: FakeReply(status=status)
+        settings = await settings_for(
+            tmp_path / "ws", llm, llm_extra={"max_retries": 1, "retry_base_delay": 0}
+        )
+        out = await chat_once(settings, ["hello"], told)
+    assert told in out
+    events = [r for r in caplog.records if isinstance(r.msg, dict)]
+    assert [r.msg["system"] for r in events if r.msg["event"] == "system_failed"] == []
+    [failed] = [r for r in events if r.msg["event"] == "llm_failed"]
+    assert failed.levelname == level and not failed.exc_info and "exception" not in failed.msg
+    assert (
+        failed.msg["kind"] == kind and failed.msg["status"] == status and failed.msg["system"] == "tool_loop"
+    )
+    assert failed.msg["hint"] and failed.msg["model"] == "gpt-4.1-mini"
+    assert "sk-test-key-123456" not in caplog.text
