@@ -3,8 +3,9 @@
 Consolidations run one at a time (an asyncio lock is the queue), so two sessions never race on
 MEMORY.md; in chat scope each run names the chat's own MEMORY.md, and the queue stays shared. A
 deadline covers waiting in the queue and the model call; when it passes, or the model fails, declines
-(a refusal, a content filter) or answers garbage or nothing (no history entry and MEMORY.md as it was),
-a ``[raw-fallback]`` entry keeps the last messages verbatim instead.
+(a refusal, a content filter) or answers garbage or nothing (no history entry and MEMORY.md as it was:
+the facts such an answer lists are still stored), a ``[raw-fallback]`` entry keeps the last messages
+verbatim instead.
 
 An answer is used whole or not at all, and MEMORY.md is replaced only from an answer that can be
 trusted to hold all of it (bot/memory/consolidation_reply.py reads it and says whether it can).
@@ -219,7 +220,7 @@ class Consolidator:
         if result.raw_fallback:
             log.warning("consolidation_fallback", session_id=session_id, reason=result.reason)
             if not planned:
-                await keep(Plan(when, "", reason=result.reason))
+                await keep(Plan(when, "", facts=tuple(result.facts), reason=result.reason))
             entry = raw_fallback_entry(messages, result.reason)
             await self._history.append(when, session_id, entry, once=resumed)
         self.last_run, self.last_result = self._clock(), result
@@ -303,6 +304,9 @@ class Consolidator:
         if not reply.history_entry and not changed:  # nothing would be written for these messages
             result.raw_fallback = True
             result.reason = "the model's answer was blank: no history entry and no change to MEMORY.md"
+            # The answer is whole, only without a summary: the facts it found are kept beside the
+            # messages written verbatim (they were dropped with the rest).
+            result.facts = list(reply.facts)
             return None
         return Plan(
             when,
@@ -326,8 +330,8 @@ class Consolidator:
         entry and MEMORY.md are written, that is journaled too: the operator may edit either before a
         resume, which must not undo it (an entry they corrected or removed is no longer found as written,
         and was appended again beside their text)."""
-        if plan.reason:  # a raw fallback: :meth:`run` writes its entry
-            result.raw_fallback, result.reason = True, plan.reason
+        if plan.reason:  # a raw fallback: :meth:`run` writes its entry (and the caller the facts it kept)
+            result.raw_fallback, result.reason, result.facts = True, plan.reason, list(plan.facts)
             return
         result.parse_tier, result.facts = plan.parse_tier, list(plan.facts)
         memory_done = (

@@ -46,12 +46,13 @@ def parse_reply(text: str, *, max_fact_chars: int = MAX_FACT_CHARS) -> Reply | N
     entry = as_text(data.get("history_entry")).strip()
     update = data.get("memory_update")
     memory = update if isinstance(update, str) else (None if update is None else as_text(update))
-    if not entry and memory is None:
+    facts = _facts(data.get("items"), max_fact_chars)
+    if not entry and memory is None and not facts:
         return None
     return Reply(
         entry,
         memory,
-        _facts(data.get("items"), max_fact_chars),
+        facts,
         tier,
         memory_type=type(update).__name__,
         memory_pruned=as_text(data.get("memory_pruned")).strip(),

@@ -222,6 +222,33 @@ async def test_a_blank_answer_is_a_failed_consolidation(
     assert (memory.root / "MEMORY.md").read_text() == "- operator fact\n"
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [{"history_entry": "", "memory_update": "- operator fact\n"}, {}],
+    ids=["no-entry-memory-unchanged", "only-items"],
+)
+async def test_the_facts_of_an_answer_without_a_summary_are_stored_beside_the_verbatim_messages(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, fields: dict[str, Any]
+) -> None:
+    """An answer that lists facts but writes no history entry and leaves MEMORY.md as it was is whole,
+    only without a summary: HISTORY.md keeps the messages verbatim, and the facts are stored as items.
+    They were dropped with the rest (an answer with only ``items`` was even "no usable JSON")."""
+    memory = await make_memory(tmp_path, clock, llm)
+    await memory.longterm.update(lambda _: "- operator fact\n")
+    items = [{"type": "preference", "content": "User prefers window seats", "confidence": 0.9}]
+    fake_llm.script(FakeReply(text=json.dumps({**fields, "items": items})))
+
+    result = await memory.consolidate("cli:me", conversation(clock), timeout=5)
+
+    assert result.raw_fallback and "blank" in result.reason
+    history = (memory.root / "HISTORY.md").read_text()
+    assert RAW_FALLBACK in history and "message 5 about the Lisbon trip" in history
+    assert (memory.root / "MEMORY.md").read_text() == "- operator fact\n"
+    stored = memory.items.items(Layer.SEMANTIC)
+    assert [i.content for i in stored] == ["User prefers window seats"]
+    assert stored[0].references[0].session_id == "cli:me"
+
+
 async def test_timeout_falls_back_and_archives(
     tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
 ) -> None:
