@@ -51,7 +51,7 @@ def visible_text(telegram_html: str) -> str:
 def render_chunks(markdown: str, limit: int = TELEGRAM_TEXT_LIMIT) -> list[RenderedChunk]:
     """Split ``markdown`` under ``limit`` UTF-16 units and render each piece to Telegram HTML."""
     chunks: list[RenderedChunk] = []
-    for piece in split_message(markdown, limit, measure=utf16_len):
+    for piece in split_message(_tables_as_code(markdown), limit, measure=utf16_len):
         rendered = markdown_to_html(piece)
         if not visible_text(rendered).strip():  # "[](url)", "> ": Telegram refuses a message showing nothing
             chunks.append(RenderedChunk(None, piece))
@@ -62,6 +62,38 @@ def render_chunks(markdown: str, limit: int = TELEGRAM_TEXT_LIMIT) -> list[Rende
         else:  # a piece that will not split further and still renders too long: as written
             chunks.append(RenderedChunk(None, piece))
     return chunks
+
+
+def _tables_as_code(markdown: str) -> str:
+    """``markdown`` with each top-level table already laid out, in a code block.
+
+    The split cannot see a table: one longer than a message would reach the next part as rows without
+    their header and rule line, which markdown-it no longer takes for a table (raw pipes). A code block
+    is closed and reopened by the split, so every part shows its rows aligned, as one part would. A
+    table inside a list or a quote is left to the renderer (its lines carry the list's or quote's marks).
+    """
+    tokens = _PARSER.parse(markdown)
+    if not any(t.type == "table_open" and t.level == 0 for t in tokens):
+        return markdown
+    lines = markdown.split("\n")
+    tables: list[tuple[int, int, str]] = []  # first line, line after, the laid-out table
+    rows: list[list[str]] = []
+    start = end = 0
+    for token in tokens:
+        if token.type == "table_open" and token.level == 0 and token.map is not None:
+            (start, end), rows = token.map, []
+        elif token.type == "tr_open":
+            rows.append([])
+        elif token.type == "inline" and rows and start < end:
+            rows[-1].append(_plain(token.children or []))
+        elif token.type == "table_close" and token.level == 0 and start < end:
+            tables.append((start, end, layout(rows)))
+            start = end = 0
+    for first, after, laid_out in reversed(tables):
+        longest = max((len(run) for run in re.findall("`+", laid_out)), default=0)
+        fence = "`" * max(3, longest + 1)
+        lines[first:after] = [fence, *laid_out.split("\n"), fence]
+    return "\n".join(lines)
 
 
 def markdown_to_html(markdown: str) -> str:
