@@ -242,6 +242,15 @@ class _Packer:
             if self._measure(candidate) <= limit:
                 current = candidate
                 continue
+            if current and not keep_spaces:
+                head, rest = _outside_markup(current, limit * _MIN_FILL, self._measure)
+                if rest:
+                    yield head
+                    current = rest
+                    candidate = f"{current} {word}"
+                    if self._measure(candidate) <= limit:
+                        current = candidate
+                        continue
             if current:
                 yield current
             while self._measure(word) > limit:
@@ -260,3 +269,33 @@ class _Packer:
             if total > limit:
                 return max(index, 1)
         return len(text)
+
+
+def _outside_markup(prose: str, least: float, measure: Measure) -> tuple[str, str]:
+    """``prose`` cut at its last space outside a link, code span or bold/italic/strike span, with the
+    head at least ``least`` long: ``(head, rest)``; ``(prose, "")`` when there is no such space.
+
+    Each part is rendered on its own (Telegram) or by the platform (Discord): a cut inside
+    ``[a link](url)`` or ``**bold words**`` would show the raw Markdown halves in two messages.
+    """
+    cut = len(prose)
+    while (cut := prose.rfind(" ", 0, cut)) > 0:
+        head = prose[:cut]
+        if measure(head) < least:
+            break
+        if not _opens_markup(head):
+            return head, prose[cut + 1 :]
+    return prose, ""
+
+
+def _opens_markup(text: str) -> bool:
+    """Whether ``text`` ends inside an inline Markdown span (counted, not parsed: a stray mark only
+    moves a cut to an earlier space)."""
+    if text.count("`") % 2 or text.rfind("[") > text.rfind("]"):
+        return True
+    link = text.rfind("](")
+    if link != -1 and text.find(")", link) == -1:
+        return True
+    return (
+        any(text.count(mark) % 2 for mark in ("**", "__", "~~")) or text.replace("**", "").count("*") % 2 == 1
+    )

@@ -366,6 +366,23 @@ async def test_a_long_reply_is_split_under_the_limit_without_breaking_code(tmp_p
         assert "".join(chunks).count("value_79") == 2
 
 
+async def test_a_line_longer_than_a_message_is_not_cut_inside_a_link_or_bold(tmp_path: Path) -> None:
+    """One line over 2000 characters is cut at a space; a cut inside "[a link](url)" or "**bold**" left
+    raw Markdown halves in two messages (Discord renders each message on its own)."""
+    async with discord_world(tmp_path) as w:
+        span = "**bold words across a cut** and [a link with words](https://example.com/x)"
+        text = "word " * 390 + span + " more" * 300 + " The end."
+        w.llm.script(FakeReply(text=text))
+        await w.discord.user_message(channel_id=w.dm, author=w.alice, content="one long line please")
+        await w.discord.wait_until(lambda: "The end." in "".join(w.discord.bot_texts(w.dm)))
+        chunks = [m["content"] for m in await w.discord.wait_for_bot_messages(w.dm)]
+        assert len(chunks) == 2 and all(len(c) <= 2000 for c in chunks)
+        assert all(c.count("**") % 2 == 0 and c.count("[") == c.count("](") for c in chunks)
+        assert any("**bold words across a cut**" in c for c in chunks)
+        assert any("[a link with words](https://example.com/x)" in c for c in chunks)
+        assert " ".join(chunks).split() == text.split()
+
+
 async def test_rate_limits_and_server_errors_are_retried(tmp_path: Path) -> None:
     async with discord_world(tmp_path) as w:
         path = f"/channels/{w.dm}/messages"

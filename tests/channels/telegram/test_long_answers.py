@@ -37,3 +37,23 @@ async def test_a_table_longer_than_a_message_is_aligned_in_every_part(tmp_path: 
         assert f"row {i:<3} | value {i} with some words" in shown
     assert sum("<pre>" in m.raw for m in sent) >= 2
     assert sent[0].text.startswith("Here it is:") and sent[-1].text.endswith("That's all.")
+
+
+async def test_a_line_too_long_for_a_message_is_not_cut_inside_a_link_or_bold(tmp_path: Path) -> None:
+    """One line (no newline) longer than a message is cut at a space; a cut inside "[a link](url)" or
+    "**bold words**" showed the raw Markdown halves in two messages."""
+    reply = (
+        ("word " * 815)
+        + "**bold words across a cut** and [a link with words](https://example.com/x) "
+        + ("more " * 900)
+    )
+    sent = await _answer(tmp_path, reply, 2)
+    assert all(m.parse_mode == "HTML" for m in sent)
+    shown = "\n".join(m.text for m in sent)
+    assert "**" not in shown and "](" not in shown and "[a link" not in shown
+    assert any("<b>bold words across a cut</b>" in m.raw for m in sent)
+    assert any('<a href="https://example.com/x">a link with words</a>' in m.raw for m in sent)
+    assert (
+        shown.split()
+        == reply.replace("**", "").replace("[", "").replace("](https://example.com/x)", "").split()
+    )
