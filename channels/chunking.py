@@ -273,11 +273,14 @@ class _Packer:
 
 def _outside_markup(prose: str, least: float, measure: Measure) -> tuple[str, str]:
     """``prose`` cut at its last space outside a link, code span or bold/italic/strike span, with the
-    head at least ``least`` long: ``(head, rest)``; ``(prose, "")`` when there is no such space.
+    head at least ``least`` long: ``(head, rest)``; ``(prose, "")`` when its end is outside them already,
+    or there is no such space.
 
     Each part is rendered on its own (Telegram) or by the platform (Discord): a cut inside
     ``[a link](url)`` or ``**bold words**`` would show the raw Markdown halves in two messages.
     """
+    if not _opens_markup(prose):
+        return prose, ""  # a cut after it is outside already
     cut = len(prose)
     while (cut := prose.rfind(" ", 0, cut)) > 0:
         head = prose[:cut]

@@ -51,7 +51,9 @@ def visible_text(telegram_html: str) -> str:
 def render_chunks(markdown: str, limit: int = TELEGRAM_TEXT_LIMIT) -> list[RenderedChunk]:
     """Split ``markdown`` under ``limit`` UTF-16 units and render each piece to Telegram HTML."""
     chunks: list[RenderedChunk] = []
-    for piece in split_message(_tables_as_code(markdown), limit, measure=utf16_len):
+    if utf16_len(markdown) > limit:  # (one part: the renderer lays tables out the same way)
+        markdown = _tables_as_code(markdown)
+    for piece in split_message(markdown, limit, measure=utf16_len):
         rendered = markdown_to_html(piece)
         if not visible_text(rendered).strip():  # "[](url)", "> ": Telegram refuses a message showing nothing
             chunks.append(RenderedChunk(None, piece))
