@@ -25,6 +25,7 @@ import structlog
 
 from bot.config import CompactionSettings
 from bot.domain import Message, Role, Session, utcnow
+from bot.errors import plain_reason
 from bot.llm import ChatRequest
 from bot.tokens import TokenCounter
 
@@ -310,7 +311,8 @@ class CompactionService:
             return None, f"the summary took longer than {s.summary_timeout:g} s"
         except Exception as exc:  # any failure of the summarizer must still make room
             log.warning("compaction_summary_failed", error=f"{type(exc).__name__}: {exc}")
-            return None, f"the summary failed ({type(exc).__name__})"
+            # Shown in the chat (/compact, /status): plain words, the exception's name is in the log.
+            return None, f"the summary failed: {plain_reason(type(exc))}"
         if response.refused:  # its text is a refusal, or what came before the model stopped
             log.warning(
                 "compaction_summary_refused",

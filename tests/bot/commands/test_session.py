@@ -278,9 +278,13 @@ async def test_status_of_a_new_chat_and_after_a_fallback(
             session.append(m)
         await bot.sessions.save(session)
         server.responder = lambda api, body: FakeReply(status=500) if "compress" in json.dumps(body) else None
-        assert "No summary" in await bot.say("/compact 5")
+        compacted = await bot.say("/compact 5")
         status = await bot.say("/status")
-    assert "Compactions: 1 (last one fell back to truncation: the summary failed (LLMUnavailable))" in status
+    # Plain words in the chat: the exception's name (LLMUnavailable) is for the log.
+    reason = "the summary failed: the AI model cannot be reached right now"
+    assert f"No summary ({reason})" in compacted
+    assert f"Compactions: 1 (last one fell back to truncation: {reason})" in status
+    assert "LLM" not in compacted + status
 
 
 # ---- /compact -------------------------------------------------------------------------------------
