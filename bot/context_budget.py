@@ -149,7 +149,7 @@ class ContextBudget:
         seen = session.metadata.get(META_OVERHEAD)
         overhead = int(seen) if isinstance(seen, int) and seen >= 0 else self._base
         raw = await self._counter.count_history(session) + max(overhead, self._base)
-        return self._counter.scale(session, raw) + self._tools
+        return self._counter.scale(session, raw + self._tools)  # schemas are basis tokens too
 
     def memory_budget(self, session: Session) -> int:
         """Tokens the ``# Memory`` section may use this turn: its reserve, less whatever the history
@@ -219,7 +219,10 @@ class ContextBudget:
         session.metadata[META_OVERHEAD] = overhead
         if actual_input_tokens:
             history = self._counter.history_tokens(session)
-            prompt_raw = overhead + history - sum(self._counter.message_tokens(m) for m in replies)
+            # The provider counts the tool schemas it was sent too: left out here, the ratio came out
+            # too high (by a third on a short chat) and every later estimate, /status's too, with it.
+            prompt_raw = self._tools + overhead + history
+            prompt_raw -= sum(self._counter.message_tokens(m) for m in replies)
             ratio = self._counter.calibrate(session, prompt_raw, actual_input_tokens)
             if ratio is not None:
                 log.debug("token_ratio", ratio=ratio, estimated=prompt_raw, actual=actual_input_tokens)

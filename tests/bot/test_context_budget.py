@@ -170,7 +170,7 @@ async def test_what_status_shows_is_the_request_that_was_sent_and_no_reserve(cou
         await memory.close()
 
     (request,) = model.requests
-    sent = budget.request_tokens(request)
+    sent = budget.request_tokens(request, session)  # the request as the model counts it (calibrated)
     assert sent - 30 <= before < sent  # only the memory section (its date line, here) is not known yet
     # Now with the answer, which the next request carries; the prompt's count is its parts' (a few more).
     assert sent <= after <= sent + counter.message_tokens(session.messages[-1]) + 10

@@ -1,0 +1,95 @@
+"""/status checked against what really happened: the bot of ``bot.app.build_core``, its dispatcher and
+a fake model server whose requests and reported usage are the truth each figure is checked against."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.app import Core, build_core
+from bot.config import load_settings
+from bot.domain import InboundMessage
+from bot.tokens import TokenCounter
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.recording import RecordingChannel
+
+MODEL = "gpt-4.1-mini"
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter.offline(model=MODEL, provider="openai")
+
+
+class Chat:
+    """One chat with a bot built by ``build_core``, over a recording channel."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.channel = RecordingChannel(core.dispatcher.submit)
+        core.dispatcher.attach(self.channel)
+
+    async def say(self, text: str) -> str:
+        """Send ``text`` and return the next reply."""
+        count = len(self.channel.sent)
+        await self.core.dispatcher.submit(InboundMessage("test", "c1", "u1", text))
+        return (await self.channel.wait_for(count + 1))[count].text
+
+
+@contextlib.asynccontextmanager
+async def chat(workspace: Path, llm: FakeLLMServer, **llm_settings: Any) -> AsyncIterator[Chat]:
+    overrides: dict[str, Any] = {
+        "workspace": workspace,
+        "llm": {
+            "model": MODEL,
+            "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"},
+            **llm_settings,
+        },
+    }
+    settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+    async with build_core(settings) as core:
+        yield Chat(core)
+
+
+def figure(status: str, label: str) -> str:
+    return next(line for line in status.splitlines() if line.startswith(label))
+
+
+def tokens_of(text: str) -> float:
+    """ "≈7.1k" -> 7100."""
+    value = re.sub(r"[≈,]", "", text)
+    return float(value[:-1]) * 1000 if value.endswith("k") else float(value)
+
+
+async def test_context_use_follows_the_prompt_size_the_provider_reports(
+    tmp_path: Path, counter: TokenCounter
+) -> None:
+    """The calibration left the tool schemas out of its estimate while the provider counts them: with a
+    provider that counts exactly as we do, /status showed 15% more than the next request holds."""
+
+    def counted(body: dict[str, Any]) -> int:  # the provider's count: schemas and messages, as sent
+        total = counter.count_text(json.dumps(body.get("tools", [])))
+        for m in body["messages"]:
+            content = m.get("content")
+            total += 4 + counter.count_text(content if isinstance(content, str) else json.dumps(content))
+        return total
+
+    async with FakeLLMServer() as llm:
+        reply = "noted " * 40
+        llm.responder = lambda api, body: FakeReply(text=reply, usage=(counted(body), 40))
+        async with chat(tmp_path / "ws", llm) as bot:
+            for i in range(3):
+                await bot.say(f"topic {i}: " + "word " * 1500)
+            status = await bot.say("/status")
+
+    assert llm.requests[-1].body.get("tools"), "the default tools are sent"
+    shown = tokens_of(figure(status, "Context:").split()[1])
+    next_request = counted(llm.requests[-1].body) + 4 + counter.count_text(reply)
+    assert shown == pytest.approx(next_request, rel=0.03), status
