@@ -39,6 +39,9 @@ from bot.domain import Session, Usage, utcnow
 from bot.group_writer import GroupWriter
 from bot.storage import atomic_write_text, line_bytes
 
+# session.metadata: the catalog id of the model whose answer the chat got last (a fallback's, say): /status
+META_ANSWERED_BY = "answered_by"
+
 log = structlog.get_logger(__name__)
 
 LEDGER_VERSION = 1

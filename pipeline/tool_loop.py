@@ -24,6 +24,7 @@ from bot.errors import LLMContextOverflow
 from bot.llm import ChatRequest, ChatResponse
 from bot.long_answers import bounded
 from bot.tools import ToolJournal, ToolRegistry
+from bot.usage import META_ANSWERED_BY
 from pipeline.base import Turn
 from pipeline.tool_calls import LimitReached, ToolKit, ToolObserver, TurnTools
 
@@ -157,6 +158,8 @@ class _TurnRun(TurnTools):
             note = ""
             self.llm_calls += 1
             turn.usage.add(response.usage)
+            if response.model_id:  # /status says which model answered: a fallback's, after a failover
+                turn.session.metadata[META_ANSWERED_BY] = response.model_id
             said = bool(response.content.strip())
             content = bounded(response.content)  # kept as the chat gets it (bot/long_answers.py)
             if content != response.content:

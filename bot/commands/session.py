@@ -33,7 +33,7 @@ from bot.context_budget import ContextBudget
 from bot.domain import Session, Usage
 from bot.errors import StorageError
 from bot.session_service import SessionService
-from bot.usage import UsageLedger
+from bot.usage import META_ANSWERED_BY, UsageLedger
 
 if TYPE_CHECKING:  # the package imports this module to export SessionCommands
     from bot.commands import CommandCall, SessionControl
@@ -108,6 +108,9 @@ class SessionCommands:
         m = self._model
         tier = f", {self._tier} tier" if self._tier else ""
         lines = [f"Model: {m.display_name or m.id} ({m.id}{tier})"]
+        answered_by = session.metadata.get(META_ANSWERED_BY) if session is not None else None
+        if isinstance(answered_by, str) and answered_by != m.id:  # the model line alone hid a failover
+            lines.append(f"Last answer: from the fallback model {answered_by} ({m.id} was not answering)")
         if not readable:
             lines.append("Messages: unknown for now (the server's disk cannot be read)")
         elif session is None:

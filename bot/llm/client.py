@@ -346,6 +346,7 @@ class LLMClient:
     ) -> None:
         response.usage.cost_usd = self.info(model).cost(response.usage)
         response.model = response.model or model
+        response.model_id = model
         self.stats.succeeded(model, response.usage, latency, request.purpose)
         self._breakers.succeeded(model)
         if self._usage is not None:

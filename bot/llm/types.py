@@ -60,6 +60,9 @@ class ChatResponse:
     model: str = ""
     stop_reason: str = ""  # as the provider said it: "stop", "length", "end_turn", "max_tokens", ...
     refusal: bool = False  # the text is the model's refusal (OpenAI's ``refusal`` field), not an answer
+    # The catalog id of the model that was asked (a fallback's after a failover); ``model`` is the name
+    # the provider gave, often dated ("gpt-4.1-mini-2025-04-14"). Set by the client; "" if unknown.
+    model_id: str = ""
 
     @property
     def cut_off(self) -> bool:

@@ -59,7 +59,8 @@ async def chat(workspace: Path, llm: FakeLLMServer, **llm_settings: Any) -> Asyn
 
 
 def figure(status: str, label: str) -> str:
-    return next(line for line in status.splitlines() if line.startswith(label))
+    """The line of ``status`` that starts with ``label`` ("" if there is none)."""
+    return next((line for line in status.splitlines() if line.startswith(label)), "")
 
 
 def tokens_of(text: str) -> float:
@@ -93,3 +94,22 @@ async def test_context_use_follows_the_prompt_size_the_provider_reports(
     shown = tokens_of(figure(status, "Context:").split()[1])
     next_request = counted(llm.requests[-1].body) + 4 + counter.count_text(reply)
     assert shown == pytest.approx(next_request, rel=0.03), status
+
+
+async def test_status_names_the_fallback_model_that_answered(tmp_path: Path) -> None:
+    """After a failover /status named only the configured model, not the one whose answer the chat got;
+    once the main model answers again, the line is gone."""
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(status=500), FakeReply(text="from the fallback"))
+        async with chat(tmp_path / "ws", llm, fallback_models=["gpt-4o-mini"], max_retries=0) as bot:
+            assert await bot.say("hello") == "from the fallback"
+            after_failover = await bot.say("/status")
+            assert await bot.say("again") == "echo: again"
+            after_recovery = await bot.say("/status")
+
+    assert [r.body["model"] for r in llm.requests] == [MODEL, "gpt-4o-mini", MODEL]
+    assert figure(after_failover, "Model:") == f"Model: GPT-4.1 mini ({MODEL}, balanced tier)"
+    assert figure(after_failover, "Last answer:") == (
+        f"Last answer: from the fallback model gpt-4o-mini ({MODEL} was not answering)"
+    )
+    assert "Last answer:" not in after_recovery
