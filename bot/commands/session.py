@@ -50,6 +50,9 @@ COMPACT_STORAGE_NOTICE = (
     "⚠️ The older messages are saved to memory, but I can't save the compacted conversation right now "
     "(a problem on the server). I'll finish /compact as soon as I can — nothing is lost."
 )
+# Items waiting for their vector from which /status mentions it: every turn queues a few for a moment
+# (they are embedded together once the chat pauses); past this, an import or a new model's reindex runs.
+BACKLOG_SHOWN = 20
 COMPACT_USAGE = "Usage: /compact [N] — summarize older messages and keep the last N (1–100, default 10)."
 
 
@@ -67,6 +70,12 @@ class MemoryFigures(Protocol):
 
     @property
     def last_recall(self) -> Mapping[str, object] | None: ...
+
+    @property
+    def vectors_waiting(self) -> int | None: ...
+
+    @property
+    def vectors_failing(self) -> bool: ...
 
 
 class SessionCommands:
@@ -173,8 +182,12 @@ class SessionCommands:
             f"Memory: MEMORY.md {_bytes(figures.memory_md_bytes)} · items {layers} · "
             f"{figures.today_notes} {notes} today"
         )
-        recall = _recall_line(figures.last_recall)
-        return f"{line}\n{recall}" if recall else line
+        lines = [
+            line,
+            _meaning_line(figures.vectors_waiting, figures.vectors_failing),
+            _recall_line(figures.last_recall),
+        ]
+        return "\n".join(part for part in lines if part)
 
     # -- /compact -----------------------------------------------------------------------------------
 
@@ -288,6 +301,22 @@ def _duration(seconds: float) -> str:
     if hours:
         return f"{hours}h {minutes}m"
     return f"{minutes}m {total % 60}s" if minutes else f"{total}s"
+
+
+def _meaning_line(waiting: int | None, failing: bool) -> str:
+    """Whether memory is searched by meaning as well as by words ("" when it is, or has no model for
+    it): while the embedding model fails, or new items wait for their vectors, only words find them."""
+    if waiting is None:
+        return ""
+    items = "item" if waiting == 1 else "items"
+    if failing:
+        return (
+            f"Meaning search: paused, the embedding model is not answering ({waiting} {items} waiting); "
+            "memory is found by its words meanwhile"
+        )
+    if waiting >= BACKLOG_SHOWN:
+        return f"Meaning search: {waiting} {items} still to index (found by their words until then)"
+    return ""
 
 
 def _recall_line(recall: Mapping[str, object] | None) -> str:

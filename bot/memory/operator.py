@@ -73,6 +73,8 @@ class MemoryStats:
     last_consolidation_fallback: bool | None
     pending_consolidations: int
     last_recall: dict[str, object] | None = None  # the session's last memory pack in this process
+    vectors_waiting: int | None = None  # items queued for their vector; None: no embedding model
+    vectors_failing: bool = False  # the embedding model's last batch failed (found by words meanwhile)
 
 
 async def stats(service: MemoryService, *, session_id: str | None = None) -> MemoryStats:
@@ -112,6 +114,8 @@ async def stats(service: MemoryService, *, session_id: str | None = None) -> Mem
         last_consolidation_fallback=last.raw_fallback if last else None,
         pending_consolidations=pending,
         last_recall=service.last_recall(session_id) if session_id is not None else None,
+        vectors_waiting=service.vectors.pending if service.vectors is not None else None,
+        vectors_failing=service.vectors is not None and service.vectors.failing,
     )
 
 

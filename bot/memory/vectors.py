@@ -188,6 +188,11 @@ class VectorStore:
         """Items queued for embedding (for /status)."""
         return len(self._queue)
 
+    @property
+    def failing(self) -> bool:
+        """Whether the embedder's last batch failed (meaning search then waits for its retry)."""
+        return self._failures > 0
+
     def __contains__(self, fingerprint: object) -> bool:
         return fingerprint in self._matrix.rows
 

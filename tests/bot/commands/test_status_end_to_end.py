@@ -113,3 +113,29 @@ async def test_status_names_the_fallback_model_that_answered(tmp_path: Path) -> 
         f"Last answer: from the fallback model gpt-4o-mini ({MODEL} was not answering)"
     )
     assert "Last answer:" not in after_recovery
+
+
+async def test_status_says_meaning_search_waits_while_the_embedding_model_fails(tmp_path: Path) -> None:
+    """With the embeddings endpoint out of reach, memory is found by words alone: /status said nothing
+    of it (the operator's log did), so a chat user could not tell why recall got worse."""
+    async with FakeLLMServer() as llm:
+        overrides: dict[str, Any] = {
+            "workspace": tmp_path / "ws",
+            "llm": {
+                "model": MODEL,
+                "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"},
+            },
+            "memory": {"embeddings": "openai", "embeddings_base_url": "http://127.0.0.1:9/v1"},  # refused
+        }
+        settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+        async with build_core(settings) as core:
+            bot = Chat(core)
+            await bot.say("I moved to Lisbon in March and I love the trams.")
+            vectors = core.memory.vectors if core.memory is not None else None
+            assert vectors is not None
+            assert await vectors.drain() > 0  # (returns at the first failed batch)
+            failing = await bot.say("/status")
+
+    line = figure(failing, "Meaning search:")
+    assert line.startswith("Meaning search: paused, the embedding model is not answering"), failing
+    assert "found by its words" in line
