@@ -237,6 +237,9 @@ class Turns:
                 self.completed += 1
                 log.info("turn_finished", outcome=outcome, failures=len(turn.failures))
                 await self._delivery.deliver(reply, lane)
+            except Exception:
+                outcome = "error"  # crashed (turn_crashed): /metrics counted it as answered ("ok")
+                raise
             finally:
                 lane.answering = None
                 if self._observer is not None:

@@ -20,12 +20,13 @@ from bot.errors import ConfigError, LLMRateLimited, LLMTimeout
 from bot.llm.client import LLMStats
 from bot.logging import SecretRedactor
 from bot.metrics import Metrics
-from channels.base import ChannelHealth
+from channels.base import ChannelHealth, PartialSink
 from channels.terminal import TerminalChannel
 from tests.bot.membot_service import membot_run, telegram_env
 from tests.channels.telegram.kit import break_folder
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.fakes.telegram_server import FakeTelegramServer
+from tests.recording import RecordingChannel
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:
@@ -303,3 +304,31 @@ async def test_healthz_of_membot_run_answers_503_while_a_full_disk_keeps_message
     assert failing["telegram: the Telegram update journal"].startswith("NotADirectoryError")
     assert [m.text for m in tg.sent_to(777)] == ["echo: first", "echo: written on a full disk"]
     assert after.status_code == 200 and after.json()["storage"] == {"ok": True, "failing": {}}
+
+
+class CrashingChannel(RecordingChannel):
+    """A channel whose streaming preview cannot be set up: the turn crashes outside the pipeline."""
+
+    def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
+        raise RuntimeError("preview broken")
+
+
+async def test_a_turn_that_crashed_is_counted_as_an_error_not_ok(tmp_path: Path) -> None:
+    """A turn that crashed outside the pipeline (``turn_crashed`` in the log; the chat is told it went
+    wrong) was counted as ``outcome="ok"`` on /metrics: its outcome was decided before it crashed."""
+    async with FakeLLMServer() as llm:
+        overrides = {
+            "workspace": tmp_path / "ws",
+            "llm": {"openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"}},
+        }
+        settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+        metrics = Metrics()
+        async with build_core(settings, metrics=metrics) as core:
+            channel = CrashingChannel(core.dispatcher.submit)
+            core.dispatcher.attach(channel)
+            await core.dispatcher.submit(InboundMessage("test", "c1", "u1", "hello"))
+            [told] = await channel.wait_for(1)
+    text = metrics.render().decode()
+    assert told.is_error and "Sorry, I couldn't answer this" in told.text
+    assert sample(text, "membot_turns_total", channel="test", outcome="error") == 1
+    assert sample(text, "membot_turns_total", channel="test", outcome="ok") is None
