@@ -99,6 +99,11 @@ class ModelWait:
     def wake(self) -> None:
         self._wake.set()
 
+    @property
+    def woken(self) -> bool:
+        """:meth:`wake` was called since the last failed try: the next try is due now."""
+        return self._wake.is_set()
+
     async def until_next_try(self) -> None:
         """Returns when the next try is due, or at once after :meth:`wake`."""
         with contextlib.suppress(TimeoutError):

@@ -58,8 +58,9 @@ async def run_chat(settings: Settings) -> None:
 
             async def until_quit() -> None:
                 await channel.wait_closed()
-                # The input ended (``echo hi | membot chat``, Ctrl-D): what was typed is answered first.
-                await core.dispatcher.settled(channel.session_id)
+                # The input ended (``echo hi | membot chat``, Ctrl-D): what was typed is answered first,
+                # unless it waits for the model: it stays pending, and the next start answers it.
+                await core.dispatcher.settled(channel.session_id, or_waiting_for_model=True)
 
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(signal.SIGINT, on_interrupt)

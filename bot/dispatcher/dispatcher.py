@@ -45,6 +45,8 @@ from pipeline import Pipeline
 
 log = structlog.get_logger(__name__)
 
+WAIT_LOOK = 0.1  # seconds between looks whether a lane only waits for the model (``settled``)
+
 
 class Dispatcher:
     """The hand-off point between channels and the pipeline (see the package doc, bot/dispatcher/__init__.py).
@@ -280,11 +282,19 @@ class Dispatcher:
         lane = self._lanes.get(sid)
         return bool(lane and lane.turn and not lane.turn.done() and not answer_final(lane))
 
-    async def settled(self, sid: str) -> None:
-        """Returns once ``sid`` has nothing queued or running (its lane's worker has ended)."""
+    async def settled(self, sid: str, *, or_waiting_for_model: bool = False) -> None:
+        """Returns once ``sid`` has nothing queued or running (its lane's worker has ended).
+
+        With ``or_waiting_for_model`` also once all it holds waits for the model to come back, no try
+        running or due: ``membot chat`` whose input ended leaves those messages pending for its next
+        start, instead of waiting silently up to ``dispatcher.model_retry_max_age`` (an hour)."""
         lane = self._lanes.get(sid)
         while lane is not None and lane.worker is not None and not lane.worker.done():
-            await asyncio.wait([lane.worker])
+            if or_waiting_for_model and self.model_wait(sid) is not None:
+                assert lane.model_wait is not None  # (model_wait says so)
+                if not lane.model_wait.woken:  # a woken wait tries at once: that try may answer
+                    return
+            await asyncio.wait([lane.worker], timeout=WAIT_LOOK if or_waiting_for_model else None)
 
     def answer_on_its_way(self, sid: str) -> bool:
         lane = self._lanes.get(sid)

@@ -179,6 +179,27 @@ async def test_an_unreachable_model_is_one_plain_line_and_the_details_go_to_the_
     assert "hunter2" not in log
 
 
+async def test_input_that_ends_while_the_model_is_waited_for_ends_the_chat_and_the_next_start_answers(
+    tmp_path: Path,
+) -> None:
+    """``echo hi | membot chat`` (or Ctrl-D) with the model down: the chat waited for the model's
+    return, up to ``dispatcher.model_retry_max_age`` (an hour), silent, and Ctrl-C did not end it. The
+    question stays pending and the next start shows and answers it, as after any other stop."""
+    async with FakeLLMServer() as llm:
+        async with membot_chat(
+            tmp_path, llm, MEMBOT_LLM__OPENAI__BASE_URL="http://127.0.0.1:9/v1", MEMBOT_LLM__MAX_RETRIES="0"
+        ) as chat:
+            await chat.type("are you there?")
+            await chat.wait_for("I can't reach the AI model right now")
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_code(timeout=15) == 0, chat.out + chat.err
+        assert "bye — the conversation is saved." in chat.out
+        async with membot_chat(tmp_path, llm) as chat:
+            await chat.wait_for("echo: are you there?")
+            assert "membot stopped before it answered:\n  you › are you there?" in chat.out
+
+
 async def test_a_key_the_provider_echoes_reaches_neither_the_chat_nor_the_log(tmp_path: Path) -> None:
     async with FakeLLMServer() as llm:
         echoed = {"error": {"message": "Incorrect API key provided: local-key-0123456789abc.", "type": "x"}}
