@@ -55,7 +55,11 @@ def explain_validation(
     lines = ["invalid configuration:"]
     in_file = _dotenv_keys(env_file)
     for error in exc.errors():
-        path = [str(p) for p in error["loc"]]
+        loc = error["loc"]
+        # A list is one variable and one key: its item (an int in loc) is named apart, not as a level.
+        index = next((i for i, part in enumerate(loc) if isinstance(part, int)), len(loc))
+        path = [str(p) for p in loc[:index]]
+        item = f", item {int(loc[index]) + 1}" if index < len(loc) else ""
         dotted = ".".join(path)
         env = ENV_PREFIX + "__".join(p.upper() for p in path)
         from_file = env not in os.environ and env in in_file
@@ -73,7 +77,7 @@ def explain_validation(
             + (f" in {env_file}" if from_file else "")
             + (f" or `{dotted}` in {toml}" if toml else "")
         )
-        lines.append(f"  - {dotted}: {error['msg']} ({where})")
+        lines.append(f"  - {dotted}{item}: {error['msg']} ({where})")
     return "\n".join(lines)
 
 

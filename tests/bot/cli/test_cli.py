@@ -143,6 +143,27 @@ def test_numeric_user_ids_are_accepted_from_toml_and_env(home: dict[str, str], t
     assert rows["discord.allowed_users"] == "['111', '222']" and rows["discord.allowed_guilds"] == "['333']"
 
 
+def test_a_bad_list_item_names_the_list_to_fix(home: dict[str, str], tmp_path: Path) -> None:
+    """A wrong item named MEMBOT_TELEGRAM__ALLOWED_USERS__1 and `telegram.allowed_users.1`, which no
+    one can set: the list is one variable, one key."""
+    toml = tmp_path / "membot.toml"
+    toml.write_text('[telegram]\nallowed_users = ["1", ["2"]]\n')
+    result = membot("--config", str(toml), "config", env=home, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    err = one_line(result.stderr)
+    assert (
+        f"telegram.allowed_users, item 2: Input should be a valid string "
+        f"(set MEMBOT_TELEGRAM__ALLOWED_USERS or `telegram.allowed_users` in {toml})"
+    ) in err, err
+
+    result = membot("config", env={**home, "MEMBOT_LLM__FALLBACK_MODELS": '["a", 1]'}, cwd=tmp_path)
+    err = one_line(result.stderr)
+    assert (
+        "llm.fallback_models, item 2: Input should be a valid string (set MEMBOT_LLM__FALLBACK_MODELS)" in err
+    )
+    assert "__1" not in err
+
+
 def test_an_anthropic_key_with_the_default_openai_model_says_to_pick_a_claude_model(
     home: dict[str, str], tmp_path: Path
 ) -> None:
