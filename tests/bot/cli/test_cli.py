@@ -143,6 +143,26 @@ def test_numeric_user_ids_are_accepted_from_toml_and_env(home: dict[str, str], t
     assert rows["discord.allowed_users"] == "['111', '222']" and rows["discord.allowed_guilds"] == "['333']"
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "'[\"12345678\"]'",  # deploy/membot.env.example's line, as `docker run --env-file` passes it
+        '"12345678"',
+        "@alice",  # a username: the platforms send ids
+    ],
+)
+def test_an_id_that_is_not_a_number_is_refused_not_kept(
+    home: dict[str, str], tmp_path: Path, value: str
+) -> None:
+    """Such an id matched no one: the allowlist looked set, and everyone, its owner too, was denied."""
+    result = membot("config", env={**home, "MEMBOT_TELEGRAM__ALLOWED_USERS": value}, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    err = one_line(result.stderr)
+    assert "telegram.allowed_users" in err and "ids are whole numbers" in err, err
+    assert "(set MEMBOT_TELEGRAM__ALLOWED_USERS)" in err
+    assert ("quotes" in err) == value.startswith(("'", '"'))
+
+
 def test_a_bad_list_item_names_the_list_to_fix(home: dict[str, str], tmp_path: Path) -> None:
     """A wrong item named MEMBOT_TELEGRAM__ALLOWED_USERS__1 and `telegram.allowed_users.1`, which no
     one can set: the list is one variable, one key."""
