@@ -175,7 +175,8 @@ async def test_an_unreachable_model_is_one_plain_line_and_the_details_go_to_the_
     for internal in ("Traceback", "127.0.0.1:9", "hunter2", "MEMBOT_", "LLMUnavailable", "base_url"):
         assert internal not in screen, internal
     log = (tmp_path / "ws" / "logs" / "chat.log").read_text()
-    assert "Traceback" in log and "LLMUnavailable" in log and "127.0.0.1:9" in log
+    assert "llm_failed" in log and "LLMUnavailable" in log and "127.0.0.1:9" in log  # one line, no traceback
+    assert "Traceback" not in log
     assert "hunter2" not in log
 
 
