@@ -49,9 +49,10 @@ def check_llm_configured(settings: Settings, catalog: ModelCatalog) -> None:
             )
         raise ConfigError(
             "no LLM is configured. Set one of:\n"
-            "  OpenAI:     MEMBOT_LLM__OPENAI__API_KEY=sk-...  (model: MEMBOT_LLM__MODEL)\n"
+            # (a key's place written "<your key: sk-...>": "=sk-..." was masked as a secret, "=***")
+            "  OpenAI:     MEMBOT_LLM__OPENAI__API_KEY=<your key: sk-...>  (model: MEMBOT_LLM__MODEL)\n"
             "  Anthropic:  MEMBOT_LLM__MODEL=claude-sonnet-4-5\n"
-            "              MEMBOT_LLM__ANTHROPIC__API_KEY=sk-ant-...\n"
+            "              MEMBOT_LLM__ANTHROPIC__API_KEY=<your key: sk-ant-...>\n"
             "  Local:      MEMBOT_LLM__OPENAI__BASE_URL=http://localhost:11434/v1\n"
             "              MEMBOT_LLM__MODEL=llama3.1\n"
             "              (Ollama, vLLM, llama.cpp, LM Studio: any OpenAI-compatible server)\n"

@@ -33,11 +33,12 @@ def test_chat_without_a_model_says_what_to_set(home: dict[str, str], tmp_path: P
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     for setting in (
-        "MEMBOT_LLM__OPENAI__API_KEY",
-        "MEMBOT_LLM__ANTHROPIC__API_KEY",
+        "MEMBOT_LLM__OPENAI__API_KEY=<your key: sk-...>",  # (not "=***", as if a secret were masked)
+        "MEMBOT_LLM__ANTHROPIC__API_KEY=<your key: sk-ant-...>",
         "http://localhost:11434/v1",
     ):
         assert setting in result.stderr
+    assert "***" not in result.stderr
 
 
 @pytest.mark.parametrize(
