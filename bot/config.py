@@ -35,7 +35,7 @@ from pydantic_settings import (
 )
 
 from bot.config_errors import ENV_PREFIX, explain_undecodable, explain_validation, unknown_variables
-from bot.config_files import TomlSource
+from bot.config_files import TomlSource, watch_dotenv
 from bot.errors import ConfigError
 
 DEFAULT_HOME = Path("~/.membot")
@@ -427,6 +427,7 @@ def load_settings(
     """Load and validate settings; raise :class:`ConfigError` naming every bad field and how to set it."""
     toml = resolve_config_file(config_file)
     cls = _settings_class(toml, env_file)
+    watch_dotenv(env_file)
     unknown = unknown_variables(Settings, os.environ)
     if unknown:
         raise ConfigError("invalid configuration:\n" + "\n".join(unknown))

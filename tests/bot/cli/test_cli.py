@@ -216,3 +216,19 @@ def test_a_strangers_name_cannot_send_escape_sequences_to_the_operators_terminal
     # zero-width joiner of an emoji stays.
     assert "\u200b" not in result.stdout and "ad\ufffdmin" in result.stdout
     assert "\U0001f469\u200d\U0001f4bb" in result.stdout
+
+
+def test_a_dotenv_line_that_is_not_key_value_is_named_once_with_its_file(
+    home: dict[str, str], tmp_path: Path
+) -> None:
+    """python-dotenv's "could not parse statement starting at line 2" named no file and no fix, and came
+    once per read (`membot config` reads the .env twice: plain, then as a JSON log line)."""
+    (tmp_path / ".env").write_text("MEMBOT_LLM__MODEL=gpt-4.1-mini\nthis line is not a setting\n")
+    result = membot("config", env=home, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "line 2" in line]
+    assert said == [
+        f"ignored line 2 of {(tmp_path / '.env').resolve()}: it is not KEY=value "
+        + '(quote a value with spaces: KEY="a b")'
+    ], result.stderr
+    assert "python-dotenv" not in result.stderr
