@@ -96,9 +96,16 @@ class ModelCatalog:
 
 def _read(text: str, origin: str) -> _CatalogFile:
     try:
-        return _CatalogFile.model_validate(json.loads(text))
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{origin} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):  # (pydantic says "a valid dictionary or instance of _CatalogFile")
+        raise ConfigError(
+            f"{origin} is not a valid model catalog: it holds a JSON {type(data).__name__}, not an object; "
+            'write it like {"version": 1, "models": [...]} (the packaged bot/models.json shows every field)'
+        )
+    try:
+        return _CatalogFile.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
         raise ConfigError(f"{origin} is not a valid model catalog: {problems}") from None

@@ -58,6 +58,8 @@ def test_operator_file_overrides_and_extends(tmp_path: Path) -> None:
             "max_input_tokens",
         ),
         (json.dumps({"models": [], "tiers": {"openai": {"fast": "ghost"}}}), "unknown model 'ghost'"),
+        # (pydantic's words named a private class: "a valid dictionary or instance of _CatalogFile")
+        ("[1, 2]", 'it holds a JSON list, not an object; write it like {"version": 1'),
     ],
 )
 def test_bad_files_fail_with_the_reason(tmp_path: Path, content: str, message: str) -> None:
