@@ -53,7 +53,7 @@ def explain_validation(
 ) -> str:
     """Every bad field, with the variable or file line to fix; an unknown key gets a "did you mean"."""
     lines = ["invalid configuration:"]
-    in_file = _dotenv_keys(env_file)
+    in_file = dotenv_keys(env_file)
     for error in exc.errors():
         loc = error["loc"]
         # A list is one variable and one key: its item (an int in loc) is named apart, not as a level.
@@ -66,6 +66,11 @@ def explain_validation(
         if error["type"] == "extra_forbidden":
             import difflib  # only on this error path: start-up stays lean
 
+            if from_file and not toml:  # a variable of the .env: named as a variable, as in the environment
+                guess = difflib.get_close_matches(env, list(_variable_names(root)), n=1, cutoff=0.6)
+                hint = f"; did you mean {guess[0]}?" if guess else ""
+                lines.append(f"  - {env}: no such setting{hint} (rename it or remove it from {env_file})")
+                continue
             where = f"remove {env} from {env_file}" if from_file else f"unset {env}"
             where = f"remove it from {toml} or {where}" if toml else where
             guess = difflib.get_close_matches(path[-1], _known_keys(root, path[:-1]), n=1, cutoff=0.6)
@@ -81,13 +86,16 @@ def explain_validation(
     return "\n".join(lines)
 
 
-def _dotenv_keys(env_file: Path | None) -> set[str]:
+def dotenv_keys(env_file: Path | None) -> set[str]:
     """The variable names a .env file sets, upper-cased (as pydantic-settings matches them)."""
     if env_file is None or not env_file.is_file():
         return set()
     from dotenv import dotenv_values
 
-    return {key.upper() for key in dotenv_values(env_file)}
+    try:
+        return {key.upper() for key in dotenv_values(env_file)}
+    except (OSError, UnicodeDecodeError):  # reading it for the settings says what is wrong, and how
+        return set()
 
 
 def _known_keys(root: type[BaseModel], path: list[str]) -> list[str]:

@@ -124,7 +124,8 @@ def test_a_dotenv_shared_with_other_programs_is_read_for_its_membot_keys_only(tm
     )
     with pytest.raises(ConfigError) as info:
         load_settings(env_file=dotenv)
-    assert f"did you mean `timezone`? (remove MEMBOT_TIMEZONEE from {dotenv})" in str(info.value)
+    said = "MEMBOT_TIMEZONEE: no such setting; did you mean MEMBOT_TIMEZONE?"
+    assert f"{said} (rename it or remove it from {dotenv})" in str(info.value)
     assert f"(set MEMBOT_LLM__TIMEOUT in {dotenv})" in str(info.value)
     assert "database_url" not in str(info.value)
 

@@ -232,3 +232,18 @@ def test_a_dotenv_line_that_is_not_key_value_is_named_once_with_its_file(
         + '(quote a value with spaces: KEY="a b")'
     ], result.stderr
     assert "python-dotenv" not in result.stderr
+
+
+def test_a_misspelled_variable_in_the_dotenv_names_the_variable_it_meant(
+    home: dict[str, str], tmp_path: Path
+) -> None:
+    """In the environment, MEMBOT_TELEGRAM_TOKEN gets "did you mean MEMBOT_TELEGRAM__TOKEN?"; in the
+    .env it got "telegram_token: unknown setting; did you mean `telegram`?", naming a table."""
+    (tmp_path / ".env").write_text("MEMBOT_TELEGRAM_TOKEN=123:abc\n")
+    result = membot("config", env=home, cwd=tmp_path)
+    assert result.returncode == 2
+    assert (
+        "MEMBOT_TELEGRAM_TOKEN: no such setting; did you mean MEMBOT_TELEGRAM__TOKEN? "
+        "(rename it or remove it from .env)"
+    ) in result.stderr
+    assert "123:abc" not in result.stderr
