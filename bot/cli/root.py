@@ -118,10 +118,12 @@ def settings_from(ctx: typer.Context) -> Settings:
         settings = load_settings(opts.config, overrides=overrides_from(opts))
     except ConfigError as exc:
         fail(str(exc))
-    if settings.workspace.exists() and not settings.workspace.is_dir():
-        fail(
-            f"the workspace {settings.workspace} is a file: point --workspace or MEMBOT_WORKSPACE at a folder"
-        )
+    # The workspace, or a folder it would be made in, is a file ("error: …/ws/memory: Not a directory"
+    # said neither what nor how to fix it).
+    blocking = next((p for p in (settings.workspace, *settings.workspace.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        what = "is a file" if blocking == settings.workspace else f"cannot be made: {blocking} is a file"
+        fail(f"the workspace {settings.workspace} {what}: point --workspace or MEMBOT_WORKSPACE at a folder")
     _hide(settings)
     return settings
 

@@ -53,11 +53,20 @@ def test_a_workspace_that_is_a_file_is_one_clear_line(
     assert f"the workspace {tmp_path / 'ws'} is a file" in result.stderr
 
 
-def test_a_workspace_that_cannot_be_made_is_one_clear_line(home: dict[str, str], tmp_path: Path) -> None:
-    (tmp_path / "file").write_text("")
-    result = membot("memory", "stats", env={**home, "MEMBOT_WORKSPACE": str(tmp_path / "file" / "ws")})
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert "Not a directory" in result.stderr
+@pytest.mark.parametrize("command", [["memory", "stats"], ["pairing", "list"], ["sessions", "list"]])
+def test_a_workspace_under_a_file_is_one_clear_line_with_the_fix(
+    home: dict[str, str], tmp_path: Path, command: list[str]
+) -> None:
+    """A workspace in a folder that is a file said "error: …/ws/memory: Not a directory" (or "No sessions
+    in …"), neither what was wrong nor how to fix it."""
+    (tmp_path / "data").write_text("not a folder")
+    workspace = tmp_path / "data" / "ws"
+    result = membot(*command, env={**home, "MEMBOT_WORKSPACE": str(workspace)}, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
+    assert (
+        f"the workspace {workspace} cannot be made: {tmp_path / 'data'} is a file: point --workspace or "
+        "MEMBOT_WORKSPACE at a folder"
+    ) in result.stderr
 
 
 def test_run_without_channels_says_what_to_set(home: dict[str, str], tmp_path: Path) -> None:
