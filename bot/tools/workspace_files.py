@@ -154,6 +154,7 @@ class WorkspaceFiles:
 
     def _search(self, rel: PurePosixPath, query: str) -> str:
         real = self._locate(rel)
+        _stat(real, rel)  # a folder that is not there is said so, not a crash of the walk below
         root = self._root.resolve()
         needle = query.casefold()
         matches: list[str] = []

@@ -425,3 +425,10 @@ async def test_memory_md_writes_go_through_compare_and_swap(workspace: Path) -> 
 
     await run(files, action="append", path="memory/MEMORY.md", content="- has a cat")
     assert memory_md.read_text().endswith("- has a cat\n")
+
+
+async def test_a_search_under_a_path_that_does_not_exist_says_so(workspace: Path) -> None:
+    """The model searching a folder it only guessed at ("drafts/") crashed the call with a bare
+    FileNotFoundError, which told it nothing it could act on."""
+    files = tool(workspace)
+    assert await refused(files, action="search", path="drafts", query="milk") == "drafts does not exist"
