@@ -222,7 +222,7 @@ def _int_arg(args: dict[str, Any], key: str) -> int | None:
         raise ToolError(f"argument {key!r} must be a whole number")
     try:
         number = int(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # (OverflowError: ``Infinity``, which Python's JSON reader accepts)
         raise ToolError(f"argument {key!r} must be a whole number") from None
     if number < 1:
         raise ToolError(f"argument {key!r} must be 1 or more")

@@ -432,3 +432,13 @@ async def test_a_search_under_a_path_that_does_not_exist_says_so(workspace: Path
     FileNotFoundError, which told it nothing it could act on."""
     files = tool(workspace)
     assert await refused(files, action="search", path="drafts", query="milk") == "drafts does not exist"
+
+
+@pytest.mark.parametrize("key", ["offset", "limit"])
+async def test_an_infinite_offset_or_limit_is_a_plain_error(workspace: Path, key: str) -> None:
+    """``{"offset": Infinity}`` parses (Python's JSON reader takes it) and crashed the call with an
+    OverflowError the model could not act on."""
+    (workspace / "notes" / "a.txt").write_text("x\n")
+    files = tool(workspace)
+    reason = await refused(files, action="read", path="notes/a.txt", **{key: float("inf")})
+    assert reason == f"argument {key!r} must be a whole number"
