@@ -82,8 +82,8 @@ class FilesTool(WorkspaceFiles):
     name = "files"
     description = (
         "Read, write, append, list and search text files in your workspace folder. Paths are relative to "
-        "the workspace. Long files are read in pages (offset, limit). memory/MEMORY.md holds long-term "
-        "facts: read all of it before writing it; to add a fact, append."
+        "the workspace. Long files are read in pages (offset, limit). To replace an existing file, read all "
+        "of it first; to add to one, append. memory/MEMORY.md holds long-term facts."
     )
     parameters = _SCHEMA
 
@@ -121,9 +121,12 @@ class FilesTool(WorkspaceFiles):
                 raise ToolError(_PARTIAL.format(path=rel))
             if is_memory_file(rel):
                 return await self._write_memory(action, content, ctx)
+            if action == "write":
+                await self._check_replace(ctx, rel)
             done = await asyncio.to_thread(self._write, rel, content, action == "append")
-            if action == "write":  # the model knows all of what it wrote; an append changes nothing seen
-                self._reads.forget(ctx.session_id, str(rel))
+            if action == "write":  # the model knows all of what it wrote: it may replace it again
+                whole = page_of(content, max_chars=len(content) + 1)
+                self._reads.saw(ctx.session_id, str(rel), _digest(content), whole)
             return done
         if action == "list":
             return await asyncio.to_thread(self._list, rel)
@@ -133,6 +136,23 @@ class FilesTool(WorkspaceFiles):
                 raise ToolError("query must not be empty")
             return await asyncio.to_thread(self._search, rel, query)
         raise ToolError(f"unknown action {action!r}; use read, write, append, list or search")
+
+    async def _check_replace(self, ctx: ToolContext, rel: PurePosixPath) -> None:
+        """Refuse a whole-file write over text the model has not seen: a file it never read (an
+        operator's notes, another chat's list), or one edited since it read it (the edit would be lost)."""
+        current = await asyncio.to_thread(self._replaced, rel)
+        if current is None:
+            return
+        why = self._reads.unseen(ctx.session_id, str(rel), _digest(current))
+        if why == "partial":
+            raise ToolError(_PARTIAL.format(path=rel))
+        if why is not None:
+            what = "you have not read it" if why == "unread" else "it has changed since you read it"
+            raise ToolError(
+                f"{rel} already exists and {what}, so writing it whole would replace text you have not "
+                "seen. Read it first (action 'read'), then write; or use action 'append' to add to it, "
+                "or write to a new file."
+            )
 
     def _show(self, ctx: ToolContext, rel: PurePosixPath, text: str, offset: int, limit: int | None) -> str:
         """One page of ``text`` for the model, noting what it has now seen of this version."""

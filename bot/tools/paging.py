@@ -120,6 +120,17 @@ class ReadLog:
         entry = self._seen.get((session_id, path))
         return entry is not None and not entry.whole()
 
+    def unseen(self, session_id: str, path: str, digest: str) -> str | None:
+        """Why replacing the version ``digest`` of ``path`` would lose text the model has not seen:
+        ``"unread"``, ``"changed"`` (it saw another version: an edit since), ``"partial"``; None when
+        it has seen all of this version."""
+        entry = self._seen.get((session_id, path))
+        if entry is None:
+            return "unread"
+        if entry.digest != digest:
+            return "changed"
+        return None if entry.whole() else "partial"
+
     def forget(self, session_id: str, path: str) -> None:
         """After a write the model knows the whole text it wrote."""
         self._seen.pop((session_id, path), None)

@@ -57,6 +57,26 @@ class WorkspaceFiles:
             raise ToolError(f"{rel} looks like a binary file; only text files can be read")
         return data.decode("utf-8", errors="replace")
 
+    def _replaced(self, rel: PurePosixPath) -> str | None:
+        """The text a whole-file write to ``rel`` would replace; None when there is none to lose (no
+        such file, an empty one, or no regular file, which the write itself refuses)."""
+        real = self._locate(rel)
+        if self._rules.read_only(self._rules.inner(real)):
+            return None  # the write refuses it, saying why
+        try:
+            info = os.stat(real)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+            return None
+        try:
+            return self._read(rel)
+        except ToolError as exc:  # too large or binary: it cannot have been read whole
+            raise ToolError(
+                f"{rel} exists and cannot be replaced, since it cannot be read whole ({exc}); "
+                "write to a new file instead"
+            ) from None
+
     def _bytes_of(self, real: Path, rel: PurePosixPath) -> bytes:
         """The file's bytes (up to one past the read limit), opened from its folder's descriptor and never
         through a link: the checks before looked at names, and a file or folder swapped for a link since

@@ -1082,3 +1082,44 @@ async def test_builtin_tools_through_the_loop(
     assert "<untrusted source='file todo.md'>" in read and "- water plants" in read
     assert (tmp_path / "todo.md").read_text() == "- water plants\n"
     assert_paired(turn.session)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_file_write_never_replaces_text_the_model_has_not_seen(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str, tmp_path: Path
+) -> None:
+    """A whole-file write over the operator's notes the model never read, or over an edit the operator
+    saved after the model's read, replaced that text without a word; it is refused until the model has
+    read the file as it is now, and the model may then replace it, and its own text, again."""
+    todo = tmp_path / "notes" / "todo.md"
+    todo.parent.mkdir()
+    todo.write_text("- operator: pay rent\n")
+    settings = ToolSettings()
+    tools = builtin_tools(settings, workspace=tmp_path, timezone="UTC", http=http)
+    mine = "- operator: pay rent\n- operator: call mom\n- water plants\n"
+    calls: list[dict[str, Any]] = [
+        {"action": "write", "path": "notes/todo.md", "content": "- water plants\n"},
+        {"action": "read", "path": "notes/todo.md"},
+        {"action": "write", "path": "notes/todo.md", "content": "- operator: pay rent\n- water plants\n"},
+        {"action": "read", "path": "notes/todo.md"},
+        {"action": "write", "path": "notes/todo.md", "content": mine},
+        {"action": "write", "path": "notes/todo.md", "content": mine + "- buy milk\n"},
+    ]
+
+    def respond(_api: str, _body: dict[str, Any]) -> FakeReply:
+        if len(calls) == 4:  # the operator saves an edit between the model's read and its write
+            todo.write_text("- operator: pay rent\n- operator: call mom\n")
+        return FakeReply(tool_calls=[("files", calls.pop(0))]) if calls else FakeReply(text="Done.")
+
+    server.responder = respond
+    turn = new_turn("add watering to my list")
+    await ToolLoopSystem(llm_client(server, http, api), ToolRegistry(tools, settings), settings).process(turn)
+
+    unread, _, changed, _, wrote, again = tool_results(turn.session)
+    assert unread.startswith("Error: notes/todo.md already exists and you have not read it")
+    assert "Read it first (action 'read')" in unread and "'append'" in unread
+    assert changed.startswith("Error: notes/todo.md already exists and it has changed since you read it")
+    assert wrote == f"Wrote {len(mine)} characters to notes/todo.md."
+    assert again.startswith("Wrote ")
+    assert todo.read_text() == mine + "- buy milk\n"
+    assert turn.reply == "Done."

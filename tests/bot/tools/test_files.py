@@ -329,6 +329,7 @@ async def test_pipes_folders_and_oversized_files_are_refused(workspace: Path) ->
 
 async def test_memory_folder_is_read_only_except_memory_md(workspace: Path) -> None:
     files = tool(workspace)
+    assert "read-only" in await refused(files, action="write", path="memory/2026-01-01.md", content="x")
     assert "[10:00] User: hello" in await run(files, action="read", path="memory/2026-01-01.md")
     assert "read-only" in await refused(files, action="write", path="memory/2026-01-01.md", content="x")
     assert "memory service is not running" in await refused(
