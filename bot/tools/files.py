@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 from bot.tools.base import ToolContext, ToolError, string_arg, untrusted
 from bot.tools.confine import MEMORY_FILE, READ_ONLY, Confinement, is_memory_file, relative_path
 from bot.tools.paging import CUT_MARKER, PAGE_NOTE, ReadLog, footer, page_of
-from bot.tools.workspace_files import WorkspaceFiles
+from bot.tools.workspace_files import NOT_UTF8, WorkspaceFiles
 
 DEFAULT_PROTECTED: tuple[str, ...] = ()  # the bot's own state is always protected (bot.tools.confine)
 DEFAULT_READ_ONLY = READ_ONLY
@@ -110,8 +110,9 @@ class FilesTool(WorkspaceFiles):
             offset, limit = _int_arg(args, "offset") or 1, _int_arg(args, "limit")
             if is_memory_file(rel) and self._long_term is not None:
                 return await self._read_memory(ctx, offset, limit)
-            text = await asyncio.to_thread(self._read, rel)
-            return self._show(ctx, rel, text, offset, limit)
+            text, utf8 = await asyncio.to_thread(self._read, rel)
+            shown = self._show(ctx, rel, text, offset, limit)
+            return shown if utf8 else f"{shown}\n[note: {rel} {NOT_UTF8}]"
         if action in ("write", "append"):
             content = string_arg(args, "content")
             if len(content.encode("utf-8")) > self._max:

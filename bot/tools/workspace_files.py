@@ -21,6 +21,11 @@ from bot.tools.confine import Confinement
 MAX_LIST = 200
 MAX_MATCHES = 100
 MAX_SCANNED = 2000
+NOT_UTF8 = (
+    "is not UTF-8 text (it was saved in another encoding): the characters shown as '\ufffd' could not "
+    "be read, and replacing the file would turn them into that for good, so it cannot be written whole; "
+    "use action 'append', or write to a new file"
+)
 
 
 class WorkspaceFiles:
@@ -38,7 +43,15 @@ class WorkspaceFiles:
 
     # -- actions (run in a worker thread) -------------------------------------------------------------
 
-    def _read(self, rel: PurePosixPath) -> str:
+    def _read(self, rel: PurePosixPath) -> tuple[str, bool]:
+        """The file's text, and whether it is UTF-8 (if not, what could not be decoded shows as ``�``)."""
+        data = self._read_bytes(rel)
+        try:
+            return data.decode("utf-8"), True
+        except UnicodeDecodeError:
+            return data.decode("utf-8", errors="replace"), False
+
+    def _read_bytes(self, rel: PurePosixPath) -> bytes:
         real = self._locate(rel)
         info = _stat(real, rel)
         if stat.S_ISDIR(info.st_mode):
@@ -55,7 +68,7 @@ class WorkspaceFiles:
             raise ToolError(f"{rel} is over the {self._max}-byte read limit")
         if b"\x00" in data[:8192]:
             raise ToolError(f"{rel} looks like a binary file; only text files can be read")
-        return data.decode("utf-8", errors="replace")
+        return data
 
     def _replaced(self, rel: PurePosixPath) -> str | None:
         """The text a whole-file write to ``rel`` would replace; None when there is none to lose (no
@@ -70,12 +83,15 @@ class WorkspaceFiles:
         if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
             return None
         try:
-            return self._read(rel)
+            text, utf8 = self._read(rel)
         except ToolError as exc:  # too large or binary: it cannot have been read whole
             raise ToolError(
                 f"{rel} exists and cannot be replaced, since it cannot be read whole ({exc}); "
                 "write to a new file instead"
             ) from None
+        if not utf8:  # the model saw "�" where each accented letter was: writing that back loses them
+            raise ToolError(f"{rel} {NOT_UTF8}")
+        return text
 
     def _bytes_of(self, real: Path, rel: PurePosixPath) -> bytes:
         """The file's bytes (up to one past the read limit), opened from its folder's descriptor and never

@@ -1123,3 +1123,32 @@ async def test_a_file_write_never_replaces_text_the_model_has_not_seen(
     assert again.startswith("Wrote ")
     assert todo.read_text() == mine + "- buy milk\n"
     assert turn.reply == "Done."
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_file_not_in_utf8_is_never_written_back_with_its_letters_lost(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str, tmp_path: Path
+) -> None:
+    """The operator's Latin-1 file read whole showed each accented letter as "\ufffd", and the model's
+    write of what it read (plus its line) turned them into that for good; the read now says so, and
+    the write is refused, the file as it was."""
+    recipes = tmp_path / "recettes.txt"
+    latin = "crème brûlée\ncafé au lait\n".encode("latin-1")
+    recipes.write_bytes(latin)
+    settings = ToolSettings()
+    tools = builtin_tools(settings, workspace=tmp_path, timezone="UTC", http=http)
+    seen = latin.decode("utf-8", errors="replace")
+    server.script(
+        FakeReply(tool_calls=[("files", {"action": "read", "path": "recettes.txt"})]),
+        FakeReply(
+            tool_calls=[("files", {"action": "write", "path": "recettes.txt", "content": seen + "tarte\n"})]
+        ),
+        FakeReply(text="Done."),
+    )
+    turn = new_turn("add tarte to my recipes")
+    await ToolLoopSystem(llm_client(server, http, api), ToolRegistry(tools, settings), settings).process(turn)
+
+    read, wrote = tool_results(turn.session)
+    assert "[note: recettes.txt is not UTF-8 text" in read
+    assert wrote.startswith("Error: recettes.txt is not UTF-8 text") and "use action 'append'" in wrote
+    assert recipes.read_bytes() == latin
