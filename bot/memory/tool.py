@@ -159,8 +159,8 @@ class MemoryToolOps:
             await self._memory.items.delete(item_id, self._memory.now())
             return f"Forgot {item_id}."
         needle = _line_text(content)
-        if not needle:
-            raise ToolError("forget needs an 'id' or the 'content' of a MEMORY.md line")
+        if not re.search(r"\w", needle):  # ("-" matched, as a whole word, any one line holding " - ")
+            raise ToolError("forget needs an 'id' or the words of the MEMORY.md line to remove ('content')")
         removed: list[str] = []
 
         def drop(text: str) -> str:

@@ -64,6 +64,18 @@ async def test_long_term_add_and_forget_go_through_memory_md(memory: MemoryServi
     assert (memory.root / "MEMORY.md").read_text() == "# Operator notes\n- keep answers short\n"
 
 
+@pytest.mark.parametrize("content", ["-", "- ", " * ", "..."])
+async def test_forget_by_content_without_a_word_removes_nothing(memory: MemoryService, content: str) -> None:
+    """ "-" matched, as a whole word, the one line holding " - ": "likes tea - green" was removed."""
+    tool = MemoryTool(memory)
+    path = memory.root / "MEMORY.md"
+    text = "- likes tea - green\n- lives in Berlin\n"
+    await asyncio.to_thread(path.write_text, text)
+    with pytest.raises(ToolError, match=r"the words of the MEMORY\.md line"):
+        await tool.run({"action": "forget", "content": content}, CTX)
+    assert await asyncio.to_thread(path.read_text) == text
+
+
 async def test_forget_by_content_removes_the_line_that_says_it_never_every_line_holding_the_letters(
     memory: MemoryService,
 ) -> None:
