@@ -241,20 +241,20 @@ class MemoryTool:
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> str:
         action = str(args.get("action", ""))
-        content, item_id = str(args.get("content") or ""), str(args.get("id") or "")
+        content, item_id = _text(args, "content"), _text(args, "id")
         if action == "add":
             return await self.ops.add(
                 content,
-                type=str(args.get("type") or "fact"),
-                layer=str(args.get("layer") or "semantic"),
+                type=_text(args, "type") or "fact",
+                layer=_text(args, "layer") or "semantic",
                 session_id=ctx.session_id,
             )
         sid = ctx.session_id
         if action == "search":
-            query = str(args.get("query") or content)
+            query = _text(args, "query") or content
             return await self.ops.search(query, k=_int(args.get("k"), 5), session_id=sid)
         if action == "search_archive":
-            query = str(args.get("query") or content)
+            query = _text(args, "query") or content
             return await self.ops.search_archive(query, k=_int(args.get("k"), 5), session_id=sid)
         if action == "update":
             return await self.ops.update(item_id, content, session_id=sid)
@@ -265,6 +265,23 @@ class MemoryTool:
         raise ToolError(
             f"unknown action {action!r}; use add, search, search_archive, update, promote or forget"
         )
+
+
+def _text(args: dict[str, Any], key: str) -> str:
+    """The text argument ``key`` ("" when absent); a number is taken as its digits. Anything else is
+    refused: a JSON object or list was stored as its Python text ("{'fact': 'x'}") as if it were one."""
+    value = args.get(key)
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    raise ToolError(f"argument {key!r} must be a string, not a JSON {_json_type(value)}")
+
+
+def _json_type(value: object) -> str:
+    return {dict: "object", list: "array", bool: "boolean"}.get(type(value), type(value).__name__)
 
 
 def _append_line(text: str, line: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -62,6 +63,28 @@ async def test_long_term_add_and_forget_go_through_memory_md(memory: MemoryServi
         await tool.run({"action": "forget", "content": "porto"}, CTX) == "Removed 1 line(s) from MEMORY.md."
     )
     assert (memory.root / "MEMORY.md").read_text() == "# Operator notes\n- keep answers short\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            {"action": "add", "content": {"fact": "User likes tea"}},
+            "'content' must be a string, not a JSON object",
+        ),
+        ({"action": "add", "content": ["User likes tea"], "layer": "long_term"}, "not a JSON array"),
+        ({"action": "search", "query": {"q": "tea"}}, "'query' must be a string, not a JSON object"),
+    ],
+)
+async def test_an_argument_that_is_no_text_is_refused_not_stored_as_its_python_text(
+    memory: MemoryService, args: dict[str, object], said: str
+) -> None:
+    """A JSON object or list as ``content`` was stored as its Python text ("{'fact': 'x'}")."""
+    tool = MemoryTool(memory)
+    with pytest.raises(ToolError, match=re.escape(said)):
+        await tool.run(args, CTX)
+    assert memory.items.items() == []
+    assert not (memory.root / "MEMORY.md").exists() or "fact" not in (memory.root / "MEMORY.md").read_text()
 
 
 @pytest.mark.parametrize("content", ["-", "- ", " * ", "..."])
