@@ -9,6 +9,7 @@ the only place the tool layer catches httpx errors; they become tool errors the 
 from __future__ import annotations
 
 import asyncio
+import re
 import zlib
 from collections.abc import Collection
 from typing import Any
@@ -90,8 +91,11 @@ class WebFetchTool:
         if kind and not any(marker in kind for marker in _TEXT_TYPES):
             lines.append(f"The content is not text ({kind}, {len(body)} bytes read); not shown.")
             return "\n".join(lines)
-        text = _decode(body, headers)
-        if "html" in kind or (not kind and text.lstrip()[:15].lower().startswith(("<!doctype", "<html"))):
+        html = "html" in kind or (
+            not kind and body.lstrip()[:15].lower().startswith((b"<!doctype", b"<html"))
+        )
+        text = _decode(body, headers, html=html)
+        if html:
             async with self._converting:  # one page at a time: a hostile one takes a core, not all
                 text = await page_text(text)
         return "\n".join(lines) + "\n" + untrusted(f"web page {url}", text)
@@ -162,8 +166,25 @@ def _parse(raw: str, *, redirected: bool = False) -> httpx.URL:
     return url
 
 
-def _decode(body: bytes, headers: httpx.Headers) -> str:
-    charset = httpx.Response(200, headers=headers).charset_encoding or "utf-8"
+_META_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
+
+
+def _decode(body: bytes, headers: httpx.Headers, *, html: bool) -> str:
+    """The text of ``body`` in the charset the header names, else (a page) its ``<meta charset>`` in the
+    first 1,024 bytes, as browsers look; else UTF-8 when it is, else windows-1252, the legacy default of
+    pages that name none. A windows-1252 page that named its charset only in a meta tag was shown with a
+    '\ufffd' for every accented letter."""
+    charset = httpx.Response(200, headers=headers).charset_encoding
+    if charset is None and html and (declared := _META_CHARSET.search(body[:1024])):
+        charset = declared.group(1).decode("ascii")
+    if charset is None:
+        try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            # Only its last character cut (the size limit stopped the read inside it): UTF-8 still.
+            charset = (
+                "utf-8" if exc.start >= len(body) - 3 and exc.reason == "unexpected end of data" else "cp1252"
+            )
     try:
         return body.decode(charset, errors="replace")
     except LookupError:
