@@ -7,6 +7,7 @@ It reads, it never writes the session: the dispatcher has already put the user's
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import structlog
 
@@ -21,6 +22,18 @@ GROUP_NOTE = (
     "This is a group chat: several people write here, and each of their messages starts with the "
     "sender's name."
 )
+
+
+def askers(inbound: Sequence[InboundMessage]) -> dict[str, str]:
+    """Who asks in a group turn: each sender's id with what they wrote ({} in a private chat).
+
+    Collect mode answers the messages queued during a turn together, and they may come from several
+    members: "what is my job?" means its own sender's job, not that of whoever wrote last."""
+    said: dict[str, list[str]] = {}
+    for message in inbound:
+        if message.is_group and message.text:
+            said.setdefault(message.sender_id, []).append(message.text)
+    return {sender: "\n\n".join(texts) for sender, texts in said.items()}
 
 
 class ContextBuildingSystem:
@@ -63,7 +76,7 @@ class ContextBuildingSystem:
             now=turn.now,
             shown=[m.id for m in turn.session.messages],
             budget=self._budget.memory_budget(turn.session) if self._budget is not None else None,
-            asker=turn.inbound[-1].sender_id if turn.inbound and turn.inbound[-1].is_group else "",
+            askers=askers(turn.inbound),
         )
         turn.memory_context = context.text
         turn.system_prompt = system_prompt(base, context.text)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from datetime import datetime
 from itertools import islice
@@ -88,7 +88,12 @@ class RelevantMemory:
             self._vectors.prefetch(query)
 
     async def _rank(
-        self, query: str, session_id: str | None, now: datetime | None = None, *, asker: str = ""
+        self,
+        query: str,
+        session_id: str | None,
+        now: datetime | None = None,
+        *,
+        askers: Mapping[str, str] | None = None,
     ) -> list[ScoredItem]:
         await self._retriever.ready()
         visible = self._visible(session_id)
@@ -102,7 +107,9 @@ class RelevantMemory:
         if self._vectors is not None:
             self._vectors.prefetch(query)  # the model starts on the query in its thread, as words count
             await asyncio.sleep(0)  # (its task hands the text to the model's thread)
-        matched = self._retriever.match_words(query, now, visible=visible, tz=self._tz, only=own, asker=asker)
+        matched = self._retriever.match_words(
+            query, now, visible=visible, tz=self._tz, only=own, askers=askers
+        )
         similarities = await self._similarities(query, visible, own) if self._vectors is not None else None
         return self._retriever.rank(
             query, now, visible=visible, similarities=similarities, tz=self._tz, matched=matched
@@ -161,17 +168,17 @@ class RelevantMemory:
         session_id: str | None = None,
         now: datetime | None = None,
         skip: Collection[MessageKey] = (),
-        asker: str = "",
+        askers: Mapping[str, str] | None = None,
     ) -> MemoryPack:
         """The ``## Relevant Memory`` section for ``query``: the most relevant memories that fit the budget,
-        leaving out the messages in ``skip`` (those the prompt already shows). ``asker``: in a group, the
-        sender's id, whose own statements a question about "my job" means."""
+        leaving out the messages in ``skip`` (those the prompt already shows). ``askers``: in a group, the
+        turn's senders by id, each with what they wrote: whose own statements "my job" means."""
         s = self._settings
         started = time.perf_counter()
         hard = s.pack_hard_tokens if hard is None else hard
         soft = min(hard, s.pack_soft_tokens if soft is None else soft)
         base = overhead(self._recaller.count)
-        ranked = await self._rank(query, session_id, now, asker=asker)
+        ranked = await self._rank(query, session_id, now, askers=askers)
         memories, skipped = self._recaller.gather(ranked, skip=set(skip))
         recall = self._recaller.select(
             memories,

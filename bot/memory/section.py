@@ -8,7 +8,7 @@ What the last section of each chat held is kept for ``/status``.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -91,7 +91,7 @@ class MemorySection:
         now: datetime | None = None,
         shown: Collection[str] = (),
         budget: int | None = None,
-        asker: str = "",
+        askers: Mapping[str, str] | None = None,
     ) -> MemoryContext:
         """The ``# Memory`` section for a turn of ``session_id`` whose user wrote ``query``.
 
@@ -99,7 +99,7 @@ class MemorySection:
         conversation, not the clock of the machine. ``shown`` are the ids of the messages in the active
         session: the model sees them already, so memory never repeats them. ``budget`` caps the
         section's tokens (the context-budget service sets it from the model's window); without it the
-        configured caps apply. ``asker`` is the sender's id in a group (see
+        configured caps apply. ``askers`` are the turn's senders in a group (see
         :meth:`RelevantMemory.pack`). MEMORY.md comes first, then the pack, then today's notes.
         In chat scope it holds the operator's MEMORY.md and, of everything else, only this chat's.
         """
@@ -132,7 +132,7 @@ class MemorySection:
                 session_id=session_id,
                 now=now,
                 skip=skip,
-                asker=asker,
+                askers=askers,
             )
         skip |= {m.key for m in pack.memories} | {p.key for m in pack.memories for p in m.previously}
         notes_budget = max(0, min(notes_cap, left - pack.diagnostics.tokens - 8))

@@ -20,7 +20,7 @@ retrieved only from the chat that told them. HISTORY.md and the archive stay wor
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -335,12 +335,12 @@ class MemoryService:
         session_id: str | None = None,
         now: datetime | None = None,
         skip: Collection[MessageKey] = (),
-        asker: str = "",
+        askers: Mapping[str, str] | None = None,
     ) -> MemoryPack:
         """The ``## Relevant Memory`` section for ``query``; see
         :meth:`RelevantMemory.pack <bot.memory.relevant.RelevantMemory.pack>`."""
         return await self._relevant.pack(
-            query, soft=soft, hard=hard, session_id=session_id, now=now, skip=skip, asker=asker
+            query, soft=soft, hard=hard, session_id=session_id, now=now, skip=skip, askers=askers
         )
 
     async def context(
@@ -351,12 +351,12 @@ class MemoryService:
         now: datetime | None = None,
         shown: Collection[str] = (),
         budget: int | None = None,
-        asker: str = "",
+        askers: Mapping[str, str] | None = None,
     ) -> MemoryContext:
         """The ``# Memory`` section for a turn of ``session_id`` whose user wrote ``query``: see
-        :meth:`MemorySection.build` for ``now``, ``shown``, ``budget`` and ``asker``."""
+        :meth:`MemorySection.build` for ``now``, ``shown``, ``budget`` and ``askers``."""
         return await self._section.build(
-            query, session_id=session_id, now=now, shown=shown, budget=budget, asker=asker
+            query, session_id=session_id, now=now, shown=shown, budget=budget, askers=askers
         )
 
     def last_recall(self, session_id: str) -> dict[str, object] | None:

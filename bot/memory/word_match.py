@@ -94,21 +94,23 @@ class WordMatcher:
         visible: Callable[[MemoryItem], bool] | None = None,
         tz: ZoneInfo = _UTC,
         only: Container[str] | None = None,
-        asker: str = "",
+        askers: Mapping[str, str] | None = None,
     ) -> WordMatch:
         """What the query's words find: BM25 (and its second hop), the subjects and the period it names.
 
         ``only`` limits the word match to those item ids (a chat's own, in chat scope), so that the
-        ``candidates`` best are the best of them rather than of everyone's. ``asker`` (a group member's
-        id) also finds their own statements on a subject: in a group a subject is its speaker's."""
+        ``candidates`` best are the best of them rather than of everyone's. ``askers`` (in a group:
+        each sender of the turn's messages, by id, with what they wrote) also finds each one's own
+        statements on the subjects their own words ask about: in a group a subject is its speaker's, and
+        a turn may answer several members at once (collect mode)."""
         w = self.weights
         tokens = tokenize(query)
         lexical = self.words.index.scores(tokens, limit=w.candidates, only=only)
         if w.hop > 0 and lexical:
             lexical = self._with_second_hop(tokens, lexical, visible, only)
         asked = subjects_in_query(query)
-        if asker:
-            asked += [owned_subject(subject, asker) for subject in asked]
+        for asker, said in (askers or {}).items():
+            asked += [owned_subject(subject, asker) for subject in subjects_in_query(said)]
         on_subject = {
             stated.id
             for subject in asked

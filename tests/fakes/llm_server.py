@@ -182,6 +182,8 @@ class FakeLLMServer:
         try:
             if reply.delay:
                 await asyncio.sleep(reply.delay)
+            if reply.hold is not None:
+                await reply.hold.wait()
             if reply.status >= 400:
                 error = reply.error if reply.error is not None else _default_error(api, reply.status)
                 text = error if isinstance(error, str) else json.dumps(error)

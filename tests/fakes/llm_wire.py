@@ -26,7 +26,8 @@ class FakeReply:
 
     ``tool_calls``: ``(name, arguments)`` pairs, arguments as a JSON string (sent as-is, may be invalid
     for OpenAI) or a dict. ``status`` >= 400 sends ``error`` (or the API's standard error body) with
-    ``headers``. ``delay`` waits before answering (cancelled when the client goes away).
+    ``headers``. ``delay`` waits before answering (cancelled when the client goes away), and ``hold``
+    until that event is set (a turn held at the model for as long as a test needs, no clock involved).
     ``stall_after=n`` hangs (for ``stall`` seconds) once the answer has started: after ``n`` SSE
     events when streaming, else after the headers and the first ``n`` bytes of the JSON body.
     ``malformed`` sends broken JSON (or a broken SSE chunk when streaming). ``cut_off`` reports the
@@ -65,6 +66,7 @@ class FakeReply:
     error: dict[str, Any] | str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    hold: asyncio.Event | None = None  # answers once it is set (a turn held at the model)
     malformed: bool = False
     cut_off: bool = False
     stream_error_after: int | None = None
