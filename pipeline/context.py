@@ -20,7 +20,8 @@ log = structlog.get_logger(__name__)
 # Said to the model in a group, where every message starts with its sender's name (bot/intake.py).
 GROUP_NOTE = (
     "This is a group chat: several people write here, and each of their messages starts with the "
-    "sender's name."
+    "sender's name. A memory marked as from another chat was said there, by whoever writes in it: not "
+    "necessarily by anyone here."
 )
 
 

@@ -59,6 +59,9 @@ class Memory:
     whole: bool = True  # False: only the passages that matched a long message
     subjects: tuple[str, ...] = ()
     previously: tuple[Memory, ...] = ()  # older statements on the same subject, newest first
+    # In a group's pack: the other chat (session id) it was said in, by whoever writes there; shown with
+    # it, so that a private chat's "I work as a nurse" does not read as the asking member's.
+    elsewhere: str = ""
 
 
 @dataclass(slots=True)

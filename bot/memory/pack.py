@@ -107,9 +107,18 @@ def _indent(text: str) -> str:
 
 
 def speaker(memory: Memory) -> str:
+    who = "user (asked)" if memory.question else "user"
     if memory.role == "assistant":
-        return "assistant (you)"
-    return "user (asked)" if memory.question else "user"
+        who = "assistant (you)"
+    return f"{who} [in another chat: {memory.elsewhere}]" if memory.elsewhere else who
+
+
+def said_in(memory: Memory) -> str:
+    """The chat (session id) a memory was said in; "" for a fact that names none."""
+    if memory.key[0] != "item":
+        return memory.key[0]
+    refs = memory.hits[0].item.references
+    return refs[0].session_id if refs else ""
 
 
 def day_heading(memory: Memory, tz: ZoneInfo) -> str:
@@ -126,7 +135,8 @@ def memory_line(memory: Memory, tz: ZoneInfo) -> str:
     """One memory as markdown: a fact with its kind and date, or a message with who said it."""
     if memory.role == "fact":
         item = memory.hits[0].item
-        line = f"- [{item.type.value}, {memory.when.astimezone(tz):%Y-%m-%d}] {_indent(memory.text)}"
+        where = f", from another chat: {memory.elsewhere}" if memory.elsewhere else ""
+        line = f"- [{item.type.value}, {memory.when.astimezone(tz):%Y-%m-%d}{where}] {_indent(memory.text)}"
     else:
         line = _said(speaker(memory), memory.text)
     for older in memory.previously:

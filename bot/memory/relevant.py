@@ -21,8 +21,8 @@ from bot.memory.asks import asks_about_assistant
 from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem
 from bot.memory.lexical import Where
-from bot.memory.memories import MessageKey
-from bot.memory.pack import MemoryPack, assemble, overhead, price
+from bot.memory.memories import Memory, MessageKey
+from bot.memory.pack import MemoryPack, assemble, overhead, price, said_in
 from bot.memory.recall import Recaller
 from bot.memory.retrieval import Retriever, ScoredItem, diversify
 from bot.memory.scope import belongs_to
@@ -180,12 +180,19 @@ class RelevantMemory:
         base = overhead(self._recaller.count)
         ranked = await self._rank(query, session_id, now, askers=askers)
         memories, skipped = self._recaller.gather(ranked, skip=set(skip))
+        here = session_id if askers else None  # a group's turn: what other chats said is marked so
+
+        def cost(memory: Memory) -> int:
+            if here is not None and (chat := said_in(memory)) and chat != here:
+                memory.elsewhere = chat
+            return price(memory, self._recaller.count, self._tz)
+
         recall = self._recaller.select(
             memories,
             soft=max(0, soft - base),
             hard=max(0, hard - base),
             floor=s.recall_floor,
-            cost=lambda m: price(m, self._recaller.count, self._tz),
+            cost=cost,
             brief_assistant=not asks_about_assistant(query),
             restates=lambda item: self._retriever.restates(item, query),
             visible=self._visible(session_id),

@@ -91,3 +91,25 @@ async def test_a_question_collected_with_another_members_message_finds_its_own_a
     asked = server.requests[-1].body["messages"][-1]["content"]
     assert asked == "Alice: What is my job?\n\nBob: ok"  # one turn, each message under its sender
     assert "- user: Alice: I work as a nurse." in recalled(server)
+
+
+async def test_what_a_private_chat_told_reaches_a_group_marked_as_from_another_chat(
+    tmp_path: Path, server: FakeLLMServer
+) -> None:
+    """Workspace memory is shared by every chat: Alice's "I work as a nurse." in her private chat reached
+    the group as "- user: I work as a nurse.", which reads as the asking member's own words, so Bob's
+    "what is my job?" could be answered "a nurse". In a group it is now marked with the chat it was said
+    in; in that private chat itself it reads as before."""
+    async with group_bot(tmp_path / "ws", server, memory={"embeddings": "none"}) as bot:
+        server.script(FakeReply(text="Noted."), FakeReply(text="Not sure."), FakeReply(text="A nurse."))
+        await bot.say("1", "Alice", "I work as a nurse.", chat="1")  # her private chat with the bot
+        await bot.say("2", "Bob", "What is my job?")
+        in_group, system = recalled(server), server.requests[-1].body["messages"][0]["content"]
+        await bot.say("1", "Alice", "/new", chat="1")
+        await bot.say("1", "Alice", "What is my job?", chat="1")
+        in_private = recalled(server)
+
+    assert "- user [in another chat: telegram:1]: I work as a nurse." in in_group
+    assert "- user: I work as a nurse." not in in_group
+    assert "A memory marked as from another chat was said there" in system
+    assert "- user: I work as a nurse." in in_private and "another chat" not in in_private
