@@ -286,24 +286,14 @@ class DiscordChannel(Channel):
         user = interaction.user
         channel: Any = interaction.channel or discord.Object(interaction.channel_id)
         place = Place.of(channel, interaction.guild_id)
+        key = f"interaction:{interaction.id}"
+        # Discord drops an interaction not answered within 3 s, and the chat's lock can be held for a
+        # minute (an earlier message's attachments downloading, a catch-up): the answer goes out at once,
+        # while the command takes its place in the chat's queue (no await in between).
+        acknowledged = asyncio.ensure_future(self._acknowledge(interaction, place, key))
         async with self._lock_of(place.channel_id):
-            if not await self._admitted(str(user.id), user.display_name, place, None):
-                pairing = self._pairing if self._settings.pairing else None
-                await self._outbox.deliver(place.channel_id, lambda: _refusal(interaction, place, pairing))
+            if not await acknowledged:
                 return
-            key = f"interaction:{interaction.id}"
-            try:
-                # Discord wants an answer within 3 s: "thinking" now, replaced by the reply later.
-                await self._outbox.deliver(
-                    place.channel_id, lambda: interaction.response.defer(thinking=True)
-                )
-                self._outbox.awaiting_answer(key, interaction)
-            except ChannelError as exc:
-                # Its answer lost, a try Discord took: the retry is refused as "already acknowledged"
-                # (40060), yet the "thinking" is up and only an edit of it ends it.
-                if _already_acknowledged(exc):
-                    self._outbox.awaiting_answer(key, interaction)
-                # else logged; the reply is then posted in the channel instead
             await self._hand_over(
                 InboundMessage(
                     channel=self.name,
@@ -316,6 +306,25 @@ class DiscordChannel(Channel):
                     is_group=not place.is_dm,
                 )
             )
+
+    async def _acknowledge(self, interaction: discord.Interaction, place: Place, key: str) -> bool:
+        """Answer a slash command within Discord's 3 s: "thinking" (replaced by the reply later), or an
+        ephemeral refusal for someone not allowed. True when the command is to be handed over."""
+        user = interaction.user
+        if not await self._admitted(str(user.id), user.display_name, place, None):
+            pairing = self._pairing if self._settings.pairing else None
+            await self._outbox.deliver(place.channel_id, lambda: _refusal(interaction, place, pairing))
+            return False
+        try:
+            await self._outbox.deliver(place.channel_id, lambda: interaction.response.defer(thinking=True))
+            self._outbox.awaiting_answer(key, interaction)
+        except ChannelError as exc:
+            # Its answer lost, a try Discord took: the retry is refused as "already acknowledged"
+            # (40060), yet the "thinking" is up and only an edit of it ends it.
+            if _already_acknowledged(exc):
+                self._outbox.awaiting_answer(key, interaction)
+            # else logged; the reply is then posted in the channel instead
+        return True
 
     async def _hand_over(self, message: InboundMessage) -> None:
         """Submit, again and again while storage fails (see the module doc); called under the chat's lock."""

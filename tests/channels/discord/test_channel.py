@@ -22,7 +22,7 @@ from bot.model_wait import NOTICE as MODEL_NOTICE
 from bot.pairing import PAIRING_FILE, PairingStore, approve_code
 from channels.discord import DiscordChannel
 from tests.channels.discord.kit import running_bot
-from tests.fakes.discord_server import FakeDiscord, FakeUser, Guild
+from tests.fakes.discord_server import CdnFile, FakeDiscord, FakeUser, Guild
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 
@@ -311,6 +311,21 @@ async def test_a_deferral_whose_answer_was_lost_is_still_answered_in_place(tmp_p
         [answer] = await d.wait_for_followups(interaction["token"])
         assert "Commands:" in answer["content"]
         assert d._interactions[interaction["token"]].get("original") is not None  # the "thinking", replaced
+
+
+async def test_a_slash_command_is_deferred_while_its_chat_is_busy(tmp_path: Path) -> None:
+    """Discord drops an interaction not answered within 3 s. The "thinking" waited for the chat's intake
+    lock, held as long as an earlier message's attachments were downloading (up to download_timeout, a
+    minute by default) or the chat was being caught up: the command failed in the user's client."""
+    async with discord_world(tmp_path) as w:
+        d = w.discord
+        slow = CdnFile("slow.txt", "text/plain", b"abc", drip=0.05)  # a download that goes on and on
+        await d.user_message(channel_id=w.dm, author=w.alice, content="read this", attachments=(slow,))
+        await d.wait_until(lambda: slow.served > 0)  # the message holds its chat now
+        interaction = await d.slash_command("help", channel_id=w.dm, user=w.alice)
+        await d.wait_until(lambda: len(d.interaction_responses) == 1, timeout=5)  # long before 60 s
+        assert d.interaction_responses == [(interaction["id"], {"type": 5})]
+        assert w.llm.requests == []  # the message before it is still being read, and goes first
 
 
 async def test_slash_commands_are_registered_only_when_they_change(tmp_path: Path) -> None:
