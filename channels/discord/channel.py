@@ -49,7 +49,7 @@ from channels.chat_locks import ChatLocks
 from channels.discord.attachments import AttachmentReader
 from channels.discord.catch_up import CatchUp
 from channels.discord.commands import interaction_text, sync_commands
-from channels.discord.connect import point_library_at, startup_error
+from channels.discord.connect import gateway_error, point_library_at, startup_error
 from channels.discord.inbound import (
     DiscordAccess,
     Place,
@@ -188,9 +188,11 @@ class DiscordChannel(Channel):
         self.health.state = "stopped"
 
     def _gateway_ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self._client is None or self._client.is_closed():
+        # Not ``client.is_closed()``: discord.py closes the client itself before it raises a close code
+        # it gives up on (4004, a token reset while serving), and that is no stop of ours.
+        if task.cancelled() or self._client is None:  # ``stop`` lets go of the client first
             return
-        error = task.exception()
+        error = gateway_error(task.exception())
         self.health.state, self.health.error = "failed", f"Discord gateway stopped: {error}"
         log.error("discord_gateway_stopped", error=str(error))
 

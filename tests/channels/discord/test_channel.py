@@ -470,6 +470,33 @@ async def test_a_wrong_token_is_a_clear_startup_error(tmp_path: Path) -> None:
             pass
 
 
+def _revoke_token(fake: FakeDiscord) -> None:
+    fake.token = "a-new-token"  # reset in the developer portal: the old one is refused (4004)
+
+
+def _revoke_intent(fake: FakeDiscord) -> None:
+    fake.privileged_intents = False  # turned off in the developer portal: IDENTIFY is refused (4014)
+
+
+@pytest.mark.parametrize(
+    ("revoke", "words"),
+    [(_revoke_token, "rejected the bot token"), (_revoke_intent, "MESSAGE CONTENT INTENT")],
+)
+async def test_a_token_or_intent_revoked_while_serving_fails_the_channel_and_says_why(
+    tmp_path: Path, revoke: Callable[[FakeDiscord], None], words: str
+) -> None:
+    """discord.py closes the client before it raises 4004: the channel took that for its own stop and
+    stayed "degraded" without a word, a process serving nothing that no supervisor restarts."""
+    async with discord_world(tmp_path) as w:
+        revoke(w.discord)
+        w.discord.invalidate_session()
+        await w.discord.drop()  # the next connection IDENTIFYs again, and is refused
+        async with asyncio.timeout(10):
+            while w.channel.health.state != "failed":
+                await asyncio.sleep(0.01)
+        assert words in str(w.channel.health.error)
+
+
 async def test_attachments_images_text_and_other_files(tmp_path: Path) -> None:
     async with discord_world(tmp_path) as w:
         files = (
