@@ -43,7 +43,7 @@ from bot.config import DiscordSettings
 from bot.domain import InboundMessage, OutboundMessage
 from bot.errors import ChannelError, ConfigError
 from bot.pairing import OfferPacing, PairingStore
-from bot.retry import retry
+from bot.retry import Backoff, retry
 from channels.base import Channel, InboundSink, PartialSink
 from channels.chat_locks import ChatLocks
 from channels.discord.attachments import AttachmentReader
@@ -59,7 +59,7 @@ from channels.discord.inbound import (
     quoted,
     readable_text,
 )
-from channels.discord.outbound import DiscordOutbox
+from channels.discord.outbound import DiscordOutbox, describe
 from channels.discord.seen import SEEN_FILE, SeenMarks
 from channels.discord.sent import SENT_FILE
 from channels.outage import StorageOutage, is_storage_error
@@ -197,10 +197,22 @@ class DiscordChannel(Channel):
         log.error("discord_gateway_stopped", error=str(error))
 
     async def _sync_commands(self) -> None:
+        """Register the slash commands, in the background. An outage (5xx, the network) is waited out
+        with backoff until the channel stops: given up, users saw no commands until the next start."""
+        backoff = Backoff(self._settings.send_retry_delay, _COMMANDS_RETRY_CAP)
+
+        def again(exc: Exception, tries: int, delay: float) -> None:
+            log.warning("discord_commands_retry", attempt=tries, retry_in=delay, error=describe(exc))
+
         try:
-            await sync_commands(self._live_client(), self._commands, self._state_dir)
+            await retry(
+                lambda: sync_commands(self._live_client(), self._commands, self._state_dir),
+                retry_if=lambda exc, tries: isinstance(exc, _OUTAGE),  # the same PUT: idempotent
+                wait=lambda exc, tries: backoff(tries - 1),
+                on_retry=again,
+            )
         except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
-            log.warning("discord_commands_not_registered", error=str(exc))
+            log.warning("discord_commands_not_registered", error=describe(exc))
 
     def _spawn(self, work: Awaitable[Any], name: str) -> None:
         task = asyncio.ensure_future(work)
@@ -351,6 +363,11 @@ class DiscordChannel(Channel):
 
     def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
         return self._outbox.partial_sink(chat_id, reply_to) if self._client is not None else None
+
+
+# A registration that may pass when tried again (discord.py waits out 429s itself).
+_OUTAGE = (discord.DiscordServerError, discord.RateLimited, aiohttp.ClientError, TimeoutError)
+_COMMANDS_RETRY_CAP = 300.0  # seconds between tries at most, while Discord is out
 
 
 def _already_acknowledged(exc: ChannelError) -> bool:

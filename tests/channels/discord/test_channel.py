@@ -345,6 +345,20 @@ async def test_slash_commands_are_registered_only_when_they_change(tmp_path: Pat
         assert w.discord.command_puts == 1
 
 
+async def test_slash_commands_whose_registration_met_an_outage_are_registered_once_it_passes(
+    tmp_path: Path,
+) -> None:
+    """One failed PUT (a 503, the network) at the start was logged and given up: users saw no slash
+    commands until the next restart."""
+
+    def outage(world: World) -> None:
+        world.discord.fail("PUT", f"/applications/{world.discord.application_id}/commands", times=2)
+
+    async with discord_world(tmp_path, configure=outage) as w:
+        await w.discord.wait_until(lambda: w.discord.command_puts == 1)
+        assert {c["name"] for c in w.discord.commands} >= {"status", "compact", "new", "stop", "help"}
+
+
 async def test_slash_command_from_a_stranger_is_refused(tmp_path: Path) -> None:
     async with discord_world(tmp_path) as w:
         interaction = await w.discord.slash_command(
