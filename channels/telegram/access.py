@@ -5,6 +5,11 @@ approved by an operator through pairing (``membot pairing approve CODE``); a gro
 in ``allowed_groups``, and then anyone in it may write. Channels and anything else are refused. A
 stranger writing in private is offered a pairing code when ``telegram.pairing`` is on, at most once a
 minute (:class:`~bot.pairing.OfferPacing`): a flood of messages gets one offer, not one each.
+
+A group an admin upgrades to a supergroup gets a new chat id (Telegram's service messages carry
+``migrate_to_chat_id`` in the old chat, ``migrate_from_chat_id`` in the new one). The new id is not in
+``allowed_groups``, so the bot falls silent there; :meth:`TelegramAccess.note_migration` says so in the
+log, with the fix, instead of only an info line per refused message.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class TelegramAccess:
         self._channel = channel
         self._send = send
         self._offers = OfferPacing(monotonic)
+        self._migrations: set[tuple[int, int]] = set()  # (old, new) already logged
 
     async def admits(self, message: Message) -> bool:
         """Whether the message's sender may talk to the bot in its chat; a stranger in a private chat is
@@ -69,6 +75,25 @@ class TelegramAccess:
             log.info("telegram_chat_not_allowed", chat_id=chat.id, chat_type=chat.type)
             return False
         return True
+
+    def note_migration(self, message: Message) -> None:
+        """Log an allowed group's upgrade to a supergroup whose new id is not allowed (see the module
+        doc), once per pair: Telegram sends one service message in the old chat and one in the new."""
+        old = message.migrate_from_chat_id or message.chat.id
+        new = message.migrate_to_chat_id or message.chat.id
+        if old == new or (old, new) in self._migrations:
+            return
+        self._migrations.add((old, new))
+        if not self._groups.allows(old) or self._groups.allows(new):
+            return
+        log.warning(
+            "telegram_group_migrated",
+            old_chat_id=old,
+            new_chat_id=new,
+            reason="the group became a supergroup with a new chat id, which telegram.allowed_groups lacks",
+            fix=f"add {new} to telegram.allowed_groups (and {old}'s entry in telegram.groups, if any, "
+            f"as {new}); the conversation so far stays in the session telegram:{old}",
+        )
 
     async def _offer_pairing(self, message: Message) -> None:
         user = message.from_user

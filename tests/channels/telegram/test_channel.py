@@ -177,6 +177,33 @@ async def test_group_answers_only_when_addressed_and_only_in_allowed_groups(tmp_
     assert received[0].session_id == f"telegram:{GROUP}"
 
 
+async def test_a_group_upgraded_to_a_supergroup_is_logged_with_the_fix(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bot fell silent in the new supergroup (its id is not allowed) with only an info line per
+    refused message that never said why; now the upgrade is one warning with the new id and the fix."""
+    old, new = -4001, -1004001
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(tg, tmp_path, allowed_groups=[str(old)]) as (_, sink),
+    ):
+        tg.push_message(None, chat_id=old, chat_type="group", migrate_to_chat_id=new)
+        tg.push_message(None, chat_id=new, chat_type="supergroup", migrate_from_chat_id=old)
+        tg.push_message(f"@{BOT} still there?", chat_id=new, chat_type="supergroup")
+        tg.push_message("sentinel")
+        await sink.wait_for(1)
+        await all_taken_in(tmp_path)
+    assert [m.text for m in sink.received] == ["sentinel"]  # the new id is not allowed: no answer there
+    [migrated] = [
+        r.msg
+        for r in caplog.records
+        if isinstance(r.msg, dict) and r.msg["event"] == "telegram_group_migrated"
+    ]
+    assert (migrated["old_chat_id"], migrated["new_chat_id"]) == (old, new)
+    assert f"add {new} to telegram.allowed_groups" in str(migrated["fix"])
+    assert f"telegram:{old}" in str(migrated["fix"])
+
+
 async def test_the_model_hears_what_a_message_replies_to_and_that_it_was_forwarded(tmp_path: Path) -> None:
     """ "@bot is this true?" under Bob's "The earth is flat" reached the model as "is this true?"."""
     async with (
