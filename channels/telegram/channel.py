@@ -10,7 +10,8 @@ when it changed: :mod:`channels.telegram.commands`) → ``start``, then our own 
    confirmed to Telegram; an update the journal already has (a redelivery) stops here. Steps 1-4 run
    for a chat's updates one at a time, in order, and for several chats side by side
    (:mod:`channels.telegram.handover`): a slow download holds back only its own chat.
-1. Only new messages count: edits, channel posts and messages from bots are ignored. A group's
+1. Only new messages count: edits, channel posts (also as Telegram copies them into the channel's
+   discussion group, sent by "Telegram") and messages from bots are ignored. A group's
    upgrade to a supergroup (a new chat id) is logged with what the operator has to do.
 2. Access, deny by default (:mod:`channels.telegram.access`): private chats need an allowlisted or
    paired user (strangers get a pairing code, offered at most once a minute); groups must be allowlisted
@@ -350,6 +351,8 @@ class TelegramChannel(Channel):
             self._access.note_migration(message)
             return None
         if user is None or user.is_bot:
+            return None
+        if message.is_automatic_forward:  # a channel post Telegram copied into its discussion group
             return None
         if not await self._access.admits(message):
             return None

@@ -294,6 +294,27 @@ async def test_edited_messages_and_bots_are_ignored(tmp_path: Path) -> None:
         assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
 
 
+async def test_a_channel_post_copied_into_its_discussion_group_is_not_answered(tmp_path: Path) -> None:
+    """Each post of a channel linked to an allowed group (no mention needed) was answered there, as if
+    a member named "Telegram" had said it: the copy comes from Telegram's service account (777000),
+    which is no bot."""
+    channel_chat = {"id": -1009, "type": "channel", "title": "News"}
+    overrides = {"allowed_groups": [str(GROUP)], "groups": {str(GROUP): {"require_mention": False}}}
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, **overrides) as (_, sink):
+        tg.push_message(
+            "Our new release is out",
+            chat_id=GROUP,
+            chat_type="supergroup",
+            user_id=777000,
+            first_name="Telegram",
+            sender_chat=channel_chat,
+            is_automatic_forward=True,
+            forward_origin={"type": "channel", "date": 1, "chat": channel_chat, "message_id": 5},
+        )
+        tg.push_message("sentinel", chat_id=GROUP, chat_type="supergroup")
+        assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
+
+
 async def test_split_paste_is_joined_and_a_command_is_not(tmp_path: Path) -> None:
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, join_window=0.3) as (_, sink):
         for part in ("part one", "part two", "part three"):
