@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
 
 import structlog
 from telegram import Bot, Message, Update
@@ -282,7 +283,20 @@ class TelegramChannel(Channel):
             await app.bot.shutdown()  # ...so close the HTTP clients a failed initialize() opened
 
     async def _start_polling(self) -> None:
+        """Polling needs the webhook gone (getUpdates answers 409 while one is set). One still set is
+        removed, its pending updates kept, and the log says so: it may be another membot's, in webhook
+        mode with the same token, which then gets no more messages without a word."""
+        hook = await self._out.call(lambda: self.bot.get_webhook_info(), what="getWebhookInfo")
         await self._out.call(lambda: self.bot.delete_webhook(), what="deleteWebhook")
+        if hook.url:
+            log.warning(
+                "telegram_webhook_removed",
+                host=urlsplit(hook.url).hostname,  # not the whole URL: its path may hold a secret
+                pending=hook.pending_update_count,
+                reason="a webhook was set for this token; polling removed it (its updates are kept)",
+                fix="if another membot runs with this token in webhook mode, stop one of them: "
+                "a token serves one bot process",
+            )
         journal = self._journal
         assert journal is not None
         self._poller = UpdatePoller(

@@ -43,7 +43,7 @@ async def test_private_round_trip_renders_markdown_as_html(tmp_path: Path) -> No
         assert sent.reply_to is None  # private chats get no quote of the question
         assert channel.health.sent == 1
         methods = [c.method for c in tg.calls]
-        assert methods[:3] == ["getMe", "setMyCommands", "deleteWebhook"]
+        assert methods[:4] == ["getMe", "setMyCommands", "getWebhookInfo", "deleteWebhook"]
         polls = tg.calls_to("getUpdates")
         assert polls[-1].params["timeout"] == 0  # the last call on stop confirms the offset
         assert any(c.params.get("offset") == 2 for c in polls)

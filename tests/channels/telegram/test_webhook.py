@@ -85,3 +85,22 @@ async def test_webhook_mode_needs_url_and_secret(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match="webhook_secret"):
             async with running_channel(tg, tmp_path, mode="webhook", webhook_url="https://example.com/hook"):
                 pass
+
+
+async def test_polling_that_removes_a_webhook_left_set_says_so_and_keeps_its_updates(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A webhook still set (another membot in webhook mode, or one switched to polling) was removed
+    without a word: the other process stopped getting messages and nothing said why."""
+    async with FakeTelegramServer() as tg:
+        tg.webhook = {"url": "https://bot.example.org/telegram/hook", "secret_token": SECRET}
+        tg.push_message("sent while the webhook was set")
+        async with running_channel(tg, tmp_path) as (_, sink):
+            assert [m.text for m in await sink.wait_for(1)] == ["sent while the webhook was set"]
+    assert tg.webhook is None
+    [removed] = [
+        r.msg
+        for r in caplog.records
+        if isinstance(r.msg, dict) and r.msg["event"] == "telegram_webhook_removed"
+    ]
+    assert removed["host"] == "bot.example.org" and "webhook mode" in str(removed["fix"])
