@@ -185,9 +185,18 @@ class ContextBudget:
         return await self._compaction.compact(session, keep_last=keep, trigger="threshold")
 
     async def on_overflow(
-        self, session: Session, system_prompt: str, attempt: int, *, keep_at_least: int = 1
+        self,
+        session: Session,
+        system_prompt: str,
+        attempt: int,
+        *,
+        keep_at_least: int = 1,
+        refused: bool = True,
     ) -> bool:
-        """The provider refused a request as too long: trust our estimate less, compact harder.
+        """The provider refused a request as too long (``refused``): trust our estimate less, compact
+        harder. Without ``refused`` (our own check found the request over the window) the estimate is
+        left as it is: raised there from itself, a ratio raised once by a refusal kept itself up and
+        compacted every later turn, never to come down.
 
         Returns whether room was made (the caller retries only then). With compaction disabled
         nothing is compacted and the error reaches the user.
@@ -195,7 +204,8 @@ class ContextBudget:
         if not self.enabled:
             return False
         raw = await self._counter.count_history(session) + self._counter.count_text(system_prompt)
-        self._counter.note_overflow(session, raw, self.window - self.output)
+        if refused:
+            self._counter.note_overflow(session, raw, self.window - self.output)
         keep = max(keep_at_least, self.keep_for(session) >> (attempt - 1))
         log.warning("compaction_on_overflow", attempt=attempt, keep_last=keep, estimated_raw=raw)
         result = await self._compaction.compact(session, keep_last=keep, trigger="overflow")

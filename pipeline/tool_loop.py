@@ -268,10 +268,8 @@ class _TurnRun(TurnTools):
             session = self.turn.session
             request = ChatRequest(messages=tuple(session.messages), system=system, tools=self.specs)
             if budget is not None:
-                if (
-                    budget.request_tokens(request, session) + budget.output > budget.window
-                    and await self.compact()
-                ):
+                over = budget.request_tokens(request, session) + budget.output > budget.window
+                if over and await self.compact(refused=False):  # our estimate, no refusal
                     continue  # made room: build the request again from the compacted session
                 request = budget.fit(request, session, keep=self.turn.own_count())
             try:
@@ -286,14 +284,19 @@ class _TurnRun(TurnTools):
                 if not await self.compact():
                     raise
 
-    async def compact(self) -> bool:
-        """Ask the budget to make room (at most ``max_overflow_retries`` times a turn); True if it did."""
+    async def compact(self, *, refused: bool = True) -> bool:
+        """Ask the budget to make room (at most ``max_overflow_retries`` times a turn); True if it did.
+        ``refused``: the provider refused the request (else our own check found it too long)."""
         budget = self.system._budget
         if budget is None or self.overflows >= self.system._max_overflow_retries:
             return False
         self.overflows += 1
         return await budget.on_overflow(
-            self.turn.session, self.turn.system_prompt, self.overflows, keep_at_least=self.turn.own_count()
+            self.turn.session,
+            self.turn.system_prompt,
+            self.overflows,
+            keep_at_least=self.turn.own_count(),
+            refused=refused,
         )
 
     async def _call(self, request: ChatRequest) -> ChatResponse:

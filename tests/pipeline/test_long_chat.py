@@ -1,0 +1,102 @@
+"""Long chats through the real bot (``bot.app.build_core``: dispatcher, pipeline, memory) with a model
+of a small window, a local one whose tokens membot can only estimate; the fake model server's requests
+are the record of what reached the model."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from bot.app import Core, build_core
+from bot.compaction import SUMMARY_SYSTEM
+from bot.config import load_settings
+from bot.domain import InboundMessage
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.recording import RecordingChannel
+
+MODEL = "tiny-local"  # a name tiktoken does not know: its count is a calibrated estimate
+WINDOW = 6000
+OVERFLOW = {
+    "error": {
+        "message": f"This model's maximum context length is {WINDOW} tokens.",
+        "type": "invalid_request_error",
+        "code": "context_length_exceeded",
+    }
+}
+
+
+class Chat:
+    """One chat with a bot built by ``build_core``, over a recording channel."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.channel = RecordingChannel(core.dispatcher.submit)
+        core.dispatcher.attach(self.channel)
+        self._ids = 0
+
+    async def say(self, text: str) -> str:
+        """Send ``text`` and return the reply to it."""
+        self._ids += 1
+        count = len(self.channel.sent)
+        await self.core.dispatcher.submit(InboundMessage("test", "c1", "u1", text, message_id=str(self._ids)))
+        return (await self.channel.wait_for(count + 1, timeout=30))[count].text
+
+
+@contextlib.asynccontextmanager
+async def small_window_chat(workspace: Path, llm: FakeLLMServer) -> AsyncIterator[Chat]:
+    models = workspace.parent / "models.json"
+    entry = {"id": MODEL, "provider": "openai", "max_input_tokens": WINDOW, "max_output_tokens": 512}
+    await asyncio.to_thread(models.write_text, json.dumps({"version": 1, "models": [entry]}))
+    overrides: dict[str, Any] = {
+        "workspace": workspace,
+        "models_file": models,
+        "llm": {
+            "model": MODEL,
+            "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"},
+            "max_retries": 0,
+        },
+        "memory": {"embeddings": "none"},
+    }
+    settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+    async with build_core(settings) as core:
+        yield Chat(core)
+
+
+def summary_requests(llm: FakeLLMServer) -> int:
+    return sum(r.body["messages"][0].get("content") == SUMMARY_SYSTEM for r in llm.requests)
+
+
+async def test_the_tool_loops_own_window_check_does_not_raise_the_token_estimate(
+    tmp_path: Path, server: FakeLLMServer
+) -> None:
+    """The tool loop's own check before each call (the request over the window by our estimate) was
+    taken for the provider's "too long": it raised the token estimate from itself, so the next check
+    failed again, and one turn with no refusal at all compacted three times down to its last message.
+    The estimate, raised for nothing, then left the provider's one real refusal nothing to compact, and
+    that turn went unanswered; every later turn compacted (a summary and a consolidation call each)."""
+    async with small_window_chat(tmp_path / "ws", server) as bot:
+        for i in range(16):
+            await bot.say(f"Message {i}: " + "I spent the morning in the garden and then cooked pasta. " * 8)
+        refused: list[int] = []
+
+        def refuse_once(api: str, body: dict[str, Any]) -> FakeReply | None:
+            if "Maria" in json.dumps(body["messages"][-1]) and not refused:
+                refused.append(1)
+                return FakeReply(status=400, error=OVERFLOW)
+            return None
+
+        server.responder = refuse_once
+        assert (await bot.say("My sister is called Maria.")).startswith("echo: My sister is called Maria.")
+        assert refused
+        before = summary_requests(server)
+        for i in range(8):
+            assert await bot.say(f"Later {i}: a short note.") == f"echo: Later {i}: a short note."
+
+    later = summary_requests(server) - before
+    assert later <= 1, f"{later} compactions in 8 short turns after one refusal"
+    last_system = server.requests[-1].body["messages"][0]["content"]
+    assert "left out here" not in last_system
