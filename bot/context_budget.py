@@ -138,7 +138,7 @@ class ContextBudget:
     async def estimate(self, session: Session) -> int:
         """Calibrated tokens of the next prompt: the last system prompt seen (or the reserve) + history."""
         seen = session.metadata.get(META_OVERHEAD)
-        overhead = int(seen) if isinstance(seen, int) and seen >= 0 else self._base + self._memory
+        overhead = int(seen) if isinstance(seen, int) and seen >= 0 else self._base + self.memory_for(session)
         raw = await self._counter.count_history(session) + max(overhead, self._base)
         return self._counter.scale(session, raw)
 
@@ -151,16 +151,33 @@ class ContextBudget:
         raw = await self._counter.count_history(session) + max(overhead, self._base)
         return self._counter.scale(session, raw + self._tools)  # schemas are basis tokens too
 
+    def memory_for(self, session: Session) -> int:
+        """The memory section's reserve for ``session``, in basis tokens: half the room, as the model
+        counts it. The room is the model's tokens; a model that counts more tokens than the basis (an
+        estimate's ratio above 1: Anthropic, local models) fits fewer basis tokens in it. Planned in
+        basis tokens, the section took more than half the room, the compaction's recent messages no
+        longer fitted under its threshold beside it, and a small window compacted nearly every turn
+        (120 times in 150 turns at a ratio of 1.3, against 13 at 1.0)."""
+        ratio = self._counter.ratio(session)
+        if ratio <= 1.0:
+            return self._memory
+        half = (self.reserve.room - self._counter.scale(session, self._base)) // 2
+        return max(0, min(self._memory, int(half / ratio)))
+
     def memory_budget(self, session: Session) -> int:
-        """Tokens the ``# Memory`` section may use this turn: its reserve, less whatever the history
-        needs beyond its own share (so the request fits even before compaction has caught up)."""
-        free = self.reserve.room - self._base - self.history_tokens(session)
-        return max(0, min(self._memory, free))
+        """Tokens the ``# Memory`` section may use this turn (basis tokens): its reserve, less whatever
+        the history needs beyond its own share (so the request fits even before compaction has caught up)."""
+        free = self.reserve.room - self._counter.scale(session, self._base) - self.history_tokens(session)
+        return max(0, min(self.memory_for(session), int(free / self._counter.ratio(session))))
 
     def keep_for(self, session: Session) -> int:
         """How many recent messages a compaction keeps: ``keep_last``, or fewer if they would not fit."""
-        budget = int(self.limit * AFTER_FRACTION) - self._base - self._memory
-        budget -= min(self._settings.summary_max_tokens, self.limit // 10)  # room for the summary
+        # (in the model's tokens, as the threshold is: the base, the memory and the summary are counted
+        # in the basis, and the history's tokens below are scaled)
+        reserved = (
+            self._base + self.memory_for(session) + min(self._settings.summary_max_tokens, self.limit // 10)
+        )
+        budget = int(self.limit * AFTER_FRACTION) - self._counter.scale(session, reserved)
         budget = max(budget, int(self.limit * RECENT_FRACTION))
         used = kept = 0
         for message in reversed(session.messages):

@@ -15,6 +15,7 @@ from bot.app import Core, build_core
 from bot.compaction import SUMMARY_SYSTEM
 from bot.config import load_settings
 from bot.domain import InboundMessage
+from bot.tokens import TokenCounter
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.recording import RecordingChannel
 
@@ -100,3 +101,37 @@ async def test_the_tool_loops_own_window_check_does_not_raise_the_token_estimate
     assert later <= 1, f"{later} compactions in 8 short turns after one refusal"
     last_system = server.requests[-1].body["messages"][0]["content"]
     assert "left out here" not in last_system
+
+
+async def test_a_model_that_counts_more_tokens_than_the_estimate_does_not_compact_every_turn(
+    tmp_path: Path, server: FakeLLMServer
+) -> None:
+    """The memory section and the compaction's recent messages were planned in the basis encoding's
+    tokens, the threshold in the model's: with a model counting 30 % more (Anthropic's, a local one),
+    they no longer fitted under the threshold side by side, and a small window compacted nearly every
+    turn (a summary and a consolidation call each): 120 times in 150 turns, against 13 at an even
+    count. Every request still fits the window."""
+    counter = TokenCounter.offline(model="gpt-4.1-mini", provider="openai")
+
+    def counted(body: dict[str, Any]) -> int:
+        total = counter.count_text(json.dumps(body["tools"])) if body.get("tools") else 0
+        for message in body["messages"]:
+            content = message.get("content")
+            total += 4 + counter.count_text(content if isinstance(content, str) else json.dumps(content))
+        return total
+
+    sizes: list[int] = []
+
+    def thirty_percent_more(api: str, body: dict[str, Any]) -> FakeReply:
+        size = int(counted(body) * 1.3)
+        sizes.append(size + int(body.get("max_tokens") or body.get("max_completion_tokens") or 0))
+        return FakeReply(text="noted", usage=(size, 20))
+
+    server.responder = thirty_percent_more
+    async with small_window_chat(tmp_path / "ws", server) as bot:
+        for i in range(60):
+            await bot.say(f"Message {i}: " + "today I worked in the garden, then cooked pasta. " * 4)
+
+    compactions = summary_requests(server)
+    assert compactions <= 12, f"{compactions} compactions in 60 turns"
+    assert max(sizes) <= WINDOW
