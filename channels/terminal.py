@@ -78,6 +78,7 @@ class TerminalChannel(Channel):
         self._user = user
         self._reader = reader
         self._paste_window = _PASTE_WINDOW if join_pastes else None
+        self._at_terminal = join_pastes  # membot chat joins pastes exactly when stdin is a terminal
         self._writer = writer
         self._prompt = prompt
         self._stream = stream_replies
@@ -149,6 +150,10 @@ class TerminalChannel(Channel):
             raw = await self._read_message()
             if not raw:
                 break
+            if self._at_terminal and not raw.endswith(b"\n"):
+                # Ctrl-D mid-line sends the line without an Enter: the cursor is still after the echoed
+                # text, and the reply's "\rmembot › " wrote over the question instead of below it.
+                self._writer.write("\n")
             text = _message_text(raw)
             if not text:
                 self._show_prompt()

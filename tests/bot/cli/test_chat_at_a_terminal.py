@@ -160,3 +160,17 @@ async def test_closing_the_terminal_mid_answer_ends_the_chat_and_the_next_start_
             assert await chat.exit_code() == 0, chat.screen
     assert "membot stopped before it answered:\n  you › what was the question?" in chat.screen
     assert chat_requests(llm) == ["what was the question?"] * 2
+
+
+async def test_a_line_sent_with_ctrl_d_is_answered_below_it_not_over_it(tmp_path: Path) -> None:
+    """Ctrl-D mid-line hands the line over without an Enter, so the cursor stays after the typed text:
+    the reply's "\\rmembot › Paris" wrote over the question ("membot › Parisapital of France")."""
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="Paris"))
+        async with membot_chat_on_a_terminal(tmp_path, llm) as chat:
+            await chat.wait_for("you › ")
+            chat.type("what is the capital of France\x04\x04")  # the first sends the line, the second quits
+            assert await chat.exit_code() == 0, chat.screen
+    # As after an Enter: the line ends, and the reply starts on the next one.
+    assert "you › what is the capital of France\n\rmembot › Paris\n" in chat.screen
+    assert chat_requests(llm) == ["what is the capital of France"]
