@@ -34,6 +34,16 @@ _SHOWN_CHARS = 200  # of each unanswered message shown at start (its first line)
 # to type a line and press Enter again: a line that follows within this window belongs to the same paste.
 _PASTE_WINDOW = 0.05  # seconds
 
+# A terminal in canonical mode (the kernel's line editing, see TerminalChannel) passes on at most this
+# many bytes of one line: Linux keeps the first 4,095 and drops the rest of the line unseen, while the
+# screen echoes all of it. A line that long was cut, and is not sent as if whole (see _read_loop).
+_TERMINAL_LINE_LIMIT = 4095
+CUT_LINE_NOTICE = (
+    f"⚠️ Not sent: a line of that message was cut by the terminal, which passes on only "
+    f"{_TERMINAL_LINE_LIMIT:,} bytes of a line, so its end was lost. Send long text with line breaks "
+    "in it, or from a file: membot chat < message.txt"
+)
+
 # Told once per message the inbox cannot store yet (a full disk): the line is held in this process only.
 STORAGE_NOTICE = (
     "⚠️ I can't save your message right now (the server's disk refuses writes). I'll keep trying and "
@@ -154,6 +164,9 @@ class TerminalChannel(Channel):
                 # Ctrl-D mid-line sends the line without an Enter: the cursor is still after the echoed
                 # text, and the reply's "\rmembot › " wrote over the question instead of below it.
                 self._writer.write("\n")
+            if self._at_terminal and _has_cut_line(raw):
+                self.notice(CUT_LINE_NOTICE)  # what the model would answer is not what was typed
+                continue
             text = _message_text(raw)
             if not text:
                 self._show_prompt()
@@ -279,6 +292,11 @@ class TerminalChannel(Channel):
     def _show_prompt(self) -> None:
         self._writer.write(self._prompt)
         self._writer.flush()
+
+
+def _has_cut_line(raw: bytes) -> bool:
+    """Whether a line of what a terminal passed on reached its limit: the kernel cut it there."""
+    return any(len(line) >= _TERMINAL_LINE_LIMIT for line in raw.split(b"\n"))
 
 
 _BLANK_LINES = re.compile(r"\A(?:[ \t]*\r?\n)+")

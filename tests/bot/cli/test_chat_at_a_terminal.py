@@ -174,3 +174,17 @@ async def test_a_line_sent_with_ctrl_d_is_answered_below_it_not_over_it(tmp_path
     # As after an Enter: the line ends, and the reply starts on the next one.
     assert "you › what is the capital of France\n\rmembot › Paris\n" in chat.screen
     assert chat_requests(llm) == ["what is the capital of France"]
+
+
+async def test_a_line_the_terminal_cut_is_not_sent_as_if_whole_and_the_user_is_told(tmp_path: Path) -> None:
+    """A terminal passes on only the first 4,095 bytes of a line (the screen still echoes all of it):
+    a 5,000-character paragraph reached the model without its end, "END" included, and no one knew."""
+    async with FakeLLMServer() as llm, membot_chat_on_a_terminal(tmp_path, llm) as chat:
+        await chat.wait_for("you › ")
+        chat.type("y" * 5000 + " END\n")
+        await chat.wait_for("Not sent: a line of that message was cut by the terminal")
+        chat.type("a short one\n")
+        await chat.wait_for("echo: a short one\nyou › ")
+        chat.type("\x04")
+        assert await chat.exit_code() == 0, chat.screen
+    assert chat_requests(llm) == ["a short one"]
