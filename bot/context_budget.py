@@ -215,18 +215,20 @@ class ContextBudget:
         left as it is: raised there from itself, a ratio raised once by a refusal kept itself up and
         compacted every later turn, never to come down.
 
-        Returns whether room was made (the caller retries only then). With compaction disabled
-        nothing is compacted and the error reaches the user.
+        Returns whether room was made, by compacting or by raising the estimate (the caller retries
+        only then, at most ``max_overflow_retries`` times a turn). With compaction disabled nothing is
+        compacted and the error reaches the user.
         """
         if not self.enabled:
             return False
         raw = await self._counter.count_history(session) + self._counter.count_text(system_prompt)
-        if refused:
-            self._counter.note_overflow(session, raw, self.window - self.output)
+        raised = refused and self._counter.note_overflow(session, raw, self.window - self.output) is not None
         keep = max(keep_at_least, self.keep_for(session) >> (attempt - 1))
         log.warning("compaction_on_overflow", attempt=attempt, keep_last=keep, estimated_raw=raw)
         result = await self._compaction.compact(session, keep_last=keep, trigger="overflow")
-        return result.performed
+        # Room is made by the compaction, or by the raised estimate itself: the retry's fit() trims
+        # what the model would not take. (A chat too short to compact went unanswered.)
+        return result.performed or raised
 
     async def compact(
         self, session: Session, *, keep_last: int, trigger: str = "command"

@@ -135,3 +135,28 @@ async def test_a_model_that_counts_more_tokens_than_the_estimate_does_not_compac
     compactions = summary_requests(server)
     assert compactions <= 12, f"{compactions} compactions in 60 turns"
     assert max(sizes) <= WINDOW
+
+
+async def test_a_refusal_in_a_chat_too_short_to_compact_is_answered_from_a_trimmed_request(
+    tmp_path: Path, server: FakeLLMServer
+) -> None:
+    """The provider refused a request our estimate said fits, in a chat with nothing to compact yet: the
+    estimate was raised, but no compaction made room, so the turn went unanswered ("couldn't answer")
+    although the raised estimate trims the request to fit."""
+    refused: list[int] = []
+
+    def refuse_the_first(api: str, body: dict[str, Any]) -> FakeReply | None:
+        if not refused:
+            refused.append(len(json.dumps(body)))
+            return FakeReply(status=400, error=OVERFLOW)
+        return None
+
+    server.responder = refuse_the_first
+    async with small_window_chat(tmp_path / "ws", server) as bot:
+        long_question = (
+            "Please read this and tell me what you think. " + "The garden was full of roses. " * 500
+        )
+        answer = await bot.say(long_question)
+
+    assert refused and answer.startswith("echo: Please read this")
+    assert len(json.dumps(server.requests[-1].body)) < refused[0]  # the retry was trimmed
