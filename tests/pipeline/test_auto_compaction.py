@@ -219,7 +219,8 @@ async def test_overflow_retries_are_bounded(
     chats = [r for r in server.requests if not is_summary_request(r.body)]
     assert turn.reply is None and turn.failures and "LLMContextOverflow" in turn.failures[-1].error
     assert 2 <= len(chats) <= 4  # the first try and at most 3 retries
-    assert session.compactions == len(chats) - 1
+    # each retry made room: a compaction, or (nothing left to compact) the raised estimate's trim
+    assert 1 <= session.compactions <= len(chats) - 1
 
 
 async def test_a_failing_summarizer_falls_back_to_truncation_and_the_turn_goes_on(
