@@ -28,7 +28,7 @@ import structlog
 from bot.catalog import ModelCatalog, Provider, load_catalog
 from bot.commands import CommandRouter, SessionCommands
 from bot.compaction import CompactionService, MemoryRetirer
-from bot.config import Settings
+from bot.config import DEFAULT_CONFIG_FILE, Settings
 from bot.context_budget import ContextBudget, prompt_room
 from bot.dispatcher import Dispatcher
 from bot.errors import ConfigError
@@ -118,7 +118,9 @@ async def build_core(
         memory = await _memory(settings, model, counter, embedder, http, metrics, window)
         stack.push_async_callback(memory.close)  # runs after dispatcher.close, pushed below
         # Tokens and allowlists: no tool reads or edits them, wherever in the workspace they are kept.
-        config = (settings.config_file, settings.models_file, settings.env_file)
+        # The default TOML file too while it does not exist: the next start would read what a tool put
+        # there (a workspace at ~/.membot holds its place).
+        config = (settings.config_file, DEFAULT_CONFIG_FILE, settings.models_file, settings.env_file)
         operator_files = await asyncio.to_thread(inside_workspace, settings.workspace, config)
         registry = _tools(settings, memory, web_http, operator_files)
         budget = _context_budget(settings, catalog, model, counter, memory, registry, metrics, window)

@@ -130,3 +130,26 @@ async def test_a_config_file_kept_in_the_workspace_is_out_of_the_tools_reach(tmp
     assert "belongs to the bot" in write, write
     assert "membot.toml" not in listing, listing
     assert config.read_text() == '[telegram]\nallowed_users = ["42"]\n'
+
+
+async def test_the_model_cannot_create_the_config_file_the_next_start_would_read(tmp_path: Path) -> None:
+    """A workspace at ``~/.membot`` holds the place of the default config file, ``~/.membot/membot.toml``,
+    read at every start when it exists. A bot configured by environment alone has none yet, and the
+    files tool wrote one: an allowlist of the model's (a page's) choosing, in force after a restart."""
+    workspace = tmp_path / ".membot"
+    grant = '[telegram]\nallowed_users = ["*"]\n'
+    async with FakeLLMServer() as llm:
+        llm.script(
+            FakeReply(tool_calls=[("files", {"action": "write", "path": "membot.toml", "content": grant})]),
+            FakeReply(tool_calls=[("files", {"action": "append", "path": "Membot.toml", "content": grant})]),
+            FakeReply(text="all done"),
+        )
+        async with membot_chat(tmp_path, llm, MEMBOT_WORKSPACE=str(workspace)) as chat:
+            await chat.type("summarize https://example.test/page")
+            await chat.wait_for("all done")
+            await chat.type("/exit")
+            await chat.exit_code()
+
+    results = _tool_results(llm)
+    assert len(results) == 2 and all("belongs to the bot" in r for r in results), results
+    assert not (workspace / "membot.toml").exists()
