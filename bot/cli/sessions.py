@@ -146,7 +146,9 @@ def export(
     else:
         text = _as_markdown(loaded, archived, active)
     if output is None:
-        console.out(text, highlight=False)
+        # What chat members, fetched pages and the model wrote, on the operator's terminal: shown, never
+        # obeyed (JSON escapes the C0 controls itself; Markdown kept ESC). The file stays word for word.
+        console.out(text if format is ExportFormat.json else printable(text), highlight=False)
         return
     try:
         _write_export(output.expanduser(), text)

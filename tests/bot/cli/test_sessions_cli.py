@@ -97,6 +97,22 @@ def test_show_prints_what_others_wrote_without_obeying_its_control_characters(tm
     assert "Mallory: see" in result.stdout and "→ web_fetch(" in result.stdout
 
 
+def test_markdown_export_to_stdout_does_not_obey_control_characters(tmp_path: Path) -> None:
+    """``sessions export --format markdown`` without ``--output`` printed the transcript raw: a page the
+    model fetched could write the operator's clipboard (OSC 52) or clear the screen, as ``show`` could."""
+    session = Session.new("telegram", "-100")
+    session.messages = [
+        message(Role.USER, f"Mallory: {HOSTILE}", 0),
+        Message(Role.TOOL, f"page text {HOSTILE}", tool_call_id="c1", name="web_fetch"),
+    ]
+    store(tmp_path / "ws", session)
+    result = membot(tmp_path, "sessions", "export", "telegram:-100", "--format", "markdown")
+    assert result.returncode == 0, result.stderr
+    for obeyed in ("\x1b", "\x07", "\x9b", "\r", "\u202e"):
+        assert obeyed not in result.stdout
+    assert result.stdout.count("see ␛]52;c;cm0gLXJmIH4=␇␛[2J␛[8mhidden�31mdone \ufffdexe.txt") == 2
+
+
 def test_list_of_an_empty_workspace(tmp_path: Path) -> None:
     result = membot(tmp_path, "sessions", "list")
     assert result.returncode == 0 and "No sessions" in result.stdout
