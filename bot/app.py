@@ -42,7 +42,14 @@ from bot.session_service import SessionService
 from bot.sessions import JsonSessionStore
 from bot.startup import check_llm_configured, own_workspace, recover_memory
 from bot.tokens import TokenCounter
-from bot.tools import ToolJournal, ToolRegistry, builtin_tools, check_tool_names, inside_workspace
+from bot.tools import (
+    ToolJournal,
+    ToolRegistry,
+    builtin_tools,
+    check_tool_names,
+    inside_workspace,
+    web_client,
+)
 from bot.usage import UsageLedger
 from channels import Channel
 from pipeline import (
@@ -161,10 +168,7 @@ async def _http_clients(
         timeout = httpx.Timeout(settings.llm.timeout, connect=settings.llm.connect_timeout)
         # Built in a thread: its first use imports aiohttp (file reads the loop must not wait for).
         http = await stack.enter_async_context(await asyncio.to_thread(llm_http_client, timeout))
-    # web_fetch gets its own client: a proxy from the environment would defeat its address pinning.
-    web_http = await stack.enter_async_context(
-        httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=settings.tools.web_timeout)
-    )
+    web_http = await stack.enter_async_context(web_client(settings.tools.web_timeout))
     return http, web_http
 
 

@@ -4,6 +4,7 @@ from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry, check_too
 from bot.tools.builtin import builtin_tools
 from bot.tools.confine import inside_workspace
 from bot.tools.journal import CallKey, ToolJournal
+from bot.tools.web_fetch import web_client
 
 __all__ = [
     "CallKey",
@@ -16,4 +17,5 @@ __all__ = [
     "check_tool_names",
     "inside_workspace",
     "untrusted",
+    "web_client",
 ]

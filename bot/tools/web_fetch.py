@@ -12,6 +12,7 @@ import asyncio
 import re
 import zlib
 from collections.abc import Collection
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import httpx
@@ -27,6 +28,14 @@ _SCHEMA: dict[str, Any] = {
     "properties": {"url": {"type": "string", "description": "An http:// or https:// URL."}},
     "required": ["url"],
 }
+
+
+def web_client(timeout: float) -> httpx.AsyncClient:
+    """web_fetch's own HTTP client: no proxy from the environment (it would defeat the address pinning)
+    and no cookies. A jar shared by every chat sent one site's cookies to another (they are kept per
+    pinned address, which a CDN shares) and one chat's to the fetches of another."""
+    no_cookies = CookieJar(DefaultCookiePolicy(allowed_domains=[]))
+    return httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=timeout, cookies=no_cookies)
 
 
 class WebFetchTool:

@@ -23,7 +23,7 @@ from aiohttp import web
 from bot.tools import ToolContext, ToolError
 from bot.tools.html_text import html_to_text
 from bot.tools.netguard import IPAddress, refusal
-from bot.tools.web_fetch import WebFetchTool
+from bot.tools.web_fetch import WebFetchTool, web_client
 
 CTX = ToolContext("test:chat", "test", "turn1")
 PAGE = """<!doctype html><html><head><title>Test page</title><script>steal()</script></head>
@@ -92,6 +92,14 @@ async def start(host: str) -> Server:
             return web.Response(body=body.encode("cp1252"), headers={"Content-Type": "text/html"})
         if request.path == "/unnamed":  # no charset anywhere, and not UTF-8
             return web.Response(body="Smörgåsbord".encode("cp1252"), headers={"Content-Type": "text/plain"})
+        if request.path == "/set-cookie":  # a site that sets a cookie; /cookie says what it was sent
+            response = web.Response(text="set", content_type="text/plain")
+            response.set_cookie("session", "chat-a-secret")
+            return response
+        if request.path == "/cookie":
+            return web.Response(
+                text=f"cookie: {request.headers.get('Cookie', '(none)')}", content_type="text/plain"
+            )
         if request.path == "/binary":
             return web.Response(body=b"\x89PNG....", content_type="image/png")
         if request.path == "/redirect":
@@ -140,7 +148,7 @@ async def target() -> AsyncIterator[Server]:
 
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(trust_env=False) as client:
+    async with web_client(5.0) as client:  # the bot's own (bot/app.py)
         yield client
 
 
@@ -247,6 +255,15 @@ async def test_a_page_in_a_legacy_charset_is_read_in_it(http: httpx.AsyncClient,
     assert "Café crème" in named and "\ufffd" not in named
     unnamed = await fetcher(http, allowed).run({"url": f"{allowed.base}/unnamed"}, CTX)
     assert "Smörgåsbord" in unnamed and "\ufffd" not in unnamed
+
+
+async def test_no_cookie_a_site_set_is_sent_again(http: httpx.AsyncClient, allowed: Server) -> None:
+    """The client's cookie jar was shared by every chat, and kept per pinned address (which a CDN
+    shares): one chat's cookies went with another chat's fetches, and one site's to another."""
+    tool = fetcher(http, allowed)
+    await tool.run({"url": f"{allowed.base}/set-cookie"}, CTX)
+    result = await tool.run({"url": f"{allowed.base}/cookie"}, ToolContext("test:other", "test", "turn2"))
+    assert "cookie: (none)" in result and "chat-a-secret" not in result
 
 
 async def test_a_page_cannot_close_the_untrusted_block(http: httpx.AsyncClient, allowed: Server) -> None:
