@@ -19,6 +19,7 @@ from typing import Any
 
 from bot.memory.archive import search_archive
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference, make_title
+from bot.memory.memories import key_of
 from bot.memory.service import MemoryService
 from bot.memory.words import tokenize
 from bot.tools import ToolContext, ToolError
@@ -48,7 +49,8 @@ DESCRIPTION = (
     "MEMORY.md, which is always shown to you: a long one in part). search: find memories and MEMORY.md "
     "lines. search_archive: find past messages word for word in the full transcript (a line of a pasted "
     "log, an exact name). update/promote/forget: "
-    "change, make durable, or delete a memory by id; forget with content removes the MEMORY.md line that "
+    "change, make durable, or delete a memory by id (forget by id deletes the whole message it came from); "
+    "forget with content removes the MEMORY.md line that "
     "says it (quote the line: a few words found in several lines remove nothing)."
 )
 
@@ -155,9 +157,25 @@ class MemoryToolOps:
 
     async def forget(self, item_id: str = "", content: str = "", *, session_id: str = "") -> str:
         if item_id:
-            self._get(item_id, session_id)
-            await self._memory.items.delete(item_id, self._memory.now())
-            return f"Forgot {item_id}."
+            item = self._get(item_id, session_id)
+            now = self._memory.now()
+            key = key_of(item)
+            if key[0] == "item":
+                await self._memory.items.delete(item_id, now)
+                return f"Forgot {item_id}."
+            # An item of a message is one of several (its passages, typed sentences, a promoted copy),
+            # and recall shows the message: deleting the one item left the message to come up as before.
+            family = [
+                i for i in self._memory.items.index.of_message(key) if self._memory.visible(i, session_id)
+            ]
+            gone = {i.id: i for i in (item, *family)}
+            await self._memory.items.put_many(
+                i.with_changes(deleted=True, updated_at=now) for i in gone.values()
+            )
+            return (
+                f"Forgot {item_id} and the message it came from: it no longer comes up "
+                "(the transcript archive keeps it)."
+            )
         needle = _line_text(content)
         if not re.search(r"\w", needle):  # ("-" matched, as a whole word, any one line holding " - ")
             raise ToolError("forget needs an 'id' or the words of the MEMORY.md line to remove ('content')")

@@ -1,0 +1,95 @@
+"""Facts that change over time, as they reach the model: the real bot (``bot.app.build_core``), messages
+sent on given days, and the fake model server's requests as the record of what the model was shown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bot.app import Core, build_core
+from bot.config import load_settings
+from bot.domain import InboundMessage
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.recording import RecordingChannel
+
+MODEL = "gpt-4.1-mini"
+DAY = datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
+
+
+class Chat:
+    """One private chat with a bot built by ``build_core``; each message is sent on a given day."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.channel = RecordingChannel(core.dispatcher.submit)
+        core.dispatcher.attach(self.channel)
+        self._ids = 0
+
+    async def say(self, text: str, day: int, *, minute: int = 0) -> str:
+        """Send ``text`` on day ``day`` after :data:`DAY` and return the reply to it."""
+        self._ids += 1
+        count = len(self.channel.sent)
+        at = DAY + timedelta(days=day, minutes=minute)
+        message = InboundMessage("test", "c1", "u1", text, message_id=str(self._ids), timestamp=at)
+        await self.core.dispatcher.submit(message)
+        return (await self.channel.wait_for(count + 1, timeout=30))[count].text
+
+
+@contextlib.asynccontextmanager
+async def chat(workspace: Path, llm: FakeLLMServer) -> AsyncIterator[Chat]:
+    values: dict[str, Any] = {
+        "workspace": workspace,
+        "llm": {"model": MODEL, "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"}},
+        "memory": {"embeddings": "none"},
+    }
+    settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=values)
+    async with build_core(settings) as core:
+        yield Chat(core)
+
+
+def memory_section(llm: FakeLLMServer) -> str:
+    """The ``# Memory`` part of the last request's system prompt."""
+    system = llm.requests[-1].body["messages"][0]["content"]
+    assert isinstance(system, str)
+    return system.partition("# Memory")[2]
+
+
+def last_tool_result(llm: FakeLLMServer) -> str:
+    results = [m["content"] for m in llm.requests[-1].body["messages"] if m.get("role") == "tool"]
+    return str(results[-1])
+
+
+async def found_id(bot: Chat, llm: FakeLLMServer, query: str, day: int) -> str:
+    """The id of the memory the model's ``search`` for ``query`` lists first."""
+    llm.script(FakeReply(tool_calls=[("memory", {"action": "search", "query": query})]), FakeReply(text="ok"))
+    await bot.say("What do you remember about that?", day)
+    found = re.findall(r"^([0-9a-f]{16}) ", last_tool_result(llm), re.M)
+    assert found, last_tool_result(llm)
+    return found[0]
+
+
+async def test_a_memory_the_model_forgets_by_id_no_longer_reaches_it(
+    tmp_path: Path, server: FakeLLMServer
+) -> None:
+    """The memory tool's ``forget`` by id deleted that one item, but a message is stored as several
+    (its passages, its typed sentences), and recall shows the message: after "forget" the user's
+    "I live in Berlin." reached the model as before, in every later turn."""
+    async with chat(tmp_path / "ws", server) as bot:
+        server.script(FakeReply(text="Noted."))
+        await bot.say("I live in Berlin.", 0)
+        await bot.say("/new", 0, minute=1)
+        item_id = await found_id(bot, server, "Berlin", 1)
+        server.script(
+            FakeReply(tool_calls=[("memory", {"action": "forget", "id": item_id})]), FakeReply(text="ok")
+        )
+        await bot.say("Please forget where I live.", 1, minute=2)
+        assert last_tool_result(server).startswith(f"Forgot {item_id}")
+        await bot.say("/new", 1, minute=3)
+        await bot.say("Where do I live?", 2)
+
+    assert "Berlin" not in memory_section(server)
