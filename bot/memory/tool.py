@@ -137,7 +137,15 @@ class MemoryToolOps:
         self._check_length(content.strip())
         now = self._memory.now()
         text = content.strip()
-        await self._memory.items.put(item.with_changes(content=text, title=make_title(text), updated_at=now))
+        # The new content is stated now: dated as of the update, never as old as what it replaced.
+        updated = item.with_changes(content=text, title=make_title(text), created_at=now, updated_at=now)
+        if key_of(item)[0] != "item":
+            # Part of a message, which recall shows as it was said: the correction leaves the message
+            # (kept as what was said then) and stands as a fact of its own.
+            item_type = ItemType.FACT if item.type is ItemType.EPISODE else item.type
+            chat = Reference(item.references[0].session_id)
+            updated = updated.with_changes(source="tool", type=item_type, references=(chat,))
+        await self._memory.items.put(updated)
         return f"Updated {item_id}."
 
     async def promote(self, item_id: str, *, session_id: str = "") -> str:

@@ -93,3 +93,35 @@ async def test_a_memory_the_model_forgets_by_id_no_longer_reaches_it(
         await bot.say("Where do I live?", 2)
 
     assert "Berlin" not in memory_section(server)
+
+
+async def test_a_memory_the_model_updates_reaches_it_as_the_current_fact_dated_when_it_changed(
+    tmp_path: Path, server: FakeLLMServer
+) -> None:
+    """The memory tool's ``update`` changed an item of the message "I live in Berlin.", but recall shows
+    the message as it was said: "The user lives in Lisbon." never reached the model, which kept being
+    shown Berlin as the current fact. An updated fact also kept the date it was first stored, so even a
+    fact of the tool's own read as old as what it replaced."""
+    async with chat(tmp_path / "ws", server) as bot:
+        server.script(FakeReply(text="Noted."))
+        await bot.say("I live in Berlin.", 0)
+        await bot.say("/new", 0, minute=1)
+        item_id = await found_id(bot, server, "Berlin", 1)
+        update = {"action": "update", "id": item_id, "content": "The user lives in Lisbon."}
+        server.script(FakeReply(tool_calls=[("memory", update)]), FakeReply(text="ok"))
+        await bot.say("I moved to Lisbon, please correct that.", 1, minute=2)
+        await bot.say("/new", 1, minute=3)
+        await bot.say("Where do I live?", 2)
+        where = memory_section(server)
+        server.script(FakeReply(tool_calls=[("memory", {"action": "search", "query": "lives Lisbon"})]))
+        await bot.say("What do you remember about that?", 3)
+
+    fact = re.search(r"^- \[\w+, (\d{4}-\d\d-\d\d)\] The user lives in Lisbon\.$", where, re.M)
+    assert fact, where
+    assert fact[1] > "2025-03-01"  # dated when it changed (the tool's clock), not when Berlin was said
+    listed = re.search(
+        rf"^{item_id} \[[\w/]+, (\d{{4}}-\d\d-\d\d)\] The user lives in Lisbon\.$",
+        last_tool_result(server),
+        re.M,
+    )
+    assert listed and listed[1] == fact[1], last_tool_result(server)
