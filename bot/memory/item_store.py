@@ -30,7 +30,7 @@ from bot.group_writer import GroupWriter
 from bot.heap import collector_paused
 from bot.memory import item_logs, item_snapshot
 from bot.memory.item_index import ItemIndex, retrievable
-from bot.memory.items import Layer, MemoryItem, promoted_layer
+from bot.memory.items import STANDALONE_SOURCES, Layer, MemoryItem, promoted_layer
 
 log = structlog.get_logger(__name__)
 
@@ -352,7 +352,9 @@ class ItemStore:
                 title=item.title,
                 content=item.content,
                 tags=item.tags,
-                source="promotion",
+                # A fact of its own stays one: as "promotion" it was taken for a part of the message it
+                # references (a consolidation's: the batch's first), and that message was shown instead.
+                source=item.source if item.source in STANDALONE_SOURCES else "promotion",
                 confidence=item.confidence,
                 salience=max(item.salience, 0.6),
                 created_at=item.created_at,

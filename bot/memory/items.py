@@ -68,6 +68,9 @@ PROCEDURAL_TYPES = frozenset({ItemType.FAILURE, ItemType.FIX, ItemType.COMMAND_R
 # An episode that repeats one sentence of its message, to be found by it (bot/memory/extract.py): not
 # one of the passages that make up the message.
 SENTENCE_TAG = "sentence"
+# Sources of facts that stand alone (the memory tool's, a consolidation's): recall shows the fact itself,
+# not a message it references. A promoted copy of one keeps its source, so it stands alone too.
+STANDALONE_SOURCES = frozenset({"tool", "consolidation"})
 
 
 def promoted_layer(item_type: ItemType) -> Layer | None:

@@ -16,12 +16,11 @@ from datetime import datetime
 from bot.memory.extract import QUESTION_TAG, SUBJECT_PREFIX
 from bot.memory.item_index import retrievable
 from bot.memory.item_store import ItemStore
-from bot.memory.items import Layer, MemoryItem
+from bot.memory.items import STANDALONE_SOURCES, Layer, MemoryItem
 from bot.memory.retrieval import ScoredItem
 
 TokenCounter = Callable[[str], int]
 MessageKey = tuple[str, str]
-STANDALONE_SOURCES = frozenset({"tool", "consolidation"})
 GAP = "\n[…]\n"
 COUNT_CACHE = 20_000  # texts whose token count is remembered
 BUILT_CACHE = 20_000  # messages whose shown text is remembered

@@ -13,7 +13,8 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from bot.memory.item_store import ItemStore
-from bot.memory.memories import STANDALONE_SOURCES, Candidate, Memory, MessageKey, key_of
+from bot.memory.items import STANDALONE_SOURCES
+from bot.memory.memories import Candidate, Memory, MessageKey, key_of
 from bot.memory.notes import fold
 from bot.memory.recall import Recaller
 from bot.memory.retrieval import ScoredItem

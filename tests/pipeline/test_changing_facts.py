@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from bot.app import Core, build_core
 from bot.config import load_settings
 from bot.domain import InboundMessage
+from bot.memory.consolidation import SYSTEM as CONSOLIDATION
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.recording import RecordingChannel
 
@@ -32,9 +34,12 @@ class Chat:
 
     async def say(self, text: str, day: int, *, minute: int = 0) -> str:
         """Send ``text`` on day ``day`` after :data:`DAY` and return the reply to it."""
+        return await self.say_at(text, DAY + timedelta(days=day, minutes=minute))
+
+    async def say_at(self, text: str, at: datetime) -> str:
+        """Send ``text`` as sent at ``at`` and return the reply to it."""
         self._ids += 1
         count = len(self.channel.sent)
-        at = DAY + timedelta(days=day, minutes=minute)
         message = InboundMessage("test", "c1", "u1", text, message_id=str(self._ids), timestamp=at)
         await self.core.dispatcher.submit(message)
         return (await self.channel.wait_for(count + 1, timeout=30))[count].text
@@ -125,3 +130,38 @@ async def test_a_memory_the_model_updates_reaches_it_as_the_current_fact_dated_w
         re.M,
     )
     assert listed and listed[1] == fact[1], last_tool_result(server)
+
+
+def consolidation_finds(
+    fact: dict[str, Any], about: str
+) -> Callable[[str, dict[str, Any]], FakeReply | None]:
+    """A model that answers the consolidation of the messages saying ``about`` with ``fact``."""
+
+    def consolidate(api: str, body: dict[str, Any]) -> FakeReply | None:
+        if body["messages"][0].get("content") != CONSOLIDATION or about not in json.dumps(body):
+            return None
+        answer = {"history_entry": "The user said they are vegetarian.", "memory_update": "", "items": [fact]}
+        return FakeReply(text=json.dumps(answer))
+
+    return consolidate
+
+
+async def test_a_confident_fact_consolidation_found_reaches_the_model_as_itself(
+    tmp_path: Path, server: FakeLLMServer
+) -> None:
+    """A fact a consolidation found is promoted when it is confident, and the promoted copy was taken for
+    a part of the first user message of the consolidated batch (its first reference): recall showed
+    that message ("Hi there.") in its place, and the fact never reached the model."""
+    server.responder = consolidation_finds(
+        {"type": "preference", "content": "The user is vegetarian.", "confidence": 0.9}, "meat"
+    )
+    said = datetime.now(UTC) - timedelta(days=2)
+    async with chat(tmp_path / "ws", server) as bot:
+        server.script(FakeReply(text="Hello!"), FakeReply(text="Noted."))
+        await bot.say_at("Hi there.", said)
+        await bot.say_at("By the way, I don't eat meat at all.", said + timedelta(minutes=1))
+        await bot.say_at("/new", said + timedelta(minutes=2))
+        await bot.say_at("Am I vegetarian?", datetime.now(UTC))
+
+    shown = memory_section(server)
+    assert "The user is vegetarian." in shown, shown
