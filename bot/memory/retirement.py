@@ -220,7 +220,11 @@ class Retirement:
     ) -> None:
         """Store the facts as items; a resumed consolidation skips those stored before its kill (the
         store would merge each into itself: a second write, and a salience bump)."""
+        # Dated as of the newest message they came from, not when the consolidation ran (days later
+        # for a long session or a kill's leftover): a fact dated then read as newer than what the user
+        # said in between ("I started eating fish again" after "vegetarian").
         now = self._clock()
+        said = max((m.timestamp for m in messages), default=now)
         refs = tuple(Reference(session_id, m.id) for m in messages if m.role is Role.USER)[:20]
         refs = refs or (Reference(session_id),)
         facts = [f for f in result.facts if not (resumed and self._stored(f, refs[0]))]
@@ -235,9 +239,9 @@ class Retirement:
                 source="consolidation",
                 confidence=fact.confidence,
                 salience=0.75,
-                created_at=now,
+                created_at=said,
                 updated_at=now,
-                last_accessed_at=now,
+                last_accessed_at=now,  # (stored now: decay counts from here)
                 references=refs,
             )
             for fact in facts

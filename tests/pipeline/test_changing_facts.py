@@ -165,3 +165,28 @@ async def test_a_confident_fact_consolidation_found_reaches_the_model_as_itself(
 
     shown = memory_section(server)
     assert "The user is vegetarian." in shown, shown
+
+
+async def test_a_fact_consolidation_found_is_dated_by_the_messages_it_came_from(
+    tmp_path: Path, server: FakeLLMServer
+) -> None:
+    """A fact a consolidation found was dated when the consolidation ran, not when it was said: messages
+    consolidated after the user said something newer (a long session compacted days later, a backlog,
+    a consolidation a kill left for the next start) made "The user is vegetarian." read as newer than
+    "I started eating fish again." said in between, an outdated fact shown as the latest."""
+
+    server.responder = consolidation_finds(
+        {"type": "preference", "content": "The user is vegetarian.", "confidence": 0.6}, "vegetarian"
+    )
+    said = datetime.now(UTC) - timedelta(days=20)  # retired now: as a compaction days later would
+    async with chat(tmp_path / "ws", server) as bot:
+        server.script(FakeReply(text="Noted."))
+        await bot.say_at("I'm vegetarian.", said)
+        await bot.say_at("/new", said + timedelta(minutes=1))
+        server.script(FakeReply(text="Noted."))
+        await bot.say_at("I started eating fish again.", said + timedelta(days=10))
+        await bot.say_at("/new", said + timedelta(days=10, minutes=1))
+        await bot.say_at("Am I vegetarian?", datetime.now(UTC))
+
+    shown = memory_section(server)
+    assert f"- [preference, {said:%Y-%m-%d}] The user is vegetarian." in shown, shown
