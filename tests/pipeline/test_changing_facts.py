@@ -12,37 +12,22 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bot.app import Core, build_core
+from bot.app import build_core
 from bot.config import load_settings
-from bot.domain import InboundMessage
 from bot.memory.consolidation import SYSTEM as CONSOLIDATION
+from tests import chat_kit
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
-from tests.recording import RecordingChannel
 
 MODEL = "gpt-4.1-mini"
 DAY = datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
 
 
-class Chat:
-    """One private chat with a bot built by ``build_core``; each message is sent on a given day."""
+class Chat(chat_kit.Chat):
+    """The chat, each message sent on a given day."""
 
-    def __init__(self, core: Core) -> None:
-        self.core = core
-        self.channel = RecordingChannel(core.dispatcher.submit)
-        core.dispatcher.attach(self.channel)
-        self._ids = 0
-
-    async def say(self, text: str, day: int, *, minute: int = 0) -> str:
+    async def say_on(self, text: str, day: int, *, minute: int = 0) -> str:
         """Send ``text`` on day ``day`` after :data:`DAY` and return the reply to it."""
-        return await self.say_at(text, DAY + timedelta(days=day, minutes=minute))
-
-    async def say_at(self, text: str, at: datetime) -> str:
-        """Send ``text`` as sent at ``at`` and return the reply to it."""
-        self._ids += 1
-        count = len(self.channel.sent)
-        message = InboundMessage("test", "c1", "u1", text, message_id=str(self._ids), timestamp=at)
-        await self.core.dispatcher.submit(message)
-        return (await self.channel.wait_for(count + 1, timeout=30))[count].text
+        return await self.say(text, at=DAY + timedelta(days=day, minutes=minute))
 
 
 @contextlib.asynccontextmanager
@@ -72,7 +57,7 @@ def last_tool_result(llm: FakeLLMServer) -> str:
 async def found_id(bot: Chat, llm: FakeLLMServer, query: str, day: int) -> str:
     """The id of the memory the model's ``search`` for ``query`` lists first."""
     llm.script(FakeReply(tool_calls=[("memory", {"action": "search", "query": query})]), FakeReply(text="ok"))
-    await bot.say("What do you remember about that?", day)
+    await bot.say_on("What do you remember about that?", day)
     found = re.findall(r"^([0-9a-f]{16}) ", last_tool_result(llm), re.M)
     assert found, last_tool_result(llm)
     return found[0]
@@ -86,16 +71,16 @@ async def test_a_memory_the_model_forgets_by_id_no_longer_reaches_it(
     "I live in Berlin." reached the model as before, in every later turn."""
     async with chat(tmp_path / "ws", server) as bot:
         server.script(FakeReply(text="Noted."))
-        await bot.say("I live in Berlin.", 0)
-        await bot.say("/new", 0, minute=1)
+        await bot.say_on("I live in Berlin.", 0)
+        await bot.say_on("/new", 0, minute=1)
         item_id = await found_id(bot, server, "Berlin", 1)
         server.script(
             FakeReply(tool_calls=[("memory", {"action": "forget", "id": item_id})]), FakeReply(text="ok")
         )
-        await bot.say("Please forget where I live.", 1, minute=2)
+        await bot.say_on("Please forget where I live.", 1, minute=2)
         assert last_tool_result(server).startswith(f"Forgot {item_id}")
-        await bot.say("/new", 1, minute=3)
-        await bot.say("Where do I live?", 2)
+        await bot.say_on("/new", 1, minute=3)
+        await bot.say_on("Where do I live?", 2)
 
     assert "Berlin" not in memory_section(server)
 
@@ -109,17 +94,17 @@ async def test_a_memory_the_model_updates_reaches_it_as_the_current_fact_dated_w
     fact of the tool's own read as old as what it replaced."""
     async with chat(tmp_path / "ws", server) as bot:
         server.script(FakeReply(text="Noted."))
-        await bot.say("I live in Berlin.", 0)
-        await bot.say("/new", 0, minute=1)
+        await bot.say_on("I live in Berlin.", 0)
+        await bot.say_on("/new", 0, minute=1)
         item_id = await found_id(bot, server, "Berlin", 1)
         update = {"action": "update", "id": item_id, "content": "The user lives in Lisbon."}
         server.script(FakeReply(tool_calls=[("memory", update)]), FakeReply(text="ok"))
-        await bot.say("I moved to Lisbon, please correct that.", 1, minute=2)
-        await bot.say("/new", 1, minute=3)
-        await bot.say("Where do I live?", 2)
+        await bot.say_on("I moved to Lisbon, please correct that.", 1, minute=2)
+        await bot.say_on("/new", 1, minute=3)
+        await bot.say_on("Where do I live?", 2)
         where = memory_section(server)
         server.script(FakeReply(tool_calls=[("memory", {"action": "search", "query": "lives Lisbon"})]))
-        await bot.say("What do you remember about that?", 3)
+        await bot.say_on("What do you remember about that?", 3)
 
     fact = re.search(r"^- \[\w+, (\d{4}-\d\d-\d\d)\] The user lives in Lisbon\.$", where, re.M)
     assert fact, where
@@ -158,10 +143,10 @@ async def test_a_confident_fact_consolidation_found_reaches_the_model_as_itself(
     said = datetime.now(UTC) - timedelta(days=2)
     async with chat(tmp_path / "ws", server) as bot:
         server.script(FakeReply(text="Hello!"), FakeReply(text="Noted."))
-        await bot.say_at("Hi there.", said)
-        await bot.say_at("By the way, I don't eat meat at all.", said + timedelta(minutes=1))
-        await bot.say_at("/new", said + timedelta(minutes=2))
-        await bot.say_at("Am I vegetarian?", datetime.now(UTC))
+        await bot.say("Hi there.", at=said)
+        await bot.say("By the way, I don't eat meat at all.", at=said + timedelta(minutes=1))
+        await bot.say("/new", at=said + timedelta(minutes=2))
+        await bot.say("Am I vegetarian?", at=datetime.now(UTC))
 
     shown = memory_section(server)
     assert "The user is vegetarian." in shown, shown
@@ -181,12 +166,12 @@ async def test_a_fact_consolidation_found_is_dated_by_the_messages_it_came_from(
     said = datetime.now(UTC) - timedelta(days=20)  # retired now: as a compaction days later would
     async with chat(tmp_path / "ws", server) as bot:
         server.script(FakeReply(text="Noted."))
-        await bot.say_at("I'm vegetarian.", said)
-        await bot.say_at("/new", said + timedelta(minutes=1))
+        await bot.say("I'm vegetarian.", at=said)
+        await bot.say("/new", at=said + timedelta(minutes=1))
         server.script(FakeReply(text="Noted."))
-        await bot.say_at("I started eating fish again.", said + timedelta(days=10))
-        await bot.say_at("/new", said + timedelta(days=10, minutes=1))
-        await bot.say_at("Am I vegetarian?", datetime.now(UTC))
+        await bot.say("I started eating fish again.", at=said + timedelta(days=10))
+        await bot.say("/new", at=said + timedelta(days=10, minutes=1))
+        await bot.say("Am I vegetarian?", at=datetime.now(UTC))
 
     shown = memory_section(server)
     assert f"- [preference, {said:%Y-%m-%d}] The user is vegetarian." in shown, shown

@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bot.app import Core, build_core
+import pytest
+
+from bot.app import build_core
 from bot.compaction import SUMMARY_SYSTEM
 from bot.config import load_settings
-from bot.domain import InboundMessage
 from bot.tokens import TokenCounter
+from tests.chat_kit import Chat
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
-from tests.recording import RecordingChannel
 
 MODEL = "tiny-local"  # a name tiktoken does not know: its count is a calibrated estimate
 WINDOW = 6000
@@ -28,23 +29,6 @@ OVERFLOW = {
         "code": "context_length_exceeded",
     }
 }
-
-
-class Chat:
-    """One chat with a bot built by ``build_core``, over a recording channel."""
-
-    def __init__(self, core: Core) -> None:
-        self.core = core
-        self.channel = RecordingChannel(core.dispatcher.submit)
-        core.dispatcher.attach(self.channel)
-        self._ids = 0
-
-    async def say(self, text: str) -> str:
-        """Send ``text`` and return the reply to it."""
-        self._ids += 1
-        count = len(self.channel.sent)
-        await self.core.dispatcher.submit(InboundMessage("test", "c1", "u1", text, message_id=str(self._ids)))
-        return (await self.channel.wait_for(count + 1, timeout=30))[count].text
 
 
 @contextlib.asynccontextmanager
@@ -103,15 +87,20 @@ async def test_the_tool_loops_own_window_check_does_not_raise_the_token_estimate
     assert "left out here" not in last_system
 
 
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    """Made outside the event loop: loading an encoding reads files (blocking)."""
+    return TokenCounter.offline(model="gpt-4.1-mini", provider="openai")
+
+
 async def test_a_model_that_counts_more_tokens_than_the_estimate_does_not_compact_every_turn(
-    tmp_path: Path, server: FakeLLMServer
+    tmp_path: Path, server: FakeLLMServer, counter: TokenCounter
 ) -> None:
     """The memory section and the compaction's recent messages were planned in the basis encoding's
     tokens, the threshold in the model's: with a model counting 30 % more (Anthropic's, a local one),
     they no longer fitted under the threshold side by side, and a small window compacted nearly every
     turn (a summary and a consolidation call each): 120 times in 150 turns, against 13 at an even
     count. Every request still fits the window."""
-    counter = TokenCounter.offline(model="gpt-4.1-mini", provider="openai")
 
     def counted(body: dict[str, Any]) -> int:
         total = counter.count_text(json.dumps(body["tools"])) if body.get("tools") else 0

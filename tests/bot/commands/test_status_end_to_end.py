@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 
-from bot.app import Core, build_core
+from bot.app import build_core
 from bot.config import load_settings
-from bot.domain import InboundMessage
 from bot.tokens import TokenCounter
+from tests.chat_kit import Chat
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
-from tests.recording import RecordingChannel
 
 MODEL = "gpt-4.1-mini"
 
@@ -26,21 +25,6 @@ MODEL = "gpt-4.1-mini"
 @pytest.fixture(scope="module")
 def counter() -> TokenCounter:
     return TokenCounter.offline(model=MODEL, provider="openai")
-
-
-class Chat:
-    """One chat with a bot built by ``build_core``, over a recording channel."""
-
-    def __init__(self, core: Core) -> None:
-        self.core = core
-        self.channel = RecordingChannel(core.dispatcher.submit)
-        core.dispatcher.attach(self.channel)
-
-    async def say(self, text: str) -> str:
-        """Send ``text`` and return the next reply."""
-        count = len(self.channel.sent)
-        await self.core.dispatcher.submit(InboundMessage("test", "c1", "u1", text))
-        return (await self.channel.wait_for(count + 1))[count].text
 
 
 @contextlib.asynccontextmanager
