@@ -168,6 +168,15 @@ class JsonSessionStore:
             raw = header_path.read_bytes()
         except FileNotFoundError:
             return None
+        except IsADirectoryError as exc:
+            if self._read_only:
+                raise StorageError(f"cannot read session file {header_path}: {exc.strerror}") from exc
+            # A folder where the header belongs never becomes readable by itself (as EIO may): every turn
+            # of the chat failed on it. It is kept aside, and the header rebuilt as a damaged one is.
+            moved = header_path.with_name(f"{header_path.name}.corrupt-{utcnow():%Y%m%dT%H%M%S%f}")
+            os.replace(header_path, moved)
+            log.error("session_header_is_a_folder", session_id=sid, moved_to=moved.name)
+            raw = b""
         except OSError as exc:
             raise StorageError(f"cannot read session file {header_path}: {exc.strerror}") from exc
         try:

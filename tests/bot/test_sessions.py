@@ -146,6 +146,25 @@ async def test_a_header_no_log_stands_in_for_is_moved_aside_and_the_session_star
     assert any(n.startswith("cli:me.1.jsonl.corrupt-") for n in names)
 
 
+async def test_a_folder_where_the_header_belongs_is_moved_aside_and_the_session_kept(tmp_path: Path) -> None:
+    """A folder in the header's place failed every load (and so every turn of the chat) as if the disk
+    could not be read for now; it never becomes readable by itself."""
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("cli", "me")
+    session.append(Message(Role.USER, "hello"))
+    await sessions.save(session)
+    header = tmp_path / "sessions" / "cli:me.json"
+    header.unlink()
+    header.mkdir()
+    (header / "note").write_text("an operator's file")
+
+    for _ in range(2):
+        kept = await service(tmp_path).get("cli:me")
+        assert kept is not None and [m.content for m in kept.messages] == ["hello"]
+    [folder] = (tmp_path / "sessions").glob("cli:me.json.corrupt-*")
+    assert (folder / "note").read_text() == "an operator's file"
+
+
 async def test_a_header_of_another_session_is_moved_aside(tmp_path: Path) -> None:
     sessions = service(tmp_path)
     for chat in ("me", "you"):
