@@ -135,7 +135,12 @@ def _workspace(path: Path) -> Check:
         )
     if not path.is_dir():
         return Check(name, "fail", f"{path} is not a folder", "point MEMBOT_WORKSPACE at a folder")
-    unwritable = [p for p in (path, path / "sessions", path / "memory") if p.exists() and not _writable(p)]
+    # A folder this user cannot enter hides what is in it (stat raises): its own failure is the finding.
+    unwritable = (
+        [path]
+        if not _writable(path)
+        else [p for p in (path / "sessions", path / "memory") if p.exists() and not _writable(p)]
+    )
     if unwritable:
         return Check(
             name,
@@ -160,8 +165,11 @@ def _kept_answers(settings: Settings) -> Check:
     from bot.inbox import EXPIRED, kept_on_disk
 
     inbox = settings.workspace / "inbox"
-    kept = kept_on_disk(inbox)
-    expired = f"; older ones are in {inbox / EXPIRED}" if (inbox / EXPIRED).is_dir() else ""
+    try:
+        kept = kept_on_disk(inbox)
+        expired = f"; older ones are in {inbox / EXPIRED}" if (inbox / EXPIRED).is_dir() else ""
+    except OSError as exc:  # a workspace this user cannot read: the workspace line says how to fix it
+        return Check("kept answers", "skip", f"cannot read {inbox}: {exc.strerror or exc}")
     if not kept:
         return Check("kept answers", "pass", f"none waiting in {inbox}{expired}")
     chats = ", ".join(f"{sid} ({n})" for sid, n in sorted(kept.items()))

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import sys
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.llm_server import FakeLLMServer
@@ -224,3 +228,53 @@ async def test_a_password_in_a_base_url_is_never_shown(tmp_path: Path) -> None:
         text = "".join(line(out, name).split())  # a long URL may wrap anywhere
         assert text.startswith("✗fail") and f"{shown}:cannotconnect" in text, out
     assert "-pass-4321" not in out and "AAFakeToken" not in out
+
+
+async def test_a_workspace_this_user_cannot_enter_is_a_fail_line_with_the_fix() -> None:
+    """The usual slip of a restore or a move: the workspace belongs to another user (root, after a
+    ``tar -x`` without the chown). Doctor looked inside it and ended on "error: …/sessions: Permission
+    denied", without its checks and without a fix. Root enters any folder, so as root the doctor runs as
+    ``nobody`` (setpriv), the folder root's; as another user the folder is its own with mode 000."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv to become another user")
+        prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    with tempfile.TemporaryDirectory() as top:  # under /tmp: a path the other user can reach
+        ws = Path(top) / "ws"
+        os.chmod(top, 0o755)
+        os.makedirs(ws / "sessions")
+        os.chmod(ws, 0o700 if prefix else 0o000)
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
+        clean.update(
+            HOME=top,
+            COLUMNS="80",
+            MEMBOT_WORKSPACE=str(ws),
+            MEMBOT_TERMINAL__ENABLED="true",
+            MEMBOT_LLM__OPENAI__API_KEY="sk-x",
+        )
+        process = await asyncio.create_subprocess_exec(
+            *prefix,
+            sys.executable,
+            "-m",
+            "bot",
+            "doctor",
+            "--offline",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=clean,
+            cwd=top,
+        )
+        try:
+            async with asyncio.timeout(60):
+                raw, _ = await process.communicate()
+        finally:
+            os.chmod(ws, 0o700)
+    out = raw.decode()
+    assert process.returncode == 1, out
+    workspace = line(out, "workspace")
+    assert workspace.startswith("✗ fail") and f"not writable by this user: {ws}" in workspace, out
+    assert "fix: chown -R" in workspace
+    assert line(out, "kept answers").startswith("- skip")
+    assert line(out, "llm settings").startswith("✓ pass")  # the other checks still ran
