@@ -14,7 +14,7 @@ import pytest
 
 from bot.admin import AdminServer, health_report
 from bot.app import build_core
-from bot.config import AdminSettings, load_settings
+from bot.config import AdminSettings, Settings, load_settings
 from bot.domain import InboundMessage
 from bot.errors import ConfigError, LLMRateLimited, LLMTimeout
 from bot.llm.client import LLMStats
@@ -44,14 +44,19 @@ class Screen(io.StringIO):
                 await asyncio.sleep(0.01)
 
 
+async def settings_for(workspace: Path, llm: FakeLLMServer) -> Settings:
+    """The bot's settings on ``workspace`` with the fake model server as its model."""
+    overrides = {
+        "workspace": workspace,
+        "llm": {"openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"}},
+    }
+    return await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+
+
 async def test_healthz_and_metrics_after_a_real_turn(tmp_path: Path) -> None:
     async with FakeLLMServer() as llm:
         llm.script(FakeReply(text="hello there", usage=(120, 30)))
-        overrides = {
-            "workspace": tmp_path / "ws",
-            "llm": {"openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"}},
-        }
-        settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+        settings = await settings_for(tmp_path / "ws", llm)
         metrics = Metrics()
         async with build_core(settings, metrics=metrics) as core:
             metrics.watch(
@@ -117,11 +122,7 @@ async def test_tool_names_no_tool_has_are_one_series_of_metrics(tmp_path: Path) 
             FakeReply(tool_calls=[*((name, {}) for name in made_up), ("time", {})]),
             FakeReply(text="no such tools"),
         )
-        overrides = {
-            "workspace": tmp_path / "ws",
-            "llm": {"openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"}},
-        }
-        settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+        settings = await settings_for(tmp_path / "ws", llm)
         metrics = Metrics()
         async with build_core(settings, metrics=metrics) as core:
             reader, screen = asyncio.StreamReader(), Screen()
@@ -317,11 +318,7 @@ async def test_a_turn_that_crashed_is_counted_as_an_error_not_ok(tmp_path: Path)
     """A turn that crashed outside the pipeline (``turn_crashed`` in the log; the chat is told it went
     wrong) was counted as ``outcome="ok"`` on /metrics: its outcome was decided before it crashed."""
     async with FakeLLMServer() as llm:
-        overrides = {
-            "workspace": tmp_path / "ws",
-            "llm": {"openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"}},
-        }
-        settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=overrides)
+        settings = await settings_for(tmp_path / "ws", llm)
         metrics = Metrics()
         async with build_core(settings, metrics=metrics) as core:
             channel = CrashingChannel(core.dispatcher.submit)
