@@ -20,8 +20,11 @@ async def test_a_turn_whose_session_cannot_be_read_tells_the_chat_and_a_restart_
     """The read is tried again until it goes through, as a save is (answered then without a restart:
     tests/bot/test_dispatcher_recovery.py); a shutdown meanwhile leaves the message to the next start."""
     dispatcher, channel, sessions = await started(tmp_path, ModelSystem())
-    unreadable = sessions.store.header_path("test:c1")  # reading it fails as a disk error would
-    unreadable.mkdir(parents=True)
+    # Reading it fails as a disk error would (ELOOP; a folder in its place is moved aside since: it never
+    # becomes readable by itself, bot/sessions.py).
+    unreadable = sessions.store.header_path("test:c1")
+    unreadable.parent.mkdir(parents=True, exist_ok=True)
+    unreadable.symlink_to(unreadable.name)
     await dispatcher.submit(msg("hello", message_id="1"))
     await channel.wait_for(1)
     waiting = dispatcher.storage_wait("test:c1")
@@ -35,7 +38,7 @@ async def test_a_turn_whose_session_cannot_be_read_tells_the_chat_and_a_restart_
     assert waiting == "session_load"
     assert kept == ["hello"]
 
-    unreadable.rmdir()  # the operator fixed it
+    unreadable.unlink()  # the operator fixed it
     restarted, channel2, _ = await started(tmp_path, ModelSystem())
     await channel2.wait_for(1)
     await restarted.close(grace=1)
