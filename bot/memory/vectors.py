@@ -123,7 +123,9 @@ class VectorStore:
     async def _load(self) -> None:
         try:
             loaded = await asyncio.to_thread(self._read)
-        except vector_file.VectorFileError as exc:
+        except (vector_file.VectorFileError, IsADirectoryError) as exc:
+            # (a folder in its place never becomes readable: the start failed on it, "Is a directory";
+            # the vectors are derived, and made again from the items)
             moved = self.path.with_name(self.path.name + ".unreadable")
             await asyncio.to_thread(self.path.replace, moved)
             log.warning("vectors_unreadable", file=self.path.name, moved_to=moved.name, error=str(exc))

@@ -335,6 +335,24 @@ async def test_an_unreadable_file_is_set_aside_not_deleted(tmp_path: Path) -> No
     await store.close()
 
 
+async def test_a_folder_where_the_file_belongs_is_set_aside_and_the_vectors_made_again(
+    tmp_path: Path,
+) -> None:
+    """A folder in the vector file's place stopped the start ("Is a directory"): it never becomes
+    readable by itself, and the vectors are derived from the items."""
+    folder = tmp_path / "vectors"
+    path = vector_file.file_for(folder, "words-v1")
+    (path / "kept").mkdir(parents=True)
+    store = VectorStore(folder, WordsEmbedder())
+    with capture_logs() as logs:
+        await store.start()
+    assert store.count == 0 and any(e["event"] == "vectors_unreadable" for e in logs)
+    assert (folder / (path.name + ".unreadable") / "kept").is_dir()  # set aside, not deleted
+    store.submit(ITEMS)
+    assert await store.drain() == 0 and store.count == 3
+    await store.close()
+
+
 async def test_a_new_model_starts_its_own_file_and_the_old_one_stays(tmp_path: Path) -> None:
     folder = tmp_path / "vectors"
     await (await filled(folder, WordsEmbedder("words-v1"), ITEMS)).close()
