@@ -51,6 +51,7 @@ def read_logs(root: Path) -> tuple[dict[str, MemoryItem], dict[Path, int], set[P
     ensure_private_dir(root)
     ensure_private_dir(root / "episodic")
     logs = sorted(root.glob("*.jsonl")) + sorted((root / "episodic").glob("*.jsonl"))
+    logs = [path for path in logs if not _folder_set_aside(path)]
     snap = item_snapshot.read(root)
     damaged_logs: set[Path] = set()
     if snap is not None:
@@ -62,6 +63,17 @@ def read_logs(root: Path) -> tuple[dict[str, MemoryItem], dict[Path, int], set[P
     items: dict[str, MemoryItem] = {}
     lines = {path: _parse_into(items, path.read_bytes(), path, damaged_logs) for path in logs}
     return items, lines, damaged_logs
+
+
+def _folder_set_aside(path: Path) -> bool:
+    """A folder where a log belongs holds no items and never becomes readable: the start failed on it
+    ("Is a directory"). It is moved aside, kept and logged, and the log starts again at its next write."""
+    if not path.is_dir():
+        return False
+    moved = path.with_name(f"{path.name}.folder-{os.getpid()}-{path.stat().st_mtime_ns}")
+    os.replace(path, moved)
+    log.error("memory_log_is_a_folder", log=str(path), moved_to=moved.name)
+    return True
 
 
 def _read_tails(

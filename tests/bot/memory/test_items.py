@@ -89,6 +89,27 @@ async def test_items_survive_reload_with_last_version_winning(tmp_path: Path, cl
     assert reloaded.items()[0].references == a.references
 
 
+async def test_a_folder_where_a_log_belongs_is_set_aside_and_the_other_logs_load(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A folder in a day's log's place stopped the start ("Is a directory"): it holds no items and never
+    becomes readable by itself. It is kept aside, the other logs load, and new items are written as before."""
+    store = ItemStore(tmp_path)
+    await store.load()
+    await store.add(item(clock, "semantic fact", layer=Layer.SEMANTIC))
+    assert await store.save_snapshot()  # (the start reads the snapshot, then the logs)
+    day_file = tmp_path / "episodic" / "2024-05-19.jsonl"
+    (day_file / "inside").mkdir(parents=True)
+
+    reloaded = ItemStore(tmp_path)
+    await reloaded.load()
+    assert [i.content for i in reloaded.items()] == ["semantic fact"]
+    [aside] = (tmp_path / "episodic").glob("2024-05-19.jsonl.folder-*")
+    assert (aside / "inside").is_dir()  # kept, not deleted
+    await reloaded.add(item(clock, "a new episode"))
+    assert {i.content for i in reloaded.items()} == {"semantic fact", "a new episode"}
+
+
 async def test_promotion_copies_confident_items_and_keeps_references(tmp_path: Path, clock: Clock) -> None:
     store = ItemStore(tmp_path)
     await store.load()
