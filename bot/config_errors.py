@@ -53,7 +53,7 @@ def explain_validation(
 ) -> str:
     """Every bad field, with the variable or file line to fix; an unknown key gets a "did you mean"."""
     lines = ["invalid configuration:"]
-    in_file = dotenv_keys(env_file)
+    in_file = _dotenv_keys(env_file)
     for error in exc.errors():
         loc = error["loc"]
         # A list is one variable and one key: its item (an int in loc) is named apart, not as a level.
@@ -86,16 +86,13 @@ def explain_validation(
     return "\n".join(lines)
 
 
-def dotenv_keys(env_file: Path | None) -> set[str]:
+def _dotenv_keys(env_file: Path | None) -> set[str]:
     """The variable names a .env file sets, upper-cased (as pydantic-settings matches them)."""
     if env_file is None or not env_file.is_file():
         return set()
     from dotenv import dotenv_values
 
-    try:
-        return {key.upper() for key in dotenv_values(env_file)}
-    except (OSError, UnicodeDecodeError):  # reading it for the settings says what is wrong, and how
-        return set()
+    return {key.upper() for key in dotenv_values(env_file)}
 
 
 def _known_keys(root: type[BaseModel], path: list[str]) -> list[str]:
