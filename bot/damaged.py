@@ -25,6 +25,7 @@ from pathlib import Path
 
 import structlog
 
+from bot.domain import utcnow
 from bot.storage import atomic_write_bytes
 
 log = structlog.get_logger(__name__)
@@ -71,6 +72,12 @@ def describe(exc: BaseException) -> str:
 def aside_path(path: Path, data: bytes) -> Path:
     """Where ``data``, unreadable in ``path``, is kept: ``<path>.damaged-<hash of data>``."""
     return path.with_name(f"{path.name}{SUFFIX}{hashlib.sha256(data).hexdigest()[:16]}")
+
+
+def corrupt_path(path: Path) -> Path:
+    """Where a whole file that cannot be read (or a folder in its place) is kept when its bytes are not
+    at hand: ``<path>.corrupt-<UTC time>``, a name of its own, so an earlier copy is never replaced."""
+    return path.with_name(f"{path.name}.corrupt-{utcnow():%Y%m%dT%H%M%S%f}")
 
 
 def move_aside(path: Path, raw: bytes, *, event: str, **context: object) -> Path:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from bot.damaged import UNREADABLE, UNREADABLE_FILE, DamagedLine, describe, keep_aside
+from bot.damaged import UNREADABLE, UNREADABLE_FILE, DamagedLine, corrupt_path, describe, keep_aside
 from bot.domain import Session, parse_time, utcnow
 from bot.errors import StorageError
 from bot.outbox import PendingReply
@@ -173,7 +173,7 @@ class JsonSessionStore:
                 raise StorageError(f"cannot read session file {header_path}: {exc.strerror}") from exc
             # A folder where the header belongs never becomes readable by itself (as EIO may): every turn
             # of the chat failed on it. It is kept aside, and the header rebuilt as a damaged one is.
-            moved = header_path.with_name(f"{header_path.name}.corrupt-{utcnow():%Y%m%dT%H%M%S%f}")
+            moved = corrupt_path(header_path)
             os.replace(header_path, moved)
             log.error("session_header_is_a_folder", session_id=sid, moved_to=moved.name)
             raw = b""

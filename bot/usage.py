@@ -202,7 +202,7 @@ class UsageLedger:
         except damaged.UNREADABLE_FILE as exc:
             # Daily figures are informational: start over rather than stop the bot, but keep the file
             # (under a name of its own: an earlier damaged copy is not replaced).
-            aside = self._path.with_name(f"{self._path.name}.corrupt-{utcnow():%Y%m%dT%H%M%S%f}")
+            aside = damaged.corrupt_path(self._path)
             log.error("usage_ledger_unreadable", path=str(self._path), error=str(exc), moved_to=aside.name)
             self._path.replace(aside)
         last = folded
