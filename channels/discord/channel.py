@@ -59,7 +59,7 @@ from channels.discord.inbound import (
     quoted,
     readable_text,
 )
-from channels.discord.outbound import DiscordOutbox, describe
+from channels.discord.outbound import TRANSIENT, DiscordOutbox, describe
 from channels.discord.seen import SEEN_FILE, SeenMarks
 from channels.discord.sent import SENT_FILE
 from channels.outage import StorageOutage, is_storage_error
@@ -207,7 +207,7 @@ class DiscordChannel(Channel):
         try:
             await retry(
                 lambda: sync_commands(self._live_client(), self._commands, self._state_dir),
-                retry_if=lambda exc, tries: isinstance(exc, _OUTAGE),  # the same PUT: idempotent
+                retry_if=lambda exc, tries: isinstance(exc, TRANSIENT),  # the same PUT: idempotent
                 wait=lambda exc, tries: backoff(tries - 1),
                 on_retry=again,
             )
@@ -365,8 +365,6 @@ class DiscordChannel(Channel):
         return self._outbox.partial_sink(chat_id, reply_to) if self._client is not None else None
 
 
-# A registration that may pass when tried again (discord.py waits out 429s itself).
-_OUTAGE = (discord.DiscordServerError, discord.RateLimited, aiohttp.ClientError, TimeoutError)
 _COMMANDS_RETRY_CAP = 300.0  # seconds between tries at most, while Discord is out
 
 

@@ -48,7 +48,7 @@ _INTERACTION_TTL = 14 * 60.0  # interaction tokens live 15 minutes
 _REMEMBERED = 1024
 _UNKNOWN_MESSAGE = 10008  # Discord's code for a message that is gone (deleted)
 # Worth another try: the service or the network failed, not our request.
-_TRANSIENT = (discord.DiscordServerError, discord.RateLimited, aiohttp.ClientError, OSError, TimeoutError)
+TRANSIENT = (discord.DiscordServerError, discord.RateLimited, aiohttp.ClientError, OSError, TimeoutError)
 _T = TypeVar("_T")
 
 
@@ -226,11 +226,11 @@ class DiscordOutbox:
         try:
             return await retry(
                 once,
-                retry_if=lambda exc, tried: isinstance(exc, _TRANSIENT) and tried <= retries,
+                retry_if=lambda exc, tried: isinstance(exc, TRANSIENT) and tried <= retries,
                 wait=lambda exc, tried: backoff(tried - 1),
                 on_retry=note,
             )
-        except (*_TRANSIENT, discord.DiscordException) as exc:  # 4xx: another try would be refused too
+        except (*TRANSIENT, discord.DiscordException) as exc:  # 4xx: another try would be refused too
             raise self._failed(chat_id, exc, tries) from exc
 
     def _failed(self, chat_id: str, exc: BaseException, attempts: int) -> ChannelError:
