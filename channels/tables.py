@@ -2,8 +2,10 @@
 
 Neither Telegram nor Discord renders a Markdown table; its raw pipes in a proportional font are hard to
 read, and models write tables often. Telegram's renderer lays out the cells markdown-it found
-(channels/telegram/format.py); Discord's answer goes as Markdown, so :func:`tables_as_code` turns each
-table into a code block first, leaving code blocks alone.
+(channels/telegram/format.py, which also turns the tables of an answer that needs several messages into
+code blocks from markdown-it's own parse, before the split: cells as its renderer shows them, emphasis
+rendered away); Discord's answer goes as Markdown, so :func:`tables_as_code` turns each table into a
+code block first, leaving code blocks alone.
 """
 
 from __future__ import annotations
