@@ -307,6 +307,24 @@ def history_disk_full(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return full
 
 
+async def made_once_and_not_again(
+    memory: MemoryService, tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    """After the consolidation the disk refused and the chat's next one: both written once (HISTORY
+    entries, MEMORY.md, the fact), no record left, and a restart asks the model for nothing more."""
+    root = memory.root
+    await memory.close()  # (waits for every consolidation)
+    assert len(fake_llm.requests) == 2
+    history = (root / "HISTORY.md").read_text()
+    assert history.count(ENTRY) == 1 and history.count("Porto was planned.") == 1
+    assert f"- {FACT}" in (root / "MEMORY.md").read_text()
+    assert list((root / "pending").iterdir()) == []  # nothing left for the next start
+    restarted = await running_bot(tmp_path, clock, llm)
+    assert [i.content for i in restarted.items.items(Layer.EPISODIC) if i.content == FACT] == [FACT]
+    await restarted.close()
+    assert len(fake_llm.requests) == 2
+
+
 async def test_a_consolidation_the_full_disk_refused_is_made_once_space_is_back_without_a_restart(
     tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -316,7 +334,6 @@ async def test_a_consolidation_the_full_disk_refused_is_made_once_space_is_back_
     the model gave (not asked again)."""
     full = history_disk_full(monkeypatch)
     memory = await running_bot(tmp_path, clock, llm)
-    root = memory.root
     fake_llm.script(FakeReply(text=ANSWER))
     first = await memory.consolidate_in_background("cli:me", talk(clock))
     assert first is not None
@@ -329,16 +346,7 @@ async def test_a_consolidation_the_full_disk_refused_is_made_once_space_is_back_
     second = await memory.consolidate_in_background("cli:me", later)  # the chat's next trim
     assert second is not None
     await second
-    await memory.close()  # (waits for every consolidation)
-    assert len(fake_llm.requests) == 2
-    history = (root / "HISTORY.md").read_text()
-    assert history.count(ENTRY) == 1 and history.count("Porto was planned.") == 1
-    assert f"- {FACT}" in (root / "MEMORY.md").read_text()
-    assert list((root / "pending").iterdir()) == []  # nothing left for the next start
-    restarted = await running_bot(tmp_path, clock, llm)
-    assert [i.content for i in restarted.items.items(Layer.EPISODIC) if i.content == FACT] == [FACT]
-    await restarted.close()
-    assert len(fake_llm.requests) == 2
+    await made_once_and_not_again(memory, tmp_path, clock, llm, fake_llm)
 
 
 async def test_an_awaited_consolidation_the_full_disk_refused_is_made_once_space_is_back_without_a_restart(
@@ -349,7 +357,6 @@ async def test_an_awaited_consolidation_the_full_disk_refused_is_made_once_space
     until a restart its messages, archived already, had no HISTORY entry, MEMORY.md change or facts."""
     full = history_disk_full(monkeypatch)
     memory = await running_bot(tmp_path, clock, llm)
-    root = memory.root
     fake_llm.script(FakeReply(text=ANSWER))
     with pytest.raises(OSError, match="No space"):
         await memory.consolidate("cli:me", talk(clock))  # compaction's retirement
@@ -358,13 +365,4 @@ async def test_an_awaited_consolidation_the_full_disk_refused_is_made_once_space
     later = [Message(Role.USER, "Porto next, part 9", timestamp=clock.now)]
     fake_llm.script(FakeReply(text=json.dumps({"history_entry": "Porto was planned.", "memory_update": ""})))
     await memory.consolidate("cli:me", later)  # the chat's next compaction
-    await memory.close()  # (waits for every consolidation)
-    assert len(fake_llm.requests) == 2
-    history = (root / "HISTORY.md").read_text()
-    assert history.count(ENTRY) == 1 and history.count("Porto was planned.") == 1
-    assert f"- {FACT}" in (root / "MEMORY.md").read_text()
-    assert list((root / "pending").iterdir()) == []  # nothing left for the next start
-    restarted = await running_bot(tmp_path, clock, llm)
-    assert [i.content for i in restarted.items.items(Layer.EPISODIC) if i.content == FACT] == [FACT]
-    await restarted.close()
-    assert len(fake_llm.requests) == 2
+    await made_once_and_not_again(memory, tmp_path, clock, llm, fake_llm)
