@@ -48,7 +48,10 @@ SYSTEM = (
     'why",\n'
     ' "items": [{"type": "preference|fact|decision|constraint|fix|failure|task_state", "content": "...", '
     '"confidence": 0.0-1.0}]}\n'
-    "Keep every fact the operator wrote in MEMORY.md unless the conversation shows it is wrong."
+    "Keep every fact the operator wrote in MEMORY.md unless the conversation shows it is wrong. "
+    "Give a fact that can change the date it was said, as in '- Works as a nurse (2024-03-14)'; when "
+    "the conversation changes a fact, rewrite it with the new value and date and keep the old value "
+    "after it, as in '(previously: teacher, until 2024-03-14)'."
 )
 CONSOLIDATION_OUTPUT = 2048  # tokens a consolidation answer may take (a whole MEMORY.md, rewritten)
 

@@ -1,7 +1,8 @@
 """The memory section of the system prompt, and the rules for what is left out.
 
 Order under ``# Memory``: the current date and time (the turn's own, so the model can reason about
-"last week"), ``## Long-term Memory`` (MEMORY.md, capped with a visible notice), in chat scope
+"last week"), a note on how to read the rest (:data:`READING_NOTE`), ``## Long-term Memory``
+(MEMORY.md, capped with a visible notice), in chat scope
 ``## This Chat's Memory`` (the chat's own MEMORY.md, capped the same way), the retrieved pack
 (``## Relevant Memory``), ``## Today's Notes``, then ``## Recent Context`` with one ``### YYYY-MM-DD``
 block per day — shown only when the pack is empty. Empty sections are omitted, and so is the
@@ -77,14 +78,24 @@ def recent_section(days: Sequence[tuple[date, Sequence[str]]]) -> str:
     return "## Recent Context\n\n" + "\n\n".join(blocks) if blocks else ""
 
 
+# How to read what follows, said once above it. Without it the model meets excerpts of old chats, its own
+# earlier answers and a fact file with no word on what they are, and an old statement can read as current.
+READING_NOTE = (
+    "What you remember that may bear on this message: notes kept across conversations, and excerpts of "
+    "past conversations under the dates they were said (your own earlier answers are marked as yours). Use "
+    "what is relevant and ignore the rest; when memories disagree, the most recently dated one is true now."
+)
+
+
 def render_memory(
     *, long_term: str, pack: str, today: str, recent: str, chat: str = "", now: str = ""
 ) -> str:
-    """Join the non-empty sections under ``# Memory``; ``""`` when there is nothing to say."""
+    """Join the non-empty sections under ``# Memory`` after the date and :data:`READING_NOTE`; ``""``
+    when there is nothing to say."""
     sections = [s for s in (long_term, chat, pack, today, "" if pack else recent) if s.strip()]
     if not sections:
         return now  # nothing remembered yet: the date alone, which the model always needs
-    return "# Memory\n\n" + "\n\n".join([now, *sections] if now else sections)
+    return "# Memory\n\n" + "\n\n".join([now, READING_NOTE, *sections] if now else [READING_NOTE, *sections])
 
 
 def system_prompt(base: str, memory: str) -> str:

@@ -17,6 +17,7 @@ from bot.config import MemorySettings
 from bot.memory.longterm import LongTermMemory
 from bot.memory.pack import MemoryPack, PackDiagnostics
 from bot.memory.prompt import (
+    READING_NOTE,
     chat_memory_section,
     long_term_section,
     now_line,
@@ -118,7 +119,7 @@ class MemorySection:
             if chat is not None
             else ""
         )
-        fixed = sum(count(t) + 2 for t in (head, long_term, chat_text) if t) + count("# Memory")
+        fixed = sum(count(t) + 2 for t in (head, READING_NOTE, long_term, chat_text) if t) + count("# Memory")
         left -= fixed
         notes_cap = max(0, min(s.notes_max_tokens, left // 4))
         skip = {(session_id, mid) for mid in shown}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot.domain import InboundMessage, Message, Role, Session
+from bot.memory.prompt import READING_NOTE
 from pipeline.base import Turn
 from pipeline.context import ContextBuildingSystem
 from tests.bot.memory.conftest import Clock, make_memory
@@ -29,7 +30,7 @@ async def test_prompt_is_base_plus_memory_and_session_is_untouched(tmp_path: Pat
 
     assert (
         turn.system_prompt
-        == f"You are membot.\n\n# Memory\n\n{NOW}\n\n## Long-term Memory\n- user is called Sam"
+        == f"You are membot.\n\n# Memory\n\n{NOW}\n\n{READING_NOTE}\n\n## Long-term Memory\n- user is called Sam"
     )
     assert turn.memory_context.startswith("# Memory")
     assert "memory" in turn.diagnostics

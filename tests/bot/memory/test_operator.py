@@ -14,6 +14,7 @@ from bot.memory import Layer, MemoryService
 from bot.memory.importer import parse_date, sessions_from
 from bot.memory.operator import import_conversations, memory_file, render_for_session, search, stats
 from bot.memory.pending import PENDING_DIR, PendingConsolidations
+from bot.memory.prompt import READING_NOTE
 from tests.bot.memory.conftest import UTC_ZONE, Clock
 
 LME = [
@@ -86,7 +87,7 @@ async def test_stats_and_show(memory: MemoryService, clock: Clock) -> None:
     prompt = await render_for_session(memory, "You are membot.", history)
     assert prompt.startswith(
         "You are membot.\n\n# Memory\n\nCurrent date and time: 2024-05-20 09:30 (Monday), UTC.\n\n"
-        "## Long-term Memory\n- likes tea"
+        f"{READING_NOTE}\n\n## Long-term Memory\n- likes tea"
     )
     assert memory_file(memory) == memory.root / "MEMORY.md"
     s = await stats(memory)

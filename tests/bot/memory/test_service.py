@@ -10,6 +10,8 @@ from zoneinfo import ZoneInfo
 from bot.config import MemorySettings
 from bot.domain import Message, Role
 from bot.memory import Exchange, Layer, MemoryService
+from bot.memory.pack import estimate_tokens
+from bot.memory.prompt import READING_NOTE
 from bot.memory.recent import informative
 from tests.bot.memory.conftest import Clock, make_memory
 
@@ -75,8 +77,8 @@ async def test_prompt_order_and_omission_rules(memory: MemoryService, clock: Clo
     await memory.longterm.update(lambda _: "- Operator: user is called Sam\n")
     only_long_term = await memory.context("")
     assert (
-        only_long_term.text
-        == "# Memory\n\nCurrent date and time: 2024-05-20 09:30 (Monday), UTC.\n\n## Long-term Memory\n- Operator: user is called Sam"
+        only_long_term.text == "# Memory\n\nCurrent date and time: 2024-05-20 09:30 (Monday), UTC.\n\n"
+        f"{READING_NOTE}\n\n## Long-term Memory\n- Operator: user is called Sam"
     )
 
     clock.advance(days=-2)
@@ -332,3 +334,15 @@ async def test_a_turn_counts_no_text_the_turn_before_counted(tmp_path: Path, clo
         assert not set(counted) & first
     finally:
         await memory.close()
+
+
+async def test_the_sections_count_covers_its_whole_text(memory: MemoryService, clock: Clock) -> None:
+    """The context budget plans with ``tokens``: every part of the section must be in it, the note on how
+    to read memory too, or a small window would overflow by what was left out."""
+    await memory.longterm.update(lambda _: "- Operator: user is called Sam\n")
+    clock.advance(days=-1)
+    await memory.record_exchanges([exchange(clock, "we fixed the boiler on Tuesday", "great news")])
+    clock.advance(days=1)
+    built = await memory.context("the boiler", budget=3000)
+    assert READING_NOTE in built.text and "## Relevant Memory" in built.text
+    assert estimate_tokens(built.text) <= built.tokens
