@@ -26,7 +26,11 @@ answered twice. A file that has gathered many finished lines while something is 
 that never pauses) is rewritten atomically with only what is pending. A file the start could not read
 (EIO) is neither cut nor rewritten in that run: what it holds is left for a start that reads it.
 Damaged lines (a torn append) cost only themselves: they are left out, and kept aside as
-``<file>.damaged-<hash>`` (``bot/damaged.py``) before a cut or a rewrite could drop them.
+``<file>.damaged-<hash>`` (``bot/damaged.py``) before a cut or a rewrite could drop them. One that was
+a done mark would leave its messages pending, and the next start would send their answer again: a
+damaged line still naming a message in a done mark, or followed by a later message's done mark (a
+chat's turns run in order), finishes the messages before it (``_done_by_damage`` says exactly when),
+and the log says which (``inbox_damaged_done_mark``).
 """
 
 from __future__ import annotations
@@ -225,7 +229,15 @@ class Inbox:
                 )
                 continue
             # Kept aside before a cut or a rewrite of the file (once everything is done) can drop it.
-            damaged.keep_aside(path, read.unreadable, event="inbox_lines_set_aside")
+            aside = damaged.keep_aside(path, read.unreadable, event="inbox_lines_set_aside")
+            if read.taken_as_done:
+                log.warning(
+                    "inbox_damaged_done_mark",
+                    path=str(path),
+                    entries=read.taken_as_done,
+                    decided="taken as answered, not answered again: a damaged line was its done mark",
+                    damaged_lines_in=str(aside) if aside else None,
+                )
             pending, kept = read.pending, read.kept
             if not pending and not kept:
                 continue
@@ -265,27 +277,34 @@ def kept_on_disk(directory: Path) -> dict[str, int]:
 
 @dataclass(slots=True)
 class _Read:
-    """What one journal file says: its pending entries and kept answers, with their lines."""
+    """What one journal file says: its pending entries and kept answers, with their lines; its damaged
+    lines; and the entries taken as done because of a damaged line (:func:`_done_by_damage`), each with
+    why."""
 
     pending: dict[str, tuple[InboxEntry, str]]
     kept: dict[str, tuple[PendingReply, str]]
     unreadable: list[damaged.DamagedLine]
     lines: int
+    taken_as_done: dict[str, str] = field(default_factory=dict)
 
 
 def _read(path: Path) -> _Read:
     raws = list(damaged.lines(path.read_bytes()))
     accepted: dict[str, tuple[InboxEntry, str]] = {}
+    order: dict[str, int] = {}  # entry id -> the place (line index) of its accept line
+    finished: list[tuple[int, set[str]]] = []  # each done line's place and entries
     replies: dict[str, tuple[PendingReply, str]] = {}
     done: set[str] = set()
     delivered: set[str] = set()
-    unreadable: list[damaged.DamagedLine] = []
-    for offset, raw in raws:
+    unreadable: list[tuple[int, damaged.DamagedLine]] = []
+    for index, (offset, raw) in enumerate(raws):
         try:  # line by line, so one damaged line (bad UTF-8, torn) costs only itself
             line = raw.rstrip(b"\n").decode("utf-8")
             data = json.loads(line)
             if "done" in data:
-                done.update(str(e) for e in data["done"])
+                ids = {str(e) for e in data["done"]}
+                done.update(ids)
+                finished.append((index, ids))
                 if data.get("reply"):
                     delivered.add(str(data["reply"]))
             elif "entry" in data:
@@ -293,14 +312,75 @@ def _read(path: Path) -> _Read:
                 at = parse_time(data["at"]) if "at" in data else message.timestamp
                 entry = InboxEntry(str(data["entry"]), message, at)
                 accepted.setdefault(entry.entry_id, (entry, line))
+                order.setdefault(entry.entry_id, index)
             else:
                 reply = PendingReply.from_record(data["reply"])
                 replies[reply.id] = (reply, line)
         except damaged.UNREADABLE as exc:
-            unreadable.append(damaged.DamagedLine(offset, raw, damaged.describe(exc)))
+            unreadable.append((index, damaged.DamagedLine(offset, raw, damaged.describe(exc))))
+    taken = _done_by_damage([e for e in accepted if e not in done], order, finished, unreadable)
+    done.update(taken)
     pending = {e: v for e, v in accepted.items() if e not in done}
     kept = {r: v for r, v in replies.items() if r not in delivered and set(v[0].entries) - done}
-    return _Read(pending, kept, unreadable, len(raws))
+    return _Read(pending, kept, [d for _, d in unreadable], len(raws), taken)
+
+
+# How json.dumps begins each kind of line the inbox writes (a key's quotes cannot occur unescaped in a
+# string value): what a damaged line was, read from its bytes where the damage left them.
+_KINDS = {"done": b'"done": [', "entry": b'"entry": "', "reply": b'"reply": {'}
+
+
+def _kind(raw: bytes) -> str | None:
+    """Which kind of line ``raw`` was (``"done"``, ``"entry"``, ``"reply"``), or ``None`` if its bytes
+    no longer tell."""
+    kinds = [kind for kind, key in _KINDS.items() if key in raw]
+    return kinds[0] if len(kinds) == 1 else None
+
+
+def _done_by_damage(
+    unfinished: list[str],
+    order: dict[str, int],
+    finished: list[tuple[int, set[str]]],
+    unreadable: list[tuple[int, damaged.DamagedLine]],
+) -> dict[str, str]:
+    """Of the entries that read as unfinished, those that do only because a damaged line was their done
+    mark, each with why: answered again, their chat would get the answer twice. ``order``: the place
+    (line index) of each readable accept line; ``finished``: each readable done line's place and ids.
+
+    A damaged line whose bytes still say it was an accept line or a kept answer finished nothing. Any
+    other damaged line is taken as the done mark of
+
+    - each unfinished entry whose id its bytes still hold, when they still read as a done line (an id
+      is 64 random bits: no other kind of line holds it but the entry's accept line and kept answer);
+    - each unfinished entry accepted before it, when a readable done line after it finishes an entry
+      accepted later: a chat's turns run one at a time, in arrival order (bot/dispatcher), so that
+      later message was finished after the earlier one's turn had ended, and the likeliest line to
+      have stood between is the earlier one's done mark. (The only other ways an earlier message stays
+      pending past a later one's answer are an answer kept unsent, the platform refusing it, and a
+      turn that crashed on a bug; with a damaged line of unknown kind between them, such a message is
+      taken as finished too: the log names it, and the damaged bytes are kept aside.)
+
+    An unfinished entry with no damaged line after it, or none that a later finished entry follows (a
+    torn append at the end, or only pending messages after it), stays pending and is answered.
+    """
+    taken: dict[str, str] = {}
+    for place, line in unreadable:
+        kind = _kind(line.data)
+        if kind in ("entry", "reply"):
+            continue
+        later = [order[e] for at, ids in finished if at > place for e in ids if e in order]
+        for entry_id in unfinished:
+            accepted = order[entry_id]
+            if entry_id in taken or accepted > place:
+                continue
+            if kind == "done" and entry_id.encode() in line.data:
+                taken[entry_id] = f"the damaged line at byte {line.offset} still names it in a done mark"
+            elif any(at > accepted for at in later):
+                taken[entry_id] = (
+                    f"a later message was finished after the damaged line at byte {line.offset}, "
+                    "and a chat's turns run in order"
+                )
+    return taken
 
 
 def _sid(replies: dict[str, tuple[PendingReply, str]]) -> str:
