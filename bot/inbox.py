@@ -24,7 +24,10 @@ When nothing of a session is pending any more the file is cut to zero length wit
 the cut be lost in a crash, the accept lines come back together with their done lines, so nothing is
 answered twice. A file that has gathered many finished lines while something is still pending (a chat
 that never pauses) is rewritten atomically with only what is pending. A file the start could not read
-(EIO) is neither cut nor rewritten in that run: what it holds is left for a start that reads it.
+(EIO) is neither cut nor rewritten in that run: what it holds is left for a start that reads it. A
+folder in a file's place never becomes readable by itself and refused every message of its chat, for
+good: it is moved aside (``<file>.corrupt-<time>``), at the start or when a write finds it, and the file
+written anew with what the chat has pending (``inbox_file_is_a_folder`` in the log).
 Damaged lines (a torn append) cost only themselves: they are left out, and kept aside as
 ``<file>.damaged-<hash>`` (``bot/damaged.py``) before a cut or a rewrite could drop them. One that was
 a done mark would leave its messages pending, and the next start would send their answer again: a
@@ -74,6 +77,7 @@ class _Journal:
     pending: dict[str, tuple[InboxEntry, str]] = field(default_factory=dict)  # id -> (entry, its line)
     replies: dict[str, tuple[PendingReply, str]] = field(default_factory=dict)  # failed sends
     finished_lines: int = 0
+    refilled: set[str] = field(default_factory=set)  # entries the file was last written anew with
 
 
 class Inbox:
@@ -100,18 +104,62 @@ class Inbox:
         )
         journal = self._journal(message.session_id)
         journal.pending[entry.entry_id] = (entry, line)
-        durable = self._writer.submit(self._path(message.session_id), line_bytes(line))
-        return entry.entry_id, asyncio.create_task(self._add(journal, entry.entry_id, durable))
+        path = self._path(message.session_id)
+        durable = self._writer.submit(path, line_bytes(line))
+        return entry.entry_id, asyncio.create_task(self._add(path, journal, entry.entry_id, durable))
 
-    @staticmethod
-    async def _add(journal: _Journal, entry_id: str, durable: asyncio.Future[None]) -> None:
+    async def _add(self, path: Path, journal: _Journal, entry_id: str, durable: asyncio.Future[None]) -> None:
         """Wait for an entry's write; one that could not be written is forgotten (the caller raises, the
-        channel does not confirm the message, and its redelivery is taken as new, not as a duplicate)."""
+        channel does not confirm the message, and its redelivery is taken as new, not as a duplicate).
+        One refused by a folder in the file's place is on disk once the file is written anew with it."""
         try:
             await durable
+        except IsADirectoryError:
+            held = False
+            try:
+                held = entry_id in await self._replace_folder(path, journal)
+            finally:
+                if not held:
+                    journal.pending.pop(entry_id, None)
+            if not held:
+                raise
         except BaseException:
             journal.pending.pop(entry_id, None)
             raise
+
+    async def _append(self, path: Path, journal: _Journal, data: bytes) -> None:
+        """Append ``data`` to a chat's file durably, writing the file anew first should a folder stand
+        in its place (:meth:`_replace_folder`)."""
+        try:
+            await self._writer.append(path, data)
+        except IsADirectoryError:
+            await self._replace_folder(path, journal)
+            await self._writer.append(path, data)
+
+    async def _replace_folder(self, path: Path, journal: _Journal) -> set[str]:
+        """A folder where a chat's file belongs (made by hand, a restore gone wrong) refuses every append
+        for good, and held the chat as a full disk does, forever: it is moved aside, kept for the
+        operator as ``<file>.corrupt-<time>`` (``damaged.corrupt_path``), and the file written anew
+        with what the chat has pending (its lines were in the file the folder replaced). Returns the
+        entries the file was last written anew with (by this call, or one just before it)."""
+        pending = list(journal.pending)
+        lines = [line for _, line in journal.pending.values()] + [
+            line for _, line in journal.replies.values()
+        ]
+        text = "".join(f"{line}\n" for line in lines)
+
+        def replace() -> bool:
+            if not path.is_dir():
+                return False  # (another write's call just did it)
+            _move_folder(path, written_anew_with=len(pending))
+            atomic_write_text(path, text)
+            return True
+
+        # A barrier: the calls of every write the folder refused settle in order, the first one's
+        # continuation (which notes the entries) before the next one's.
+        if await self._writer.call(replace):
+            journal.refilled = set(pending)
+        return journal.refilled
 
     def holds(self, sid: str, message_id: str) -> bool:
         """Whether a pending entry of ``sid`` is (or joined) the platform message ``message_id`` (a
@@ -128,7 +176,7 @@ class Inbox:
             return
         journal = self._journal(sid)
         path = self._path(sid)
-        await self._writer.append(path, line_bytes(json.dumps({"done": sorted(entry_ids), "reply": reply})))
+        await self._append(path, journal, line_bytes(json.dumps({"done": sorted(entry_ids), "reply": reply})))
         for entry_id in entry_ids:
             journal.pending.pop(entry_id, None)
         journal.replies = {  # a kept answer is needed only while one of its entries is pending
@@ -158,7 +206,7 @@ class Inbox:
         line = json.dumps({"reply": reply.to_record()}, ensure_ascii=False)
         if reply.id in journal.replies:
             return
-        await self._writer.append(self._path(sid), line_bytes(line))
+        await self._append(self._path(sid), journal, line_bytes(line))
         journal.replies[reply.id] = (reply, line)
 
     async def expire(self, reply: PendingReply) -> Path:
@@ -217,6 +265,10 @@ class Inbox:
         for path in sorted(self._dir.glob("*.jsonl")):
             try:
                 read = _read(path)
+            except IsADirectoryError:
+                # It never becomes a file by itself (EIO may pass): every message of the chat was refused.
+                _move_folder(path)
+                continue
             except OSError as exc:
                 # Its pending messages wait for a start that reads them; until then nothing cuts the file
                 # (the chat's next answered message did: they were gone for good).
@@ -257,6 +309,19 @@ class Inbox:
 
     def _path(self, sid: str) -> Path:
         return self._dir / f"{encode_id(sid)}.jsonl"
+
+
+def _move_folder(path: Path, **context: object) -> None:
+    """Move a folder that stands where a chat's inbox file belongs to ``<file>.corrupt-<time>`` (blocking)."""
+    moved = damaged.corrupt_path(path)
+    path.replace(moved)
+    log.error(
+        "inbox_file_is_a_folder",
+        path=str(path),
+        moved_to=str(moved),
+        fix="none needed: the chat's messages are taken again; what was in the folder is in moved_to",
+        **context,
+    )
 
 
 def kept_on_disk(directory: Path) -> dict[str, int]:
