@@ -9,7 +9,9 @@ Any channel that is ``degraded``, ``failed``, ``starting`` or ``stopped`` makes 
 not fully doing its job, and an orchestrator or an operator should look. So does a write that storage
 refuses (a full disk, a read-only workspace), listed under ``storage``: a channel that cannot store
 what it takes in (it takes nothing in meanwhile), or each chat held at its save or done mark; it clears
-by itself once the write goes through, as a platform out of reach does. The LLM's reachability (from
+by itself once the write goes through, as a platform out of reach does, or once nothing waits for it
+any more (the message given up after failing for another reason: logged as such; the next write that
+storage refuses names it again). The LLM's reachability (from
 the last real call; no probe is made, so a health check costs nothing) is reported in the body but does
 not change the status code: restarting membot cannot fix a provider outage, and a restart loop would
 only drop running turns. Nor do ``kept_answers`` (answers a platform refused, kept in the inbox per

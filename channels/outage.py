@@ -17,7 +17,10 @@ debug level. The delay before the n-th retry doubles from ``first_delay`` up to 
 
 Several writers may share one outage (the Telegram intake's lanes and its paste joiner): each names
 itself (``holder``), and the outage ends when the last one failing goes through, so one chat's write
-that works does not clear /healthz while another's is still refused.
+that works does not clear /healthz while another's is still refused. A writer that stops retrying
+(its message given up after failing for another reason, or cancelled) says so (:meth:`given_up`):
+once no writer's write waits for storage, /healthz no longer names it, for it tells what holds a
+channel now, and nothing does; the next write that storage refuses names it again.
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ class StorageOutage:
 
     def recovered(self, holder: object = None) -> None:
         """``holder``'s write went through; the outage ends once no holder's is failing."""
-        self.given_up(holder)
+        self._failing.discard(holder)
         if self._failing:
             return
         if self._health is not None:
@@ -106,9 +109,15 @@ class StorageOutage:
         self._failures = 0
 
     def given_up(self, holder: object = None) -> None:
-        """``holder`` stopped retrying (cancelled, or its write was dropped): it keeps the outage no longer,
-        which lasts until another write goes through."""
+        """``holder`` stopped retrying (cancelled, or its write given up after another failure): it keeps
+        the outage no longer. Once no holder's write is failing, nothing waits for storage, and the
+        channel's health no longer names it; the outage as logged lasts until a write goes through
+        (whether storage works again is known then), and a refused one names it again at once."""
+        if holder not in self._failing:
+            return
         self._failing.discard(holder)
+        if not self._failing and self._health is not None:
+            self._health.storage_errors.pop(self.what, None)
 
 
 def _describe(exc: BaseException) -> str:

@@ -202,6 +202,7 @@ class TerminalChannel(Channel):
             )
         except Exception:
             log.exception("terminal_message_failed")
+            self._outage.given_up()  # nothing waits for storage now: /healthz no longer says so
             self._waiting = max(0, self._waiting - 1)
             self.notice(FAILED_NOTICE)
             return

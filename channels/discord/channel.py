@@ -341,15 +341,22 @@ class DiscordChannel(Channel):
         return True
 
     async def _hand_over(self, message: InboundMessage) -> None:
-        """Submit, again and again while storage fails (see the module doc); called under the chat's lock."""
-        await retry(
-            lambda: self.handle_inbound(message),
-            # else on_error logs it: a bug, or the channel stopped during the outage
-            retry_if=lambda exc, tries: is_storage_error(exc) and self._client is not None,
-            wait=lambda exc, tries: self._outage.delay(tries),
-            on_retry=lambda exc, tries, delay: self._outage.failed(exc),
-        )
-        self._outage.recovered()
+        """Submit, again and again while storage fails (see the module doc); called under the chat's lock.
+        Chats hand over side by side: each call holds the outage on its own (``holder``), so one chat's
+        success does not clear /healthz while another's write is refused, and one given up (a bug, the
+        channel stopped) holds it no longer."""
+        holder = object()
+        try:
+            await retry(
+                lambda: self.handle_inbound(message),
+                # else on_error logs it: a bug, or the channel stopped during the outage
+                retry_if=lambda exc, tries: is_storage_error(exc) and self._client is not None,
+                wait=lambda exc, tries: self._outage.delay(tries),
+                on_retry=lambda exc, tries, delay: self._outage.failed(exc, holder),
+            )
+            self._outage.recovered(holder)
+        finally:
+            self._outage.given_up(holder)
 
     # -- outbound ---------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ journal once its message is queued, or at once when it needed nothing. Failures 
 because a full disk and a bug need opposite treatment:
 
 - storage (``OSError``, ``StorageError``): wait with backoff and try again, for as long as it takes;
-  the outage is logged once, and /healthz names it until no chat's intake is refused any more.
+  the outage is logged once, and /healthz names it until no chat's intake waits for storage any more.
   Dropping would lose the message, and a restart could not do better. The chat's later updates wait
   behind it.
 - anything else: tried ``max_attempts`` times, then the update is logged and released, so one message
@@ -120,7 +120,6 @@ class HandOver:
                 attempt += 1
                 try:
                     queued = await self._intake(update)
-                    break
                 except Exception as exc:
                     if is_storage_error(exc):  # pairing.json on a full disk, say: wait, drop nothing
                         self._outage.failed(exc, holder=update_id)
@@ -131,9 +130,11 @@ class HandOver:
                         log.error("telegram_update_dropped", update_id=update_id, attempts=attempt)
                         await self._journal.release([update_id])
                         return
+                else:
+                    self._outage.recovered(holder=update_id)  # ends unless another chat's write still fails
+                    break
         finally:
-            self._outage.given_up(holder=update_id)  # (dropped or cancelled: the next success ends it)
-        self._outage.recovered(holder=update_id)  # the outage ends unless another chat's write still fails
+            self._outage.given_up(holder=update_id)  # dropped or cancelled: it holds the outage no longer
         if queued is None:
             await self._journal.release([update_id])
             return

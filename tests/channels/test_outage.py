@@ -73,3 +73,30 @@ def test_an_outage_several_writers_share_ends_when_the_last_one_failing_goes_thr
     outage.recovered(holder="b")
     assert health.storage_errors == {} and not outage.active
     assert [event for event, _ in events(caplog)].count("storage_recovered") == 1
+
+
+def test_the_health_check_clears_when_the_last_failing_writer_gives_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing waits for storage then: /healthz must not stay 503 until some later write happens to go
+    through (in a quiet chat, never). The outage as logged lasts until one does; a write refused
+    meanwhile names it in the health again, without logging a second start."""
+    health = ChannelHealth()
+    outage = StorageOutage("taking messages in", health=health)
+    full = OSError(errno.ENOSPC, "No space left on device")
+    outage.failed(full, holder="a")
+    outage.failed(full, holder="b")
+    outage.given_up(holder="a")
+    assert "taking messages in" in health.storage_errors  # b still waits
+    outage.given_up(holder="b")
+    assert health.storage_errors == {}
+    outage.given_up(holder="c")  # one that never failed changes nothing
+    outage.failed(full, holder="d")
+    assert "taking messages in" in health.storage_errors
+    outage.recovered(holder="d")
+    assert health.storage_errors == {} and not outage.active
+    assert [event for event, _ in events(caplog)] == [
+        "storage_unavailable",
+        *["storage_still_unavailable"] * 2,
+        "storage_recovered",
+    ]

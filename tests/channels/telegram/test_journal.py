@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bot.admin import health_report
 from bot.errors import StorageError
+from bot.ports import ChannelHealth
 from channels.outage import StorageOutage
 from channels.telegram.handover import HandOver
 from channels.telegram.journal import JOURNAL_FILE, UpdateJournal
-from tests.channels.telegram.kit import break_folder
+from tests.channels.telegram.kit import all_taken_in, break_folder
 
 
 def update(update_id: int, text: str = "hi") -> dict[str, Any]:
@@ -177,3 +180,35 @@ async def test_an_unreadable_journal_stops_the_start_with_a_clear_error(tmp_path
     break_folder(state)
     with pytest.raises(StorageError, match=r"cannot read .*telegram_updates\.json"):
         await UpdateJournal(state / JOURNAL_FILE).load(bot_id=1)
+
+
+async def test_an_update_given_up_after_a_storage_failure_leaves_the_health_check_clear(
+    tmp_path: Path,
+) -> None:
+    """Its intake was refused by storage once, then failed for another reason until it was dropped:
+    nothing waits for storage any more, yet /healthz named "taking Telegram messages in" (503) until some
+    later message of any chat went through, in a quiet bot for good."""
+    journal = UpdateJournal(tmp_path / JOURNAL_FILE)
+    await journal.load(bot_id=1)
+    await journal.accept([update(1)])
+    health = ChannelHealth(state="running")
+    outage = StorageOutage("taking Telegram messages in", first_delay=0.01, health=health)
+    tries: list[str] = []
+
+    async def intake(data: dict[str, Any]) -> None:
+        tries.append("storage" if not tries else "bug")
+        if len(tries) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise ValueError("a message this intake cannot take")
+
+    handover = HandOver(journal, intake, outage=outage, max_attempts=3)
+    running = asyncio.create_task(handover.run())
+    try:
+        await all_taken_in(tmp_path)  # dropped: released from the journal
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    assert tries == ["storage", "bug", "bug"]  # (its tries count the one storage refused)
+    assert health.storage_errors == {}
+    status, body = health_report({"telegram": health}, None, uptime=1.0)
+    assert status == 200 and body["storage"] == {"ok": True, "failing": {}}
