@@ -383,7 +383,10 @@ def _read(path: Path) -> _Read:
                 replies[reply.id] = (reply, line)
         except damaged.UNREADABLE as exc:
             unreadable.append((index, damaged.DamagedLine(offset, raw, damaged.describe(exc))))
-    taken = _done_by_damage([e for e in accepted if e not in done], order, finished, unreadable)
+    answered_later = {e for r, (reply, _) in replies.items() if r not in delivered for e in reply.entries}
+    taken = _done_by_damage(
+        [e for e in accepted if e not in done], order, finished, unreadable, kept=answered_later
+    )
     done.update(taken)
     pending = {e: v for e, v in accepted.items() if e not in done}
     kept = {r: v for r, v in replies.items() if r not in delivered and set(v[0].entries) - done}
@@ -407,6 +410,8 @@ def _done_by_damage(
     order: dict[str, int],
     finished: list[tuple[int, set[str]]],
     unreadable: list[tuple[int, damaged.DamagedLine]],
+    *,
+    kept: set[str],
 ) -> dict[str, str]:
     """Of the entries that read as unfinished, those that do only because a damaged line was their done
     mark, each with why: answered again, their chat would get the answer twice. ``order``: the place
@@ -423,7 +428,9 @@ def _done_by_damage(
       have stood between is the earlier one's done mark. (The only other ways an earlier message stays
       pending past a later one's answer are an answer kept unsent, the platform refusing it, and a
       turn that crashed on a bug; with a damaged line of unknown kind between them, such a message is
-      taken as finished too: the log names it, and the damaged bytes are kept aside.)
+      taken as finished too: the log names it, and the damaged bytes are kept aside.) Not one in
+      ``kept``, whose answer is kept unsent in the file: it stays pending by design, and taking it as
+      done would drop an answer the user never got.
 
     An unfinished entry with no damaged line after it, or none that a later finished entry follows (a
     torn append at the end, or only pending messages after it), stays pending and is answered.
@@ -440,7 +447,7 @@ def _done_by_damage(
                 continue
             if kind == "done" and entry_id.encode() in line.data:
                 taken[entry_id] = f"the damaged line at byte {line.offset} still names it in a done mark"
-            elif any(at > accepted for at in later):
+            elif entry_id not in kept and any(at > accepted for at in later):
                 taken[entry_id] = (
                     f"a later message was finished after the damaged line at byte {line.offset}, "
                     "and a chat's turns run in order"

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from bot.domain import InboundMessage
 from bot.inbox import Inbox
+from bot.outbox import PendingReply
 from pipeline import Turn
 from tests.bot.test_dispatcher import ModelSystem
 from tests.bot.test_dispatcher_recovery import build, msg, settled, started
@@ -136,3 +138,22 @@ async def test_a_damaged_line_that_still_reads_as_an_accept_line_finished_nothin
     lines = path.read_bytes().splitlines(keepends=True)
     damage(path, 1, lines[1].replace(b'"text": "two"', b'"text": "t\xffo"'))
     assert sorted(await answered_after_restart(tmp_path)) == ["answer to four", "answer to one"]
+
+
+async def test_a_message_whose_answer_is_kept_unsent_is_never_taken_as_done(tmp_path: Path) -> None:
+    """An answer the platform refused is kept in the inbox for the next start, and its message stays
+    pending while a later message is answered: damage between them must not cost the kept answer."""
+    inbox = Inbox(tmp_path)
+    first, written = inbox.add(InboundMessage("tg", "1", "u", "one", message_id="one"))
+    await written
+    second, written = inbox.add(InboundMessage("tg", "1", "u", "two", message_id="two"))
+    await written
+    await inbox.keep(PendingReply("tg", "1", "answer to one", (first,)))
+    path = inbox.file("tg:1")
+    with path.open("ab") as file:
+        file.write(b'{"x\xff\xfe garbled beyond recognition\n')  # a damaged line of unknown kind
+    await inbox.finish("tg:1", {second}, reply="r2")
+
+    again = Inbox(tmp_path)
+    assert [entry.message.text for entry in await again.load_pending()] == ["one"]
+    assert [reply.text for reply in again.kept_replies("tg:1")] == ["answer to one"]
