@@ -51,7 +51,9 @@ SYSTEM = (
     "Keep every fact the operator wrote in MEMORY.md unless the conversation shows it is wrong. "
     "Give a fact that can change the date it was said, as in '- Works as a nurse (2024-03-14)'; when "
     "the conversation changes a fact, rewrite it with the new value and date and keep the old value "
-    "after it, as in '(previously: teacher, until 2024-03-14)'."
+    "after it, as in '(previously: teacher, until 2024-03-14)'. "
+    "In a group chat each user message starts with its sender's name: a fact is that person's, so name "
+    "them ('- Alice works as a nurse'), never 'the user'."
 )
 CONSOLIDATION_OUTPUT = 2048  # tokens a consolidation answer may take (a whole MEMORY.md, rewritten)
 
