@@ -43,8 +43,9 @@ class SessionControl(Protocol):
         self, to: InboundMessage, what: str, write: Callable[[], Awaitable[object]], *, notice: str
     ) -> None:
         """Do a command's ``write`` to storage (``what``: ``"new_save"``, say); while storage refuses it,
-        tell the chat ``notice`` once and write again with growing pauses until it goes through, as a
-        turn's save is (``storage_wait`` tells of it meanwhile; a shutdown cancels the wait)."""
+        write again with growing pauses until it goes through, as a turn's save is (``storage_wait``
+        tells of it meanwhile; a shutdown cancels the wait). The chat is told ``notice`` once, when the
+        command is kept in the inbox: a kill meanwhile then leaves it for the next start to run."""
 
     async def stop(self, sid: str) -> int | None:
         """Cancel the running turn, or the wait for the model; ``None`` if there was neither, else how

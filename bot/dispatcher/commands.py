@@ -192,6 +192,24 @@ class Commands:
             await self._save_note(command.noted)
         await self._delivery.send(call.message, reply)
 
+    async def keep(self) -> bool:
+        """Keep the command this task answers in the inbox, if it is not yet, so that the next start
+        runs it again should a kill come before it is done (a command whose write waits for storage,
+        before the chat is told it will be finished). False when the inbox could not take it: nothing
+        may promise that then. A command run again finds its session as its last save left it, so it
+        does its work once (/new's retirement skips what the archive holds)."""
+        command = self._running.get(asyncio.current_task())  # type: ignore[arg-type]
+        if command is None or command.entry is not None or self._inbox is None:
+            return True
+        command.entry, durable = self._inbox.add(command.call.message)
+        try:
+            await durable
+        except (StorageError, OSError):
+            command.entry = None
+            log.warning("command_not_kept", session_id=command.call.session_id, exc_info=True)
+            return False
+        return True
+
     async def _save_note(self, session: Session) -> None:
         """Put the note of a command that changed nothing (/help, /status) on disk before its reply, as a
         turn's answer is: a platform's redelivery after a kill is then not answered again, and the

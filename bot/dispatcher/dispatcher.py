@@ -322,11 +322,26 @@ class Dispatcher:
     async def save_through(
         self, to: InboundMessage, what: str, write: Callable[[], Awaitable[object]], *, notice: str
     ) -> None:
-        """See :class:`~bot.commands.SessionControl`."""
-        delivery = self._delivery
-        await delivery.persist(
-            what, to.session_id, write, notice=lambda: delivery.send(to, notice, error=True)
-        )
+        """See :class:`~bot.commands.SessionControl`. The chat is told only once the command is kept in
+        the inbox (:meth:`Commands.keep`): the notice promises to finish it, and a slash command is not
+        delivered again after a kill. Until the inbox takes it, each try of the write tries that too."""
+        delivery, commands = self._delivery, self._commands
+        told, tries = False, 0
+
+        async def tell() -> None:
+            nonlocal told
+            if not told and await commands.keep():
+                told = True
+                await delivery.send(to, notice, error=True)
+
+        async def attempt() -> object:
+            nonlocal tries
+            tries += 1
+            if tries > 1:
+                await tell()
+            return await write()
+
+        await delivery.persist(what, to.session_id, attempt, notice=tell)
 
     def storage_waits(self) -> dict[str, str]:
         """The writes holding up a chat until storage takes them (a full disk), each by what it is for

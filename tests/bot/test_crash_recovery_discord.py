@@ -12,7 +12,9 @@ import asyncio
 import signal
 from pathlib import Path
 
-from tests.bot.membot_service import Service, membot_run
+from bot.sessions import encode_id
+from tests.bot.membot_service import Service, membot_run, stored
+from tests.channels.telegram.kit import break_folder
 from tests.fakes.discord_server import FakeDiscord, FakeUser, Json, RecordedRequest
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
@@ -55,6 +57,14 @@ async def on_record(workspace: Path, preview: Json) -> None:
     path = workspace / "state" / "discord_sent.json"
     async with asyncio.timeout(30):
         while preview["id"] not in (path.read_text() if path.exists() else ""):
+            await asyncio.sleep(0.02)
+
+
+async def answered(workspace: Path, sid: str) -> None:
+    """Until the inbox holds nothing of ``sid`` (its file is cut once all was answered)."""
+    path = workspace / "inbox" / f"{encode_id(sid)}.jsonl"
+    async with asyncio.timeout(30):
+        while not path.exists() or path.stat().st_size:
             await asyncio.sleep(0.02)
 
 
@@ -139,3 +149,29 @@ async def test_a_long_streamed_answer_killed_between_its_parts_sends_only_the_re
             await stop(service)
         assert [text.split()[0] for text in fake.bot_texts(dm)] == ["PART-1", "PART-2", "PART-3"]
         assert not previews(fake, dm)
+
+
+async def test_a_new_told_it_waits_for_the_disk_is_finished_after_a_kill(tmp_path: Path) -> None:
+    """/new cleared the conversation, but the disk refused its save: the chat is told "I'll finish /new
+    as soon as I can". A slash command is not delivered again after a kill, so that promise held only
+    while the process lived: the next start showed the old conversation. Now the /new is kept in the
+    inbox before the chat is told, and the next start finishes it."""
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm, FakeDiscord() as fake:
+        alice, dm = fake.user("alice"), fake.dm_channel()
+        env = {**discord_env(fake, alice), "MEMBOT_DISCORD__STREAMING": "false"}
+        async with membot_run(workspace, llm, **env) as service:
+            await fake.user_message(channel_id=dm, author=alice, content="remember the milk")
+            await fake.wait_until(lambda: "echo: remember the milk" in fake.bot_texts(dm), timeout=30)
+            await answered(workspace, "discord:" + dm)  # /new then runs at once, kept nowhere
+            repair = break_folder(workspace / "sessions")  # no session can be saved now
+            await fake.slash_command("new", channel_id=dm, user=alice)
+            await fake.wait_until(lambda: any("finish /new" in t for t in fake.bot_texts(dm)), timeout=30)
+            await service.kill()
+        repair()
+        assert await asyncio.to_thread(stored, workspace, "discord:" + dm) != []  # (the kill came first)
+        async with membot_run(workspace, llm, **env) as service:
+            await fake.wait_until(lambda: "Session cleared." in fake.bot_texts(dm), timeout=30)
+            await stop(service)
+        assert fake.bot_texts(dm)[::2] == ["echo: remember the milk", "Session cleared."]
+    assert await asyncio.to_thread(stored, workspace, "discord:" + dm) == []
