@@ -44,7 +44,9 @@ log = structlog.get_logger(__name__)
 
 LIMIT = 2000
 _TYPING_EVERY = 8.0  # Discord shows "typing" for 10 s after each trigger
-_INTERACTION_TTL = 14 * 60.0  # interaction tokens live 15 minutes
+# Interaction tokens live 15 minutes from the interaction; past 14 after its "thinking" (sent within 3 s
+# of it) the answer goes to the channel: an edit then was refused (401) or left its follow-ups to be.
+_INTERACTION_TTL = 14 * 60.0
 _REMEMBERED = 1024
 _UNKNOWN_MESSAGE = 10008  # Discord's code for a message that is gone (deleted)
 # Worth another try: the service or the network failed, not our request.
@@ -112,6 +114,9 @@ class DiscordOutbox:
         key = message.key
         first = self._sent.get(key) if key else 0  # sent again (maybe after a restart): only the rest
         pending = self._interactions.pop(message.reply_to, None) if message.reply_to else None
+        if pending is not None and self._clock() - pending[1] > _INTERACTION_TTL:
+            log.info("discord_interaction_expired", channel_id=message.chat_id)  # (no request is tried)
+            pending = None
         if pending is not None and not first:
             # what the interaction could not carry goes to the channel
             first = await self._answer_interaction(pending[0], chunks, message.chat_id)

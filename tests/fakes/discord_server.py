@@ -11,7 +11,9 @@ as the CDN does, under their ``url``; a :class:`CdnFile` can state another ``siz
 the body the CDN sends, and send that body chunked, without ``Content-Length``. A message sent with a
 nonce Discord was told to enforce is not posted twice: the first is returned again, until
 :meth:`FakeDiscord.forget_nonces` (Discord keeps a nonce for a few minutes). An edit of a message that
-was deleted (:meth:`FakeDiscord.delete_message`) gets 404 "Unknown Message".
+was deleted (:meth:`FakeDiscord.delete_message`) gets 404 "Unknown Message". An interaction's token
+lasts 15 minutes (``INTERACTION_TOKEN_TTL``, on the fake's ``clock``): a webhook request with an older
+one (the answer's edit of the "thinking", a follow-up) gets 401 "Invalid Webhook Token" (50027).
 
 The gateway is one session at a time. Every dispatch gets the next sequence number and is kept, so a
 client that drops and RESUMEs receives what it missed, as on the real gateway.
@@ -30,6 +32,7 @@ import contextlib
 import itertools
 import json
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -43,6 +46,7 @@ MESSAGE_CONTENT = 1 << 15
 PRIVILEGED_INTENTS = (1 << 1) | (1 << 8) | MESSAGE_CONTENT  # members, presences, message content
 CONTENT_LIMIT = 2000
 DISCORD_EPOCH_MS = 1_420_070_400_000
+INTERACTION_TOKEN_TTL = 15 * 60.0  # seconds an interaction's token is good for, from the interaction
 _sequence = itertools.count()
 _last = 0
 
@@ -159,8 +163,15 @@ class Guild:
 class FakeDiscord:
     """The fake service (see the module doc). All ids are strings, as on the wire."""
 
-    def __init__(self, *, token: str = "fake-discord-token", privileged_intents: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        token: str = "fake-discord-token",
+        privileged_intents: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.token = token
+        self.clock = clock  # (a test that shares it with the bot can let 15 minutes pass at once)
         self.privileged_intents = privileged_intents
         self.bot = FakeUser(snowflake(), "membot", bot=True)
         self.application_id = self.bot.id
@@ -178,6 +189,7 @@ class FakeDiscord:
         self.refused: dict[str, tuple[int, int, str]] = {}  # channel id -> (status, code, message)
         self.blocked_words: set[str] = set()  # a server's automatic moderation (see block_word)
         self._interactions: dict[str, Json] = {}  # token -> interaction
+        self._interaction_born: dict[str, float] = {}  # token -> when, on ``clock``
         self._nonces: dict[tuple[str, str], str] = {}  # (channel id, nonce) -> message id
         self._files: dict[str, CdnFile] = {}  # attachment id -> what the CDN serves
         self._session_id: str | None = None
@@ -406,6 +418,7 @@ class FakeDiscord:
         else:
             interaction["user"] = user.to_json()
         self._interactions[interaction["token"]] = interaction
+        self._interaction_born[interaction["token"]] = self.clock()
         await self._dispatch("INTERACTION_CREATE", interaction)
         return interaction
 
@@ -850,6 +863,8 @@ class FakeDiscord:
         interaction = self._interactions.get(token)
         if parts[1] != self.application_id or interaction is None or not interaction.get("responded"):
             return _json({"message": "Unknown Webhook", "code": 10015}, 404)
+        if self.clock() - self._interaction_born[token] > INTERACTION_TOKEN_TTL:
+            return _json({"message": "Invalid Webhook Token", "code": 50027}, 401)
         channel_id = interaction["channel_id"]
         if method == "PATCH" and parts[3:] == ["messages", "@original"]:
             error = self._invalid(body, edit=True)

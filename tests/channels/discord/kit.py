@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,11 @@ async def running_bot(
     before_start: Callable[[Core, DiscordChannel], None] | None = None,
     llm_settings: dict[str, Any] | None = None,
     dispatcher: dict[str, Any] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AsyncIterator[tuple[Core, DiscordChannel]]:
     """The whole bot on ``workspace`` with its Discord channel started against ``fake``; stopped on exit,
     so a test can start it again on the same workspace (a restart). ``llm_settings`` and ``dispatcher``
-    add to (or override) those settings."""
+    add to (or override) those settings; ``clock`` is the channel's (share the fake's to let time pass)."""
     overrides = {
         "workspace": workspace,
         "llm": {
@@ -67,6 +69,7 @@ async def running_bot(
             vision_supported=lambda: vision,
             state_dir=workspace / "state",
             guild_ready_timeout=0.05,
+            clock=clock,
         )
         core.dispatcher.attach(channel)
         if before_start is not None:
