@@ -38,6 +38,7 @@ from bot.llm import ChatModel, LLMClient, llm_http_client
 from bot.memory import CONSOLIDATION_OUTPUT, Embedder, MemoryService, MemoryTool, build_embedder
 from bot.memory import operator as memory_operator
 from bot.model_wait import WAIT_FILE, WaitRecords
+from bot.session_moves import carry_moves
 from bot.session_service import SessionService
 from bot.sessions import JsonSessionStore
 from bot.startup import check_llm_configured, own_workspace, recover_memory
@@ -135,9 +136,9 @@ async def build_core(
         pipeline = _pipeline(
             settings, model, memory, registry, budget, None if llm is None else ledger, metrics
         )
-        sessions = SessionService(
-            JsonSessionStore(settings.sessions_dir), cache_size=settings.sessions.cache_size
-        )
+        store = JsonSessionStore(settings.sessions_dir)
+        await carry_moves(settings.state_dir, store, memory)  # (before any session is loaded)
+        sessions = SessionService(store, cache_size=settings.sessions.cache_size)
         if memory.unsynced_since is not None:
             await recover_memory(memory, sessions)
         commands = _commands(settings, catalog, sessions, budget, ledger, memory)

@@ -8,8 +8,11 @@ minute (:class:`~bot.pairing.OfferPacing`): a flood of messages gets one offer, 
 
 A group an admin upgrades to a supergroup gets a new chat id (Telegram's service messages carry
 ``migrate_to_chat_id`` in the old chat, ``migrate_from_chat_id`` in the new one). The new id is not in
-``allowed_groups``, so the bot falls silent there; :meth:`TelegramAccess.note_migration` says so in the
-log, with the fix, instead of only an info line per refused message.
+``allowed_groups`` (unless it holds ``"*"``), so the bot falls silent there;
+:meth:`TelegramAccess.note_migration` says so in the log, with the fix, instead of only an info line
+per refused message. The group's
+conversation and memory move to the new id at the next start (bot/session_moves.py): the channel
+records the move when the old group was allowed.
 """
 
 from __future__ import annotations
@@ -76,24 +79,31 @@ class TelegramAccess:
             return False
         return True
 
-    def note_migration(self, message: Message) -> None:
-        """Log an allowed group's upgrade to a supergroup whose new id is not allowed (see the module
-        doc), once per pair: Telegram sends one service message in the old chat and one in the new."""
+    def note_migration(self, message: Message) -> tuple[int, int] | None:
+        """An allowed group's upgrade to a supergroup, as ``(old id, new id)``, once per pair (Telegram
+        sends one service message in the old chat and one in the new); ``None`` for the second, or
+        for a group the bot was not in. Logged, with the fix when the new id is not allowed (see the
+        module doc)."""
         old = message.migrate_from_chat_id or message.chat.id
         new = message.migrate_to_chat_id or message.chat.id
         if old == new or (old, new) in self._migrations:
-            return
+            return None
         self._migrations.add((old, new))
-        if not self._groups.allows(old) or self._groups.allows(new):
-            return
+        if not self._groups.allows(old):
+            return None
+        moves = f"its conversation and memory move from telegram:{old} to telegram:{new} at the next start"
+        if self._groups.allows(new):
+            log.info("telegram_group_migrated", old_chat_id=old, new_chat_id=new, note=moves)
+            return old, new
         log.warning(
             "telegram_group_migrated",
             old_chat_id=old,
             new_chat_id=new,
             reason="the group became a supergroup with a new chat id, which telegram.allowed_groups lacks",
             fix=f"add {new} to telegram.allowed_groups (and {old}'s entry in telegram.groups, if any, "
-            f"as {new}); the conversation so far stays in the session telegram:{old}",
+            f"as {new}), then restart: {moves}",
         )
+        return old, new
 
     async def _offer_pairing(self, message: Message) -> None:
         user = message.from_user

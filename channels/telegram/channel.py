@@ -48,9 +48,10 @@ from telegram.error import Conflict, InvalidToken, TelegramError
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder
 
 from bot.config import TelegramSettings
-from bot.domain import InboundMessage, OutboundMessage
+from bot.domain import InboundMessage, OutboundMessage, session_id
 from bot.errors import ChannelError, ConfigError
 from bot.pairing import PairingStore
+from bot.session_moves import record_move
 from channels.base import Channel, InboundSink, PartialSink
 from channels.outage import StorageOutage
 from channels.telegram.access import TelegramAccess
@@ -362,7 +363,10 @@ class TelegramChannel(Channel):
         (``None``: nothing to queue)."""
         user, chat = message.from_user, message.chat
         if message.migrate_to_chat_id or message.migrate_from_chat_id:  # a group became a supergroup
-            self._access.note_migration(message)
+            if (moved := self._access.note_migration(message)) is not None:
+                # Before the update is released: a kill meanwhile takes it in again at the next start.
+                old, new = (session_id(self.name, str(chat)) for chat in moved)
+                await record_move(self._state_dir, old, new)
             return None
         if user is None or user.is_bot:
             return None

@@ -1,0 +1,110 @@
+"""A Telegram group upgraded to a supergroup keeps its conversation and memory, on the real ``membot run``
+process against the fake Bot API: the new chat id is a new session id, which started empty while the
+group's conversation stayed behind in ``telegram:<old id>``. Now the move is recorded when Telegram
+announces it and carried at the next start (the operator's restart with the new id allowed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from bot.domain import Message, Role, Session
+from bot.memory.item_store import ItemStore
+from bot.session_moves import MOVES_FILE, carry_moves, record_move
+from bot.sessions import JsonSessionStore, encode_id
+from tests.bot.membot_service import membot_run, stored, telegram_env
+from tests.bot.test_crash_recovery import stop, wait_answer
+from tests.fakes.llm_server import FakeLLMServer
+from tests.fakes.telegram_server import FakeTelegramServer
+
+OLD, NEW = -4001, -1004001
+BOT = "membot_test_bot"
+
+
+def group_env(tg: FakeTelegramServer, group: int) -> dict[str, str]:
+    return telegram_env(tg, MEMBOT_TELEGRAM__ALLOWED_GROUPS=f'["{group}"]', MEMBOT_MEMORY__SCOPE="chat")
+
+
+async def recorded(workspace: Path) -> None:
+    """Until the channel wrote the move down (before it released Telegram's service message)."""
+    path = workspace / "state" / MOVES_FILE
+    async with asyncio.timeout(30):
+        while str(NEW) not in (path.read_text() if path.exists() else ""):
+            await asyncio.sleep(0.02)
+
+
+async def test_the_supergroup_goes_on_with_the_groups_conversation_and_memory(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        async with membot_run(workspace, llm, **group_env(tg, OLD)) as service:
+            tg.push_message(f"@{BOT} the milk is in the fridge", chat_id=OLD, chat_type="group", user_id=42)
+            await wait_answer(tg, OLD, "the milk is in the fridge")
+            tg.push_message(None, chat_id=OLD, chat_type="group", migrate_to_chat_id=NEW)
+            tg.push_message(None, chat_id=NEW, chat_type="supergroup", migrate_from_chat_id=OLD)
+            await recorded(workspace)
+            await stop(service)
+        assert service.logged("telegram_group_migrated")
+        assert f"add {NEW} to telegram.allowed_groups" in service.stderr  # (allowed by id: say so)
+        old_folder = workspace / "memory" / "chats" / encode_id(f"telegram:{OLD}")
+        assert old_folder.exists()  # the group's own notes, in chat scope
+        async with membot_run(workspace, llm, **group_env(tg, NEW)) as service:
+            tg.push_message(f"@{BOT} where is the milk?", chat_id=NEW, chat_type="supergroup", user_id=42)
+            await wait_answer(tg, NEW, "where is the milk?")
+            await stop(service)
+        sent = [m["content"] for m in llm.requests[-1].body["messages"] if m["role"] == "user"]
+        assert any("the milk is in the fridge" in str(text) for text in sent)  # the conversation followed
+    contents = [text for _, text in await asyncio.to_thread(stored, workspace, f"telegram:{NEW}")]
+    assert "the milk is in the fridge" in contents[0] and "where is the milk?" in contents[2]
+    assert not (workspace / "sessions" / f"{encode_id(f'telegram:{OLD}')}.json").exists()
+    assert not old_folder.exists()
+    assert (workspace / "memory" / "chats" / encode_id(f"telegram:{NEW}")).is_dir()
+    items = ItemStore(workspace / "memory" / "items", per_chat=True)
+    await items.load()
+    chats = {ref.session_id for item in items.items() for ref in item.references}
+    assert chats == {f"telegram:{NEW}"}  # (the milk's item is the supergroup's own now)
+    assert json.loads((workspace / "state" / MOVES_FILE).read_text()) == {}  # done: not carried again
+
+
+def session(sid: str, *texts: str) -> Session:
+    channel, _, chat = sid.partition(":")
+    return Session(sid, channel, chat, messages=[Message(Role.USER, t) for t in texts])
+
+
+async def test_a_move_a_kill_cut_short_is_finished_and_one_made_twice_changes_nothing(tmp_path: Path) -> None:
+    """Killed between writing the new session and deleting the old: the next start deletes the old one
+    (the new one says where it came from), and the move is not made again."""
+    store, state = JsonSessionStore(tmp_path / "sessions"), tmp_path / "state"
+    old, new = "telegram:-1", "telegram:-1001"
+    await store.save(session(old, "hello"))
+    await record_move(state, old, new)
+    await record_move(state, old, new)  # (both service messages: recorded once)
+    await carry_moves(state, store, None)
+    moved = await store.load(new)
+    assert moved is not None and [m.content for m in moved.messages] == ["hello"]
+    await store.save(session(old, "hello"))  # as a kill before the delete left it
+    await record_move(state, old, new)
+    await carry_moves(state, store, None)
+    assert await store.load(old) is None
+    again = await store.load(new)
+    assert again is not None and [m.content for m in again.messages] == ["hello"]
+
+
+async def test_when_the_new_chat_has_a_conversation_both_are_kept_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """(``allowed_groups = ["*"]``: the supergroup was answered before the restart.)"""
+    caplog.set_level(logging.WARNING)
+    store, state = JsonSessionStore(tmp_path / "sessions"), tmp_path / "state"
+    old, new = "telegram:-1", "telegram:-1001"
+    await store.save(session(old, "the old group's"))
+    await store.save(session(new, "the supergroup's"))
+    await record_move(state, old, new)
+    await carry_moves(state, store, None)
+    kept_old, kept_new = await store.load(old), await store.load(new)
+    assert kept_old is not None and [m.content for m in kept_old.messages] == ["the old group's"]
+    assert kept_new is not None and [m.content for m in kept_new.messages] == ["the supergroup's"]
+    assert any(isinstance(r.msg, dict) and r.msg["event"] == "session_move_conflict" for r in caplog.records)
