@@ -24,6 +24,7 @@ acts on them, a restart does not.
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -34,7 +35,7 @@ import structlog
 from aiohttp import web
 
 from bot.config import AdminSettings
-from bot.errors import ConfigError
+from bot.errors import ConfigError, InUseError
 from bot.llm import LLMStats
 from bot.logging import redact_shapes
 from bot.metrics import CONTENT_TYPE, Metrics
@@ -145,7 +146,10 @@ class AdminServer:
             await site.start()
         except OSError as exc:
             await runner.cleanup()
-            raise ConfigError(
+            # A port in use may be free in a moment (the old membot still stopping): worth a restart. A
+            # host that is no address of this machine, or a port below 1024, never will be.
+            error = InUseError if exc.errno == errno.EADDRINUSE else ConfigError
+            raise error(
                 f"cannot serve the admin endpoint on {self._settings.host}:{self._settings.port}: "
                 f"{exc.strerror or exc} (set MEMBOT_ADMIN__PORT, or MEMBOT_ADMIN__ENABLED=false)"
             ) from None

@@ -2,6 +2,8 @@
 
 MembotError
 ├── ConfigError          a setting or file is wrong; the message names it and says how to fix it
+├── InUseError           what membot needs is held by another process (the workspace, the admin
+│                        port): no setting is wrong, and it may be free in a moment
 ├── StorageError         a workspace file could not be read or written
 ├── ChannelError         a chat platform refused or failed (start-up, send); may work later
 │   └── ChannelRefused   a send the platform refuses for good (the user blocked the bot, the chat
@@ -28,6 +30,13 @@ class MembotError(Exception):
 
 class ConfigError(MembotError):
     """Configuration is missing or invalid. The message says which setting and how to fix it."""
+
+
+class InUseError(MembotError):
+    """Another process holds what membot needs: the workspace (another membot runs on it) or the
+    admin port. Unlike a :class:`ConfigError` it may be gone in a moment (the old process still
+    stopping), so a supervisor should try again: the CLI exits 75 (EX_TEMPFAIL) for it and 78
+    (EX_CONFIG) for a wrong setting, which the systemd unit does not restart."""
 
 
 class StorageError(MembotError):

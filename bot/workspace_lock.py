@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from bot.errors import ConfigError
+from bot.errors import InUseError
 from bot.storage import FILE_MODE, ensure_private_dir
 
 LOCK_FILE = "membot.lock"
@@ -41,7 +41,7 @@ class WorkspaceLock:
 
     @classmethod
     def acquire(cls, workspace: Path, *, command: str | None = None) -> WorkspaceLock:
-        """Take the lock, or raise ConfigError naming the process that has it."""
+        """Take the lock, or raise InUseError naming the process that has it."""
         ensure_private_dir(workspace)
         path = workspace / LOCK_FILE
         fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
@@ -50,7 +50,7 @@ class WorkspaceLock:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise ConfigError(
+            raise InUseError(
                 f"workspace {workspace} is in use by another membot ({holder}). Only one process may "
                 "run the bot on a workspace: stop that one first (systemctl stop membot, or /quit in "
                 "its chat), or use another workspace (--workspace or MEMBOT_WORKSPACE)."

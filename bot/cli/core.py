@@ -9,20 +9,34 @@ import typer
 from rich import box
 from rich.table import Table
 
-from bot.cli.root import app, console, fail, options, overrides_from, settings_from
-from bot.errors import ConfigError
+from bot.cli.root import (
+    EXIT_CONFIG,
+    app,
+    console,
+    exit_code,
+    fail,
+    options,
+    overrides_from,
+    settings_from,
+)
+from bot.errors import ConfigError, InUseError
 
 
 @app.command()
 def run(ctx: typer.Context) -> None:
-    """Start every configured channel (Telegram, Discord, terminal) and serve until stopped."""
+    """Start every configured channel (Telegram, Discord, terminal) and serve until stopped.
+
+    Exit status: 0 after SIGTERM or SIGINT; 1 when a channel failed (lifecycle.on_channel_failure);
+    75 when another process holds the workspace or the admin port (try again later); 78 when a setting
+    or file is wrong (the message names it; restarting will not help).
+    """
     from bot.serve import run_service
 
     settings = settings_from(ctx)
     try:
         code = asyncio.run(run_service(settings))
-    except ConfigError as exc:
-        fail(str(exc))
+    except (ConfigError, InUseError) as exc:
+        fail(str(exc), exit_code(exc))
     raise typer.Exit(code)
 
 
@@ -44,8 +58,8 @@ def chat(
         )
     try:
         asyncio.run(run_chat(settings))
-    except ConfigError as exc:
-        fail(str(exc))
+    except (ConfigError, InUseError) as exc:
+        fail(str(exc), exit_code(exc))
     except OSError as exc:  # the workspace or its log cannot be used: the log may not exist to say so
         fail(f"membot chat stopped: {exc.filename or settings.workspace}: {exc.strerror or exc}", 1)
     except Exception as exc:  # the traceback goes to the chat log, one line to the terminal
@@ -82,7 +96,7 @@ def models(ctx: typer.Context) -> None:
     try:
         catalog = load_catalog(settings.models_file)
     except ConfigError as exc:
-        fail(str(exc))
+        fail(str(exc), EXIT_CONFIG)
     table = Table(
         title="Model catalog (price: USD per million tokens in/out)", box=box.SIMPLE_HEAD, pad_edge=False
     )

@@ -17,7 +17,8 @@ from zoneinfo import ZoneInfo
 import typer
 from rich.table import Table
 
-from bot.cli.root import app, command_group, console, fail, settings_from
+from bot.cli.root import EXIT_CONFIG, app, command_group, console, fail, settings_from
+from bot.errors import ConfigError
 from bot.printable import printable
 
 if TYPE_CHECKING:
@@ -268,6 +269,8 @@ def import_(
                 )
         except (ValueError, KeyError, TypeError) as exc:
             fail(f"{file} is not a conversation export this command understands ({exc})")
+        except ConfigError as exc:  # the importer's: the export is wrong (it names where), not a setting
+            fail(str(exc))
     console.print(f"imported {report.sessions} sessions, {report.turns} turns, {report.items} memory items")
 
 
@@ -291,7 +294,10 @@ def reindex(
 
     settings = settings_from(ctx)
     if settings.memory.embeddings == "none":
-        fail('memory.embeddings is "none": set it to "local" (or "openai") to use semantic retrieval')
+        fail(
+            'memory.embeddings is "none": set it to "local" (or "openai") to use semantic retrieval',
+            EXIT_CONFIG,
+        )
     columns = (TextColumn("embedding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
     async def main() -> tuple[VectorStore, int, int]:

@@ -13,7 +13,7 @@ from rich.text import Text
 from typer import _click as click  # typer's own copy of click (0.29+), which its classes extend
 from typer.core import TyperGroup
 
-from bot.errors import ConfigError, MembotError
+from bot.errors import ConfigError, InUseError, MembotError
 
 if TYPE_CHECKING:
     from bot.config import Settings
@@ -23,6 +23,13 @@ if TYPE_CHECKING:
 # libraries and tiktoken are imported inside the commands that use them (tests/bot/test_imports.py).
 
 WHOLE_SENTENCE = 300  # characters of a command's first sentence shown in a command list
+
+# Exit statuses a supervisor can tell apart (sysexits.h where one fits). systemd's unit
+# (deploy/membot.service) does not restart a 78: a wrong setting stays wrong until someone fixes it.
+EXIT_FAILED = 1  # a channel failed (bot/lifecycle.py), a folder cannot be used, a doctor check failed
+EXIT_USAGE = 2  # click's status for a wrong command line; ours when what it names is not there
+EXIT_IN_USE = 75  # EX_TEMPFAIL: another process holds the workspace or the admin port; try again later
+EXIT_CONFIG = 78  # EX_CONFIG: a setting or file is wrong; the message says which and how to fix it
 
 
 class Group(TyperGroup):
@@ -111,19 +118,26 @@ def overrides_from(opts: CliOptions) -> dict[str, Any]:
 
 def settings_from(ctx: typer.Context) -> Settings:
     """Load settings with the global flags applied; a config problem ends the command with a clear message."""
+    try:
+        return load_checked(ctx)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_CONFIG)
+
+
+def load_checked(ctx: typer.Context) -> Settings:
+    """:func:`settings_from` for a command that reports a :class:`ConfigError` its own way."""
     from bot.config import load_settings
 
     opts = options(ctx)
-    try:
-        settings = load_settings(opts.config, overrides=overrides_from(opts))
-    except ConfigError as exc:
-        fail(str(exc))
+    settings = load_settings(opts.config, overrides=overrides_from(opts))
     # The workspace, or a folder it would be made in, is a file ("error: …/ws/memory: Not a directory"
     # said neither what nor how to fix it).
     blocking = next((p for p in (settings.workspace, *settings.workspace.parents) if p.exists()), None)
     if blocking is not None and not blocking.is_dir():
         what = "is a file" if blocking == settings.workspace else f"cannot be made: {blocking} is a file"
-        fail(f"the workspace {settings.workspace} {what}: point --workspace or MEMBOT_WORKSPACE at a folder")
+        raise ConfigError(
+            f"the workspace {settings.workspace} {what}: point --workspace or MEMBOT_WORKSPACE at a folder"
+        )
     _hide(settings)
     return settings
 
@@ -149,7 +163,7 @@ def masked(message: str) -> str:
     return SecretRedactor(_secrets).redact(message)
 
 
-def fail(message: str, code: int = 2) -> NoReturn:
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     err_console.print(Text.assemble(("error:", "bold red"), " ", masked(message)), highlight=False)
     raise typer.Exit(code)
 
@@ -163,9 +177,16 @@ def main() -> None:
         app()
     except MembotError as exc:  # anything that escaped a command: one clear line, no traceback
         err_console.print(Text.assemble(("error:", "bold red"), " ", masked(str(exc))), highlight=False)
-        sys.exit(2)
+        sys.exit(exit_code(exc))
     except OSError as exc:  # a folder that cannot be made or read: what and where, no traceback
         where = f"{exc.filename}: " if exc.filename else ""
         said = masked(f"{where}{exc.strerror or exc}")
         err_console.print(Text.assemble(("error:", "bold red"), " ", said), highlight=False)
-        sys.exit(1)
+        sys.exit(EXIT_FAILED)
+
+
+def exit_code(exc: MembotError) -> int:
+    """The exit status of a command that ``exc`` ended."""
+    if isinstance(exc, ConfigError):
+        return EXIT_CONFIG
+    return EXIT_IN_USE if isinstance(exc, InUseError) else EXIT_USAGE

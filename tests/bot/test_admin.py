@@ -16,7 +16,7 @@ from bot.admin import AdminServer, health_report
 from bot.app import build_core
 from bot.config import AdminSettings, Settings, load_settings
 from bot.domain import InboundMessage
-from bot.errors import ConfigError, LLMRateLimited, LLMTimeout
+from bot.errors import InUseError, LLMRateLimited, LLMTimeout
 from bot.llm.client import LLMStats
 from bot.logging import SecretRedactor
 from bot.metrics import Metrics
@@ -193,11 +193,13 @@ def test_health_is_503_when_any_channel_is_not_running() -> None:
     assert "hunter2secret" not in json.dumps(health_report({}, leaky, uptime=1)[1])
 
 
-async def test_a_taken_port_is_a_config_error_naming_the_setting() -> None:
+async def test_a_taken_port_is_in_use_naming_the_setting() -> None:
+    """In use, not a ConfigError: the port may be free in a moment (the old membot still stopping), so
+    ``membot run`` exits 75, which systemd restarts, not 78."""
     metrics = Metrics()
     async with AdminServer(AdminSettings(port=0), metrics, channels=dict, llm_stats=lambda: None) as first:
         taken = AdminSettings(port=first.port)
-        with pytest.raises(ConfigError, match="MEMBOT_ADMIN__PORT"):
+        with pytest.raises(InUseError, match="MEMBOT_ADMIN__PORT"):
             async with AdminServer(taken, metrics, channels=dict, llm_stats=lambda: None):
                 pass
 

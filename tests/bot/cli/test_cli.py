@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
 from bot.pairing import PAIRING_FILE, PairingStore
 from tests.bot.cli.membot_process import run_membot as membot
+
+CONFIG_ERROR = 78  # EX_CONFIG: a wrong setting, which deploy/membot.service does not restart
 
 
 @pytest.fixture
@@ -30,7 +33,7 @@ def test_help_lists_the_commands(home: dict[str, str], tmp_path: Path) -> None:
 
 def test_chat_without_a_model_says_what_to_set(home: dict[str, str], tmp_path: Path) -> None:
     result = membot("chat", env=home, cwd=tmp_path)
-    assert result.returncode == 2
+    assert result.returncode == CONFIG_ERROR
     assert "Traceback" not in result.stderr
     for setting in (
         "MEMBOT_LLM__OPENAI__API_KEY=<your key: sk-...>",  # (not "=***", as if a secret were masked)
@@ -49,7 +52,7 @@ def test_a_workspace_that_is_a_file_is_one_clear_line(
 ) -> None:
     (tmp_path / "ws").write_text("not a folder")
     result = membot(*command, env={**home, "MEMBOT_LLM__OPENAI__API_KEY": "sk-x"}, cwd=tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
+    assert result.returncode == CONFIG_ERROR and "Traceback" not in result.stderr + result.stdout
     assert f"the workspace {tmp_path / 'ws'} is a file" in result.stderr
 
 
@@ -62,7 +65,7 @@ def test_a_workspace_under_a_file_is_one_clear_line_with_the_fix(
     (tmp_path / "data").write_text("not a folder")
     workspace = tmp_path / "data" / "ws"
     result = membot(*command, env={**home, "MEMBOT_WORKSPACE": str(workspace)}, cwd=tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
+    assert result.returncode == CONFIG_ERROR and "Traceback" not in result.stderr + result.stdout
     assert (
         f"the workspace {workspace} cannot be made: {tmp_path / 'data'} is a file: point --workspace or "
         "MEMBOT_WORKSPACE at a folder"
@@ -71,8 +74,29 @@ def test_a_workspace_under_a_file_is_one_clear_line_with_the_fix(
 
 def test_run_without_channels_says_what_to_set(home: dict[str, str], tmp_path: Path) -> None:
     result = membot("run", env={**home, "MEMBOT_LLM__OPENAI__API_KEY": "sk-x"}, cwd=tmp_path)
-    assert result.returncode == 2
+    assert result.returncode == CONFIG_ERROR
     assert "MEMBOT_TELEGRAM__TOKEN" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_run_exits_78_only_when_a_restart_cannot_help(home: dict[str, str], tmp_path: Path) -> None:
+    """Config errors and a taken admin port both exited 2, so the systemd unit could not keep from
+    restarting a config error five times without also giving up on a port the old process still held.
+    Now a wrong setting is 78 (EX_CONFIG), which the unit does not restart, and a port another process
+    holds is 75 (EX_TEMPFAIL), which it does."""
+    env = {**home, "MEMBOT_LLM__OPENAI__API_KEY": "sk-x", "MEMBOT_TERMINAL__ENABLED": "true"}
+    wrong = membot("run", env={**env, "MEMBOT_ADMIN__PORT": "port nine"}, cwd=tmp_path)
+    assert wrong.returncode == CONFIG_ERROR and "admin.port" in wrong.stderr, wrong.stderr
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        taken = membot(
+            "run", env={**env, "MEMBOT_ADMIN__ENABLED": "true", "MEMBOT_ADMIN__PORT": str(port)}, cwd=tmp_path
+        )
+    assert taken.returncode == 75, taken.stderr
+    assert f"127.0.0.1:{port}" in taken.stderr and "Traceback" not in taken.stderr
+    unit = (Path(__file__).parents[3] / "deploy" / "membot.service").read_text()
+    assert "\nRestart=on-failure\n" in unit and "\nRestartPreventExitStatus=78\n" in unit
 
 
 def test_config_masks_secrets_and_names_sources(home: dict[str, str], tmp_path: Path) -> None:
@@ -91,7 +115,7 @@ def test_config_masks_secrets_and_names_sources(home: dict[str, str], tmp_path: 
 
 def test_invalid_config_is_one_clear_line(home: dict[str, str], tmp_path: Path) -> None:
     result = membot("config", env={**home, "MEMBOT_DISPATCHER__QUEUE_LIMIT": "many"}, cwd=tmp_path)
-    assert result.returncode == 2
+    assert result.returncode == CONFIG_ERROR
     assert "dispatcher.queue_limit" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -110,7 +134,7 @@ def test_a_misspelled_key_gets_a_did_you_mean(home: dict[str, str], tmp_path: Pa
     toml = tmp_path / "membot.toml"
     toml.write_text('[llm]\nmodle = "gpt-4.1"\n[telegram]\nalowed_users = ["1"]\n')
     result = membot("--config", str(toml), "config", env=home, cwd=tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.returncode == CONFIG_ERROR and "Traceback" not in result.stderr
     err = one_line(result.stderr)
     assert "llm.modle: unknown setting; did you mean `llm.model`?" in err
     assert "telegram.alowed_users: unknown setting; did you mean `telegram.allowed_users`?" in err
@@ -124,7 +148,7 @@ def test_a_toml_syntax_error_names_the_file_and_line(home: dict[str, str], tmp_p
     toml = tmp_path / "membot.toml"
     toml.write_text('[llm]\nmodel = "gpt-4.1"\ntimeout = = 5\n')
     result = membot("--config", str(toml), "config", env=home, cwd=tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.returncode == CONFIG_ERROR and "Traceback" not in result.stderr
     err = one_line(result.stderr)
     assert f"{toml} is not valid TOML" in err and "line 3" in err
 
@@ -132,7 +156,7 @@ def test_a_toml_syntax_error_names_the_file_and_line(home: dict[str, str], tmp_p
 def test_a_malformed_json_list_names_its_variable(home: dict[str, str], tmp_path: Path) -> None:
     env = {**home, "MEMBOT_LLM__FALLBACK_MODELS": '["gpt-4.1-mini",'}
     result = membot("config", env=env, cwd=tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.returncode == CONFIG_ERROR and "Traceback" not in result.stderr
     err = one_line(result.stderr)
     assert "MEMBOT_LLM__FALLBACK_MODELS is not valid JSON" in err and "lists are JSON" in err
 
@@ -166,7 +190,7 @@ def test_an_id_that_is_not_a_number_is_refused_not_kept(
 ) -> None:
     """Such an id matched no one: the allowlist looked set, and everyone, its owner too, was denied."""
     result = membot("config", env={**home, "MEMBOT_TELEGRAM__ALLOWED_USERS": value}, cwd=tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.returncode == CONFIG_ERROR and "Traceback" not in result.stderr
     err = one_line(result.stderr)
     assert "telegram.allowed_users" in err and "ids are whole numbers" in err, err
     assert "(set MEMBOT_TELEGRAM__ALLOWED_USERS)" in err
@@ -179,7 +203,7 @@ def test_a_bad_list_item_names_the_list_to_fix(home: dict[str, str], tmp_path: P
     toml = tmp_path / "membot.toml"
     toml.write_text('[telegram]\nallowed_users = ["1", ["2"]]\n')
     result = membot("--config", str(toml), "config", env=home, cwd=tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.returncode == CONFIG_ERROR and "Traceback" not in result.stderr
     err = one_line(result.stderr)
     assert (
         f"telegram.allowed_users, item 2: Input should be a valid string "
@@ -199,7 +223,7 @@ def test_an_anthropic_key_with_the_default_openai_model_says_to_pick_a_claude_mo
 ) -> None:
     env = {**home, "MEMBOT_LLM__ANTHROPIC__API_KEY": "sk-ant-test-123456"}
     result = membot("chat", env=env, cwd=tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.returncode == CONFIG_ERROR and "Traceback" not in result.stderr
     err = one_line(result.stderr)
     assert "an Anthropic API key is set" in err and "gpt-4.1-mini" in err
     assert "set MEMBOT_LLM__MODEL to a Claude model" in err
@@ -250,7 +274,7 @@ def test_a_misspelled_variable_in_the_dotenv_names_the_variable_it_meant(
     .env it got "telegram_token: unknown setting; did you mean `telegram`?", naming a table."""
     (tmp_path / ".env").write_text("MEMBOT_TELEGRAM_TOKEN=123:abc\n")
     result = membot("config", env=home, cwd=tmp_path)
-    assert result.returncode == 2
+    assert result.returncode == CONFIG_ERROR
     assert (
         "MEMBOT_TELEGRAM_TOKEN: no such setting; did you mean MEMBOT_TELEGRAM__TOKEN? "
         "(rename it or remove it from .env)"

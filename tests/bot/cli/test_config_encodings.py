@@ -43,7 +43,7 @@ def test_files_not_in_utf8_are_one_clear_line(home: dict[str, str], tmp_path: Pa
     toml = tmp_path / "membot.toml"
     toml.write_bytes('[llm]\nmodel = "gpt-4.1"\n# café\n'.encode("latin-1"))
     result = membot("--config", str(toml), command, env=env, cwd=tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
+    assert result.returncode == 78 and "Traceback" not in result.stderr + result.stdout
     assert f"the config file {toml} is not UTF-8 text (line 3 has the byte 0xe9)" in result.stderr
 
     models = tmp_path / "models.json"
@@ -53,12 +53,12 @@ def test_files_not_in_utf8_are_one_clear_line(home: dict[str, str], tmp_path: Pa
     if command == "config":  # `membot config` shows the settings; the catalog is not read
         assert result.returncode == 0, result.stderr
         return
-    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
+    assert result.returncode == 78 and "Traceback" not in result.stderr + result.stdout
     assert f"models_file {models} is not UTF-8 text (line 1 has the byte 0xe9)" in result.stderr
 
 
 def test_a_dotenv_not_in_utf8_is_named(home: dict[str, str], tmp_path: Path) -> None:
     (tmp_path / ".env").write_bytes("MEMBOT_TIMEZONE=Europe/Berlin\n# café\n".encode("latin-1"))
     result = membot("config", env=home, cwd=tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.returncode == 78 and "Traceback" not in result.stderr
     assert ".env is not UTF-8 text (the byte 0xe9): save it as UTF-8" in result.stderr

@@ -113,7 +113,7 @@ def test_reindex_embeds_what_the_bot_embeds_and_a_started_bot_finds_nothing_left
 def test_reindex_says_what_to_set_when_embeddings_are_off(tmp_path: Path) -> None:
     result = membot("memory", "reindex", workspace=tmp_path / "ws", embeddings="none")
     assert (
-        result.returncode == 2 and "memory.embeddings" in result.stderr and "Traceback" not in result.stderr
+        result.returncode == 78 and "memory.embeddings" in result.stderr and "Traceback" not in result.stderr
     )
 
 

@@ -43,7 +43,7 @@ async def test_a_second_bot_is_refused_and_read_only_commands_work_beside_it(tmp
                 membot("memory", "import", str(export), env=env),
             )
             for refused in (second_chat, second_run, importing):
-                assert refused.returncode == 2, refused.stdout + refused.stderr
+                assert refused.returncode == 75, refused.stdout + refused.stderr  # EX_TEMPFAIL: try later
                 assert f"in use by another membot (pid {pid}: membot run)" in refused.stderr
                 assert "Traceback" not in refused.stderr
             readers = await asyncio.gather(
