@@ -146,7 +146,7 @@ def _workspace(path: Path) -> Check:
             name,
             "fail",
             f"not writable by this user: {', '.join(map(str, unwritable))}",
-            f"chown -R {_user()} {path} (run membot as the workspace's owner)",
+            _write_fix(path, unwritable),
         )
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode & 0o077:
@@ -157,6 +157,30 @@ def _workspace(path: Path) -> Check:
             f"chmod -R go-rwx {path}",
         )
     return Check(name, "pass", f"{path} (mode {mode:o}, writable)")
+
+
+def _write_fix(workspace: Path, unwritable: list[Path]) -> str:
+    """How to make ``unwritable`` writable, by its cause: a ``chown`` fixes a folder of another user (a
+    restore as root), but not one of this user without its write bit (a ``chmod -R a-w``, a copy from
+    read-only media), nor one whose mode allows writing on a read-only mount."""
+    modes = [_own_mode(p) for p in unwritable]
+    if any(mode is None for mode in modes):
+        return f"chown -R {_user()} {workspace} (run membot as the workspace's owner)"
+    if any(mode is not None and not (mode & stat.S_IWUSR and mode & stat.S_IXUSR) for mode in modes):
+        return f"chmod -R u+rwX {workspace} (the folder is yours but you may not write in it)"
+    return (
+        f"{workspace} is yours and its mode allows writing, yet writing is refused: remount its file "
+        f"system read-write (findmnt -T {workspace} shows ro), or clear its immutable flag (lsattr -d)"
+    )
+
+
+def _own_mode(path: Path) -> int | None:
+    """``path``'s permission bits when this user owns it; None when another user does."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return stat.S_IMODE(info.st_mode) if info.st_uid == os.geteuid() else None
 
 
 def _kept_answers(settings: Settings) -> Check:
@@ -197,7 +221,13 @@ def _writable(path: Path) -> bool:
 
 
 def _user() -> str:
-    return os.environ.get("USER") or str(os.getuid())
+    """Who runs the doctor, as ``chown`` takes it: not ``$USER``, which ``su`` and ``setpriv`` keep."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a uid with no name (a container's): chown takes the number
+        return str(os.geteuid())
 
 
 def _catalog(settings: Settings) -> tuple[ModelCatalog | None, Check]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -230,51 +232,104 @@ async def test_a_password_in_a_base_url_is_never_shown(tmp_path: Path) -> None:
     assert "-pass-4321" not in out and "AAFakeToken" not in out
 
 
-async def test_a_workspace_this_user_cannot_enter_is_a_fail_line_with_the_fix() -> None:
-    """The usual slip of a restore or a move: the workspace belongs to another user (root, after a
-    ``tar -x`` without the chown). Doctor looked inside it and ended on "error: …/sessions: Permission
-    denied", without its checks and without a fix. Root enters any folder, so as root the doctor runs as
-    ``nobody`` (setpriv), the folder root's; as another user the folder is its own with mode 000."""
+async def doctor_as_a_user(ws: Path, top: str, *, owned: bool, mode: int | None) -> tuple[int, str]:
+    """``membot doctor --offline`` on ``ws`` as an unprivileged user: ``nobody`` (setpriv) when the tests
+    run as root, who may write anywhere; else this user. ``owned``: ``ws`` is that user's (else root's,
+    which only works as root); ``mode``: its permission bits while the doctor runs (None: ``ws`` is
+    set up already, owner and mode)."""
     prefix: list[str] = []
     if os.geteuid() == 0:
         setpriv = shutil.which("setpriv")
         if setpriv is None:
             pytest.skip("running as root without setpriv to become another user")
         prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+        if owned and mode is not None:
+            os.chown(ws, 65534, 65534)
+    elif not owned:
+        pytest.skip("only root can give a folder to another user")
+    if mode is not None:
+        os.chmod(ws, mode)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
+    clean.update(
+        HOME=top,
+        COLUMNS="80",
+        MEMBOT_WORKSPACE=str(ws),
+        MEMBOT_TERMINAL__ENABLED="true",
+        MEMBOT_LLM__OPENAI__API_KEY="sk-x",
+    )
+    process = await asyncio.create_subprocess_exec(
+        *prefix,
+        sys.executable,
+        "-m",
+        "bot",
+        "doctor",
+        "--offline",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=clean,
+        cwd=top,
+    )
+    try:
+        async with asyncio.timeout(60):
+            raw, _ = await process.communicate()
+    finally:
+        if mode is not None:
+            os.chmod(ws, 0o700)
+    return process.returncode or 0, raw.decode()
+
+
+async def test_a_workspace_this_user_cannot_enter_is_a_fail_line_with_the_fix() -> None:
+    """The usual slip of a restore or a move: the workspace belongs to another user (root, after a
+    ``tar -x`` without the chown). Doctor looked inside it and ended on "error: …/sessions: Permission
+    denied", without its checks and without a fix."""
     with tempfile.TemporaryDirectory() as top:  # under /tmp: a path the other user can reach
         ws = Path(top) / "ws"
         os.chmod(top, 0o755)
         os.makedirs(ws / "sessions")
-        os.chmod(ws, 0o700 if prefix else 0o000)
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
-        clean.update(
-            HOME=top,
-            COLUMNS="80",
-            MEMBOT_WORKSPACE=str(ws),
-            MEMBOT_TERMINAL__ENABLED="true",
-            MEMBOT_LLM__OPENAI__API_KEY="sk-x",
-        )
-        process = await asyncio.create_subprocess_exec(
-            *prefix,
-            sys.executable,
-            "-m",
-            "bot",
-            "doctor",
-            "--offline",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=clean,
-            cwd=top,
-        )
-        try:
-            async with asyncio.timeout(60):
-                raw, _ = await process.communicate()
-        finally:
-            os.chmod(ws, 0o700)
-    out = raw.decode()
-    assert process.returncode == 1, out
+        code, out = await doctor_as_a_user(ws, top, owned=False, mode=0o700)
+    assert code == 1, out
     workspace = line(out, "workspace")
     assert workspace.startswith("✗ fail") and f"not writable by this user: {ws}" in workspace, out
-    assert "fix: chown -R" in workspace
+    assert f"fix: chown -R {pwd.getpwuid(65534).pw_name} {ws}" in workspace and "chmod" not in workspace, out
     assert line(out, "kept answers").startswith("- skip")
     assert line(out, "llm settings").startswith("✓ pass")  # the other checks still ran
+
+
+@pytest.mark.parametrize("mode", [0o500, 0o000], ids=["r-x", "---"])
+async def test_a_read_only_workspace_of_ones_own_gets_a_chmod_not_a_chown(mode: int) -> None:
+    """A workspace of this user without its write bit (a ``chmod -R a-w``, a copy from read-only media)
+    got "fix: chown -R <user>", which changes nothing: the user owns it already."""
+    with tempfile.TemporaryDirectory() as top:
+        ws = Path(top) / "ws"
+        os.chmod(top, 0o755)
+        os.makedirs(ws / "sessions")
+        code, out = await doctor_as_a_user(ws, top, owned=True, mode=mode)
+    assert code == 1, out
+    workspace = line(out, "workspace")
+    assert workspace.startswith("✗ fail") and f"not writable by this user: {ws}" in workspace, out
+    assert f"fix: chmod -R u+rwX {ws}" in workspace and "chown" not in workspace, out
+    assert line(out, "llm settings").startswith("✓ pass")
+
+
+async def test_a_workspace_on_a_read_only_mount_is_not_told_to_chmod() -> None:
+    """Its owner and mode are right; only a remount helps (a chmod there fails with EROFS)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a read-only file system needs root")
+    with tempfile.TemporaryDirectory() as top:
+        ws = Path(top) / "ws"
+        os.chmod(top, 0o755)
+        ws.mkdir()
+        options = "ro,mode=0700,uid=65534,gid=65534"
+        mounted = await asyncio.to_thread(
+            subprocess.run, ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(ws)], capture_output=True
+        )
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount here: {mounted.stderr.decode().strip()}")
+        try:
+            code, out = await doctor_as_a_user(ws, top, owned=True, mode=None)
+        finally:
+            await asyncio.to_thread(subprocess.run, ["umount", str(ws)], check=True)
+    workspace = line(out, "workspace")
+    assert code == 1 and workspace.startswith("✗ fail"), out
+    assert f"remount its file system read-write (findmnt -T {ws} shows ro)" in workspace, out
+    assert "chmod -R" not in workspace and "chown" not in workspace
