@@ -113,7 +113,7 @@ def configure_logging(
     terminal. It touches the disk: call it off the event loop.
     """
     out = stream or sys.stderr
-    use_console = file is None and (fmt == "console" or (fmt == "auto" and out.isatty()))
+    use_console = file is None and not renders_json(fmt, out)
     redactor = SecretRedactor(secrets)
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -152,6 +152,12 @@ def configure_logging(
     for noisy in ("httpx", "httpcore", "discord.gateway", "discord.client", "telegram.ext", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
     return redactor
+
+
+def renders_json(fmt: Literal["auto", "console", "json"], stream: TextIO) -> bool:
+    """Whether a log to ``stream`` is JSON lines: ``json``, or ``auto`` where no one reads it on a
+    terminal (systemd's journal, ``docker logs``, a pipe)."""
+    return fmt == "json" or (fmt == "auto" and not stream.isatty())
 
 
 def _file_handler(path: Path) -> logging.Handler:

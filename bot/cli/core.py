@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+import sys
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich import box
@@ -11,15 +12,28 @@ from rich.table import Table
 
 from bot.cli.root import (
     EXIT_CONFIG,
+    EXIT_IN_USE,
     app,
     console,
     exit_code,
     fail,
+    load_checked,
     options,
     overrides_from,
     settings_from,
 )
-from bot.errors import ConfigError, InUseError
+from bot.errors import ConfigError, InUseError, MembotError
+
+if TYPE_CHECKING:
+    from bot.config import Settings
+
+# What to do about a start that failed, by exit status: the "hint" of its JSON log line.
+_START_HINTS = {
+    EXIT_CONFIG: "fix the setting or file the error names, then start membot again (`membot doctor` "
+    "checks them all); a restart alone cannot fix it",
+    EXIT_IN_USE: "another process holds it: stop that one, or wait until it has stopped (a restart will "
+    "try again)",
+}
 
 
 @app.command()
@@ -28,16 +42,42 @@ def run(ctx: typer.Context) -> None:
 
     Exit status: 0 after SIGTERM or SIGINT; 1 when a channel failed (lifecycle.on_channel_failure);
     75 when another process holds the workspace or the admin port (try again later); 78 when a setting
-    or file is wrong (the message names it; restarting will not help).
+    or file is wrong (the message names it; restarting will not help). With JSON logs (log_format json,
+    or auto off a terminal) an error that stops the start is a JSON log line too.
     """
     from bot.serve import run_service
 
-    settings = settings_from(ctx)
+    settings: Settings | None = None
     try:
+        settings = load_checked(ctx)
         code = asyncio.run(run_service(settings))
-    except (ConfigError, InUseError) as exc:
-        fail(str(exc), exit_code(exc))
+    except MembotError as exc:
+        _start_failed(settings, str(exc), exit_code(exc))
     raise typer.Exit(code)
+
+
+def _start_failed(settings: Settings | None, error: str, code: int) -> NoReturn:
+    """Say why ``membot run`` stopped as its log says things: a collector reading JSON lines gets one
+    more (event ``membot_start_failed``, ``error``, ``hint``, ``exit_code``), not a plain line it cannot
+    parse; a terminal gets the plain line. Settings that did not load have left the format unknown:
+    then it is the default's (JSON off a terminal)."""
+    if not _logs_json(settings):
+        fail(error, code)
+    import structlog
+
+    if settings is None:
+        from bot.logging import configure_logging
+
+        configure_logging(fmt="auto")  # (credential shapes are masked still)
+    hint = _START_HINTS.get(code, "`membot doctor` checks the installation and says what to fix")
+    structlog.get_logger(__name__).error("membot_start_failed", error=error, hint=hint, exit_code=code)
+    raise typer.Exit(code)
+
+
+def _logs_json(settings: Settings | None) -> bool:
+    from bot.logging import renders_json
+
+    return renders_json(settings.log_format if settings is not None else "auto", sys.stderr)
 
 
 @app.command()

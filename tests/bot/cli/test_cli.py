@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
 from pathlib import Path
 
 import pytest
 
 from bot.pairing import PAIRING_FILE, PairingStore
+from bot.workspace_lock import WorkspaceLock
 from tests.bot.cli.membot_process import run_membot as membot
 
 CONFIG_ERROR = 78  # EX_CONFIG: a wrong setting, which deploy/membot.service does not restart
@@ -97,6 +100,55 @@ def test_run_exits_78_only_when_a_restart_cannot_help(home: dict[str, str], tmp_
     assert f"127.0.0.1:{port}" in taken.stderr and "Traceback" not in taken.stderr
     unit = (Path(__file__).parents[3] / "deploy" / "membot.service").read_text()
     assert "\nRestart=on-failure\n" in unit and "\nRestartPreventExitStatus=78\n" in unit
+
+
+def json_lines(stderr: str) -> list[dict[str, object]]:
+    """Every line of ``stderr`` as JSON (a line that is not JSON fails the test: a collector drops it)."""
+    return [json.loads(line) for line in stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("cause", ["no channel", "bad setting", "workspace held", "port taken"])
+def test_a_start_that_fails_says_why_in_a_json_log_line(
+    home: dict[str, str], tmp_path: Path, cause: str
+) -> None:
+    """With JSON logs (the systemd unit and Docker set log_format json; auto is JSON off a terminal)
+    the error that stopped the start was a plain "error: ..." line among JSON ones."""
+    env = {
+        **home,
+        "MEMBOT_LOG_FORMAT": "json",
+        "MEMBOT_LLM__OPENAI__API_KEY": "sk-live-key-that-must-not-show-1234",
+        "MEMBOT_TERMINAL__ENABLED": "true",
+    }
+    with contextlib.ExitStack() as held:
+        if cause == "no channel":
+            env["MEMBOT_TERMINAL__ENABLED"] = "false"
+            code, said = 78, "MEMBOT_TELEGRAM__TOKEN"
+        elif cause == "bad setting":  # the settings did not load: the format is auto's, JSON off a tty
+            env["MEMBOT_ADMIN__PORT"] = "port nine"
+            del env["MEMBOT_LOG_FORMAT"]
+            code, said = 78, "admin.port"
+        elif cause == "workspace held":
+            held.enter_context(WorkspaceLock.hold(tmp_path / "ws", command="another membot"))
+            code, said = 75, "in use by another membot"
+        else:
+            holder = held.enter_context(socket.socket())
+            holder.bind(("127.0.0.1", 0))
+            holder.listen()
+            env.update(MEMBOT_ADMIN__ENABLED="true", MEMBOT_ADMIN__PORT=str(holder.getsockname()[1]))
+            code, said = 75, "MEMBOT_ADMIN__PORT"
+        result = membot("run", env=env, cwd=tmp_path)
+    assert result.returncode == code, result.stderr
+    last = json_lines(result.stderr)[-1]
+    assert last["event"] == "membot_start_failed" and last["level"] == "error", last
+    assert said in str(last["error"]) and last["hint"] and last["exit_code"] == code, last
+    assert "sk-live-key" not in result.stderr
+
+
+def test_a_start_that_fails_is_a_plain_line_with_console_logs(home: dict[str, str], tmp_path: Path) -> None:
+    env = {**home, "MEMBOT_LOG_FORMAT": "console", "MEMBOT_LLM__OPENAI__API_KEY": "sk-x"}
+    result = membot("run", env=env, cwd=tmp_path)
+    assert result.returncode == CONFIG_ERROR
+    assert result.stderr.startswith("error: no channel is configured"), result.stderr
 
 
 def test_config_masks_secrets_and_names_sources(home: dict[str, str], tmp_path: Path) -> None:
