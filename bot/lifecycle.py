@@ -112,6 +112,7 @@ class ServiceRunner:
         self._watch_every = watch_every
         self._signals = tuple(signals)
         self._stop = asyncio.Event()
+        self._ready = asyncio.Event()
         self._stop_signal: signal.Signals | None = None
         self._health: dict[str, ChannelHealth] = {}
         self._started: list[ChannelPort] = []
@@ -128,6 +129,11 @@ class ServiceRunner:
         """Returns once a stop was requested: for ``membot chat``, which serves no channel list but
         ends on SIGTERM and SIGHUP as ``membot run`` does (a second one still exits at once)."""
         await self._stop.wait()
+
+    async def wait_started(self) -> None:
+        """Returns once the channels are up and the inbox recovered (``membot_started``): for work that
+        must not delay that, such as ``membot run``'s look at the model endpoint."""
+        await self._ready.wait()
 
     @property
     def stop_signal(self) -> signal.Signals | None:
@@ -180,6 +186,7 @@ class ServiceRunner:
             return EXIT_CHANNEL_FAILED
         settle_heap()  # everything long-lived is loaded now, the channels' modules included
         log.info("membot_started", channels=[c.name for c in self._started])
+        self._ready.set()
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._watch_every):

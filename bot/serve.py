@@ -9,6 +9,7 @@ imported only when ``admin.enabled`` is set.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 import structlog
@@ -47,13 +48,35 @@ async def run_service(settings: Settings) -> int:
             if metrics is not None:
                 await serve_ops(core, metrics, runner, redactor)
             log.info("membot_starting", channels=wanted, model=settings.llm.model)
-            code = await runner.serve(
-                wanted, start_channel=lambda name: start_channel(name, core), recover=core.dispatcher.recover
-            )
+            look = asyncio.create_task(look_at_the_model(core, runner), name="look_at_the_model")
+            try:
+                code = await runner.serve(
+                    wanted,
+                    start_channel=lambda name: start_channel(name, core),
+                    recover=core.dispatcher.recover,
+                )
+            finally:
+                look.cancel()
+                await asyncio.gather(look, return_exceptions=True)
         # build_core's exit stack has drained the dispatcher, flushed memory and stopped the channels.
     if code == EXIT_OK:
         log.info("membot_stopped")
     return code
+
+
+async def look_at_the_model(core: Core, runner: ServiceRunner) -> None:
+    """Once membot is ready, ask each model endpoint for its model list, as ``membot doctor`` does, and
+    log a warning with the setting to check when one is down, refuses the key or lacks the model.
+    Otherwise the first message would be the first to find out, and the operator would learn it from
+    a user. It is one cheap ``GET``, after ``membot_started`` so it never delays readiness."""
+    await runner.wait_started()
+    from bot.online_checks import llm_endpoints
+
+    for check in await llm_endpoints(core.settings, core.catalog):
+        if check.status == "fail":
+            log.warning("llm_check_failed", endpoint=check.name, error=check.detail, hint=check.hint)
+        else:  # pass, or a warn (no model list to go by): nothing the operator must act on
+            log.info("llm_checked", endpoint=check.name, status=check.status, detail=check.detail)
 
 
 async def serve_ops(

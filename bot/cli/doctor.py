@@ -2,7 +2,7 @@
 
 Each check prints one pass/warn/fail/skip line, and a fix hint when it did not pass. Offline checks: the
 configuration, the workspace and its permissions, models.json, the LLM settings. Online checks (skipped
-with ``--offline``; bot/cli/doctor_online.py): the LLM endpoint answers its cheap model listing
+with ``--offline``; bot/online_checks.py): the LLM endpoint answers its cheap model listing
 (``GET /v1/models``) with the configured key and lists the configured model and fallbacks, and each
 configured channel token is accepted (Telegram ``getMe``, Discord ``GET /users/@me``). Nothing is sent
 to any chat and no tokens are spent. Exit status 1 when any check failed.
@@ -20,7 +20,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from bot.cli.doctor_check import Check
+from bot.check import Check
 from bot.cli.root import app, console, options, overrides_from
 from bot.errors import ConfigError
 
@@ -61,7 +61,7 @@ def doctor(
                     Check("online", "skip", "--offline: LLM endpoint and channel tokens not checked")
                 )
             else:
-                from bot.cli.doctor_online import online
+                from bot.online_checks import online
 
                 checks.extend(asyncio.run(online(settings, catalog, probe_llm=llm.status == "pass")))
     failed = _print(checks)

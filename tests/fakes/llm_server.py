@@ -121,6 +121,14 @@ class FakeLLMServer:
     # -- handlers ---------------------------------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
+        # The listing wants the key as the chat endpoints do (Anthropic's way when x-api-key is sent).
+        key = request.headers.get("x-api-key")
+        if key is not None and self._anthropic_key is not None and key != self._anthropic_key:
+            return _anthropic_error(401, "authentication_error", "invalid x-api-key")
+        bearer = request.headers.get("authorization")
+        if key is None and self._openai_key is not None and bearer != f"Bearer {self._openai_key}":
+            error = {"message": "Incorrect API key provided.", "code": "invalid_api_key"}
+            return web.json_response({"error": error}, status=401)
         if self.models_flood is not None:
             response = web.StreamResponse(headers={"content-type": "application/json"})
             await response.prepare(request)

@@ -1,9 +1,12 @@
-"""``membot doctor``'s online checks: the LLM endpoints list the configured models, channel tokens work.
+"""Online checks: the LLM endpoints list the configured models, channel tokens work.
+
+``membot doctor`` runs them all; ``membot run`` runs :func:`llm_endpoints` once after start, to warn in
+the log about a model endpoint that is down or refuses the key before the first message finds out.
 
 Each is one cheap read-only request (``GET /v1/models``, Telegram ``getMe``, Discord ``GET /users/@me``),
 answered whole within :data:`ONLINE_TIMEOUT` and at most :data:`PROBE_BYTES` long; nothing is sent to
 any chat and no tokens are spent. Every failure is a fail line with a fix hint, never a traceback, and
-URLs are shown without their secrets. Imported only when ``membot doctor`` runs without ``--offline``.
+URLs are shown without their secrets. Imported only when they are run.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from bot.cli.doctor_check import Check
+from bot.check import Check
 
 if TYPE_CHECKING:
     import httpx
@@ -46,6 +49,22 @@ async def online(settings: Settings, catalog: ModelCatalog, *, probe_llm: bool) 
         probes.append(_telegram(http, settings))
         probes.append(_discord(http, settings))
         return list(await asyncio.gather(*probes))
+
+
+async def llm_endpoints(settings: Settings, catalog: ModelCatalog) -> list[Check]:
+    """The LLM endpoints' checks alone: each provider the model and its fallbacks use."""
+    import httpx
+
+    # Built in a thread: a client loads the CA certificates from disk.
+    async with await asyncio.to_thread(httpx.AsyncClient, timeout=ONLINE_TIMEOUT) as http:
+        return list(
+            await asyncio.gather(
+                *(
+                    _llm_endpoint(http, settings, provider, models)
+                    for provider, models in _providers(settings, catalog).items()
+                )
+            )
+        )
 
 
 def _providers(settings: Settings, catalog: ModelCatalog) -> dict[str, list[str]]:

@@ -1,4 +1,5 @@
-"""One line of ``membot doctor``: a check's name, its outcome, what it found and how to fix it."""
+"""One line of ``membot doctor`` (and of ``membot run``'s look at the model endpoint after start): a
+check's name, its outcome, what it found and how to fix it."""
 
 from __future__ import annotations
 
