@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 
 REPLY = "ok, noted."
+MODELS = ("gpt-4.1-mini", "claude-haiku-4-5")  # membot's default model and bench/harness.py's Anthropic one
 
 
 class InstantLLM:
@@ -132,10 +133,19 @@ async def _serve() -> None:
     async def stats(request: web.Request) -> web.Response:
         return web.Response(text=f"{answered} {last_bytes}")
 
+    async def models(request: web.Request) -> web.Response:
+        """The model list ``membot run`` asks for once it is ready (bot/serve.py): every model the benches
+        configure, in both providers' shape, so the check passes instead of logging a 404."""
+        listed = [{"id": name, "object": "model", "type": "model"} for name in MODELS]
+        return web.Response(
+            body=json.dumps({"object": "list", "data": listed}).encode(), content_type="application/json"
+        )
+
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", openai)
     app.router.add_post("/v1/messages", anthropic)
     app.router.add_get("/stats", stats)
+    app.router.add_get("/v1/models", models)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
