@@ -28,3 +28,14 @@ def printable(text: str) -> str:
     """``text`` with every control character but ``\\n`` and ``\\t``, and every bidi control, made visible
     (see the module doc)."""
     return text.translate(_SHOWN)
+
+
+# What JSON leaves raw with ``ensure_ascii=False`` (it escapes only the C0 controls) but a terminal obeys.
+_RAW_IN_JSON = {code: f"\\u{code:04x}" for code, shown in _SHOWN.items() if code >= 0x7F and shown}
+
+
+def json_escaped(text: str) -> str:
+    """JSON text (``json.dumps(..., ensure_ascii=False)``) with DEL, the C1 and the bidi controls written
+    as ``\\u`` escapes: the same JSON to any parser, word for word, and nothing a terminal obeys. They
+    can occur only inside its strings, where an escape means the same character."""
+    return text.translate(_RAW_IN_JSON)

@@ -26,7 +26,7 @@ from rich.text import Text
 
 from bot.cli.root import app, command_group, console, err_console, fail, settings_from
 from bot.domain import Message, Session
-from bot.printable import printable
+from bot.printable import json_escaped, printable
 from bot.storage import atomic_write_at, ensure_private_dir
 from bot.surrogates import utf8
 from bot.workspace_lock import WorkspaceLock
@@ -147,7 +147,8 @@ def export(
         text = _as_markdown(loaded, archived, active)
     if output is None:
         # What chat members, fetched pages and the model wrote, on the operator's terminal: shown, never
-        # obeyed (JSON escapes the C0 controls itself; Markdown kept ESC). The file stays word for word.
+        # obeyed (JSON as \\u escapes, which parse to the same text; Markdown as visible symbols). A
+        # Markdown file stays word for word.
         console.out(text if format is ExportFormat.json else printable(text), highlight=False)
         return
     try:
@@ -269,7 +270,7 @@ def _as_json(session: Session, archived: list[Message], active: list[Message]) -
         "messages": [{**m.to_dict(), "archived": True} for m in archived]
         + [{**m.to_dict(), "archived": False} for m in active],
     }
-    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+    return json_escaped(json.dumps(data, ensure_ascii=False, indent=2)) + "\n"
 
 
 def _as_markdown(session: Session, archived: list[Message], active: list[Message]) -> str:

@@ -113,6 +113,21 @@ def test_markdown_export_to_stdout_does_not_obey_control_characters(tmp_path: Pa
     assert result.stdout.count("see ␛]52;c;cm0gLXJmIH4=␇␛[2J␛[8mhidden�31mdone \ufffdexe.txt") == 2
 
 
+def test_json_export_to_stdout_escapes_what_json_leaves_raw(tmp_path: Path) -> None:
+    """JSON escapes the C0 controls, but with ``ensure_ascii=False`` a C1 control (U+009B: CSI to many
+    terminals) and the bidi controls reached the operator's terminal raw. They are ``\\u`` escapes now:
+    the same JSON to a parser, nothing for a terminal to obey."""
+    session = Session.new("telegram", "-100")
+    session.messages = [message(Role.USER, f"Mallory: {HOSTILE}", 0)]
+    store(tmp_path / "ws", session)
+    result = membot(tmp_path, "sessions", "export", "telegram:-100")
+    assert result.returncode == 0, result.stderr
+    for obeyed in ("\x1b", "\x07", "\x9b", "\r", "\u202e"):
+        assert obeyed not in result.stdout
+    [said] = [m["content"] for m in json.loads(result.stdout)["messages"]]
+    assert said == f"Mallory: {HOSTILE}"  # word for word, once parsed
+
+
 def test_list_of_an_empty_workspace(tmp_path: Path) -> None:
     result = membot(tmp_path, "sessions", "list")
     assert result.returncode == 0 and "No sessions" in result.stdout
