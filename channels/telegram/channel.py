@@ -11,7 +11,8 @@ when it changed: :mod:`channels.telegram.commands`) → ``start``, then our own 
    for a chat's updates one at a time, in order, and for several chats side by side
    (:mod:`channels.telegram.handover`): a slow download holds back only its own chat.
 1. Only new messages count: edits, channel posts (also as Telegram copies them into the channel's
-   discussion group, sent by "Telegram") and messages from bots are ignored. A group's
+   discussion group, sent by "Telegram") and messages from bots are ignored, but for an admin posting
+   anonymously as the group (named by their signature, else "Anonymous admin"). A group's
    upgrade to a supergroup (a new chat id) is logged with what the operator has to do.
 2. Access, deny by default (:mod:`channels.telegram.access`): private chats need an allowlisted or
    paired user (strangers get a pairing code, offered at most once a minute); groups must be allowlisted
@@ -76,6 +77,9 @@ _MAX_ATTEMPTS = 3  # an update whose intake fails this often for another reason 
 # have gone out (Telegram took it, its answer was late), and it is sent again: a slow Bot API must not
 # make the chat get each answer several times. Only a request that hangs this long still can.
 _READ_TIMEOUT = 30.0
+
+
+ANONYMOUS_ADMIN = "Anonymous admin"  # the name of an admin who posts as the group and signs nothing
 
 
 class TelegramChannel(Channel):
@@ -368,7 +372,10 @@ class TelegramChannel(Channel):
                 old, new = (session_id(self.name, str(chat)) for chat in moved)
                 await record_move(self._state_dir, old, new)
             return None
-        if user is None or user.is_bot:
+        # An admin posting "as the group" comes from a bot account (GroupAnonymousBot) with the group as
+        # its sender_chat: one of the group's own, who speaks for it. Any other bot is not answered.
+        anonymous = message.sender_chat is not None and message.sender_chat.id == chat.id
+        if user is None or (user.is_bot and not anonymous):
             return None
         if message.is_automatic_forward:  # a channel post Telegram copied into its discussion group
             return None
@@ -393,8 +400,8 @@ class TelegramChannel(Channel):
         inbound = InboundMessage(
             channel=self.name,
             chat_id=f"{chat.id}:{thread}" if thread else str(chat.id),
-            sender_id=str(user.id),
-            sender_name=user.full_name,
+            sender_id=str(chat.id) if anonymous else str(user.id),
+            sender_name=(message.author_signature or ANONYMOUS_ADMIN) if anonymous else user.full_name,
             text=text,
             message_id=str(message.message_id),
             timestamp=message.date,

@@ -315,6 +315,37 @@ async def test_a_channel_post_copied_into_its_discussion_group_is_not_answered(t
         assert [m.text for m in await sink.wait_for(1)] == ["sentinel"]
 
 
+async def test_an_anonymous_admin_of_an_allowed_group_is_answered(tmp_path: Path) -> None:
+    """An admin who posts "as the group" comes from Telegram's GroupAnonymousBot (a bot account), with
+    the group as ``sender_chat``: ignored like any bot, the group's own admins could not use the bot.
+    Another chat posting in the group (a channel) is still not answered."""
+    group_chat = {"id": GROUP, "type": "supergroup", "title": "Test group"}
+    news = {"id": -1009, "type": "channel", "title": "News"}
+    overrides = {"allowed_groups": [str(GROUP)], "groups": {str(GROUP): {"require_mention": False}}}
+    anonymous = {"user_id": 1087968824, "first_name": "Group", "is_bot": True}
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, **overrides) as (_, sink):
+        tg.push_message("as a channel", chat_id=GROUP, chat_type="supergroup", sender_chat=news, **anonymous)
+        tg.push_message(
+            "what is on today?",
+            chat_id=GROUP,
+            chat_type="supergroup",
+            sender_chat=group_chat,
+            author_signature="Chief",
+            **anonymous,
+        )
+        tg.push_message(
+            "no signature", chat_id=GROUP, chat_type="supergroup", sender_chat=group_chat, **anonymous
+        )
+        first, second = await sink.wait_for(2)
+    assert (first.text, first.sender_name, first.sender_id, first.is_group) == (
+        "what is on today?",
+        "Chief",
+        str(GROUP),
+        True,
+    )
+    assert (second.text, second.sender_name) == ("no signature", "Anonymous admin")
+
+
 async def test_split_paste_is_joined_and_a_command_is_not(tmp_path: Path) -> None:
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, join_window=0.3) as (_, sink):
         for part in ("part one", "part two", "part three"):
