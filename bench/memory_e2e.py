@@ -15,8 +15,11 @@ as *reached* when its whole text (whitespace folded) is in the request; *partial
 its sentences are. Consecutive user turns are sent as one message (as collect mode would join them); a
 session that opens with assistant turns gets a neutral user message first (the bot only ever answers).
 
-    python bench/memory_e2e.py [DATA] [--limit N] [--jobs J] [--out FILE] [--only ID,ID]
+    python bench/memory_e2e.py [DATA | --data FILE] [--limit N] [--jobs J] [--out FILE] [--only ID,ID]
                                [--embeddings default|none|local] [--embedding-cache FILE]
+
+DATA defaults to the open LongMemEval subset; ``--data bench/heldout/heldout.json.gz`` runs the held-out
+set (hand-written questions, see ``bench/heldout_build.py``), built first when missing.
 
 Memory runs with membot's default settings (local embeddings on). Each worker embeds a distinct text
 once: the haystacks share most of their sessions, and the model's vector for a text never changes
@@ -53,6 +56,7 @@ from zoneinfo import ZoneInfo
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ runs from the repo root
 
 from harness import BenchChannel
+from heldout_build import ensure_built
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -353,6 +357,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA)
+    parser.add_argument(
+        "--data",
+        dest="data_option",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the questions file (as DATA)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="only the first N questions")
     parser.add_argument("--only", default=None, help="comma-separated question ids")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="questions run in parallel")
@@ -370,6 +382,7 @@ def main() -> None:
         "--embeddings", choices=["default", "none", "local"], default="default", help="memory.embeddings"
     )
     args = parser.parse_args()
+    args.data = ensure_built(args.data_option or args.data)
     try:
         only = set(args.only.split(",")) if args.only else None
         questions = load_questions(args.data, only, args.limit)

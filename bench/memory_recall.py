@@ -5,7 +5,7 @@ write path (bot.memory.operator.import_sessions: daily notes + heuristic items, 
 dates), then one real retrieval with the question at ``question_date``. Returned items map back to
 (session id, turn index) through their references.
 
-    python bench/memory_recall.py [DATA] [--k 10] [--budget TOKENS] [--out ranked.jsonl] [--limit N]
+    python bench/memory_recall.py [DATA | --data FILE] [--k 10] [--budget TOKENS] [--out ranked.jsonl] [--limit N]
                                   [--weights hop=0,question=1] [--no-feedback] [--halves]
 
 Prints recall_any / recall_all / ndcg_any at 5 and 10, session and turn level, overall and per question
@@ -16,7 +16,8 @@ Every ranking weight was chosen on the open subset, so its figures flatter the r
 how much: ``--weights`` and ``--no-feedback`` turn one mechanism off (or change its weight), and
 ``--halves`` prints the overall rows for two fixed halves of the questions (split by a hash of their id,
 not by anything about them): a mechanism that gains on one half and loses on the other fits questions,
-not conversations.
+not conversations. The third check is data the weights never saw: ``--data bench/heldout/heldout.json.gz``
+(hand-written questions, see ``bench/heldout_build.py``; built first when missing).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ runs from
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress
 
+from bench.heldout_build import ensure_built
 from bot.config import MemorySettings
 from bot.errors import ConfigError
 from bot.logging import configure_logging
@@ -189,6 +191,14 @@ async def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA)
+    parser.add_argument(
+        "--data",
+        dest="data_option",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the questions file (as DATA)",
+    )
     parser.add_argument("--k", type=int, default=10, help="how many references to return (1-50)")
     parser.add_argument("--budget", type=int, default=None, help="score what fits this many tokens instead")
     parser.add_argument("--out", type=Path, default=None, help="write one JSON line per question")
@@ -228,6 +238,7 @@ async def main() -> None:
     )
     args = parser.parse_args()
     k = max(1, min(50, args.k))
+    args.data = ensure_built(args.data_option or args.data)
     configure_logging(level="WARNING", fmt="console")
     try:
         data = read_json(args.data)

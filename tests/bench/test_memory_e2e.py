@@ -96,7 +96,7 @@ def test_evidence_reach_per_question_and_per_type(tmp_path: Path) -> None:
     with gzip.open(data, "wt", encoding="utf-8") as f:
         json.dump(QUESTIONS, f)
     out = tmp_path / "out.jsonl"
-    result = run(data, "--jobs", "1", "--embeddings", "none", "--out", out)
+    result = run("--data", data, "--jobs", "1", "--embeddings", "none", "--out", out)
     assert result.returncode == 0, result.stderr
     assert "3 questions from q.json.gz; default settings, embeddings none" in result.stdout
 
