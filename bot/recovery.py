@@ -26,7 +26,8 @@ import structlog
 from bot import intake
 from bot.domain import InboundMessage, Message, utcnow
 from bot.errors import StorageError
-from bot.inbox import Inbox, InboxEntry
+from bot.inbox import Inbox
+from bot.inbox_file import InboxEntry
 from bot.outbox import PendingReply
 from bot.session_service import SessionService
 

@@ -186,7 +186,8 @@ def _own_mode(path: Path) -> int | None:
 def _kept_answers(settings: Settings) -> Check:
     """Answers a platform refused (a user blocked the bot, a channel is gone) wait in the inbox; the
     log says why once, so this is where an operator who missed it sees that some chats get nothing."""
-    from bot.inbox import EXPIRED, kept_on_disk
+    from bot.inbox import EXPIRED
+    from bot.inbox_file import kept_on_disk
 
     inbox = settings.workspace / "inbox"
     try:

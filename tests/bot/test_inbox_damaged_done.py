@@ -1,5 +1,5 @@
 """A damaged line inside an inbox file (not a torn tail): its message's answer is never sent twice,
-and a message that really was pending is still answered (bot/inbox.py, ``_done_by_damage``).
+and a message that really was pending is still answered (bot/inbox_file.py, ``_done_by_damage``).
 
 Each test writes the file through a real dispatcher or inbox, damages one line as a disk would (bytes
 flipped), and starts a dispatcher over it as ``membot run`` does.
