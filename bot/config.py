@@ -3,87 +3,27 @@
 Sources, highest priority first: values passed in (CLI flags), environment variables (``MEMBOT_`` prefix,
 ``__`` between nesting levels, e.g. ``MEMBOT_LLM__MODEL``), a ``.env`` file, an optional TOML file, then
 the defaults below. ``deploy/membot.example.toml`` documents every setting; keep the two in step.
+How an id list is read: bot/config_ids.py; where each value came from (``membot config``):
+bot/config_describe.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-)
-from pydantic_settings import (
-    BaseSettings,
-    DotEnvSettingsSource,
-    EnvSettingsSource,
-    NoDecode,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    SettingsError,
-)
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from bot.config_errors import ENV_PREFIX, explain_undecodable, explain_validation, unknown_variables
 from bot.config_files import TomlSource, watch_dotenv
+from bot.config_ids import IdList
 from bot.errors import ConfigError
 
 DEFAULT_HOME = Path("~/.membot")
 DEFAULT_CONFIG_FILE = DEFAULT_HOME / "membot.toml"
-
-
-def _ids(value: Any) -> Any:
-    """User, chat, group and channel ids as strings, however they were written.
-
-    ``[12345]`` in TOML or ``'[12345]'`` in the environment (numbers), a single id, or a comma-separated
-    ``12345,67890`` all become ``["12345", ...]``; ids are compared as exact strings later. Anything
-    else (a username, a value with the quotes ``docker run --env-file`` keeps) is refused: it would
-    match no one, and the allowlist would look set while it denied everyone.
-    """
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(
-                    f'not a valid JSON list ({exc.msg}); write it like ["12345", "67890"]'
-                ) from None
-        else:
-            value = [part.strip() for part in text.replace(",", " ").split() if part.strip()]
-    if isinstance(value, int) and not isinstance(value, bool):
-        return [str(value)]
-    if isinstance(value, list | tuple):
-        value = [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
-        for v in value:
-            if isinstance(v, str) and v.strip() and not _ID.fullmatch(v.strip()):
-                raise ValueError(_not_an_id(v))
-    return value
-
-
-_ID = re.compile(r"\*|-?[0-9]+")  # what Telegram and Discord send as ids, and "*" for everyone
-
-
-def _not_an_id(text: str) -> str:
-    """Why ``text`` cannot be an id: it would match no one, so the allowlist would look set and deny all."""
-    said = f'{text!r} is not an id: ids are whole numbers (or "*" for everyone)'
-    if text.startswith(("'", '"')):  # `docker run --env-file` keeps the quotes a shell would remove
-        return f"{said}; remove the quotes around the value (docker run --env-file keeps them)"
-    return f"{said}, as the platform sends them, not names"
-
-
-IdList = Annotated[list[str], NoDecode, BeforeValidator(_ids)]
-"""A list of ids; see :func:`_ids` for what is accepted."""
 
 
 class _Section(BaseModel):
@@ -446,68 +386,3 @@ def load_settings(
         ) from None
     except (OSError, ValueError) as exc:  # unreadable TOML / .env
         raise ConfigError(f"could not read configuration: {exc}") from None
-
-
-# ---- "where did this value come from" for `membot config` -------------------------------------------
-
-SECRET_MASK = "********"
-_URL_CREDENTIALS = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*://)[^/\s@]+@")
-
-
-def describe_settings(
-    settings: Settings, config_file: Path | None = None, flags: dict[str, Any] | None = None
-) -> list[tuple[str, str, str]]:
-    """Rows of (setting, shown value, source) for every leaf setting; secrets are masked. ``flags`` are
-    the values the command line set (``--workspace``, ``--log-level``), above every other source."""
-    toml = resolve_config_file(config_file)
-    cls = type(settings)
-    sources: list[tuple[str, dict[str, Any]]] = [
-        ("flag", _lower_keys(flags or {})),
-        ("env", _lower_keys(EnvSettingsSource(cls)())),
-        (".env", _lower_keys(DotEnvSettingsSource(cls)())),
-    ]
-    if toml is not None:
-        sources.append((str(toml), _lower_keys(TomlSource(cls, toml_file=toml)())))
-    rows: list[tuple[str, str, str]] = []
-    for path, value in _leaves(settings.model_dump()):
-        origin = "default"
-        for name, data in sources:
-            if _has_path(data, path):
-                origin = name
-                break
-        rows.append((".".join(path), _show(path, value, settings), origin))
-    return rows
-
-
-def _lower_keys(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {str(k).lower(): _lower_keys(v) for k, v in data.items()}
-    return data
-
-
-def _has_path(data: dict[str, Any], path: tuple[str, ...]) -> bool:
-    node: Any = data
-    for key in path:
-        if not isinstance(node, dict) or key.lower() not in node:
-            return False
-        node = node[key.lower()]
-    return True
-
-
-def _leaves(data: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    if isinstance(data, dict) and data:
-        for key, value in data.items():
-            yield from _leaves(value, (*prefix, str(key)))
-    else:
-        yield prefix, data
-
-
-def _show(path: tuple[str, ...], value: Any, settings: Settings) -> str:
-    node: Any = settings
-    for key in path:
-        node = getattr(node, key, None) if not isinstance(node, dict) else node.get(key)
-    if isinstance(node, SecretStr):
-        return SECRET_MASK if node.get_secret_value() else "(empty)"
-    if value is None:
-        return "(not set)"
-    return _URL_CREDENTIALS.sub(rf"\1{SECRET_MASK}@", str(value))  # a proxy's user:password in a URL

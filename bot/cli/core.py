@@ -112,7 +112,8 @@ def chat(
 @app.command("config")
 def show_config(ctx: typer.Context) -> None:
     """Show the effective settings, where each value came from, with secrets masked."""
-    from bot.config import describe_settings, resolve_config_file
+    from bot.config import resolve_config_file
+    from bot.config_describe import describe_settings
 
     settings = settings_from(ctx)
     config_file = resolve_config_file(options(ctx).config)

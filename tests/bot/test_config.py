@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import describe_settings, load_settings
+from bot.config import load_settings
+from bot.config_describe import describe_settings
 from bot.errors import ConfigError
 
 
