@@ -13,7 +13,8 @@ when it changed: :mod:`channels.telegram.commands`) → ``start``, then our own 
 1. Only new messages count: edits, channel posts (also as Telegram copies them into the channel's
    discussion group, sent by "Telegram") and messages from bots are ignored, but for an admin posting
    anonymously as the group (named by their signature, else "Anonymous admin"). A group's
-   upgrade to a supergroup (a new chat id) is logged with what the operator has to do.
+   upgrade to a supergroup (a new chat id) is logged with what the operator has to do. Steps 1-3, and
+   the hand-on of step 4, are :mod:`channels.telegram.intake`.
 2. Access, deny by default (:mod:`channels.telegram.access`): private chats need an allowlisted or
    paired user (strangers get a pairing code, offered at most once a minute); groups must be allowlisted
    and, unless configured otherwise, mention or reply to the bot (:mod:`channels.telegram.addressing`).
@@ -43,26 +44,23 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 import structlog
-from telegram import Bot, Message, Update
-from telegram.constants import ChatType
+from telegram import Bot, Update
 from telegram.error import Conflict, InvalidToken, TelegramError
 from telegram.ext import AIORateLimiter, Application, ApplicationBuilder
 
 from bot.config import TelegramSettings
-from bot.domain import InboundMessage, OutboundMessage, session_id
+from bot.domain import OutboundMessage
 from bot.errors import ChannelError, ConfigError
 from bot.pairing import PairingStore
-from bot.session_moves import record_move
 from channels.base import Channel, InboundSink, PartialSink
 from channels.outage import StorageOutage
 from channels.telegram.access import TelegramAccess
-from channels.telegram.addressing import addressed
 from channels.telegram.commands import sync_commands
 from channels.telegram.files import TelegramFiles
 from channels.telegram.handover import HandOver
 from channels.telegram.inbound import PasteJoiner
+from channels.telegram.intake import TelegramIntake
 from channels.telegram.journal import JOURNAL_FILE, UpdateJournal
-from channels.telegram.media import extract_media
 from channels.telegram.outbound import ChatPacer, TelegramOutbox
 from channels.telegram.polling import ALLOWED_UPDATES, UpdatePoller, fetch_raw
 from channels.telegram.sent import SENT_FILE, sent_chunks
@@ -77,9 +75,6 @@ _MAX_ATTEMPTS = 3  # an update whose intake fails this often for another reason 
 # have gone out (Telegram took it, its answer was late), and it is sent again: a slow Bot API must not
 # make the chat get each answer several times. Only a request that hangs this long still can.
 _READ_TIMEOUT = 30.0
-
-
-ANONYMOUS_ADMIN = "Anonymous admin"  # the name of an admin who posts as the group and signs nothing
 
 
 class TelegramChannel(Channel):
@@ -127,14 +122,23 @@ class TelegramChannel(Channel):
         self._settings = settings
         self._state_dir = state_dir
         self._commands = list(commands)
-        self._command_names = tuple(name for name, _ in self._commands)
-        self._vision = vision_supported
         self._access = TelegramAccess(
             settings,
             pairing,
             channel=self.name,
             send=lambda chat, text: self._out.send_plain(chat, text),
             monotonic=monotonic,
+        )
+        self._intake = TelegramIntake(
+            settings,
+            self._access,
+            channel=self.name,
+            state_dir=state_dir,
+            commands=tuple(name for name, _ in self._commands),
+            bot=lambda: self.bot,
+            vision_supported=vision_supported,
+            download=self._download,
+            hand_on=lambda inbound, alone: self._joiner.add(inbound, alone=alone),
         )
         self._new_outage = functools.partial(  # (each one keeps every message out while it lasts)
             StorageOutage,
@@ -361,54 +365,6 @@ class TelegramChannel(Channel):
         self.health.error = str(exc)
         hint = " (another process polls with the same token?)" if isinstance(exc, Conflict) else ""
         log.warning("telegram_polling_failed", error=f"{exc}{hint}")
-
-    async def _intake(self, message: Message) -> asyncio.Future[None] | None:
-        """Steps 1-4 of the module doc; the future completes once the dispatcher queued the message
-        (``None``: nothing to queue)."""
-        user, chat = message.from_user, message.chat
-        if message.migrate_to_chat_id or message.migrate_from_chat_id:  # a group became a supergroup
-            if (moved := self._access.note_migration(message)) is not None:
-                # Before the update is released: a kill meanwhile takes it in again at the next start.
-                old, new = (session_id(self.name, str(chat)) for chat in moved)
-                await record_move(self._state_dir, old, new)
-            return None
-        # An admin posting "as the group" comes from a bot account (GroupAnonymousBot) with the group as
-        # its sender_chat: one of the group's own, who speaks for it. Any other bot is not answered.
-        anonymous = message.sender_chat is not None and message.sender_chat.id == chat.id
-        if user is None or (user.is_bot and not anonymous):
-            return None
-        if message.is_automatic_forward:  # a channel post Telegram copied into its discussion group
-            return None
-        if not await self._access.admits(message):
-            return None
-        me = self.bot
-        meant = addressed(
-            message, self._settings, username=me.username, bot_id=me.id, commands=self._command_names
-        )
-        if meant is None:
-            return None
-        media = await extract_media(
-            message,
-            download=self._download,
-            vision=self._vision(),
-            max_document_bytes=self._settings.max_document_bytes,
-        )
-        text = "\n\n".join(part for part in (meant.text, *media.notes) if part)
-        if not text and not media.attachments:
-            return None
-        thread = message.message_thread_id if message.is_topic_message else None
-        inbound = InboundMessage(
-            channel=self.name,
-            chat_id=f"{chat.id}:{thread}" if thread else str(chat.id),
-            sender_id=str(chat.id) if anonymous else str(user.id),
-            sender_name=(message.author_signature or ANONYMOUS_ADMIN) if anonymous else user.full_name,
-            text=text,
-            message_id=str(message.message_id),
-            timestamp=message.date,
-            attachments=tuple(media.attachments),
-            is_group=chat.type != ChatType.PRIVATE,
-        )
-        return self._joiner.add(inbound, alone=meant.command)
 
     async def _download(self, file_id: str, limit: int) -> bytes | None:
         if self._files is None:
