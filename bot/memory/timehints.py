@@ -44,17 +44,22 @@ MONTHS = {
     for name in names
 }
 _MONTH_NAMES = "|".join(sorted(MONTHS, key=len, reverse=True))
-# "in March", "early May": that month in any year (memory rarely spans several).
-_MONTH = re.compile(r"\b(?:in|during|of|early|late|mid|this past)\s+(" + _MONTH_NAMES + r")\b", re.I)
+# A year after a month or a day ("March 2024", "May 3rd, 2023"): that one, not the latest.
+_YEAR_AFTER = r"(?:(?:,\s*|\s+)(\d{4})\b)?"
+# "in March", "early May": that month in any year (memory rarely spans several); "in March 2024": that one.
+_MONTH = re.compile(
+    r"\b(?:in|during|of|early|late|mid|this past)\s+(" + _MONTH_NAMES + r")\b" + _YEAR_AFTER, re.I
+)
 # "last May": the most recent May before the current month.
 _LAST_MONTH = re.compile(r"\blast\s+(" + _MONTH_NAMES + r")\b", re.I)
-# "on May 3rd", "May 3", "3 May", "the 3rd of May": that day, a day either side.
+# "on May 3rd", "May 3", "3 May", "the 3rd of May": that day, a day either side; "May 3rd, 2023", "3 May
+# 2023": that year's. Another number after it ("May 3 123") names no day.
 _DAY = re.compile(
     r"\b(?:("
     + _MONTH_NAMES
     + r")\.?\s+(\d{1,2})(?:st|nd|rd|th)?|(\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?("
     + _MONTH_NAMES
-    + r"))\b(?!\s*\d{3})",
+    + r"))(?:(?:,\s*|\s+)(\d{4})\b|\b(?!\s*\d{3}))",
     re.I,
 )
 _NUMBERS = {
@@ -105,7 +110,7 @@ _DENOMINATORS = frozenset({2, 3, 4, 5, 6, 8, 10, 12, 16, 32, 64})
 # "Before"/"after"/"since" a date: an open period, not the day itself. "Since March" is from March on.
 _SIDE = r"\b(before|prior to|after|since)\s+(?:the\s+)?"
 _SIDE_OF = re.compile(_SIDE + "$", re.I)
-_SIDE_MONTH = re.compile(_SIDE + r"(" + _MONTH_NAMES + r")\b", re.I)
+_SIDE_MONTH = re.compile(_SIDE + r"(" + _MONTH_NAMES + r")\b" + _YEAR_AFTER, re.I)
 
 # Any of the word patterns above, or a digit, a separator and a digit: a query matching neither names
 # no time. (The numeric patterns' look-behinds made one search of them all twice as slow.)
@@ -207,7 +212,7 @@ def time_hint(query: str, now: datetime, tz: ZoneInfo) -> TimeHint | None:
     """What "said in the period the query names" means, or ``None`` when it names none."""
     if not _names_time(query):  # most queries name none
         return None
-    months = frozenset(MONTHS[m.group(1).lower()] for m in _MONTH.finditer(query))
+    months = frozenset(MONTHS[m.group(1).lower()] for m in _MONTH.finditer(query) if m.group(2) is None)
     spans = periods(query, now, tz)
     if not months and not spans:
         return None
@@ -293,7 +298,10 @@ def _dates(query: str, today: date) -> list[_Mention]:
     for m in _DAY.finditer(query):
         month = MONTHS[(m.group(1) or m.group(4)).lower()]
         number = int(m.group(2) or m.group(3))
-        day(m.start(), m.end(), _named(month, number, None, today))  # None: "February 30", no such day
+        day(m.start(), m.end(), _named(month, number, m.group(5), today))  # None: "February 30", no such day
+    for m in _MONTH.finditer(query):
+        if m.group(2) is not None and (whole := _whole_month(int(m.group(2)), MONTHS[m.group(1).lower()])):
+            add(m.start(1), m.end(), *whole, whole)
     for m in _LAST_MONTH.finditer(query):
         month = MONTHS[m.group(1).lower()]
         year = today.year if month < today.month else today.year - 1
@@ -302,7 +310,13 @@ def _dates(query: str, today: date) -> list[_Mention]:
     for m in _SIDE_MONTH.finditer(query):
         month = MONTHS[m.group(2).lower()]
         year = today.year if month <= today.month else today.year - 1
-        add(m.start(2), m.end(), date(year, month, 1), _month_end(year, month), None)
+        span = (
+            _whole_month(int(m.group(3)), month)
+            if m.group(3)
+            else (date(year, month, 1), _month_end(year, month))
+        )
+        if span is not None:
+            add(m.start(2), m.end(), *span, None)
     return sorted(found, key=lambda m: m.start)
 
 
@@ -361,6 +375,13 @@ def _latest(year: int, month: int, day: int) -> date | None:
         except ValueError:
             continue
     return None
+
+
+def _whole_month(year: int, month: int) -> tuple[date, date] | None:
+    """The first and last day of a month a query names with its year; ``None`` at the calendar's edge
+    (see :func:`_valid`)."""
+    first = _valid(year, month, 1)
+    return None if first is None else (first, _month_end(year, month))
 
 
 def _month_end(year: int, month: int) -> date:

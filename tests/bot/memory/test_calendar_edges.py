@@ -17,7 +17,16 @@ from bot.memory.timehints import periods, time_hint
 from tests.bot.memory.test_end_to_end import chat
 
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
-EDGES = ["on 9999-12-31", "after 12/31/9999", "on 31.12.9999", "since 0001-01-01", "before 1/1/0001"]
+EDGES = [
+    "on 9999-12-31",
+    "after 12/31/9999",
+    "on 31.12.9999",
+    "since 0001-01-01",
+    "before 1/1/0001",
+    "on December 31, 9999",
+    "in December 9999",
+    "since January 0001",
+]
 
 
 @pytest.mark.parametrize("zone", ["UTC", "Pacific/Kiritimati", "Pacific/Pago_Pago"])

@@ -289,6 +289,27 @@ def test_a_leap_day_asked_about_in_a_later_year_is_the_last_one() -> None:
     assert [(start.date(), end.date()) for start, end in found] == [(date(2024, 2, 28), date(2024, 3, 1))]
 
 
+@pytest.mark.parametrize(
+    ("query", "first", "last"),
+    [
+        ("what did I say on December 31, 2024?", date(2024, 12, 30), date(2025, 1, 1)),
+        ("on Dec 31st, 2024", date(2024, 12, 30), date(2025, 1, 1)),
+        ("on March 5 2024", date(2024, 3, 4), date(2024, 3, 6)),
+        ("the 5th of March 2024", date(2024, 3, 4), date(2024, 3, 6)),
+        ("what did we plan in March 2024?", date(2024, 3, 1), date(2024, 3, 31)),
+        ("before March 2024", date(1970, 1, 1), date(2024, 2, 29)),
+    ],
+)
+def test_a_date_named_with_its_year_is_that_years(query: str, first: date, last: date) -> None:
+    # Asked on Jan 2 with memory spanning two years, the year said is the one meant: before, "December
+    # 31, 2024" was the latest December 31st (2025's), "March 2024" every March, "March 5 2024" nothing.
+    now = datetime(2026, 1, 2, 12, tzinfo=UTC)
+    hint = time_hint(query, now, UTCZ)
+    assert hint is not None and not hint.months
+    assert [(start.date(), end.date()) for start, end in hint.spans] == [(first, last)]
+    assert not hint(datetime(2025, 3, 5, 12, tzinfo=UTC)) and not hint(datetime(2025, 12, 31, 12, tzinfo=UTC))
+
+
 async def test_one_result_per_source_message(tmp_path: Path) -> None:
     items = [make(f"tea fact {i}", ref="same") for i in range(3)] + [make("tea elsewhere", ref="other")]
     ranked = list(diversify(await rank(tmp_path, items, "tea")))
