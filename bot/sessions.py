@@ -14,9 +14,10 @@ A crash during an append leaves a group without its state record; it is not part
 the next append cuts it off. A damaged line costs only itself: the session keeps every other line and
 the next save rewrites the log without it. Both are first set aside, as ``<log>.damaged-<hash>``
 (``bot/damaged.py``), and logged. A damaged header is rebuilt from the newest log (its state records
-hold the same fields) and kept aside the same way. A header no log can stand in for, one naming another
-session, or a log shorter than its header says, is moved aside as ``*.corrupt-<timestamp>`` and a fresh
-session starts, so one bad file never takes the service down.
+hold the same fields) and kept aside the same way, as is one naming a log that is missing (a copy of a
+running bot took the header and the logs on either side of a rewrite). A header no log can stand in
+for, one naming another session, or a log shorter than its header says, is moved aside as
+``*.corrupt-<timestamp>`` and a fresh session starts, so one bad file never takes the service down.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ class JsonSessionStore:
                 continue  # the bot rewrote the session meanwhile: its new header names the new log
         raise StorageError(f"session {sid} kept changing while it was read: try again")
 
-    def _load_once(self, sid: str) -> Session | None:
+    def _load_once(self, sid: str, *, rebuilt: bool = False) -> Session | None:
         header_path = self.header_path(sid)
         try:
             raw = header_path.read_bytes()
@@ -206,6 +207,12 @@ class JsonSessionStore:
         except FileNotFoundError as exc:
             if self._read_only:
                 raise _LogReplaced from exc
+            # No rewrite runs beside this process (it holds the workspace): the header and the logs were
+            # copied at different moments (a backup of a running bot), one before a rewrite and one
+            # after. The log the copy has holds the session up to its last save and stands in for it.
+            reason = f"the log it names is missing ({Path(str(exc.filename)).name})"
+            if not rebuilt and self._header_from_log(sid, raw, reason=reason) is not None:
+                return self._load_once(sid, rebuilt=True)
             self._move_aside(sid, header_path, reason=f"{type(exc).__name__}: {exc}")
             return None
         except UNREADABLE_FILE as exc:
