@@ -67,11 +67,14 @@ def list_sessions(ctx: typer.Context) -> None:
     if not headers:
         console.print(f"No sessions in {settings.sessions_dir}.")
         return
-    rows = [
-        summary
-        for path in _progress(headers, "Reading sessions")
-        if (summary := _summarize(path, settings)) is not None
-    ]
+    rows: list[_Summary] = []
+    unread: list[str] = []
+    for path in _progress(headers, "Reading sessions"):
+        summary = _summarize(path, settings)
+        if summary is None:
+            unread.append(path.name)
+        else:
+            rows.append(summary)
     rows.sort(key=lambda s: s.last_activity.timestamp() if s.last_activity else 0.0, reverse=True)
     table = Table(
         box=box.SIMPLE_HEAD, pad_edge=False, title=f"{len(rows)} sessions in {settings.sessions_dir}"
@@ -86,6 +89,12 @@ def list_sessions(ctx: typer.Context) -> None:
             printable(s.id), str(s.messages), str(s.archived), _size(s.size), _when(s.last_activity)
         )
     console.print(table)
+    if unread:  # a damaged file, or one a copy of a running bot took apart from its log: never hidden
+        names = ", ".join(printable(name) for name in unread)
+        console.print(
+            f"{len(unread)} session files could not be read: {names}. The bot repairs each one (or sets"
+            " it aside as *.corrupt-*) when it next loads that chat; `membot sessions show ID` says why."
+        )
 
 
 @sessions_app.command()

@@ -219,3 +219,15 @@ def test_many_sessions_still_list_cleanly(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "60 sessions" in result.stdout
     assert sum(line.strip().startswith("discord:") for line in result.stdout.splitlines()) == 60
+
+
+def test_list_names_the_session_files_it_cannot_read(tmp_path: Path, workspace: Path) -> None:
+    """A header naming a log that is missing (copied apart from it while the bot ran) used to leave its
+    session out of the list without a word, as if the chat had never been."""
+    header = workspace / "sessions" / "telegram:777.json"
+    header.write_text(json.dumps({**json.loads(header.read_text()), "log_generation": 9}))
+    result = membot(tmp_path, "sessions", "list")
+    assert result.returncode == 0, result.stderr
+    assert "1 sessions in" in result.stdout and "cli:alice" in result.stdout
+    said = " ".join(result.stdout.split())
+    assert "1 session files could not be read: telegram:777.json" in said
