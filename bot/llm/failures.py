@@ -16,7 +16,9 @@ error *type*; the client's retry and failover then decide by type alone:
 from __future__ import annotations
 
 import email.utils
+import html
 import json
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -98,11 +100,13 @@ def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) ->
 
 
 def error_fields(text: str) -> tuple[str, str, str]:
-    """``(type, code, message)`` from either provider's error body; raw text when it is not JSON."""
+    """``(type, code, message)`` from either provider's error body; raw text when it is not JSON, and
+    for a web page (:func:`_page`) its title."""
     try:
         body: Any = json.loads(text)
     except (json.JSONDecodeError, TypeError, RecursionError):
-        return "", "", (text or "").strip()[:300]
+        raw = (text or "").strip()
+        return "", "", _page(raw) if raw[:1] == "<" else raw[:300]
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict):
         return (
@@ -115,6 +119,18 @@ def error_fields(text: str) -> tuple[str, str, str]:
     if isinstance(body, dict) and "message" in body:
         return "", "", str(body["message"])[:300]
     return "", "", str(body)[:300]
+
+
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+
+
+def _page(html_text: str) -> str:
+    """An error page a proxy answered with (nginx's, Cloudflare's "502: Bad gateway"), as the log
+    should show it: its title. Its first 300 characters were markup (Cloudflare's are all comments and
+    ``<html>`` variants), so the log of an outage never said which proxy failed, or how."""
+    found = _TITLE.search(html_text[:20_000])
+    title = " ".join(html.unescape(found.group(1)).split())[:200] if found else ""
+    return f"a web page titled {title!r}" if title else "a web page (HTML) without a title"
 
 
 def status_error(

@@ -506,6 +506,38 @@ async def test_transient_errors_are_retried_with_exponential_backoff(
     assert sleeps.calls == [0.5, 1.0]  # base 0.5 * 2**attempt * (0.5 + rng 0.5)
 
 
+CLOUDFLARE_502 = (
+    "<!DOCTYPE html>\n"
+    + "".join(
+        f'<!--[if IE {v}]> <html class="no-js ie{v} oldie" lang="en-US"> <![endif]-->\n' for v in (6, 7, 8)
+    )
+    + '<!--[if gt IE 8]><!--> <html class="no-js" lang="en-US"> <!--<![endif]-->\n<head>\n'
+    + '<title>api.example.com | 502: Bad gateway</title>\n<meta charset="UTF-8" />\n</head><body>'
+    + "<h1>Bad gateway</h1></body></html>"
+)
+
+
+async def test_a_proxys_error_page_is_logged_by_its_title(make_client: Any, server: FakeLLMServer) -> None:
+    """A proxy in front of the model (Cloudflare, nginx) answers an outage with an HTML page. Its first
+    300 characters, all the error said, were markup: the operator's log never named the proxy or what
+    failed. The page's title does."""
+    llm, _ = make_client("openai", max_retries=1)
+    page = FakeReply(status=502, error=CLOUDFLARE_502, headers={"content-type": "text/html"})
+    server.script(page, page)
+    with pytest.raises(LLMUnavailable) as info:
+        await llm.chat(ask("x"))
+    said = str(info.value)
+    assert "HTTP 502: a web page titled 'api.example.com | 502: Bad gateway'" in said
+    assert "<" not in said
+    once, _ = make_client("openai", max_retries=0)
+    nginx = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body></body></html>"
+    server.script(FakeReply(status=502, error=nginx), FakeReply(status=502, error="<p>no title</p>"))
+    with pytest.raises(LLMUnavailable, match="HTTP 502: a web page titled '502 Bad Gateway'"):
+        await once.chat(ask("x"))
+    with pytest.raises(LLMUnavailable, match="HTTP 502: a web page \\(HTML\\) without a title"):
+        await once.chat(ask("x"))
+
+
 async def test_backoff_jitter_and_cap(make_client: Any, server: FakeLLMServer) -> None:
     llm, sleeps = make_client("openai", max_retries=4, retry_base_delay=1.0, retry_max_delay=5.0)
     server.script(*[FakeReply(status=500)] * 5)
