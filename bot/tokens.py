@@ -297,12 +297,16 @@ class TokenCounter:
         """Follow the API's real count of a prompt we estimated at ``estimated_raw`` basis tokens.
 
         Only single-call samples of a meaningful size are used (the caller checks the call count);
-        small prompts are dominated by fixed overhead such as tool schemas. Returns the new ratio,
-        or ``None`` when the sample was not used.
+        small prompts are dominated by fixed overhead such as tool schemas. A count outside the
+        bounds (a server's glitch: a trillion tokens) is taken as the bound, so one such sample moves
+        the ratio as far as any plausible one; taken as it came, it set the ratio to its bound at once,
+        and every later estimate was three times too high (the chat summarized long before its
+        window was full). Returns the new ratio, or ``None`` when the sample was not used.
         """
         if self.exact or estimated_raw < MIN_CALIBRATION_TOKENS or actual_input_tokens <= 0:
             return None
-        observed = actual_input_tokens / estimated_raw
+        low, high = RATIO_BOUNDS
+        observed = min(high, max(low, actual_input_tokens / estimated_raw))
         blended = (1 - RATIO_WEIGHT) * self.ratio(session) + RATIO_WEIGHT * observed
         return self._store_ratio(session, blended)
 

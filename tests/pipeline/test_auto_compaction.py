@@ -21,7 +21,7 @@ from bot.config import CompactionSettings, ToolSettings
 from bot.context_budget import META_OVERHEAD, ContextBudget
 from bot.domain import InboundMessage, Message, Role, Session
 from bot.llm import LLMClient
-from bot.tokens import META_RATIO, TokenCounter
+from bot.tokens import META_RATIO, RATIO_BOUNDS, TokenCounter
 from bot.tools import ToolRegistry
 from bot.usage import UsageLedger
 from pipeline import Pipeline, Turn
@@ -266,3 +266,23 @@ async def test_usage_is_accounted_and_the_ratio_follows_the_api(
     # One sample moves the ratio 30% of the way from the prior toward the observed 1.3.
     expected = 0.7 * counter.prior + 0.3 * (actual / prompt_raw)
     assert session.metadata[META_RATIO] == pytest.approx(expected, abs=0.01)
+
+
+async def test_one_absurd_token_count_does_not_set_the_ratio_to_its_bound(
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+    tmp_path: Path,
+) -> None:
+    """A server that reports a trillion input tokens once (a proxy's glitch, a count of the wrong
+    thing) moves the ratio as far as the highest plausible count would, not to its bound at once:
+    taken as it came, the one sample tripled every later estimate of the chat, which was then
+    summarized long before its window was full."""
+    rig = Rig(server, catalog, http, counter, tmp_path)
+    session = filled(counter, int(rig.budget.limit * 0.75))
+    server.script(FakeReply(text="ok", usage=(10**12, 7)))
+    assert (await rig.turn(session, "q")).reply == "ok"
+    assert session.usage.input_tokens == 10**12  # counted as reported: the bill is the provider's
+    high = RATIO_BOUNDS[1]
+    assert session.metadata[META_RATIO] == pytest.approx(0.7 * counter.prior + 0.3 * high, abs=0.01)
