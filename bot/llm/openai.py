@@ -146,8 +146,11 @@ def text_of(content: Any) -> str:
 
 
 def parse_response(body: Any, model: str, where: str = "OpenAI") -> ChatResponse:
-    """A ChatResponse from a decoded ``chat.completion`` body; anything else is LLMBadResponse."""
+    """A ChatResponse from a decoded ``chat.completion`` body; anything else is LLMBadResponse, but for
+    an answer with no choice at all (:func:`no_choice`)."""
     try:
+        if body["choices"] == []:
+            raise no_choice(body.get("error"), model, where)
         choice = body["choices"][0]
         message = choice["message"]
         calls = tuple(
@@ -174,6 +177,20 @@ def parse_response(body: Any, model: str, where: str = "OpenAI") -> ChatResponse
         raise LLMBadResponse(
             f"{where} sent an answer without the expected fields ({exc!r})", model=model
         ) from None
+
+
+def no_choice(error: Any, model: str, where: str) -> LLMError:
+    """The error of an HTTP 200 answer whose ``choices`` is empty: OpenRouter sends one now and then
+    when the provider it routed to produced nothing, and the same request sent again is usually
+    answered (routed elsewhere). So it is LLMUnavailable, retried, never an answer "that could not be
+    used" that the chat was told of at once; an ``error`` sent with it is classified as such."""
+    if error:
+        return failed_answer(error, model, where)
+    return LLMUnavailable(
+        f"{where} answered the request for {model} with no choice (an empty 'choices'): the provider "
+        "behind it produced nothing",
+        model=model,
+    )
 
 
 def failed_answer(error: Any, model: str, where: str) -> LLMError:

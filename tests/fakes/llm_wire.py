@@ -57,7 +57,9 @@ class FakeReply:
     ``finish_reason``, Anthropic's ``stop_reason``), such as ``content_filter`` or ``refusal``.
     ``refusal``: OpenAI's refusal text, sent in ``message.refusal`` (streamed: ``delta.refusal``).
     ``html``: a web page sent with HTTP 200 in place of the answer (also to a request that streams),
-    as a chat UI or a proxy's login page answers a request sent to the wrong address.
+    as a chat UI or a proxy's login page answers a request sent to the wrong address. ``no_choices``:
+    an OpenAI answer with an empty ``choices`` (and its usage), as OpenRouter sends now and then when
+    the provider it routed to produced nothing (speakeasy-api/gram#3129).
     """
 
     text: str = ""
@@ -87,6 +89,7 @@ class FakeReply:
     stop: str | None = None
     refusal: str = ""
     html: str | None = None
+    no_choices: bool = False
 
     def ids(self, api: str) -> list[str | None]:
         """The id each tool call is sent with (``None``: sent without one)."""
@@ -194,7 +197,9 @@ def openai_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[s
         "id": "chatcmpl-" + uuid.uuid4().hex[:8],
         "object": "chat.completion",
         "model": body["model"],
-        "choices": [_choice({"index": 0, "message": message, "finish_reason": openai_finish(reply)}, reply)],
+        "choices": []
+        if reply.no_choices
+        else [_choice({"index": 0, "message": message, "finish_reason": openai_finish(reply)}, reply)],
         "usage": openai_usage(usage),
     }
 

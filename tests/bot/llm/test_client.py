@@ -419,6 +419,20 @@ async def test_a_web_page_in_place_of_the_answer_names_the_base_url_to_check(
     assert sleeps.calls == []
 
 
+async def test_an_answer_with_no_choice_is_asked_for_again(make_client: Any, server: FakeLLMServer) -> None:
+    """OpenRouter answers HTTP 200 with an empty ``choices`` now and then, when the provider it routed
+    to produced nothing; sent again, the request is usually answered. Read as an answer without the
+    expected fields, it was not tried again and the chat was told at once that the answer could not
+    be used."""
+    llm, sleeps = make_client("openai", max_retries=2)
+    server.script(FakeReply(no_choices=True), FakeReply(text="there it is"))
+    assert (await llm.chat(ask("x"))).content == "there it is"
+    assert len(sleeps.calls) == 1 and len(server.requests) == 2
+    server.script(*[FakeReply(no_choices=True)] * 3)
+    with pytest.raises(LLMUnavailable, match="no choice"):  # the chat waits for the model
+        await llm.chat(ask("x"))
+
+
 @both
 async def test_streamed_malformed_json_is_a_bad_response(
     make_client: Any, server: FakeLLMServer, api: str

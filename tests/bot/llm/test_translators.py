@@ -133,10 +133,17 @@ def test_openai_refusal_and_missing_ids() -> None:
     assert openai.parse_response(local, "m").tool_calls[0].id == ""  # the client names it (call_ids.py)
 
 
-@pytest.mark.parametrize("bad", [{}, {"choices": []}, {"choices": [{}]}, [], "text", None])
+@pytest.mark.parametrize("bad", [{}, {"choices": [{}]}, [], "text", None])
 def test_openai_unexpected_bodies_are_bad_responses(bad: Any) -> None:
     with pytest.raises(LLMBadResponse):
         openai.parse_response(bad, "m")
+
+
+def test_an_openai_answer_with_no_choice_is_an_outage_or_its_error() -> None:
+    with pytest.raises(LLMUnavailable, match="no choice"):
+        openai.parse_response({"choices": [], "usage": {"prompt_tokens": 9}}, "m")
+    with pytest.raises(LLMRateLimited):  # OpenRouter's error object sent with it says what it was
+        openai.parse_response({"choices": [], "error": {"code": 429, "message": "slow down"}}, "m")
 
 
 def sse(data: Any, event: str = "message") -> SSEvent:
