@@ -40,6 +40,7 @@ from bot.domain import Session, parse_time, utcnow
 from bot.errors import StorageError
 from bot.outbox import PendingReply
 from bot.session_log import (
+    HEADER_VERSION,
     LogContent,
     apply_state,
     encode_group,
@@ -184,6 +185,7 @@ class JsonSessionStore:
             header = json.loads(raw)
             if not isinstance(header, dict):
                 raise ValueError("session header is not a JSON object")
+            _own_format(header, header_path)
             session_from_header(header)
         except UNREADABLE as exc:
             if self._read_only:
@@ -443,3 +445,16 @@ class JsonSessionStore:
 
 def glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+
+
+def _own_format(header: dict[str, Any], path: Path) -> None:
+    """Refuse a header a newer membot wrote (a rollback): read as this version's, its fields unknown here
+    would be dropped at the next rewrite, and its log read by rules it may not follow. The chat waits, as
+    for a full disk, with this error in the log; the file is left as it is, never moved or rebuilt."""
+    version = header.get("version", HEADER_VERSION)
+    if isinstance(version, int) and not isinstance(version, bool) and version > HEADER_VERSION:
+        raise StorageError(
+            f"session file {path} was written by a newer membot (format {version}; this one reads up to "
+            f"{HEADER_VERSION}): run that membot again, or restore a backup made with this one; the file "
+            "is left as it is"
+        )

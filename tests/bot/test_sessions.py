@@ -129,6 +129,23 @@ async def test_a_damaged_header_is_rebuilt_from_the_log_and_kept_aside(
     assert again is not None and [m.content for m in again.messages] == ["hello", "again", "more"]
 
 
+async def test_a_header_a_newer_membot_wrote_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    """After a rollback, a header of a newer format read as this one's would lose what this version does
+    not know at the next rewrite: the load is refused with the fix, and nothing on disk changes."""
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("cli", "me")
+    session.append(Message(Role.USER, "hello"))
+    await sessions.save(session)
+    header = tmp_path / "sessions" / "cli:me.json"
+    newer = {**json.loads(header.read_bytes()), "version": 2, "pinned_notes": ["from the future"]}
+    header.write_text(json.dumps(newer))
+    before = sorted((p.name, p.read_bytes()) for p in (tmp_path / "sessions").iterdir())
+
+    with pytest.raises(StorageError, match=r"written by a newer membot .*format 2"):
+        await service(tmp_path).get("cli:me")
+    assert sorted((p.name, p.read_bytes()) for p in (tmp_path / "sessions").iterdir()) == before
+
+
 async def test_a_header_no_log_stands_in_for_is_moved_aside_and_the_session_starts_fresh(
     tmp_path: Path,
 ) -> None:
