@@ -162,7 +162,11 @@ class JsonSessionStore:
                 return self._load_once(sid)
             except _LogReplaced:
                 continue  # the bot rewrote the session meanwhile: its new header names the new log
-        raise StorageError(f"session {sid} kept changing while it was read: try again")
+        raise StorageError(
+            f"session {sid} names a log that is missing: either it kept changing while it was read (try "
+            "again), or this is a copy taken while the bot ran, whose header and logs are of different "
+            "moments (the bot rebuilds the header from the log it has when it next loads the chat)"
+        )
 
     def _load_once(self, sid: str, *, rebuilt: bool = False) -> Session | None:
         header_path = self.header_path(sid)

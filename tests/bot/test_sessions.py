@@ -146,6 +146,22 @@ async def test_a_header_a_newer_membot_wrote_is_refused_and_left_as_it_is(tmp_pa
     assert sorted((p.name, p.read_bytes()) for p in (tmp_path / "sessions").iterdir()) == before
 
 
+async def test_a_read_only_load_of_a_header_naming_a_missing_log_says_what_may_be_wrong(
+    tmp_path: Path,
+) -> None:
+    """`membot sessions show` on a copy of a running bot's workspace: the header names a log the copy
+    lacks. It said only "kept changing while it was read: try again", which no retry mends."""
+    sessions = service(tmp_path)
+    session = await sessions.get_or_create("cli", "me")
+    session.append(Message(Role.USER, "hello"))
+    await sessions.save(session)
+    [log] = (tmp_path / "sessions").glob("cli:me.*.jsonl")
+    log.rename(log.with_name("cli:me.7.jsonl"))  # the copy holds another generation's log
+
+    with pytest.raises(StorageError, match="copy taken while the bot ran"):
+        await JsonSessionStore(tmp_path / "sessions", read_only=True).load("cli:me")
+
+
 async def test_a_header_no_log_stands_in_for_is_moved_aside_and_the_session_starts_fresh(
     tmp_path: Path,
 ) -> None:
