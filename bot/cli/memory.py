@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 import typer
 from rich.table import Table
 
-from bot.cli.root import EXIT_CONFIG, app, command_group, console, fail, settings_from
+from bot.cli.root import EXIT_CONFIG, app, command_group, console, err_console, fail, settings_from
 from bot.errors import ConfigError
 from bot.printable import printable
 
@@ -32,10 +32,14 @@ T = TypeVar("T")
 
 
 @asynccontextmanager
-async def _service(settings: Settings) -> AsyncIterator[MemoryService]:
+async def _service(settings: Settings, *, read_only: bool) -> AsyncIterator[MemoryService]:
+    """Memory opened for a command: ``read_only`` beside a running bot, which owns the files (these
+    commands take no workspace lock), so that a look changes nothing in the workspace."""
     from bot.memory import MemoryService
 
-    service = MemoryService(settings.memory_dir, settings.memory, timezone=settings.timezone)
+    service = MemoryService(
+        settings.memory_dir, settings.memory, timezone=settings.timezone, read_only=read_only
+    )
     await service.start()
     try:
         yield service
@@ -43,9 +47,9 @@ async def _service(settings: Settings) -> AsyncIterator[MemoryService]:
         await service.close()
 
 
-def _run(settings: Settings, work: Callable[[MemoryService], Awaitable[T]]) -> T:
+def _run(settings: Settings, work: Callable[[MemoryService], Awaitable[T]], *, read_only: bool = True) -> T:
     async def main() -> T:
-        async with _service(settings) as service:
+        async with _service(settings, read_only=read_only) as service:
             return await work(service)
 
     return asyncio.run(main())
@@ -59,7 +63,9 @@ def show(
     ] = None,
     query: Annotated[str | None, typer.Option(help="Pretend the user just said this.")] = None,
 ) -> None:
-    """Print the system prompt the model would see next, memory included."""
+    """Print the system prompt the model would see next, memory included (found by its words only:
+    no embedding model is loaded here). Reads only: safe beside a running bot."""
+    from bot.errors import StorageError
     from bot.memory import operator as ops
     from bot.sessions import JsonSessionStore
 
@@ -68,7 +74,11 @@ def show(
     async def work(service: MemoryService) -> str:
         history = []
         if session:
-            loaded = await JsonSessionStore(settings.sessions_dir).load(session)
+            # Read-only, as `membot sessions show`: the bot owns the session's files and repairs them.
+            try:
+                loaded = await JsonSessionStore(settings.sessions_dir, read_only=True).load(session)
+            except StorageError as exc:
+                fail(str(exc))
             if loaded is None:
                 fail(f"no session {session!r} (see `membot sessions list`)")
             history = loaded.messages
@@ -76,7 +86,10 @@ def show(
             service, settings.system_prompt, history, query, session_id=session or ""
         )
 
-    console.print(printable(_run(settings, work)), markup=False, highlight=False, soft_wrap=True)
+    prompt = _run(settings, work)
+    if settings.memory.embeddings != "none":  # the bot's pack may differ: it adds what the meaning finds
+        err_console.print("(memory found by its words only: the bot also searches by meaning)")
+    console.print(printable(prompt), markup=False, highlight=False, soft_wrap=True)
 
 
 @memory_app.command()
@@ -190,7 +203,8 @@ def search(
     ] = None,
 ) -> None:
     """Search structured memory by its words (BM25 over lemmas, as the bot ranks them; the meaning side
-    of the bot's hybrid search is left out here, so that no model is loaded for a lookup)."""
+    of the bot's hybrid search is left out here, so that no model is loaded for a lookup). Reads only:
+    safe beside a running bot."""
     from bot.memory import operator as ops
 
     settings = settings_from(ctx)
@@ -222,7 +236,7 @@ def stats(
         typer.Option(help='One chat\'s MEMORY.md, notes and items (memory.scope = "chat").'),
     ] = None,
 ) -> None:
-    """Sizes, item counts per layer, and the last consolidation."""
+    """Sizes, item counts per layer, and the last consolidation. Reads only: safe beside a running bot."""
     from bot.memory import operator as ops
 
     figures = _run(settings_from(ctx), lambda service: ops.stats(service, session_id=session))
@@ -265,7 +279,9 @@ def import_(
         try:
             with WorkspaceLock.hold(settings.workspace):  # the bot appends to the same item files
                 report = _run(
-                    settings, lambda service: ops.import_conversations(service, file, progress=advance)
+                    settings,
+                    lambda service: ops.import_conversations(service, file, progress=advance),
+                    read_only=False,
                 )
         except (ValueError, KeyError, TypeError) as exc:
             fail(f"{file} is not a conversation export this command understands ({exc})")
@@ -304,7 +320,7 @@ def reindex(
         async with httpx.AsyncClient() as http:
             embedder = build_embedder(settings.memory, http)
             assert embedder is not None
-            async with _service(settings) as service:
+            async with _service(settings, read_only=True) as service:
                 items = ops.items_to_embed(service)
             store = VectorStore(settings.memory_dir / VECTORS_DIR, embedder)
             await store.start()

@@ -5,12 +5,19 @@ Layout under ``items/``: ``episodic/YYYY-MM-DD.jsonl`` (by creation day), ``sema
 line for an id wins and a ``deleted`` version is a tombstone. The
 :class:`~bot.memory.item_store.ItemStore` appends to them through its writer; what is here runs in a
 thread (a load, a compaction's rewrite), never on the event loop.
+
+A read-only load (``membot memory search|show|stats``, beside the running bot that owns the logs)
+changes nothing: no folder made or moved aside, no damaged line kept aside. An unreadable line is
+skipped and logged; the last line of a log without its newline is most likely one the bot is
+appending at that moment, and is said to be.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
@@ -44,24 +51,31 @@ def line_of(item: MemoryItem) -> str:
     return json.dumps(item.to_dict(), ensure_ascii=False)
 
 
-def read_logs(root: Path) -> tuple[dict[str, MemoryItem], dict[Path, int], set[Path]]:
+def read_logs(
+    root: Path, *, read_only: bool = False
+) -> tuple[dict[str, MemoryItem], dict[Path, int], set[Path]]:
     """Every item's last version, each log's line count, and the logs found
-    holding damaged lines (kept aside): from the snapshot plus the logs' tails when it holds, else from
-    every line of every log."""
-    ensure_private_dir(root)
-    ensure_private_dir(root / "episodic")
+    holding damaged lines (kept aside; ``read_only``: skipped only): from the snapshot plus the logs'
+    tails when it holds, else from every line of every log."""
+    if not read_only:
+        ensure_private_dir(root)
+        ensure_private_dir(root / "episodic")
     logs = sorted(root.glob("*.jsonl")) + sorted((root / "episodic").glob("*.jsonl"))
-    logs = [path for path in logs if not _folder_set_aside(path)]
+    if read_only:
+        logs = [path for path in logs if not path.is_dir()]  # (the bot moves it aside at its start)
+    else:
+        logs = [path for path in logs if not _folder_set_aside(path)]
     snap = item_snapshot.read(root)
     damaged_logs: set[Path] = set()
+    parse = functools.partial(_parse_into, read_only=read_only)
     if snap is not None:
-        found = _read_tails(root, snap, logs, damaged_logs)
+        found = _read_tails(root, snap, logs, damaged_logs, parse)
         if found is not None:
             return (*found, damaged_logs)
         log.info("memory_snapshot_stale", reason="a log was rewritten since it was taken")
         damaged_logs.clear()  # read again below, whole
     items: dict[str, MemoryItem] = {}
-    lines = {path: _parse_into(items, path.read_bytes(), path, damaged_logs) for path in logs}
+    lines = {path: parse(items, path.read_bytes(), path, damaged_logs) for path in logs}
     return items, lines, damaged_logs
 
 
@@ -77,7 +91,11 @@ def _folder_set_aside(path: Path) -> bool:
 
 
 def _read_tails(
-    root: Path, snap: item_snapshot.Snapshot, logs: list[Path], damaged_logs: set[Path]
+    root: Path,
+    snap: item_snapshot.Snapshot,
+    logs: list[Path],
+    damaged_logs: set[Path],
+    parse: Callable[..., int],
 ) -> tuple[dict[str, MemoryItem], dict[Path, int]] | None:
     items = {item.id: item for item in snap.items}
     lines: dict[Path, int] = {}
@@ -88,22 +106,29 @@ def _read_tails(
         with path.open("rb") as f:
             st = os.fstat(f.fileno())
             if mark is None:  # a log the snapshot never saw: read it whole
-                lines[path] = _parse_into(items, f.read(), path, damaged_logs)
+                lines[path] = parse(items, f.read(), path, damaged_logs)
                 continue
             if st.st_ino != mark.inode or st.st_size < mark.size:
                 return None
             f.seek(mark.size)
-            lines[path] = mark.lines + _parse_into(items, f.read(), path, damaged_logs, start=mark.size)
+            lines[path] = mark.lines + parse(items, f.read(), path, damaged_logs, start=mark.size)
     return items, lines
 
 
 def _parse_into(
-    items: dict[str, MemoryItem], data: bytes, path: Path, damaged_logs: set[Path], *, start: int = 0
+    items: dict[str, MemoryItem],
+    data: bytes,
+    path: Path,
+    damaged_logs: set[Path],
+    *,
+    start: int = 0,
+    read_only: bool = False,
 ) -> int:
     """Apply a log's lines (last version wins, tombstones remove) and return how many lines it held.
 
     ``data`` is the log from byte ``start`` on. A damaged line costs only itself, and is kept aside
     (``bot/damaged.py``); the log is then added to ``damaged_logs``, for compaction to rewrite without it.
+    ``read_only``: it is skipped and logged only (:func:`_skipped`), and the log still added.
     """
     count = 0
     unreadable: list[damaged.DamagedLine] = []
@@ -118,9 +143,31 @@ def _parse_into(
             items.pop(item.id, None)
         else:
             items[item.id] = item
-    if damaged.keep_aside(path, unreadable, event="memory_item_lines_set_aside") is not None:
+    if read_only:
+        if unreadable:
+            _skipped(path, unreadable, start + len(data))
+            damaged_logs.add(path)
+    elif damaged.keep_aside(path, unreadable, event="memory_item_lines_set_aside") is not None:
         damaged_logs.add(path)
     return count
+
+
+def _skipped(path: Path, unreadable: list[damaged.DamagedLine], end: int) -> None:
+    """Log the lines a read-only load skipped; a last one without its newline is most likely being
+    appended by the running bot right now (a copy of it is the bot's to keep, should it stay torn)."""
+    last = unreadable[-1]
+    appending = last.offset + len(last.data) == end and not last.data.endswith(b"\n")
+    where = [{"at_byte": d.offset, "bytes": len(d.data), "reason": d.reason} for d in unreadable]
+    hint = (
+        "the last line may still be being written by the running bot: run the command again to see it"
+        if appending
+        else ""
+    )
+    if len(unreadable) > int(appending):
+        hint += ("; " if hint else "") + (
+            "a damaged line was skipped: the bot keeps it aside beside the log at its next start"
+        )
+    log.warning("memory_item_lines_skipped", path=str(path), lines=where, hint=hint)
 
 
 def rewrite_if_unchanged(root: Path, path: Path, lines: int, items: list[MemoryItem]) -> bool:

@@ -11,6 +11,10 @@ damaged line the load set aside (a record a kill cut short: it would stay in the
 Every change is made in memory at once (no await between deciding and recording it, so concurrent
 chats never act on a stale view: an item is promoted once) and then written by a :class:`GroupWriter`,
 which commits the lines of all chats waiting at that moment with one fsync per file.
+
+A ``read_only`` store (``membot memory search|show|stats`` beside the running bot) loads without
+changing a byte (item_logs.py) and writes nothing: what the bot would change at its start (separating
+chats' items) it changes in memory only, and a write is a bug (``RuntimeError``).
 """
 
 from __future__ import annotations
@@ -52,9 +56,10 @@ removed one (forgotten, or hidden behind its promoted copy). ``(None, None)`` me
 class ItemStore:
     """The live set of items plus its on-disk logs (see the module doc)."""
 
-    def __init__(self, root: Path, *, per_chat: bool = False) -> None:
+    def __init__(self, root: Path, *, per_chat: bool = False, read_only: bool = False) -> None:
         self._root = root
         self._per_chat = per_chat
+        self._read_only = read_only
         self._items: dict[str, MemoryItem] = {}
         self._index = ItemIndex(self._items)
         self._merges: dict[tuple[Layer, str, str], str] = {}  # what a repeat merges into (_merge_key)
@@ -71,6 +76,10 @@ class ItemStore:
     @property
     def root(self) -> Path:
         return self._root
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
 
     @property
     def index(self) -> ItemIndex:
@@ -93,7 +102,9 @@ class ItemStore:
             paused.freeze = len(self._items) >= FREEZE_AT
 
     async def _load(self) -> None:
-        loaded, lines, self._damaged = await asyncio.to_thread(item_logs.read_logs, self._root)
+        loaded, lines, self._damaged = await asyncio.to_thread(
+            item_logs.read_logs, self._root, read_only=self._read_only
+        )
         self._items = {i.id: i for i in loaded.values() if not i.deleted}
         self._merges = {self._merge_key(i): i.id for i in self._items.values()}
         self._index.rebuild(self._items)
@@ -114,7 +125,7 @@ class ItemStore:
         append left out (a full disk) are appended first; while one still is in memory only, no snapshot:
         the next start would take it as stored, and not record its message again (or bring back an item
         forgotten since)."""
-        if self._damaged:
+        if self._damaged or self._read_only:
             return False
         try:
             if self._unwritten:
@@ -250,7 +261,10 @@ class ItemStore:
                     versions.append(item.with_changes(references=refs))
                 else:  # a copy of its own: any promotion of it is made anew, within its chat
                     versions.append(item.with_changes(id=new_id(), references=refs, promoted_to=None))
-        if versions:
+        if versions and self._read_only:  # as the bot will have them, in memory only
+            for version in versions:
+                self._remember(version)
+        elif versions:
             await self.put_many(versions)
         return split
 
@@ -267,6 +281,8 @@ class ItemStore:
         The store keeps account of each write on the writer's own future (``_written``), which its
         callers never cancel (``_all_written``).
         """
+        if self._read_only:
+            raise RuntimeError(f"the item store under {self._root} was opened read-only")
         groups: dict[Path, list[MemoryItem]] = defaultdict(list)
         for item in items:
             groups[self.path_for(item)].append(item)
@@ -424,6 +440,8 @@ class ItemStore:
         A log that another process (``membot memory import`` next to the running bot) appended to
         since we read it is left alone: rewriting it from our view would drop that process's items.
         """
+        if self._read_only:
+            return 0
         # Counted by log (layer and day), not by path: a Path per item made this ~0.5 s at 100,000 items,
         # all of it holding up the chats' turns.
         live = Counter(map(item_logs.log_of, self._items.values()))

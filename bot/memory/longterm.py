@@ -87,8 +87,14 @@ class LongTermMemory:
         await memory.update(lambda text: text + "- likes tea\\n")   # applied to the newest text
     """
 
-    def __init__(self, path: Path, *, limits: Limits = Limits(), exchange: bool = True) -> None:
+    def __init__(
+        self, path: Path, *, limits: Limits = Limits(), exchange: bool = True, read_only: bool = False
+    ) -> None:
+        """``read_only``: for a reader beside the running bot (``membot memory show|stats``): reads take
+        the file as it is, merging nothing into it and taking no lock (no lock file either), and a
+        write is a bug (``RuntimeError``)."""
         self._path = path
+        self._read_only = read_only
         self._replaced = ReplacedLines(path.with_name(REPLACED_NAME), max_bytes=limits.replaced_max_bytes)
         self._max_bytes = limits.max_bytes
         self._read_cap = limits.max_bytes + READ_MARGIN
@@ -118,10 +124,28 @@ class LongTermMemory:
 
     async def read(self) -> Snapshot:
         """The current text; re-read from disk only when its mtime, size or inode changed."""
+        if self._read_only:
+            if not self._looked:
+                await asyncio.to_thread(self._look_only)
+            return await asyncio.to_thread(self._snapshots.read)
         if not self._looked or self._files.watching:
             async with self._lock:
                 await asyncio.to_thread(self._rescue_if_needed)
         return await asyncio.to_thread(self._snapshots.read)
+
+    def _look_only(self) -> None:
+        """Read-only: say when versions a failed or killed write left beside the file wait to be merged
+        (the bot or ``membot memory edit`` merges them at its next read); what is read leaves them out."""
+        self._follow_link()
+        self._files.look()
+        self._looked = True
+        if self._files.watching:
+            log.warning(
+                "memory_file_versions_waiting",
+                file=str(self._path),
+                hint="versions a write left beside it are not shown here: the bot merges them into it "
+                "when it next reads the file",
+            )
 
     def _rescue_if_needed(self) -> None:
         """Merge what an editor wrote into a version a bot write displaced and, at the first read, an
@@ -188,6 +212,8 @@ class LongTermMemory:
             return await asyncio.to_thread(self._locked, lambda: self._apply(change))
 
     def _locked(self, work: Callable[[], T]) -> T:
+        if self._read_only:
+            raise RuntimeError(f"{self._path} was opened read-only")
         self._follow_link()
         with self._files.lock():
             self._rescue()

@@ -47,8 +47,11 @@ class ChatFolders:
         await chats.longterm("telegram:42").update(lambda text: text + "- likes tea\\n")
     """
 
-    def __init__(self, root: Path, tz: ZoneInfo, *, limits: Limits = Limits()) -> None:
+    def __init__(
+        self, root: Path, tz: ZoneInfo, *, limits: Limits = Limits(), read_only: bool = False
+    ) -> None:
         self._root = root
+        self._read_only = read_only
         self._tz = tz
         self._limits = limits
         self._longterm: dict[str, LongTermMemory] = {}
@@ -66,7 +69,9 @@ class ChatFolders:
         found = self._longterm.get(session_id)
         if found is None:
             path = self.folder(session_id) / "MEMORY.md"
-            found = self._longterm[session_id] = LongTermMemory(path, limits=self._limits)
+            found = self._longterm[session_id] = LongTermMemory(
+                path, limits=self._limits, read_only=self._read_only
+            )
         return found
 
     def notes(self, session_id: str) -> DailyNotes:

@@ -15,6 +15,12 @@ item layers), composes the modules that work on them, and offers three paths:
 With ``memory.scope = "chat"`` every path takes the session id and stays inside that chat (see
 bot/memory/scope.py): notes and the bot-written MEMORY.md live in the chat's folder, and items are
 retrieved only from the chat that told them. HISTORY.md and the archive stay workspace-wide.
+
+``read_only`` opens memory for a reader beside the running bot, which owns the files (``membot memory
+search|show|stats`` take no workspace lock): its start and close change nothing in the workspace (no
+folder made, no mode fixed, no damaged line kept aside, no chats' items separated on disk, no snapshot,
+index or marker written, no consolidation resumed), and what the bot's start would change it changes
+in memory only, so a query is answered as the bot answers it. It has no vectors (found by words).
 """
 
 from __future__ import annotations
@@ -80,25 +86,30 @@ class MemoryService:
         maintain_every: timedelta | None = None,
         observer: ConsolidationObserver | None = None,
         consolidation_room: int | None = None,
+        read_only: bool = False,
     ) -> None:
         """``maintain_every`` is for the running bot: it then promotes, decays and compacts items that
         often, while it answers or consolidates. Operator commands and the bench
         leave it ``None``, so that they never rewrite item logs behind the bot's back. ``observer``
         (``bot.metrics.Metrics``) is told about every consolidation. ``consolidation_room``: the prompt
-        tokens the consolidation model's window takes (None: not checked).
+        tokens the consolidation model's window takes (None: not checked). ``read_only``: see the
+        module doc; it takes neither an embedder nor ``maintain_every``, and its write paths raise.
         """
+        if read_only and (embedder is not None or maintain_every is not None):
+            raise ValueError("a read-only MemoryService neither embeds nor maintains")
+        self.read_only = read_only
         self.settings = settings
         self.root = root
         self.tz = tz = ZoneInfo(settings.timezone or timezone)
         self._clock = clock
         limits = Limits.of(settings)
-        self.longterm = LongTermMemory(root / "MEMORY.md", limits=limits)
+        self.longterm = LongTermMemory(root / "MEMORY.md", limits=limits, read_only=read_only)
         self.notes = DailyNotes(root, tz)
         self.chat_scope = scoped = settings.scope == "chat"
-        self.chats = ChatFolders(root / CHATS_DIR, tz, limits=limits)
+        self.chats = ChatFolders(root / CHATS_DIR, tz, limits=limits, read_only=read_only)
         self.history = HistoryLog(root)
         self.archive = TranscriptArchive(root / "archive")
-        self.items = ItemStore(root / "items", per_chat=scoped)
+        self.items = ItemStore(root / "items", per_chat=scoped, read_only=read_only)
         self.retriever = Retriever(self.items)
         self.recaller = Recaller(self.items, count_tokens, max_message_tokens=settings.max_message_tokens)
         self.vectors = VectorStore(root / VECTORS_DIR, embedder) if embedder is not None else None
@@ -173,7 +184,11 @@ class MemoryService:
 
     async def start(self) -> None:
         """Create ``memory/`` (0700), tighten file modes to 0600, and load the item layers; the running
-        bot then resumes, in the background, the consolidations a kill cut short."""
+        bot then resumes, in the background, the consolidations a kill cut short. Read-only: only the
+        loads (see the module doc)."""
+        if self.read_only:
+            await self._start_read_only()
+            return
         first_in_chat_scope = self.chat_scope and not await asyncio.to_thread(self.chats.root.exists)
         fixed = await asyncio.to_thread(self._prepare)
         if fixed:
@@ -206,6 +221,18 @@ class MemoryService:
         if self._rewrites_logs:  # not an operator command: it would consolidate behind the bot's back
             await self._retirement.resume()
 
+    async def _start_read_only(self) -> None:
+        """Load the items and their word index as the bot's start leaves them, writing nothing."""
+        await self.items.load()
+        if self.chat_scope:
+            await self.items.separate_chats()  # in memory only: the bot writes the split at its start
+        await asyncio.to_thread(load_lemmas)
+        await self.retriever.ready()
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise RuntimeError(f"memory under {self.root} was opened read-only")
+
     def _longterm_written(self) -> bool:
         """Whether MEMORY.md holds anything: its start says (a multi-GB one is not read whole)."""
         try:
@@ -227,7 +254,9 @@ class MemoryService:
 
     async def close(self) -> None:
         """Wait for background consolidations (each has its own deadline, so this ends); the running
-        bot also writes which items were recalled since the last maintenance."""
+        bot also writes which items were recalled since the last maintenance. Read-only: nothing."""
+        if self.read_only:
+            return
         await self._retirement.close()
         await self._upkeep.settled()  # one an answer or a consolidation started
         if self.vectors is not None:
@@ -247,6 +276,7 @@ class MemoryService:
     ) -> list[MemoryItem]:
         """Daily-note lines and heuristic items for answered turns (see :meth:`Recorder.record` for
         ``replay`` and ``sync``); what was stored is then promoted, and maintained when due."""
+        self._writable()
         stored = await self._recorder.record(exchanges, replay=replay, sync=sync)
         await self._upkeep.promote(stored)
         self._upkeep.start_when_due()
@@ -255,6 +285,7 @@ class MemoryService:
     async def recover(self, session: Session) -> int:
         """Record again the messages of ``session`` that have no items: a power cut lost them before
         their fsync (see lazy_sync.py). Returns how many; note lines already written are not repeated."""
+        self._writable()
         missing = self._recorder.unrecorded(session)
         exchanges = exchanges_of(session, missing)
         if exchanges:
@@ -263,6 +294,7 @@ class MemoryService:
 
     async def recovered(self) -> None:
         """Every session was checked (:meth:`recover`): the marker a previous run left can go."""
+        self._writable()
         await self._recorder.lazy.recovered()
         self.unsynced_since = None
 
@@ -273,6 +305,7 @@ class MemoryService:
 
     async def maintain(self) -> dict[str, int]:
         """Promotion, decay and log compaction: in-memory scans plus a write only for what changed."""
+        self._writable()
         return await self._upkeep.maintain()
 
     # -- retire path ------------------------------------------------------------------------------
@@ -280,6 +313,7 @@ class MemoryService:
     async def archive_messages(self, session_id: str, messages: Sequence[Message]) -> int:
         """Keep ``messages`` in the archive before they leave the session; what was recorded of them
         without an fsync is synced first (the next start can only record again what a session holds)."""
+        self._writable()
         return await self._retirement.archive_messages(session_id, messages)
 
     async def consolidate(
@@ -291,6 +325,7 @@ class MemoryService:
     ) -> ConsolidationResult:
         """Archive, then consolidate ``messages_to_retire`` into HISTORY/MEMORY.md (compaction, ``/new``);
         see :meth:`Retirement.consolidate <bot.memory.retirement.Retirement.consolidate>`."""
+        self._writable()
         return await self._retirement.consolidate(session, messages_to_retire, timeout=timeout)
 
     async def consolidate_in_background(
@@ -298,6 +333,7 @@ class MemoryService:
     ) -> asyncio.Task[ConsolidationResult] | None:
         """Archive ``messages_to_retire`` and record them as pending, then consolidate them without
         waiting (:meth:`close` waits); None when they were all archived before."""
+        self._writable()
         return await self._retirement.in_background(session_id, messages_to_retire)
 
     @property

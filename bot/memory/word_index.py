@@ -131,8 +131,9 @@ class WordIndex:
         self.index = merged
 
     async def save(self) -> None:
-        """Write the index beside the items (a thread; best effort: the next start can rebuild)."""
-        if self._stale:
+        """Write the index beside the items (a thread; best effort: the next start can rebuild); never
+        for a read-only store (the index it built stays in memory)."""
+        if self._stale or self._store.read_only:
             return
         if self._merging is not None:
             await asyncio.gather(self._merging, return_exceptions=True)
