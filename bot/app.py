@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
@@ -31,6 +31,7 @@ from bot.compaction import CompactionService, MemoryRetirer
 from bot.config import DEFAULT_CONFIG_FILE, Settings
 from bot.context_budget import ContextBudget, prompt_room
 from bot.dispatcher import Dispatcher
+from bot.domain import utcnow
 from bot.errors import ConfigError
 from bot.inbox import Inbox
 from bot.intake import COMMANDS_NOTED
@@ -99,12 +100,14 @@ async def build_core(
     llm: ChatModel | None = None,
     embedder: Embedder | None = None,
     metrics: Metrics | None = None,
+    clock: Callable[[], datetime] = utcnow,
 ) -> AsyncIterator[Core]:
     """Build and connect membot's parts; close them in reverse order on exit.
 
     ``http``, ``llm`` and ``embedder`` replace the HTTP client, the model client and the embedding model
     (benchmarks, embedding apps); ``metrics`` (``membot run``) observes turns, tool calls, compactions
-    and consolidations.
+    and consolidations; ``clock`` is the machine's as the dispatcher reads it to date messages (tests
+    step it back).
 
     On exit the one exit stack closes, in this order: the dispatcher (running turns get
     ``lifecycle.grace_period``), memory (pending writes), ``core.edge`` (channels in reverse start
@@ -153,6 +156,7 @@ async def build_core(
             observer=metrics,
             waits=WaitRecords(settings.state_dir / WAIT_FILE),
             redelivery_window=_redelivery_window(settings),
+            clock=clock,
         )
         stack.push_async_callback(dispatcher.close, settings.lifecycle.grace_period)
         yield Core(settings, catalog, sessions, inbox, commands, dispatcher, model, memory, edge)

@@ -7,28 +7,56 @@ redelivery of a message it already took, the session also notes the platform ids
 it took in its metadata (:func:`add_message`): /new and memory's trim of a long session take messages
 out of the history, not out of what a platform may hand over again. A command leaves no message: the
 session notes its platform id among the commands run instead (:func:`note_command`).
+
+A message is never dated before the session's last one (:func:`dated`), nor before the last one it
+took in (noted in its metadata: /new clears the history, not memory): memory takes the newest statement
+on a subject as the current one, so a clock stepped back must not make "I moved to Berlin" older than
+what it corrects.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from bot.domain import SPEAKER_META, ImagePart, InboundMessage, Message, Role, Session, as_utc, utcnow
+import structlog
+
+from bot.domain import (
+    SPEAKER_META,
+    ImagePart,
+    InboundMessage,
+    Message,
+    Role,
+    Session,
+    as_utc,
+    parse_time,
+    utcnow,
+)
+
+log = structlog.get_logger(__name__)
 
 INBOX_META = "inbox"  # user message meta: the inbox entries it came from, comma-separated
 SPEAKER_CHARS = 64  # the longest name put before a group message
 DEDUP_WINDOW = 100  # recent session messages searched for a redelivered message (saved before notes)
 MESSAGES_META = "messages_taken"  # session.metadata: platform ids of the latest messages taken in
 COMMANDS_META = "commands_run"  # session.metadata: platform ids of the latest commands run in the chat
+DATED_META = "last_dated"  # session.metadata: the date of the latest message taken in (see dated)
 # Messages and commands a session notes at the least (every save carries the lists): Telegram's update
 # journal takes an update once, so only the last few come again (a kill between the inbox's fsync and
 # the journal's). A channel that hands over more again raises it: Discord's catch-up hands over up to
 # ``discord.catch_up_max_messages`` after a mark not on disk yet (``Dispatcher``'s ``redelivery_window``).
 # Fewer, and a command it reads again ran again, and noted, pushed out the next one, which ran again too.
 COMMANDS_NOTED = 20
+# How far back the machine's clock may step (below the session's last message) for a chat's dates to
+# hold at that message: a Raspberry Pi that starts before NTP (fake-hwclock saves hourly), an NTP
+# correction, a VM restored from a recent snapshot. A larger step is taken as the correction of a clock
+# that was wrong ahead: held, every date of the chat would stick at the wrong one until the clock caught
+# up (see :func:`dated`).
+HOLD_LIMIT = timedelta(days=1)
+AFTER = timedelta(microseconds=1)  # a held message comes this much after the last one, never with it
 
 
 def speaker(inbound: InboundMessage) -> str:
@@ -41,8 +69,12 @@ def speaker(inbound: InboundMessage) -> str:
     return name or (f"user {inbound.sender_id}"[:SPEAKER_CHARS] if inbound.sender_id else "")
 
 
-def user_message(inbound: InboundMessage, entries: Sequence[str] = ()) -> Message:
-    """The session's user message for ``inbound`` (attachments described or passed as images).
+def user_message(
+    inbound: InboundMessage, entries: Sequence[str] = (), *, timestamp: datetime | None = None
+) -> Message:
+    """The session's user message for ``inbound`` (attachments described or passed as images), dated
+    ``timestamp`` (by default its platform's date, capped at our clock; :func:`add_message` dates it
+    after the session's last message, see :func:`dated`).
 
     In a group several people talk in one session, so a message starts with its sender's name
     ("Alice: ..."): the model knows who asks, and memory, the daily notes and summaries keep who said
@@ -75,7 +107,7 @@ def user_message(inbound: InboundMessage, entries: Sequence[str] = ()) -> Messag
         content="\n\n".join(parts),
         # Dated as the turn is (see turn_time): a platform date ahead of our clock would put the
         # question after its own answer, in the session and in memory.
-        timestamp=min(as_utc(inbound.timestamp), utcnow()),
+        timestamp=min(as_utc(inbound.timestamp), utcnow()) if timestamp is None else timestamp,
         images=tuple(images),
         meta=meta,
     )
@@ -99,10 +131,15 @@ def entries_in(messages: Iterable[Message]) -> set[str]:
     return found
 
 
-def add_message(session: Session, inbound: InboundMessage, entries: Sequence[str], *, keep: int) -> None:
-    """Add ``inbound`` to the session's history (:func:`user_message`), and note its platform id among
-    the latest ``keep`` messages taken (at least :data:`COMMANDS_NOTED`), saved with it."""
-    session.append(user_message(inbound, entries))
+def add_message(
+    session: Session, inbound: InboundMessage, entries: Sequence[str], *, keep: int, now: datetime
+) -> None:
+    """Add ``inbound`` to the session's history (:func:`user_message`), dated by :func:`dated` with our
+    clock's ``now``, and note its platform id among the latest ``keep`` messages taken (at least
+    :data:`COMMANDS_NOTED`), saved with it."""
+    message = user_message(inbound, entries, timestamp=dated(inbound.timestamp, now, session))
+    session.append(message)
+    session.metadata[DATED_META] = message.timestamp.isoformat()
     for message_id in (inbound.message_id, *inbound.joined) if inbound.message_id else ():
         _note(session, MESSAGES_META, message_id, keep)
 
@@ -153,10 +190,52 @@ def forget_command(session: Session, message_id: str) -> None:
         noted.remove(message_id)
 
 
-def turn_time(messages: Iterable[InboundMessage]) -> datetime:
+def turn_time(messages: Iterable[InboundMessage], session: Session, now: datetime) -> datetime:
     """When a turn happens: the date of its newest message, as its platform dated it, so memory files
-    and recalls what was said at the time it was said. A date ahead of our clock (a skewed sender) is
-    taken as now; a date without a zone is read as UTC."""
-    now = utcnow()
+    and recalls what was said at the time it was said. A date ahead of our clock ``now`` (a skewed
+    sender) is taken as now; a date without a zone is read as UTC. Never before the session's last
+    message (its own, added already: see :func:`dated`), so its answer is not dated before its question.
+    """
     newest = max((as_utc(m.timestamp) for m in messages), default=now)
-    return min(newest, now)
+    return dated(newest, now, session, step=0)
+
+
+def _last_dates(session: Session) -> list[datetime]:
+    """The session's last message's date and the noted one (none that a hand edit left unreadable)."""
+    dates = [session.messages[-1].timestamp] if session.messages else []
+    noted = session.metadata.get(DATED_META)
+    if isinstance(noted, str):
+        with contextlib.suppress(ValueError):
+            dates.append(parse_time(noted))
+    return dates
+
+
+def dated(claimed: datetime, now: datetime, session: Session, *, step: int = 1) -> datetime:
+    """The date of a message ``claimed`` (by its platform) that ``session`` takes in at our clock's
+    ``now``: ``claimed``, capped at ``now`` (a date ahead of our clock is a skewed sender's), and never
+    earlier than the session's last message, or the last one it took in before a /new cleared it
+    (``step`` microseconds after it).
+
+    Our clock steps back at times (a Raspberry Pi that starts before NTP, an NTP correction, a VM
+    restored from a snapshot); dated by it, a message came before earlier ones, and memory took the
+    older statement for the current one ("I moved to Berlin" lost to "I live in Lisbon"), as did
+    today's notes. A step back of up to :data:`HOLD_LIMIT` is held at the last message. A larger one is
+    taken as a clock that was wrong ahead and is right again: held, the chat's dates would stick at the
+    wrong one for as long as that clock needs to catch up. It is logged (``clock_went_back``, with both
+    times) and the clock is taken.
+    """
+    when = min(as_utc(claimed), now)
+    last = max(_last_dates(session), default=None)
+    floor = None if last is None else last + step * AFTER
+    if floor is None or when >= floor:
+        return when
+    if last is not None and last - now > HOLD_LIMIT:
+        log.warning(
+            "clock_went_back",
+            session_id=session.id,
+            clock=now.isoformat(),
+            last_message=last.isoformat(),
+            held_up_to=str(HOLD_LIMIT),
+        )
+        return when
+    return floor

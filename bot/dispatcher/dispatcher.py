@@ -13,6 +13,7 @@ import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -34,7 +35,7 @@ from bot.dispatcher.lanes import (
     take_messages,
 )
 from bot.dispatcher.turns import TurnObserver, Turns
-from bot.domain import InboundMessage
+from bot.domain import InboundMessage, utcnow
 from bot.errors import StorageError
 from bot.inbox import Inbox
 from bot.model_wait import WaitRecords
@@ -54,7 +55,7 @@ class Dispatcher:
     ``submit`` returns once the message is durably queued, which is when a channel may acknowledge it.
     ``redelivery_window``: the most messages of a chat a channel may hand over again (Discord's
     catch-up), so many of the messages taken and commands run in a session are noted there
-    (bot/intake.py).
+    (bot/intake.py). ``clock``: the machine's, which dates the chats' messages (tests step it back).
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class Dispatcher:
         send_patience: float = SEND_PATIENCE,
         waits: WaitRecords | None = None,
         redelivery_window: int = intake.COMMANDS_NOTED,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._pipeline = pipeline
         self._sessions = sessions
@@ -106,6 +108,7 @@ class Dispatcher:
             waits=waits,
             observer=observer,
             noted=redelivery_window,
+            clock=clock,
         )
 
     @property

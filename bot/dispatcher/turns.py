@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 from typing import Protocol
 
 import structlog
@@ -32,7 +33,7 @@ from bot.dispatcher.lanes import (
     take_messages,
     take_unanswered,
 )
-from bot.domain import Session
+from bot.domain import Session, utcnow
 from bot.errors import plain_reason
 from bot.inbox import Inbox
 from bot.long_answers import bounded
@@ -82,7 +83,8 @@ class TurnObserver(Protocol):
 class Turns:
     """Runs the lanes' work. ``run_kept`` runs a command that waits for its chat's turn (queued now, or
     when the last run ended) and returns once it ran (commands are answered in bot/dispatcher/commands.py);
-    ``completed`` counts the finished turns since start."""
+    ``completed`` counts the finished turns since start. ``clock`` is the machine's, which dates the
+    messages (bot/intake.py: never before the session's last one) and the answers kept to send."""
 
     def __init__(
         self,
@@ -97,6 +99,7 @@ class Turns:
         waits: WaitRecords | None = None,
         observer: TurnObserver | None = None,
         noted: int = intake.COMMANDS_NOTED,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._pipeline = pipeline
         self._sessions = sessions
@@ -108,6 +111,7 @@ class Turns:
         self._waits = waits
         self._observer = observer
         self._noted = noted  # the latest messages taken a session notes (see bot.intake.add_message)
+        self._clock = clock
         self.completed = 0
 
     async def work(self, sid: str, lane: Lane) -> None:
@@ -175,12 +179,14 @@ class Turns:
                 held = intake.entries_in(session.messages) if any(q.in_session for q in batch) else set()
                 for queued in batch:
                     if not (queued.in_session and held.issuperset(queued.entries)):
-                        intake.add_message(session, queued.message, queued.entries, keep=self._noted)
+                        intake.add_message(
+                            session, queued.message, queued.entries, keep=self._noted, now=self._clock()
+                        )
                 turn = Turn(
                     session=session,
                     inbound=tuple(q.message for q in batch),
                     on_partial=channel.partial_sink(lane.chat_id, first.message_id) if channel else None,
-                    now=intake.turn_time(q.message for q in batch),
+                    now=intake.turn_time((q.message for q in batch), session, self._clock()),
                 )
                 lane.answering = turn
                 structlog.contextvars.bind_contextvars(turn_id=turn.id)
@@ -348,7 +354,9 @@ class Turns:
                 kept = [q for q in request.kept if not _in_history(q, session, held, assumed=q.in_session)]
                 missing = stopped + kept
                 for queued in missing:
-                    intake.add_message(session, queued.message, queued.entries, keep=self._noted)
+                    intake.add_message(
+                        session, queued.message, queued.entries, keep=self._noted, now=self._clock()
+                    )
                 if missing or request.kept:
                     await self._delivery.persist(
                         "stop_save", sid, lambda: self._sessions.save(session), notice=tell

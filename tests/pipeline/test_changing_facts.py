@@ -14,6 +14,7 @@ from typing import Any
 
 from bot.app import build_core
 from bot.config import load_settings
+from bot.domain import utcnow
 from bot.memory.consolidation import SYSTEM as CONSOLIDATION
 from tests import chat_kit
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
@@ -31,14 +32,17 @@ class Chat(chat_kit.Chat):
 
 
 @contextlib.asynccontextmanager
-async def chat(workspace: Path, llm: FakeLLMServer) -> AsyncIterator[Chat]:
+async def chat(
+    workspace: Path, llm: FakeLLMServer, clock: Callable[[], datetime] = utcnow
+) -> AsyncIterator[Chat]:
+    """The bot, its dispatcher reading the machine's time from ``clock``."""
     values: dict[str, Any] = {
         "workspace": workspace,
         "llm": {"model": MODEL, "openai": {"base_url": llm.openai_base_url, "api_key": "sk-test-key-123456"}},
         "memory": {"embeddings": "none"},
     }
     settings = await asyncio.to_thread(load_settings, None, env_file=None, overrides=values)
-    async with build_core(settings) as core:
+    async with build_core(settings, clock=clock) as core:
         yield Chat(core)
 
 
@@ -175,3 +179,27 @@ async def test_a_fact_consolidation_found_is_dated_by_the_messages_it_came_from(
 
     shown = memory_section(server)
     assert f"- [preference, {said:%Y-%m-%d}] The user is vegetarian." in shown, shown
+
+
+async def test_a_correction_said_after_the_clock_stepped_back_is_recalled_as_the_current_fact(
+    tmp_path: Path, server: FakeLLMServer
+) -> None:
+    """The machine's clock stepped back ten minutes (an NTP correction, a Raspberry Pi that started before
+    NTP): "I moved to Berlin." was dated by it, before "I live in Lisbon.", and memory showed Lisbon as
+    where the user lives, Berlin as what they said before. (A /new between them leaves the chat's
+    history empty, not its memory.)"""
+    machine = [DAY]
+    async with chat(tmp_path / "ws", server, clock=lambda: machine[0]) as bot:
+        server.script(FakeReply(text="Noted."), FakeReply(text="Noted."))
+        await bot.say_on("I live in Lisbon.", 0)
+        await bot.say_on("/new", 0, minute=1)
+        machine[0] = DAY - timedelta(minutes=10)
+        await bot.say_on("I moved to Berlin.", 0, minute=2)
+        await bot.say_on("/new", 0, minute=3)
+        await bot.say_on("Where do I live?", 0, minute=4)
+
+    shown = memory_section(server)
+    assert "I moved to Berlin." in shown and "I live in Lisbon." in shown, shown
+    assert shown.index("I moved to Berlin.") < shown.index("previously") < shown.index("I live in Lisbon."), (
+        shown
+    )

@@ -1,0 +1,134 @@
+"""A chat's messages are never dated before the ones already in it, whatever the machine's clock does.
+
+The clock steps back at times (a Raspberry Pi that starts before NTP, an NTP correction, a VM restored
+from a snapshot): a message it dated came before earlier ones of the same chat, its turn and answer
+too, and memory took the older statement for the current one. A step back of more than
+``intake.HOLD_LIMIT`` is a clock that was wrong ahead: its dates are not held, and the log says so.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from structlog.testing import capture_logs
+
+from bot import intake
+from bot.commands import CommandRouter
+from bot.config import DispatcherSettings
+from bot.dispatcher import Dispatcher
+from bot.domain import InboundMessage, Message, Role
+from bot.inbox import Inbox
+from bot.session_service import SessionService
+from bot.sessions import JsonSessionStore
+from pipeline import Pipeline, Turn
+from tests.recording import RecordingChannel
+
+NOON = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+class Clock:
+    """The machine's clock, as the test sets it."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class Answering:
+    """The model's step: answers each turn and records the turn's time."""
+
+    name, order, enabled = "model", 30, True
+
+    def __init__(self) -> None:
+        self.times: list[datetime] = []
+
+    def should_process(self, turn: Turn) -> bool:
+        return True
+
+    async def process(self, turn: Turn) -> None:
+        self.times.append(turn.now)
+        turn.add_message(Message(Role.ASSISTANT, f"answer to {turn.user_text}"))
+        turn.reply = f"answer to {turn.user_text}"
+
+
+def build(
+    tmp_path: Path, clock: Clock, model: Answering
+) -> tuple[Dispatcher, RecordingChannel, SessionService]:
+    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
+    dispatcher = Dispatcher(
+        Pipeline([model]),
+        sessions,
+        CommandRouter(),
+        DispatcherSettings(),
+        inbox=Inbox(tmp_path / "inbox"),
+        clock=clock,
+    )
+    channel = RecordingChannel(dispatcher.submit)
+    dispatcher.attach(channel)
+    return dispatcher, channel, sessions
+
+
+def said(text: str, at: datetime) -> InboundMessage:
+    """A message its platform (whose servers keep time) dated ``at``."""
+    return InboundMessage("test", "c1", "u1", text, timestamp=at)
+
+
+async def chat_after_a_step_back(tmp_path: Path, step: timedelta) -> tuple[list[Message], list[datetime]]:
+    """One message at noon, then the clock steps back by ``step`` and another comes a minute later."""
+    clock, model = Clock(NOON), Answering()
+    dispatcher, channel, sessions = build(tmp_path, clock, model)
+    await dispatcher.submit(said("I live in Lisbon.", NOON))
+    await channel.wait_for(1)
+    clock.now = NOON - step + timedelta(minutes=1)
+    await dispatcher.submit(said("I moved to Berlin.", NOON + timedelta(minutes=1)))
+    await channel.wait_for(2)
+    session = await sessions.get("test:c1")
+    await dispatcher.close(0)
+    assert session is not None
+    return session.messages, model.times
+
+
+async def test_after_the_clock_steps_back_a_message_its_turn_and_answer_come_after_the_earlier_ones(
+    tmp_path: Path,
+) -> None:
+    messages, turns = await chat_after_a_step_back(tmp_path, timedelta(minutes=10))
+
+    assert [m.content for m in messages] == [
+        "I live in Lisbon.",
+        "answer to I live in Lisbon.",
+        "I moved to Berlin.",
+        "answer to I moved to Berlin.",
+    ]
+    dates = [m.timestamp for m in messages]
+    assert dates == sorted(dates) and dates[2] > dates[1], dates
+    assert turns[1] >= dates[2]  # the turn is not dated before its message
+
+
+async def test_a_clock_that_was_wrong_ahead_by_days_is_taken_once_corrected_and_the_step_logged(
+    tmp_path: Path,
+) -> None:
+    """Held, every date of the chat would stick at the wrong one until the clock caught up, days on."""
+    step = intake.HOLD_LIMIT + timedelta(hours=1)
+    with capture_logs() as logs:
+        messages, turns = await chat_after_a_step_back(tmp_path, step)
+
+    corrected = NOON - step + timedelta(minutes=1)
+    assert messages[2].timestamp == corrected and turns[1] == corrected
+    assert messages[3].timestamp >= corrected  # the answer still comes after its question
+    [went_back] = [e for e in logs if e["event"] == "clock_went_back"]
+    assert went_back["clock"] == corrected.isoformat()
+    assert went_back["last_message"] == messages[1].timestamp.isoformat()
+
+
+async def test_a_platform_date_ahead_of_the_clock_is_still_capped(tmp_path: Path) -> None:
+    clock, model = Clock(NOON), Answering()
+    dispatcher, channel, sessions = build(tmp_path, clock, model)
+    await dispatcher.submit(said("hello", NOON + timedelta(hours=3)))  # a skewed sender
+    await channel.wait_for(1)
+    session = await sessions.get("test:c1")
+    await dispatcher.close(0)
+
+    assert session is not None and session.messages[0].timestamp == NOON and model.times == [NOON]
