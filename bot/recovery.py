@@ -122,14 +122,20 @@ def plan(
     """The work, in order, that finishes ``entries`` (one session's pending entries, oldest first).
 
     ``messages`` is the session as saved; ``replies`` the saved and kept answers (duplicates by id
-    are fine). ``max_age`` in seconds; 0 answers whatever the age.
+    are fine), sent again in the order of the messages they answer: the inbox's order is the order
+    the chat asked in, while their ``created_at`` is the machine's clock, which may have stepped back
+    between them. ``max_age`` in seconds; 0 answers whatever the age.
     """
-    pending = {e.entry_id for e in entries}
+    place = {e.entry_id: i for i, e in enumerate(entries)}
     work: list[Work] = []
     covered: set[str] = set()
     seen: set[str] = set()
-    for reply in sorted(replies, key=lambda r: r.created_at):
-        if reply.id in seen or not pending & set(reply.entries):
+
+    def asked(reply: PendingReply) -> tuple[int, datetime]:
+        return min((place.get(e, len(place)) for e in reply.entries), default=len(place)), reply.created_at
+
+    for reply in sorted(replies, key=asked):
+        if reply.id in seen or not place.keys() & set(reply.entries):
             continue
         seen.add(reply.id)
         work.append(reply)

@@ -207,7 +207,11 @@ class Turns:
                     # gave (a shutdown cut the systems after it; /stop leaves such a turn alone) is in
                     # the history and memory: it is saved to be sent then, as after a kill, not asked
                     # for again (the chat got a second answer, and the history held both).
-                    given = [_pending_reply(lane, turn, entries)[0]] if entries and turn.answered else []
+                    given = (
+                        [_pending_reply(lane, turn, entries, self._clock())[0]]
+                        if entries and turn.answered
+                        else []
+                    )
                     await asyncio.shield(self._save(session, turn, replies=given))
                     raise
                 if (
@@ -229,7 +233,7 @@ class Turns:
                         answered=turn.answered,
                     )
                     await self._wait_over(session.id, lane)
-                reply, is_error = _pending_reply(lane, turn, entries)
+                reply, is_error = _pending_reply(lane, turn, entries, self._clock())
                 if is_error and outcome == "ok":
                     outcome = "error"
                 # The answer is on disk before it is sent: a crash from here on resends, never re-asks.
@@ -383,12 +387,21 @@ def _in_history(queued: Queued, session: Session, held: set[str], *, assumed: bo
     return assumed
 
 
-def _pending_reply(lane: Lane, turn: Turn, entries: tuple[str, ...]) -> tuple[PendingReply, bool]:
-    """The turn's reply to its first message, to be saved and sent, and whether it reports a failure."""
+def _pending_reply(
+    lane: Lane, turn: Turn, entries: tuple[str, ...], now: datetime
+) -> tuple[PendingReply, bool]:
+    """The turn's reply to its first message, to be saved and sent (made at our clock's ``now``: how old
+    a kept one is), and whether it reports a failure."""
     text, is_error = reply_text(turn)
     first = turn.inbound[0]
     reply = PendingReply(
-        lane.channel, lane.chat_id, text, entries, reply_to=first.message_id, is_error=is_error
+        lane.channel,
+        lane.chat_id,
+        text,
+        entries,
+        reply_to=first.message_id,
+        is_error=is_error,
+        created_at=now,
     )
     return reply, is_error
 

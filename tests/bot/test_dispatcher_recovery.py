@@ -11,7 +11,8 @@ import dataclasses
 import errno
 import json
 import os
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +91,11 @@ def build(
     send_patience: float = 5.0,
     after: tuple[Any, ...] = (),
     cache_size: int | None = None,
+    clock: Callable[[], datetime] = utcnow,
     **settings: object,
 ) -> tuple[Dispatcher, RecordingChannel, SessionService]:
-    """``after``: systems after the model's; ``cache_size``: the session cache's (its default if None)."""
+    """``after``: systems after the model's; ``cache_size``: the session cache's (its default if None);
+    ``clock``: the machine's."""
     store = JsonSessionStore(tmp_path / "sessions")
     sessions = SessionService(store) if cache_size is None else SessionService(store, cache_size=cache_size)
     dispatcher = Dispatcher(
@@ -103,6 +106,7 @@ def build(
         inbox=Inbox(tmp_path / "inbox"),
         retry=QUICK,
         send_patience=send_patience,
+        clock=clock,
     )
     channel = channel_type(dispatcher.submit)
     return dispatcher, channel, sessions
@@ -160,6 +164,30 @@ async def test_an_answer_the_platform_refused_is_sent_on_the_next_start_without_
     await settled(tmp_path)
     session = await sessions.get("test:c1")
     assert session is not None and [m.content for m in session.messages] == ["hello", "answer to hello"]
+
+
+async def test_answers_kept_across_a_step_back_of_the_clock_are_sent_again_in_the_order_asked(
+    tmp_path: Path,
+) -> None:
+    """The next start sent kept answers again by their dates, the machine's clock: stepped back between
+    two answers (an NTP correction), the second went out before the first."""
+    clock = [utcnow()]
+    model = ModelSystem()
+    dispatcher, down, _ = build(tmp_path, model, DownChannel, send_patience=0.2, clock=lambda: clock[0])
+    await dispatcher.recover()
+    dispatcher.attach(down)
+    await dispatcher.submit(msg("first"))
+    await settled(tmp_path, kept=1)
+    clock[0] -= timedelta(minutes=10)
+    await dispatcher.submit(msg("second"))
+    await settled(tmp_path, kept=2)
+    await dispatcher.close(grace=1)
+
+    model2 = ModelSystem()
+    _, channel, _ = await started(tmp_path, model2)
+
+    assert [m.text for m in await channel.wait_for(2)] == ["answer to first", "answer to second"]
+    assert model2.seen == []
 
 
 async def test_an_answer_refused_during_an_outage_is_sent_when_it_ends_and_before_the_next_one(
