@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 from bot.commands import CommandRouter
 from bot.config import DispatcherSettings
 from bot.dispatcher import Dispatcher
-from bot.domain import InboundMessage, Message, OutboundMessage, Role
+from bot.domain import InboundMessage, Message, OutboundMessage, Role, utcnow
 from bot.inbox import Inbox
 from bot.session_service import SessionService
 from bot.sessions import JsonSessionStore
-from pipeline import Pipeline, Turn
+from pipeline import Pipeline, System, Turn
 from tests.recording import RecordingChannel
 
 
@@ -49,8 +51,9 @@ class ModelSystem:
 
 
 def build(
-    tmp_path: Path, model: ModelSystem, **settings: object
+    tmp_path: Path, model: System, *, clock: Callable[[], datetime] = utcnow, **settings: object
 ) -> tuple[Dispatcher, RecordingChannel, SessionService]:
+    """A dispatcher over ``model`` with an inbox and sessions on disk; ``clock``: the machine's."""
     sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
     dispatcher = Dispatcher(
         Pipeline([model]),
@@ -58,6 +61,7 @@ def build(
         CommandRouter(),
         DispatcherSettings(**settings),  # type: ignore[arg-type]
         inbox=Inbox(tmp_path / "inbox"),
+        clock=clock,
     )
     channel = RecordingChannel(dispatcher.submit)
     dispatcher.attach(channel)

@@ -14,15 +14,9 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from bot import intake
-from bot.commands import CommandRouter
-from bot.config import DispatcherSettings
-from bot.dispatcher import Dispatcher
 from bot.domain import InboundMessage, Message, Role
-from bot.inbox import Inbox
-from bot.session_service import SessionService
-from bot.sessions import JsonSessionStore
-from pipeline import Pipeline, Turn
-from tests.recording import RecordingChannel
+from pipeline import Turn
+from tests.bot.test_dispatcher import build
 
 NOON = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -54,23 +48,6 @@ class Answering:
         turn.reply = f"answer to {turn.user_text}"
 
 
-def build(
-    tmp_path: Path, clock: Clock, model: Answering
-) -> tuple[Dispatcher, RecordingChannel, SessionService]:
-    sessions = SessionService(JsonSessionStore(tmp_path / "sessions"))
-    dispatcher = Dispatcher(
-        Pipeline([model]),
-        sessions,
-        CommandRouter(),
-        DispatcherSettings(),
-        inbox=Inbox(tmp_path / "inbox"),
-        clock=clock,
-    )
-    channel = RecordingChannel(dispatcher.submit)
-    dispatcher.attach(channel)
-    return dispatcher, channel, sessions
-
-
 def said(text: str, at: datetime) -> InboundMessage:
     """A message its platform (whose servers keep time) dated ``at``."""
     return InboundMessage("test", "c1", "u1", text, timestamp=at)
@@ -79,7 +56,7 @@ def said(text: str, at: datetime) -> InboundMessage:
 async def chat_after_a_step_back(tmp_path: Path, step: timedelta) -> tuple[list[Message], list[datetime]]:
     """One message at noon, then the clock steps back by ``step`` and another comes a minute later."""
     clock, model = Clock(NOON), Answering()
-    dispatcher, channel, sessions = build(tmp_path, clock, model)
+    dispatcher, channel, sessions = build(tmp_path, model, clock=clock)
     await dispatcher.submit(said("I live in Lisbon.", NOON))
     await channel.wait_for(1)
     clock.now = NOON - step + timedelta(minutes=1)
@@ -125,7 +102,7 @@ async def test_a_clock_that_was_wrong_ahead_by_days_is_taken_once_corrected_and_
 
 async def test_a_platform_date_ahead_of_the_clock_is_still_capped(tmp_path: Path) -> None:
     clock, model = Clock(NOON), Answering()
-    dispatcher, channel, sessions = build(tmp_path, clock, model)
+    dispatcher, channel, sessions = build(tmp_path, model, clock=clock)
     await dispatcher.submit(said("hello", NOON + timedelta(hours=3)))  # a skewed sender
     await channel.wait_for(1)
     session = await sessions.get("test:c1")
