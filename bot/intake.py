@@ -56,6 +56,9 @@ COMMANDS_NOTED = 20
 # that was wrong ahead: held, every date of the chat would stick at the wrong one until the clock caught
 # up (see :func:`dated`).
 HOLD_LIMIT = timedelta(days=1)
+# A platform's date this far ahead of our clock is no sender's skew: our clock is behind (said in the log,
+# each message, until it is set right; the date is capped at our clock all the same).
+CLOCK_BEHIND = timedelta(minutes=10)
 AFTER = timedelta(microseconds=1)  # a held message comes this much after the last one, never with it
 
 
@@ -212,7 +215,8 @@ def _last_dates(session: Session) -> list[datetime]:
 
 def dated(claimed: datetime, now: datetime, session: Session, *, step: int = 1) -> datetime:
     """The date of a message ``claimed`` (by its platform) that ``session`` takes in at our clock's
-    ``now``: ``claimed``, capped at ``now`` (a date ahead of our clock is a skewed sender's), and never
+    ``now``: ``claimed``, capped at ``now`` (a date ahead of our clock is a skewed sender's; more than
+    :data:`CLOCK_BEHIND` ahead, our clock is behind, and the log says so with the fix), and never
     earlier than the session's last message, or the last one it took in before a /new cleared it
     (``step`` microseconds after it).
 
@@ -224,7 +228,17 @@ def dated(claimed: datetime, now: datetime, session: Session, *, step: int = 1) 
     wrong one for as long as that clock needs to catch up. It is logged (``clock_went_back``, with both
     times) and the clock is taken.
     """
-    when = min(as_utc(claimed), now)
+    claimed = as_utc(claimed)
+    if step and claimed - now > CLOCK_BEHIND:  # (once per message: its turn asks again with step 0)
+        log.warning(
+            "clock_behind_platform",
+            session_id=session.id,
+            clock=now.isoformat(),
+            platform_date=claimed.isoformat(),
+            fix="the machine's clock is behind the chat platform's: messages are dated by it, in the "
+            "session and in memory; set it right (NTP: `timedatectl set-ntp true`)",
+        )
+    when = min(claimed, now)
     last = max(_last_dates(session), default=None)
     floor = None if last is None else last + step * AFTER
     if floor is None or when >= floor:

@@ -103,9 +103,15 @@ async def test_a_clock_that_was_wrong_ahead_by_days_is_taken_once_corrected_and_
 async def test_a_platform_date_ahead_of_the_clock_is_still_capped(tmp_path: Path) -> None:
     clock, model = Clock(NOON), Answering()
     dispatcher, channel, sessions = build(tmp_path, model, clock=clock)
-    await dispatcher.submit(said("hello", NOON + timedelta(hours=3)))  # a skewed sender
-    await channel.wait_for(1)
+    with capture_logs() as logs:
+        await dispatcher.submit(said("hello", NOON + timedelta(minutes=2)))  # a skewed sender: said nothing
+        await channel.wait_for(1)
+        await dispatcher.submit(said("again", NOON + timedelta(hours=3)))  # our clock is behind: said
+        await channel.wait_for(2)
     session = await sessions.get("test:c1")
     await dispatcher.close(0)
 
-    assert session is not None and session.messages[0].timestamp == NOON and model.times == [NOON]
+    assert session is not None and session.messages[0].timestamp == NOON and model.times[0] == NOON
+    assert session.messages[2].timestamp > NOON  # capped at our clock, after the first answer
+    [behind] = [e for e in logs if e["event"] == "clock_behind_platform"]
+    assert behind["platform_date"] == (NOON + timedelta(hours=3)).isoformat() and "NTP" in behind["fix"]
