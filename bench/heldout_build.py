@@ -107,6 +107,24 @@ def write(questions: list[dict[str, Any]], out: Path) -> None:
     tmp.replace(out)
 
 
+def add_data_arguments(parser: argparse.ArgumentParser, default: Path) -> None:
+    """A memory bench's questions file: ``DATA`` or ``--data FILE`` (read with :func:`data_of`)."""
+    parser.add_argument("data", nargs="?", type=Path, default=default)
+    parser.add_argument(
+        "--data",
+        dest="data_option",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the questions file (as DATA)",
+    )
+
+
+def data_of(args: argparse.Namespace) -> Path:
+    """The questions file :func:`add_data_arguments` named, the held-out set built first if need be."""
+    return ensure_built(args.data_option or args.data)
+
+
 def ensure_built(data: Path) -> Path:
     """``data`` itself; when it is the held-out file and missing or older than its source, build it."""
     if data.resolve() == OUTPUT and (not OUTPUT.exists() or OUTPUT.stat().st_mtime < SOURCE.stat().st_mtime):

@@ -56,7 +56,7 @@ from zoneinfo import ZoneInfo
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ runs from the repo root
 
 from harness import BenchChannel
-from heldout_build import ensure_built
+from heldout_build import add_data_arguments, data_of
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -356,15 +356,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA)
-    parser.add_argument(
-        "--data",
-        dest="data_option",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="the questions file (as DATA)",
-    )
+    add_data_arguments(parser, DEFAULT_DATA)
     parser.add_argument("--limit", type=int, default=None, help="only the first N questions")
     parser.add_argument("--only", default=None, help="comma-separated question ids")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="questions run in parallel")
@@ -382,7 +374,7 @@ def main() -> None:
         "--embeddings", choices=["default", "none", "local"], default="default", help="memory.embeddings"
     )
     args = parser.parse_args()
-    args.data = ensure_built(args.data_option or args.data)
+    args.data = data_of(args)
     try:
         only = set(args.only.split(",")) if args.only else None
         questions = load_questions(args.data, only, args.limit)

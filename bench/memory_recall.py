@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ runs from
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress
 
-from bench.heldout_build import ensure_built
+from bench.heldout_build import add_data_arguments, data_of
 from bot.config import MemorySettings
 from bot.errors import ConfigError
 from bot.logging import configure_logging
@@ -190,15 +190,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA)
-    parser.add_argument(
-        "--data",
-        dest="data_option",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="the questions file (as DATA)",
-    )
+    add_data_arguments(parser, DEFAULT_DATA)
     parser.add_argument("--k", type=int, default=10, help="how many references to return (1-50)")
     parser.add_argument("--budget", type=int, default=None, help="score what fits this many tokens instead")
     parser.add_argument("--out", type=Path, default=None, help="write one JSON line per question")
@@ -238,7 +230,7 @@ async def main() -> None:
     )
     args = parser.parse_args()
     k = max(1, min(50, args.k))
-    args.data = ensure_built(args.data_option or args.data)
+    args.data = data_of(args)
     configure_logging(level="WARNING", fmt="console")
     try:
         data = read_json(args.data)
