@@ -115,6 +115,18 @@ class Rig:
         return await self.pipeline.run(Turn(session, (InboundMessage("test", "c1", "u1", text),)))
 
 
+@pytest.fixture
+def rig(
+    server: FakeLLMServer,
+    catalog: ModelCatalog,
+    http: httpx.AsyncClient,
+    counter: TokenCounter,
+    tmp_path: Path,
+) -> Rig:
+    """The compaction path with the default settings (a test with others makes its own :class:`Rig`)."""
+    return Rig(server, catalog, http, counter, tmp_path)
+
+
 def filled(counter: TokenCounter, tokens: int) -> Session:
     """A session whose history is about ``tokens`` basis tokens, with a tool exchange inside."""
     session = Session.new("test", "c1")
@@ -134,13 +146,8 @@ def is_summary_request(body: dict[str, Any]) -> bool:
 
 
 async def test_compacts_before_the_call_when_the_threshold_is_crossed(
-    server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
-    tmp_path: Path,
+    server: FakeLLMServer, counter: TokenCounter, rig: Rig
 ) -> None:
-    rig = Rig(server, catalog, http, counter, tmp_path)
     session = filled(counter, int(rig.budget.limit * 1.05))
     server.script(FakeReply(text="- summary: numbered chat about w0..w29"), FakeReply(text="fresh answer"))
 
@@ -162,13 +169,8 @@ async def test_compacts_before_the_call_when_the_threshold_is_crossed(
 
 
 async def test_below_the_threshold_nothing_happens(
-    server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
-    tmp_path: Path,
+    server: FakeLLMServer, counter: TokenCounter, rig: Rig
 ) -> None:
-    rig = Rig(server, catalog, http, counter, tmp_path)
     session = filled(counter, int(rig.budget.limit * 0.6))
     before = len(session.messages)
     turn = await rig.turn(session, "hello")
@@ -177,13 +179,8 @@ async def test_below_the_threshold_nothing_happens(
 
 
 async def test_an_overflow_error_compacts_and_the_retry_succeeds(
-    server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
-    tmp_path: Path,
+    server: FakeLLMServer, counter: TokenCounter, rig: Rig
 ) -> None:
-    rig = Rig(server, catalog, http, counter, tmp_path)
     session = filled(counter, int(rig.budget.limit * 0.75))  # we think it fits; the provider disagrees
     server.script(
         FakeReply(status=400, error=OVERFLOW),
@@ -242,13 +239,8 @@ async def test_a_failing_summarizer_falls_back_to_truncation_and_the_turn_goes_o
 
 
 async def test_usage_is_accounted_and_the_ratio_follows_the_api(
-    server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
-    tmp_path: Path,
+    server: FakeLLMServer, catalog: ModelCatalog, counter: TokenCounter, rig: Rig
 ) -> None:
-    rig = Rig(server, catalog, http, counter, tmp_path)
     session = filled(counter, int(rig.budget.limit * 0.75))
     prompt_raw = (
         counter.history_tokens(session) + counter.count_text("q") + 4 + counter.count_text(SYSTEM_PROMPT)
@@ -269,17 +261,12 @@ async def test_usage_is_accounted_and_the_ratio_follows_the_api(
 
 
 async def test_one_absurd_token_count_does_not_set_the_ratio_to_its_bound(
-    server: FakeLLMServer,
-    catalog: ModelCatalog,
-    http: httpx.AsyncClient,
-    counter: TokenCounter,
-    tmp_path: Path,
+    server: FakeLLMServer, counter: TokenCounter, rig: Rig
 ) -> None:
     """A server that reports a trillion input tokens once (a proxy's glitch, a count of the wrong
     thing) moves the ratio as far as the highest plausible count would, not to its bound at once:
     taken as it came, the one sample tripled every later estimate of the chat, which was then
     summarized long before its window was full."""
-    rig = Rig(server, catalog, http, counter, tmp_path)
     session = filled(counter, int(rig.budget.limit * 0.75))
     server.script(FakeReply(text="ok", usage=(10**12, 7)))
     assert (await rig.turn(session, "q")).reply == "ok"
