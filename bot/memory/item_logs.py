@@ -3,7 +3,7 @@
 Layout under ``items/``: ``episodic/YYYY-MM-DD.jsonl`` (by creation day), ``semantic.jsonl``,
 ``procedural.jsonl``. Each is an append-only log of item versions, one JSON object a line: the last
 line for an id wins and a ``deleted`` version is a tombstone. The
-:class:`~bot.memory.item_store.ItemStore` appends to them through its writer; what is here runs in a
+:class:`~bot.memory.item_writer.ItemWriter` appends to them for the item store; what is here runs in a
 thread (a load, a compaction's rewrite), never on the event loop.
 
 A read-only load (``membot memory search|show|stats``, beside the running bot that owns the logs)

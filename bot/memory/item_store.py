@@ -9,8 +9,9 @@ never touches the disk; ``compact`` rewrites a log atomically when it holds most
 damaged line the load set aside (a record a kill cut short: it would stay in the middle of the log).
 
 Every change is made in memory at once (no await between deciding and recording it, so concurrent
-chats never act on a stale view: an item is promoted once) and then written by a :class:`GroupWriter`,
-which commits the lines of all chats waiting at that moment with one fsync per file.
+chats never act on a stale view: an item is promoted once) and then written by an
+:class:`~bot.memory.item_writer.ItemWriter` (``bot/memory/item_writer.py``), which keeps the account of
+what each log holds and writes the snapshot and the compacted logs too.
 
 A ``read_only`` store (``membot memory search|show|stats`` beside the running bot) loads without
 changing a byte (item_logs.py) and writes nothing: what the bot would change at its start (separating
@@ -20,23 +21,17 @@ chats' items) it changes in memory only, and a write is a bug (``RuntimeError``)
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TypeGuard
 
-import structlog
-
 from bot.domain import new_id
-from bot.group_writer import GroupWriter
 from bot.heap import collector_paused
-from bot.memory import item_logs, item_snapshot
+from bot.memory import item_logs
 from bot.memory.item_index import ItemIndex, retrievable
+from bot.memory.item_writer import ItemWriter, all_written
 from bot.memory.items import STANDALONE_SOURCES, Layer, MemoryItem, promoted_layer
-
-log = structlog.get_logger(__name__)
 
 FREEZE_AT = 10_000  # items whose load is frozen from the collector afterwards (bot/heap.py)
 
@@ -63,14 +58,9 @@ class ItemStore:
         self._items: dict[str, MemoryItem] = {}
         self._index = ItemIndex(self._items)
         self._merges: dict[tuple[Layer, str, str], str] = {}  # what a repeat merges into (_merge_key)
-        self._lines: dict[Path, int] = defaultdict(int)
-        self._damaged: set[Path] = set()  # logs holding lines the load could not read (kept aside)
-        # Per log, the newest version of each item a failed append left out (a tombstone too): written
-        # again with the log's next append, or by the next snapshot (_left_out).
-        self._unwritten: dict[Path, dict[str, MemoryItem]] = {}
+        self._logs = ItemWriter(root, read_only=read_only)
         self._touched: set[str] = set()  # ids whose last use is newer in memory than on disk
         self._listeners: list[ChangeListener] = []
-        self._writer = GroupWriter("memory-writer")
         self.generation = 0  # bumped on every change
 
     @property
@@ -89,10 +79,10 @@ class ItemStore:
     @property
     def damaged(self) -> bool:
         """Whether a log holds lines the load could not read (kept aside; :meth:`compact` drops them)."""
-        return bool(self._damaged)
+        return self._logs.damaged
 
     def path_for(self, item: MemoryItem) -> Path:
-        return item_logs.log_path(self._root, item_logs.log_of(item))
+        return self._logs.path_for(item)
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -102,13 +92,13 @@ class ItemStore:
             paused.freeze = len(self._items) >= FREEZE_AT
 
     async def _load(self) -> None:
-        loaded, lines, self._damaged = await asyncio.to_thread(
+        loaded, lines, damaged = await asyncio.to_thread(
             item_logs.read_logs, self._root, read_only=self._read_only
         )
+        self._logs.loaded(lines, damaged)
         self._items = {i.id: i for i in loaded.values() if not i.deleted}
         self._merges = {self._merge_key(i): i.id for i in self._items.values()}
         self._index.rebuild(self._items)
-        self._lines = defaultdict(int, lines)
         self.generation += 1
         for listener in self._listeners:
             listener(None, None)
@@ -118,26 +108,8 @@ class ItemStore:
         self._listeners.append(listener)
 
     async def save_snapshot(self) -> bool:
-        """Write the snapshot of the live items (after every queued line is on disk); best effort.
-
-        Not while a log holds damaged lines: the next load would read only past them, and the running
-        bot, which rewrites such a log at its start, would never learn of them. The versions a failed
-        append left out (a full disk) are appended first; while one still is in memory only, no snapshot:
-        the next start would take it as stored, and not record its message again (or bring back an item
-        forgotten since)."""
-        if self._damaged or self._read_only:
-            return False
-        try:
-            if self._unwritten:
-                await _all_written(self._submit([], logs=list(self._unwritten)))
-            if self._unwritten:  # (left out again since, by another append)
-                return False
-            items = list(self._items.values())
-            lines = dict(self._lines)
-            return await self._writer.call(functools.partial(item_snapshot.write, self._root, items, lines))
-        except OSError as exc:
-            log.warning("memory_snapshot_not_saved", error=repr(exc))
-            return False
+        """Write the snapshot of the live items; best effort (:meth:`ItemWriter.save_snapshot`: when not)."""
+        return await self._logs.save_snapshot(self._items)
 
     def items(self, layer: Layer | None = None) -> list[MemoryItem]:
         return [i for i in self._items.values() if layer is None or i.layer is layer]
@@ -167,7 +139,7 @@ class ItemStore:
 
     async def sync(self) -> None:
         """fsync what :meth:`add_many` wrote with ``sync=False``."""
-        await self._writer.sync()
+        await self._logs.sync()
 
     def _merge_in(self, items: Iterable[MemoryItem]) -> list[MemoryItem]:
         stored: list[MemoryItem] = []
@@ -270,71 +242,11 @@ class ItemStore:
 
     async def _write(self, items: list[MemoryItem], *, sync: bool = True) -> None:
         """Queue the items' lines (one payload per file) and wait until they are durable (written)."""
-        await _all_written(self._submit(items, sync=sync))
-
-    def _submit(
-        self, items: list[MemoryItem], *, sync: bool = True, logs: Iterable[Path] = ()
-    ) -> list[asyncio.Future[None]]:
-        """Queue the items' lines now, in the order of the changes, each log's with the versions a failed
-        append left out of it (``logs``: those logs too, with nothing new); the futures of their writes.
-
-        The store keeps account of each write on the writer's own future (``_written``), which its
-        callers never cancel (``_all_written``).
-        """
-        if self._read_only:
-            raise RuntimeError(f"the item store under {self._root} was opened read-only")
-        groups: dict[Path, list[MemoryItem]] = defaultdict(list)
-        for item in items:
-            groups[self.path_for(item)].append(item)
-        for path in logs:
-            groups.setdefault(path, [])
-        writes = []
-        for path, group in groups.items():
-            group[:0] = self._left_out(path, group)
-            if not group:
-                continue
-            self._lines[path] += len(group)
-            payload = "".join(item_logs.line_of(item) + "\n" for item in group).encode("utf-8")
-            write = self._writer.submit(path, payload, sync=sync)
-            write.add_done_callback(functools.partial(self._written, path, group))
-            writes.append(write)
-        return writes
-
-    def _left_out(self, path: Path, group: list[MemoryItem]) -> list[MemoryItem]:
-        """What a failed append left out of ``path`` and ``group`` does not write anew: each item's
-        version of now (a later one carries it), and the tombstone of one forgotten."""
-        left = self._unwritten.get(path)
-        if not left:
-            return []
-        new = {item.id for item in group}
-        versions = []
-        for item_id, version in left.items():
-            if item_id in new:
-                continue
-            if (current := self._items.get(item_id)) is not None:
-                versions.append(current)
-            elif version.deleted:  # (a version not deleted of an item gone: its tombstone is on its way)
-                versions.append(version)
-        return versions
-
-    def _written(self, path: Path, group: list[MemoryItem], write: asyncio.Future[None]) -> None:
-        """Keep account of an append: a failed one (a full disk) left none of its lines in the log
-        (``append_bytes``), and the versions it held are in memory only until an append or a rewrite of
-        their log stores them. Counted as the log's, those lines made it look appended to by another
-        process until a restart: no snapshot was saved and the log was never compacted."""
-        left = self._unwritten.setdefault(path, {})
-        if write.exception() is None:
-            for item in group:
-                left.pop(item.id, None)
-        else:
-            self._lines[path] -= len(group)
-            left.update((item.id, item) for item in group)  # the newest of each id last
-        if not left:
-            del self._unwritten[path]
+        await self._logs.write(items, self._items, sync=sync)
 
     async def drain(self) -> None:
         """Wait until every change made so far is on disk."""
-        await self._writer.drain()
+        await self._logs.drain()
 
     # -- lifecycle of items -----------------------------------------------------------------------
 
@@ -427,79 +339,12 @@ class ItemStore:
             ]
             for item in faded:
                 self._remember(item)
-            writes += self._submit(faded)
+            writes += self._logs.submit(faded, self._items)
             count += len(faded)
-        await _all_written(writes)
+        await all_written(writes)
         return count
 
     async def compact(self) -> int:
-        """Rewrite logs holding at least twice as many lines as live items, or a damaged line (kept
-        aside at load: a record a kill cut short would stay in the middle of the log); return files
-        rewritten.
-
-        A log that another process (``membot memory import`` next to the running bot) appended to
-        since we read it is left alone: rewriting it from our view would drop that process's items.
-        """
-        if self._read_only:
-            return 0
-        # Counted by log (layer and day), not by path: a Path per item made this ~0.5 s at 100,000 items,
-        # all of it holding up the chats' turns.
-        live = Counter(map(item_logs.log_of, self._items.values()))
-        named = {item_logs.log_path(self._root, where): where for where in live}
-        due = [
-            path
-            for path, lines in self._lines.items()
-            if path in self._damaged
-            or (lines >= 8 and lines >= 2 * (live[named[path]] if path in named else 0))
-        ]
-        if not due:
-            return 0
-        keep: dict[item_logs.Where, list[MemoryItem]] = {named[p]: [] for p in due if p in named}
-        for item in self._items.values():
-            kept = keep.get(item_logs.log_of(item))
-            if kept is not None:
-                kept.append(item)
-        # Every rewrite is queued now, with the line counts and items of this moment (no await since they
-        # were read): each lands after the lines queued so far and before any queued later. Their lines
-        # are made in the writer's thread, so a big log holds up no turn for long.
-        queued = []
-        for path in due:
-            where = named.get(path)
-            items, lines = keep[where] if where is not None else [], self._lines[path]
-            rewrite = functools.partial(item_logs.rewrite_if_unchanged, self._root, path, lines, items)
-            left = dict(self._unwritten.get(path, {}))  # the versions of this moment are in the rewrite
-            queued.append((path, lines, len(items), left, self._writer.submit_call(rewrite)))
-        results = await asyncio.gather(*(done for *_, done in queued), return_exceptions=True)
-        rewritten, error = 0, None
-        for (path, lines, kept_count, left, _), result in zip(queued, results, strict=True):
-            if isinstance(result, BaseException):
-                error = error or result
-            elif result:
-                self._lines[path] += kept_count - lines  # lines queued meanwhile stay
-                self._damaged.discard(path)
-                # Rewritten from memory: the versions a failed append left out are in it now (not
-                # one left out later, by an append queued behind the rewrite).
-                still = self._unwritten.get(path, {})
-                for item_id, version in left.items():
-                    if still.get(item_id) is version:
-                        del still[item_id]
-                if not still:
-                    self._unwritten.pop(path, None)
-                rewritten += 1
-            else:
-                log.warning("memory_items_changed_elsewhere", file=path.name)
-        if error is not None:
-            raise error
-        return rewritten
-
-
-async def _all_written(writes: list[asyncio.Future[None]]) -> None:
-    """Wait for every write, then raise the first failure: a full disk fails them all, and each
-    failure left unread would be logged again as never retrieved.
-
-    Shielded: a caller cancelled meanwhile (/stop, a timeout) cancelled the writes' futures, and the
-    store's account of them (``ItemStore._written``) went with it: a failed append stayed counted as
-    lines of its log, and the versions it held were taken for stored."""
-    for result in await asyncio.shield(asyncio.gather(*writes, return_exceptions=True)):
-        if isinstance(result, BaseException):
-            raise result
+        """Rewrite the logs that hold mostly old versions or a damaged line; return files rewritten
+        (:meth:`ItemWriter.compact`: which, and the logs another process appended to, left alone)."""
+        return await self._logs.compact(self._items)
