@@ -2,10 +2,11 @@
 
 Each Discord channel id is a conversation (``discord:<channel_id>``; a DM, a guild channel and every
 thread are separate sessions). The library keeps the gateway alive (heartbeats, RESUME after drops,
-429 retries); this adapter decides who is heard (:mod:`channels.discord.inbound`), reads attachments no
-further than ``max_attachment_bytes`` (:mod:`channels.discord.attachments`), hands messages to
-the dispatcher in arrival order, answers slash commands (:mod:`channels.discord.commands`) and
-delivers replies in chunks under Discord's 2000-character limit without losing one silently.
+429 retries); this adapter decides who is heard (:mod:`channels.discord.inbound`, pairing in
+:mod:`channels.discord.admission`), reads attachments no further than ``max_attachment_bytes``
+(:mod:`channels.discord.attachments`), hands messages to the dispatcher in arrival order, answers slash
+commands (:mod:`channels.discord.commands`) and delivers replies in chunks under Discord's
+2000-character limit without losing one silently.
 
 Discord never delivers a message again: a RESUME replays only events the client had not received, and
 a fresh session (IDENTIFY) replays nothing, so at each one the chats the bot talks in are read for what
@@ -42,10 +43,11 @@ import structlog
 from bot.config import DiscordSettings
 from bot.domain import InboundMessage, OutboundMessage
 from bot.errors import ChannelError, ConfigError
-from bot.pairing import OfferPacing, PairingStore
+from bot.pairing import PairingStore
 from bot.retry import Backoff, retry
 from channels.base import Channel, InboundSink, PartialSink
 from channels.chat_locks import ChatLocks
+from channels.discord.admission import DiscordAdmission
 from channels.discord.attachments import AttachmentReader
 from channels.discord.catch_up import CatchUp
 from channels.discord.commands import interaction_text, sync_commands
@@ -91,10 +93,6 @@ class DiscordChannel(Channel):
             raise ConfigError("Discord needs a bot token: set MEMBOT_DISCORD__TOKEN or [discord] token")
         self._settings = settings
         self._token = settings.token.get_secret_value()
-        # ``pairing = false`` stops offering codes; whom the operator approved stays approved until
-        # ``membot pairing revoke`` (as on Telegram): an approval is the operator's own decision.
-        self._pairing = pairing
-        self._offers = OfferPacing(clock)
         self._commands = commands
         self._attachments = AttachmentReader(
             max_bytes=settings.max_attachment_bytes,
@@ -111,6 +109,9 @@ class DiscordChannel(Channel):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._intake = ChatLocks()  # each chat's messages reach the dispatcher in order
         self._outbox = DiscordOutbox(settings, self.health, self._live_client, clock, state_dir / SENT_FILE)
+        self._admission = DiscordAdmission(
+            settings, self._access, pairing, self._outbox, clock, channel=self.name
+        )
         self._outage = StorageOutage(
             "taking Discord messages in",
             first_delay=storage_retry_delay,
@@ -249,7 +250,8 @@ class DiscordChannel(Channel):
         # Gate on the mention first: chatter not meant for the bot is ignored without a trace.
         if self._access.requires_mention(place) and not addresses_bot(message, bot.id):
             return False
-        if not await self._admitted(user_id, message.author.display_name, place, message if live else None):
+        offer_to = message if live else None  # (see the doc)
+        if not await self._admission.admitted(user_id, message.author.display_name, place, offer_to):
             return False
         text = "\n".join(part for part in (quoted(message, bot.id), readable_text(message, bot.id)) if part)
         found = await self._attachments.read(message)
@@ -274,23 +276,6 @@ class DiscordChannel(Channel):
 
     def _lock_of(self, chat_id: str) -> AbstractAsyncContextManager[None]:
         return self._intake.hold(chat_id)
-
-    async def _admitted(
-        self, user_id: str, user_name: str, place: Place, message: discord.Message | None
-    ) -> bool:
-        """Allowed by the allowlists or a pairing; an unknown DM user is offered a pairing code (when
-        ``pairing`` is on)."""
-        if self._access.admits(user_id, place):
-            return True
-        if place.is_dm and self._pairing is not None and await self._pairing.is_approved(self.name, user_id):
-            return True
-        if not place.is_dm or self._pairing is None or not self._settings.pairing:
-            log.info("discord_message_denied", user_id=user_id, channel_id=place.channel_id)
-            return False
-        if message is not None and self._offers.may_offer(user_id):  # (a flood: one offer a minute)
-            code = await self._pairing.request(self.name, user_id, user_name)
-            await self._outbox.deliver(place.channel_id, lambda: message.channel.send(_pairing_text(code)))
-        return False
 
     async def _on_interaction(self, interaction: discord.Interaction) -> None:
         self._seen.heard(interaction.id)
@@ -325,9 +310,8 @@ class DiscordChannel(Channel):
         """Answer a slash command within Discord's 3 s: "thinking" (replaced by the reply later), or an
         ephemeral refusal for someone not allowed. True when the command is to be handed over."""
         user = interaction.user
-        if not await self._admitted(str(user.id), user.display_name, place, None):
-            pairing = self._pairing if self._settings.pairing else None
-            await self._outbox.deliver(place.channel_id, lambda: _refusal(interaction, place, pairing))
+        if not await self._admission.admitted(str(user.id), user.display_name, place, None):
+            await self._admission.refuse(interaction, place)
             return False
         try:
             await self._outbox.deliver(place.channel_id, lambda: interaction.response.defer(thinking=True))
@@ -415,21 +399,3 @@ class _GatewayClient(discord.Client):
 
     async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
         log.exception("discord_event_failed", handler=event_method)  # ("event" is the line's name)
-
-
-async def _refusal(interaction: discord.Interaction, place: Place, pairing: PairingStore | None) -> None:
-    """An ephemeral answer for a slash command from someone not allowed (a pairing code in DMs)."""
-    user = interaction.user
-    if place.is_dm and pairing is not None:
-        text = _pairing_text(await pairing.request(DiscordChannel.name, str(user.id), user.display_name))
-    else:
-        text = "Sorry, I'm not allowed to answer here."
-    await interaction.response.send_message(text, ephemeral=True)
-
-
-def _pairing_text(code: str | None) -> str:
-    if code is None:
-        return "I don't know you yet, and too many access requests are waiting. Please try again later."
-    return (
-        f"Hi! I don't know you yet. To get access, ask my operator to run:\n`membot pairing approve {code}`"
-    )
