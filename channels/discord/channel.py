@@ -36,7 +36,6 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, ClassVar
 
-import aiohttp
 import discord
 import structlog
 
@@ -44,13 +43,13 @@ from bot.config import DiscordSettings
 from bot.domain import InboundMessage, OutboundMessage
 from bot.errors import ChannelError, ConfigError
 from bot.pairing import PairingStore
-from bot.retry import Backoff, retry
+from bot.retry import retry
 from channels.base import Channel, InboundSink, PartialSink
 from channels.chat_locks import ChatLocks
 from channels.discord.admission import DiscordAdmission
 from channels.discord.attachments import AttachmentReader
 from channels.discord.catch_up import CatchUp
-from channels.discord.commands import interaction_text, sync_commands
+from channels.discord.commands import interaction_text, register_commands
 from channels.discord.connect import gateway_error, point_library_at, startup_error
 from channels.discord.inbound import (
     DiscordAccess,
@@ -61,7 +60,7 @@ from channels.discord.inbound import (
     quoted,
     readable_text,
 )
-from channels.discord.outbound import TRANSIENT, DiscordOutbox, describe
+from channels.discord.outbound import DiscordOutbox
 from channels.discord.seen import SEEN_FILE, SeenMarks
 from channels.discord.sent import SENT_FILE
 from channels.outage import StorageOutage, is_storage_error
@@ -167,7 +166,10 @@ class DiscordChannel(Channel):
         self._gateway.add_done_callback(self._gateway_ended)
         self.health.state = "running"
         if self._settings.sync_commands:
-            self._spawn(self._sync_commands(), "discord-commands")
+            sync = register_commands(
+                self._live_client, self._commands, self._state_dir, self._settings.send_retry_delay
+            )
+            self._spawn(sync, "discord-commands")
         log.info("discord_started", user=str(self._client.user))
 
     async def stop(self) -> None:
@@ -196,24 +198,6 @@ class DiscordChannel(Channel):
         error = gateway_error(task.exception())
         self.health.state, self.health.error = "failed", f"Discord gateway stopped: {error}"
         log.error("discord_gateway_stopped", error=str(error))
-
-    async def _sync_commands(self) -> None:
-        """Register the slash commands, in the background. An outage (5xx, the network) is waited out
-        with backoff until the channel stops: given up, users saw no commands until the next start."""
-        backoff = Backoff(self._settings.send_retry_delay, _COMMANDS_RETRY_CAP)
-
-        def again(exc: Exception, tries: int, delay: float) -> None:
-            log.warning("discord_commands_retry", attempt=tries, retry_in=delay, error=describe(exc))
-
-        try:
-            await retry(
-                lambda: sync_commands(self._live_client(), self._commands, self._state_dir),
-                retry_if=lambda exc, tries: isinstance(exc, TRANSIENT),  # the same PUT: idempotent
-                wait=lambda exc, tries: backoff(tries - 1),
-                on_retry=again,
-            )
-        except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
-            log.warning("discord_commands_not_registered", error=describe(exc))
 
     def _spawn(self, work: Awaitable[Any], name: str) -> None:
         task = asyncio.ensure_future(work)
@@ -354,9 +338,6 @@ class DiscordChannel(Channel):
 
     def partial_sink(self, chat_id: str, reply_to: str | None = None) -> PartialSink | None:
         return self._outbox.partial_sink(chat_id, reply_to) if self._client is not None else None
-
-
-_COMMANDS_RETRY_CAP = 300.0  # seconds between tries at most, while Discord is out
 
 
 def _already_acknowledged(exc: ChannelError) -> bool:

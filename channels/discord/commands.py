@@ -2,7 +2,8 @@
 
 The commands (``/status``, ``/new``, ...) are registered globally with one bulk overwrite, and only when
 the set differs from what this bot last registered: a hash of the payload is kept in the state
-directory, because Discord rate-limits command registration and every overwrite re-syncs clients.
+directory, because Discord rate-limits command registration and every overwrite re-syncs clients. The
+channel registers them in the background at its start, waiting out an outage (:func:`register_commands`).
 An invocation arrives as an interaction and is handed on as the same text a user could have typed
 (``/compact 5``), so the command router treats both forms alike.
 """
@@ -13,17 +14,22 @@ import asyncio
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import discord
 import structlog
 
+from bot.retry import Backoff, retry
 from bot.storage import atomic_write_text_async, ensure_private_dir
+from channels.discord.outbound import TRANSIENT, describe
 
 log = structlog.get_logger(__name__)
 
 STATE_FILE = "discord_commands.json"
+_COMMANDS_RETRY_CAP = 300.0  # seconds between tries at most, while Discord is out
 _NAME = re.compile(r"^[-_a-z0-9]{1,32}$")
 _INTEGER = 4
 
@@ -92,6 +98,27 @@ async def sync_commands(client: discord.Client, commands: list[tuple[str, str]],
     )
     log.info("discord_commands_registered", commands=[c["name"] for c in payload])
     return True
+
+
+async def register_commands(
+    client: Callable[[], discord.Client], commands: list[tuple[str, str]], state_dir: Path, retry_delay: float
+) -> None:
+    """Register the slash commands, in the background. An outage (5xx, the network) is waited out
+    with backoff until the channel stops: given up, users saw no commands until the next start."""
+    backoff = Backoff(retry_delay, _COMMANDS_RETRY_CAP)
+
+    def again(exc: Exception, tries: int, delay: float) -> None:
+        log.warning("discord_commands_retry", attempt=tries, retry_in=delay, error=describe(exc))
+
+    try:
+        await retry(
+            lambda: sync_commands(client(), commands, state_dir),
+            retry_if=lambda exc, tries: isinstance(exc, TRANSIENT),  # the same PUT: idempotent
+            wait=lambda exc, tries: backoff(tries - 1),
+            on_retry=again,
+        )
+    except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
+        log.warning("discord_commands_not_registered", error=describe(exc))
 
 
 def interaction_text(interaction: discord.Interaction) -> str | None:
