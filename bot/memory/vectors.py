@@ -9,8 +9,9 @@ last use share one vector, and an edit gets a new one. Each embedding model has 
 ``memory.embeddings_local_model`` starts an empty one, which fills as items are submitted again (at
 start-up, or all at once with ``membot memory reindex``).
 
-The store owns the file, the background worker and the query cache's lifetime; the rows in memory are
-a :class:`~bot.memory.vector_matrix.Matrix` (``vector_matrix.py``), and a query is embedded, scored and
+The store owns the background worker and the query cache's lifetime; the model's file and the rows in
+memory (a :class:`~bot.memory.vector_matrix.Matrix`, ``vector_matrix.py``) are kept in step by a
+:class:`~bot.memory.vector_table.VectorTable` (``vector_table.py``), and a query is embedded, scored and
 ranked, with feedback, by ``vector_search.py``.
 
 Use::
@@ -44,8 +45,9 @@ from bot.allocator import release_free_memory
 from bot.memory import vector_file, vector_search
 from bot.memory.embeddings import EMBED_CHARS, Embedder
 from bot.memory.items import MemoryItem
-from bot.memory.vector_matrix import Matrix, unit
+from bot.memory.vector_matrix import unit
 from bot.memory.vector_search import QUERY_WAIT, Feedback, QueryVectors
+from bot.memory.vector_table import VectorTable
 from bot.retry import Backoff
 
 log = structlog.get_logger(__name__)
@@ -89,20 +91,17 @@ class VectorStore:
         self._settle = settle
         self._max_wait = max_wait
         self._hurry = False  # drain() wants the queue embedded now
-        self._matrix = Matrix()
-        self._end = 0
-        self._inode = 0
         self._queue: dict[str, str] = {}  # fingerprint -> text, oldest first
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
         self._worker: asyncio.Task[None] | None = None
-        self._write = asyncio.Lock()  # one file operation at a time in this process
         self._failures = 0  # consecutive failed batches; 0 while healthy
         self._failure_events = 0  # every failed batch, ever (drain stops at a new one)
         self.last_error: str | None = None
         self._queries = QueryVectors(
-            embedder, matrix=lambda: self._matrix, failing=lambda: self._failures > 0, wait=query_wait
+            embedder, matrix=lambda: self._table.matrix, failing=lambda: self._failures > 0, wait=query_wait
         )
+        self._table = VectorTable(self.path, self.model_id, self._queries.clear)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -116,43 +115,9 @@ class VectorStore:
             stale = vector_file.file_for(self.folder, old)
             if await asyncio.to_thread(_remove, stale):
                 log.info("vectors_replaced_build_removed", model=self.model_id, removed=stale.name)
-        await self._load()
+        await self._table.load()
         if self._worker is None:
             self._worker = asyncio.create_task(self._work(), name="memory-vectors")
-
-    async def _load(self) -> None:
-        try:
-            loaded = await asyncio.to_thread(self._read)
-        except (vector_file.VectorFileError, IsADirectoryError) as exc:
-            # (a folder in its place never becomes readable: the start failed on it, "Is a directory";
-            # the vectors are derived, and made again from the items)
-            moved = self.path.with_name(self.path.name + ".unreadable")
-            await asyncio.to_thread(self.path.replace, moved)
-            log.warning("vectors_unreadable", file=self.path.name, moved_to=moved.name, error=str(exc))
-            return
-        if loaded is None:
-            return
-        records, matrix = loaded
-        self._replace(records, matrix)
-        if records.skipped or records.torn:
-            log.warning(
-                "vectors_damaged",
-                file=self.path.name,
-                skipped_records=records.skipped,
-                torn_bytes=records.torn,
-            )
-        log.info("vectors_loaded", model=self.model_id, count=len(self._matrix))
-
-    def _read(self) -> tuple[vector_file.Records, Matrix] | None:
-        if not self.path.exists():
-            return None
-        records = vector_file.read(self.path, self.model_id)[1]
-        return records, Matrix(records.keys, records.vectors)
-
-    def _replace(self, records: vector_file.Records, matrix: Matrix) -> None:
-        self._matrix = matrix
-        self._end, self._inode = records.end, records.inode
-        self._queries.clear()
 
     async def close(self, timeout: float = 10.0) -> None:
         """Embed what is queued (for at most ``timeout`` seconds, and not while failing), then stop.
@@ -183,7 +148,7 @@ class VectorStore:
     @property
     def count(self) -> int:
         """Vectors held for this model."""
-        return len(self._matrix)
+        return len(self._table.matrix)
 
     @property
     def pending(self) -> int:
@@ -196,14 +161,15 @@ class VectorStore:
         return self._failures > 0
 
     def __contains__(self, fingerprint: object) -> bool:
-        return fingerprint in self._matrix.rows
+        return fingerprint in self._table.matrix.rows
 
     def submit(self, items: Iterable[MemoryItem]) -> int:
         """Queue the live items that have no vector yet; return how many were added. Never waits."""
         added = 0
+        held = self._table.matrix.rows
         for item in items:
             key = item.fingerprint
-            if item.deleted or key in self._matrix.rows or key in self._queue or not item.content.strip():
+            if item.deleted or key in held or key in self._queue or not item.content.strip():
                 continue
             if not vector_file.valid_key(key):
                 log.warning("vectors_bad_fingerprint", item_id=item.id)
@@ -251,7 +217,7 @@ class VectorStore:
                     vectors = await self._embed([text for _, text in batch])
                     if len(vectors) != len(batch):
                         raise ValueError(f"asked for {len(batch)} embeddings, got {len(vectors)}")
-                    await self._store([key for key, _ in batch], vectors)
+                    await self._table.store([key for key, _ in batch], vectors)
                 except Exception as exc:  # a background worker must outlive any failure; it logs it
                     await self._failed(exc)
                     await asyncio.sleep(self._delay())
@@ -319,56 +285,16 @@ class VectorStore:
     def _delay(self) -> float:
         return Backoff(self._retry_after, self._max_retry_after)(self._failures - 1)
 
-    async def _store(self, keys: list[str], vectors: NDArray[np.float32]) -> None:
-        halves = vectors.astype(np.float16)
-        async with self._write:
-            if self._matrix.dim not in (None, halves.shape[1]):
-                old = self._matrix.dim
-                log.warning("vectors_dimension_changed", model=self.model_id, old=old, new=halves.shape[1])
-                await self._rewrite([], halves[:0])
-            done = await asyncio.to_thread(
-                vector_file.append, self.path, self.model_id, keys, halves, self._end, self._inode
-            )
-            others = done.others
-            if others is not None and done.replaced:
-                rebuilt = await asyncio.to_thread(Matrix, others.keys, others.vectors)
-                self._replace(others, rebuilt)
-            elif others is not None:
-                await asyncio.to_thread(self._matrix.reserve, len(others.keys), halves.shape[1])
-                self._matrix.add(others.keys, others.vectors)
-            await asyncio.to_thread(self._matrix.reserve, len(keys), halves.shape[1])
-            self._matrix.add(keys, halves.astype(np.float32))  # as a reload will read them back
-            self._end, self._inode = done.end, done.inode
-
-    async def _rewrite(self, keys: list[str], vectors: NDArray[np.float16]) -> None:
-        """Replace this model's file with exactly these vectors (caller holds ``_write``)."""
-        end, inode = await asyncio.to_thread(
-            vector_file.rewrite, self.path, self.model_id, vectors.shape[1], keys, vectors
-        )
-        rows = vectors.astype(np.float32)
-        self._replace(vector_file.Records(keys, rows, end, inode), Matrix(keys, rows))
-
     async def compact(self, live: Collection[str]) -> int:
         """Drop the vectors of fingerprints not in ``live`` once they are at least half the file.
 
         Returns how many were dropped (0 when it was not worth a rewrite). Run it from maintenance.
         """
-        async with self._write:
-            dead = len(self._matrix) - sum(1 for key in self._matrix.keys if key in live)
-            if not dead or dead * 2 < len(self._matrix):
-                return 0
-            keep = [key for key in self._matrix.keys if key in live]
-            rows = self._matrix.view()[[self._matrix.rows[k] for k in keep]].astype(np.float16)
-            await self._rewrite(keep, rows)
-        log.info("vectors_compacted", model=self.model_id, dropped=dead, kept=len(keep))
-        return dead
+        return await self._table.compact(live)
 
     async def reset(self) -> None:
         """Forget every vector of this model (``membot memory reindex --full``)."""
-        async with self._write:
-            if self._matrix.dim is not None:
-                empty = np.zeros((0, self._matrix.dim), dtype=np.float16)
-                await self._rewrite([], empty)
+        await self._table.reset()
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -380,7 +306,7 @@ class VectorStore:
         q = await self._queries.vector(query)
         if q is None:
             return {}
-        return await vector_search.similarities(self._matrix, q, fingerprints)
+        return await vector_search.similarities(self._table.matrix, q, fingerprints)
 
     async def nearest(
         self,
@@ -397,7 +323,9 @@ class VectorStore:
         q = await self._queries.vector(query)
         if q is None or k <= 0:
             return []
-        return await vector_search.nearest(self._matrix, q, k, fingerprints, feedback=feedback, admits=admits)
+        return await vector_search.nearest(
+            self._table.matrix, q, k, fingerprints, feedback=feedback, admits=admits
+        )
 
     def prefetch(self, query: str) -> None:
         """Start embedding ``query`` without waiting for it, so the caller can work meanwhile (memory
