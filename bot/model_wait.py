@@ -50,7 +50,7 @@ NOTICE = (
 
 def waits_for_model(turn: Turn) -> bool:
     """Whether ``turn`` ended without an answer because the model was out of reach for now (the model
-    failure ``bot.dispatcher.turns.reply_text`` would report is one of :data:`TRANSIENT`)."""
+    failure ``bot.dispatcher.replies.reply_text`` would report is one of :data:`TRANSIENT`)."""
     if turn.stopped or turn.answered:
         return False
     failure = model_failure(turn)

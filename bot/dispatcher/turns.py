@@ -1,9 +1,10 @@
 """A lane's worker: it takes the chat's queued work in order and runs it, one turn at a time.
 
 A turn leases the session, adds the batch's messages, runs the pipeline and saves the messages with
-the answer before the answer is sent (bot/dispatcher/delivery.py). A turn the model could not answer
-for now is kept to try again later (bot/model_wait.py), and a /stop's bookkeeping is done here, by
-the worker, before anything else takes the lane. Saved answers from before a restart (queued by
+the answer before the answer is sent (bot/dispatcher/delivery.py); what the chat is told is worded in
+bot/dispatcher/replies.py. A turn the model could not answer for now is kept to try again later
+(bot/model_wait.py), and a /stop's bookkeeping is done here, by the worker, before anything else takes
+the lane. Saved answers from before a restart (queued by
 recovery) and commands that wait for a turn (/new, /compact: queued as they arrive, or by recovery)
 take their place in the same order.
 """
@@ -33,10 +34,15 @@ from bot.dispatcher.lanes import (
     take_messages,
     take_unanswered,
 )
+from bot.dispatcher.replies import (
+    LOAD_STORAGE_NOTICE,
+    STOP_STORAGE_NOTICE,
+    STORAGE_NOTICE,
+    crash_notice,
+    pending_reply,
+)
 from bot.domain import Session, utcnow
-from bot.errors import plain_reason
 from bot.inbox import Inbox
-from bot.long_answers import bounded
 from bot.model_wait import NOTICE as MODEL_NOTICE
 from bot.model_wait import ModelWait, WaitRecords, model_failure, waits_for_model
 from bot.outbox import PendingReply
@@ -46,32 +52,6 @@ from bot.session_service import SessionService
 from pipeline import Pipeline, Turn
 
 log = structlog.get_logger(__name__)
-
-STORAGE_NOTICE = (
-    "⚠️ I have an answer but cannot save our conversation right now (a problem on the server). "
-    "I'll send it as soon as I can — nothing is lost."
-)
-
-
-STOP_STORAGE_NOTICE = (
-    "⚠️ Stopped, but I can't save that in our conversation right now (a problem on the server). "
-    "I'll do it as soon as I can — nothing is lost."
-)
-
-LOAD_STORAGE_NOTICE = (
-    "⚠️ I can't read our conversation right now (a problem on the server). "
-    "I'll answer as soon as I can — nothing is lost."
-)
-
-
-def crash_notice(exc: Exception) -> str:
-    """What the chat is told when its turn failed outside the pipeline (a bug: a session storage cannot
-    read is read again until it can, see ``Turns._readable``): the messages stay pending in the inbox,
-    and the next start answers them."""
-    return (
-        f"⚠️ Sorry, I couldn't answer this ({plain_reason(type(exc))}). "
-        "Your message is kept: I'll answer it after my next restart."
-    )
 
 
 class TurnObserver(Protocol):
@@ -208,7 +188,7 @@ class Turns:
                     # the history and memory: it is saved to be sent then, as after a kill, not asked
                     # for again (the chat got a second answer, and the history held both).
                     given = (
-                        [_pending_reply(lane, turn, entries, self._clock())[0]]
+                        [pending_reply(lane, turn, entries, self._clock())[0]]
                         if entries and turn.answered
                         else []
                     )
@@ -233,7 +213,7 @@ class Turns:
                         answered=turn.answered,
                     )
                     await self._wait_over(session.id, lane)
-                reply, is_error = _pending_reply(lane, turn, entries, self._clock())
+                reply, is_error = pending_reply(lane, turn, entries, self._clock())
                 if is_error and outcome == "ok":
                     outcome = "error"
                 # The answer is on disk before it is sent: a crash from here on resends, never re-asks.
@@ -385,45 +365,3 @@ def _in_history(queued: Queued, session: Session, held: set[str], *, assumed: bo
     if queued.message.message_id:
         return intake.already_taken(session.messages, queued.message.message_id)
     return assumed
-
-
-def _pending_reply(
-    lane: Lane, turn: Turn, entries: tuple[str, ...], now: datetime
-) -> tuple[PendingReply, bool]:
-    """The turn's reply to its first message, to be saved and sent (made at our clock's ``now``: how old
-    a kept one is), and whether it reports a failure."""
-    text, is_error = reply_text(turn)
-    first = turn.inbound[0]
-    reply = PendingReply(
-        lane.channel,
-        lane.chat_id,
-        text,
-        entries,
-        reply_to=first.message_id,
-        is_error=is_error,
-        created_at=now,
-    )
-    return reply, is_error
-
-
-def reply_text(turn: Turn) -> tuple[str, bool]:
-    """The reply and whether it reports a failure. A failure is told in plain words chosen by its
-    type: its text names servers, settings and exception types, which belong in the log (where the
-    pipeline put it, secrets redacted), not in a chat. An answer is bounded (bot/long_answers.py)
-    whatever set it: the tool loop bounds the model's, as the session keeps it."""
-    notes = "\n\n".join(f"_{note}_" for note in turn.notes)
-    if turn.answered:  # a blank answer is no answer: channels drop or mangle it
-        return (bounded(str(turn.reply)) + (f"\n\n{notes}" if notes else "")), False
-    if turn.final_note and not turn.failures:  # the model declined, or had no room left: asking
-        return "⚠️ " + " ".join(turn.notes), True  # again would meet the same, so no "try again" here
-    if turn.failures:
-        reason = plain_reason((model_failure(turn) or turn.failures[-1]).kind)
-    elif turn.notes:
-        reason = " ".join(turn.notes)
-    else:
-        reason = "the model returned an empty answer"
-    text = (
-        f"⚠️ Sorry, I couldn't answer this time ({reason}). "
-        "Your message is saved — send another message to try again."
-    )
-    return text, True

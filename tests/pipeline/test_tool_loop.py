@@ -16,7 +16,7 @@ from bot.compaction import CompactionService
 from bot.config import CompactionSettings, DispatcherSettings, LLMSettings, ToolSettings
 from bot.context_budget import ContextBudget
 from bot.dispatcher import Dispatcher
-from bot.dispatcher.turns import reply_text
+from bot.dispatcher.replies import reply_text
 from bot.domain import InboundMessage, Message, Role, Session
 from bot.errors import LLMContextOverflow
 from bot.inbox import Inbox
