@@ -15,6 +15,7 @@ import httpx
 
 from bot.domain import Message, Role, ToolCall, Usage
 from bot.errors import LLMBadResponse
+from bot.llm.counts import token_count, usage_object
 from bot.llm.failures import stream_error
 from bot.llm.sse import SSEvent, StreamFold
 from bot.llm.turns import OPENING, normalized
@@ -113,15 +114,15 @@ def _arguments(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def parse_usage(data: Any) -> Usage:
-    """Anthropic counts cache reads and writes apart from ``input_tokens``; ours includes them."""
-    if not isinstance(data, dict):
-        return Usage(calls=1)
-    cached = int(data.get("cache_read_input_tokens") or 0)
-    written = int(data.get("cache_creation_input_tokens") or 0)
+def parse_usage(data: Any, model: str, where: str) -> Usage:
+    """Anthropic counts cache reads and writes apart from ``input_tokens``; ours includes them. A count
+    that is no count is 0 and logged, never a failed answer (counts.py)."""
+    usage = usage_object(data, "usage", model=model, where=where)
+    cached = token_count(usage, "cache_read_input_tokens", model=model, where=where)
+    written = token_count(usage, "cache_creation_input_tokens", model=model, where=where)
     return Usage(
-        input_tokens=int(data.get("input_tokens") or 0) + cached + written,
-        output_tokens=int(data.get("output_tokens") or 0),
+        input_tokens=token_count(usage, "input_tokens", model=model, where=where) + cached + written,
+        output_tokens=token_count(usage, "output_tokens", model=model, where=where),
         cached_tokens=cached,
         calls=1,
     )
@@ -142,7 +143,7 @@ def parse_response(body: Any, model: str, where: str = "Anthropic") -> ChatRespo
         return ChatResponse(
             "".join(text),
             tuple(calls),
-            parse_usage(body.get("usage")),
+            parse_usage(body.get("usage"), model, where),
             str(body.get("model") or model),
             str(body.get("stop_reason") or ""),
         )
@@ -188,7 +189,7 @@ class StreamDecoder(StreamFold):
             )
         if kind == "message_start":
             message = data.get("message") or {}
-            self._usage = parse_usage(message.get("usage"))
+            self._usage = parse_usage(message.get("usage"), self._model, self._where)
             self._served_by = str(message.get("model") or "")
         elif kind == "content_block_start":
             block = data.get("content_block") or {}
@@ -205,14 +206,17 @@ class StreamDecoder(StreamFold):
             return self._delta(int(data.get("index", 0)), data.get("delta") or {})
         elif kind == "message_delta":
             self._stop = str((data.get("delta") or {}).get("stop_reason") or self._stop)
-            usage = data.get("usage") or {}
+            usage = usage_object(data.get("usage"), "usage", model=self._model, where=self._where)
             if usage.get("output_tokens") is not None:
-                self._usage.output_tokens = int(usage["output_tokens"])
+                self._usage.output_tokens = self._count(usage, "output_tokens")
             if usage.get("input_tokens") and not self._usage.input_tokens:  # servers that count it late
-                self._usage.input_tokens = int(usage["input_tokens"])
+                self._usage.input_tokens = self._count(usage, "input_tokens")
         elif kind == "message_stop":
             self.done = True
         return []
+
+    def _count(self, usage: dict[str, Any], field: str) -> int:
+        return token_count(usage, field, model=self._model, where=self._where)
 
     def _delta(self, index: int, delta: dict[str, Any]) -> list[StreamEvent]:
         if delta.get("type") == "text_delta" and delta.get("text"):

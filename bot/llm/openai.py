@@ -14,6 +14,7 @@ import httpx
 
 from bot.domain import Message, Role, ToolCall, Usage
 from bot.errors import LLMBadResponse, LLMError, LLMUnavailable
+from bot.llm.counts import token_count, usage_object
 from bot.llm.failures import stream_error
 from bot.llm.sse import SSEvent, StreamFold
 from bot.llm.turns import normalized
@@ -111,24 +112,18 @@ def _arguments(text: str) -> str:
     return text if isinstance(value, dict) else "{}"
 
 
-def parse_usage(data: Any) -> Usage:
-    if not isinstance(data, dict):
-        return Usage(calls=1)
-    details = data.get("prompt_tokens_details") or {}
+def parse_usage(data: Any, model: str, where: str) -> Usage:
+    """The call's usage; a count that is no count is 0 and logged, never a failed answer (counts.py)."""
+    usage = usage_object(data, "usage", model=model, where=where)
+    details = usage_object(
+        usage.get("prompt_tokens_details"), "prompt_tokens_details", model=model, where=where
+    )
     return Usage(
-        input_tokens=_count(data.get("prompt_tokens")),
-        output_tokens=_count(data.get("completion_tokens")),
-        cached_tokens=_count(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+        input_tokens=token_count(usage, "prompt_tokens", model=model, where=where),
+        output_tokens=token_count(usage, "completion_tokens", model=model, where=where),
+        cached_tokens=token_count(details, "cached_tokens", model=model, where=where),
         calls=1,
     )
-
-
-def _count(value: Any) -> int:
-    """A token count as a server reported it; anything that is no number counts as 0."""
-    try:
-        return max(0, int(value or 0))
-    except (TypeError, ValueError):
-        return 0
 
 
 def text_of(content: Any) -> str:
@@ -168,7 +163,7 @@ def parse_response(body: Any, model: str, where: str = "OpenAI") -> ChatResponse
         return ChatResponse(
             content=text_of(message.get("content")) or refusal,
             tool_calls=calls,
-            usage=parse_usage(body.get("usage")),
+            usage=parse_usage(body.get("usage"), model, where),
             model=str(body.get("model") or model),
             stop_reason=str(choice.get("finish_reason") or ""),
             refusal=bool(refusal.strip()),
@@ -240,7 +235,7 @@ class StreamDecoder(StreamFold):
         if chunk.get("error"):
             raise failed_answer(chunk["error"], self._model, self._where)
         if chunk.get("usage"):
-            self._usage = parse_usage(chunk["usage"])
+            self._usage = parse_usage(chunk["usage"], self._model, self._where)
         self._served_by = str(chunk.get("model") or self._served_by)
         out: list[StreamEvent] = []
         for choice in chunk.get("choices") or ():

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 import bot.llm
 from bot.catalog import ModelCatalog
@@ -112,18 +113,20 @@ async def test_a_stream_refused_with_429_is_retried(catalog: ModelCatalog) -> No
     assert events[-1].response is not None and events[-1].response.content == "ok"
 
 
-async def test_an_answer_with_a_field_of_the_wrong_type_goes_to_the_fallback_model(
-    catalog: ModelCatalog,
+@pytest.mark.parametrize("count", ["n/a", 2.5, [3], {"n": 3}, True])
+async def test_an_answer_whose_usage_count_is_no_number_is_taken_and_the_count_logged(
+    catalog: ModelCatalog, count: Any
 ) -> None:
-    """ "n/a" for a token count is the server's fault like malformed JSON: LLMBadResponse, the fallback
-    is asked, and the turn never fails on a bare ValueError."""
+    """A usage count that is no number ("n/a", a fraction, a list) is bookkeeping gone wrong, not a bad
+    answer: the answer is taken (not thrown away and paid for again at the fallback), the count is 0,
+    and a warning names the field and the type that came."""
     asked: list[str] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         asked.append(json.loads(request.content)["model"])
         if request.url.path.endswith("/messages"):  # the primary, on the Anthropic wire
             content = [{"type": "text", "text": "primary"}]
-            usage = {"input_tokens": "n/a", "output_tokens": 3}
+            usage = {"input_tokens": count, "output_tokens": 3}
             return httpx.Response(200, json={"content": content, "stop_reason": "end_turn", "usage": usage})
         return httpx.Response(200, json={"choices": [{"message": {"content": "from the fallback"}}]})
 
@@ -137,9 +140,15 @@ async def test_an_answer_with_a_field_of_the_wrong_type_goes_to_the_fallback_mod
         }
     )
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-        reply = await LLMClient(settings, catalog, http).chat(REQUEST)
+        with capture_logs() as logs:
+            reply = await LLMClient(settings, catalog, http).chat(REQUEST)
 
-    assert reply.content == "from the fallback" and asked == ["claude-haiku-4-5", "gpt-4.1-mini"]
+    assert reply.content == "primary" and asked == ["claude-haiku-4-5"]
+    assert (reply.usage.input_tokens, reply.usage.output_tokens) == (0, 3)
+    warned = [e for e in logs if e["event"] == "llm_usage_malformed"]
+    assert [(e["field"], e["value_type"], e["model"]) for e in warned] == [
+        ("input_tokens", type(count).__name__, "claude-haiku-4-5")
+    ]
 
 
 @pytest.mark.parametrize(

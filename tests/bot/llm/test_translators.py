@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from bot.catalog import ModelCatalog
 from bot.domain import ImagePart, Message, Role, ToolCall
@@ -247,11 +248,18 @@ def test_openai_content_in_parts_shows_the_text_and_not_the_reasoning() -> None:
     assert openai.parse_response({"choices": [{"message": {"content": parts}}]}, "m").content == "Paris"
     decoder = openai.StreamDecoder("m")
     decoder.feed(sse({"choices": [{"delta": {"content": parts}}]}))
-    decoder.feed(
-        sse({"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": {"prompt_tokens": "n/a"}})
-    )
-    final = decoder.finish()
+    with capture_logs() as logs:
+        decoder.feed(
+            sse({"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": {"prompt_tokens": "n/a"}})
+        )
+        final = decoder.finish()
+        whole = openai.parse_response(
+            {"choices": [{"message": {"content": "Paris"}}], "usage": {"completion_tokens": 4.5}}, "m"
+        )
     assert final.content == "Paris" and final.usage.input_tokens == 0  # a usage that is no number: 0
+    assert whole.content == "Paris" and whole.usage.output_tokens == 0
+    warned = [(e["field"], e["value_type"]) for e in logs if e["event"] == "llm_usage_malformed"]
+    assert warned == [("prompt_tokens", "str"), ("completion_tokens", "float")]
 
 
 def test_openai_stream_error_chunk_is_classified() -> None:
@@ -423,6 +431,49 @@ def test_anthropic_compatible_servers_input_in_the_block_start_and_usage_at_the_
     assert (final.usage.input_tokens, final.usage.output_tokens) == (30, 5)
     with pytest.raises(LLMError, match="overloaded"):
         anthropic.StreamDecoder("m").feed(sse({"type": "error", "error": "overloaded"}, "error"))
+
+
+def test_anthropic_usage_that_is_no_count_keeps_the_answer_and_is_logged() -> None:
+    """int("n/a") in a usage count raised ValueError: the whole answer was thrown away (and asked again
+    at the fallback), for a count. Now the count is 0 and logged; null stays 0 without a word."""
+    usage = {"input_tokens": "n/a", "output_tokens": 2.5, "cache_read_input_tokens": None}
+    body = {"content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn", "usage": usage}
+    with capture_logs() as logs:
+        whole = anthropic.parse_response(body, "m")
+        decoder = anthropic.StreamDecoder("m")
+        for name, data in [
+            ("message_start", {"type": "message_start", "message": {"usage": {"input_tokens": [7]}}}),
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}},
+            ),
+            (
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}},
+            ),
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn"},
+                    "usage": {"output_tokens": "9"},
+                },
+            ),
+            ("message_stop", {"type": "message_stop"}),
+        ]:
+            decoder.feed(sse(data, name))
+        streamed = decoder.finish()
+    assert whole.content == streamed.content == "ok"
+    assert (whole.usage.input_tokens, whole.usage.output_tokens, whole.usage.calls) == (0, 0, 1)
+    assert (streamed.usage.input_tokens, streamed.usage.output_tokens) == (0, 0)
+    warned = [(e["field"], e["value_type"]) for e in logs if e["event"] == "llm_usage_malformed"]
+    assert warned == [
+        ("input_tokens", "str"),
+        ("output_tokens", "float"),
+        ("input_tokens", "list"),
+        ("output_tokens", "str"),
+    ]
 
 
 @pytest.mark.parametrize(
