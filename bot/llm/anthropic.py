@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import httpx
+import structlog
 
 from bot.domain import Message, Role, ToolCall, Usage
 from bot.errors import LLMBadResponse
@@ -21,6 +22,8 @@ from bot.llm.sse import SSEvent, StreamFold
 from bot.llm.turns import OPENING, normalized
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent, Wire
 from bot.llm.wire_ids import ANTHROPIC_IDS
+
+log = structlog.get_logger(__name__)
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
@@ -161,15 +164,32 @@ class StreamDecoder(StreamFold):
     ``message_stop`` the end (``done``). An ``error`` event can arrive mid-stream with HTTP 200; it is
     raised as the error the same failure would be as a response (``overloaded_error`` →
     LLMUnavailable, and so on).
+
+    A stream that ends after a ``message_delta`` with a ``stop_reason``, every content block closed,
+    but before ``message_stop`` (a proxy or a connection that closed one event early) holds the whole
+    answer: it is ``complete``, taken and logged, not asked for again and paid twice. Without a stop
+    reason, or with a block still open, the answer may be cut anywhere: incomplete.
     """
 
     def __init__(self, model: str, where: str = "Anthropic") -> None:
         super().__init__(model, where)
         self._input_at_start: set[int] = set()  # tool calls whose input came whole in content_block_start
+        self._open: set[int] = set()  # content blocks started and not yet stopped
+        self._stopped = False  # a message_delta said why the message ended
 
     @property
     def complete(self) -> bool:
-        return self.done
+        return self.done or (self._stopped and not self._open)
+
+    def finish(self) -> ChatResponse:
+        if not self.done:
+            log.warning(
+                "llm_stream_without_message_stop",
+                model=self._model,
+                server=self._where,
+                stop_reason=self._stop,
+            )
+        return super().finish()
 
     def feed(self, event: SSEvent) -> list[StreamEvent]:
         if event.event == "ping":
@@ -193,8 +213,9 @@ class StreamDecoder(StreamFold):
             self._served_by = str(message.get("model") or "")
         elif kind == "content_block_start":
             block = data.get("content_block") or {}
+            index = int(data.get("index", 0))
+            self._open.add(index)
             if block.get("type") == "tool_use":
-                index = int(data.get("index", 0))
                 call = self._call(index)
                 call.id, call.name = str(block.get("id") or ""), str(block.get("name") or "")
                 if isinstance(block.get("input"), dict) and block["input"]:
@@ -204,8 +225,12 @@ class StreamDecoder(StreamFold):
                 return [StreamEvent("tool_call", text=call.name)]
         elif kind == "content_block_delta":
             return self._delta(int(data.get("index", 0)), data.get("delta") or {})
+        elif kind == "content_block_stop":
+            self._open.discard(int(data.get("index", 0)))
         elif kind == "message_delta":
-            self._stop = str((data.get("delta") or {}).get("stop_reason") or self._stop)
+            stop_reason = (data.get("delta") or {}).get("stop_reason")
+            self._stopped = self._stopped or bool(stop_reason)
+            self._stop = str(stop_reason or self._stop)
             usage = usage_object(data.get("usage"), "usage", model=self._model, where=self._where)
             if usage.get("output_tokens") is not None:
                 self._usage.output_tokens = self._count(usage, "output_tokens")

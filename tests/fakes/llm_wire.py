@@ -53,7 +53,9 @@ class FakeReply:
     ``data: <it>`` that carries nothing, in place of the comment. ``cut_after=n``: a streamed answer
     ends after ``n`` whole SSE events, in the middle of the next one (half its data, no blank line
     after it), with a proper end of the body: as a proxy that gives up waiting for the model ends its
-    own answer. ``stop``: the stop reason sent in place of the usual one (OpenAI's
+    own answer. ``end_after=n``: a streamed answer whose body ends properly after ``n`` whole SSE events,
+    the rest never sent, as a proxy or a connection that closes cleanly between two events (Anthropic:
+    ``end_after`` at the ``message_stop`` event's place sends all but it). ``stop``: the stop reason sent in place of the usual one (OpenAI's
     ``finish_reason``, Anthropic's ``stop_reason``), such as ``content_filter`` or ``refusal``.
     ``refusal``: OpenAI's refusal text, sent in ``message.refusal`` (streamed: ``delta.refusal``).
     ``html``: a web page sent with HTTP 200 in place of the answer (also to a request that streams),
@@ -86,6 +88,7 @@ class FakeReply:
     raw_unicode: bool = False
     drip: float | None = None
     cut_after: int | None = None
+    end_after: int | None = None
     stop: str | None = None
     refusal: str = ""
     html: str | None = None
@@ -250,6 +253,10 @@ class _Sse:
             text = data if isinstance(data, str) else json.dumps(data)
             prefix = f"event: {event}\n" if event else ""
             await self._response.write(f"{prefix}data: {text[: len(text) // 2]}".encode())
+            await self._response.write_eof()
+            self._ended = True
+            return
+        if self._sent == self._reply.end_after:  # the body ends cleanly before this event
             await self._response.write_eof()
             self._ended = True
             return

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from bot.catalog import ModelCatalog
 from bot.config import LLMSettings
@@ -31,7 +32,7 @@ from bot.errors import (
 from bot.llm import ChatRequest, ChatResponse, LLMClient, StreamEvent, ToolSpec
 from bot.llm.stats import failure_reason
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
-from tests.fakes.llm_wire import AZURE_FILTERED
+from tests.fakes.llm_wire import AZURE_FILTERED, pieces
 
 both = pytest.mark.parametrize("api", ["openai", "anthropic"])
 MODELS = {"openai": "gpt-4.1-mini", "anthropic": "claude-haiku-4-5"}
@@ -401,6 +402,40 @@ async def test_a_stream_that_ends_in_the_middle_of_an_event_was_cut_not_malforme
         async for event in llm.stream(ask("x")):
             seen.append(event)
     assert [e.kind for e in seen] == ["text"]
+
+
+async def test_an_anthropic_stream_that_ends_after_its_stop_reason_is_a_whole_answer(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    """A stream that ended after ``message_delta`` (with its ``stop_reason``) but before ``message_stop``
+    was taken as cut and asked for again: the same answer paid twice. Every block was closed and the
+    stop reason said why it ended: it is taken, and the missing ``message_stop`` logged."""
+    llm, sleeps = make_client("anthropic")
+    answer = "the whole answer, every word of it"
+    # message_start, ping, the text block's start, its deltas, its stop, then message_delta
+    before_stop = 3 + len(pieces(answer)) + 2
+    server.script(FakeReply(text=answer, usage=(20, 7), end_after=before_stop), FakeReply(text="paid twice"))
+    with capture_logs() as logs:
+        events, done = await collect(llm, ask("x"))
+    assert done.content == answer and done.stop_reason == "end_turn"
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (20, 7)
+    assert len(server.requests) == 1 and sleeps.calls == []
+    assert "".join(e.text for e in events if e.kind == "text") == answer
+    ended = [e for e in logs if e["event"] == "llm_stream_without_message_stop"]
+    assert [(e["model"], e["stop_reason"]) for e in ended] == [(MODELS["anthropic"], "end_turn")]
+
+
+async def test_an_anthropic_stream_that_ends_before_its_stop_reason_is_still_cut(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    """Ended before ``message_delta``, nothing says the answer was whole: cut, as before (after its
+    first words: LLMUnavailable to the caller, which waits and asks again)."""
+    llm, _ = make_client("anthropic")
+    answer = "an answer that may go on"
+    before_delta = 3 + len(pieces(answer)) + 1
+    server.script(FakeReply(text=answer, end_after=before_delta))
+    with pytest.raises(LLMUnavailable, match="ended the stream before the answer was complete"):
+        await collect(llm, ask("x"))
 
 
 @both

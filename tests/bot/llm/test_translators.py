@@ -391,7 +391,7 @@ def test_anthropic_stream_decoder() -> None:
     ]
     events = [e for name, data in stream for e in decoder.feed(sse(data, name))]
     assert [(e.kind, e.text) for e in events] == [("text", "Hi "), ("text", "there"), ("tool_call", "files")]
-    assert not decoder.complete
+    assert decoder.complete and not decoder.done  # whole by its stop reason (message_stop may be lost)
     decoder.feed(sse({"type": "message_stop"}, "message_stop"))
     final = decoder.finish()
     assert decoder.done and final.content == "Hi there" and final.model == "claude-x"
@@ -431,6 +431,39 @@ def test_anthropic_compatible_servers_input_in_the_block_start_and_usage_at_the_
     assert (final.usage.input_tokens, final.usage.output_tokens) == (30, 5)
     with pytest.raises(LLMError, match="overloaded"):
         anthropic.StreamDecoder("m").feed(sse({"type": "error", "error": "overloaded"}, "error"))
+
+
+def test_anthropic_stream_without_message_stop_is_complete_only_after_a_stop_reason_with_blocks_closed() -> (
+    None
+):
+    opened = [
+        ("message_start", {"type": "message_start", "message": {"usage": {"input_tokens": 3}}}),
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}},
+        ),
+        (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+        ),
+    ]
+    stop = ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}})
+    no_reason = ("message_delta", {"type": "message_delta", "delta": {}, "usage": {"output_tokens": 2}})
+    closed = ("content_block_stop", {"type": "content_block_stop", "index": 0})
+
+    def fed(*events: tuple[str, dict[str, Any]]) -> anthropic.StreamDecoder:
+        decoder = anthropic.StreamDecoder("m")
+        for name, data in events:
+            decoder.feed(sse(data, name))
+        return decoder
+
+    assert not fed(*opened).complete
+    assert not fed(*opened, stop).complete  # a block still open: the delta may be a server's mistake
+    assert not fed(*opened, closed).complete
+    assert not fed(*opened, closed, no_reason).complete
+    whole = fed(*opened, closed, stop)
+    assert whole.complete and not whole.done
+    assert whole.finish().content == "hi"
 
 
 def test_anthropic_usage_that_is_no_count_keeps_the_answer_and_is_logged() -> None:
