@@ -33,9 +33,10 @@ from typing import Any
 
 from bot.domain import parse_time, utcnow
 from bot.errors import StorageError
-from bot.storage import atomic_write_text, ensure_private_dir
+from bot.storage import atomic_write_text, ensure_private_dir, refuse_newer
 
 PAIRING_FILE = "pairing.json"
+PAIRING_VERSION = 1
 CODE_TTL = timedelta(hours=1)
 MAX_PENDING_PER_CHANNEL = 3
 # A stranger is offered a code at most once in this many seconds (:class:`OfferPacing`).
@@ -45,6 +46,9 @@ _OFFERS_REMEMBERED = 1024  # strangers noted before those whose interval is over
 _ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
 
 Clock = Callable[[], datetime]
+
+# What a refused (newer) pairing.json means until it is fixed, said with its error.
+_MEANWHILE = "until then no pairing can be checked or granted (users in the allowlists are not affected)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +271,7 @@ class PairingStore:
             self._state, self._stamp = _State([], []), None
             return
         try:
-            self._state = _load(self._path.read_text(encoding="utf-8"))
+            self._state = _load(self._path.read_text(encoding="utf-8"), self._path)
             self._stamp = stamp
         except OSError as exc:
             raise StorageError(f"cannot read {self._path}: {exc.strerror}") from exc
@@ -291,15 +295,17 @@ def _dump(state: _State) -> str:
         return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(item).items()}
 
     data = {
-        "version": 1,
+        "version": PAIRING_VERSION,
         "pending": [encode(r) for r in state.pending],
         "approved": [encode(a) for a in state.approved],
     }
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
-def _load(text: str) -> _State:
+def _load(text: str, path: Path) -> _State:
     data = json.loads(text)
+    # Newer: its approvals are not read by this version's rules (they may mean less than they seem).
+    refuse_newer(data, PAIRING_VERSION, path=path, what="pairing file", meanwhile=_MEANWHILE)
     pending = [
         PairingRequest(
             code=str(r["code"]),

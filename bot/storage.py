@@ -18,7 +18,9 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+from bot.errors import StorageError
 from bot.surrogates import utf8
 
 DIR_MODE = 0o700
@@ -241,3 +243,18 @@ def remove_stale_temp_files(root: Path, *, older_than: float = 60.0) -> int:
                 removed += 1
         dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
     return removed
+
+
+def refuse_newer(data: Any, ours: int, *, path: Path, what: str, meanwhile: str) -> None:
+    """Refuse a file a newer membot wrote (a rollback), as session headers are refused: read as this
+    version's, what it holds that this one does not know would be misread, and dropped at the next
+    rewrite. :class:`StorageError` names the file, the fix and what the bot does ``meanwhile``; the
+    caller leaves the file as it is, never rewritten or moved aside. A version that is no number is
+    not refused here (the caller's reading judges that file)."""
+    version = data.get("version") if isinstance(data, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > ours:
+        raise StorageError(
+            f"{what} {path} was written by a newer membot (format {version}; this one reads up to {ours}): "
+            f"run that membot again, or restore a backup made with this one; the file is left as it is, "
+            f"and {meanwhile}"
+        )

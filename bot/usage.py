@@ -16,6 +16,11 @@ cut can lose the journal's last lines (torn lines are skipped, and kept aside as
 ``usage.json.journal.damaged-<hash>``, see ``bot/damaged.py``). Before, a message that came more than
 10 s after the last one rewrote ``usage.json`` on the reply path: two fsyncs and a rename per message
 at a human pace.
+
+A ``usage.json`` a newer membot wrote (a higher ``version``: a rollback) is refused, as session headers
+are: read as this version's, it would be rewritten without what this one does not know. The error is
+logged once with the fix; the ledger and its journal are left as they are, this run's calls are not
+counted, and /status shows the day's usage as unknown. The bot itself goes on: the figures inform.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ import structlog
 
 from bot import damaged
 from bot.domain import Session, Usage, utcnow
+from bot.errors import StorageError
 from bot.group_writer import GroupWriter
-from bot.storage import atomic_write_text, line_bytes
+from bot.storage import atomic_write_text, line_bytes, refuse_newer
 
 # session.metadata: the catalog id of the model whose answer the chat got last (a fallback's, say): /status
 META_ANSWERED_BY = "answered_by"
@@ -45,6 +51,11 @@ META_ANSWERED_BY = "answered_by"
 log = structlog.get_logger(__name__)
 
 LEDGER_VERSION = 1
+# What a refused (newer) usage.json means until it is fixed, said with its error.
+_MEANWHILE = (
+    "until this membot restarts with a ledger it can read, it counts no usage (its calls are missing "
+    "from the day's totals; /status shows them as unknown)"
+)
 JOURNAL_SUFFIX = ".journal"  # beside the ledger: usage.json.journal
 
 
@@ -99,6 +110,7 @@ class UsageLedger:
         self._line = 0  # number of the last journal line made (or folded into usage.json)
         self._writer = GroupWriter("usage-journal")
         self._later: asyncio.Task[None] | None = None
+        self._refused: str | None = None  # why usage.json is not ours to read or write (a newer membot's)
 
     @property
     def path(self) -> Path:
@@ -112,7 +124,10 @@ class UsageLedger:
         if not (usage.calls or usage.input_tokens or usage.output_tokens):
             return
         async with self._lock:
-            days = await self._loaded()
+            try:
+                days = await self._loaded()
+            except StorageError:  # a newer membot's ledger (logged once): this call is not counted
+                return
             day = self.today().isoformat()
             days.setdefault(day, _Day()).add(usage, purpose)
             self._line += 1
@@ -130,7 +145,7 @@ class UsageLedger:
         await self.add(usage, purpose)
 
     async def day(self, which: date | None = None) -> Usage:
-        """The total of one day (default: today); a copy."""
+        """The total of one day (default: today); a copy. StorageError when usage.json is refused."""
         found = await self._day(which)
         return Usage.from_dict(found.total.to_dict()) if found else Usage()
 
@@ -183,8 +198,16 @@ class UsageLedger:
             log.error("usage_ledger_write_failed", path=str(self._path), error=str(exc))
 
     async def _loaded(self) -> dict[str, _Day]:
+        """The days, read once; StorageError (logged the first time) when usage.json is a newer membot's."""
+        if self._refused is not None:
+            raise StorageError(self._refused)
         if self._days is None:
-            days, self._line = await asyncio.to_thread(self._read)
+            try:
+                days, self._line = await asyncio.to_thread(self._read)
+            except StorageError as exc:
+                self._refused = str(exc)
+                log.error("usage_ledger_refused", path=str(self._path), error=self._refused)
+                raise
             self._days = days
             return days
         return self._days
@@ -195,6 +218,8 @@ class UsageLedger:
         folded = 0
         try:
             data = json.loads(self._path.read_text(encoding="utf-8"))
+            # Before the journal is read: a newer membot's lines past its number are its own.
+            refuse_newer(data, LEDGER_VERSION, path=self._path, what="usage ledger", meanwhile=_MEANWHILE)
             days = {str(k): _Day.from_dict(v) for k, v in dict(data["days"]).items()}
             folded = int(data.get("journal", 0))
         except FileNotFoundError:

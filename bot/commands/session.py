@@ -127,11 +127,15 @@ class SessionCommands:
         else:
             lines += await self._session_lines(session)
         if self._ledger is not None:
-            today = await self._ledger.day()
-            lines.append(f"Today (all chats): {_usage_line(today)} · {_calls(today.calls)}")
-            split = _purposes_line(await self._ledger.purposes())
-            if split:
-                lines.append(f"  by use: {split}")
+            try:
+                today, purposes = await self._ledger.day(), await self._ledger.purposes()
+            except StorageError:  # a newer membot's usage.json: the log says what to do
+                lines.append("Today (all chats): unknown (the usage ledger cannot be read; see the log)")
+            else:
+                lines.append(f"Today (all chats): {_usage_line(today)} · {_calls(today.calls)}")
+                split = _purposes_line(purposes)
+                if split:
+                    lines.append(f"  by use: {split}")
         if self._memory_stats is not None or self._memory_stats_for is not None:
             lines.append(await self._memory_line(sid))
         else:

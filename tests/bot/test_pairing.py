@@ -123,6 +123,42 @@ async def test_a_corrupt_file_names_itself(tmp_path: Path, clock: Clock) -> None
         await PairingStore(path, clock=clock).is_approved("telegram", "1")
 
 
+async def test_a_file_from_a_newer_membot_is_refused_and_left_as_it_is(tmp_path: Path, clock: Clock) -> None:
+    """pairing.json of a newer format (a rollback) was read as version 1 and rewritten at the next
+    request or approval, its unknown fields dropped. Now every use is refused with an error that names
+    the file and the fix, and its bytes stay as they were."""
+    path = tmp_path / "ws" / PAIRING_FILE
+    path.parent.mkdir(parents=True)
+    newer = {
+        "version": 2,
+        "pending": [],
+        "approved": [
+            {
+                "channel": "telegram",
+                "user_id": "42",
+                "user_name": "Alice",
+                "approved_at": "2025-01-01T11:00:00+00:00",
+                "until": "2025-01-01T11:30:00+00:00",  # a field version 1 knows nothing of
+            }
+        ],
+        "denied": [{"channel": "telegram", "user_id": "7"}],
+    }
+    path.write_text(json.dumps(newer, indent=2))
+    before = path.read_bytes()
+    store = PairingStore(path, clock=clock)
+    newer_membot = r"pairing\.json was written by a newer membot \(format 2; this one reads up to 1\)"
+    with pytest.raises(StorageError, match=newer_membot) as refused:
+        await store.is_approved("telegram", "42")
+    assert "run that membot again, or restore a backup" in str(refused.value)
+    with pytest.raises(StorageError, match=newer_membot):
+        await store.request("telegram", "7", "Mallory")
+    with pytest.raises(StorageError, match=newer_membot):
+        await asyncio.to_thread(revoke_user, tmp_path / "ws", "telegram", "42")
+    with pytest.raises(StorageError, match=newer_membot):
+        await asyncio.to_thread(list_pairings, tmp_path / "ws", clock=clock)
+    assert path.read_bytes() == before
+
+
 def test_normalize_code() -> None:
     assert normalize_code("abcd efgh") == "ABCD-EFGH"
     assert normalize_code(" ABCD-EFGH ") == "ABCD-EFGH"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hashlib
 import json
@@ -11,8 +12,10 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
+from structlog.testing import capture_logs
 
 from bot.domain import Usage
+from bot.errors import StorageError
 from bot.usage import UsageLedger
 
 NOON = datetime(2025, 3, 4, 12, tzinfo=UTC)
@@ -129,3 +132,35 @@ async def test_a_close_storage_refuses_leaves_the_figures_to_the_journal_and_doe
     monkeypatch.undo()
     assert not path.exists()
     assert (await ledger(path).day()).calls == 1
+
+
+async def test_a_ledger_from_a_newer_membot_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    """usage.json of a newer format (a rollback) was read as version 1 and rewritten at the next flush,
+    its unknown fields dropped, and its journal folded by this version's rules. Now it is refused: the
+    error names the file and the fix, it is logged once, and neither file changes."""
+    path = tmp_path / "usage.json"
+    day = {"input_tokens": 10, "output_tokens": 2, "cached_tokens": 0, "cost_usd": 0.1, "calls": 1}
+    path.write_text(
+        json.dumps({"version": 2, "journal": 3, "days": {"2025-03-04": day}, "budgets": {"x": 1}})
+    )
+    journal = tmp_path / "usage.json.journal"
+    journal.write_bytes(b'{"line": 4, "v2": true}\n{"torn')
+    before = (path.read_bytes(), journal.read_bytes())
+
+    book = ledger(path)
+    newer_membot = r"usage\.json was written by a newer membot \(format 2; this one reads up to 1\)"
+    with capture_logs() as logs:
+        await book.record("chat", "m", Usage(100, 10, calls=1))
+        await book.record("chat", "m", Usage(100, 10, calls=1))
+        with pytest.raises(StorageError, match=newer_membot) as refused:
+            await book.day()
+        with pytest.raises(StorageError, match=newer_membot):
+            await book.purposes()
+        await book.written()
+        await book.flush()
+        await book.close()
+
+    assert "run that membot again, or restore a backup" in str(refused.value)
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["usage_ledger_refused"]
+    assert (path.read_bytes(), journal.read_bytes()) == before
+    assert sorted(await asyncio.to_thread(os.listdir, tmp_path)) == ["usage.json", "usage.json.journal"]

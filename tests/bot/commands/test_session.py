@@ -244,6 +244,20 @@ async def test_status_of_a_new_chat_whose_session_cannot_be_read_says_it_waits_f
     assert answer.text == "echo: hello"
 
 
+async def test_status_with_a_ledger_from_a_newer_membot_says_the_day_is_unknown(
+    tmp_path: Path, bot_on: Callable[..., Bot]
+) -> None:
+    """A refused usage.json (a newer membot's) must not take /status down, nor read as a quiet day."""
+    newer = json.dumps({"version": 2, "days": {}})
+    (tmp_path / "usage.json").write_text(newer)
+    async with bot_on() as bot:
+        assert await bot.say("hello") == "echo: hello"
+        status = await bot.say("/status")
+    assert "Today (all chats): unknown (the usage ledger cannot be read; see the log)" in status
+    assert "This chat: " in status and "failed" not in status
+    assert (tmp_path / "usage.json").read_text() == newer
+
+
 async def test_status_counts_every_model_call_by_purpose(
     server: FakeLLMServer,
     bot_on: Callable[..., Bot],
