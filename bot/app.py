@@ -26,7 +26,7 @@ import httpx
 import structlog
 
 from bot.catalog import ModelCatalog, Provider, load_catalog
-from bot.commands import CommandRouter, SessionCommands
+from bot.commands import Admins, CommandRouter, SessionCommands
 from bot.compaction import CompactionService, MemoryRetirer
 from bot.config import DEFAULT_CONFIG_FILE, Settings
 from bot.context_budget import ContextBudget, prompt_room
@@ -316,6 +316,14 @@ def _pipeline(
     return Pipeline(systems)
 
 
+def _admins(settings: Settings) -> Admins:
+    """The operators /status shows the day's spend to: ``<channel>.admin_users``, and whoever is at the
+    terminal (``cli``: the machine's own user, who can read usage.json anyway)."""
+    users = {("telegram", user) for user in settings.telegram.admin_users}
+    users |= {("discord", user) for user in settings.discord.admin_users}
+    return Admins(frozenset(users), local=frozenset({"cli"}))
+
+
 def _commands(
     settings: Settings,
     catalog: ModelCatalog,
@@ -332,6 +340,7 @@ def _commands(
         model=catalog.get(primary, _provider(settings, catalog)),
         tier=catalog.tier_of(primary),
         ledger=ledger,
+        admins=_admins(settings),
         memory_stats_for=(
             (lambda sid: memory_operator.stats(memory, session_id=sid)) if settings.memory.enabled else None
         ),

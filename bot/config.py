@@ -19,7 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from bot.config_errors import ENV_PREFIX, explain_undecodable, explain_validation, unknown_variables
 from bot.config_files import TomlSource, watch_dotenv
-from bot.config_ids import IdList
+from bot.config_ids import AdminIdList, IdList
 from bot.errors import ConfigError
 
 DEFAULT_HOME = Path("~/.membot")
@@ -168,6 +168,7 @@ class TelegramSettings(_Section):
     token: SecretStr | None = None
     allowed_users: IdList = Field(default_factory=list)  # user ids; "*" opens the bot deliberately
     allowed_groups: IdList = Field(default_factory=list)
+    admin_users: AdminIdList = Field(default_factory=list)  # see the operator's figures in /status
     groups: dict[str, TelegramGroupSettings] = Field(default_factory=dict)
     require_mention: bool = True
     pairing: bool = True
@@ -190,6 +191,7 @@ class DiscordSettings(_Section):
     allowed_users: IdList = Field(default_factory=list)
     allowed_guilds: IdList = Field(default_factory=list)
     allowed_channels: IdList = Field(default_factory=list)
+    admin_users: AdminIdList = Field(default_factory=list)  # see the operator's figures in /status
     require_mention: bool = True
     mention_overrides: dict[str, bool] = Field(default_factory=dict)  # guild or channel id -> require
     pairing: bool = True

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator
+from pydantic import AfterValidator, BeforeValidator
 from pydantic_settings import NoDecode
 
 
@@ -52,3 +52,15 @@ def _not_an_id(text: str) -> str:
 
 IdList = Annotated[list[str], NoDecode, BeforeValidator(_ids)]
 """A list of ids; see :func:`_ids` for what is accepted."""
+
+
+def _no_wildcard(ids: list[str]) -> list[str]:
+    if any(i.strip() == "*" for i in ids):
+        raise ValueError(
+            '"*" is not allowed here: it would make everyone an admin; list the operators\' own user ids'
+        )
+    return ids
+
+
+AdminIdList = Annotated[list[str], NoDecode, BeforeValidator(_ids), AfterValidator(_no_wildcard)]
+"""A list of ids that names people one by one ("*" refused): the admins of a channel."""

@@ -13,10 +13,10 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from bot.commands.session import SessionCommands
+from bot.commands.session import Admins, SessionCommands
 from bot.domain import InboundMessage
 
-__all__ = ["CommandCall", "CommandHandler", "CommandRouter", "SessionCommands", "SessionControl"]
+__all__ = ["Admins", "CommandCall", "CommandHandler", "CommandRouter", "SessionCommands", "SessionControl"]
 
 _COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]{0,31})(?:@([A-Za-z0-9_]+))?(?:\s+(.*))?$", re.DOTALL)
 

@@ -3,6 +3,7 @@
 They are registered by the composition root, next to the services they report on::
 
     cmds = SessionCommands(sessions, budget, model=info, tier=tier, ledger=ledger,
+                           admins=Admins(frozenset({("telegram", "42")}), local=frozenset({"cli"})),
                            memory_stats=lambda: memory_operator.stats(memory))
     router.add("status", "Model, context, usage and memory of this chat", cmds.status)
     router.add("compact", "Summarize older messages now: /compact [N] keeps the last N", cmds.compact)
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
@@ -30,7 +32,7 @@ import structlog
 from bot.catalog import ModelInfo
 from bot.compaction import META_LAST
 from bot.context_budget import ContextBudget
-from bot.domain import Session, Usage
+from bot.domain import InboundMessage, Session, Usage
 from bot.errors import StorageError
 from bot.session_service import SessionService
 from bot.usage import META_ANSWERED_BY, UsageLedger
@@ -78,6 +80,24 @@ class MemoryFigures(Protocol):
     def vectors_failing(self) -> bool: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Admins:
+    """Who sees the operator's figures in /status: the day's usage and cost across all chats (what the
+    provider bills the operator) and its split by purpose. Anyone else admitted sees their own chat's
+    tokens only: what the bot costs is the operator's business.
+
+    ``users``: ``(channel, user id)`` pairs (``<channel>.admin_users``); ``local``: channels whose user
+    is at the machine itself (the terminal). Never in a group: the whole group reads the answer."""
+
+    users: frozenset[tuple[str, str]] = frozenset()
+    local: frozenset[str] = frozenset()
+
+    def of(self, message: InboundMessage) -> bool:
+        if message.is_group:
+            return False
+        return message.channel in self.local or (message.channel, message.sender_id) in self.users
+
+
 class SessionCommands:
     """Handlers for /status, /compact and /new (see the module doc for registration)."""
 
@@ -89,6 +109,7 @@ class SessionCommands:
         model: ModelInfo,
         tier: str | None = None,
         ledger: UsageLedger | None = None,
+        admins: Admins = Admins(),
         memory_stats: Callable[[], Awaitable[MemoryFigures]] | None = None,
         memory_stats_for: Callable[[str], Awaitable[MemoryFigures]] | None = None,
         started_at: float | None = None,
@@ -99,6 +120,7 @@ class SessionCommands:
         self._model = model
         self._tier = tier
         self._ledger = ledger
+        self._admins = admins
         self._memory_stats = memory_stats
         self._memory_stats_for = memory_stats_for
         self._monotonic = monotonic
@@ -108,6 +130,7 @@ class SessionCommands:
 
     async def status(self, call: CommandCall, control: SessionControl) -> str:
         sid = call.session_id
+        admin = self._admins.of(call.message)
         try:
             session: Session | None = await self._sessions.get(sid)
             readable = True
@@ -125,8 +148,8 @@ class SessionCommands:
         elif session is None:
             lines.append("Messages: 0 (no conversation yet)")
         else:
-            lines += await self._session_lines(session)
-        if self._ledger is not None:
+            lines += await self._session_lines(session, admin=admin)
+        if self._ledger is not None and admin:
             try:
                 today, purposes = await self._ledger.day(), await self._ledger.purposes()
             except StorageError:  # a newer membot's usage.json: the log says what to do
@@ -151,7 +174,7 @@ class SessionCommands:
         lines.append(f"Uptime: {_duration(self._monotonic() - self._started)}")
         return "\n".join(lines)
 
-    async def _session_lines(self, session: Session) -> list[str]:
+    async def _session_lines(self, session: Session, *, admin: bool) -> list[str]:
         used = await self._budget.in_use(session)
         window = self._budget.window
         approx = "" if self._budget.counter.exact else "≈"
@@ -167,7 +190,7 @@ class SessionCommands:
             else:
                 compactions += " (last one summarized)"
         lines.append(compactions)
-        lines.append(f"This chat: {_usage_line(session.usage)}")
+        lines.append(f"This chat: {_usage_line(session.usage, cost=admin)}")
         return lines
 
     async def _memory_line(self, sid: str) -> str:
@@ -264,8 +287,9 @@ def _parse_keep(args: str) -> int | None:
     return value if low <= value <= high else None  # "-5" kept 1: a destructive command does as asked
 
 
-def _usage_line(usage: Usage) -> str:
-    return f"{usage.input_tokens:,} in / {usage.output_tokens:,} out tokens · ${usage.cost_usd:.4f}"
+def _usage_line(usage: Usage, *, cost: bool = True) -> str:
+    tokens = f"{usage.input_tokens:,} in / {usage.output_tokens:,} out tokens"
+    return f"{tokens} · ${usage.cost_usd:.4f}" if cost else tokens
 
 
 _PURPOSE_ORDER = ("chat", "compaction", "consolidation", "embedding")

@@ -75,6 +75,15 @@ def test_invalid_values_name_the_field_and_how_to_set_it(monkeypatch: pytest.Mon
     assert "MEMBOT_DISPATCHER__QUEUE_LIMIT" in str(info.value)
 
 
+def test_admin_users_are_ids_and_never_everyone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMBOT_TELEGRAM__ADMIN_USERS", "42, 43")
+    assert load_settings(env_file=None).telegram.admin_users == ["42", "43"]
+    monkeypatch.setenv("MEMBOT_DISCORD__ADMIN_USERS", '["*"]')
+    with pytest.raises(ConfigError, match="everyone an admin") as info:
+        load_settings(env_file=None)
+    assert "discord.admin_users" in str(info.value)
+
+
 def test_unknown_keys_and_bad_zones_are_rejected(tmp_path: Path) -> None:
     toml = tmp_path / "c.toml"
     toml.write_text("[llm]\nmodle = 'typo'\n")

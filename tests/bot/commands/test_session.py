@@ -19,7 +19,7 @@ import pytest
 
 from bot.catalog import ModelCatalog
 from bot.commands import CommandRouter
-from bot.commands.session import COMPACT_USAGE, SessionCommands
+from bot.commands.session import COMPACT_USAGE, Admins, SessionCommands
 from bot.compaction import SUMMARY_PREFIX, CompactionService, MemoryRetirer
 from bot.config import CompactionSettings, DispatcherSettings, MemorySettings, ToolSettings
 from bot.context_budget import ContextBudget
@@ -47,6 +47,7 @@ from tests.session_kit import conversation, llm_client, tool_exchange
 
 MODEL = "gpt-4.1-mini"
 SID = "test:c1"
+OPERATOR = Admins(frozenset({("test", "u1")}))  # u1 is an admin: /status shows the day's spend
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,7 @@ class Bot:
         dispatcher: dict[str, float] | None = None,
         llm: dict[str, Any] | None = None,
         streaming: bool = False,
+        admins: Admins = Admins(),
     ) -> None:
         self.root = root
         self.ledger = UsageLedger(root / "usage.json", tz=ZoneInfo("UTC"))
@@ -117,6 +119,7 @@ class Bot:
             model=info,
             tier=catalog.tier_of(MODEL),
             ledger=self.ledger,
+            admins=admins,
             memory_stats=lambda: memory_operator.stats(self.memory),
         )
         router.add("status", "Model, context, usage and memory of this chat", commands.status)
@@ -143,10 +146,10 @@ class Bot:
         await self.dispatcher.close(grace=self.grace)
         await self.memory.close()
 
-    async def say(self, text: str) -> str:
+    async def say(self, text: str, *, sender: str = "u1", is_group: bool = False) -> str:
         """Send a message and return the next reply."""
         count = len(self.channel.sent)
-        await self.dispatcher.submit(InboundMessage("test", "c1", "u1", text))
+        await self.dispatcher.submit(InboundMessage("test", "c1", sender, text, is_group=is_group))
         sent = await self.channel.wait_for(count + 1)
         return sent[count].text
 
@@ -184,7 +187,7 @@ async def test_status_figures_match_the_real_usage(
     counter: TokenCounter,
     bot_on: Callable[..., Bot],
 ) -> None:
-    async with bot_on() as bot:
+    async with bot_on(admins=OPERATOR) as bot:
         await asyncio.to_thread((tmp_path / "memory" / "MEMORY.md").write_text, "- likes tea\n")
         server.script(FakeReply(text="one", usage=(1200, 30)), FakeReply(text="two", usage=(1500, 40)))
         assert await bot.say("first") == "one"
@@ -244,13 +247,36 @@ async def test_status_of_a_new_chat_whose_session_cannot_be_read_says_it_waits_f
     assert answer.text == "echo: hello"
 
 
+async def test_status_shows_the_operators_spend_to_admins_in_private_only(
+    server: FakeLLMServer, bot_on: Callable[..., Bot]
+) -> None:
+    """/status showed every admitted user the day's cost across all chats and its split by purpose:
+    the operator's spend. A plain user now sees their own chat's tokens, no money; an admin sees it
+    all in a private chat, and nothing of the day in a group, where everyone reads the answer."""
+    async with bot_on(admins=Admins(frozenset({("test", "op")}))) as bot:
+        server.script(FakeReply(text="one", usage=(1200, 30)))
+        assert await bot.say("first") == "one"
+        plain = await bot.say("/status")
+        admin = await bot.say("/status", sender="op")
+        in_group = await bot.say("/status", sender="op", is_group=True)
+
+    assert "This chat: 1,200 in / 30 out tokens" in plain.splitlines()
+    assert "$" not in plain and "Today" not in plain and "by use" not in plain
+    assert "Today" not in in_group and "$" not in in_group
+    assert any(line.startswith("This chat: 1,200 in / 30 out tokens · $") for line in admin.splitlines())
+    assert any(
+        line.startswith("Today (all chats): 1,200 in / 30 out tokens · $") for line in admin.splitlines()
+    )
+    assert "  by use: chat 1 call $" in admin
+
+
 async def test_status_with_a_ledger_from_a_newer_membot_says_the_day_is_unknown(
     tmp_path: Path, bot_on: Callable[..., Bot]
 ) -> None:
     """A refused usage.json (a newer membot's) must not take /status down, nor read as a quiet day."""
     newer = json.dumps({"version": 2, "days": {}})
     (tmp_path / "usage.json").write_text(newer)
-    async with bot_on() as bot:
+    async with bot_on(admins=OPERATOR) as bot:
         assert await bot.say("hello") == "echo: hello"
         status = await bot.say("/status")
     assert "Today (all chats): unknown (the usage ledger cannot be read; see the log)" in status
@@ -264,7 +290,7 @@ async def test_status_counts_every_model_call_by_purpose(
 ) -> None:
     # A session of answers, a /compact (summary + consolidation of what it removed) and a /new
     # (consolidation): every call the provider bills must be in today's figures.
-    async with bot_on() as bot:
+    async with bot_on(admins=OPERATOR) as bot:
         for text in ("first", "second", "third"):
             await bot.say(text)
         assert (await bot.say("/compact 2")).startswith("Compacted")
