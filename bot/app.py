@@ -317,10 +317,14 @@ def _pipeline(
 
 
 def _admins(settings: Settings) -> Admins:
-    """The operators /status shows the day's spend to: ``<channel>.admin_users``, and whoever is at the
+    """The operators /status shows the day's spend to: ``<channel>.admin_users``, or when a channel names
+    none the users its ``allowed_users`` lists one by one (the operator let them in by name, not a
+    pairing: a bot for one person shows its owner the cost without more setup); and whoever is at the
     terminal (``cli``: the machine's own user, who can read usage.json anyway)."""
-    users = {("telegram", user) for user in settings.telegram.admin_users}
-    users |= {("discord", user) for user in settings.discord.admin_users}
+    users: set[tuple[str, str]] = set()
+    for channel, config in (("telegram", settings.telegram), ("discord", settings.discord)):
+        named = config.admin_users or [user for user in config.allowed_users if user.strip() != "*"]
+        users |= {(channel, user) for user in named}
     return Admins(frozenset(users), local=frozenset({"cli"}))
 
 

@@ -155,3 +155,17 @@ async def test_a_runaway_answer_reaches_the_chat_cut_with_a_note(tmp_path: Path)
     history = json.dumps(asked_again.body["messages"])
     assert CUT_NOTE_START in history and "THE-VERY-END" not in history
     assert len(history) < MAX_ANSWER_CHARS + 10_000
+
+
+async def test_status_shows_the_days_cost_to_the_listed_users_unless_admins_are_named(tmp_path: Path) -> None:
+    """The users ``allowed_users`` names one by one are the operators when ``admin_users`` names none (a
+    bot for one person shows its owner the cost); once it names some, only they see it."""
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        async with telegram_bot(await settings_for(tmp_path / "a", llm, tg)):
+            tg.push_message("/status")  # user 42, in a private chat
+            [owner_view] = await tg.wait_for_messages(1)
+        async with telegram_bot(await settings_for(tmp_path / "b", llm, tg, admin_users=["7"])):
+            tg.push_message("/status")
+            [_, member_view] = await tg.wait_for_messages(2)
+    assert "Today (all chats)" in owner_view.text and "$" in owner_view.text
+    assert "Today (all chats)" not in member_view.text and "$" not in member_view.text
