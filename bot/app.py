@@ -140,12 +140,13 @@ async def build_core(
             settings, model, memory, registry, budget, None if llm is None else ledger, metrics
         )
         store = JsonSessionStore(settings.sessions_dir)
-        await carry_moves(settings.state_dir, store, memory)  # (before any session is loaded)
+        inbox_dir = settings.workspace / "inbox"
+        await carry_moves(settings.state_dir, store, memory, inbox_dir=inbox_dir)  # (before any is loaded)
         sessions = SessionService(store, cache_size=settings.sessions.cache_size)
         if memory.unsynced_since is not None:
             await recover_memory(memory, sessions)
         commands = _commands(settings, catalog, sessions, budget, ledger, memory)
-        inbox = Inbox(settings.workspace / "inbox")
+        inbox = Inbox(inbox_dir)
         dispatcher = Dispatcher(
             pipeline,
             sessions,

@@ -14,7 +14,12 @@ What moves, each step safe to do again after a kill (the move stays recorded unt
   workspace scope's "this chat" mark, find them as the group's own);
 - the chat's transcript archive (what left the conversation, which the memory tool searches) and, in
   chat scope, its folder (its MEMORY.md and daily notes): one rename each;
-- the session: written under the new id (marked ``moved_from``), then the old one deleted.
+- the session: written under the new id (marked ``moved_from``), with the answers its log saved
+  (a kill between saving an answer and sending it), then the old one deleted;
+- the chat's inbox (bot/inbox.py): the messages accepted and not yet answered, and the answers kept
+  unsent, written into the new id's file ahead of what it holds (one atomic write: a repeat finds their
+  ids there and writes nothing), then the old file removed. Left behind, they were answered or sent
+  again to the old id, which Telegram refuses for good after the upgrade.
 
 Never one side lost: when the new id has a session (or a memory folder) of its own already, as where
 ``allowed_groups`` admits every group and the supergroup was answered before the restart, both are
@@ -32,10 +37,12 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from bot import damaged, inbox_file
 from bot.damaged import UNREADABLE
 from bot.domain import Session
-from bot.sessions import JsonSessionStore
-from bot.storage import atomic_write_text
+from bot.outbox import PendingReply
+from bot.sessions import JsonSessionStore, encode_id
+from bot.storage import atomic_write_bytes, atomic_write_text, line_bytes
 
 if TYPE_CHECKING:  # (the Telegram channel records moves: it need not load memory's modules)
     from bot.memory import MemoryService
@@ -69,14 +76,18 @@ async def record_move(state_dir: Path, old: str, new: str) -> None:
     await asyncio.to_thread(write)
 
 
-async def carry_moves(state_dir: Path, store: JsonSessionStore, memory: MemoryService | None) -> None:
-    """Carry every recorded move (see the module doc); call at the start, before sessions are used."""
+async def carry_moves(
+    state_dir: Path, store: JsonSessionStore, memory: MemoryService | None, *, inbox_dir: Path
+) -> None:
+    """Carry every recorded move (see the module doc); call at the start, before sessions are used and
+    before the inbox in ``inbox_dir`` is loaded."""
     path = state_dir / MOVES_FILE
     moves = await asyncio.to_thread(_read, path)
     for old, new in moves.items():
         if memory is not None:
             await _move_memory(memory, old, new)
         await _move_session(store, old, new)
+        await asyncio.to_thread(_move_inbox, inbox_dir, old, new)
         log.info("session_moved", old_session=old, new_session=new)
     if moves:
 
@@ -144,6 +155,7 @@ async def _move_session(store: JsonSessionStore, old: str, new: str) -> None:
         )
         return
     channel, _, chat = new.partition(":")
+    replies = [_moved(reply, channel, chat) for reply in await store.replies(old)]
     moved = Session(
         id=new,
         channel=channel,
@@ -156,5 +168,43 @@ async def _move_session(store: JsonSessionStore, old: str, new: str) -> None:
         usage=session.usage,
         compactions=session.compactions,
     )
-    await store.save(moved)  # a new session: one atomic rewrite (log, then the header naming it)
+    # A new session: one atomic rewrite (log, then the header naming it).
+    await store.save(moved, replies=replies)
     await store.delete(old)
+
+
+def _move_inbox(directory: Path, old: str, new: str) -> None:
+    """The old id's pending messages and kept answers into the new id's inbox file (blocking)."""
+    before, after = directory / f"{encode_id(old)}.jsonl", directory / f"{encode_id(new)}.jsonl"
+    try:
+        read = inbox_file.read(before)
+    except FileNotFoundError:
+        return
+    there = inbox_file.read(after) if after.exists() else None
+    held = set(there.pending) | set(there.kept) if there is not None else set()
+    channel, _, chat = new.partition(":")
+    lines = [
+        {
+            "entry": entry.entry_id,
+            "at": entry.accepted_at.isoformat(),
+            "message": inbox_file.encode(dataclasses.replace(entry.message, channel=channel, chat_id=chat)),
+        }
+        for entry, _ in read.pending.values()
+        if entry.entry_id not in held
+    ]
+    lines += [
+        {"reply": _moved(reply, channel, chat).to_record()}
+        for reply, _ in read.kept.values()
+        if reply.id not in held
+    ]
+    if lines:  # ahead of the new id's own lines: the old chat asked first
+        data = b"".join(line_bytes(json.dumps(line, ensure_ascii=False)) for line in lines)
+        atomic_write_bytes(after, data + (after.read_bytes() if there is not None else b""))
+    damaged.keep_aside(before, read.unreadable, event="inbox_lines_set_aside")
+    before.unlink()
+    if lines:
+        log.info("session_inbox_moved", old_session=old, new_session=new, lines=len(lines))
+
+
+def _moved(reply: PendingReply, channel: str, chat: str) -> PendingReply:
+    return dataclasses.replace(reply, channel=channel, chat_id=chat)

@@ -12,17 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from bot.domain import Message, Role, Session
+from bot.domain import InboundMessage, Message, Role, Session
+from bot.inbox import Inbox
 from bot.memory.item_store import ItemStore
+from bot.outbox import PendingReply
 from bot.session_moves import MOVES_FILE, carry_moves, record_move
 from bot.sessions import JsonSessionStore, encode_id
-from tests.bot.membot_service import membot_run, stored, telegram_env
+from tests.bot.membot_service import membot_run, stored, telegram_env, wait_in_flight
 from tests.bot.test_crash_recovery import stop, wait_answer
-from tests.fakes.llm_server import FakeLLMServer
+from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.fakes.telegram_server import FakeTelegramServer
 
 OLD, NEW = -4001, -1004001
 BOT = "membot_test_bot"
+UPGRADED = (400, "Bad Request: group chat was upgraded to a supergroup chat")  # the old id, from then on
 
 
 def group_env(tg: FakeTelegramServer, group: int) -> dict[str, str]:
@@ -69,6 +72,70 @@ async def test_the_supergroup_goes_on_with_the_groups_conversation_and_memory(tm
     assert json.loads((workspace / "state" / MOVES_FILE).read_text()) == {}  # done: not carried again
 
 
+async def test_a_message_the_group_was_not_answered_is_answered_in_the_supergroup(tmp_path: Path) -> None:
+    """Accepted (so Telegram does not send it again) and killed mid-turn: its inbox entry goes along with
+    the conversation, and the answer goes to the supergroup, once; the old id refuses every send."""
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        llm.script(FakeReply(text="never finished", delay=60))
+        async with membot_run(workspace, llm, **group_env(tg, OLD)) as service:
+            tg.push_message(f"@{BOT} is the milk cold?", chat_id=OLD, chat_type="group", user_id=42)
+            await wait_in_flight(llm)
+            tg.push_message(None, chat_id=OLD, chat_type="group", migrate_to_chat_id=NEW)
+            await recorded(workspace)
+            await service.kill()
+        tg.refuse_chat(OLD, UPGRADED)
+        llm.script(FakeReply(text="Yes, cold."))
+        async with membot_run(workspace, llm, **group_env(tg, NEW)) as service:
+            await wait_answer(tg, NEW, "Yes, cold.")
+            await stop(service)
+        assert [m.text for m in tg.sent_to(NEW)] == ["Yes, cold."]
+        assert llm.requests[-1].body["messages"][-1]["content"].endswith("is the milk cold?")
+    assert not (workspace / "inbox" / f"{encode_id(f'telegram:{OLD}')}.jsonl").exists()
+
+
+async def test_the_inbox_moves_once_even_when_a_kill_comes_before_the_old_file_is_removed(
+    tmp_path: Path,
+) -> None:
+    """Pending messages and kept answers go to the new id, ahead of its own; a second carry (the old
+    file back, as a kill before its removal leaves it) adds nothing; answers the session log saved go
+    along too."""
+    store, state, inbox_dir = JsonSessionStore(tmp_path / "sessions"), tmp_path / "state", tmp_path / "inbox"
+    old, new = "telegram:-1", "telegram:-1001"
+    inbox = Inbox(inbox_dir)
+    await inbox.load_pending()
+    first, durable = inbox.add(InboundMessage("telegram", "-1", "42", "first", message_id="5", is_group=True))
+    await durable
+    second, durable = inbox.add(
+        InboundMessage("telegram", "-1", "42", "second", message_id="6", is_group=True)
+    )
+    await durable
+    kept = PendingReply("telegram", "-1", "the answer to first", (first,), reply_to="5")
+    await inbox.keep(kept)
+    saved = PendingReply("telegram", "-1", "the answer to second", (second,), reply_to="6")
+    await store.save(session(old, "first", "second"), replies=[saved])
+    _, durable = inbox.add(InboundMessage("telegram", "-1001", "42", "third", message_id="1", is_group=True))
+    await durable
+    await record_move(state, old, new)
+    old_file = inbox.file(old)
+    lines = old_file.read_bytes()
+    await carry_moves(state, store, None, inbox_dir=inbox_dir)
+    assert not old_file.exists()
+    old_file.write_bytes(lines)  # as a kill between the write and the removal leaves it
+    await record_move(state, old, new)
+    await carry_moves(state, store, None, inbox_dir=inbox_dir)
+    assert not old_file.exists()
+    after = Inbox(inbox_dir)
+    pending = await after.load_pending()
+    assert [(e.message.session_id, e.message.text) for e in pending] == [
+        (new, "first"),
+        (new, "second"),
+        (new, "third"),
+    ]
+    assert [(r.id, r.chat_id) for r in after.kept_replies(new)] == [(kept.id, "-1001")]
+    assert [(r.id, r.chat_id) for r in await store.replies(new)] == [(saved.id, "-1001")]
+
+
 def session(sid: str, *texts: str) -> Session:
     channel, _, chat = sid.partition(":")
     return Session(sid, channel, chat, messages=[Message(Role.USER, t) for t in texts])
@@ -82,12 +149,12 @@ async def test_a_move_a_kill_cut_short_is_finished_and_one_made_twice_changes_no
     await store.save(session(old, "hello"))
     await record_move(state, old, new)
     await record_move(state, old, new)  # (both service messages: recorded once)
-    await carry_moves(state, store, None)
+    await carry_moves(state, store, None, inbox_dir=tmp_path / "inbox")
     moved = await store.load(new)
     assert moved is not None and [m.content for m in moved.messages] == ["hello"]
     await store.save(session(old, "hello"))  # as a kill before the delete left it
     await record_move(state, old, new)
-    await carry_moves(state, store, None)
+    await carry_moves(state, store, None, inbox_dir=tmp_path / "inbox")
     assert await store.load(old) is None
     again = await store.load(new)
     assert again is not None and [m.content for m in again.messages] == ["hello"]
@@ -103,7 +170,7 @@ async def test_when_the_new_chat_has_a_conversation_both_are_kept_and_logged(
     await store.save(session(old, "the old group's"))
     await store.save(session(new, "the supergroup's"))
     await record_move(state, old, new)
-    await carry_moves(state, store, None)
+    await carry_moves(state, store, None, inbox_dir=tmp_path / "inbox")
     kept_old, kept_new = await store.load(old), await store.load(new)
     assert kept_old is not None and [m.content for m in kept_old.messages] == ["the old group's"]
     assert kept_new is not None and [m.content for m in kept_new.messages] == ["the supergroup's"]
