@@ -300,13 +300,17 @@ def _has_cut_line(raw: bytes) -> bool:
     return any(len(line) >= _TERMINAL_LINE_LIMIT for line in raw.split(b"\n"))
 
 
-_BLANK_LINES = re.compile(r"\A(?:[ \t]*\r?\n)+")
+_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")
 
 
 def _message_text(raw: bytes) -> str:
     """What was typed, without surrounding blank space; a paste of several lines keeps its first
-    line's indentation (a snippet copied from inside a function would lose its shape)."""
-    text = raw.decode("utf-8", errors="replace").rstrip()
+    line's indentation (a snippet copied from inside a function would lose its shape). Windows (CRLF)
+    and old Mac (CR) line ends become ``\n``: the session and the model got ``\r\n`` (and lone ``\r``)
+    as they came, from a file or pipe, or a terminal set not to translate CR (``stty -icrnl``). (A
+    terminal that does translate, the default, turns a pasted CRLF into two line ends before membot
+    reads it, indistinguishable from a blank line: that one is the terminal's to fix.)"""
+    text = raw.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n").rstrip()
     if "\n" not in text.strip():
         return text.strip()
     return _BLANK_LINES.sub("", text)

@@ -238,3 +238,28 @@ async def test_a_model_failure_the_client_classified_is_one_line_with_a_fix_not_
     )
     assert failed.msg["hint"] and failed.msg["model"] == "gpt-4.1-mini"
     assert "sk-test-key-123456" not in caplog.text
+
+
+@pytest.mark.parametrize("join_pastes", [True, False])
+async def test_windows_and_old_mac_line_ends_become_plain_line_breaks(join_pastes: bool) -> None:
+    """A text with CRLF (or lone CR) line ends reached the session and the model with its ``\\r`` in it,
+    a lone CR as no line break at all. (From a pipe or file, or a terminal that passes CR on.)"""
+    taken: asyncio.Queue[InboundMessage] = asyncio.Queue()
+
+    async def take(message: InboundMessage) -> None:
+        await taken.put(message)
+
+    reader = asyncio.StreamReader()
+    channel = TerminalChannel(take, user="alice", reader=reader, writer=Screen(), join_pastes=join_pastes)
+    await channel.start()
+    reader.feed_data(b"  first line\r\nsecond line\r\n\r\nthird\rfourth\r\n")
+    reader.feed_eof()
+    await channel.wait_closed()
+    await channel.stop()
+    texts = []
+    while not taken.empty():
+        texts.append(taken.get_nowait().text)
+    if join_pastes:  # one paste, one message
+        assert texts == ["  first line\nsecond line\n\nthird\nfourth"]
+    else:  # one message per line, as scripts expect
+        assert texts == ["first line", "second line", "third\nfourth"]
