@@ -271,6 +271,9 @@ class InboundMessage:
     # The platform ids of the messages joined into this one after the first (a paste its client split,
     # channels/telegram/inbound.py): a redelivery of any of them is this message again.
     joined: tuple[str, ...] = ()
+    # ``timestamp`` is the platform's (Telegram's, Discord's servers keep time), not our clock's: when our
+    # clock is far behind it (a board booted at 1970 before NTP), the message is dated by it (bot/intake.py).
+    platform_date: bool = False
 
     def __post_init__(self) -> None:
         # Platform JSON can carry lone surrogates, which no file can store: scrubbed once, here.

@@ -178,6 +178,7 @@ def encode(message: InboundMessage) -> dict[str, Any]:
         "ts": message.timestamp.isoformat(),
         "is_group": message.is_group,
         **({"joined": list(message.joined)} if message.joined else {}),
+        **({"platform_date": True} if message.platform_date else {}),
         "attachments": [
             {
                 "kind": a.kind,
@@ -202,6 +203,7 @@ def _decode(data: dict[str, Any]) -> InboundMessage:
         timestamp=parse_time(data["ts"]),
         is_group=bool(data.get("is_group")),
         joined=tuple(str(i) for i in data.get("joined") or ()),
+        platform_date=bool(data.get("platform_date")),
         attachments=tuple(
             Attachment(
                 kind=a["kind"],

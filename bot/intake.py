@@ -140,7 +140,8 @@ def add_message(
     """Add ``inbound`` to the session's history (:func:`user_message`), dated by :func:`dated` with our
     clock's ``now``, and note its platform id among the latest ``keep`` messages taken (at least
     :data:`COMMANDS_NOTED`), saved with it."""
-    message = user_message(inbound, entries, timestamp=dated(inbound.timestamp, now, session))
+    when = dated(inbound.timestamp, now, session, platform=inbound.platform_date)
+    message = user_message(inbound, entries, timestamp=when)
     session.append(message)
     session.metadata[DATED_META] = message.timestamp.isoformat()
     for message_id in (inbound.message_id, *inbound.joined) if inbound.message_id else ():
@@ -196,11 +197,14 @@ def forget_command(session: Session, message_id: str) -> None:
 def turn_time(messages: Iterable[InboundMessage], session: Session, now: datetime) -> datetime:
     """When a turn happens: the date of its newest message, as its platform dated it, so memory files
     and recalls what was said at the time it was said. A date ahead of our clock ``now`` (a skewed
-    sender) is taken as now; a date without a zone is read as UTC. Never before the session's last
-    message (its own, added already: see :func:`dated`), so its answer is not dated before its question.
+    sender) is taken as now, unless our clock is far behind the platform's (see :func:`dated`); a date
+    without a zone is read as UTC. Never before the session's last message (its own, added already: see
+    :func:`dated`), so its answer is not dated before its question.
     """
-    newest = max((as_utc(m.timestamp) for m in messages), default=now)
-    return dated(newest, now, session, step=0)
+    newest = max(messages, key=lambda m: as_utc(m.timestamp), default=None)
+    if newest is None:
+        return dated(now, now, session, step=0)
+    return dated(newest.timestamp, now, session, step=0, platform=newest.platform_date)
 
 
 def _last_dates(session: Session) -> list[datetime]:
@@ -213,12 +217,20 @@ def _last_dates(session: Session) -> list[datetime]:
     return dates
 
 
-def dated(claimed: datetime, now: datetime, session: Session, *, step: int = 1) -> datetime:
+def dated(
+    claimed: datetime, now: datetime, session: Session, *, step: int = 1, platform: bool = False
+) -> datetime:
     """The date of a message ``claimed`` (by its platform) that ``session`` takes in at our clock's
     ``now``: ``claimed``, capped at ``now`` (a date ahead of our clock is a skewed sender's; more than
     :data:`CLOCK_BEHIND` ahead, our clock is behind, and the log says so with the fix), and never
     earlier than the session's last message, or the last one it took in before a /new cleared it
     (``step`` microseconds after it).
+
+    ``platform``: ``claimed`` is a platform's date (``InboundMessage.platform_date``). When our clock is
+    behind it by more than :data:`HOLD_LIMIT`, no sender's skew explains it: our clock is wrong (a board
+    that booted at 1970 before NTP, with no real-time clock), and dated by it the chat's messages would
+    go to 1970, and memory with them. The platform's date stands in for our clock then (still never
+    before the last message), and the log still says so.
 
     Our clock steps back at times (a Raspberry Pi that starts before NTP, an NTP correction, a VM
     restored from a snapshot); dated by it, a message came before earlier ones, and memory took the
@@ -229,15 +241,20 @@ def dated(claimed: datetime, now: datetime, session: Session, *, step: int = 1) 
     times) and the clock is taken.
     """
     claimed = as_utc(claimed)
+    far_behind = platform and claimed - now > HOLD_LIMIT
     if step and claimed - now > CLOCK_BEHIND:  # (once per message: its turn asks again with step 0)
         log.warning(
             "clock_behind_platform",
             session_id=session.id,
             clock=now.isoformat(),
             platform_date=claimed.isoformat(),
-            fix="the machine's clock is behind the chat platform's: messages are dated by it, in the "
-            "session and in memory; set it right (NTP: `timedatectl set-ntp true`)",
+            dated_by="the platform's date" if far_behind else "the machine's clock",
+            fix="the machine's clock is behind the chat platform's, and messages are dated by it (in the "
+            "session and in memory) unless it is a day behind; set it right (NTP: "
+            "`timedatectl set-ntp true`)",
         )
+    if far_behind:
+        now = claimed
     when = min(claimed, now)
     last = max(_last_dates(session), default=None)
     floor = None if last is None else last + step * AFTER

@@ -252,6 +252,7 @@ class DiscordChannel(Channel):
                 sender_name=message.author.display_name,
                 message_id=str(message.id),
                 timestamp=message.created_at,
+                platform_date=True,
                 attachments=found.attachments,
                 is_group=not place.is_dm,
             )
@@ -286,6 +287,7 @@ class DiscordChannel(Channel):
                     sender_name=user.display_name,
                     message_id=key,
                     timestamp=interaction.created_at,
+                    platform_date=True,
                     is_group=not place.is_dm,
                 )
             )

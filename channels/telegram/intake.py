@@ -111,6 +111,7 @@ class TelegramIntake:
             text=text,
             message_id=str(message.message_id),
             timestamp=message.date,
+            platform_date=True,
             attachments=tuple(media.attachments),
             is_group=chat.type != ChatType.PRIVATE,
         )

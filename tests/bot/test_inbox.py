@@ -115,3 +115,14 @@ async def test_a_damaged_line_costs_only_itself_and_is_kept_aside_before_the_cut
     assert path.read_bytes() == b""  # nothing pending: the file is cut, as before
     [kept] = found(tmp_path, "*.jsonl.damaged-*")
     assert kept.read_bytes() == damage + b"\n"
+
+
+async def test_a_platforms_date_is_still_the_platforms_after_a_restart(tmp_path: Path) -> None:
+    """(A clock days behind gives way to a platform's date only: bot/intake.py.)"""
+    inbox = Inbox(tmp_path)
+    await inbox.load_pending()
+    for dated_by_platform in (True, False):
+        _, durable = inbox.add(InboundMessage("test", "c1", "u1", "hi", platform_date=dated_by_platform))
+        await durable
+    again = await Inbox(tmp_path).load_pending()
+    assert [entry.message.platform_date for entry in again] == [True, False]

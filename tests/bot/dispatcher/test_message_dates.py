@@ -3,7 +3,8 @@
 The clock steps back at times (a Raspberry Pi that starts before NTP, an NTP correction, a VM restored
 from a snapshot): a message it dated came before earlier ones of the same chat, its turn and answer
 too, and memory took the older statement for the current one. A step back of more than
-``intake.HOLD_LIMIT`` is a clock that was wrong ahead: its dates are not held, and the log says so.
+``intake.HOLD_LIMIT`` is a clock that was wrong ahead: its dates are not held, and the log says so. A clock
+more than that behind a platform's date (a board booted at 1970 before NTP) gives way to the platform's.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ class Answering:
         turn.reply = f"answer to {turn.user_text}"
 
 
-def said(text: str, at: datetime) -> InboundMessage:
-    """A message its platform (whose servers keep time) dated ``at``."""
-    return InboundMessage("test", "c1", "u1", text, timestamp=at)
+def said(text: str, at: datetime, *, platform: bool = False) -> InboundMessage:
+    """A message dated ``at``: by its platform (whose servers keep time) with ``platform``, else by our
+    own clock when it came (as the terminal's are)."""
+    return InboundMessage("test", "c1", "u1", text, timestamp=at, platform_date=platform)
 
 
 async def chat_after_a_step_back(tmp_path: Path, step: timedelta) -> tuple[list[Message], list[datetime]]:
@@ -115,3 +117,28 @@ async def test_a_platform_date_ahead_of_the_clock_is_still_capped(tmp_path: Path
     assert session.messages[2].timestamp > NOON  # capped at our clock, after the first answer
     [behind] = [e for e in logs if e["event"] == "clock_behind_platform"]
     assert behind["platform_date"] == (NOON + timedelta(hours=3)).isoformat() and "NTP" in behind["fix"]
+
+
+async def test_a_clock_days_behind_the_platform_gives_way_to_the_platforms_date(tmp_path: Path) -> None:
+    """A board that booted at 1970 before NTP: the chat's messages, their turns and answers went to 1970
+    (and memory with them), with a warning only. The platform's date stands in, never backwards."""
+    clock, model = Clock(NOON), Answering()
+    dispatcher, channel, sessions = build(tmp_path, model, clock=clock)
+    await dispatcher.submit(said("I live in Lisbon.", NOON, platform=True))
+    await channel.wait_for(1)
+    clock.now = datetime(1970, 1, 1, 0, 0, 5, tzinfo=UTC)
+    moved = NOON + timedelta(minutes=1)
+    with capture_logs() as logs:
+        await dispatcher.submit(said("I moved to Berlin.", moved, platform=True))
+        await channel.wait_for(2)
+        await dispatcher.submit(said("late", NOON + timedelta(seconds=30), platform=True))  # dated earlier
+        await channel.wait_for(3)
+    session = await sessions.get("test:c1")
+    await dispatcher.close(0)
+
+    assert session is not None
+    dates = [m.timestamp for m in session.messages]
+    assert dates[2] == moved and model.times[1] == moved and dates[3] >= moved
+    assert dates == sorted(dates) and dates[4] > dates[3]  # never before the last one
+    assert {e["dated_by"] for e in logs if e["event"] == "clock_behind_platform"} == {"the platform's date"}
+    assert not [e for e in logs if e["event"] == "clock_went_back"]

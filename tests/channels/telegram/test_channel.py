@@ -279,6 +279,14 @@ async def test_commands_reach_the_dispatcher_normalized(tmp_path: Path, typed: s
         assert message.text == expected
 
 
+async def test_a_message_is_dated_by_telegram_and_says_so(tmp_path: Path) -> None:
+    """Telegram's servers keep time: a machine clock days behind gives way to its date (bot/intake.py)."""
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (_, sink):
+        tg.push_message("hello", date=1_800_000_000)
+        [message] = await sink.wait_for(1)
+    assert message.platform_date and message.timestamp.timestamp() == 1_800_000_000
+
+
 async def test_a_command_for_another_bot_is_ignored(tmp_path: Path) -> None:
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (_, sink):
         tg.push_message("/status@SomeOtherBot")
