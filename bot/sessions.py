@@ -53,20 +53,26 @@ from bot.surrogates import utf8
 
 log = structlog.get_logger(__name__)
 
-_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
+LEGACY_SAFE = _SAFE | frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")  # before upper-case was encoded too
 _MAX_NAME = 120
 
 
-def encode_id(sid: str) -> str:
-    """A file name for ``sid`` that cannot leave the folder and cannot collide with another id.
+def encode_id(sid: str, *, safe: frozenset[str] = _SAFE) -> str:
+    """A file name for ``sid`` that cannot leave the folder and cannot collide with another id, even on
+    a file system that does not tell upper from lower case (macOS's default APFS, Windows).
 
     Unsafe characters (``/``, NUL, ``%``, spaces, non-ASCII...) are percent-encoded byte by byte, and a
-    leading dot is encoded too, so ``..`` or a hidden name never appears. Names longer than the limit
-    keep a readable prefix plus ``~`` and a hash of the full id; ``~`` is never produced otherwise.
+    leading dot is encoded too, so ``..`` or a hidden name never appears. Upper-case letters are unsafe:
+    left as they are, ``cli:Bob`` and ``cli:bob`` (terminal users) were one file there, and the two chats
+    overwrote each other (names written before are renamed at the start: bot/legacy_names.py); the hex
+    digits of an escape are upper-case, and no name has lower-case ones in their place. Names longer
+    than the limit keep a readable prefix plus ``~`` and a hash of the full id; ``~`` is never produced
+    otherwise. ``safe``: the characters kept as they are (:data:`LEGACY_SAFE` spells old names).
     """
     out: list[str] = []
     for ch in sid:
-        if ch in _SAFE:
+        if ch in safe:
             out.append(ch)
         else:
             out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
