@@ -304,6 +304,8 @@ def _dump(state: _State) -> str:
 
 def _load(text: str, path: Path) -> _State:
     data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"it holds a JSON {type(data).__name__}, not an object")
     # Newer: its approvals are not read by this version's rules (they may mean less than they seem).
     refuse_newer(data, PAIRING_VERSION, path=path, what="pairing file", meanwhile=_MEANWHILE)
     pending = [

@@ -115,10 +115,12 @@ async def test_approvals_persist_and_the_cli_shares_the_file(tmp_path: Path, clo
     assert not await asyncio.to_thread(revoke_user, workspace, "telegram", "42")
 
 
-async def test_a_corrupt_file_names_itself(tmp_path: Path, clock: Clock) -> None:
+@pytest.mark.parametrize("text", ["{not json", "[]", '"approved"', "null"])
+async def test_a_corrupt_file_names_itself(tmp_path: Path, clock: Clock, text: str) -> None:
+    """Valid JSON that is no object too (a list left by a hand edit): it was an AttributeError."""
     path = tmp_path / "ws" / PAIRING_FILE
     path.parent.mkdir(parents=True)
-    path.write_text("{not json")
+    path.write_text(text)
     with pytest.raises(StorageError, match=r"pairing\.json"):
         await PairingStore(path, clock=clock).is_approved("telegram", "1")
 
