@@ -48,7 +48,7 @@ from bot.session_log import (
     read_log,
     session_from_header,
 )
-from bot.storage import append_bytes, atomic_write_bytes, ensure_private_dir
+from bot.storage import append_bytes, atomic_write_bytes, ensure_private_dir, refuse_newer
 from bot.surrogates import utf8
 
 log = structlog.get_logger(__name__)
@@ -56,6 +56,7 @@ log = structlog.get_logger(__name__)
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
 LEGACY_SAFE = _SAFE | frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")  # before upper-case was encoded too
 _MAX_NAME = 120
+_MEANWHILE = "the chat's messages wait for it, as for a full disk"  # a newer membot's header (refuse_newer)
 
 
 def encode_id(sid: str, *, safe: frozenset[str] = _SAFE) -> str:
@@ -195,7 +196,9 @@ class JsonSessionStore:
             header = json.loads(raw)
             if not isinstance(header, dict):
                 raise ValueError("session header is not a JSON object")
-            _own_format(header, header_path)
+            # A rollback: read as this version's, its fields unknown here would be dropped at the next
+            # rewrite, and its log read by rules it may not follow. The chat waits, as for a full disk.
+            refuse_newer(header, HEADER_VERSION, path=header_path, what="session file", meanwhile=_MEANWHILE)
             session_from_header(header)
         except UNREADABLE as exc:
             if self._read_only:
@@ -455,16 +458,3 @@ class JsonSessionStore:
 
 def glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
-
-
-def _own_format(header: dict[str, Any], path: Path) -> None:
-    """Refuse a header a newer membot wrote (a rollback): read as this version's, its fields unknown here
-    would be dropped at the next rewrite, and its log read by rules it may not follow. The chat waits, as
-    for a full disk, with this error in the log; the file is left as it is, never moved or rebuilt."""
-    version = header.get("version", HEADER_VERSION)
-    if isinstance(version, int) and not isinstance(version, bool) and version > HEADER_VERSION:
-        raise StorageError(
-            f"session file {path} was written by a newer membot (format {version}; this one reads up to "
-            f"{HEADER_VERSION}): run that membot again, or restore a backup made with this one; the file "
-            "is left as it is"
-        )
