@@ -19,7 +19,7 @@ import structlog
 from bot.errors import ConfigError
 from bot.inbox import EXPIRED
 from bot.legacy_names import CHAT_FILES, CHAT_FOLDERS, SESSION_FILES, rename_legacy_names
-from bot.memory.scope import CHATS_DIR
+from bot.memory import CHATS_DIR
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
 from bot.workspace_lock import WorkspaceLock
 
