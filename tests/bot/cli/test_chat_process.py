@@ -38,11 +38,16 @@ class Chat:
         self.process.stdin.write((line + "\n").encode())
         await self.process.stdin.drain()
 
-    async def wait_for(self, text: str, timeout: float = 30) -> None:
-        async with asyncio.timeout(timeout):
-            while text not in self.out:
-                assert self.process.returncode is None, f"membot chat exited:\n{self.out}\n{self.err}"
-                await asyncio.sleep(0.02)
+    async def wait_for(self, text: str, timeout: float = 90) -> None:
+        """Until ``text`` is shown. A generous limit: on a loaded machine a process's start alone has
+        taken 30 s; what timed out then says what the chat showed instead."""
+        try:
+            async with asyncio.timeout(timeout):
+                while text not in self.out:
+                    assert self.process.returncode is None, f"membot chat exited:\n{self.out}\n{self.err}"
+                    await asyncio.sleep(0.02)
+        except TimeoutError:
+            raise AssertionError(f"not shown in {timeout:g} s: {text!r}\n{self.out}\n{self.err}") from None
 
     async def exit_code(self, timeout: float = 30) -> int:
         async with asyncio.timeout(timeout):
