@@ -22,8 +22,10 @@ from bot.errors import ConfigError
 from bot.printable import printable
 
 if TYPE_CHECKING:
+    import httpx
+
     from bot.config import Settings
-    from bot.memory import MemoryService
+    from bot.memory import Embedder, MemoryService, ScoredItem, VectorStore
 
 memory_app = command_group("See, edit, search and import what membot remembers.")
 app.add_typer(memory_app, name="memory")
@@ -32,13 +34,20 @@ T = TypeVar("T")
 
 
 @asynccontextmanager
-async def _service(settings: Settings, *, read_only: bool) -> AsyncIterator[MemoryService]:
+async def _service(
+    settings: Settings, *, read_only: bool, embedder: Embedder | None = None
+) -> AsyncIterator[MemoryService]:
     """Memory opened for a command: ``read_only`` beside a running bot, which owns the files (these
-    commands take no workspace lock), so that a look changes nothing in the workspace."""
+    commands take no workspace lock), so that a look changes nothing in the workspace. With an
+    ``embedder`` (read-only) it also reads the bot's vectors of that model, to search by meaning."""
     from bot.memory import MemoryService
 
     service = MemoryService(
-        settings.memory_dir, settings.memory, timezone=settings.timezone, read_only=read_only
+        settings.memory_dir,
+        settings.memory,
+        timezone=settings.timezone,
+        embedder=embedder,
+        read_only=read_only,
     )
     await service.start()
     try:
@@ -195,20 +204,34 @@ async def _path(service: MemoryService) -> Path:
 @memory_app.command()
 def search(
     ctx: typer.Context,
-    query: Annotated[str, typer.Argument(help="Words to look for.")],
+    query: Annotated[str, typer.Argument(help="What to look for: words, or what they mean.")],
     k: Annotated[int, typer.Option("-k", min=1, max=100, help="How many results (1-100).")] = 10,
     session: Annotated[
         str | None,
         typer.Option(help='Search as this chat would (memory.scope = "chat"); default: every chat.'),
     ] = None,
 ) -> None:
-    """Search structured memory by its words (BM25 over lemmas, as the bot ranks them; the meaning side
-    of the bot's hybrid search is left out here, so that no model is loaded for a lookup). Reads only:
-    safe beside a running bot."""
+    """Search structured memory as the bot does: by its words (BM25 over lemmas) and by its meaning
+    (memory.embeddings' model, over the vectors the bot made). Items the bot has not embedded yet are
+    found by their words only, and counted. Reads only: safe beside a running bot."""
+    import httpx
+
     from bot.memory import operator as ops
 
     settings = settings_from(ctx)
-    found = _run(settings, lambda service: ops.search(service, query, k=k, session_id=session))
+
+    async def main() -> tuple[list[ScoredItem], str | None]:
+        async with httpx.AsyncClient() as http:
+            embedder, note = _query_embedder(settings, http)
+            async with _service(settings, read_only=True, embedder=embedder) as service:
+                found = await ops.search(service, query, k=k, session_id=session)
+                if service.vectors is not None:
+                    note = _meaning_note(service.vectors, ops.unembedded(service, session_id=session))
+        return found, note
+
+    found, note = asyncio.run(main())
+    if note:
+        err_console.print(f"({note})")
     if not found:
         console.print("nothing found")
         return
@@ -226,6 +249,31 @@ def search(
             end_section=False,
         )
     console.print(table)
+
+
+def _query_embedder(settings: Settings, http: httpx.AsyncClient) -> tuple[Embedder | None, str | None]:
+    """The bot's embedding model, to embed a query; or None and why the search is by words only."""
+    from bot.memory import build_embedder
+
+    if settings.memory.embeddings == "none":
+        return None, 'found by words only: memory.embeddings is "none"'
+    try:
+        return build_embedder(settings.memory, http), None
+    except ConfigError as exc:
+        return None, f"found by words only: {exc}"
+
+
+def _meaning_note(vectors: VectorStore, unembedded: int | None) -> str | None:
+    """What the operator should know about the meaning side of a search just made."""
+    if vectors.query_failure is not None:
+        return f"found by words only, as the embedding model gave no vector: {vectors.query_failure}"
+    if unembedded:
+        items = "1 item has" if unembedded == 1 else f"{unembedded} items have"
+        return (
+            f"{items} no vector yet, so were found by their words only: the running bot embeds them, "
+            "or run `membot memory reindex`"
+        )
+    return None
 
 
 @memory_app.command()

@@ -2,7 +2,8 @@
 
 - ``show``   → :func:`render_for_session`: the system prompt the model would see for a session;
 - ``edit``   → :func:`memory_file`: the MEMORY.md path to open in ``$EDITOR`` (edits are picked up live);
-- ``search`` → :func:`search`; ``stats`` → :func:`stats`; ``import`` → :func:`import_conversations`;
+- ``search`` → :func:`search`, and :func:`unembedded` (what it found by words only);
+- ``stats`` → :func:`stats`; ``import`` → :func:`import_conversations`;
 - ``reindex`` → :func:`items_to_embed`: the items the bot gives a vector.
 """
 
@@ -54,6 +55,19 @@ async def search(
 ) -> list[ScoredItem]:
     """Items matching ``query``: of every chat, or in chat scope of ``session_id``'s chat only."""
     return await service.search(query, k=k, session_id=session_id)
+
+
+def unembedded(service: MemoryService, *, session_id: str | None = None) -> int | None:
+    """How many of the items a search of ``session_id`` sees would get a vector but have none yet (the
+    bot embeds them in the background): those are found by their words only. None without vectors."""
+    vectors = service.vectors
+    if vectors is None:
+        return None
+    return sum(
+        1
+        for item in service.items.items()
+        if embeddable(item) and service.visible(item, session_id) and vectors.lacks(item)
+    )
 
 
 def items_to_embed(service: MemoryService) -> list[MemoryItem]:

@@ -20,7 +20,10 @@ retrieved only from the chat that told them. HISTORY.md and the archive stay wor
 search|show|stats`` take no workspace lock): its start and close change nothing in the workspace (no
 folder made, no mode fixed, no damaged line kept aside, no chats' items separated on disk, no snapshot,
 index or marker written, no consolidation resumed), and what the bot's start would change it changes
-in memory only, so a query is answered as the bot answers it. It has no vectors (found by words).
+in memory only, so a query is answered as the bot answers it. Given an embedder, it reads that
+model's vectors as the bot left them (a read-only VectorStore: nothing embedded, appended, cut or
+moved aside), so a query is found by its meaning too; items the bot has not embedded yet are found by
+their words only.
 """
 
 from __future__ import annotations
@@ -93,10 +96,11 @@ class MemoryService:
         leave it ``None``, so that they never rewrite item logs behind the bot's back. ``observer``
         (``bot.metrics.Metrics``) is told about every consolidation. ``consolidation_room``: the prompt
         tokens the consolidation model's window takes (None: not checked). ``read_only``: see the
-        module doc; it takes neither an embedder nor ``maintain_every``, and its write paths raise.
+        module doc; it takes no ``maintain_every``, its ``embedder`` only embeds queries, and its write
+        paths raise.
         """
-        if read_only and (embedder is not None or maintain_every is not None):
-            raise ValueError("a read-only MemoryService neither embeds nor maintains")
+        if read_only and maintain_every is not None:
+            raise ValueError("a read-only MemoryService does not maintain")
         self.read_only = read_only
         self.settings = settings
         self.root = root
@@ -112,7 +116,9 @@ class MemoryService:
         self.items = ItemStore(root / "items", per_chat=scoped, read_only=read_only)
         self.retriever = Retriever(self.items)
         self.recaller = Recaller(self.items, count_tokens, max_message_tokens=settings.max_message_tokens)
-        self.vectors = VectorStore(root / VECTORS_DIR, embedder) if embedder is not None else None
+        self.vectors = (
+            VectorStore(root / VECTORS_DIR, embedder, read_only=read_only) if embedder is not None else None
+        )
         self._relevant = RelevantMemory(
             self.items,
             self.retriever,
@@ -123,7 +129,7 @@ class MemoryService:
             clock=clock,
             chat_scope=scoped,
         )
-        if self.vectors is not None:
+        if self.vectors is not None and not read_only:
             self.items.subscribe(self._relevant.embed_later)
         self.consolidator = Consolidator(
             llm,
@@ -222,12 +228,15 @@ class MemoryService:
             await self._retirement.resume()
 
     async def _start_read_only(self) -> None:
-        """Load the items and their word index as the bot's start leaves them, writing nothing."""
+        """Load the items, their word index and their vectors as the bot's start leaves them, writing
+        nothing."""
         await self.items.load()
         if self.chat_scope:
             await self.items.separate_chats()  # in memory only: the bot writes the split at its start
         await asyncio.to_thread(load_lemmas)
         await self.retriever.ready()
+        if self.vectors is not None:
+            await self.vectors.start()
 
     def _writable(self) -> None:
         if self.read_only:
@@ -254,8 +263,11 @@ class MemoryService:
 
     async def close(self) -> None:
         """Wait for background consolidations (each has its own deadline, so this ends); the running
-        bot also writes which items were recalled since the last maintenance. Read-only: nothing."""
+        bot also writes which items were recalled since the last maintenance. Read-only: only the
+        query embeddings still under way are stopped."""
         if self.read_only:
+            if self.vectors is not None:
+                await self.vectors.close()
             return
         await self._retirement.close()
         await self._upkeep.settled()  # one an answer or a consolidation started

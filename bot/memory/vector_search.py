@@ -101,6 +101,7 @@ class QueryVectors:
         self._wait = wait
         self._cache: OrderedDict[str, NDArray[np.float32]] = OrderedDict()
         self._embedding: dict[str, asyncio.Task[NDArray[np.float32] | None]] = {}  # queries in the model
+        self.failure: str | None = None  # why the last query got no vector, if it got none
 
     def cached(self, text: str) -> NDArray[np.float32] | None:
         """The vector of ``text`` if a query made it (the worker takes it instead of embedding again)."""
@@ -141,6 +142,7 @@ class QueryVectors:
             if not window.expired():
                 raise
             log.warning("vectors_query_embedding_slow", model=self._model_id, waited=self._wait)
+            self.failure = f"no vector within {self._wait:g} s"
             return None
 
     def _embed_query(self, query: str) -> asyncio.Task[NDArray[np.float32] | None] | None:
@@ -159,9 +161,12 @@ class QueryVectors:
         except Exception as exc:  # the turn goes on with lexical retrieval only
             if not self._failing():
                 log.warning("vectors_query_embedding_failed", model=self._model_id, error=str(exc))
+            self.failure = f"{type(exc).__name__}: {exc}"
             return None
         if q.shape[0] != self._matrix().dim:
+            self.failure = f"its vectors have {q.shape[0]} numbers, the stored ones {self._matrix().dim}"
             return None
+        self.failure = None
         self._cache[query] = q
         if len(self._cache) > QUERY_CACHE:
             self._cache.popitem(last=False)

@@ -6,6 +6,11 @@ this is where the vectors then live. The file (``vector_file.py``) and the rows 
 process: loading the file, appending a batch (with what another process appended since, read back),
 rewriting it (a new dimension, a compaction, a reset). A file that cannot be read is moved aside, since
 the vectors are derived and are made again from the items.
+
+``read_only`` is for a reader beside the running bot (``membot memory search``), which owns the file
+and may be appending to it: it only loads, never locks, cuts, moves aside or rewrites. A torn last
+record (an append under way) is left out of what it reads, as every load leaves it out, and not
+reported: it is no damage there.
 """
 
 from __future__ import annotations
@@ -28,9 +33,12 @@ class VectorTable:
     """The vectors of ``model_id`` in ``path`` and in memory (see the module doc). ``on_replace`` is told
     whenever the rows are replaced whole (the query cache goes with them)."""
 
-    def __init__(self, path: Path, model_id: str, on_replace: Callable[[], None]) -> None:
+    def __init__(
+        self, path: Path, model_id: str, on_replace: Callable[[], None], *, read_only: bool = False
+    ) -> None:
         self.path = path
         self.model_id = model_id
+        self.read_only = read_only
         self._on_replace = on_replace
         self._matrix = Matrix()
         self._end = 0
@@ -45,7 +53,12 @@ class VectorTable:
     async def load(self) -> None:
         try:
             loaded = await asyncio.to_thread(self._read)
-        except (vector_file.VectorFileError, IsADirectoryError) as exc:
+        except (vector_file.VectorFileError, OSError) as exc:
+            if self.read_only:  # the bot's to move aside (or its header is still being written)
+                log.warning("vectors_unreadable", file=self.path.name, error=str(exc), left_for="the bot")
+                return
+            if not isinstance(exc, vector_file.VectorFileError | IsADirectoryError):
+                raise
             # (a folder in its place never becomes readable: the start failed on it, "Is a directory";
             # the vectors are derived, and made again from the items)
             moved = self.path.with_name(self.path.name + ".unreadable")
@@ -56,14 +69,15 @@ class VectorTable:
             return
         records, matrix = loaded
         self._replace(records, matrix)
-        if records.skipped or records.torn:
+        if records.skipped or (records.torn and not self.read_only):
             log.warning(
                 "vectors_damaged",
                 file=self.path.name,
                 skipped_records=records.skipped,
                 torn_bytes=records.torn,
             )
-        log.info("vectors_loaded", model=self.model_id, count=len(self._matrix))
+        loaded_log = log.debug if self.read_only else log.info  # a reader's note says what it lacks
+        loaded_log("vectors_loaded", model=self.model_id, count=len(self._matrix))
 
     def _read(self) -> tuple[vector_file.Records, Matrix] | None:
         if not self.path.exists():
@@ -76,7 +90,12 @@ class VectorTable:
         self._end, self._inode = records.end, records.inode
         self._on_replace()
 
+    def _writable(self) -> None:
+        if self.read_only:
+            raise RuntimeError(f"{self.path} was opened read-only")
+
     async def store(self, keys: list[str], vectors: NDArray[np.float32]) -> None:
+        self._writable()
         halves = vectors.astype(np.float16)
         async with self._write:
             if self._matrix.dim not in (None, halves.shape[1]):
@@ -99,6 +118,7 @@ class VectorTable:
 
     async def _rewrite(self, keys: list[str], vectors: NDArray[np.float16]) -> None:
         """Replace this model's file with exactly these vectors (caller holds ``_write``)."""
+        self._writable()
         end, inode = await asyncio.to_thread(
             vector_file.rewrite, self.path, self.model_id, vectors.shape[1], keys, vectors
         )

@@ -23,6 +23,11 @@ Use::
     best = await store.nearest("when is the trip?", k=50)   # [(fingerprint, cosine), ...]
     await store.close()                      # finishes the queue (bounded), stops the worker
 
+``read_only=True`` opens the store for a reader beside the running bot (``membot memory search``): it
+loads the model's file as it is and answers queries, and nothing else. No worker, no file removed,
+locked, cut, appended to or rewritten (see ``vector_table.py``); :meth:`lacks` counts what the bot
+has yet to embed.
+
 A failing embedder (an endpoint down, a missing package) never fails a turn: the failure is logged once,
 queries get no semantic scores, and the worker retries the queue later with a growing delay. A slow one
 never holds a turn for long either: a query waits for its vector at most ``vector_search.QUERY_WAIT``
@@ -67,6 +72,7 @@ class VectorStore:
     ``folder`` holds one file per model id (``embedder.model_id``). ``batch`` texts go to the embedder at
     a time; after a failure the worker waits ``retry_after`` seconds, doubling up to ``max_retry_after``.
     A query waits at most ``query_wait`` seconds for its vector (``vector_search.QUERY_WAIT``).
+    ``read_only``: see the module doc; its write paths raise.
     """
 
     def __init__(
@@ -80,8 +86,10 @@ class VectorStore:
         settle: float = SETTLE,
         max_wait: float = MAX_WAIT,
         query_wait: float = QUERY_WAIT,
+        read_only: bool = False,
     ) -> None:
         self.folder = folder
+        self.read_only = read_only
         self.embedder = embedder
         self.model_id = embedder.model_id
         self.path = vector_file.file_for(folder, self.model_id)
@@ -101,7 +109,7 @@ class VectorStore:
         self._queries = QueryVectors(
             embedder, matrix=lambda: self._table.matrix, failing=lambda: self._failures > 0, wait=query_wait
         )
-        self._table = VectorTable(self.path, self.model_id, self._queries.clear)
+        self._table = VectorTable(self.path, self.model_id, self._queries.clear, read_only=read_only)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -110,7 +118,10 @@ class VectorStore:
 
         The files of the builds this model replaces (``embedder.replaces``: the same model run another
         way, whose vectors nothing will read again) are removed; their items are embedded anew as they
-        are submitted."""
+        are submitted. Read-only: the load alone."""
+        if self.read_only:
+            await self._table.load()
+            return
         for old in getattr(self.embedder, "replaces", ()):
             stale = vector_file.file_for(self.folder, old)
             if await asyncio.to_thread(_remove, stale):
@@ -127,6 +138,7 @@ class VectorStore:
         before this close's fsync (see vector_file.py).
         """
         if self._worker is None:
+            self._queries.cancel()
             return
         if not self._failures:  # while failing, the next retry may be minutes away
             with contextlib.suppress(TimeoutError):
@@ -156,6 +168,11 @@ class VectorStore:
         return len(self._queue)
 
     @property
+    def query_failure(self) -> str | None:
+        """Why the last query got no vector (the embedder failed, or was slow), if it got none."""
+        return self._queries.failure
+
+    @property
     def failing(self) -> bool:
         """Whether the embedder's last batch failed (meaning search then waits for its retry)."""
         return self._failures > 0
@@ -163,13 +180,18 @@ class VectorStore:
     def __contains__(self, fingerprint: object) -> bool:
         return fingerprint in self._table.matrix.rows
 
+    def lacks(self, item: MemoryItem) -> bool:
+        """Whether ``item`` is live and has content but no vector here (yet)."""
+        return not item.deleted and item.fingerprint not in self and bool(item.content.strip())
+
     def submit(self, items: Iterable[MemoryItem]) -> int:
         """Queue the live items that have no vector yet; return how many were added. Never waits."""
+        if self.read_only:
+            raise RuntimeError(f"{self.path} was opened read-only: it embeds nothing")
         added = 0
-        held = self._table.matrix.rows
         for item in items:
             key = item.fingerprint
-            if item.deleted or key in held or key in self._queue or not item.content.strip():
+            if key in self._queue or not self.lacks(item):
                 continue
             if not vector_file.valid_key(key):
                 log.warning("vectors_bad_fingerprint", item_id=item.id)

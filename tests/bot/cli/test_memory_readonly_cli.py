@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from bot.config import MemorySettings
-from bot.memory import MemoryService
+from bot.memory import MemoryService, vector_file
+from bot.memory.embeddings import OnnxEmbedder
 from tests.bot.cli.membot_process import run_membot
 
 
@@ -19,6 +24,8 @@ def membot(*args: str, workspace: Path, **env: str) -> subprocess.CompletedProce
 
 
 TORN = b'{"id": "torn-item", "layer": "episodic", "content": "half a li'
+MODEL = OnnxEmbedder.model_id  # memory.embeddings = "local", the default
+TORN_VECTOR = b"a-fingerprint-being-written\0\0\0\0\0" + bytes(300)  # 332 of a record's 800 bytes
 
 
 def files(root: Path) -> dict[str, tuple[int, bytes | None]]:
@@ -32,11 +39,19 @@ def files(root: Path) -> dict[str, tuple[int, bytes | None]]:
     return out
 
 
+def imports(ws: Path, name: str, sessions: list[dict[str, object]], **env: str) -> None:
+    export = ws.parent / name
+    export.write_text(json.dumps({"sessions": sessions}))
+    imported = membot("memory", "import", str(export), workspace=ws, **env)
+    assert imported.returncode == 0, imported.stderr
+
+
 def bot_is_writing(tmp_path: Path, **env: str) -> tuple[Path, Path]:
     """A workspace as `membot memory search` may find it beside a running bot: an item log whose last line
     is still being appended (torn), no snapshot of the items (the bot saves it at its stop), and a
-    note the operator saved with another mode; returns the workspace and the torn log."""
-    export = tmp_path / "conv.json"
+    note the operator saved with another mode; the bundled model's vectors of the items but the newest
+    (not embedded yet), their file's last record still being appended (torn); returns the workspace
+    and the torn log."""
     sessions = [
         {
             "id": "telegram:1",
@@ -51,11 +66,26 @@ def bot_is_writing(tmp_path: Path, **env: str) -> tuple[Path, Path]:
             "date": "2024-01-01 11:00",
             "turns": [{"role": "user", "content": "My dog is called Biscuit"}],
         },
+        {
+            "id": "telegram:3",
+            "date": "2024-01-01 12:00",
+            "turns": [{"role": "user", "content": "I drive an old Subaru Outback"}],
+        },
     ]
-    export.write_text(json.dumps({"sessions": sessions}))
     ws = tmp_path / "ws"
-    imported = membot("memory", "import", str(export), workspace=ws, **env)
-    assert imported.returncode == 0, imported.stderr
+    imports(ws, "conv.json", sessions, **env)
+    embedded = membot("memory", "reindex", workspace=ws, **env)
+    assert embedded.returncode == 0, embedded.stderr
+    later = [
+        {
+            "id": "telegram:4",
+            "date": "2024-01-01 13:00",
+            "turns": [{"role": "user", "content": "My sister lives in Lisbon"}],
+        }
+    ]
+    imports(ws, "later.json", later, **env)
+    with vector_file.file_for(ws / "memory" / "vectors", MODEL).open("ab") as f:
+        f.write(TORN_VECTOR)
     items = ws / "memory" / "items"
     (items / "snapshot.bin").unlink(missing_ok=True)
     (items / "lexical.npz").unlink(missing_ok=True)
@@ -69,11 +99,15 @@ def bot_is_writing(tmp_path: Path, **env: str) -> tuple[Path, Path]:
 
 def test_search_show_and_stats_beside_the_bot_change_no_byte_and_no_mode(tmp_path: Path) -> None:
     ws, log = bot_is_writing(tmp_path)
+    vectors = vector_file.file_for(ws / "memory" / "vectors", MODEL)
     before = files(ws)
+    assert str(vectors.relative_to(ws)) in before and before[str(vectors.relative_to(ws))][1] is not None
     found = membot("memory", "search", "green tea", workspace=ws)
     assert found.returncode == 0, found.stderr
     assert "green tea from Kyoto" in found.stdout and "Biscuit" not in found.stdout
     assert "may still be being written" in found.stderr and log.name in found.stderr
+    by_meaning = membot("memory", "search", "my car", workspace=ws)  # read the vectors, torn row and all
+    assert by_meaning.returncode == 0 and "Subaru Outback" in by_meaning.stdout, by_meaning.stderr
     shown = membot("memory", "show", "--query", "what is my dog called", workspace=ws)
     assert shown.returncode == 0, shown.stderr
     assert "Biscuit" in shown.stdout and "prefers short answers" in shown.stdout
@@ -81,6 +115,54 @@ def test_search_show_and_stats_beside_the_bot_change_no_byte_and_no_mode(tmp_pat
     assert counted.returncode == 0, counted.stderr
     assert "episodic items" in counted.stdout
     assert files(ws) == before
+    assert vectors.read_bytes().endswith(TORN_VECTOR)  # left for the bot's next append to cut
+
+
+def test_search_finds_by_meaning_what_shares_no_word_with_the_query(tmp_path: Path) -> None:
+    """`membot memory search` searched by words only: "my car" missed "I drive an old Subaru Outback",
+    which the bot finds through the item's vector. What the bot has not embedded yet is counted."""
+    ws, _ = bot_is_writing(tmp_path)
+    found = membot("memory", "search", "my car", workspace=ws)
+    assert found.returncode == 0, found.stderr
+    assert "I drive an old Subaru Outback" in found.stdout
+    held = set(vector_file.read(vector_file.file_for(ws / "memory" / "vectors", MODEL), MODEL)[1].keys)
+    newest = [i for i in stored_items(ws) if "Lisbon" in i["content"] and "assistant" not in i["tags"]]
+    assert newest and not {i["fingerprint"] for i in newest} & held  # imported after the reindex
+    counted = re.search(r"(\d+) items? ha(?:s|ve) no vector yet", found.stderr)
+    assert counted and int(counted.group(1)) == len(newest), found.stderr
+
+    words_only = membot("memory", "search", "my car", workspace=ws, MEMBOT_MEMORY__EMBEDDINGS="none")
+    assert words_only.returncode == 0 and "Subaru" not in words_only.stdout
+    assert 'found by words only: memory.embeddings is "none"' in words_only.stderr
+
+
+def test_search_with_an_embedding_model_that_fails_finds_by_words_and_says_so(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    tea = {"id": "t", "date": "2024-01-01 10:00", "turns": [{"role": "user", "content": "I love green tea"}]}
+    imports(ws, "conv.json", [tea])
+    model = "openai:text-embedding-3-small"
+    vector_file.rewrite(  # the bot's vectors of that model, so that the query is embedded
+        vector_file.file_for(ws / "memory" / "vectors", model),
+        model,
+        2,
+        ["a-key"],
+        np.eye(1, 2, dtype=np.float16),
+    )
+    before = files(ws)
+    down = {
+        "MEMBOT_MEMORY__EMBEDDINGS": "openai",
+        "MEMBOT_MEMORY__EMBEDDINGS_BASE_URL": "http://127.0.0.1:9/v1",
+    }
+    found = membot("memory", "search", "green tea", workspace=ws, **down)
+    assert found.returncode == 0 and "I love green tea" in found.stdout, found.stderr
+    assert "(found by words only, as the embedding model gave no vector: LLMUnavailable" in found.stderr
+    assert files(ws) == before
+
+
+def stored_items(ws: Path) -> list[dict[str, Any]]:
+    logs = sorted((ws / "memory" / "items").rglob("*.jsonl"))
+    lines = [line for log in logs for line in log.read_bytes().splitlines() if line.strip()]
+    return [json.loads(line) for line in lines if not line.endswith(TORN[-10:])]
 
 
 def test_in_chat_scope_items_merged_across_chats_are_separated_in_memory_only(tmp_path: Path) -> None:

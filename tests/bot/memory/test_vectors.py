@@ -353,6 +353,61 @@ async def test_a_folder_where_the_file_belongs_is_set_aside_and_the_vectors_made
     await store.close()
 
 
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+async def test_a_read_only_store_reads_a_file_being_appended_to_as_it_is_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """`membot memory search` beside the bot: the bot's last record still being written (torn) is left
+    out and left in place, a replaced build's file is not removed, and nothing is embedded."""
+    folder = tmp_path / "vectors"
+    for model in ("words-v1", "words-v2"):
+        await (await filled(folder, WordsEmbedder(model), ITEMS[:2])).close()
+    with vector_file.file_for(folder, "words-v2").open("ab") as f:
+        f.write(b"half-a-record")
+    before = folder_bytes(folder)
+    embedder = WordsEmbedder("words-v2")
+    embedder.replaces = ("words-v1",)  # type: ignore[attr-defined]
+    reader = VectorStore(folder, embedder, read_only=True)
+    with capture_logs() as logs:
+        await reader.start()
+    assert reader.count == 2 and not any(e["event"] == "vectors_damaged" for e in logs)
+    assert [k for k, _ in await reader.nearest("automobile", k=1)] == [ITEMS[0].fingerprint]
+    assert [reader.lacks(i) for i in ITEMS] == [False, False, True]
+    with pytest.raises(RuntimeError, match="read-only"):
+        reader.submit(ITEMS)
+    with pytest.raises(RuntimeError, match="read-only"):
+        await reader.reset()
+    await reader.close()
+    assert embedder.calls == [["automobile"]]  # the query alone
+    assert folder_bytes(folder) == before
+
+
+async def test_a_read_only_store_leaves_an_unreadable_file_where_it_is(tmp_path: Path) -> None:
+    folder = tmp_path / "vectors"
+    folder.mkdir()
+    path = vector_file.file_for(folder, "words-v1")
+    path.write_bytes(vector_file.header("words-v1", 32)[:100])  # a header still being written
+    reader = VectorStore(folder, WordsEmbedder(), read_only=True)
+    with capture_logs() as logs:
+        await reader.start()
+    assert reader.count == 0 and any(e["event"] == "vectors_unreadable" for e in logs)
+    await reader.close()
+    assert folder_bytes(folder) == {path.name: vector_file.header("words-v1", 32)[:100]}
+
+
+async def test_a_query_the_model_cannot_embed_says_why(tmp_path: Path) -> None:
+    """What `membot memory search` prints when it found by words only because the model failed."""
+    store = await filled(tmp_path / "vectors", WordsEmbedder(), ITEMS)
+    store.embedder.fail = 1  # type: ignore[attr-defined]
+    assert await store.nearest("anything new", k=3) == [] and store.query_failure is not None
+    assert "LLMUnavailable: embeddings endpoint unreachable" in store.query_failure
+    assert await store.nearest("car", k=3) and store.query_failure is None
+    await store.close()
+
+
 async def test_a_new_model_starts_its_own_file_and_the_old_one_stays(tmp_path: Path) -> None:
     folder = tmp_path / "vectors"
     await (await filled(folder, WordsEmbedder("words-v1"), ITEMS)).close()
