@@ -49,7 +49,7 @@ from bot.domain import InboundMessage, new_id, utcnow
 from bot.group_writer import GroupWriter
 from bot.inbox_file import InboxEntry
 from bot.outbox import PendingReply
-from bot.sessions import encode_id
+from bot.session_names import encode_id
 from bot.storage import atomic_write_text, line_bytes
 
 log = structlog.get_logger(__name__)

@@ -25,7 +25,7 @@ from urllib.parse import unquote
 
 import structlog
 
-from bot.sessions import LEGACY_SAFE, encode_id
+from bot.session_names import LEGACY_SAFE, encode_id
 from bot.storage import fsync_dir
 
 log = structlog.get_logger(__name__)

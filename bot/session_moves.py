@@ -41,7 +41,8 @@ from bot import damaged, inbox_file
 from bot.damaged import UNREADABLE
 from bot.domain import Session
 from bot.outbox import PendingReply
-from bot.sessions import JsonSessionStore, encode_id
+from bot.session_names import encode_id
+from bot.sessions import JsonSessionStore
 from bot.storage import atomic_write_bytes, atomic_write_text, line_bytes
 
 if TYPE_CHECKING:  # (the Telegram channel records moves: it need not load memory's modules)

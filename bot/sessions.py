@@ -1,6 +1,6 @@
 """Sessions on disk (the in-memory cache in front of them: ``bot/session_service.py``).
 
-Layout under ``sessions/``, for a session id encoded to ``<name>`` (see :func:`encode_id`):
+Layout under ``sessions/``, for a session id encoded to ``<name>`` (``bot/session_names.py``):
 
 - ``<name>.<generation>.jsonl``: the message log. A save appends one group of lines (the new
   messages, answers waiting to be sent, and a ``state`` record with usage and metadata that commits
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -48,44 +47,13 @@ from bot.session_log import (
     read_log,
     session_from_header,
 )
+from bot.session_names import encode_id, glob_escape
 from bot.storage import append_bytes, atomic_write_bytes, ensure_private_dir, refuse_newer
 from bot.surrogates import utf8
 
 log = structlog.get_logger(__name__)
 
-_SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
-LEGACY_SAFE = _SAFE | frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")  # before upper-case was encoded too
-_MAX_NAME = 120
 _MEANWHILE = "the chat's messages wait for it, as for a full disk"  # a newer membot's header (refuse_newer)
-
-
-def encode_id(sid: str, *, safe: frozenset[str] = _SAFE) -> str:
-    """A file name for ``sid`` that cannot leave the folder and cannot collide with another id, even on
-    a file system that does not tell upper from lower case (macOS's default APFS, Windows).
-
-    Unsafe characters (``/``, NUL, ``%``, spaces, non-ASCII...) are percent-encoded byte by byte, and a
-    leading dot is encoded too, so ``..`` or a hidden name never appears. Upper-case letters are unsafe:
-    left as they are, ``cli:Bob`` and ``cli:bob`` (terminal users) were one file there, and the two chats
-    overwrote each other (names written before are renamed at the start: bot/legacy_names.py); the hex
-    digits of an escape are upper-case, and no name has lower-case ones in their place. Names longer
-    than the limit keep a readable prefix plus ``~`` and a hash of the full id; ``~`` is never produced
-    otherwise. ``safe``: the characters kept as they are (:data:`LEGACY_SAFE` spells old names).
-    """
-    out: list[str] = []
-    for ch in sid:
-        if ch in safe:
-            out.append(ch)
-        else:
-            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
-    name = "".join(out)
-    if name.startswith("."):
-        name = "%2E" + name[1:]
-    if not name:
-        name = "%00empty"
-    if len(name) > _MAX_NAME:
-        digest = hashlib.sha256(sid.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-        name = name[: _MAX_NAME - 40].rstrip("%0123456789ABCDEF") + "~" + digest
-    return name
 
 
 class SessionStore(Protocol):
@@ -454,7 +422,3 @@ class JsonSessionStore:
             except (OSError, ValueError, KeyError, TypeError):
                 continue
         return ids
-
-
-def glob_escape(name: str) -> str:
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)

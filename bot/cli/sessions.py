@@ -204,7 +204,8 @@ def _archive(settings: Settings) -> TranscriptArchive:
 
 def _summarize(header_path: Path, settings: Settings) -> _Summary | None:
     """Counts from the header and what was appended since the log was last rewritten."""
-    from bot.sessions import JsonSessionStore, encode_id, glob_escape
+    from bot.session_names import encode_id, glob_escape
+    from bot.sessions import JsonSessionStore
 
     peek = JsonSessionStore(settings.sessions_dir).peek(header_path)
     if peek is None:

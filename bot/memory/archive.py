@@ -25,7 +25,7 @@ from typing import Literal
 
 from bot import damaged
 from bot.domain import Message
-from bot.sessions import encode_id
+from bot.session_names import encode_id
 from bot.storage import append_bytes
 
 ARCHIVED = "archived"  # Message.meta flag: this message is already in the archive

@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 from bot.memory.items import MemoryItem
 from bot.memory.longterm import Limits, LongTermMemory
 from bot.memory.notes import DailyNotes
-from bot.sessions import encode_id
+from bot.session_names import encode_id
 
 CHATS_DIR = "chats"
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import structlog
 
-from bot.sessions import encode_id
+from bot.session_names import encode_id
 from bot.storage import append_bytes
 
 log = structlog.get_logger(__name__)

@@ -12,7 +12,7 @@ import asyncio
 import signal
 from pathlib import Path
 
-from bot.sessions import encode_id
+from bot.session_names import encode_id
 from tests.bot.membot_service import Service, membot_run, stored
 from tests.channels.telegram.kit import break_folder
 from tests.fakes.discord_server import FakeDiscord, FakeUser, Json, RecordedRequest

@@ -17,7 +17,8 @@ from bot.inbox import Inbox
 from bot.memory.item_store import ItemStore
 from bot.outbox import PendingReply
 from bot.session_moves import MOVES_FILE, carry_moves, record_move
-from bot.sessions import JsonSessionStore, encode_id
+from bot.session_names import encode_id
+from bot.sessions import JsonSessionStore
 from tests.bot.membot_service import membot_run, stored, telegram_env, wait_in_flight
 from tests.bot.test_crash_recovery import stop, wait_answer
 from tests.fakes.llm_server import FakeLLMServer, FakeReply

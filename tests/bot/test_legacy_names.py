@@ -11,7 +11,8 @@ from pathlib import Path
 from bot.config import Settings, load_settings
 from bot.domain import InboundMessage, Message, Role, Session
 from bot.inbox import Inbox
-from bot.sessions import LEGACY_SAFE, JsonSessionStore, encode_id
+from bot.session_names import LEGACY_SAFE, encode_id
+from bot.sessions import JsonSessionStore
 from bot.startup import prepare_workspace
 
 

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from bot.domain import Message, Role, ToolCall
 from bot.errors import StorageError
+from bot.session_names import encode_id
 from bot.session_service import SessionService
-from bot.sessions import JsonSessionStore, encode_id
+from bot.sessions import JsonSessionStore
 from bot.storage import atomic_write_bytes
 
 

@@ -17,7 +17,7 @@ from bot.memory import Exchange, MemoryService
 from bot.memory import operator as memory_operator
 from bot.memory.relevant import SEMANTIC_CANDIDATES
 from bot.memory.tool import MemoryTool
-from bot.sessions import encode_id
+from bot.session_names import encode_id
 from bot.tools import builtin_tools
 from bot.tools.base import ToolContext, ToolError
 from tests.bot.memory.conftest import Clock, make_memory

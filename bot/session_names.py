@@ -1,0 +1,52 @@
+"""A chat's file names, from its session id: one name per id, safe in any folder, on any file system.
+
+Every folder that keeps something per chat names it by :func:`encode_id`: the session's header and
+logs (``bot/sessions.py``), the inbox, the kept answers gone stale, the tool-call journal, the
+transcript archive and the chat-scope memory folder. One function for all of them keeps a chat's files
+findable together (``membot sessions`` sums them, a move carries them along) and means a fix to the
+encoding reaches every folder at once; names written by an older encoding are renamed at the start
+(``bot/legacy_names.py``, which spells them with :data:`LEGACY_SAFE`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
+LEGACY_SAFE = _SAFE | frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")  # before upper-case was encoded too
+_MAX_NAME = 120
+
+
+def encode_id(sid: str, *, safe: frozenset[str] = _SAFE) -> str:
+    """A file name for ``sid`` that cannot leave the folder and cannot collide with another id, even on
+    a file system that does not tell upper from lower case (macOS's default APFS, Windows).
+
+    Unsafe characters (``/``, NUL, ``%``, spaces, non-ASCII...) are percent-encoded byte by byte, and a
+    leading dot is encoded too, so ``..`` or a hidden name never appears. Upper-case letters are unsafe:
+    left as they are, ``cli:Bob`` and ``cli:bob`` (terminal users) were one file there, and the two chats
+    overwrote each other (names written before are renamed at the start: bot/legacy_names.py); the hex
+    digits of an escape are upper-case, and no name has lower-case ones in their place. Names longer
+    than the limit keep a readable prefix plus ``~`` and a hash of the full id; ``~`` is never produced
+    otherwise. ``safe``: the characters kept as they are (:data:`LEGACY_SAFE` spells old names).
+    """
+    out: list[str] = []
+    for ch in sid:
+        if ch in safe:
+            out.append(ch)
+        else:
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
+    name = "".join(out)
+    if name.startswith("."):
+        name = "%2E" + name[1:]
+    if not name:
+        name = "%00empty"
+    if len(name) > _MAX_NAME:
+        digest = hashlib.sha256(sid.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        name = name[: _MAX_NAME - 40].rstrip("%0123456789ABCDEF") + "~" + digest
+    return name
+
+
+def glob_escape(name: str) -> str:
+    """``name`` as a glob pattern that matches only itself, for finding an id's files as ``<name>.*``.
+    :func:`encode_id` writes none of ``*?[]`` today; this keeps such a glob exact if the safe set grows."""
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
