@@ -25,7 +25,8 @@ from zoneinfo import ZoneInfo
 import httpx
 import structlog
 
-from bot.catalog import ModelCatalog, Provider, load_catalog
+from bot import model_choice
+from bot.catalog import ModelCatalog, load_catalog
 from bot.commands import Admins, CommandRouter, SessionCommands
 from bot.compaction import CompactionService, MemoryRetirer
 from bot.config import DEFAULT_CONFIG_FILE, Settings
@@ -125,7 +126,7 @@ async def build_core(
         model = llm if llm is not None else LLMClient(settings.llm, catalog, http, usage=ledger)
         edge = await stack.enter_async_context(contextlib.AsyncExitStack())  # after the drain, see Core
         counter = await _token_counter(settings, catalog)
-        window = _window(settings, catalog)
+        window = model_choice.window(settings.llm, catalog)
         memory = await _memory(settings, model, counter, embedder, http, metrics, window)
         stack.push_async_callback(memory.close)  # runs after dispatcher.close, pushed below
         # Tokens and allowlists: no tool reads or edits them, wherever in the workspace they are kept.
@@ -178,15 +179,11 @@ async def _http_clients(
     return http, web_http
 
 
-def _provider(settings: Settings, catalog: ModelCatalog) -> Provider:
-    return settings.llm.provider or catalog.get(settings.llm.model).provider
-
-
 async def _token_counter(settings: Settings, catalog: ModelCatalog) -> TokenCounter:
     return await asyncio.to_thread(
         TokenCounter.offline,
         model=settings.llm.model,
-        provider=_provider(settings, catalog),
+        provider=model_choice.provider(settings.llm, catalog),
     )
 
 
@@ -219,14 +216,6 @@ async def _memory(
     return memory
 
 
-def _window(settings: Settings, catalog: ModelCatalog) -> int:
-    """The model's window; a failover model must fit the same requests: the smallest of them all."""
-    info = catalog.get(settings.llm.model, _provider(settings, catalog))
-    return min(
-        [info.max_input_tokens, *(catalog.get(m).max_input_tokens for m in settings.llm.fallback_models)]
-    )
-
-
 def _tools(
     settings: Settings, memory: MemoryService, web_http: httpx.AsyncClient, operator_files: list[str]
 ) -> ToolRegistry:
@@ -257,11 +246,8 @@ def _context_budget(
     window: int,
 ) -> ContextBudget:
     """The budget, and the compaction it runs when a session outgrows the model's ``window``."""
-    primary, provider = settings.llm.model, _provider(settings, catalog)
-    info = catalog.get(primary, provider)
-    # A server of one's own (base_url set) has the primary model, not the catalog's tier models.
-    own_server = (settings.llm.anthropic if provider == "anthropic" else settings.llm.openai).base_url
-    summary_model = primary if own_server else catalog.for_tier("balanced", provider, default=primary)
+    info = model_choice.primary(settings.llm, catalog)
+    summary_model = model_choice.summary_model(settings.llm, catalog)
     retirer = MemoryRetirer(memory, timeout=settings.memory.consolidation_timeout)
     compaction = CompactionService(
         model,
@@ -338,12 +324,11 @@ def _commands(
     memory: MemoryService,
 ) -> CommandRouter:
     """The router (/help, /stop) with the session commands (/status, /compact, /new)."""
-    primary = settings.llm.model
     session_commands = SessionCommands(
         sessions,
         budget,
-        model=catalog.get(primary, _provider(settings, catalog)),
-        tier=catalog.tier_of(primary),
+        model=model_choice.primary(settings.llm, catalog),
+        tier=catalog.tier_of(settings.llm.model),
         ledger=ledger,
         admins=_admins(settings),
         memory_stats_for=(

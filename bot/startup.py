@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from bot import model_choice
 from bot.errors import ConfigError
 from bot.inbox import EXPIRED
 from bot.legacy_names import CHAT_FILES, CHAT_FOLDERS, SESSION_FILES, rename_legacy_names
@@ -37,7 +38,7 @@ RECOVERY_SLACK = timedelta(minutes=1)
 def check_llm_configured(settings: Settings, catalog: ModelCatalog) -> None:
     """Fail at once, with the settings to set, when no model provider can be reached."""
     llm = settings.llm
-    provider = llm.provider or catalog.get(llm.model).provider
+    provider = model_choice.provider(llm, catalog)
     if provider == "anthropic" and llm.anthropic.api_key is None:
         raise ConfigError(
             f"model {llm.model!r} is an Anthropic model but no Anthropic API key is set: "
