@@ -5,12 +5,15 @@ logs (``bot/sessions.py``), the inbox, the kept answers gone stale, the tool-cal
 transcript archive and the chat-scope memory folder. One function for all of them keeps a chat's files
 findable together (``membot sessions`` sums them, a move carries them along) and means a fix to the
 encoding reaches every folder at once; names written by an older encoding are renamed at the start
-(``bot/legacy_names.py``, which spells them with :data:`LEGACY_SAFE`).
+(``bot/legacy_names.py``, which spells them with :data:`LEGACY_SAFE`). A session's own two kinds of
+file, its header and its logs, are named here too (:func:`header_file`, :func:`log_file`): the store
+and the repairs of a load (``bot/session_repair.py``) find them by the same names.
 """
 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
 LEGACY_SAFE = _SAFE | frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")  # before upper-case was encoded too
@@ -50,3 +53,13 @@ def glob_escape(name: str) -> str:
     """``name`` as a glob pattern that matches only itself, for finding an id's files as ``<name>.*``.
     :func:`encode_id` writes none of ``*?[]`` today; this keeps such a glob exact if the safe set grows."""
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+
+
+def header_file(directory: Path, sid: str) -> Path:
+    """A session's header in the sessions folder: ``<name>.json``."""
+    return directory / f"{encode_id(sid)}.json"
+
+
+def log_file(directory: Path, sid: str, generation: int) -> Path:
+    """A session's message log of one generation: ``<name>.<generation>.jsonl``."""
+    return directory / f"{encode_id(sid)}.{generation}.jsonl"

@@ -10,14 +10,9 @@ Layout under ``sessions/``, for a session id encoded to ``<name>`` (``bot/sessio
   generation and its length at the rewrite. Replaced atomically, and only when the log is rewritten:
   what changes on an ordinary turn travels in the log's state records.
 
-A crash during an append leaves a group without its state record; it is not part of the session, and
-the next append cuts it off. A damaged line costs only itself: the session keeps every other line and
-the next save rewrites the log without it. Both are first set aside, as ``<log>.damaged-<hash>``
-(``bot/damaged.py``), and logged. A damaged header is rebuilt from the newest log (its state records
-hold the same fields) and kept aside the same way, as is one naming a log that is missing (a copy of a
-running bot took the header and the logs on either side of a rewrite). A header no log can stand in
-for, one naming another session, or a log shorter than its header says, is moved aside as
-``*.corrupt-<timestamp>`` and a fresh session starts, so one bad file never takes the service down.
+What a load finds wrong (a save a crash cut short, a damaged line or header, a header naming a log a
+copy did not take) is set aside and mended by ``bot/session_repair.py``, so one bad file never takes
+the service down; this store decides when, and a ``read_only`` one never does.
 """
 
 from __future__ import annotations
@@ -30,12 +25,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
-from bot.damaged import UNREADABLE, UNREADABLE_FILE, DamagedLine, corrupt_path, describe, keep_aside
-from bot.domain import Session, parse_time, utcnow
+from bot import session_repair
+from bot.damaged import UNREADABLE, UNREADABLE_FILE, corrupt_path, describe
+from bot.domain import Session, parse_time
 from bot.errors import StorageError
 from bot.outbox import PendingReply
 from bot.session_log import (
@@ -47,7 +43,7 @@ from bot.session_log import (
     read_log,
     session_from_header,
 )
-from bot.session_names import encode_id, glob_escape
+from bot.session_names import encode_id, glob_escape, header_file, log_file
 from bot.storage import append_bytes, atomic_write_bytes, ensure_private_dir, refuse_newer
 from bot.surrogates import utf8
 
@@ -119,10 +115,10 @@ class JsonSessionStore:
         return self._dir
 
     def header_path(self, sid: str) -> Path:
-        return self._dir / f"{encode_id(sid)}.json"
+        return header_file(self._dir, sid)
 
     def _log_path(self, sid: str, generation: int) -> Path:
-        return self._dir / f"{encode_id(sid)}.{generation}.jsonl"
+        return log_file(self._dir, sid, generation)
 
     # -- load -------------------------------------------------------------------------------------
 
@@ -174,9 +170,9 @@ class JsonSessionStore:
                     f"session file {header_path} is damaged ({describe(exc)}): the bot rebuilds it from"
                     " its log when it next loads the session (start it, or let it answer in that chat)"
                 ) from exc
-            header = self._header_from_log(sid, raw, reason=describe(exc))
+            header = session_repair.rebuild_header(self._dir, sid, raw, reason=describe(exc))
             if header is None:
-                self._move_aside(sid, header_path, reason=describe(exc))
+                session_repair.move_aside(self._dir, sid, header_path, reason=describe(exc))
                 return None
         try:
             if header.get("id") != sid:
@@ -194,83 +190,21 @@ class JsonSessionStore:
             # copied at different moments (a backup of a running bot), one before a rewrite and one
             # after. The log the copy has holds the session up to its last save and stands in for it.
             reason = f"the log it names is missing ({Path(str(exc.filename)).name})"
-            if not rebuilt and self._header_from_log(sid, raw, reason=reason) is not None:
+            if not rebuilt and session_repair.rebuild_header(self._dir, sid, raw, reason=reason) is not None:
                 return self._load_once(sid, rebuilt=True)
-            self._move_aside(sid, header_path, reason=f"{type(exc).__name__}: {exc}")
+            session_repair.move_aside(self._dir, sid, header_path, reason=f"{type(exc).__name__}: {exc}")
             return None
         except UNREADABLE_FILE as exc:
             if self._read_only:
                 raise StorageError(f"session {sid} cannot be read ({type(exc).__name__}: {exc})") from exc
-            self._move_aside(sid, header_path, reason=f"{type(exc).__name__}: {exc}")
+            session_repair.move_aside(self._dir, sid, header_path, reason=f"{type(exc).__name__}: {exc}")
             return None
         if not self._read_only:
             if content.damaged or content.unfinished:
-                self._keep_unread(sid, session, content)
-            self._drop_old_logs(sid, session.log_generation)
+                session_repair.keep_unread(self._dir, sid, session, content)
+            session_repair.drop_old_logs(self._dir, sid, session.log_generation)
         session.persisted_count = len(session.messages)
         return session
-
-    def _drop_old_logs(self, sid: str, current: int) -> None:
-        """Delete the logs older than the ``current`` generation the header names: a kill between a
-        rewrite's header rename and the unlink of the old log left it (nothing reads it any more). A
-        newer one (a kill before the rename) is left: the next rewrite writes that generation anew."""
-        name = encode_id(sid)
-        for path in self._dir.glob(f"{glob_escape(name)}.*.jsonl"):
-            number = path.name[len(name) + 1 : -len(".jsonl")]
-            if number.isdigit() and int(number) < current:
-                try:
-                    path.unlink()
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:  # only disk space is at stake: the next load tries again
-                    log.warning("session_old_log_not_deleted", session_id=sid, path=str(path), error=str(exc))
-                    continue
-                log.info("session_old_log_deleted", session_id=sid, generation=int(number))
-
-    def _header_from_log(self, sid: str, raw: bytes, *, reason: str) -> dict[str, Any] | None:
-        """Rebuild a damaged header from its newest log, whose state records hold the same fields, and
-        write it (the damaged one kept aside); ``None`` when no log can stand in for it."""
-        name = encode_id(sid)
-        generations = [
-            int(number)
-            for path in self._dir.glob(f"{glob_escape(name)}.*.jsonl")
-            if (number := path.name[len(name) + 1 : -len(".jsonl")]).isdigit()
-        ]
-        if not generations:
-            return None
-        generation = max(generations)
-        try:
-            content = read_log(self._log_path(sid, generation).read_bytes(), committed=0)
-            if content.state is None or content.state.get("id") != sid:
-                return None  # a log written before state records, or not this session's
-            session = session_from_header({**content.state, "log_generation": generation})
-        except UNREADABLE_FILE:
-            return None
-        header = header_fields(session, generation=generation, count=len(content.messages), log_bytes=0)
-        kept = keep_aside(
-            self.header_path(sid),
-            [DamagedLine(0, raw, reason)],
-            event="session_header_rebuilt",
-            session_id=sid,
-        )
-        if kept is None:
-            return None
-        atomic_write_bytes(self.header_path(sid), utf8(json.dumps(header, ensure_ascii=False)))
-        return header
-
-    def _keep_unread(self, sid: str, session: Session, content: LogContent) -> None:
-        """Set aside what the log holds beyond the session, before a save can drop it: damaged lines (the
-        next save rewrites the log without them) and a save a crash cut short (the next append cuts it
-        off; its messages are still pending in the inbox, so they are answered and saved again)."""
-        path = self._log_path(sid, session.log_generation)
-        unread = list(content.damaged)
-        if content.unfinished:
-            unread.append(DamagedLine(content.end, content.unfinished, "a save cut short (no state record)"))
-        event = "session_log_lines_set_aside" if content.damaged else "session_log_unfinished_save_set_aside"
-        if keep_aside(path, unread, event=event, session_id=sid, messages_kept=len(content.messages)) is None:
-            raise StorageError(f"cannot set aside the unreadable lines of {path}: fix the disk, then retry")
-        if content.damaged:
-            session.rewrite_needed = True
 
     def _read_log(self, sid: str, session: Session) -> LogContent:
         if session.log_generation == 0:
@@ -310,18 +244,6 @@ class JsonSessionStore:
         except UNREADABLE_FILE:
             return None
         return SessionPeek(session.id, count, updated)
-
-    def _move_aside(self, sid: str, header_path: Path, *, reason: str) -> None:
-        stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
-        moved = []
-        prefix = encode_id(sid) + "."
-        for path in list(self._dir.glob(f"{glob_escape(encode_id(sid))}.*")):
-            rest = path.name[len(prefix) :]
-            if path == header_path or (rest.endswith(".jsonl") and rest[: -len(".jsonl")].isdigit()):
-                target = path.with_name(f"{path.name}.corrupt-{stamp}")
-                os.replace(path, target)
-                moved.append(target.name)
-        log.error("session_file_corrupt", session_id=sid, reason=reason, moved_to=moved)
 
     # -- save -------------------------------------------------------------------------------------
 
