@@ -1,4 +1,4 @@
-"""Files named by the old ``encode_id`` (bot/sessions.py), with upper-case letters kept, renamed at start.
+"""Files named by the old ``encode_id`` (bot/session_names.py), upper-case letters kept: renamed at start.
 
 A chat's files are named by its session id (sessions, inbox, kept answers gone stale, the tool-call
 journal, the transcript archive, the chat-scope memory folder). The old names kept upper-case letters,

@@ -1,7 +1,7 @@
 """The transcript archive: every message that leaves an active session, append-only, per session.
 
 Location: ``memory/archive/<encoded session id>.jsonl`` (the session id is encoded as in
-bot/sessions.py, so it cannot escape the folder). It lives under ``memory/`` because memory decides
+bot/session_names.py, so it cannot escape the folder). It lives under ``memory/`` because memory decides
 when messages retire (consolidation, compaction, /new), and because the operator backs up one folder
 to keep everything the bot knows. Each line: ``{"archived_at", "session_id", "message"}``. Lines are
 never rewritten; a damaged one costs only itself, and a last record a kill cut short is kept aside and
