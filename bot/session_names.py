@@ -4,8 +4,7 @@ Every folder that keeps something per chat names it by :func:`encode_id`: the se
 logs (``bot/sessions.py``), the inbox, the kept answers gone stale, the tool-call journal, the
 transcript archive and the chat-scope memory folder. One function for all of them keeps a chat's files
 findable together (``membot sessions`` sums them, a move carries them along) and means a fix to the
-encoding reaches every folder at once; names written by an older encoding are renamed at the start
-(``bot/legacy_names.py``, which spells them with :data:`LEGACY_SAFE`). A session's own two kinds of
+encoding reaches every folder at once. A session's own two kinds of
 file, its header and its logs, are named here too (:func:`header_file`, :func:`log_file`): the store
 and the repairs of a load (``bot/session_repair.py``) find them by the same names.
 """
@@ -15,26 +14,23 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-_SAFE = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
-LEGACY_SAFE = _SAFE | frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")  # before upper-case was encoded too
+_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-:.@+=")
 _MAX_NAME = 120
 
 
-def encode_id(sid: str, *, safe: frozenset[str] = _SAFE) -> str:
-    """A file name for ``sid`` that cannot leave the folder and cannot collide with another id, even on
-    a file system that does not tell upper from lower case (macOS's default APFS, Windows).
+def encode_id(sid: str) -> str:
+    """A file name for ``sid`` that cannot leave the folder and cannot collide with another id.
 
     Unsafe characters (``/``, NUL, ``%``, spaces, non-ASCII...) are percent-encoded byte by byte, and a
-    leading dot is encoded too, so ``..`` or a hidden name never appears. Upper-case letters are unsafe:
-    left as they are, ``cli:Bob`` and ``cli:bob`` (terminal users) were one file there, and the two chats
-    overwrote each other (names written before are renamed at the start: bot/legacy_names.py); the hex
-    digits of an escape are upper-case, and no name has lower-case ones in their place. Names longer
-    than the limit keep a readable prefix plus ``~`` and a hash of the full id; ``~`` is never produced
-    otherwise. ``safe``: the characters kept as they are (:data:`LEGACY_SAFE` spells old names).
+    leading dot is encoded too, so ``..`` or a hidden name never appears. Names longer than the limit
+    keep a readable prefix plus ``~`` and a hash of the full id; ``~`` is never produced otherwise.
+    Case is kept: on a file system that ignores it (macOS's default), two ids that differ only in case
+    would share a file. Telegram and Discord ids are numbers; the terminal's is the operator's user
+    name (README, "Sessions").
     """
     out: list[str] = []
     for ch in sid:
-        if ch in safe:
+        if ch in _SAFE:
             out.append(ch)
         else:
             out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))

@@ -18,9 +18,6 @@ import structlog
 
 from bot import model_choice
 from bot.errors import ConfigError
-from bot.inbox import EXPIRED
-from bot.legacy_names import CHAT_FILES, CHAT_FOLDERS, SESSION_FILES, rename_legacy_names
-from bot.memory import CHATS_DIR
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
 from bot.workspace_lock import WorkspaceLock
 
@@ -79,16 +76,6 @@ def prepare_workspace(settings: Settings) -> None:
             ensure_private_dir(sub)
         fixed = fix_private_tree(settings.workspace)
         stale = remove_stale_temp_files(settings.workspace)
-        rename_legacy_names(
-            [
-                (settings.sessions_dir, SESSION_FILES),
-                (settings.workspace / "inbox", CHAT_FILES),
-                (settings.workspace / "inbox" / EXPIRED, CHAT_FILES),
-                (settings.state_dir / "tool_calls", CHAT_FILES),
-                (settings.memory_dir / "archive", CHAT_FILES),
-                (settings.memory_dir / CHATS_DIR, CHAT_FOLDERS),
-            ]
-        )
     except OSError as exc:
         raise ConfigError(
             f"cannot use workspace {settings.workspace}: {exc.strerror} (set --workspace or MEMBOT_WORKSPACE)"

@@ -10,14 +10,12 @@ from bot.memory.pack import MemoryPack
 from bot.memory.prompt import system_prompt
 from bot.memory.recorder import CONVERSATION_KEY, Exchange
 from bot.memory.retrieval import ScoredItem
-from bot.memory.scope import CHATS_DIR
 from bot.memory.section import MemoryContext
 from bot.memory.service import MemoryService
 from bot.memory.tool import MemoryTool
 from bot.memory.vectors import VECTORS_DIR, VectorStore
 
 __all__ = [
-    "CHATS_DIR",
     "CONSOLIDATION_OUTPUT",
     "CONVERSATION_KEY",
     "VECTORS_DIR",
