@@ -294,7 +294,7 @@ def _pipeline(
             budget=budget,
             max_overflow_retries=settings.compaction.max_overflow_retries,
             observer=metrics,
-            journal=ToolJournal(settings.state_dir / "tool_calls"),
+            journal=ToolJournal.of(settings.state_dir),
         ),
         UsageSystem(budget, ledger),  # 90
     ]

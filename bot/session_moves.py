@@ -16,6 +16,9 @@ What moves, each step safe to do again after a kill (the move stays recorded unt
   chat scope, its folder (its MEMORY.md and daily notes): one rename each;
 - the session: written under the new id (marked ``moved_from``), with the answers its log saved
   (a kill between saving an answer and sending it), then the old one deleted;
+- the tool-call journal of a turn a kill cut (bot/tools/journal.py): one rename. Its message goes on
+  pending under the new id, and the rerun finds the calls the turn made (left behind, a shell command
+  or an ``append`` ran again);
 - the chat's inbox (bot/inbox.py): the messages accepted and not yet answered, and the answers kept
   unsent, written into the new id's file ahead of what it holds (one atomic write: a repeat finds their
   ids there and writes nothing), then the old file removed. Left behind, they were answered or sent
@@ -84,10 +87,14 @@ async def carry_moves(
     before the inbox in ``inbox_dir`` is loaded."""
     path = state_dir / MOVES_FILE
     moves = await asyncio.to_thread(_read, path)
+    from bot.tools import ToolJournal  # (here: the channel that records moves needs no tools)
+
+    journal = ToolJournal.of(state_dir)
     for old, new in moves.items():
         if memory is not None:
             await _move_memory(memory, old, new)
         await _move_session(store, old, new)
+        await _move_files(journal.path_for(old), journal.path_for(new), old, new)
         await asyncio.to_thread(_move_inbox, inbox_dir, old, new)
         log.info("session_moved", old_session=old, new_session=new)
     if moves:
@@ -113,19 +120,21 @@ async def _move_memory(memory: MemoryService, old: str, new: str) -> None:
     ]
     if moved:
         await items.put_many(moved)
-    for before, after in (
-        (memory.chats.folder(old), memory.chats.folder(new)),  # MEMORY.md and notes (chat scope)
-        (memory.archive.path_for(old), memory.archive.path_for(new)),  # what left the conversation
-    ):
-        if not await asyncio.to_thread(_rename, before, after):
-            log.warning(
-                "session_move_conflict",
-                old_session=old,
-                new_session=new,
-                kept=[str(before), str(after)],
-                reason="the new chat has memory files of its own: both are kept",
-                fix=f"merge {before} into {after} by hand if the group wants it",
-            )
+    # MEMORY.md and notes (chat scope); what left the conversation
+    await _move_files(memory.chats.folder(old), memory.chats.folder(new), old, new)
+    await _move_files(memory.archive.path_for(old), memory.archive.path_for(new), old, new)
+
+
+async def _move_files(before: Path, after: Path, old: str, new: str) -> None:
+    if not await asyncio.to_thread(_rename, before, after):
+        log.warning(
+            "session_move_conflict",
+            old_session=old,
+            new_session=new,
+            kept=[str(before), str(after)],
+            reason="the new chat has files of its own: both are kept",
+            fix=f"merge {before} into {after} by hand if the group wants it",
+        )
 
 
 def _rename(before: Path, after: Path) -> bool:

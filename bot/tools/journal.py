@@ -14,7 +14,7 @@ next turn makes its first call; until then it holds what the session's log holds
 message's id (the platform's; the terminal makes one per message): a message without one is not
 recorded, and its turn runs its calls again.
 
-    journal = ToolJournal(settings.state_dir / "tool_calls")
+    journal = ToolJournal.of(settings.state_dir)
     made = await journal.made("telegram:42", "9001")           # {(name, arguments, n): result}
     await journal.keep("telegram:42", "9001", ("files", '{"action": "append"}', 1), "Appended.")
 """
@@ -45,7 +45,12 @@ class ToolJournal:
     def __init__(self, folder: Path) -> None:
         self._folder = folder
 
-    def _path(self, session_id: str) -> Path:
+    @classmethod
+    def of(cls, state_dir: Path) -> ToolJournal:
+        """The workspace's journal, in its state folder."""
+        return cls(state_dir / "tool_calls")
+
+    def path_for(self, session_id: str) -> Path:
         return self._folder / f"{encode_id(session_id)}.jsonl"
 
     async def made(self, session_id: str, turn_key: str) -> dict[CallKey, str]:
@@ -58,7 +63,7 @@ class ToolJournal:
         await asyncio.to_thread(self._keep, session_id, turn_key, call, result)
 
     def _made(self, session_id: str, turn_key: str) -> dict[CallKey, str]:
-        path = self._path(session_id)
+        path = self.path_for(session_id)
         try:
             lines = path.read_bytes().split(b"\n")
         except FileNotFoundError:
@@ -83,7 +88,7 @@ class ToolJournal:
         return made
 
     def _keep(self, session_id: str, turn_key: str, call: CallKey, result: str) -> None:
-        path = self._path(session_id)
+        path = self.path_for(session_id)
         name, arguments, n = call
         # Named in its first line: a file left empty by a first append that failed (a full disk) is named
         # too, or every later record of the turn would go in unnamed and a rerun would take them for an

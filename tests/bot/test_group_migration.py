@@ -19,6 +19,7 @@ from bot.outbox import PendingReply
 from bot.session_moves import MOVES_FILE, carry_moves, record_move
 from bot.session_names import encode_id
 from bot.sessions import JsonSessionStore
+from bot.tools import ToolJournal
 from tests.bot.membot_service import membot_run, stored, telegram_env, wait_in_flight
 from tests.bot.test_crash_recovery import stop, wait_answer
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
@@ -176,3 +177,26 @@ async def test_when_the_new_chat_has_a_conversation_both_are_kept_and_logged(
     assert kept_old is not None and [m.content for m in kept_old.messages] == ["the old group's"]
     assert kept_new is not None and [m.content for m in kept_new.messages] == ["the supergroup's"]
     assert any(isinstance(r.msg, dict) and r.msg["event"] == "session_move_conflict" for r in caplog.records)
+
+
+async def test_a_turn_a_kill_cut_in_the_group_does_not_run_its_tool_calls_again_in_the_supergroup(
+    tmp_path: Path,
+) -> None:
+    """The message goes on pending under the new id and is answered again from the start there: the
+    calls its turn made (a shell command, an ``append``) are answered from the journal, not run again."""
+    store, state, inbox_dir = JsonSessionStore(tmp_path / "sessions"), tmp_path / "state", tmp_path / "inbox"
+    old, new = "telegram:-1", "telegram:-1001"
+    inbox = Inbox(inbox_dir)
+    await inbox.load_pending()
+    _, durable = inbox.add(InboundMessage("telegram", "-1", "42", "note it", message_id="5", is_group=True))
+    await durable
+    journal = ToolJournal.of(state)
+    call = ("files", '{"action": "append"}', 1)
+    await journal.keep(old, "5", call, "Appended.")
+    await record_move(state, old, new)
+
+    await carry_moves(state, store, None, inbox_dir=inbox_dir)
+
+    pending = await Inbox(inbox_dir).load_pending()
+    assert [(e.message.session_id, e.message.message_id) for e in pending] == [(new, "5")]
+    assert await ToolJournal.of(state).made(new, "5") == {call: "Appended."}
