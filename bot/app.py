@@ -143,6 +143,7 @@ async def build_core(
         store = JsonSessionStore(settings.sessions_dir)
         inbox_dir = settings.workspace / "inbox"
         await carry_moves(settings.state_dir, store, memory, inbox_dir=inbox_dir)  # (before any is loaded)
+        await memory.resume()  # the consolidations a kill cut short, of the chats as they are now
         sessions = SessionService(store, cache_size=settings.sessions.cache_size)
         if memory.unsynced_since is not None:
             await recover_memory(memory, sessions)
@@ -212,7 +213,7 @@ async def _memory(
         observer=metrics,
         consolidation_room=prompt_room(window, CONSOLIDATION_OUTPUT),
     )
-    await memory.start()
+    await memory.start(resume=False)  # resumed once the moved chats took their records (build_core)
     return memory
 
 

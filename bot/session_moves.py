@@ -12,6 +12,8 @@ What moves, each step safe to do again after a kill (the move stays recorded unt
 
 - the items that name the old chat: new versions that name the new one (so chat scope's recall, and the
   workspace scope's "this chat" mark, find them as the group's own);
+- the consolidations a kill cut short in the old chat (bot/memory/pending.py): their records name the
+  new one, before they are resumed, so their facts, notes and archive lines are the group's too;
 - the chat's transcript archive (what left the conversation, which the memory tool searches) and, in
   chat scope, its folder (its MEMORY.md and daily notes): one rename each;
 - the session: written under the new id (marked ``moved_from``), with the answers its log saved
@@ -107,6 +109,7 @@ async def carry_moves(
 
 
 async def _move_memory(memory: MemoryService, old: str, new: str) -> None:
+    await memory.pending.move(old, new)  # (not resumed yet: see MemoryService.start)
     items = memory.items
     moved = [
         item.with_changes(

@@ -158,6 +158,21 @@ class PendingConsolidations:
         operator as ``<name>.damaged-<hash>``, which no later start reads again) and logged."""
         return await asyncio.to_thread(self._load)
 
+    async def move(self, old: str, new: str) -> int:
+        """Give the records of chat ``old`` to chat ``new`` (a Telegram group's move, bot/session_moves.py,
+        before they are resumed): their facts and archive go to the chat the group is now; returns how
+        many. Each record is rewritten whole, so a repeat after a kill finishes the rest."""
+        return await asyncio.to_thread(self._move, old, new)
+
+    def _move(self, old: str, new: str) -> int:
+        moved = 0
+        for work in self._load():
+            if work.session_id == old:
+                work.session_id = new
+                atomic_write_bytes(self._path(work.id), _encoded(work))
+                moved += 1
+        return moved
+
     def _path(self, work_id: str) -> Path:
         return self._dir / f"{work_id}.json"
 

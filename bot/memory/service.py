@@ -8,7 +8,8 @@ item layers), composes the modules that work on them, and offers three paths:
 2. retire — :meth:`archive_messages` keeps messages that leave a session, and
    :meth:`consolidate_in_background` also consolidates them; :meth:`consolidate` does both awaited,
    for compaction and ``/new`` (retirement.py). A consolidation a kill cut short is resumed by the
-   running bot's :meth:`start` (pending.py);
+   running bot's :meth:`start`, or its :meth:`resume` after the chats that moved took theirs along
+   (pending.py, bot/session_moves.py);
 3. read — :meth:`context` builds the ``# Memory`` prompt section (section.py, with recent.py's notes),
    :meth:`search` ranks items and :meth:`pack` packs them (relevant.py).
 
@@ -113,6 +114,7 @@ class MemoryService:
         self.chats = ChatFolders(root / CHATS_DIR, tz, limits=limits, read_only=read_only)
         self.history = HistoryLog(root)
         self.archive = TranscriptArchive(root / "archive")
+        self.pending = PendingConsolidations(root / PENDING_DIR)  # retirements a kill cut short
         self.items = ItemStore(root / "items", per_chat=scoped, read_only=read_only)
         self.retriever = Retriever(self.items)
         self.recaller = Recaller(self.items, count_tokens, max_message_tokens=settings.max_message_tokens)
@@ -151,7 +153,7 @@ class MemoryService:
             self.archive,
             self.consolidator,
             self.items,
-            PendingConsolidations(root / PENDING_DIR),
+            self.pending,
             self._upkeep,
             settings,
             lazy=self._recorder.lazy,
@@ -188,10 +190,11 @@ class MemoryService:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, *, resume: bool = True) -> None:
         """Create ``memory/`` (0700), tighten file modes to 0600, and load the item layers; the running
-        bot then resumes, in the background, the consolidations a kill cut short. Read-only: only the
-        loads (see the module doc)."""
+        bot then resumes, in the background, the consolidations a kill cut short (``resume=False``: at
+        :meth:`resume`, once the chats that moved took their records along: bot/session_moves.py).
+        Read-only: only the loads (see the module doc)."""
         if self.read_only:
             await self._start_read_only()
             return
@@ -224,6 +227,11 @@ class MemoryService:
             # What has no vector yet (a new model, items imported beside the bot) is embedded in the
             # background; the bot answers meanwhile with what it has.
             self.vectors.submit(i for i in self.items.items() if embeddable(i))
+        if resume:
+            await self.resume()
+
+    async def resume(self) -> None:
+        """Resume, in the background, the consolidations a kill cut short (the running bot only)."""
         if self._rewrites_logs:  # not an operator command: it would consolidate behind the bot's back
             await self._retirement.resume()
 

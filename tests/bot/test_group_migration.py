@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.domain import InboundMessage, Message, Role, Session
+from bot.domain import InboundMessage, Message, Role, Session, utcnow
 from bot.inbox import Inbox
 from bot.memory.item_store import ItemStore
+from bot.memory.pending import PendingConsolidations
 from bot.outbox import PendingReply
 from bot.session_moves import MOVES_FILE, carry_moves, record_move
 from bot.session_names import encode_id
@@ -200,3 +201,45 @@ async def test_a_turn_a_kill_cut_in_the_group_does_not_run_its_tool_calls_again_
     pending = await Inbox(inbox_dir).load_pending()
     assert [(e.message.session_id, e.message.message_id) for e in pending] == [(new, "5")]
     assert await ToolJournal.of(state).made(new, "5") == {call: "Appended."}
+
+
+FACT = "User flies to Lisbon on May 3rd"
+CONSOLIDATION = json.dumps(
+    {
+        "history_entry": "We planned the Lisbon trip.",
+        "memory_update": f"- {FACT}\n",
+        "items": [{"type": "fact", "content": FACT, "confidence": 0.9}],
+    }
+)
+
+
+async def test_a_consolidation_a_kill_cut_in_the_group_is_finished_as_the_supergroups(tmp_path: Path) -> None:
+    """The group's retirement was recorded, and a kill came before its consolidation: resumed at the
+    start, it was started before the move was carried, and what it wrote after named the old id (the
+    fact out of the supergroup's recall, a MEMORY.md in a folder no chat reads)."""
+    workspace = tmp_path / "ws"
+    old, new = f"telegram:{OLD}", f"telegram:{NEW}"
+    talk = [Message(Role.USER if i % 2 == 0 else Role.ASSISTANT, f"Lisbon trip, part {i}") for i in range(4)]
+    pending = workspace / "memory" / "pending"
+    await asyncio.to_thread(pending.mkdir, parents=True)
+    await PendingConsolidations(pending).add(old, talk, utcnow())
+    await asyncio.to_thread((workspace / "state").mkdir)
+    await record_move(workspace / "state", old, new)
+    answered = asyncio.Event()
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        llm.script(FakeReply(text=CONSOLIDATION, hold=answered))
+        async with membot_run(workspace, llm, **group_env(tg, NEW)) as service:
+            answered.set()  # (once the start is over: the move was carried by then)
+            async with asyncio.timeout(30):
+                while list(pending.iterdir()):
+                    await asyncio.sleep(0.02)
+            await stop(service)
+    items = ItemStore(workspace / "memory" / "items", per_chat=True)
+    await items.load()
+    assert {ref.session_id for item in items.items() if item.content == FACT for ref in item.references} == {
+        new
+    }
+    chats = workspace / "memory" / "chats"
+    assert not (chats / encode_id(old)).exists()
+    assert FACT in (chats / encode_id(new) / "MEMORY.md").read_text()
+    assert not (workspace / "memory" / "archive" / f"{encode_id(old)}.jsonl").exists()
