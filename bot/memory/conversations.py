@@ -3,7 +3,7 @@
 A conversation is the run of messages an item was said in (:func:`conversation_of`). An answer often
 shares no word with the question, while the conversation it was said in does: ranking conversations
 first and turns within them finds it by where it was said. Two ways, both off by default
-(``Weights.conversation`` and ``Weights.session_rank`` in weights.py; README, "Memory recall", has
+(``Weights.conversation`` and ``Weights.session_rank`` in weights.py; bench/RESULTS.md, "Memory recall", has
 what each measured):
 
 - a blend (:func:`conversation_scores`): each turn's words mixed with its conversation's words;

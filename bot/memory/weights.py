@@ -42,12 +42,12 @@ class Weights:
     # Sessions as units, in two stages (conversations.py): the score a turn of one of the ``session_top``
     # best conversations gains, ``session_rank`` for the best, times (k + 1) / (k + rank) with
     # ``session_rank_k`` (60: nearly alike for the five); a conversation is ranked by its
-    # ``session_turns`` best turns. 0: off. Measured in README, "Memory recall".
+    # ``session_turns`` best turns. 0: off. Measured in bench/RESULTS.md, "Memory recall".
     session_rank: float = 0.05
     session_rank_k: int = 60
     session_top: int = 5
     session_turns: int = 3
     # 0: the second hop adds its scores, scaled to the first's; k > 0: reciprocal-rank fusion, 1 / (k +
-    # rank) from each hop, the second's times ``hop``. Measured no better (README, "Memory recall").
+    # rank) from each hop, the second's times ``hop``. Measured no better (bench/RESULTS.md, "Memory recall").
     hop_fusion_k: int = 0
     candidates: int = 300  # best lexical matches looked at per query, at any memory size
