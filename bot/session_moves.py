@@ -45,6 +45,7 @@ import structlog
 from bot import damaged, inbox_file
 from bot.damaged import UNREADABLE
 from bot.domain import Session
+from bot.errors import ConfigError, StorageError
 from bot.outbox import PendingReply
 from bot.session_names import encode_id
 from bot.sessions import JsonSessionStore
@@ -86,18 +87,27 @@ async def carry_moves(
     state_dir: Path, store: JsonSessionStore, memory: MemoryService | None, *, inbox_dir: Path
 ) -> None:
     """Carry every recorded move (see the module doc); call at the start, before sessions are used and
-    before the inbox in ``inbox_dir`` is loaded."""
+    before the inbox in ``inbox_dir`` is loaded. A write a full or read-only disk refuses stops the
+    start with a :class:`ConfigError` naming the place and the fix; the move waits for the next."""
     path = state_dir / MOVES_FILE
     moves = await asyncio.to_thread(_read, path)
     from bot.tools import ToolJournal  # (here: the channel that records moves needs no tools)
 
     journal = ToolJournal.of(state_dir)
     for old, new in moves.items():
-        if memory is not None:
-            await _move_memory(memory, old, new)
-        await _move_session(store, old, new)
-        await _move_files(journal.path_for(old), journal.path_for(new), old, new)
-        await asyncio.to_thread(_move_inbox, inbox_dir, old, new)
+        where = state_dir  # (what the step below writes, for the error: a write's own names no file)
+        try:
+            if memory is not None:
+                where = memory.root
+                await _move_memory(memory, old, new)
+            where = store.directory
+            await _move_session(store, old, new)
+            where = journal.path_for(new).parent
+            await _move_files(journal.path_for(old), journal.path_for(new), old, new)
+            where = inbox_dir
+            await asyncio.to_thread(_move_inbox, inbox_dir, old, new)
+        except (OSError, StorageError) as exc:
+            raise _cannot_move(path, old, new, where, exc) from exc
         log.info("session_moved", old_session=old, new_session=new)
     if moves:
 
@@ -105,7 +115,22 @@ async def carry_moves(
             left = {k: v for k, v in _read(path).items() if moves.get(k) != v}
             atomic_write_text(path, json.dumps(left, indent=1))
 
-        await asyncio.to_thread(forget)
+        try:
+            await asyncio.to_thread(forget)
+        except OSError as exc:  # every move is made: the next start finds each done and changes nothing
+            log.warning("session_moves_not_forgotten", path=str(path), error=exc.strerror or str(exc))
+
+
+def _cannot_move(path: Path, old: str, new: str, where: Path, exc: OSError | StorageError) -> ConfigError:
+    """The start's error for a move a full or read-only disk refused: what, where, the fix, and that it
+    waits. Nothing is lost: every step is safe to do again and the move stays in ``path`` until all are
+    done, so the next start carries it (a ConfigError: restarting before the fix fails the same way)."""
+    said = str(exc) if isinstance(exc, StorageError) else f"{exc.filename or where}: {exc.strerror or exc}"
+    return ConfigError(
+        f"cannot move chat {old} to {new} (a Telegram group that became a supergroup) at the start: "
+        f"{said}. Free disk space there or let membot's user write to it, then start membot again; "
+        f"nothing is lost: the move stays recorded in {path} and is finished at the next start."
+    )
 
 
 async def _move_memory(memory: MemoryService, old: str, new: str) -> None:

@@ -21,6 +21,7 @@ from bot.session_moves import MOVES_FILE, carry_moves, record_move
 from bot.session_names import encode_id
 from bot.sessions import JsonSessionStore
 from bot.tools import ToolJournal
+from tests.bot.cli.membot_process import run_membot
 from tests.bot.membot_service import membot_run, stored, telegram_env, wait_in_flight
 from tests.bot.test_crash_recovery import stop, wait_answer
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
@@ -243,3 +244,45 @@ async def test_a_consolidation_a_kill_cut_in_the_group_is_finished_as_the_superg
     assert not (chats / encode_id(old)).exists()
     assert FACT in (chats / encode_id(new) / "MEMORY.md").read_text()
     assert not (workspace / "memory" / "archive" / f"{encode_id(old)}.jsonl").exists()
+
+
+async def test_a_move_a_full_disk_refuses_stops_the_start_with_the_fix_and_waits_for_the_next(
+    tmp_path: Path,
+) -> None:
+    """A write of the move refused (here every write past 16 KiB of a file, as a full disk refuses it):
+    ``membot run`` ended with a bare ``error: File too large`` (no file named, no JSON line, exit 1,
+    which the systemd unit restarts into the same failure). Now it is the start's error, exit 78, with
+    the place and the fix; the move stays recorded, and a start that can write finishes it."""
+    workspace = tmp_path / "ws"
+    old, new = f"telegram:{OLD}", f"telegram:{NEW}"
+    long = "the long message " * 4000  # (68 KB: its move is one write past the limit)
+    inbox = Inbox(workspace / "inbox")
+    await inbox.load_pending()
+    _, durable = inbox.add(InboundMessage("telegram", str(OLD), "42", long, message_id="5", is_group=True))
+    await durable
+    await record_move(workspace / "state", old, new)
+    old_file = inbox.file(old)
+    lines = old_file.read_bytes()
+    env = {
+        "HOME": str(tmp_path),
+        "MEMBOT_WORKSPACE": str(workspace),
+        "MEMBOT_LOG_FORMAT": "json",
+        "MEMBOT_LLM__OPENAI__API_KEY": "sk-x",
+        "MEMBOT_TERMINAL__ENABLED": "true",
+    }
+
+    result = await asyncio.to_thread(run_membot, "run", env=env, cwd=tmp_path, max_file_bytes=16 * 1024)
+
+    assert result.returncode == 78, result.stderr
+    last = json.loads(result.stderr.splitlines()[-1])
+    assert last["event"] == "membot_start_failed" and "Traceback" not in result.stderr, result.stderr
+    error = str(last["error"])
+    assert f"cannot move chat {old} to {new}" in error and str(workspace / "inbox") in error, error
+    assert "Free disk space" in error and str(workspace / "state" / MOVES_FILE) in error, error
+    assert old_file.read_bytes() == lines  # nothing lost, nothing moved half
+    assert json.loads((workspace / "state" / MOVES_FILE).read_text()) == {old: new}
+    await carry_moves(
+        workspace / "state", JsonSessionStore(workspace / "sessions"), None, inbox_dir=workspace / "inbox"
+    )
+    pending = await Inbox(workspace / "inbox").load_pending()
+    assert [(e.message.session_id, e.message.text) for e in pending] == [(new, long)]
