@@ -11,13 +11,16 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Protocol
 
 import httpx
+import structlog
 
-from bot.errors import LLMUnavailable
+from bot.errors import LLMTimeout, LLMUnavailable
 from bot.llm import anthropic, openai
 from bot.llm.answer import Quiet, Target, parse, read_whole, readable, too_large
 from bot.llm.limits import MAX_STREAMED_CALLS, MAX_STREAMED_CHARS, MiB
 from bot.llm.sse import SSETooLarge, SSEvent, iter_lines, iter_sse
 from bot.llm.types import ChatResponse, StreamEvent
+
+log = structlog.get_logger(__name__)
 
 
 class _Decoder(Protocol):
@@ -40,8 +43,10 @@ async def stream_answer(
 ) -> AsyncGenerator[StreamEvent, None]:
     """Yield ``text`` and ``tool_call`` deltas as they arrive, then one ``done`` event with the whole answer.
 
-    A silence longer than ``idle`` seconds is LLMTimeout, and so is an answer sent whole (not as
-    events) that takes longer than ``whole`` seconds; an answer past the limits of limits.py is
+    A silence longer than ``idle`` seconds is LLMTimeout (a read timeout too), unless the answer is
+    complete by then (the decoder's ``complete``: a stop reason, every block closed) and only its end
+    marker is missing: that answer is taken and logged. An answer sent whole (not as events) that
+    takes longer than ``whole`` seconds is LLMTimeout; an answer past the limits of limits.py is
     LLMBadResponse; a stream that ends before the answer is complete is LLMUnavailable, also when it
     ends in the middle of an event (half a JSON chunk: a connection or a proxy that gave up, which
     another try may not meet, not a server that writes malformed JSON). The ``done``
@@ -66,21 +71,29 @@ async def stream_answer(
         # progress: only events that carry something count, or a hung answer stayed open until the
         # turn's deadline.
         found = Quiet(_events(iter_sse(lines), target), None, target)
-        async for sse in found:
-            if _cut_short(sse):
-                break  # the body ended in the middle of this event: the answer is incomplete (below)
-            with readable(target):
-                events = list(decoder.feed(sse))
-            if decoder.size > MAX_STREAMED_CHARS:
-                raise too_large(target, f"over {MAX_STREAMED_CHARS // MiB} Mi characters")
-            if decoder.calls > MAX_STREAMED_CALLS:
-                raise too_large(target, f"over {MAX_STREAMED_CALLS} tool calls")
-            if events:
-                found.idle = idle
-            for event in events:
-                yield event
-            if decoder.done:
-                break
+        try:
+            async for sse in found:
+                if _cut_short(sse):
+                    break  # the body ended in the middle of this event: the answer is incomplete (below)
+                with readable(target):
+                    events = list(decoder.feed(sse))
+                if decoder.size > MAX_STREAMED_CHARS:
+                    raise too_large(target, f"over {MAX_STREAMED_CHARS // MiB} Mi characters")
+                if decoder.calls > MAX_STREAMED_CALLS:
+                    raise too_large(target, f"over {MAX_STREAMED_CALLS} tool calls")
+                if events:
+                    found.idle = idle
+                for event in events:
+                    yield event
+                if decoder.done:
+                    break
+        except (LLMTimeout, httpx.TimeoutException):
+            if not decoder.complete:
+                raise
+            # Whole (a stop reason, every block closed), then only silence: a server or a proxy that
+            # holds the connection open instead of sending the end. Taken, not asked for again and
+            # paid twice.
+            log.warning("llm_stream_silent_after_its_end", model=target.model, server=target.where)
         if not decoder.complete:
             raise LLMUnavailable(
                 f"{target.where} ended the stream before the answer was complete", model=target.model

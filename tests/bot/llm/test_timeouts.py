@@ -10,11 +10,13 @@ import asyncio
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from bot.domain import Message, Role
 from bot.errors import LLMTimeout
 from bot.llm import ChatRequest, ChatResponse, LLMClient
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
+from tests.fakes.llm_wire import pieces
 
 both = pytest.mark.parametrize("api", ["openai", "anthropic"])
 HUNG = 60.0  # how long the fake hangs; every test must finish long before
@@ -59,6 +61,47 @@ async def test_a_stream_that_goes_silent_midway_fails_after_the_idle_limit(
             async for event in llm.stream(ask()):
                 shown += event.text
     assert shown  # part of the answer was shown, so it is not tried again
+    assert len(server.requests) == 1
+
+
+@both
+async def test_an_answer_whole_before_a_silence_is_taken_at_the_idle_limit(
+    make_client: Any, server: FakeLLMServer, api: str
+) -> None:
+    """Anthropic's ``message_delta`` (the stop reason) came, every block closed, then silence, not
+    ``message_stop``, as a proxy that holds the connection sends it: the whole answer was thrown away at
+    the idle limit and asked for again (paid twice). It is taken there, and logged. (OpenAI: the finish
+    reason and the usage came, then silence, not ``[DONE]``.)"""
+    llm, sleeps = make_client(api, **FAST)
+    answer = "the whole answer, every word of it"
+    if api == "anthropic":  # message_start, ping, block start, the deltas, block stop, message_delta
+        before_end, end = 3 + len(pieces(answer)) + 2, "llm_stream_without_message_stop"
+    else:  # the role chunk, the deltas, the finish reason, the usage
+        before_end, end = 1 + len(pieces(answer)) + 2, None
+    server.script(
+        FakeReply(text=answer, usage=(20, 7), stall_after=before_end, stall=HUNG), FakeReply(text="twice")
+    )
+    async with asyncio.timeout(10):
+        with capture_logs() as logs:
+            text, final = await streamed(llm, ask())
+    assert text == answer and final is not None and final.content == answer
+    assert final.stop_reason in ("end_turn", "stop") and final.usage.output_tokens == 7
+    assert len(server.requests) == 1 and sleeps.calls == []
+    warned = [e["event"] for e in logs if e["log_level"] == "warning"]
+    assert warned == ["llm_stream_silent_after_its_end", *([end] if end else [])]
+
+
+async def test_a_silence_before_the_stop_reason_is_still_a_timeout(
+    make_client: Any, server: FakeLLMServer
+) -> None:
+    """Every block closed but no ``message_delta`` yet: nothing says the answer is whole."""
+    llm, _ = make_client("anthropic", **FAST)
+    answer = "an answer that may go on"
+    before_delta = 3 + len(pieces(answer)) + 1
+    server.script(FakeReply(text=answer, stall_after=before_delta, stall=HUNG))
+    async with asyncio.timeout(10):
+        with pytest.raises(LLMTimeout, match=r"went silent for 0\.3 s"):
+            await streamed(llm, ask())
     assert len(server.requests) == 1
 
 
