@@ -13,6 +13,7 @@ from rich.table import Table
 from bot.cli.root import (
     EXIT_CONFIG,
     EXIT_IN_USE,
+    EXIT_IO,
     app,
     console,
     exit_code,
@@ -33,6 +34,8 @@ _START_HINTS = {
     "checks them all); a restart alone cannot fix it",
     EXIT_IN_USE: "another process holds it: stop that one, or wait until it has stopped (a restart will "
     "try again)",
+    EXIT_IO: "the disk refused a workspace file the error names: free space or fix its permissions (a "
+    "restart will try again)",
 }
 
 
@@ -41,8 +44,9 @@ def run(ctx: typer.Context) -> None:
     """Start every configured channel (Telegram, Discord, terminal) and serve until stopped.
 
     Exit status: 0 after SIGTERM or SIGINT; 1 when a channel failed (lifecycle.on_channel_failure);
-    75 when another process holds the workspace or the admin port (try again later); 78 when a setting
-    or file is wrong (the message names it; restarting will not help). With JSON logs (log_format json,
+    74 when a workspace file cannot be read or written (the message names it); 75 when another process
+    holds the workspace or the admin port (try again later); 78 when a setting or file is wrong (the
+    message names it; restarting will not help). With JSON logs (log_format json,
     or auto off a terminal) an error that stops the start is a JSON log line too.
     """
     from bot.serve import run_service

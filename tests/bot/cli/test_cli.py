@@ -332,3 +332,18 @@ def test_a_misspelled_variable_in_the_dotenv_names_the_variable_it_meant(
         "(rename it or remove it from .env)"
     ) in result.stderr
     assert "123:abc" not in result.stderr
+
+
+def test_a_file_the_disk_refuses_exits_74_not_a_usage_error(tmp_path: Path) -> None:
+    """A StorageError exited 2, click's status for a mistyped command line, so a script could not tell
+    "you typed it wrong" from "the disk refused". Now it is 74 (EX_IOERR); a wrong code stays 2."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    code = PairingStore(ws / PAIRING_FILE).request_sync("telegram", "42", "Ada")
+    assert code is not None
+    env = {"HOME": str(tmp_path), "MEMBOT_WORKSPACE": str(ws), "COLUMNS": "160"}
+    refused = membot("pairing", "approve", code, env=env, cwd=tmp_path, max_file_bytes=16)
+    assert refused.returncode == 74, refused.stderr
+    assert f"cannot write {ws / PAIRING_FILE}" in refused.stderr and "Traceback" not in refused.stderr
+    mistyped = membot("pairing", "approve", "NOPE", env=env, cwd=tmp_path)
+    assert mistyped.returncode == 2, mistyped.stderr
