@@ -151,14 +151,32 @@ class WaitRecords:
 
     async def _write(self) -> None:
         async with self._lock:  # the snapshot is taken inside: the last write holds the newest state
-            data = {
-                sid: {"since": r.since.isoformat(), "entries": sorted(r.entries)}
-                for sid, r in self._records.items()
-            }
+            data = _dump(self._records)
             try:
-                await asyncio.to_thread(atomic_write_text, self._path, json.dumps(data) + "\n")
+                await asyncio.to_thread(atomic_write_text, self._path, data)
             except (StorageError, OSError) as exc:
                 log.error("model_wait_state_not_saved", path=str(self._path), error=str(exc))
+
+
+def move_record(path: Path, old: str, new: str) -> bool:
+    """Chat ``old``'s wait on disk made ``new``'s, for a chat whose id changed (bot/session_moves.py, at
+    the start, before :meth:`WaitRecords.load`; blocking). Left under the old id, the start ended it as
+    answered and the moved messages' first failed try began a new wait: a second notice for the same
+    messages, and ``model_retry_max_age`` counted again. False when ``new`` waits too (both are left:
+    the new chat's goes on, the old one's ends at the start). Safe to repeat: a done move finds no ``old``."""
+    records = _read(path)
+    if old not in records:
+        return True
+    if new in records:
+        return False
+    records[new] = records.pop(old)
+    atomic_write_text(path, _dump(records))
+    return True
+
+
+def _dump(records: dict[str, WaitRecord]) -> str:
+    data = {sid: {"since": r.since.isoformat(), "entries": sorted(r.entries)} for sid, r in records.items()}
+    return json.dumps(data) + "\n"
 
 
 def _read(path: Path) -> dict[str, WaitRecord]:

@@ -25,6 +25,9 @@ What moves, each step safe to do again after a kill (the move stays recorded unt
   unsent, written into the new id's file ahead of what it holds (one atomic write: a repeat finds their
   ids there and writes nothing), then the old file removed. Left behind, they were answered or sent
   again to the old id, which Telegram refuses for good after the upgrade.
+- the chat's wait for the model (bot/model_wait.py, ``state/model_wait.json``): its record under the
+  new id, after the inbox, so the start goes on with the same wait for the moved messages (no second
+  notice, the same max age) rather than ending it as answered.
 
 Never one side lost: when the new id has a session (or a memory folder) of its own already, as where
 ``allowed_groups`` admits every group and the supergroup was answered before the restart, both are
@@ -106,6 +109,8 @@ async def carry_moves(
             await _move_files(journal.path_for(old), journal.path_for(new), old, new)
             where = inbox_dir
             await asyncio.to_thread(_move_inbox, inbox_dir, old, new)
+            where = state_dir
+            await _move_wait(state_dir, old, new)
         except (OSError, StorageError) as exc:
             raise _cannot_move(path, old, new, where, exc) from exc
         log.info("session_moved", old_session=old, new_session=new)
@@ -242,6 +247,20 @@ def _move_inbox(directory: Path, old: str, new: str) -> None:
     before.unlink()
     if lines:
         log.info("session_inbox_moved", old_session=old, new_session=new, lines=len(lines))
+
+
+async def _move_wait(state_dir: Path, old: str, new: str) -> None:
+    from bot.model_wait import WAIT_FILE, move_record  # (here: the channel needs no pipeline)
+
+    path = state_dir / WAIT_FILE
+    if not await asyncio.to_thread(move_record, path, old, new):
+        log.warning(
+            "session_move_conflict",
+            old_session=old,
+            new_session=new,
+            kept=str(path),
+            reason="the new chat waits for the model too: its wait goes on, with the old chat's messages",
+        )
 
 
 def _moved(reply: PendingReply, channel: str, chat: str) -> PendingReply:

@@ -16,6 +16,7 @@ from bot.domain import InboundMessage, Message, Role, Session, utcnow
 from bot.inbox import Inbox
 from bot.memory.item_store import ItemStore
 from bot.memory.pending import PendingConsolidations
+from bot.model_wait import WAIT_FILE, WaitRecords
 from bot.outbox import PendingReply
 from bot.session_moves import MOVES_FILE, carry_moves, record_move
 from bot.session_names import encode_id
@@ -286,3 +287,29 @@ async def test_a_move_a_full_disk_refuses_stops_the_start_with_the_fix_and_waits
     )
     pending = await Inbox(workspace / "inbox").load_pending()
     assert [(e.message.session_id, e.message.text) for e in pending] == [(new, long)]
+
+
+async def test_a_wait_for_the_model_moves_once_and_a_new_chats_own_is_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The old chat's wait record is the new id's (a repeat after a kill changes nothing); where the new
+    chat waits too, both records are left and the conflict logged."""
+    caplog.set_level(logging.WARNING)
+    store, state = JsonSessionStore(tmp_path / "sessions"), tmp_path / "state"
+    waits = WaitRecords(state / WAIT_FILE)
+    await waits.begin("telegram:-1", ["e1"])
+    await waits.begin("telegram:-2", ["e2"])
+    await waits.begin("telegram:-1002", ["e3"])
+    await record_move(state, "telegram:-1", "telegram:-1001")
+    await record_move(state, "telegram:-2", "telegram:-1002")
+    for _ in range(2):  # (the second: as a start after a kill before the moves were forgotten)
+        await carry_moves(state, store, None, inbox_dir=tmp_path / "inbox")
+        await record_move(state, "telegram:-1", "telegram:-1001")
+    records = await WaitRecords(state / WAIT_FILE).load()
+    assert {sid: set(r.entries) for sid, r in records.items()} == {
+        "telegram:-1001": {"e1"},
+        "telegram:-2": {"e2"},
+        "telegram:-1002": {"e3"},
+    }
+    conflicts = [r.msg for r in caplog.records if isinstance(r.msg, dict)]
+    assert [m["old_session"] for m in conflicts if m["event"] == "session_move_conflict"] == ["telegram:-2"]

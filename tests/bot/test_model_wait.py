@@ -21,6 +21,8 @@ from bot.catalog import ModelCatalog
 from bot.domain import InboundMessage, Role
 from bot.inbox import Inbox
 from bot.model_wait import NOTICE, WAIT_FILE
+from bot.session_moves import carry_moves, record_move
+from bot.sessions import JsonSessionStore
 from bot.tokens import TokenCounter
 from tests.bot.commands.test_session import MODEL, SID, Bot, wait_until
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
@@ -460,3 +462,25 @@ async def test_a_damaged_wait_file_costs_only_a_second_notice(
         [told] = await after.channel.wait_for(1)
         assert told.text == NOTICE
         assert [p.name for p in state.iterdir() if p.name.startswith(f"{WAIT_FILE}.damaged-")]
+
+
+async def test_a_chat_whose_id_changed_while_it_waited_is_not_told_again(
+    server: FakeLLMServer, tmp_path: Path, bot_on: Callable[..., Bot]
+) -> None:
+    """A Telegram group upgraded to a supergroup while it waited for the model: the start moves its
+    messages to the new id (bot/session_moves.py). The wait record stayed under the old id, so the start
+    ended it as answered and the first failed try told the chat a second time about the same messages."""
+    model = Model(server)
+    async with bot_on(dispatcher=PATIENT) as before:
+        assert await before.say("hello?") == NOTICE
+    state = tmp_path / "state"
+    await record_move(state, SID, "test:c2")
+    await carry_moves(state, JsonSessionStore(tmp_path / "sessions"), None, inbox_dir=tmp_path / "inbox")
+    async with bot_on(dispatcher=QUICK) as after:
+        assert await after.dispatcher.recover() == 1
+        await wait_until(lambda: len(server.requests) >= 4)  # tried again after the start, still down
+        assert texts(after) == []
+        model.down = False
+        [answer] = await after.channel.wait_for(1)
+        assert (answer.chat_id, answer.text) == ("c2", "echo: hello?")
+        await inbox_done(tmp_path)
