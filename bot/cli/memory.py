@@ -72,8 +72,8 @@ def show(
     ] = None,
     query: Annotated[str | None, typer.Option(help="Pretend the user just said this.")] = None,
 ) -> None:
-    """Print the system prompt the model would see next, memory included (found by its words only:
-    no embedding model is loaded here). Reads only: safe beside a running bot."""
+    """Print the system prompt the model would see next, memory included (found as the bot finds it, by
+    its words and by its meaning, as `search` does). Reads only: safe beside a running bot."""
     from bot.errors import StorageError
     from bot.memory import operator as ops
     from bot.sessions import JsonSessionStore
@@ -95,9 +95,9 @@ def show(
             service, settings.system_prompt, history, query, session_id=session or ""
         )
 
-    prompt = _run(settings, work)
-    if settings.memory.embeddings != "none":  # the bot's pack may differ: it adds what the meaning finds
-        err_console.print("(memory found by its words only: the bot also searches by meaning)")
+    prompt, note = _run_finding(settings, work, session_id=session or "")
+    if note:
+        err_console.print(f"({note})")
     console.print(printable(prompt), markup=False, highlight=False, soft_wrap=True)
 
 
@@ -214,22 +214,14 @@ def search(
     """Search structured memory as the bot does: by its words (BM25 over lemmas) and by its meaning
     (memory.embeddings' model, over the vectors the bot made). Items the bot has not embedded yet are
     found by their words only, and counted. Reads only: safe beside a running bot."""
-    import httpx
-
     from bot.memory import operator as ops
 
     settings = settings_from(ctx)
 
-    async def main() -> tuple[list[ScoredItem], str | None]:
-        async with httpx.AsyncClient() as http:
-            embedder, note = _query_embedder(settings, http)
-            async with _service(settings, read_only=True, embedder=embedder) as service:
-                found = await ops.search(service, query, k=k, session_id=session)
-                if service.vectors is not None:
-                    note = _meaning_note(service.vectors, ops.unembedded(service, session_id=session))
-        return found, note
+    async def work(service: MemoryService) -> list[ScoredItem]:
+        return await ops.search(service, query, k=k, session_id=session)
 
-    found, note = asyncio.run(main())
+    found, note = _run_finding(settings, work, session_id=session)
     if note:
         err_console.print(f"({note})")
     if not found:
@@ -249,6 +241,28 @@ def search(
             end_section=False,
         )
     console.print(table)
+
+
+def _run_finding(
+    settings: Settings, work: Callable[[MemoryService], Awaitable[T]], *, session_id: str | None
+) -> tuple[T, str | None]:
+    """:func:`_run` (read-only) for ``work`` that finds memory as the bot does, by words and by meaning:
+    with the bot's embedding model for the query and its vectors, read as they are. Also returns what the
+    operator should know about the meaning side (the search of ``session_id``), or None."""
+    import httpx
+
+    from bot.memory import operator as ops
+
+    async def main() -> tuple[T, str | None]:
+        async with httpx.AsyncClient() as http:
+            embedder, note = _query_embedder(settings, http)
+            async with _service(settings, read_only=True, embedder=embedder) as service:
+                done = await work(service)
+                if service.vectors is not None:
+                    note = _meaning_note(service.vectors, ops.unembedded(service, session_id=session_id))
+        return done, note
+
+    return asyncio.run(main())
 
 
 def _query_embedder(settings: Settings, http: httpx.AsyncClient) -> tuple[Embedder | None, str | None]:

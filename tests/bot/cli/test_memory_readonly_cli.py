@@ -212,3 +212,16 @@ async def test_the_bots_own_start_still_keeps_the_torn_line_aside_and_mends_the_
     assert not log.read_bytes().endswith(TORN) and log.read_bytes().endswith(b"\n")
     assert (ws / "memory" / "items" / "snapshot.bin").exists()
     assert (ws / "memory" / "MEMORY.md").stat().st_mode & 0o777 == 0o600
+
+
+def test_show_finds_by_meaning_as_the_bot_does_and_says_what_it_could_not(tmp_path: Path) -> None:
+    """`membot memory show` found the memory it prints by its words only, so "my car" left out the
+    Subaru that the bot's own prompt holds; now it finds as `search` does, with the same notes."""
+    ws, _ = bot_is_writing(tmp_path)
+    shown = membot("memory", "show", "--query", "my car", workspace=ws)
+    assert shown.returncode == 0, shown.stderr
+    assert "I drive an old Subaru Outback" in shown.stdout
+    assert re.search(r"\d+ items? ha(?:s|ve) no vector yet", shown.stderr), shown.stderr
+    words_only = membot("memory", "show", "--query", "my car", workspace=ws, MEMBOT_MEMORY__EMBEDDINGS="none")
+    assert words_only.returncode == 0 and "Subaru" not in words_only.stdout
+    assert 'found by words only: memory.embeddings is "none"' in words_only.stderr
