@@ -282,11 +282,14 @@ def _meaning_note(vectors: VectorStore, unembedded: int | None) -> str | None:
     if vectors.query_failure is not None:
         return f"found by words only, as the embedding model gave no vector: {vectors.query_failure}"
     if unembedded:
-        items = "1 item has" if unembedded == 1 else f"{unembedded} items have"
-        return (
-            f"{items} no vector yet, so were found by their words only: the running bot embeds them, "
-            "or run `membot memory reindex`"
-        )
+        if unembedded == 1:
+            said = "1 item has no vector yet, so it is found by its words only: the running bot embeds it"
+        else:
+            said = (
+                f"{unembedded} items have no vector yet, so they are found by their words only: "
+                "the running bot embeds them"
+            )
+        return f"{said}, or run `membot memory reindex`"
     return None
 
 
