@@ -36,6 +36,9 @@ def _ids(value: Any) -> Any:
         for v in value:
             if isinstance(v, str) and v.strip() and not _ID.fullmatch(v.strip()):
                 raise ValueError(_not_an_id(v))
+        # Kept as the platform sends them: an id compared as written (" 42") would match no one.
+        value = [v.strip() if isinstance(v, str) else v for v in value]
+        value = [v for v in value if v != ""]
     return value
 
 

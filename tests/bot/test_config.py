@@ -147,3 +147,13 @@ def test_malformed_toml_and_missing_file_are_clear(tmp_path: Path) -> None:
         load_settings(toml, env_file=None)
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "missing.toml", env_file=None)
+
+
+def test_ids_written_with_spaces_are_kept_as_the_platform_sends_them(tmp_path: Path) -> None:
+    """``[" 42 "]`` admitted user 42 (the channels' allowlists strip) but made no admin: /status compared
+    ``" 42 "`` with the sender's ``"42"``, so the operator never saw the day's cost."""
+    toml = tmp_path / "membot.toml"
+    toml.write_text('[telegram]\nallowed_users = [" 42 ", 7, ""]\n[discord]\nadmin_users = ["  99"]\n')
+    s = load_settings(toml, env_file=None)
+    assert s.telegram.allowed_users == ["42", "7"]
+    assert s.discord.admin_users == ["99"]
