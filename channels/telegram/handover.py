@@ -13,7 +13,8 @@ because a full disk and a bug need opposite treatment:
 - storage (``OSError``, ``StorageError``): wait with backoff and try again, for as long as it takes;
   the outage is logged once, and /healthz names it until no chat's intake waits for storage any more.
   Dropping would lose the message, and a restart could not do better. The chat's later updates wait
-  behind it.
+  behind it; other chats do not: the chat gives its worker back while it waits (a pairing.json only
+  the operator can fix keeps every stranger's chat waiting, and 8 of them stopped the bot).
 - anything else: tried ``max_attempts`` times, then the update is logged and released, so one message
   that cannot be processed does not block its chat's later ones.
 
@@ -92,9 +93,18 @@ class HandOver:
         self._max_attempts = max_attempts
         self._width = width
         self._releases: set[asyncio.Task[None]] = set()
+        self._attempts: dict[int, int] = {}  # update id -> tries so far, of the updates waiting for storage
 
     async def run(self) -> None:
         lanes: Lanes[LaneKey, dict[str, Any]] = Lanes(self._hand_over, width=self._width)
+        try:
+            await self._run(lanes)
+        finally:  # stopped: the updates waiting for storage stay held, and hold the outage no longer
+            for update_id in self._attempts:
+                self._outage.given_up(holder=update_id)
+            self._attempts.clear()
+
+    async def _run(self, lanes: Lanes[LaneKey, dict[str, Any]]) -> None:
         async with asyncio.TaskGroup() as group:  # cancelling run() cancels the lanes: the rest stays held
             group.create_task(lanes.run(), name="telegram-handover-lanes")
             if self._resumed > 0:
@@ -112,9 +122,12 @@ class HandOver:
         if self._releases:
             await asyncio.gather(*self._releases, return_exceptions=True)
 
-    async def _hand_over(self, update: dict[str, Any]) -> None:
+    async def _hand_over(self, update: dict[str, Any]) -> float | None:
+        """Take ``update`` in; the seconds to wait before it is tried again when storage refused it (its
+        lane waits, the worker takes other chats meanwhile), else None."""
         update_id: int = update["update_id"]
-        attempt = 0
+        attempt = self._attempts.pop(update_id, 0)
+        waits = False
         try:
             while True:
                 attempt += 1
@@ -123,24 +136,27 @@ class HandOver:
                 except Exception as exc:
                     if is_storage_error(exc):  # pairing.json on a full disk, say: wait, drop nothing
                         self._outage.failed(exc, holder=update_id)
-                        await asyncio.sleep(self._outage.delay(attempt))
-                        continue
+                        self._attempts[update_id] = attempt
+                        waits = True
+                        return self._outage.delay(attempt)
                     log.exception("telegram_update_failed", update_id=update_id, attempt=attempt)
                     if attempt >= self._max_attempts:
                         log.error("telegram_update_dropped", update_id=update_id, attempts=attempt)
                         await self._journal.release([update_id])
-                        return
+                        return None
                 else:
                     self._outage.recovered(holder=update_id)  # ends unless another chat's write still fails
                     break
         finally:
-            self._outage.given_up(holder=update_id)  # dropped or cancelled: it holds the outage no longer
+            if not waits:  # dropped or cancelled: it holds the outage no longer
+                self._outage.given_up(holder=update_id)
         if queued is None:
             await self._journal.release([update_id])
-            return
+            return None
         task = asyncio.create_task(self._release_when_queued(update_id, queued))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
+        return None
 
     async def _release_when_queued(self, update_id: int, queued: asyncio.Future[None]) -> None:
         try:

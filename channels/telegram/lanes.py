@@ -9,6 +9,11 @@ no task, it waits. A lane exists only while it has items and is dropped when its
 memory follows what waits, not how many chats were ever seen. What waits is bounded by the caller (the
 hand-over puts only updates the journal holds, and the journal holds at most ``held_limit``).
 
+``work`` may say its item must wait (it returns the seconds to wait: storage refused the item's intake,
+say): the item stays first in its lane, the lane's later items behind it, and the worker goes on with
+other lanes meanwhile; the lane is taken up again after the wait. Waiting in the worker, ``width`` chats
+that wait for something only the operator can fix (an unreadable pairing.json) held back every chat.
+
     lanes = Lanes(hand_over, width=8)
     lanes.put(chat_id, update)  # any time, also before run()
     await lanes.run()  # until cancelled; cancelling drops what was not done (in another task: idle())
@@ -25,10 +30,14 @@ K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
 
+Work = Callable[[T], Awaitable[float | None]]
+"""Handles one item: ``None`` when it is done, or the seconds to wait before it is handed in again."""
+
+
 class Lanes(Generic[K, T]):
     """``work`` applied to every item put, in order per key, at most ``width`` items at once."""
 
-    def __init__(self, work: Callable[[T], Awaitable[None]], *, width: int) -> None:
+    def __init__(self, work: Work[T], *, width: int) -> None:
         if width < 1:
             raise ValueError(f"width must be at least 1, not {width}")
         self._work = work
@@ -66,9 +75,15 @@ class Lanes(Generic[K, T]):
         while True:
             key = await self._ready.get()
             lane = self._lanes[key]
+            wait = None
             while lane:
-                await self._work(lane[0])
+                wait = await self._work(lane[0])
+                if wait is not None:  # the item stays first; its lane comes back after the wait
+                    asyncio.get_running_loop().call_later(wait, self._ready.put_nowait, key)
+                    break
                 lane.popleft()  # only now: an item put meanwhile found the lane open and waits behind it
+            if wait is not None:
+                continue
             del self._lanes[key]  # no await since the lane ran empty: nothing was put in between
             if not self._lanes:
                 self._idle.set()

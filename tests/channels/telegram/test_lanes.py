@@ -109,3 +109,29 @@ async def test_cancelling_run_cancels_the_items_being_worked_on() -> None:
         await settle()
         assert gates.running == 1
     assert gates.running == 0 and gates.done == []  # neither a1 nor a2 done: the caller keeps them
+
+
+async def test_an_item_that_must_wait_gives_its_worker_to_other_keys_and_keeps_its_place() -> None:
+    """One worker: ``a1`` says "again in a moment" until it can be done; meanwhile ``b`` is worked on,
+    ``a2`` waits behind ``a1``, and ``a1`` is handed in again, in order, once its wait is over."""
+    ready = asyncio.Event()
+    tries: list[str] = []
+    done: list[str] = []
+
+    async def work(item: str) -> float | None:
+        tries.append(item)
+        if item == "a1" and not ready.is_set():
+            return 0.0
+        done.append(item)
+        return None
+
+    lanes: Lanes[str, str] = Lanes(work, width=1)
+    async with running(lanes):
+        lanes.put("a", "a1")
+        lanes.put("a", "a2")
+        lanes.put("b", "b1")
+        await settle()
+        assert "b1" in done and "a2" not in tries  # the only worker was free for b; a2 stays behind a1
+        ready.set()
+        await lanes.idle()
+    assert done == ["b1", "a1", "a2"]

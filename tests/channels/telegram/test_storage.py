@@ -153,3 +153,24 @@ async def test_the_health_check_clears_once_an_intake_storage_refused_goes_throu
         assert channel.health.storage_errors == {}
     [recovered] = logged(caplog, "storage_recovered")
     assert recovered["what"] == "taking Telegram messages in"
+
+
+async def test_chats_waiting_for_an_unreadable_pairing_file_hold_back_no_other_chat(tmp_path: Path) -> None:
+    """A pairing.json this membot refuses (a newer one's, after a rollback) stays so until the operator
+    acts: every stranger's and paired user's private message waits for it. Each waiting chat held one of
+    the hand-over's 8 workers while it waited, so 8 of them stopped the bot for everyone, the users in
+    the allowlists (whom the refusal says it does not affect) and the groups included."""
+    workspace, state = tmp_path / "ws", tmp_path / "state"
+    workspace.mkdir()
+    (workspace / "pairing.json").write_text('{"version": 99, "pending": [], "approved": []}')
+    async with FakeTelegramServer() as tg, running_channel(tg, workspace, state_dir=state) as (channel, sink):
+        for n in range(1, 11):  # more waiting chats than workers
+            tg.push_message(f"let me in {n}", chat_id=1000 + n, user_id=1000 + n, first_name="Stranger")
+        tg.push_message("the owner, allowlisted")  # user 42, in a private chat
+        [taken] = await sink.wait_for(1)
+        assert taken.text == "the owner, allowlisted"
+        assert "taking Telegram messages in" in channel.health.storage_errors  # the strangers still wait
+        (workspace / "pairing.json").write_text('{"version": 1, "pending": [], "approved": []}')
+        strangers = [1000 + n for n in range(1, 11)]
+        await tg.wait_for(lambda: all(tg.sent_to(chat) for chat in strangers))  # then each gets the offer
+        assert [len(tg.sent_to(chat)) for chat in strangers] == [1] * 10
