@@ -27,7 +27,10 @@ every chat's new messages at that start). Then ``resumed_done`` is called: the c
 paste they make at once, so a message that arrives after the start is never joined to them. The
 dispatcher may have them already (a kill between its inbox's fsync and the journal's release) and knows
 a joined message by its first update's message id: a new message joined in would be dropped with the
-redelivery.
+redelivery. One that waits for storage counts as taken in here (a pairing.json only the operator can
+fix kept every chat's new messages out after a restart, for as long as it stayed so); its chat's new
+messages wait behind it in its lane, and once it is taken in, ``resumed_done`` is called again, so it
+is handed on by itself.
 """
 
 from __future__ import annotations
@@ -94,6 +97,10 @@ class HandOver:
         self._width = width
         self._releases: set[asyncio.Task[None]] = set()
         self._attempts: dict[int, int] = {}  # update id -> tries so far, of the updates waiting for storage
+        self._untried: set[int] = set()  # updates of an earlier run not tried yet
+        self._tried = asyncio.Event()  # set once none is left
+        self._late: set[int] = set()  # updates of an earlier run not taken in yet
+        self._cut = False  # resumed_done was called
 
     async def run(self) -> None:
         lanes: Lanes[LaneKey, dict[str, Any]] = Lanes(self._hand_over, width=self._width)
@@ -108,11 +115,15 @@ class HandOver:
         async with asyncio.TaskGroup() as group:  # cancelling run() cancels the lanes: the rest stays held
             group.create_task(lanes.run(), name="telegram-handover-lanes")
             if self._resumed > 0:
-                for _ in range(self._resumed):
-                    update = dict(await self._journal.next())
+                resumed = [dict(await self._journal.next()) for _ in range(self._resumed)]
+                self._untried = {update["update_id"] for update in resumed}
+                self._late = set(self._untried)
+                for update in resumed:
                     lanes.put(lane_of(update), update)
-                await lanes.idle()  # all taken in; only then the updates that arrived after the start
+                # All taken in (or waiting for storage); only then the updates that arrived after the start
+                await self._tried.wait()
                 self._resumed_done()
+                self._cut = True
             while True:
                 update = dict(await self._journal.next())
                 lanes.put(lane_of(update), update)
@@ -150,6 +161,13 @@ class HandOver:
         finally:
             if not waits:  # dropped or cancelled: it holds the outage no longer
                 self._outage.given_up(holder=update_id)
+            self._untried.discard(update_id)
+            if not self._untried:
+                self._tried.set()
+        if update_id in self._late:
+            self._late.discard(update_id)
+            if self._cut:  # taken in after the start's cut: handed on by itself (see the module doc)
+                self._resumed_done()
         if queued is None:
             await self._journal.release([update_id])
             return None

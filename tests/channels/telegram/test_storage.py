@@ -10,6 +10,7 @@ and, in the last tests, the real core (dispatcher, inbox, sessions, pipeline) ag
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,50 @@ async def test_chats_waiting_for_an_unreadable_pairing_file_hold_back_no_other_c
         strangers = [1000 + n for n in range(1, 11)]
         await tg.wait_for(lambda: all(tg.sent_to(chat) for chat in strangers))  # then each gets the offer
         assert [len(tg.sent_to(chat)) for chat in strangers] == [1] * 10
+
+
+async def test_a_message_waiting_for_the_pairing_file_at_a_restart_holds_back_no_other_chat(
+    tmp_path: Path,
+) -> None:
+    """A stranger's message still waiting for an unreadable pairing.json when the bot restarts is held
+    from the earlier run, and those are taken in before anything new: the whole bot waited for the
+    operator to fix the file. It counts as taken in now; once the file is readable it gets its offer."""
+    workspace, state = tmp_path / "ws", tmp_path / "state"
+    workspace.mkdir()
+    (workspace / "pairing.json").write_text('{"version": 99, "pending": [], "approved": []}')
+    async with FakeTelegramServer() as tg:
+        async with running_channel(tg, workspace, state_dir=state) as (_, sink):
+            tg.push_message("let me in", chat_id=1001, user_id=1001, first_name="Stranger")
+            tg.push_message("before the restart")  # user 42, allowlisted: taken after the stranger's
+            await sink.wait_for(1)
+        async with running_channel(tg, workspace, state_dir=state) as (_, sink):
+            tg.push_message("after the restart")
+            [taken] = await sink.wait_for(1)
+            assert taken.text == "after the restart"
+            assert tg.sent_to(1001) == []
+            (workspace / "pairing.json").write_text('{"version": 1, "pending": [], "approved": []}')
+            await tg.wait_for_messages(1, chat_id=1001)  # the offer, once
+    assert len(tg.sent_to(1001)) == 1
+
+
+async def test_a_message_of_the_earlier_run_taken_in_late_is_joined_to_nothing_new(tmp_path: Path) -> None:
+    """A paired user's message held from the earlier run waits for the pairing file past the start;
+    their next message waits behind it. Once the file can be read, the old one is handed on by itself:
+    the dispatcher may have it already, and a new message joined to it would go with the redelivery."""
+    workspace, state = tmp_path / "ws", tmp_path / "state"
+    workspace.mkdir()
+    pairing = workspace / "pairing.json"
+    pairing.write_text('{"version": 99, "pending": [], "approved": []}')
+    approved = {"channel": "telegram", "user_id": "1001", "approved_at": "2026-01-01T00:00:00+00:00"}
+    async with FakeTelegramServer() as tg:
+        async with running_channel(tg, workspace, state_dir=state) as (_, sink):
+            tg.push_message("the old one", chat_id=1001, user_id=1001, first_name="Paired")
+            tg.push_message("owner")  # user 42, allowlisted: taken after the paired user's update
+            await sink.wait_for(1)
+        async with running_channel(tg, workspace, state_dir=state, join_window=2.0) as (_, sink):
+            tg.push_message("the new one", chat_id=1001, user_id=1001, first_name="Paired")
+            tg.push_message("owner again")
+            await sink.wait_until(lambda: any(m.text == "owner again" for m in sink.received))
+            pairing.write_text(json.dumps({"version": 1, "pending": [], "approved": [approved]}))
+            await sink.wait_until(lambda: any(m.text == "the new one" for m in sink.received))
+    assert [m.text for m in sink.received if m.chat_id == "1001"] == ["the old one", "the new one"]
