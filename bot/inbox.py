@@ -86,14 +86,7 @@ class Inbox:
         is the caller's order, not the order in which writes finish.
         """
         entry = InboxEntry(new_id(), message, self._clock())
-        line = json.dumps(
-            {
-                "entry": entry.entry_id,
-                "at": entry.accepted_at.isoformat(),
-                "message": inbox_file.encode(message),
-            },
-            ensure_ascii=False,
-        )
+        line = inbox_file.entry_line(entry)
         journal = self._journal(message.session_id)
         journal.pending[entry.entry_id] = (entry, line)
         path = self._path(message.session_id)
@@ -195,7 +188,7 @@ class Inbox:
         """Keep an answer that could not be sent, so the next start sends it (see bot/outbox.py)."""
         sid = reply.session_id
         journal = self._journal(sid)
-        line = json.dumps({"reply": reply.to_record()}, ensure_ascii=False)
+        line = inbox_file.reply_line(reply)
         if reply.id in journal.replies:
             return
         await self._append(self._path(sid), journal, line_bytes(line))
@@ -300,7 +293,7 @@ class Inbox:
         return journal
 
     def _path(self, sid: str) -> Path:
-        return self._dir / f"{encode_id(sid)}.jsonl"
+        return inbox_file.path_of(self._dir, sid)
 
 
 def _move_folder(path: Path, **context: object) -> None:

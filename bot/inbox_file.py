@@ -23,6 +23,7 @@ from typing import Any
 from bot import damaged
 from bot.domain import Attachment, InboundMessage, parse_time
 from bot.outbox import PendingReply
+from bot.session_names import encode_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +166,22 @@ def _done_by_damage(
 
 def sid(replies: dict[str, tuple[PendingReply, str]]) -> str:
     return next(iter(replies.values()))[0].session_id
+
+
+def path_of(directory: Path, session_id: str) -> Path:
+    """The inbox file of a chat in the inbox ``directory``."""
+    return directory / f"{encode_id(session_id)}.jsonl"
+
+
+def entry_line(entry: InboxEntry) -> str:
+    """The accept line of ``entry`` (without its line end)."""
+    record = {"entry": entry.entry_id, "at": entry.accepted_at.isoformat(), "message": encode(entry.message)}
+    return json.dumps(record, ensure_ascii=False)
+
+
+def reply_line(reply: PendingReply) -> str:
+    """The line that keeps an unsent answer (without its line end)."""
+    return json.dumps({"reply": reply.to_record()}, ensure_ascii=False)
 
 
 def encode(message: InboundMessage) -> dict[str, Any]:

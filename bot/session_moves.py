@@ -47,10 +47,9 @@ import structlog
 
 from bot import damaged, inbox_file
 from bot.damaged import UNREADABLE
-from bot.domain import Session
+from bot.domain import InboundMessage, Session
 from bot.errors import ConfigError, StorageError
 from bot.outbox import PendingReply
-from bot.session_names import encode_id
 from bot.sessions import JsonSessionStore
 from bot.storage import atomic_write_bytes, atomic_write_text, line_bytes
 
@@ -218,7 +217,7 @@ async def _move_session(store: JsonSessionStore, old: str, new: str) -> None:
 
 def _move_inbox(directory: Path, old: str, new: str) -> None:
     """The old id's pending messages and kept answers into the new id's inbox file (blocking)."""
-    before, after = directory / f"{encode_id(old)}.jsonl", directory / f"{encode_id(new)}.jsonl"
+    before, after = inbox_file.path_of(directory, old), inbox_file.path_of(directory, new)
     try:
         read = inbox_file.read(before)
     except FileNotFoundError:
@@ -226,22 +225,19 @@ def _move_inbox(directory: Path, old: str, new: str) -> None:
     there = inbox_file.read(after) if after.exists() else None
     held = set(there.pending) | set(there.kept) if there is not None else set()
     channel, _, chat = new.partition(":")
+
+    def moved(message: InboundMessage) -> InboundMessage:
+        return dataclasses.replace(message, channel=channel, chat_id=chat)
+
     lines = [
-        {
-            "entry": entry.entry_id,
-            "at": entry.accepted_at.isoformat(),
-            "message": inbox_file.encode(dataclasses.replace(entry.message, channel=channel, chat_id=chat)),
-        }
+        inbox_file.entry_line(dataclasses.replace(entry, message=moved(entry.message)))
         for entry, _ in read.pending.values()
         if entry.entry_id not in held
     ]
-    lines += [
-        {"reply": _moved(reply, channel, chat).to_record()}
-        for reply, _ in read.kept.values()
-        if reply.id not in held
-    ]
+    kept = [_moved(reply, channel, chat) for reply, _ in read.kept.values() if reply.id not in held]
+    lines += [inbox_file.reply_line(reply) for reply in kept]
     if lines:  # ahead of the new id's own lines: the old chat asked first
-        data = b"".join(line_bytes(json.dumps(line, ensure_ascii=False)) for line in lines)
+        data = b"".join(line_bytes(line) for line in lines)
         atomic_write_bytes(after, data + (after.read_bytes() if there is not None else b""))
     damaged.keep_aside(before, read.unreadable, event="inbox_lines_set_aside")
     before.unlink()
