@@ -311,7 +311,7 @@ def _admins(settings: Settings) -> Admins:
     terminal (``cli``: the machine's own user, who can read usage.json anyway)."""
     users: set[tuple[str, str]] = set()
     for channel, config in (("telegram", settings.telegram), ("discord", settings.discord)):
-        named = config.admin_users or [user for user in config.allowed_users if user.strip() != "*"]
+        named = config.admin_users or [user for user in config.allowed_users if user != "*"]
         users |= {(channel, user) for user in named}
     return Admins(frozenset(users), local=frozenset({"cli"}))
 
