@@ -31,7 +31,10 @@ What moves, each step safe to do again after a kill (the move stays recorded unt
 
 Never one side lost: when the new id has a session (or a memory folder) of its own already, as where
 ``allowed_groups`` admits every group and the supergroup was answered before the restart, both are
-kept and the log says so (``session_move_conflict``).
+kept and the log says so (``session_move_conflict``). The old session's turns stay in it then (the
+supergroup's conversation goes on without them); only the answers its log saved are added to the new
+session's log, so the messages they answer, pending under the new id, are sent them and not answered
+by the model a second time.
 """
 
 from __future__ import annotations
@@ -188,11 +191,13 @@ async def _move_session(store: JsonSessionStore, old: str, new: str) -> None:
         if there.metadata.get(META_MOVED_FROM) == old:  # a kill came between the two steps
             await store.delete(old)
             return
+        carried = await _carry_replies(store, there, old)
         log.warning(
             "session_move_conflict",
             old_session=old,
             new_session=new,
             reason="the new chat has a conversation of its own already: both sessions are kept",
+            answers_carried=carried,
             fix=f"`membot sessions show {old}` shows the old conversation",
         )
         return
@@ -213,6 +218,24 @@ async def _move_session(store: JsonSessionStore, old: str, new: str) -> None:
     # A new session: one atomic rewrite (log, then the header naming it).
     await store.save(moved, replies=replies)
     await store.delete(old)
+
+
+async def _carry_replies(store: JsonSessionStore, there: Session, old: str) -> int:
+    """The answers ``old``'s log saved, added to the log of the new chat's own session ``there``; how many.
+
+    Left in the old log, the messages they answer (pending under the new id once the inbox moved) were
+    answered by the model again: a second answer made, and a different one. One append of the new log
+    (a kill cuts it off whole, see bot/session_log.py), of those whose id it does not hold yet: a repeat
+    after a kill adds none twice. Recovery then sends them, as it sends any answer a log saved."""
+    held = {reply.id for reply in await store.replies(there.id)}
+    carried = [
+        _moved(reply, there.channel, there.chat_id)
+        for reply in await store.replies(old)
+        if reply.id not in held
+    ]
+    if carried:
+        await store.save(there, replies=carried)
+    return len(carried)
 
 
 def _move_inbox(directory: Path, old: str, new: str) -> None:

@@ -18,8 +18,10 @@ from bot.memory.item_store import ItemStore
 from bot.memory.pending import PendingConsolidations
 from bot.model_wait import WAIT_FILE, WaitRecords
 from bot.outbox import PendingReply
+from bot.recovery import recover
 from bot.session_moves import MOVES_FILE, carry_moves, record_move
 from bot.session_names import encode_id
+from bot.session_service import SessionService
 from bot.sessions import JsonSessionStore
 from bot.tools import ToolJournal
 from tests.bot.cli.membot_process import run_membot
@@ -180,6 +182,35 @@ async def test_when_the_new_chat_has_a_conversation_both_are_kept_and_logged(
     assert kept_old is not None and [m.content for m in kept_old.messages] == ["the old group's"]
     assert kept_new is not None and [m.content for m in kept_new.messages] == ["the supergroup's"]
     assert any(isinstance(r.msg, dict) and r.msg["event"] == "session_move_conflict" for r in caplog.records)
+
+
+async def test_answers_the_groups_log_saved_go_along_when_the_supergroup_has_a_conversation(
+    tmp_path: Path,
+) -> None:
+    """Killed between saving the group's answer and sending it, while the supergroup had a session of its
+    own: the answer stayed in the old session's log, its message went on pending under the new id, and
+    the start asked the model again (a second, different answer). Now it is added to the new session's
+    log (one append; a repeat after a kill finds its id there and adds nothing) and sent as it was."""
+    store, state, inbox_dir = JsonSessionStore(tmp_path / "sessions"), tmp_path / "state", tmp_path / "inbox"
+    old, new = "telegram:-1", "telegram:-1001"
+    inbox = Inbox(inbox_dir)
+    await inbox.load_pending()
+    asked, durable = inbox.add(InboundMessage("telegram", "-1", "42", "asked", message_id="5", is_group=True))
+    await durable
+    saved = PendingReply("telegram", "-1", "the answer made once", (asked,), reply_to="5")
+    await store.save(session(old, "asked", "the answer made once"), replies=[saved])
+    await store.save(session(new, "the supergroup's"))
+    for _ in range(2):  # (the second: as a start after a kill before the move was forgotten)
+        await record_move(state, old, new)
+        await carry_moves(state, store, None, inbox_dir=inbox_dir)
+
+    assert [(r.id, r.chat_id, r.text) for r in await store.replies(new)] == [
+        (saved.id, "-1001", "the answer made once")
+    ]
+    kept_new = await store.load(new)
+    assert kept_new is not None and [m.content for m in kept_new.messages] == ["the supergroup's"]
+    work = await recover(Inbox(inbox_dir), SessionService(store), max_age=0)
+    assert [(type(w).__name__, getattr(w, "id", None)) for w in work[new]] == [("PendingReply", saved.id)]
 
 
 async def test_a_turn_a_kill_cut_in_the_group_does_not_run_its_tool_calls_again_in_the_supergroup(
