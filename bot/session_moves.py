@@ -18,9 +18,9 @@ What moves, each step safe to do again after a kill (the move stays recorded unt
   chat scope, its folder (its MEMORY.md and daily notes): one rename each;
 - the session: written under the new id (marked ``moved_from``), with the answers its log saved
   (a kill between saving an answer and sending it), then the old one deleted;
-- the tool-call journal of a turn a kill cut (bot/tools/journal.py): one rename. Its message goes on
-  pending under the new id, and the rerun finds the calls the turn made (left behind, a shell command
-  or an ``append`` ran again);
+- the tool-call journal of a turn a kill cut (bot/tools/journal.py): one rename, over the new id's own
+  record when that names a turn that ended. Its message goes on pending under the new id, and the rerun
+  finds the calls the turn made (left behind, a shell command or an ``append`` ran again);
 - the chat's inbox (bot/inbox.py): the messages accepted and not yet answered, and the answers kept
   unsent, written into the new id's file ahead of what it holds (one atomic write: a repeat finds their
   ids there and writes nothing), then the old file removed. Left behind, they were answered or sent
@@ -56,8 +56,9 @@ from bot.outbox import PendingReply
 from bot.sessions import JsonSessionStore
 from bot.storage import atomic_write_bytes, atomic_write_text, line_bytes
 
-if TYPE_CHECKING:  # (the Telegram channel records moves: it need not load memory's modules)
+if TYPE_CHECKING:  # (the Telegram channel records moves: it need not load memory's or tools' modules)
     from bot.memory import MemoryService
+    from bot.tools import ToolJournal
 
 log = structlog.get_logger(__name__)
 
@@ -108,7 +109,7 @@ async def carry_moves(
             where = store.directory
             await _move_session(store, old, new)
             where = journal.path_for(new).parent
-            await _move_files(journal.path_for(old), journal.path_for(new), old, new)
+            await _move_journal(journal, inbox_dir, old, new)
             where = inbox_dir
             await asyncio.to_thread(_move_inbox, inbox_dir, old, new)
             where = state_dir
@@ -180,6 +181,30 @@ def _rename(before: Path, after: Path) -> bool:
         return False
     os.rename(before, after)
     return True
+
+
+async def _move_journal(journal: ToolJournal, inbox_dir: Path, old: str, new: str) -> None:
+    """Before the inbox moves: ``new``'s pending messages are then its own, whose cut turn its record
+    may be (see :meth:`ToolJournal.move`)."""
+    waiting = await asyncio.to_thread(_waiting, inbox_dir, new)
+    if not await journal.move(old, new, waiting=waiting):
+        log.warning(
+            "session_move_conflict",
+            old_session=old,
+            new_session=new,
+            kept=str(journal.path_for(old)),
+            reason="a turn of the new chat was cut too and a chat keeps one turn's tool calls: both turns'"
+            " calls may run again",
+        )
+
+
+def _waiting(directory: Path, sid: str) -> set[str]:
+    """The platform ids of chat ``sid``'s pending messages (blocking)."""
+    try:
+        read = inbox_file.read(inbox_file.path_of(directory, sid))
+    except FileNotFoundError:
+        return set()
+    return {entry.message.message_id for entry, _ in read.pending.values() if entry.message.message_id}
 
 
 async def _move_session(store: JsonSessionStore, old: str, new: str) -> None:

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 import structlog
@@ -61,6 +62,27 @@ class ToolJournal:
     async def keep(self, session_id: str, turn_key: str, call: CallKey, result: str) -> None:
         """Record ``call``'s result durably (the first one also names the turn)."""
         await asyncio.to_thread(self._keep, session_id, turn_key, call, result)
+
+    async def move(self, old: str, new: str, *, waiting: Collection[str]) -> bool:
+        """Chat ``old``'s record made ``new``'s (a Telegram group's move, bot/session_moves.py, at the
+        start): one rename, so a repeat finds nothing to move. A record of ``new`` naming a turn that
+        ended (none of ``waiting``, the ids of its pending messages) is replaced: it is stale (the next
+        turn's first call drops it, see :meth:`made`), and left, it kept the group's record from moving,
+        so the group's cut turn ran its calls again. False when ``new``'s turn was cut too: both are left."""
+        return await asyncio.to_thread(self._move, old, new, waiting)
+
+    def _move(self, old: str, new: str, waiting: Collection[str]) -> bool:
+        before, after = self.path_for(old), self.path_for(new)
+        if not before.exists():
+            return True
+        try:
+            lines = [line for line in after.read_bytes().split(b"\n") if line.strip()]
+        except FileNotFoundError:
+            lines = []
+        if lines and _parsed(lines[0]).get("turn") in waiting:
+            return False
+        os.replace(before, after)
+        return True
 
     def _made(self, session_id: str, turn_key: str) -> dict[CallKey, str]:
         path = self.path_for(session_id)

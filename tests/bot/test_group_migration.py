@@ -236,6 +236,43 @@ async def test_a_turn_a_kill_cut_in_the_group_does_not_run_its_tool_calls_again_
     assert await ToolJournal.of(state).made(new, "5") == {call: "Appended."}
 
 
+async def test_a_turn_a_kill_cut_in_the_group_keeps_its_tool_calls_where_the_supergroup_has_a_journal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The supergroup's last turn made a tool call and ended: its journal stays (stale) until its next
+    turn's first call. That file kept the group's journal from moving, and the group's message, answered
+    again under the new id, found the supergroup's stale turn there and ran its calls again. A stale one
+    (no pending message of the new chat names it) is replaced now; a live one is kept and logged."""
+    caplog.set_level(logging.WARNING)
+    store, state, inbox_dir = JsonSessionStore(tmp_path / "sessions"), tmp_path / "state", tmp_path / "inbox"
+    inbox = Inbox(inbox_dir)
+    await inbox.load_pending()
+    journal = ToolJournal.of(state)
+    call = ("files", '{"action": "append"}', 1)
+    for n in (1, 2):
+        old, new = f"telegram:-{n}", f"telegram:-100{n}"
+        _, durable = inbox.add(
+            InboundMessage("telegram", f"-{n}", "42", "note it", message_id="5", is_group=True)
+        )
+        await durable
+        await journal.keep(old, "5", call, "Appended.")
+        await journal.keep(new, "9", ("shell", '{"command": "ls"}', 1), "a.txt")
+        await record_move(state, old, new)
+    # the second supergroup's turn was cut too: its message waits, and its journal is its own
+    _, durable = inbox.add(InboundMessage("telegram", "-1002", "7", "list", message_id="9", is_group=True))
+    await durable
+
+    for _ in range(2):  # (the second: as a start after a kill before the moves were forgotten)
+        await carry_moves(state, store, None, inbox_dir=inbox_dir)
+        await record_move(state, "telegram:-1", "telegram:-1001")
+
+    assert await ToolJournal.of(state).made("telegram:-1001", "5") == {call: "Appended."}
+    assert not journal.path_for("telegram:-1").exists()
+    assert journal.path_for("telegram:-2").exists()  # (both live: both kept, as before)
+    conflicts = [r.msg for r in caplog.records if isinstance(r.msg, dict)]
+    assert {m["old_session"] for m in conflicts if m["event"] == "session_move_conflict"} == {"telegram:-2"}
+
+
 FACT = "User flies to Lisbon on May 3rd"
 CONSOLIDATION = json.dumps(
     {
