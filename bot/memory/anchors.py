@@ -1,6 +1,6 @@
 """When an event the query names happened: "before getting the air fryer", "since I started my new job".
 
-A query can place its question before or after an event that is no date (timehints.anchor_of). Memory
+A query can place its question before or after an event that is no date (:func:`anchor_of`). Memory
 knows when the user told of it: the user's statements that best match its words, said in one talk.
 What was said before that talk, or after it, is then a period like any other (the time hint's bonus,
 never a filter), and so are those statements themselves: the answer usually needs them. The rest of
@@ -16,19 +16,47 @@ trips names none).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Container, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG
 from bot.memory.item_index import retrievable
 from bot.memory.items import MemoryItem
 from bot.memory.lexical import LexicalIndex
-from bot.memory.timehints import EPOCH, MICROSECOND, Anchor, Span
+from bot.memory.timehints import EPOCH, MICROSECOND, Span, names_time
 from bot.memory.weights import Weights
 from bot.memory.words import tokenize
 
 COVER = 0.5  # of the event's word weight (idf) its best match must hold
 SAME_TELLING = timedelta(days=1)  # how far apart the matches of one event may have been said
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """ "Before/after/since <event>" where the event is no date ("before getting the air fryer"): the
+    event's ``words``, and whether the query means what came ``after`` it (else what came before)."""
+
+    words: str
+    after: bool
+
+
+# The event runs to the end of its clause: "since I recovered from the flu when I went jogging".
+_EVENT = re.compile(r"\b(before|prior to|after|since)\s+([^?!.,;:]+)", re.I)
+_CLAUSE_END = re.compile(r"\b(?:when|while|whereas|because|but|so that|and then|then|if)\b", re.I)
+# Not an event: "before long", "ever since", "after all", "before then", "since then".
+_NO_EVENT = re.compile(r"^(?:long|then|that|this|all|it|now|ever|yet|which|too|again)\b", re.I)
+
+
+def anchor_of(query: str) -> Anchor | None:
+    """The event the query places its question before or after, if it names one that is not a time
+    ("before the 7/22 trip", "since last week" are :func:`~bot.memory.timehints.periods`)."""
+    for m in _EVENT.finditer(query):
+        clause = _CLAUSE_END.split(m.group(2), maxsplit=1)[0].strip()
+        if clause and not _NO_EVENT.match(clause) and not names_time(clause):
+            return Anchor(clause, after=m.group(1).lower() in ("after", "since"))
+    return None
 
 
 def event_spans(

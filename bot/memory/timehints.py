@@ -6,8 +6,8 @@ time can prefer what was said in that period. The hint only adds to a score; it 
 because people misremember dates: "two weeks ago" matches anything from one to three weeks back.
 
 "Before"/"after"/"since" a date is an open period ("before May 3rd": everything up to that day). Before
-or after an event that is not a date ("before getting the air fryer") is only the event's words here
-(:func:`anchor_of`): when it happened is in memory, so the retriever finds it (bot/memory/anchors.py).
+or after an event that is not a date ("before getting the air fryer") is no time word: the event and
+when it happened are found by bot/memory/anchors.py (:func:`~bot.memory.anchors.anchor_of`).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def _before(start: int) -> int:
     return max(0, start - _LEAD)
 
 
-def _names_time(text: str) -> bool:
+def names_time(text: str) -> bool:
     """Whether ``text`` may name a time (one search or two instead of a dozen)."""
     return _ANY.search(text) is not None or _NUMERIC.search(text) is not None
 
@@ -182,35 +182,9 @@ class TimeHint:
         return found
 
 
-@dataclass(frozen=True, slots=True)
-class Anchor:
-    """ "Before/after/since <event>" where the event is no date ("before getting the air fryer"): the
-    event's ``words``, and whether the query means what came ``after`` it (else what came before)."""
-
-    words: str
-    after: bool
-
-
-# The event runs to the end of its clause: "since I recovered from the flu when I went jogging".
-_EVENT = re.compile(r"\b(before|prior to|after|since)\s+([^?!.,;:]+)", re.I)
-_CLAUSE_END = re.compile(r"\b(?:when|while|whereas|because|but|so that|and then|then|if)\b", re.I)
-# Not an event: "before long", "ever since", "after all", "before then", "since then".
-_NO_EVENT = re.compile(r"^(?:long|then|that|this|all|it|now|ever|yet|which|too|again)\b", re.I)
-
-
-def anchor_of(query: str) -> Anchor | None:
-    """The event the query places its question before or after, if it names one that is not a time
-    ("before the 7/22 trip", "since last week" are :func:`periods`)."""
-    for m in _EVENT.finditer(query):
-        clause = _CLAUSE_END.split(m.group(2), maxsplit=1)[0].strip()
-        if clause and not _NO_EVENT.match(clause) and not _names_time(clause):
-            return Anchor(clause, after=m.group(1).lower() in ("after", "since"))
-    return None
-
-
 def time_hint(query: str, now: datetime, tz: ZoneInfo) -> TimeHint | None:
     """What "said in the period the query names" means, or ``None`` when it names none."""
-    if not _names_time(query):  # most queries name none
+    if not names_time(query):  # most queries name none
         return None
     months = frozenset(MONTHS[m.group(1).lower()] for m in _MONTH.finditer(query) if m.group(2) is None)
     spans = periods(query, now, tz)

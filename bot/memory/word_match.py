@@ -21,13 +21,13 @@ from datetime import datetime
 from operator import itemgetter
 from zoneinfo import ZoneInfo
 
-from bot.memory.anchors import event_spans
+from bot.memory.anchors import anchor_of, event_spans
 from bot.memory.asks import asks_about_assistant, asks_for_advice
 from bot.memory.extract import QUESTION_TAG, owned_subject, subjects_in_query
 from bot.memory.item_store import ItemStore
 from bot.memory.items import MemoryItem
 from bot.memory.lexical import Frequencies
-from bot.memory.timehints import TimeHint, anchor_of, time_hint
+from bot.memory.timehints import TimeHint, time_hint
 from bot.memory.weights import Weights
 from bot.memory.word_index import WordIndex, frequencies
 from bot.memory.words import tokenize

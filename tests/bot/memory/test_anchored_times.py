@@ -8,10 +8,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from bot.memory.anchors import Anchor, anchor_of
 from bot.memory.item_store import ItemStore
 from bot.memory.items import MemoryItem
 from bot.memory.retrieval import Retriever
-from bot.memory.timehints import EPOCH, Anchor, TimeHint, anchor_of, periods, time_hint
+from bot.memory.timehints import EPOCH, TimeHint, periods, time_hint
 from tests.bot.memory.conftest import said_before
 
 NOW = datetime(2023, 12, 6, 11, 18, tzinfo=UTC)  # a Wednesday
