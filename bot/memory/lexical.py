@@ -9,7 +9,8 @@ Memory grows by a few items per answered turn and a query looks at a few words, 
   terms), frozen every FOLD_AT documents into small numpy segments (bot/memory/lexical_segment.py)
   that a query scores in a few array steps, with the same figures the dicts gave;
 - a removed or changed item is masked in the base; :meth:`merged` folds the delta into a new base
-  (in a thread, when the delta has grown) and :meth:`save` writes the base next to the items.
+  (in a thread, when the delta has grown) and :meth:`save` writes the base next to the items
+  (bot/memory/lexical_file.py).
 
 A query scores only the documents holding its terms, and hands back the ``limit`` best of them all,
 base and delta alike, so the per-item work after it stays bounded at any size, however much of the memory
@@ -28,11 +29,7 @@ over-count that only touches idf).
 
 from __future__ import annotations
 
-import io
-import json
 import math
-import zipfile
-import zlib
 from collections.abc import Callable, Collection, Container, Iterable, Mapping
 from itertools import chain
 from pathlib import Path
@@ -40,10 +37,10 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from bot.memory import lexical_file
+from bot.memory.lexical_file import SavedIndex
 from bot.memory.lexical_segment import K1, B, Segment, by_term, held, merge
-from bot.storage import atomic_write_bytes
 
-FORMAT = 1
 FOLD_AT = 64  # delta documents kept as dicts before they are frozen into a segment
 SEGMENT_MAX = 4096  # documents past which two segments are no longer merged into one (the base takes them)
 
@@ -361,54 +358,19 @@ class LexicalIndex:
         """Write the index (merged) atomically; blocking. ``signature`` and each key's ``versions`` (what
         the document was made from) come back from :meth:`load`, to tell which documents are stale."""
         full = self.merged() if self._docs or not self._alive.all() else self
-        buffer = io.BytesIO()
-        header = {
-            "format": FORMAT,
-            "signature": signature,
-            "keys": full._keys,
-            "terms": list(full._term_index),
-            "versions": [versions.get(k, "") for k in full._keys],
-        }
-        np.savez(
-            buffer,
-            header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
-            offsets=full._offsets,
-            docs=full._post_docs,
-            tfs=full._post_tfs,
-            lengths=full._lengths,
-        )
-        atomic_write_bytes(path, buffer.getvalue())
+        keys, terms = full._keys, list(full._term_index)
+        arrays = (full._offsets, full._post_docs, full._post_tfs, full._lengths)
+        saved = SavedIndex(signature, keys, terms, [versions.get(k, "") for k in keys], *arrays)
+        lexical_file.write(path, saved)
 
     @classmethod
     def load(cls, path: Path) -> tuple[LexicalIndex, str, dict[str, str]] | None:
         """The index saved at ``path``, its signature and each key's version; ``None`` if missing or
         unreadable (then it is built again from the items)."""
-        try:
-            # Opened here: np.load leaves its own file open when the zip is torn.
-            with path.open("rb") as file, np.load(file) as data:
-                header = json.loads(bytes(data["header"]).decode())
-                if header.get("format") != FORMAT:
-                    return None
-                offsets, docs = data["offsets"], data["docs"]
-                tfs, lengths = data["tfs"], data["lengths"]
-            keys, terms = [str(k) for k in header["keys"]], [str(t) for t in header["terms"]]
-            versions = [str(v) for v in header.get("versions", [])]
-        # A torn or truncated file: zipfile and zlib raise their own errors, an empty one EOFError.
-        except (
-            OSError,
-            ValueError,
-            KeyError,
-            TypeError,
-            AttributeError,
-            EOFError,
-            zipfile.BadZipFile,
-            zlib.error,
-        ):
+        saved = lexical_file.read(path)
+        if saved is None:
             return None
-        if len(offsets) != len(terms) + 1 or len(lengths) != len(keys) or len(docs) != len(tfs):
-            return None
-        if len(versions) != len(keys) or (len(docs) and (docs.max() >= len(keys) or docs.min() < 0)):
-            return None
-        term_index, offsets = held(terms, np.diff(offsets))
-        index = cls._from_arrays(keys, term_index, offsets, docs, tfs, lengths)
-        return index, str(header.get("signature", "")), dict(zip(keys, versions, strict=True))
+        keys = saved.keys
+        term_index, offsets = held(saved.terms, np.diff(saved.offsets))
+        index = cls._from_arrays(keys, term_index, offsets, saved.docs, saved.tfs, saved.lengths)
+        return index, saved.signature, dict(zip(keys, saved.versions, strict=True))

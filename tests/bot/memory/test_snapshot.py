@@ -17,7 +17,7 @@ from bot.memory import item_snapshot
 from bot.memory.item_snapshot import MAGIC, SNAPSHOT
 from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem
-from bot.memory.lexical import FORMAT
+from bot.memory.lexical_file import FORMAT
 from bot.memory.retrieval import Retriever
 from bot.memory.word_index import INDEX_FILE
 from tests.bot.memory.conftest import Clock
