@@ -25,9 +25,9 @@ from zoneinfo import ZoneInfo
 import httpx
 import structlog
 
-from bot import model_choice
+from bot import channel_choice, model_choice
 from bot.catalog import ModelCatalog, load_catalog
-from bot.commands import Admins, CommandRouter, SessionCommands
+from bot.commands import CommandRouter, SessionCommands
 from bot.compaction import CompactionService, MemoryRetirer
 from bot.config import DEFAULT_CONFIG_FILE, Settings
 from bot.context_budget import ContextBudget, prompt_room
@@ -35,7 +35,6 @@ from bot.dispatcher import Dispatcher
 from bot.domain import utcnow
 from bot.errors import ConfigError
 from bot.inbox import Inbox
-from bot.intake import COMMANDS_NOTED
 from bot.llm import ChatModel, LLMClient, llm_http_client
 from bot.memory import CONSOLIDATION_OUTPUT, Embedder, MemoryService, MemoryTool, build_embedder
 from bot.memory import operator as memory_operator
@@ -158,7 +157,7 @@ async def build_core(
             max_inbound_chars=settings.sessions.max_inbound_chars,
             observer=metrics,
             waits=WaitRecords(settings.state_dir / WAIT_FILE),
-            redelivery_window=_redelivery_window(settings),
+            redelivery_window=channel_choice.redelivery_window(settings),
             clock=clock,
         )
         stack.push_async_callback(dispatcher.close, settings.lifecycle.grace_period)
@@ -304,18 +303,6 @@ def _pipeline(
     return Pipeline(systems)
 
 
-def _admins(settings: Settings) -> Admins:
-    """The operators /status shows the day's spend to: ``<channel>.admin_users``, or when a channel names
-    none the users its ``allowed_users`` lists one by one (the operator let them in by name, not a
-    pairing: a bot for one person shows its owner the cost without more setup); and whoever is at the
-    terminal (``cli``: the machine's own user, who can read usage.json anyway)."""
-    users: set[tuple[str, str]] = set()
-    for channel, config in (("telegram", settings.telegram), ("discord", settings.discord)):
-        named = config.admin_users or [user for user in config.allowed_users if user != "*"]
-        users |= {(channel, user) for user in named}
-    return Admins(frozenset(users), local=frozenset({"cli"}))
-
-
 def _commands(
     settings: Settings,
     catalog: ModelCatalog,
@@ -331,7 +318,7 @@ def _commands(
         model=model_choice.primary(settings.llm, catalog),
         tier=catalog.tier_of(settings.llm.model),
         ledger=ledger,
-        admins=_admins(settings),
+        admins=channel_choice.admins(settings),
         memory_stats_for=(
             (lambda sid: memory_operator.stats(memory, session_id=sid)) if settings.memory.enabled else None
         ),
@@ -345,27 +332,7 @@ def _commands(
     return commands
 
 
-def _redelivery_window(settings: Settings) -> int:
-    """The most messages of a chat a channel may hand over again: Discord's catch-up hands over up to
-    ``discord.catch_up_max_messages`` after a mark not on disk yet; Telegram's journal takes an update
-    once (bot/intake.py, ``COMMANDS_NOTED``)."""
-    discord = settings.discord.catch_up_max_messages if settings.discord.token is not None else 0
-    return max(COMMANDS_NOTED, discord)
-
-
 # ---- the channels -----------------------------------------------------------------------------------
-
-
-def configured_channels(settings: Settings) -> list[str]:
-    """The channels ``membot run`` starts, in this order: those whose token (or switch) is set."""
-    names = []
-    if settings.telegram.token is not None:
-        names.append("telegram")
-    if settings.discord.token is not None:
-        names.append("discord")
-    if settings.terminal.enabled:
-        names.append("cli")
-    return names
 
 
 def _pairing(core: Core) -> PairingStore:

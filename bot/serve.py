@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from bot.app import Core, build_core, configured_channels, start_channel
+from bot.app import Core, build_core, start_channel
+from bot.channel_choice import configured_channels
 from bot.config import Settings
 from bot.errors import ConfigError
 from bot.lifecycle import EXIT_OK, ServiceRunner

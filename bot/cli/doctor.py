@@ -107,7 +107,7 @@ def _config(ctx: typer.Context) -> tuple[Settings | None, Check]:
 
 def _channels(settings: Settings) -> Check:
     """``membot run`` refuses to start without a channel: a service that passed doctor must start."""
-    from bot.app import configured_channels
+    from bot.channel_choice import configured_channels
 
     names = configured_channels(settings)
     if names:
