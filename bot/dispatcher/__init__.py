@@ -25,9 +25,10 @@ once its channel is :meth:`~Dispatcher.ready`, so answers never go to a channel 
 
 The package's modules, each one concept, pointing one way: ``lanes`` (a chat's queue and its state) ←
 ``delivery`` (replies through the channel, with the inbox's bookkeeping) ← ``commands`` (taking and
-answering commands, and running those that wait in their place in the lane) and ``turns`` (a lane's
-worker and its turns, worded by ``replies``) ← ``dispatcher`` (intake, recovery, shutdown, and what
-commands may do). Other layers use :class:`Dispatcher` and :class:`TurnObserver` only.
+answering commands, and running those that wait in their place in the lane) ← ``arrivals`` (intake:
+a message taken once, into the inbox and its chat's lane); ``turns`` (a lane's worker and its turns,
+worded by ``replies``) ← ``dispatcher`` (recovery, shutdown, and what commands may do). Other layers use
+:class:`Dispatcher` and :class:`TurnObserver` only.
 """
 
 from bot.dispatcher.dispatcher import Dispatcher

@@ -1,9 +1,10 @@
 """The dispatcher: the hand-off point between channels and the pipeline, and what commands may do.
 
-It takes each inbound message in (dedup, the inbox, the chat's lane), hands commands to
-bot/dispatcher/commands.py (answered at once beside the chat's turn, or in their place in its lane),
-replays at start what a previous run accepted, and drains the lanes at shutdown. The lanes' work runs
-in bot/dispatcher/turns.py, and answers go out through bot/dispatcher/delivery.py.
+It takes each inbound message in through bot/dispatcher/arrivals.py (dedup, the inbox, the chat's
+lane), which hands commands to bot/dispatcher/commands.py (answered at once beside the chat's turn, or
+in their place in its lane); it replays at start what a previous run accepted, and drains the lanes at
+shutdown. The lanes' work runs in bot/dispatcher/turns.py, and answers go out through
+bot/dispatcher/delivery.py.
 """
 
 from __future__ import annotations
@@ -11,19 +12,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any
 
 import structlog
 
 from bot import intake, recovery
 from bot.commands import CommandRouter
 from bot.config import DispatcherSettings
+from bot.dispatcher.arrivals import Arrivals
 from bot.dispatcher.commands import Commands
 from bot.dispatcher.delivery import RETRY, SEND_PATIENCE, Delivery
-from bot.dispatcher.durable import through_cancel
 from bot.dispatcher.lanes import (
     Command,
     KeptCommand,
@@ -74,17 +74,14 @@ class Dispatcher:
         redelivery_window: int = intake.COMMANDS_NOTED,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        self._pipeline = pipeline
         self._sessions = sessions
         self._router = commands
         self._settings = settings
         self._inbox = inbox
         self._waits = waits  # the chats waiting for the model, as a restart finds them
-        self._max_chars = max_inbound_chars
         self._channels: dict[str, ChannelPort] = {}
         self._ready: set[str] = set()
         self._lanes: dict[str, Lane] = {}
-        self._accepting = True
         self._delivery = Delivery(self._channels, inbox, settings, retry=retry, send_patience=send_patience)
         self._commands = Commands(
             commands,
@@ -96,6 +93,18 @@ class Dispatcher:
             self._wake,
             inbox=inbox,
             noted=redelivery_window,
+        )
+        self._arrivals = Arrivals(
+            pipeline,
+            sessions,
+            commands,
+            self._commands,
+            self._delivery,
+            settings,
+            self._lane,
+            self._wake,
+            inbox=inbox,
+            max_inbound_chars=max_inbound_chars,
         )
         self._turns = Turns(
             pipeline,
@@ -141,64 +150,7 @@ class Dispatcher:
         platform. A platform message already accepted (a redelivery after a crash) is ignored. A
         cancel that comes once the inbox took the message is raised once the message is queued.
         """
-        message = intake.bounded(message, self._max_chars)
-        call = self._router.parse(message)
-        if call is not None:
-            if not self._accepting:
-                await self._delivery.send(
-                    message, "I'm restarting — please send that command again in a minute."
-                )
-                return
-            await self._commands.submit(call)
-            return
-        lane = self._lane(message.session_id, message.channel, message.chat_id)
-        async with lane.intake:  # one at a time per session, so the order of arrival is kept
-            if await self._seen(message):
-                log.info(
-                    "duplicate_message_ignored", session_id=message.session_id, message_id=message.message_id
-                )
-                return
-            entry_id, durable = self._inbox.add(message) if self._inbox else (None, None)
-            cancelled: asyncio.CancelledError | None = None
-            if durable is not None:
-                # On disk before it is queued: a message that could not be stored is never answered
-                # (the channel does not confirm it, and the platform's redelivery is taken as new).
-                # Only this session's later messages wait here, and they would wait for its inbox file.
-                cancelled = await through_cancel(durable)
-            if self._accepting and not lane.queue and (lane.turn is None or self._settings.mode != "collect"):
-                # It will be a turn of its own: its systems may start on it while the turn is set up. (In
-                # collect mode, one that arrives during a turn may be answered together with the next.)
-                self._pipeline.anticipate(message)
-            queued = Queued(message, [entry_id] if entry_id else [])
-            notice = self._enqueue(message.session_id, lane, queued) if self._accepting else None
-        if cancelled is not None:
-            if notice is not None:  # not sent after all: a later message of the flood says it
-                notice.close()
-                lane.overflow_noticed = False
-            raise cancelled
-        if not self._accepting:
-            # Shutting down: the inbox keeps it and the next start answers it.
-            await self._delivery.send(message, "I'm restarting — I'll answer this as soon as I'm back.")
-        elif notice is not None:
-            await notice
-
-    async def _seen(self, message: InboundMessage) -> bool:
-        """Whether this platform message was accepted before (still pending, or already answered). A
-        joined message is, when each message joined in was; with one new part it is answered whole
-        (its known parts again), rather than dropped with the new part."""
-        if message.message_id is None:
-            return False
-        sid = message.session_id
-        ids = [message.message_id, *message.joined]
-        if self._inbox is not None:
-            ids = [i for i in ids if not self._inbox.holds(sid, i)]
-        if not ids:
-            return True
-        try:
-            session = await self._sessions.get(sid)
-        except StorageError:
-            return False
-        return session is not None and all(intake.taken_before(session, i) for i in ids)
+        await self._arrivals.submit(message)
 
     async def recover(self) -> int:
         """Queue the work that finishes what a previous run accepted (bot/recovery.py); returns how
@@ -247,28 +199,6 @@ class Dispatcher:
         if lane is None:
             lane = self._lanes[sid] = Lane(channel, chat_id)
         return lane
-
-    def _enqueue(self, sid: str, lane: Lane, queued: Queued) -> Coroutine[Any, Any, None] | None:
-        """Queue without awaiting (so arrival order is kept); returns the overflow notice to await."""
-        notice: Coroutine[Any, Any, None] | None = None
-        last = lane.queue[-1] if lane.queue else None
-        if len(lane.queue) >= self._settings.queue_limit and isinstance(last, Queued) and not last.in_session:
-            # Never drop: fold the overflow behind the newest queued message (answered in its turn, each
-            # still its own message: a group member's words stay theirs) and tell the user once.
-            last.folded.append(queued)
-            if not lane.overflow_noticed:
-                lane.overflow_noticed = True
-                notice = self._delivery.send(
-                    queued.message,
-                    f"I'm still on your earlier messages ({queued_count(lane)} waiting). "
-                    "I'll read everything you send together when I'm done — nothing is lost.",
-                )
-        else:
-            lane.queue.append(queued)
-        if lane.model_wait is not None:  # it joins the waiting messages, and they are tried now
-            lane.model_wait.wake()
-        self._wake(sid, lane)
-        return notice
 
     def _wake(self, sid: str, lane: Lane) -> None:
         """Start the lane's worker if its channel is ready (else :meth:`ready` starts it)."""
@@ -388,7 +318,7 @@ class Dispatcher:
         logged and the others are still saved: its messages are pending in the inbox, and the next start
         answers them (raised, it failed the whole shutdown, and left the other sessions unsaved).
         """
-        self._accepting = False
+        self._arrivals.accepting = False
         self._delivery.begin_shutdown()
         workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
         workers += self._commands.tasks

@@ -1,7 +1,7 @@
 """A chat's lane: its queue of work in order, its running turn and the state a turn leaves behind.
 
 The lane is plain state, shared by the parts of the dispatcher that act on it: intake appends to the
-queue (bot/dispatcher/dispatcher.py), as does a command that waits for the turn
+queue (bot/dispatcher/arrivals.py), as does a command that waits for the turn
 (bot/dispatcher/commands.py); the lane's worker takes work off its head and runs it
 (bot/dispatcher/turns.py), and delivery keeps the answers the platform would not take
 (bot/dispatcher/delivery.py). Everything here runs on the event loop; ``lock`` is held while a turn or a
