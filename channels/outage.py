@@ -36,6 +36,11 @@ from bot.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
+_HINT = (
+    "free disk space or fix the workspace's permissions; membot keeps retrying and confirms nothing to "
+    "the chat platform that it has not stored"
+)
+
 
 def is_storage_error(exc: BaseException) -> bool:
     """A write that may work later (disk full, read-only or missing folder), not a bug in the data."""
@@ -47,6 +52,8 @@ class StorageOutage:
 
     ``health``: the channel's, for a write without which it takes no message in: while the outage
     lasts it is listed in ``storage_errors`` (so /healthz answers 503, as for a platform out of reach).
+    ``hint``: what the operator reads beside the error when the outage starts (the default is for a
+    refused write; a file only the operator can fix, whose error names the fix, says what waits).
     """
 
     def __init__(
@@ -57,8 +64,10 @@ class StorageOutage:
         max_delay: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         health: ChannelHealth | None = None,
+        hint: str = _HINT,
     ) -> None:
         self.what = what
+        self._hint = hint
         self._first = first_delay
         self._max = max_delay
         self._clock = clock
@@ -90,8 +99,7 @@ class StorageOutage:
             what=self.what,
             error=_describe(exc),
             path=getattr(exc, "filename", None),
-            hint="free disk space or fix the workspace's permissions; membot keeps retrying and "
-            "confirms nothing to the chat platform that it has not stored",
+            hint=self._hint,
         )
 
     def recovered(self, holder: object = None) -> None:

@@ -221,9 +221,9 @@ class CatchUp:
 
         async def one(chat_id: str, after: int, *, tracked: bool) -> bool:
             covered = False
-            async with slots, self._lock_of(chat_id):
+            async with self._lock_of(chat_id):
                 try:
-                    covered = await self._chat(chat_id, after, started, tracked=tracked)
+                    covered = await self._chat(chat_id, after, started, slots, tracked=tracked)
                 except Exception:  # a bug, or a hand-over given up: logged, and the other chats go on
                     log.exception("discord_catch_up_failed", chat_id=chat_id)
                     self._seen.caught_up(chat_id)
@@ -256,11 +256,15 @@ class CatchUp:
         log.info("discord_catch_up_planned", tracked=len(since), untracked=len(untracked))
         return untracked
 
-    async def _chat(self, chat_id: str, after: int, started: int, *, tracked: bool) -> bool:
+    async def _chat(
+        self, chat_id: str, after: int, started: int, slots: asyncio.Semaphore, *, tracked: bool
+    ) -> bool:
         """Read what ``chat_id`` missed after ``after`` up to the session's start (:func:`read_missed`) down
-        the live path; false when it could not be read for now."""
+        the live path; false when it could not be read for now. ``slots`` bounds the reading only: a
+        message taken in may wait for as long as pairing.json cannot be read, and 4 such DMs held every
+        other chat's catch-up, and the live messages at its gate, until the operator fixed the file."""
         try:
-            async with asyncio.timeout(self._timeout):
+            async with slots, asyncio.timeout(self._timeout):
                 where = await open_chat(self._client(), int(chat_id))
                 missed = await read_missed(where, after, started, limit=self._limit, max_age=self._max_age)
         except (discord.HTTPException, aiohttp.ClientError, TimeoutError, TypeError) as exc:

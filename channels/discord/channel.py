@@ -15,7 +15,9 @@ are the guild channels it never talked in where something was written since it w
 (:mod:`channels.discord.unseen`); the dispatcher takes a message that comes both ways once. A message
 the dispatcher cannot store (a full disk) is submitted again with bounded exponential backoff, the
 outage logged once, and the chat's later messages wait behind it; stopping the channel during the
-outage leaves it to the next start's catch-up (its chat's mark never moved past it).
+outage leaves it to the next start's catch-up (its chat's mark never moved past it). A DM whose
+admission needs a pairing.json that cannot be read waits in the same way, as long as it takes (see
+:mod:`channels.discord.admission`).
 
     channel = DiscordChannel(settings.discord, dispatcher.submit, pairing=store,
                              commands=router.commands, vision_supported=lambda: True,
@@ -109,7 +111,15 @@ class DiscordChannel(Channel):
         self._intake = ChatLocks()  # each chat's messages reach the dispatcher in order
         self._outbox = DiscordOutbox(settings, self.health, self._live_client, clock, state_dir / SENT_FILE)
         self._admission = DiscordAdmission(
-            settings, self._access, pairing, self._outbox, clock, channel=self.name
+            settings,
+            self._access,
+            pairing,
+            self._outbox,
+            clock,
+            channel=self.name,
+            health=self.health,
+            retry_delay=storage_retry_delay,
+            retry_max_delay=storage_retry_max_delay,
         )
         self._outage = StorageOutage(
             "taking Discord messages in",
@@ -173,6 +183,7 @@ class DiscordChannel(Channel):
         log.info("discord_started", user=str(self._client.user))
 
     async def stop(self) -> None:
+        await self._admission.close()  # messages waiting for pairing.json: left to the next catch-up
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -294,10 +305,8 @@ class DiscordChannel(Channel):
 
     async def _acknowledge(self, interaction: discord.Interaction, place: Place, key: str) -> bool:
         """Answer a slash command within Discord's 3 s: "thinking" (replaced by the reply later), or an
-        ephemeral refusal for someone not allowed. True when the command is to be handed over."""
-        user = interaction.user
-        if not await self._admission.admitted(str(user.id), user.display_name, place, None):
-            await self._admission.refuse(interaction, place)
+        ephemeral answer for one not admitted (or not checkable now). True when it is to be handed over."""
+        if not await self._admission.admits_command(interaction, place):
             return False
         try:
             await self._outbox.deliver(place.channel_id, lambda: interaction.response.defer(thinking=True))

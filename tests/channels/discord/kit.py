@@ -36,10 +36,12 @@ async def running_bot(
     llm_settings: dict[str, Any] | None = None,
     dispatcher: dict[str, Any] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    storage_retry: tuple[float, float] = (0.5, 30.0),
 ) -> AsyncIterator[tuple[Core, DiscordChannel]]:
     """The whole bot on ``workspace`` with its Discord channel started against ``fake``; stopped on exit,
     so a test can start it again on the same workspace (a restart). ``llm_settings`` and ``dispatcher``
-    add to (or override) those settings; ``clock`` is the channel's (share the fake's to let time pass)."""
+    add to (or override) those settings; ``clock`` is the channel's (share the fake's to let time pass);
+    ``storage_retry``: the channel's first and longest wait for storage."""
     overrides = {
         "workspace": workspace,
         "llm": {
@@ -70,6 +72,8 @@ async def running_bot(
             state_dir=workspace / "state",
             guild_ready_timeout=0.05,
             clock=clock,
+            storage_retry_delay=storage_retry[0],
+            storage_retry_max_delay=storage_retry[1],
         )
         core.dispatcher.attach(channel)
         if before_start is not None:
