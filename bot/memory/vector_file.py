@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from numpy.typing import NDArray
@@ -82,26 +83,35 @@ def record_dtype(dim: int) -> np.dtype[np.void]:
 def read_header(path: Path, model_id: str) -> int:
     """The dimension of ``path``'s vectors; :class:`VectorFileError` if it is not ``model_id``'s file."""
     with path.open("rb") as f:
-        raw = f.read(HEADER_BYTES)
+        return _header_dim(f, path.name, model_id)
+
+
+def _header_dim(f: BinaryIO, name: str, model_id: str) -> int:
+    """:func:`read_header` on an open file, read from its start (a reader reads the header and the
+    records from one descriptor: a rewrite between two opens would mix one file's header with
+    another's records)."""
+    f.seek(0)
+    raw = f.read(HEADER_BYTES)
     if len(raw) < HEADER_BYTES or not raw.startswith(MAGIC):
-        raise VectorFileError(f"{path.name} has no vector file header")
+        raise VectorFileError(f"{name} has no vector file header")
     try:
         meta = json.loads(raw[len(MAGIC) :])
         model, dim = str(meta["model"]), int(meta["dim"])
     except (ValueError, KeyError, TypeError) as exc:
-        raise VectorFileError(f"{path.name} has an unreadable header: {exc}") from exc
+        raise VectorFileError(f"{name} has an unreadable header: {exc}") from exc
     if model != model_id:
-        raise VectorFileError(f"{path.name} holds vectors of {model!r}, not {model_id!r}")
+        raise VectorFileError(f"{name} holds vectors of {model!r}, not {model_id!r}")
     if dim <= 0 or meta.get("dtype") != "<f2" or meta.get("key_bytes") != KEY_BYTES:
-        raise VectorFileError(f"{path.name} has a vector layout this version does not read")
+        raise VectorFileError(f"{name} has a vector layout this version does not read")
     return dim
 
 
 def read(path: Path, model_id: str, start: int = HEADER_BYTES) -> tuple[int, Records]:
-    """The dimension and the valid records from byte ``start`` on (the whole file by default)."""
-    dim = read_header(path, model_id)
-    rtype = record_dtype(dim)
+    """The dimension and the valid records from byte ``start`` on (the whole file by default), all
+    from one open of the file, so that a rewrite meanwhile is either all seen or not at all."""
     with path.open("rb") as f:
+        dim = _header_dim(f, path.name, model_id)
+        rtype = record_dtype(dim)
         stat = os.fstat(f.fileno())
         whole = (stat.st_size - HEADER_BYTES) // rtype.itemsize
         end = HEADER_BYTES + whole * rtype.itemsize

@@ -9,6 +9,7 @@ import random
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -383,6 +384,36 @@ async def test_a_read_only_store_reads_a_file_being_appended_to_as_it_is_and_wri
     await reader.close()
     assert embedder.calls == [["automobile"]]  # the query alone
     assert folder_bytes(folder) == before
+
+
+async def test_a_reader_sees_one_whole_file_when_the_bot_rewrites_it_midway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`membot memory search` opens the file just before the bot replaces it (another dimension): the
+    reader gets the file it opened, header and records alike, not one's header and the other's records
+    (read as damaged records)."""
+    folder = tmp_path / "vectors"
+    await (await filled(folder, WordsEmbedder(), ITEMS[:2])).close()
+    path = vector_file.file_for(folder, "words-v1")
+    rows = np.eye(64, dtype=np.float16)[:3]
+    real_open = Path.open
+    swapped: list[Path] = []
+
+    def open_then_swap(self: Path, *args: Any, **kwargs: Any) -> Any:
+        opened = real_open(self, *args, **kwargs)
+        if self == path and not swapped:  # the bot's rewrite lands right after the reader's open
+            swapped.append(self)
+            vector_file.rewrite(path, "words-v1", 64, [i.fingerprint for i in ITEMS], rows)
+        return opened
+
+    monkeypatch.setattr(Path, "open", open_then_swap)
+    reader = VectorStore(folder, WordsEmbedder(), read_only=True)
+    with capture_logs() as logs:
+        await reader.start()
+    monkeypatch.undo()
+    assert swapped and not [e for e in logs if e["log_level"] == "warning"]
+    assert reader.count == 2 and [reader.lacks(i) for i in ITEMS] == [False, False, True]
+    await reader.close()
 
 
 async def test_a_read_only_store_leaves_an_unreadable_file_where_it_is(tmp_path: Path) -> None:
