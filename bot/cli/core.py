@@ -14,6 +14,7 @@ from bot.cli.root import (
     EXIT_CONFIG,
     EXIT_IN_USE,
     EXIT_IO,
+    EXIT_UNAVAILABLE,
     app,
     console,
     exit_code,
@@ -23,7 +24,7 @@ from bot.cli.root import (
     overrides_from,
     settings_from,
 )
-from bot.errors import ConfigError, InUseError, MembotError
+from bot.errors import ConfigError, MembotError
 
 if TYPE_CHECKING:
     from bot.config import Settings
@@ -36,6 +37,8 @@ _START_HINTS = {
     "try again)",
     EXIT_IO: "the disk refused a workspace file the error names: free space or fix its permissions (a "
     "restart will try again)",
+    EXIT_UNAVAILABLE: "a service membot needs (the model endpoint, a chat platform) failed as the error "
+    "says: check that it is up and reachable (a restart will try again)",
 }
 
 
@@ -102,7 +105,7 @@ def chat(
         )
     try:
         asyncio.run(run_chat(settings))
-    except (ConfigError, InUseError) as exc:
+    except MembotError as exc:  # the status every command gives it (74 for a StorageError, not 1)
         fail(str(exc), exit_code(exc))
     except OSError as exc:  # the workspace or its log cannot be used: the log may not exist to say so
         fail(f"membot chat stopped: {exc.filename or settings.workspace}: {exc.strerror or exc}", 1)

@@ -17,7 +17,16 @@ from zoneinfo import ZoneInfo
 import typer
 from rich.table import Table
 
-from bot.cli.root import EXIT_CONFIG, app, command_group, console, err_console, fail, settings_from
+from bot.cli.root import (
+    EXIT_CONFIG,
+    EXIT_UNAVAILABLE,
+    app,
+    command_group,
+    console,
+    err_console,
+    fail,
+    settings_from,
+)
 from bot.errors import ConfigError
 from bot.printable import printable
 
@@ -405,7 +414,8 @@ def reindex(
     if left:
         fail(
             f"embedding failed ({store.last_error}); {left} of {queued} items still have no vector. "
-            "Fix the cause and run `membot memory reindex` again: finished items are kept."
+            "Fix the cause and run `membot memory reindex` again: finished items are kept.",
+            EXIT_UNAVAILABLE,
         )
     console.print(
         f"embedded {queued} items with {store.model_id}; {store.count} vectors in {store.path}",

@@ -13,7 +13,7 @@ from rich.text import Text
 from typer import _click as click  # typer's own copy of click (0.29+), which its classes extend
 from typer.core import TyperGroup
 
-from bot.errors import ConfigError, InUseError, MembotError, StorageError
+from bot.errors import ChannelError, ConfigError, InUseError, LLMError, MembotError, StorageError
 
 if TYPE_CHECKING:
     from bot.config import Settings
@@ -28,6 +28,7 @@ WHOLE_SENTENCE = 300  # characters of a command's first sentence shown in a comm
 # (deploy/membot.service) does not restart a 78: a wrong setting stays wrong until someone fixes it.
 EXIT_FAILED = 1  # a channel failed (bot/lifecycle.py), a folder cannot be used, a doctor check failed
 EXIT_USAGE = 2  # click's status for a wrong command line; ours when what it names is not there
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a service the command needs (the model, a chat platform) failed
 EXIT_IO = 74  # EX_IOERR: a workspace file could not be read or written (StorageError); the disk, not a typo
 EXIT_IN_USE = 75  # EX_TEMPFAIL: another process holds the workspace or the admin port; try again later
 EXIT_CONFIG = 78  # EX_CONFIG: a setting or file is wrong; the message says which and how to fix it
@@ -189,11 +190,15 @@ def main() -> None:
 def exit_code(exc: MembotError) -> int:
     """The exit status of a command that ``exc`` ended.
 
-    A :class:`StorageError` is 74 (EX_IOERR), not click's 2: a script must tell "typed it wrong" from
-    "the disk refused". EX_IOERR rather than EX_CANTCREAT (73): the error covers reads as well as
-    writes of files that already exist, and 73 means an output file that cannot be created."""
+    Never click's 2 (a wrong command line): a script must tell "typed it wrong" from "the disk
+    refused" or "the model is down". A :class:`StorageError` is 74 (EX_IOERR) rather than EX_CANTCREAT
+    (73): the error covers reads as well as writes of files that already exist, and 73 means an output
+    file that cannot be created. An :class:`LLMError` or a :class:`ChannelError` is 69
+    (EX_UNAVAILABLE): a service the command needs failed or refused it; the message names which."""
     if isinstance(exc, ConfigError):
         return EXIT_CONFIG
     if isinstance(exc, StorageError):
         return EXIT_IO
+    if isinstance(exc, LLMError | ChannelError):
+        return EXIT_UNAVAILABLE
     return EXIT_IN_USE if isinstance(exc, InUseError) else EXIT_USAGE

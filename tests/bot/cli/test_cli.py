@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from bot.cli.root import exit_code
+from bot.errors import ChannelError, ConfigError, InUseError, LLMError, MembotError, StorageError
 from bot.pairing import PAIRING_FILE, PairingStore
 from bot.workspace_lock import WorkspaceLock
 from tests.bot.cli.membot_process import run_membot as membot
@@ -347,3 +349,16 @@ def test_a_file_the_disk_refuses_exits_74_not_a_usage_error(tmp_path: Path) -> N
     assert f"cannot write {ws / PAIRING_FILE}" in refused.stderr and "Traceback" not in refused.stderr
     mistyped = membot("pairing", "approve", "NOPE", env=env, cwd=tmp_path)
     assert mistyped.returncode == 2, mistyped.stderr
+
+
+def _kinds(base: type[MembotError]) -> list[type[MembotError]]:
+    return [base, *(k for sub in base.__subclasses__() for k in _kinds(sub))]
+
+
+@pytest.mark.parametrize("kind", _kinds(MembotError)[1:], ids=lambda k: k.__name__)
+def test_no_error_of_ours_exits_with_clicks_status_for_a_mistyped_command(kind: type[MembotError]) -> None:
+    """A ChannelError or LLMError that ended a command exited 2, as if the command line were wrong;
+    they are 69 (EX_UNAVAILABLE): a service the command needs failed. Every kind has its own status."""
+    exc = kind.__new__(kind)  # (the status goes by type alone; ChannelRefused's fields are not needed)
+    expected = {ConfigError: 78, StorageError: 74, InUseError: 75, ChannelError: 69, LLMError: 69}
+    assert exit_code(exc) == next(code for base, code in expected.items() if isinstance(exc, base))

@@ -122,7 +122,7 @@ def test_reindex_with_the_endpoint_down_fails_clearly_and_keeps_nothing_half_don
     result = membot(
         "memory", "reindex", workspace=ws, embeddings="openai", embeddings_base_url="http://127.0.0.1:9/v1"
     )
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.returncode == 69 and "Traceback" not in result.stderr  # EX_UNAVAILABLE, not a usage error
     assert (
         "unreachable" in result.stderr and f"{items} of {items} items still have no vector" in result.stderr
     )
@@ -147,7 +147,7 @@ def test_the_endpoints_credentials_are_never_printed(tmp_path: Path) -> None:
     embedder's errors: ``reindex`` printed it in its error line and in a log line that no redaction
     passed through (only ``run`` and ``chat`` set one up)."""
     result = reindex_against(tmp_path, "http://bob:hunter2secret@127.0.0.1:9/v1")
-    assert result.returncode == 2 and "unreachable" in result.stderr, result.stderr
+    assert result.returncode == 69 and "unreachable" in result.stderr, result.stderr
     assert "http://127.0.0.1:9/v1/embeddings" in result.stderr  # still names the server to fix
     for secret in ("hunter2secret", "0123456789abcdef"):
         assert secret not in result.stdout + result.stderr
@@ -157,6 +157,6 @@ def test_what_a_command_logs_is_masked_and_kept_off_its_output(tmp_path: Path) -
     """Only ``run`` and ``chat`` set up the log: other commands logged through structlog's default, to
     stdout (among the data they print) and unmasked, and their error line was not masked either."""
     result = reindex_against(tmp_path, "http://127.0.0.1:9/v1?api_key=zz-query-secret-42")
-    assert result.returncode == 2 and "vectors_embedding_failed" in result.stderr, result.stderr
+    assert result.returncode == 69 and "vectors_embedding_failed" in result.stderr, result.stderr
     assert result.stdout.strip() == ""  # the log is on stderr
     assert "zz-query-secret-42" not in result.stderr and "api_key=***" in result.stderr
