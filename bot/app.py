@@ -122,9 +122,12 @@ async def build_core(
         # consolidation) to the ledger, and the flush is pushed first so it runs after memory.close.
         ledger = UsageLedger(settings.workspace / "usage.json", tz=ZoneInfo(settings.timezone))
         stack.push_async_callback(ledger.close)
-        model = llm if llm is not None else LLMClient(settings.llm, catalog, http, usage=ledger)
-        edge = await stack.enter_async_context(contextlib.AsyncExitStack())  # after the drain, see Core
+        # One counter for the budget and for the calls a server sends no usage for (bot/llm/estimates.py).
         counter = await _token_counter(settings, catalog)
+        model = (
+            llm if llm is not None else LLMClient(settings.llm, catalog, http, usage=ledger, counter=counter)
+        )
+        edge = await stack.enter_async_context(contextlib.AsyncExitStack())  # after the drain, see Core
         window = model_choice.window(settings.llm, catalog)
         memory = await _memory(settings, model, counter, embedder, http, metrics, window)
         stack.push_async_callback(memory.close)  # runs after dispatcher.close, pushed below

@@ -24,7 +24,6 @@ for the answer (``max_output_tokens``). Invariant, for every request the bot sen
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,7 +32,7 @@ import structlog
 from bot.compaction import CompactionResult, CompactionService, Retirer
 from bot.config import CompactionSettings
 from bot.domain import Message, Role, Session
-from bot.llm import ChatRequest, ToolSpec
+from bot.llm import ChatRequest, ToolSpec, request_tokens, schemas_text
 from bot.tokens import TokenCounter
 
 log = structlog.get_logger(__name__)
@@ -107,7 +106,7 @@ class ContextBudget:
         self._settings = settings
         self.window = window
         self.output = max(1, min(max_output_tokens, window // 2))
-        self._tools = counter.count_text(_schemas(tools)) if tools else 0
+        self._tools = counter.count_text(schemas_text(tools)) if tools else 0
         self._base = counter.count_text(base_prompt)
         self._margin = margin_for(window)
         room = max(0, window - self.output - self._tools - self._margin)
@@ -267,9 +266,7 @@ class ContextBudget:
 
     def request_tokens(self, request: ChatRequest, session: Session | None = None) -> int:
         """Calibrated tokens of a request as sent: system prompt, tool schemas and messages."""
-        raw = self._counter.count_text(request.system) if request.system else 0
-        raw += self._counter.count_text(_schemas(request.tools)) if request.tools else 0
-        raw += self._counter.messages_tokens(list(request.messages))
+        raw = request_tokens(self._counter, request)  # (as a call the server did not count is estimated)
         return self._counter.scale(session, raw) if session is not None else raw
 
     def fit(self, request: ChatRequest, session: Session | None = None, *, keep: int = 1) -> ChatRequest:
@@ -285,7 +282,7 @@ class ContextBudget:
             return request
         ratio = self._counter.ratio(session) if session is not None else 1.0
         raw_limit = int(limit / max(ratio, 1e-6))
-        fixed = self._counter.count_text(_schemas(request.tools)) if request.tools else 0
+        fixed = self._counter.count_text(schemas_text(request.tools)) if request.tools else 0
         system = request.system
         # The system prompt may keep at most half of what is left once the schemas are paid for.
         system_room = max(0, (raw_limit - fixed) // 2)
@@ -301,12 +298,6 @@ class ContextBudget:
             window=self.window,
         )
         return dataclasses.replace(request, system=system, messages=tuple(messages))
-
-
-def _schemas(tools: Sequence[ToolSpec]) -> str:
-    return json.dumps(
-        [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools]
-    )
 
 
 def _trim_messages(

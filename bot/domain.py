@@ -149,6 +149,8 @@ class Usage:
     cached_tokens: int = 0
     cost_usd: float = 0.0
     calls: int = 0
+    # Of ``calls``, those the server sent no token counts for: membot counted them (bot/llm/estimates.py).
+    estimated_calls: int = 0
 
     def add(self, other: Usage) -> None:
         self.input_tokens += other.input_tokens
@@ -156,15 +158,19 @@ class Usage:
         self.cached_tokens += other.cached_tokens
         self.cost_usd += other.cost_usd
         self.calls += other.calls
+        self.estimated_calls += other.estimated_calls
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "cached_tokens": self.cached_tokens,
             "cost_usd": round(self.cost_usd, 6),
             "calls": self.calls,
         }
+        if self.estimated_calls:  # (only then: files without estimates stay as they were)
+            out["estimated_calls"] = self.estimated_calls
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Usage:
@@ -174,6 +180,7 @@ class Usage:
             cached_tokens=int(data.get("cached_tokens", 0)),
             cost_usd=float(data.get("cost_usd", 0.0)),
             calls=int(data.get("calls", 0)),
+            estimated_calls=int(data.get("estimated_calls", 0)),
         )
 
 

@@ -42,7 +42,8 @@ class UsageSystem:
         self._budget.counter.history_tokens(session)  # caches the new messages' counts before the save
         if not turn.system_prompt:
             return  # nothing was sent (the model was never asked)
-        single = turn.usage.calls == 1 and turn.usage.input_tokens > 0
+        # (an estimate, bot/llm/estimates.py, is our own count: nothing to learn from it)
+        single = turn.usage.calls == 1 and turn.usage.input_tokens > 0 and not turn.usage.estimated_calls
         self._budget.observe(
             session,
             turn.system_prompt,

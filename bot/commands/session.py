@@ -289,6 +289,8 @@ def _parse_keep(args: str) -> int | None:
 
 def _usage_line(usage: Usage, *, cost: bool = True) -> str:
     tokens = f"{usage.input_tokens:,} in / {usage.output_tokens:,} out tokens"
+    if usage.estimated_calls:  # the endpoint sent no counts for them (bot/llm/estimates.py)
+        tokens += f" ({usage.estimated_calls:,} of {usage.calls:,} calls estimated)"
     return f"{tokens} · ${usage.cost_usd:.4f}" if cost else tokens
 
 

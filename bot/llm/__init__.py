@@ -1,6 +1,7 @@
 """Talking to language models over HTTP (OpenAI-compatible and Anthropic), with no vendor SDK."""
 
 from bot.llm.client import LLMClient, UsageObserver
+from bot.llm.estimates import request_tokens, schemas_text
 from bot.llm.failures import Provider
 from bot.llm.model import ChatModel
 from bot.llm.stats import LLMStats
@@ -19,4 +20,6 @@ __all__ = [
     "ToolSpec",
     "UsageObserver",
     "llm_http_client",
+    "request_tokens",
+    "schemas_text",
 ]

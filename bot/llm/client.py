@@ -40,10 +40,12 @@ One call, step by step:
    limit, a timeout), else the last one: a fallback whose key is refused must not make a primary's
    outage look like a refused key, which the chat would be told at once instead of waiting for the
    model (bot/model_wait.py). The fallback's own error is logged (``llm_fallback_failed``).
-5. Success: each tool call gets an id no other call of the conversation has (call_ids.py); usage
-   and cost (from the catalog) are added to :class:`LLMStats` and reported, with the request's
-   ``purpose``, to the ``usage`` observer (the daily ledger), so every call is counted: chat turns,
-   compaction summaries and memory consolidation alike.
+5. Success: each tool call gets an id no other call of the conversation has (call_ids.py); a count
+   the server did not send is estimated with the injected token counter (estimates.py; logged once
+   per model, ``llm_usage_missing``); usage and cost (from the catalog) are added to
+   :class:`LLMStats` and reported, with the request's ``purpose``, to the ``usage`` observer (the
+   daily ledger), so every call is counted: chat turns, compaction summaries and memory
+   consolidation alike.
 """
 
 from __future__ import annotations
@@ -68,12 +70,14 @@ from bot.llm.answer import Target, error_answer, parse, read_body, read_whole, r
 from bot.llm.breaker import Breakers
 from bot.llm.call_ids import made_unique
 from bot.llm.endpoints import check_base_url, where
+from bot.llm.estimates import Counter, fill_missing
 from bot.llm.failures import Provider, key_setting
 from bot.llm.httpx_errors import HTTPX_ERRORS, httpx_errors, map_httpx_error
 from bot.llm.stats import LLMStats
 from bot.llm.streaming import stream_answer
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent, Wire
 from bot.retry import Backoff, retry
+from bot.tokens import TokenCounter
 
 __all__ = ["HTTPX_ERRORS", "LLMClient", "LLMStats", "UsageObserver", "map_httpx_error"]
 
@@ -101,7 +105,9 @@ class LLMClient:
     ``usage`` is told every successful call's usage and purpose. ``sleep`` and ``rng`` are injectable
     so tests can check backoff without waiting for it, and ``clock`` (monotonic seconds) the circuit
     breaker's cool-downs (breaker.py). Errors are always bot.errors LLM types;
-    ``stats`` is read by the ops endpoints.
+    ``stats`` is read by the ops endpoints. ``counter`` counts a call the server sent no usage for
+    (estimates.py); give it the context budget's, whose counts the session's messages cache (the
+    default, a character heuristic, is for tools and tests).
     """
 
     def __init__(
@@ -114,6 +120,7 @@ class LLMClient:
         rng: Callable[[], float] = random.random,
         usage: UsageObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        counter: Counter | None = None,
     ) -> None:
         for name, section in (("openai", settings.openai), ("anthropic", settings.anthropic)):
             check_base_url(name, section.base_url)
@@ -128,6 +135,8 @@ class LLMClient:
         self._sleep = sleep
         self._rng = rng
         self._usage = usage
+        self._counter = counter if counter is not None else TokenCounter.approximate()
+        self._unmetered: set[str] = set()  # models whose missing usage was logged (once each)
         self.stats = LLMStats()
         self._breakers = Breakers(self.stats, clock)
 
@@ -344,6 +353,7 @@ class LLMClient:
     async def _succeeded(
         self, model: str, request: ChatRequest, response: ChatResponse, latency: float
     ) -> None:
+        self._metered(model, request, response)
         response.usage.cost_usd = self.info(model).cost(response.usage)
         response.model = response.model or model
         response.model_id = model
@@ -357,6 +367,22 @@ class LLMClient:
 
     def _failed(self, model: str, exc: LLMError) -> None:
         self.stats.failed(model, exc)
+
+    def _metered(self, model: str, request: ChatRequest, response: ChatResponse) -> None:
+        """Estimate what the server did not count (estimates.py), and say so once per model."""
+        estimated = fill_missing(self._counter, request, response)
+        if not estimated or model in self._unmetered:
+            return
+        self._unmetered.add(model)
+        log.warning(
+            "llm_usage_missing",
+            model=model,
+            server=self._where[self.provider_of(model)],
+            missing=estimated,
+            hint="the endpoint sent no token counts for this answer (an OpenAI-compatible server may "
+            "ignore stream_options.include_usage); the usage ledger and /status count membot's own "
+            "estimate for such calls (logged once per model)",
+        )
 
 
 def _exhausted(failures: list[LLMError]) -> LLMError:

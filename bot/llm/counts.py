@@ -2,9 +2,10 @@
 
 A count is bookkeeping, the answer is what the user waits for (and was paid for): a ``usage`` field
 that is no count (``"n/a"``, ``12.5``, a list) must not throw a good answer away and ask again. It
-counts as 0, and a warning (``llm_usage_malformed``, with the field and the type of what came) tells
-the operator the day's ledger is short for that call. A missing or null count is simply 0: servers
-that do not count (some local ones) send nothing, or null, for every call.
+reads as 0, and a warning (``llm_usage_malformed``, with the field and the type of what came) tells
+the operator. A missing or null count is simply 0: servers that do not count (some local ones) send
+nothing, or null, for every call. An input or output count that reads as 0 is then estimated by the
+client (estimates.py), so the day's ledger is not short by that call.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from bot.domain import InboundMessage, Message, Role, Session, ToolCall, Usage
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 from bot.memory.recorder import Exchange
 from bot.memory.service import MemoryService
-from bot.tokens import TokenCounter
+from bot.tokens import META_RATIO, TokenCounter
 from bot.tools import ToolRegistry
 from pipeline import Pipeline, Turn
 from pipeline.compaction import AutoCompactionSystem
@@ -204,3 +204,24 @@ async def test_a_small_window_keeps_recent_messages_and_the_turns_own_through_a_
     for attempt in (1, 2, 3):  # ever harder, as the tool loop asks
         await budget.on_overflow(session, BASE, attempt, keep_at_least=turn.own_count())
     assert question in session.messages and session.messages[-2].tool_calls
+
+
+@pytest.mark.parametrize("estimated", [False, True])
+async def test_a_call_counted_by_our_own_estimate_does_not_calibrate(
+    counter: TokenCounter, estimated: bool
+) -> None:
+    """A call the server sent no token counts for is counted by our counter (bot/llm/estimates.py);
+    calibrating by that figure would take our own estimate for the model's count."""
+    model, retirer, settings = RecordingModel(), RecordingRetirer(), CompactionSettings()
+    compaction = CompactionService(
+        model, counter, retirer, settings, summary_model=None, max_prompt_tokens=prompt_room(8192, 512)
+    )
+    budget = ContextBudget(
+        counter, compaction, retirer, settings, window=8192, max_output_tokens=OUTPUT, base_prompt=BASE
+    )
+    session = Session.new("test", "c")
+    session.append(Message(Role.USER, words(900, "h")))  # well over the tokens a sample needs
+    turn = Turn(session, (InboundMessage("test", "c", "u", "h1"),), now=NOW, system_prompt=BASE)
+    turn.usage = Usage(input_tokens=5000, output_tokens=40, calls=1, estimated_calls=int(estimated))
+    await UsageSystem(budget, None).process(turn)
+    assert (META_RATIO in session.metadata) is not estimated

@@ -61,7 +61,9 @@ class FakeReply:
     ``html``: a web page sent with HTTP 200 in place of the answer (also to a request that streams),
     as a chat UI or a proxy's login page answers a request sent to the wrong address. ``no_choices``:
     an OpenAI answer with an empty ``choices`` (and its usage), as OpenRouter sends now and then when
-    the provider it routed to produced nothing (speakeasy-api/gram#3129).
+    the provider it routed to produced nothing (speakeasy-api/gram#3129). ``no_usage``: no token
+    counts at all, as OpenAI-compatible servers that ignore ``stream_options.include_usage`` send
+    (no usage chunk, no ``usage`` field; Anthropic: none in ``message_start`` or ``message_delta``).
     """
 
     text: str = ""
@@ -93,6 +95,7 @@ class FakeReply:
     refusal: str = ""
     html: str | None = None
     no_choices: bool = False
+    no_usage: bool = False
 
     def ids(self, api: str) -> list[str | None]:
         """The id each tool call is sent with (``None``: sent without one)."""
@@ -196,7 +199,7 @@ def openai_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[s
             _with_id({"type": "function", "function": {"name": n, "arguments": args_text(a)}}, i)
             for (n, a), i in zip(reply.tool_calls, reply.ids("openai"), strict=True)
         ]
-    return {
+    answer = {
         "id": "chatcmpl-" + uuid.uuid4().hex[:8],
         "object": "chat.completion",
         "model": body["model"],
@@ -205,6 +208,9 @@ def openai_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dict[s
         else [_choice({"index": 0, "message": message, "finish_reason": openai_finish(reply)}, reply)],
         "usage": openai_usage(usage),
     }
+    if reply.no_usage:
+        del answer["usage"]
+    return answer
 
 
 def _choice(choice: dict[str, Any], reply: FakeReply) -> dict[str, Any]:
@@ -215,7 +221,7 @@ def anthropic_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dic
     content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
     for (name, args), i in zip(reply.tool_calls, reply.ids("anthropic"), strict=True):
         content.append(_with_id({"type": "tool_use", "name": name, "input": args_object(args)}, i))
-    return {
+    answer = {
         "id": "msg_" + uuid.uuid4().hex[:8],
         "type": "message",
         "role": "assistant",
@@ -225,6 +231,9 @@ def anthropic_body(body: dict[str, Any], reply: FakeReply, usage: Usage3) -> dic
         "stop_sequence": None,
         "usage": anthropic_usage(usage),
     }
+    if reply.no_usage:
+        del answer["usage"]
+    return answer
 
 
 def _with_id(call: dict[str, Any], id_: str | None) -> dict[str, Any]:
@@ -422,7 +431,7 @@ async def stream_openai(
         for part in pieces(args_text(args)):
             await sse.send(chunk({"tool_calls": [{"index": index, "function": {"arguments": part}}]}))
     await sse.send(chunk({}, openai_finish(reply)))
-    if (body.get("stream_options") or {}).get("include_usage"):
+    if (body.get("stream_options") or {}).get("include_usage") and not reply.no_usage:
         await sse.send({**base, "choices": [], "usage": openai_usage(usage)})
     await sse.send("[DONE]")
     await response.write_eof()
@@ -435,7 +444,9 @@ async def stream_anthropic(
     response, sse = await _open(request, reply)
     start_usage = {**anthropic_usage(usage), "output_tokens": 1}
     message = {"id": "msg_s", "type": "message", "role": "assistant", "model": body["model"], "content": []}
-    await sse.send({"type": "message_start", "message": {**message, "usage": start_usage}}, "message_start")
+    if not reply.no_usage:
+        message["usage"] = start_usage
+    await sse.send({"type": "message_start", "message": message}, "message_start")
     await sse.send({"type": "ping"}, "ping")
     if reply.malformed:
         await sse.send('{"type": "content_block_delta", "delta": ', "content_block_delta")
@@ -470,9 +481,8 @@ async def stream_anthropic(
         await sse.send({"type": "content_block_stop", "index": index}, "content_block_stop")
         index += 1
     delta = {"stop_reason": anthropic_stop(reply), "stop_sequence": None}
-    await sse.send(
-        {"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage[1]}}, "message_delta"
-    )
+    counted = {} if reply.no_usage else {"usage": {"output_tokens": usage[1]}}
+    await sse.send({"type": "message_delta", "delta": delta, **counted}, "message_delta")
     await sse.send({"type": "message_stop"}, "message_stop")
     await response.write_eof()
     return response

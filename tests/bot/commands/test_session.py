@@ -680,3 +680,21 @@ async def test_a_new_waiting_for_a_turn_runs_once_after_a_restart_in_its_place(
         assert await again.dispatcher.recover() == 0  # done: a later start runs it no more
         await asyncio.sleep(0.1)
         assert again.channel.sent == []
+
+
+async def test_status_says_how_many_calls_were_counted_by_our_estimate(
+    server: FakeLLMServer, bot_on: Callable[..., Bot]
+) -> None:
+    """A server that sends no token counts got 0 tokens in /status; its calls are estimated now
+    (bot/llm/estimates.py), and /status says how many of them."""
+    async with bot_on(admins=OPERATOR) as bot:
+        server.script(FakeReply(text="one", usage=(1200, 30)), FakeReply(text="two", no_usage=True))
+        assert await bot.say("first") == "one"
+        assert await bot.say("second") == "two"
+        status = await bot.say("/status")
+    session = await bot.sessions.get(SID)
+    assert session is not None and session.usage.input_tokens > 1200 and session.usage.output_tokens > 30
+    this_chat = next(line for line in status.splitlines() if line.startswith("This chat:"))
+    today = next(line for line in status.splitlines() if line.startswith("Today (all chats):"))
+    assert "out tokens (1 of 2 calls estimated) · $" in this_chat
+    assert "out tokens (1 of 2 calls estimated) · $" in today
