@@ -49,8 +49,8 @@ from bot.config import MemorySettings
 from bot.errors import ConfigError
 from bot.logging import configure_logging
 from bot.memory.importer import parse_date, read_json, sessions_from
+from bot.memory.items import ScoredItem
 from bot.memory.operator import import_sessions
-from bot.memory.retrieval import ScoredItem
 from bot.memory.service import MemoryService
 from bot.memory.weights import Weights
 

@@ -4,11 +4,12 @@ Settings are loaded by the CLI and passed in; everything else is constructed her
 and handed to its users. Long-lived resources (the workspace lock, the HTTP clients, memory, the
 dispatcher, the channels and the ops HTTP server) enter the one AsyncExitStack of :func:`build_core`, so
 each is closed once, in reverse order, whatever happens; channels and the ops server go into its
-``core.edge`` part, which closes after the dispatcher has drained. Channel libraries, and aiohttp and
-prometheus_client for the ops endpoints, are imported only when configured, so start-up time and memory
-follow the configuration. This is the only module of ``bot`` that imports ``channels``: the CLI's
-long-running commands take their channels from here (``membot run``: bot/serve.py; ``membot chat``:
-bot/terminal_chat.py), and the checks and repairs of start-up are in bot/startup.py.
+``core.edge`` part, which closes after the dispatcher has drained. Channel libraries, aiohttp and
+prometheus_client for the ops endpoints, and memory's read path (numpy, simplemma) are imported only
+when configured, so start-up time and memory follow the configuration. This is the only module of
+``bot`` that imports ``channels``: the CLI's long-running commands take their channels from here
+(``membot run``: bot/serve.py; ``membot chat``: bot/terminal_chat.py), and the checks and repairs of
+start-up are in bot/startup.py.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from bot.domain import utcnow
 from bot.errors import ConfigError
 from bot.inbox import Inbox
 from bot.llm import ChatModel, LLMClient, llm_http_client
-from bot.memory import CONSOLIDATION_OUTPUT, Embedder, MemoryService, MemoryTool, build_embedder
+from bot.memory import CONSOLIDATION_OUTPUT, MemoryService, MemoryTool
 from bot.memory import operator as memory_operator
 from bot.model_wait import WAIT_FILE, WaitRecords
 from bot.session_moves import carry_moves
@@ -65,6 +66,7 @@ from pipeline import (
 )
 
 if TYPE_CHECKING:
+    from bot.memory import Embedder
     from bot.metrics import Metrics
     from bot.pairing import PairingStore
     from channels import TerminalChannel
@@ -202,6 +204,8 @@ async def _memory(
     """Always built and started (archive and raw fallbacks keep working); the LLM only when enabled."""
     enabled = settings.memory.enabled
     if enabled and embedder is None:
+        from bot.memory import build_embedder  # loads numpy: see the module doc
+
         embedder = build_embedder(settings.memory, http)
     memory = MemoryService(
         settings.memory_dir,
@@ -214,6 +218,7 @@ async def _memory(
         maintain_every=timedelta(days=1),  # promotion, decay and log compaction
         observer=metrics,
         consolidation_room=prompt_room(window, CONSOLIDATION_OUTPUT),
+        retrieval=enabled,
     )
     await memory.start(resume=False)  # resumed once the moved chats took their records (build_core)
     return memory

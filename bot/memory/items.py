@@ -230,6 +230,18 @@ class MemoryItem:
         )
 
 
+@dataclass(slots=True)  # not frozen: a query makes hundreds, and a frozen one costs 4x to build
+class ScoredItem:
+    """An item as ranked for a query (retrieval.py); here, beside the item, so that what only carries
+    ranked items (recall, the pack) does not load the ranking and numpy."""
+
+    item: MemoryItem
+    score: float
+    relevance: float  # to the query, 0..1: words and meaning, weighed by who said it and how
+    lexical: float = 0.0  # the words alone, 0..1 (the query's best match is 1)
+    semantic: float = 0.0
+
+
 def make_title(content: str, limit: int = 60) -> str:
     flat = _SPACE.sub(" ", content).strip()
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"

@@ -16,8 +16,7 @@ from datetime import datetime
 from bot.memory.extract import QUESTION_TAG, SUBJECT_PREFIX
 from bot.memory.item_index import retrievable
 from bot.memory.item_store import ItemStore
-from bot.memory.items import STANDALONE_SOURCES, Layer, MemoryItem
-from bot.memory.retrieval import ScoredItem
+from bot.memory.items import STANDALONE_SOURCES, Layer, MemoryItem, ScoredItem
 
 TokenCounter = Callable[[str], int]
 MessageKey = tuple[str, str]

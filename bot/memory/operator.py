@@ -16,12 +16,11 @@ from pathlib import Path
 
 from bot.domain import Message, Role
 from bot.memory.importer import ImportSession, read_json, sessions_from
-from bot.memory.items import Layer, MemoryItem
+from bot.memory.item_index import embeddable
+from bot.memory.items import Layer, MemoryItem, ScoredItem
 from bot.memory.pending import PENDING_DIR
 from bot.memory.prompt import system_prompt
 from bot.memory.recorder import Exchange
-from bot.memory.relevant import embeddable
-from bot.memory.retrieval import ScoredItem
 from bot.memory.service import MemoryService
 
 Progress = Callable[[int, int], None]  # (sessions done, sessions total)

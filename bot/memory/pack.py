@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
+from bot.memory.items import ScoredItem
 from bot.memory.memories import Memory
 from bot.memory.recall import Recall, RecallDiagnostics
-from bot.memory.retrieval import ScoredItem
 
 TokenCounter = Callable[[str], int]
 HEADER = "## Relevant Memory"

@@ -13,11 +13,10 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 from bot.memory.item_store import ItemStore
-from bot.memory.items import STANDALONE_SOURCES
+from bot.memory.items import STANDALONE_SOURCES, ScoredItem
 from bot.memory.memories import Candidate, Memory, MessageKey, key_of
 from bot.memory.notes import fold
 from bot.memory.recall import Recaller
-from bot.memory.retrieval import ScoredItem
 from bot.memory.scope import belongs_to
 from bot.memory.words import tokenize
 

@@ -18,13 +18,14 @@ from zoneinfo import ZoneInfo
 
 from bot.config import MemorySettings
 from bot.memory.asks import asks_about_assistant
+from bot.memory.item_index import embeddable
 from bot.memory.item_store import ItemStore
-from bot.memory.items import Layer, MemoryItem
+from bot.memory.items import Layer, MemoryItem, ScoredItem
 from bot.memory.lexical import Where
 from bot.memory.memories import Memory, MessageKey
 from bot.memory.pack import MemoryPack, assemble, overhead, price, said_in
 from bot.memory.recall import Recaller
-from bot.memory.retrieval import Retriever, ScoredItem, diversify
+from bot.memory.retrieval import Retriever, diversify
 from bot.memory.scope import belongs_to
 from bot.memory.vector_search import Feedback
 from bot.memory.vectors import VectorStore
@@ -204,13 +205,3 @@ class RelevantMemory:
         await self._touch(pack.items)
         pack.diagnostics.ms = round((time.perf_counter() - started) * 1000, 2)
         return pack
-
-
-def embeddable(item: MemoryItem) -> bool:
-    """Whether an item gets a vector: what the user said and the facts, not the assistant's answers.
-
-    Meaning search is for finding the user's own words worded differently; an answer is still found by
-    its words and comes along with the user turn before it (context expansion). Embedding answers cost
-    half the model's time (long ones ~10x a user message) and, on the open LongMemEval subset, bought
-    nothing: without them evidence reach went 0.977 -> 0.983 and turn recall_all@10 0.831 -> 0.843."""
-    return "assistant" not in item.tags

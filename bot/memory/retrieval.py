@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from itertools import chain
 from typing import NamedTuple
@@ -33,7 +32,7 @@ from bot.memory.conversations import conversation_of, conversation_scores, sessi
 from bot.memory.extract import NO_FACT_TAG, QUESTION_TAG
 from bot.memory.item_index import retrievable
 from bot.memory.item_store import ItemStore
-from bot.memory.items import ItemType, MemoryItem
+from bot.memory.items import ItemType, MemoryItem, ScoredItem
 from bot.memory.timehints import microseconds
 from bot.memory.weights import Weights
 from bot.memory.word_match import WordMatch, WordMatcher
@@ -51,15 +50,6 @@ TYPE_WEIGHT: Mapping[ItemType, float] = {
     ItemType.COMMAND_RESULT: 0.5,
     ItemType.EPISODE: 0.4,
 }
-
-
-@dataclass(slots=True)  # not frozen: a query makes hundreds, and a frozen one costs 4x to build
-class ScoredItem:
-    item: MemoryItem
-    score: float
-    relevance: float  # to the query, 0..1: words and meaning, weighed by who said it and how
-    lexical: float = 0.0  # the words alone, 0..1 (the query's best match is 1)
-    semantic: float = 0.0
 
 
 class Retriever(WordMatcher):

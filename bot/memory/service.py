@@ -11,7 +11,8 @@ item layers), composes the modules that work on them, and offers three paths:
    running bot's :meth:`start`, or its :meth:`resume` after the chats that moved took theirs along
    (pending.py, bot/session_moves.py);
 3. read — :meth:`context` builds the ``# Memory`` prompt section (section.py, with recent.py's notes),
-   :meth:`search` ranks items and :meth:`pack` packs them (relevant.py).
+   :meth:`search` ranks items and :meth:`pack` packs them (relevant.py). These parts, with the word
+   index and the vectors, are reading.py's ReadPath, which a bot with memory off does not build.
 
 With ``memory.scope = "chat"`` every path takes the session id and stays inside that chat (see
 bot/memory/scope.py): notes and the bot-written MEMORY.md live in the chat's folder, and items are
@@ -42,10 +43,9 @@ from bot.config import MemorySettings
 from bot.domain import Message, Session, utcnow
 from bot.memory.archive import TranscriptArchive
 from bot.memory.consolidation import ConsolidationObserver, ConsolidationResult, Consolidator
-from bot.memory.embeddings import Embedder
 from bot.memory.history import HistoryLog
 from bot.memory.item_store import ItemStore
-from bot.memory.items import Layer, MemoryItem
+from bot.memory.items import Layer, MemoryItem, ScoredItem
 from bot.memory.lazy_sync import MARKER
 from bot.memory.longterm import READ_MARGIN, Limits, LongTermMemory
 from bot.memory.memories import MessageKey
@@ -53,20 +53,19 @@ from bot.memory.notes import DailyNotes
 from bot.memory.pack import MemoryPack, TokenCounter, estimate_tokens
 from bot.memory.pending import PENDING_DIR, PendingConsolidations
 from bot.memory.recall import Recaller
-from bot.memory.recent import RecentNotes
 from bot.memory.recorder import Exchange, Recorder, exchanges_of
-from bot.memory.relevant import RelevantMemory, embeddable
 from bot.memory.retirement import Retirement
-from bot.memory.retrieval import Retriever, ScoredItem
 from bot.memory.scope import CHATS_DIR, ChatFolders, may_see
-from bot.memory.section import MemoryContext, MemorySection
 from bot.memory.upkeep import Upkeep
-from bot.memory.vectors import VECTORS_DIR, VectorStore
-from bot.memory.words import load_lemmas
 from bot.storage import ensure_private_dir, fix_private_tree
 
-if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
+if TYPE_CHECKING:  # bot.llm's client loads httpx, and the read path numpy: only types are needed here
     from bot.llm import ChatModel
+    from bot.memory.embeddings import Embedder
+    from bot.memory.reading import ReadPath
+    from bot.memory.retrieval import Retriever
+    from bot.memory.section import MemoryContext
+    from bot.memory.vectors import VectorStore
 
 log = structlog.get_logger(__name__)
 
@@ -91,6 +90,7 @@ class MemoryService:
         observer: ConsolidationObserver | None = None,
         consolidation_room: int | None = None,
         read_only: bool = False,
+        retrieval: bool = True,
     ) -> None:
         """``maintain_every`` is for the running bot: it then promotes, decays and compacts items that
         often, while it answers or consolidates. Operator commands and the bench
@@ -98,10 +98,14 @@ class MemoryService:
         (``bot.metrics.Metrics``) is told about every consolidation. ``consolidation_room``: the prompt
         tokens the consolidation model's window takes (None: not checked). ``read_only``: see the
         module doc; it takes no ``maintain_every``, its ``embedder`` only embeds queries, and its write
-        paths raise.
+        paths raise. ``retrieval=False`` (the bot with ``memory.enabled = false``): no read path
+        (reading.py: no word index, vectors or ``# Memory`` section, and numpy is never loaded); it
+        takes no ``embedder``, and :meth:`search`, :meth:`pack` and :meth:`context` raise.
         """
         if read_only and maintain_every is not None:
             raise ValueError("a read-only MemoryService does not maintain")
+        if embedder is not None and not retrieval:
+            raise ValueError("a MemoryService without retrieval embeds nothing")
         self.read_only = read_only
         self.settings = settings
         self.root = root
@@ -116,23 +120,25 @@ class MemoryService:
         self.archive = TranscriptArchive(root / "archive")
         self.pending = PendingConsolidations(root / PENDING_DIR)  # retirements a kill cut short
         self.items = ItemStore(root / "items", per_chat=scoped, read_only=read_only)
-        self.retriever = Retriever(self.items)
         self.recaller = Recaller(self.items, count_tokens, max_message_tokens=settings.max_message_tokens)
-        self.vectors = (
-            VectorStore(root / VECTORS_DIR, embedder, read_only=read_only) if embedder is not None else None
-        )
-        self._relevant = RelevantMemory(
-            self.items,
-            self.retriever,
-            self.recaller,
-            self.vectors,
-            settings,
-            tz=tz,
-            clock=clock,
-            chat_scope=scoped,
-        )
-        if self.vectors is not None and not read_only:
-            self.items.subscribe(self._relevant.embed_later)
+        self._reading: ReadPath | None = None
+        if retrieval:
+            # Imported here, the one place it is built: it loads numpy and simplemma (see reading.py).
+            from bot.memory.reading import ReadPath
+
+            self._reading = ReadPath(
+                root,
+                self.items,
+                self.recaller,
+                self.longterm,
+                self.chats,
+                settings,
+                embedder=embedder,
+                tz=tz,
+                clock=clock,
+                chat_scope=scoped,
+                read_only=read_only,
+            )
         self.consolidator = Consolidator(
             llm,
             self.longterm,
@@ -147,7 +153,8 @@ class MemoryService:
             count=count_tokens,
         )
         self._recorder = Recorder(self.items, self.notes_for, marker=root / MARKER, clock=clock)
-        self._upkeep = Upkeep(self.items, self.retriever, settings, clock=clock, every=maintain_every)
+        index = self._reading.retriever if self._reading is not None else None
+        self._upkeep = Upkeep(self.items, index, settings, clock=clock, every=maintain_every)
         self._rewrites_logs = maintain_every is not None  # the running bot
         self._retirement = Retirement(
             self.archive,
@@ -160,22 +167,25 @@ class MemoryService:
             longterm_for=self.longterm_for,
             clock=clock,
         )
-        recent = RecentNotes(self.items, self.recaller, tz=tz, chat_scope=scoped)
-        self._section = MemorySection(
-            settings,
-            self.longterm,
-            self.chats,
-            self._relevant,
-            recent,
-            self.recaller,
-            tz=tz,
-            clock=clock,
-            chat_scope=scoped,
-        )
         self.unsynced_since: datetime | None = None  # a previous run's writes may be lost since (recover)
 
     def now(self) -> datetime:
         return self._clock()
+
+    @property
+    def vectors(self) -> VectorStore | None:
+        """The items' vectors: None without an embedder (or retrieval)."""
+        return self._reading.vectors if self._reading is not None else None
+
+    @property
+    def retriever(self) -> Retriever:
+        """The ranking (and its word index); raises without retrieval."""
+        return self._read().retriever
+
+    def _read(self) -> ReadPath:
+        if self._reading is None:
+            raise RuntimeError(f"memory under {self.root} was opened without retrieval (memory.enabled)")
+        return self._reading
 
     def longterm_for(self, session_id: str) -> LongTermMemory:
         """The MEMORY.md the bot writes for ``session_id``: the chat's own one in chat scope."""
@@ -220,13 +230,8 @@ class MemoryService:
                 hint="memory.scope is 'chat' now, but this file holds what the bot learned in any chat "
                 "while it was 'workspace', and every chat is shown it: move personal facts out of it",
             )
-        await asyncio.to_thread(load_lemmas)
-        await self.retriever.ready()
-        if self.vectors is not None:
-            await self.vectors.start()
-            # What has no vector yet (a new model, items imported beside the bot) is embedded in the
-            # background; the bot answers meanwhile with what it has.
-            self.vectors.submit(i for i in self.items.items() if embeddable(i))
+        if self._reading is not None:
+            await self._reading.start(embed_missing=True)
         if resume:
             await self.resume()
 
@@ -241,10 +246,8 @@ class MemoryService:
         await self.items.load()
         if self.chat_scope:
             await self.items.separate_chats()  # in memory only: the bot writes the split at its start
-        await asyncio.to_thread(load_lemmas)
-        await self.retriever.ready()
-        if self.vectors is not None:
-            await self.vectors.start()
+        if self._reading is not None:
+            await self._reading.start(embed_missing=False)
 
     def _writable(self) -> None:
         if self.read_only:
@@ -274,19 +277,20 @@ class MemoryService:
         bot also writes which items were recalled since the last maintenance. Read-only: only the
         query embeddings still under way are stopped."""
         if self.read_only:
-            if self.vectors is not None:
-                await self.vectors.close()
+            if self._reading is not None:
+                await self._reading.close()
             return
         await self._retirement.close()
         await self._upkeep.settled()  # one an answer or a consolidation started
-        if self.vectors is not None:
-            await self.vectors.close()
+        if self._reading is not None:
+            await self._reading.close()
         await asyncio.gather(self.items.drain(), self._recorder.drain())
         await self._recorder.settle_failed()
         await self._recorder.lazy.close()
         # The next start reads these two instead of parsing and re-tokenizing every item.
         await self.items.save_snapshot()
-        await self.retriever.save()
+        if self._reading is not None:
+            await self._reading.retriever.save()
         await self._upkeep.close()
 
     # -- write path -------------------------------------------------------------------------------
@@ -375,12 +379,14 @@ class MemoryService:
 
         In chat scope only ``session_id``'s items are searched; ``None`` (the operator) searches all.
         """
-        return await self._relevant.search(query, k=k, layers=layers, touch=touch, session_id=session_id)
+        return await self._read().relevant.search(
+            query, k=k, layers=layers, touch=touch, session_id=session_id
+        )
 
     def prefetch(self, query: str) -> None:
         """Start the work for ``query`` that can go ahead of its turn (the query's vector), without
         waiting for it. A turn that then asks for the same text finds it made or in the making."""
-        self._relevant.prefetch(query)
+        self._read().relevant.prefetch(query)
 
     async def pack(
         self,
@@ -395,7 +401,7 @@ class MemoryService:
     ) -> MemoryPack:
         """The ``## Relevant Memory`` section for ``query``; see
         :meth:`RelevantMemory.pack <bot.memory.relevant.RelevantMemory.pack>`."""
-        return await self._relevant.pack(
+        return await self._read().relevant.pack(
             query, soft=soft, hard=hard, session_id=session_id, now=now, skip=skip, askers=askers
         )
 
@@ -411,14 +417,14 @@ class MemoryService:
     ) -> MemoryContext:
         """The ``# Memory`` section for a turn of ``session_id`` whose user wrote ``query``: see
         :meth:`MemorySection.build` for ``now``, ``shown``, ``budget`` and ``askers``."""
-        return await self._section.build(
+        return await self._read().section.build(
             query, session_id=session_id, now=now, shown=shown, budget=budget, askers=askers
         )
 
     def last_recall(self, session_id: str) -> dict[str, object] | None:
         """What the last ``# Memory`` built for ``session_id`` in this process retrieved, if any."""
-        return self._section.last_recall(session_id)
+        return self._read().section.last_recall(session_id)
 
     def default_budget(self) -> int:
         """The memory section's tokens when no window constrains it: the configured caps added up."""
-        return self._section.default_budget()
+        return self._read().section.default_budget()

@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 import structlog
 
 from bot.config import MemorySettings
 from bot.memory.item_store import ItemStore
 from bot.memory.items import MemoryItem
-from bot.memory.retrieval import Retriever
+
+if TYPE_CHECKING:  # only with retrieval (it loads numpy: see reading.py)
+    from bot.memory.retrieval import Retriever
 
 log = structlog.get_logger(__name__)
 
@@ -31,7 +34,7 @@ class Upkeep:
     def __init__(
         self,
         items: ItemStore,
-        retriever: Retriever,
+        retriever: Retriever | None,
         settings: MemorySettings,
         *,
         clock: Callable[[], datetime],
@@ -57,7 +60,8 @@ class Upkeep:
         decayed = await self._items.decay(now, self._settings.decay_days)
         compacted = await self._items.compact()
         await self._items.save_snapshot()
-        await self._retriever.save()
+        if self._retriever is not None:  # None: memory is off, and has no word index to keep
+            await self._retriever.save()
         return {"promoted": len(promoted), "decayed": decayed, "compacted": compacted}
 
     def start_when_due(self) -> None:

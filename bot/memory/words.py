@@ -4,14 +4,15 @@ Lower-cased word tokens of any script without English stop words, each reduced t
 (simplemma: "bought" -> "buy", "older" -> "old") and then through a light suffix stripper, so the words a
 user asks with meet the words they used. Chinese and Japanese, written without spaces, become
 overlapping character pairs.
+
+simplemma is imported at the first word looked up (``load_lemmas`` at the start of memory's read path):
+a bot with memory off, which looks up none, does not hold it (4 MiB).
 """
 
 from __future__ import annotations
 
 import re
 from functools import lru_cache
-
-import simplemma
 
 _TOKEN = re.compile(r"[^\W_]+")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
@@ -55,6 +56,8 @@ def normalize_word(word: str) -> str:
     simplemma's ``low_memory`` backend reads the same dictionary as a front-coded stream, decoding the
     few entries a look-up needs: the same lemmas, 2 MiB resident instead of the 19 MiB dict the default
     backend unpacks, for ~9 µs more per look-up (and this cache spares most of them)."""
+    import simplemma  # here, not at the top: see the module doc
+
     return stem(simplemma.lemmatize(word, lang="en", low_memory=True).lower())
 
 

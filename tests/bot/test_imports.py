@@ -49,6 +49,7 @@ def loaded_after(code: str, modules: tuple[str, ...] = HEAVY) -> list[str]:
     )
     marker = [line for line in done.stdout.splitlines() if line.startswith("LOADED ")]
     assert marker, done.stderr
+    assert done.returncode == 0, done.stderr  # what a failed ``code`` left unloaded says nothing
     loaded: list[str] = json.loads(marker[-1].removeprefix("LOADED "))
     return loaded
 
@@ -85,6 +86,29 @@ def test_the_embedding_model_s_libraries_load_with_the_model() -> None:
     model = {"google.protobuf", "onnxruntime", "tokenizers"}
     assert not model & set(loaded_after(code))
     assert model <= set(loaded_after(code + "bot.memory.embeddings.OnnxEmbedder().load()\n"))
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_memory_s_read_path_loads_only_when_memory_is_on(tmp_path: Path, enabled: bool) -> None:
+    # With memory off the bot still builds and starts its MemoryService (the archive, the consolidation
+    # fallbacks), but not the word index, the ranking or the vectors: numpy and simplemma stay unloaded.
+    overrides = {
+        "workspace": str(tmp_path / "ws"),
+        "memory": {"enabled": enabled, "embeddings": "none"},
+        "llm": {"openai": {"base_url": "http://127.0.0.1:9/v1", "api_key": "sk-test-key-123456"}},
+    }
+    code = (
+        "import asyncio\n"
+        "from bot.app import build_core\n"
+        "from bot.config import load_settings\n"
+        f"settings = load_settings(None, env_file=None, overrides={overrides!r})\n"
+        "async def main():\n"
+        "    async with build_core(settings) as core:\n"
+        "        assert core.memory.archive is not None\n"
+        "asyncio.run(main())\n"
+    )
+    read_path = {"numpy", "simplemma"}
+    assert set(loaded_after(code, tuple(read_path))) == (read_path if enabled else set())
 
 
 def test_the_tools_load_the_html_parser_only_for_a_page() -> None:

@@ -84,7 +84,7 @@ def test_reindex_embeds_every_item_once_with_the_bundled_model(tmp_path: Path) -
 
 
 def test_reindex_embeds_what_the_bot_embeds_and_a_started_bot_finds_nothing_left(tmp_path: Path) -> None:
-    # The bot gives no vector to the assistant's answers (bot/memory/relevant.py, embeddable); reindex
+    # The bot gives no vector to the assistant's answers (bot/memory/item_index.py, embeddable); reindex
     # embedded them too: twice the model's time, and meaning search then ranked answers the bot left out.
     ws, embeddable = imported(tmp_path)
     result = membot("memory", "reindex", workspace=ws, embeddings="local")

@@ -17,9 +17,9 @@ import simplemma
 
 from bot.memory.conversations import READ, rank_conversations
 from bot.memory.item_store import ItemStore
-from bot.memory.items import ItemType, Layer, MemoryItem, Reference
+from bot.memory.items import ItemType, Layer, MemoryItem, Reference, ScoredItem
 from bot.memory.lexical import LexicalIndex
-from bot.memory.retrieval import Retriever, ScoredItem, diversify
+from bot.memory.retrieval import Retriever, diversify
 from bot.memory.timehints import periods, time_hint
 from bot.memory.weights import Weights
 from bot.memory.word_match import reciprocal_rank_fusion

@@ -7,6 +7,8 @@ from datetime import timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import pytest
+
 from bot.config import MemorySettings
 from bot.domain import Message, Role
 from bot.memory import Exchange, Layer, MemoryService
@@ -346,3 +348,33 @@ async def test_the_sections_count_covers_its_whole_text(memory: MemoryService, c
     built = await memory.context("the boiler", budget=3000)
     assert READING_NOTE in built.text and "## Relevant Memory" in built.text
     assert estimate_tokens(built.text) <= built.tokens
+
+
+async def test_memory_turned_off_and_on_again_finds_what_was_said_meanwhile(
+    tmp_path: Path, clock: Clock
+) -> None:
+    # With memory off the bot builds no read path (bot/memory/reading.py): nothing keeps the word index
+    # current, and the next start with memory on must index what was written meanwhile.
+    def running_bot(*, retrieval: bool) -> MemoryService:
+        return MemoryService(
+            tmp_path, MemorySettings(), clock=clock, maintain_every=timedelta(days=1), retrieval=retrieval
+        )
+
+    on = running_bot(retrieval=True)
+    await on.start()
+    await on.record_exchanges([exchange(clock, "my bike is a red Gazelle", "nice bike")])
+    await on.close()
+
+    off = running_bot(retrieval=False)
+    await off.start()
+    clock.advance(days=2)
+    await off.record_exchanges([exchange(clock, "my car is a blue Volvo", "nice car")])  # and maintains
+    with pytest.raises(RuntimeError, match="without retrieval"):
+        await off.search("car")
+    await off.close()
+
+    again = running_bot(retrieval=True)
+    await again.start()
+    assert any("Volvo" in hit.item.content for hit in await again.search("which car do I drive"))
+    assert any("Gazelle" in hit.item.content for hit in await again.search("what colour is my bike"))
+    await again.close()
