@@ -208,6 +208,24 @@ async def test_a_hostile_page_never_holds_the_event_loop(http: httpx.AsyncClient
             await asyncio.sleep(0.05)
 
 
+async def test_pages_the_tool_gave_up_on_are_converted_one_at_a_time(
+    http: httpx.AsyncClient, allowed: Server
+) -> None:
+    """A conversion the tool stopped waiting for runs on; the next page must wait for it, not start a
+    thread of its own: a chat fetching a hostile page every timeout took one more core each time."""
+    tool = fetcher(http, allowed, max_bytes=1_000_000, timeout=0.5)
+    try:
+        for _ in range(2):
+            assert "took longer than 0.5 s" in await refused(tool, f"{allowed.base}/deep")
+        running = sum(t.name == "html-text" for t in threading.enumerate())
+    finally:  # let them end here, not in a later test (see above)
+        async with asyncio.timeout(120):
+            while any(t.name == "html-text" for t in threading.enumerate()):
+                await asyncio.sleep(0.05)
+    assert running == 1
+    assert "Title: Test page" in await tool.run({"url": f"{allowed.base}/page"}, CTX)  # and then it goes on
+
+
 async def test_compressed_pages_are_read_and_a_bomb_only_as_far_as_the_limit(
     http: httpx.AsyncClient, allowed: Server
 ) -> None:
