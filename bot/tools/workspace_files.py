@@ -9,6 +9,7 @@ blocks: the tool runs it in a worker thread.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import stat
@@ -139,8 +140,15 @@ class WorkspaceFiles:
         The size is checked and the text written under an exclusive lock on the file: one answer's
         calls run at once, each in a worker thread (two chats may share a file too), and appends that
         all read the size before any wrote would all pass the check."""
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-        fd = os.open(name, flags, FILE_MODE, dir_fd=folder)
+        # O_NONBLOCK: a pipe swapped in since the check (mkfifo in the shell tool, racing the call) would
+        # block the open until some reader came, forever, holding a worker thread the bot's writes need.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(name, flags, FILE_MODE, dir_fd=folder)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a pipe nobody reads
+                raise ToolError(f"{rel} is not a regular file; refused") from None
+            raise
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):

@@ -285,6 +285,43 @@ async def test_a_folder_swapped_for_a_link_while_a_search_reads_leads_nowhere(wo
     assert "a secret of the notes" in found  # the rest is still searched
 
 
+class PipeOnAppend:
+    """Swaps ``file`` for a named pipe the moment the tool opens it to append, after its checks (mkfifo
+    in the shell tool, racing the call), and says whether that open would have blocked: a pipe opened
+    to write without O_NONBLOCK waits for a reader, forever (one is opened here instead, so the test
+    does not hang)."""
+
+    def __init__(self, file: Path) -> None:
+        self.file = file
+        self.armed = False
+        self.would_block = False
+        self.reader: int | None = None
+        sys.addaudithook(self)  # for the life of the process; it acts only while armed
+
+    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
+        if not (self.armed and event == "open" and args[0] == self.file.name and args[2] & os.O_APPEND):
+            return
+        self.armed = False
+        self.file.unlink()
+        os.mkfifo(self.file)
+        if not args[2] & os.O_NONBLOCK:
+            self.would_block = True
+            self.reader = os.open(self.file, os.O_RDONLY | os.O_NONBLOCK)
+
+
+async def test_a_file_swapped_for_a_pipe_before_an_append_blocks_nothing(workspace: Path) -> None:
+    (workspace / "notes" / "log.txt").write_text("one\n")
+    swap = PipeOnAppend(workspace / "notes" / "log.txt")
+    swap.armed = True
+    try:
+        reason = await refused(tool(workspace), action="append", path="notes/log.txt", content="two")
+    finally:
+        if swap.reader is not None:
+            os.close(swap.reader)
+    assert not swap.armed and not swap.would_block
+    assert "not a regular file" in reason
+
+
 async def test_appends_stop_at_what_can_be_read_back(workspace: Path) -> None:
     files = tool(workspace, max_bytes=1000)
     for _ in range(2):
