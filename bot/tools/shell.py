@@ -50,7 +50,7 @@ from typing import Any
 import structlog
 
 from bot.tools.base import ToolContext, ToolError, string_arg, untrusted
-from bot.tools.confine import READ_ONLY, Confinement
+from bot.tools.confine import READ_ONLY, Confinement, folded
 
 log = structlog.get_logger(__name__)
 
@@ -261,9 +261,11 @@ class ShellTool:
         return [bind, str(real), str(real)]
 
     def _holds_protected(self, rel: PurePosixPath) -> bool:
-        """True when something below ``rel`` is protected (``memory/archive``): mount it entry by entry."""
+        """True when something below ``rel`` is protected (``memory/archive``): mount it entry by entry.
+        Without case, as :meth:`Confinement.protected` compares (``Conf/membot.toml`` is in ``conf``)."""
+        parts = folded(rel).parts
         return any(
-            len(p.parts) > len(rel.parts) and p.parts[: len(rel.parts)] == rel.parts
+            len(p.parts) > len(parts) and folded(p).parts[: len(parts)] == parts
             for p in self._rules.protected_prefixes
         )
 

@@ -240,6 +240,24 @@ async def test_chat_scope_hides_memory_from_the_shell_too(workspace: Path) -> No
     assert "notes.txt" in await tool.run({"command": "ls"}, CTX)
 
 
+async def test_a_protected_file_in_a_folder_is_hidden_in_any_case_as_the_files_tool_refuses_it(
+    workspace: Path,
+) -> None:
+    """The operator's config kept in a folder, named in another case than the folder has on the disk
+    (``--config Conf/membot.toml`` on a case-folding filesystem, where it is ``conf/membot.toml``):
+    the files tool compares names without case and refuses it, and so must the sandbox."""
+    (workspace / "conf").mkdir()
+    (workspace / "conf" / "membot.toml").write_text('token = "bot-token-secret"\n')
+    (workspace / "conf" / "readme.txt").write_text("the model's own\n")
+    files = FilesTool(workspace, max_bytes=10_000, protected=["Conf/membot.toml"])
+    with pytest.raises(ToolError, match="internal state"):
+        await files.run({"action": "read", "path": "conf/membot.toml"}, CTX)
+
+    tool = shell(workspace, protected=["Conf/membot.toml"])
+    assert "bot-token-secret" not in await tool.run({"command": "cat conf/membot.toml"}, CTX)
+    assert "the model's own" in await tool.run({"command": "cat conf/readme.txt"}, CTX)
+
+
 @pytest.mark.parametrize("sandbox", ["definitely-not-bwrap-xyz", "false"])
 async def test_without_a_working_sandbox_nothing_runs(workspace: Path, sandbox: str) -> None:
     reason = await refused(shell(workspace, sandbox=sandbox), "cat notes.txt")
