@@ -333,5 +333,5 @@ def _parse_layer(value: str) -> Layer:
 def _int(value: Any, default: int) -> int:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (OverflowError: ``1e999``, infinity to Python's JSON)
         return default

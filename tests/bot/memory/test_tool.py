@@ -161,6 +161,15 @@ async def test_bad_arguments_are_tool_errors(memory: MemoryService, args: dict[s
         await MemoryTool(memory).run(args, CTX)
 
 
+@pytest.mark.parametrize("action", ["search", "search_archive"])
+async def test_an_infinite_k_is_taken_as_no_count_given(memory: MemoryService, action: str) -> None:
+    """``{"k": 1e999}`` is valid JSON to Python's reader, which makes it infinity: no crash, no traceback."""
+    tool = MemoryTool(memory)
+    await tool.run({"action": "add", "content": "User's cat is called Miso"}, CTX)
+    found = await tool.run({"action": action, "query": "Miso", "k": float("inf")}, CTX)
+    assert isinstance(found, str)
+
+
 def test_schema_lists_every_action() -> None:
     assert MemoryTool.parameters["properties"]["action"]["enum"] == [
         "add",
