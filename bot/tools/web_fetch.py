@@ -212,5 +212,5 @@ def _decode(body: bytes, headers: httpx.Headers, *, html: bool) -> str:
             )
     try:
         return body.decode(charset, errors="replace")
-    except LookupError:
+    except (LookupError, UnicodeError):  # (UnicodeError: "undefined", a codec that refuses everything)
         return body.decode("utf-8", errors="replace")

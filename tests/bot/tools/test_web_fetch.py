@@ -92,6 +92,10 @@ async def start(host: str) -> Server:
             return web.Response(body=body.encode("cp1252"), headers={"Content-Type": "text/html"})
         if request.path == "/unnamed":  # no charset anywhere, and not UTF-8
             return web.Response(body="Smörgåsbord".encode("cp1252"), headers={"Content-Type": "text/plain"})
+        if request.path == "/undefined":  # a codec Python has that fails every decode, whatever the errors=
+            return web.Response(
+                body=b"plain words", headers={"Content-Type": "text/plain; charset=undefined"}
+            )
         if request.path == "/set-cookie":  # a site that sets a cookie; /cookie says what it was sent
             response = web.Response(text="set", content_type="text/plain")
             response.set_cookie("session", "chat-a-secret")
@@ -273,6 +277,14 @@ async def test_a_page_in_a_legacy_charset_is_read_in_it(http: httpx.AsyncClient,
     assert "Café crème" in named and "\ufffd" not in named
     unnamed = await fetcher(http, allowed).run({"url": f"{allowed.base}/unnamed"}, CTX)
     assert "Smörgåsbord" in unnamed and "\ufffd" not in unnamed
+
+
+async def test_a_charset_that_decodes_nothing_is_read_as_utf8(
+    http: httpx.AsyncClient, allowed: Server
+) -> None:
+    """``charset=undefined`` names Python's codec that raises on every decode: the page crashed the tool."""
+    result = await fetcher(http, allowed).run({"url": f"{allowed.base}/undefined"}, CTX)
+    assert "plain words" in result
 
 
 async def test_no_cookie_a_site_set_is_sent_again(http: httpx.AsyncClient, allowed: Server) -> None:
