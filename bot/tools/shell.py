@@ -25,7 +25,9 @@ The program's memory is capped too (``max_memory``, the data limit ``RLIMIT_DATA
 in the sandbox right before it becomes the program): ``tail /dev/zero`` keeps one endless line and
 took the machine's memory at gigabytes a second until the timeout, or the kernel's OOM killer, ended
 it (the bot itself a likely victim). bwrap has no option for limits, and a ``preexec_fn`` in the bot's
-threaded process could deadlock the fork.
+threaded process could deadlock the fork. A file in memory is memory too, and no data limit counts it:
+``/tmp`` holds at most ``max_memory`` bytes and ``/dev`` is read-only (``cp /dev/zero /tmp/x`` filled
+half the machine's memory). A bubblewrap older than 0.8 cannot size ``/tmp``: there it is read-only.
 
 Symbolic links are harmless there: they resolve inside the sandbox, where neither the outside nor the
 bot's state exists. The command line is split with :func:`shlex.split` and executed directly (no pipes,
@@ -107,6 +109,7 @@ class ShellTool:
         self._sandbox = sandbox
         self._rules = Confinement(workspace, protected=protected, read_only=read_only)
         self._ready: str | None = None  # the bwrap that started a sandbox once; None: not checked yet
+        self._sized_tmp = True  # False: this bwrap cannot size a tmpfs (before 0.8), /tmp is read-only
         self.description = (
             f"Run one command in the workspace folder. Allowed programs: {', '.join(self._allow)}. "
             "No shell features (pipes, redirection, wildcards, variables). The command sees only your "
@@ -185,6 +188,22 @@ class ShellTool:
         if bwrap is None:
             log.warning("shell_sandbox_missing", sandbox=self._sandbox, hint=INSTALL_HINT)
             raise ToolError(f"no command was run: {INSTALL_HINT}")
+        said, code = await self._probe(bwrap)
+        if code != 0 and b"--size" in said:  # bubblewrap before 0.8
+            log.warning("shell_tmp_read_only", sandbox=bwrap, hint="bubblewrap 0.8 or later gives it a /tmp")
+            self._sized_tmp = False
+            said, code = await self._probe(bwrap)
+        if code != 0:
+            reason = said.decode("utf-8", "replace").strip().splitlines()[:1] or ["no message"]
+            log.warning("shell_sandbox_unavailable", sandbox=bwrap, error=reason[0])
+            raise ToolError(
+                f"no command was run: the bubblewrap sandbox cannot start here ({reason[0]}); it needs "
+                "user namespaces (a container or a systemd unit with RestrictNamespaces= blocks them)"
+            )
+        self._ready = bwrap
+        return bwrap
+
+    async def _probe(self, bwrap: str) -> tuple[bytes, int | None]:
         probe = await asyncio.create_subprocess_exec(
             bwrap,
             *await asyncio.to_thread(self._empty_jail),
@@ -194,15 +213,7 @@ class ShellTool:
             env=self._env(),
         )
         said, _ = await probe.communicate()
-        if probe.returncode != 0:
-            reason = said.decode("utf-8", "replace").strip().splitlines()[:1] or ["no message"]
-            log.warning("shell_sandbox_unavailable", sandbox=bwrap, error=reason[0])
-            raise ToolError(
-                f"no command was run: the bubblewrap sandbox cannot start here ({reason[0]}); it needs "
-                "user namespaces (a container or a systemd unit with RestrictNamespaces= blocks them)"
-            )
-        self._ready = bwrap
-        return bwrap
+        return said, probe.returncode
 
     def _env(self) -> dict[str, str]:
         """bwrap's own environment. ``--clearenv`` clears only the command's: bwrap runs as the
@@ -224,17 +235,23 @@ class ShellTool:
                 args += ["--ro-bind", folder, folder]
         for name in _SYSTEM_FILES:
             args += ["--ro-bind-try", name, name]
-        return [*args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]  # (its devices stay writable)
+        return [*args, *(("--size", str(self._max_memory)) if self._sized_tmp else ()), "--tmpfs", "/tmp"]
+
+    def _end(self) -> list[str]:
+        """The last of the sandbox, after the workspace (whose folders a workspace in /tmp needs)."""
+        return [] if self._sized_tmp else ["--remount-ro", "/tmp"]
 
     def _empty_jail(self) -> list[str]:
         """A sandbox like the real one around an empty workspace, running ``true``: does bwrap work?"""
         true = shutil.which("true", path=self._path) or "/bin/true"
-        return [*self._base(), "--tmpfs", str(self._workspace.resolve()), "--", true]
+        return [*self._base(), "--tmpfs", str(self._workspace.resolve()), *self._end(), "--", true]
 
     def _jail(self) -> list[str]:
         """The bwrap arguments: the system, then the workspace as the model may see it, then ``--``."""
         root = self._workspace.resolve()
-        return [*self._base(), *self._folder(root, PurePosixPath(".")), "--chdir", str(root), "--"]
+        jail = [*self._base(), *self._folder(root, PurePosixPath(".")), *self._end()]
+        return [*jail, "--chdir", str(root), "--"]
 
     def _folder(self, real: Path, rel: PurePosixPath) -> list[str]:
         """An empty read-only folder with each entry the model may use mounted into it."""

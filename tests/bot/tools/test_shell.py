@@ -295,6 +295,33 @@ async def test_a_command_cannot_take_the_machines_memory(workspace: Path) -> Non
     assert "Exit code: 0" in await tool.run({"command": "tail -n 1 notes.txt"}, CTX)  # the rest works
 
 
+async def test_files_in_memory_are_bounded_too(workspace: Path) -> None:
+    """A file in /tmp (a tmpfs) or /dev is memory no data limit counts: ``cp /dev/zero /tmp/x`` took
+    half the machine's memory."""
+    tool = shell(workspace, allow=["dd", "touch"], max_memory=16 * 1024 * 1024)
+    filled = await tool.run({"command": "dd if=/dev/zero of=/tmp/x bs=1M count=64"}, CTX)
+    assert "No space left on device" in filled and "67108864 bytes" not in filled, filled
+    assert "Read-only file system" in await tool.run({"command": "touch /dev/x"}, CTX)
+    assert "Exit code: 0" in await tool.run({"command": "dd if=/dev/zero of=/dev/null count=1"}, CTX)
+    assert "Exit code: 0" in await tool.run({"command": "dd if=/dev/zero of=/tmp/x bs=1M count=1"}, CTX)
+
+
+async def test_a_bubblewrap_that_cannot_size_tmp_runs_with_tmp_read_only(
+    workspace: Path, tmp_path: Path
+) -> None:
+    """bubblewrap before 0.8 (Ubuntu 22.04 has 0.6) knows no ``--size``: commands still run."""
+    old = tmp_path / "bwrap-0.6"
+    real = shutil.which("bwrap")
+    old.write_text(
+        '#!/bin/sh\nfor a; do [ "$a" = --size ] && { echo "bwrap: Unknown option --size" >&2; exit 1; }; done\n'
+        f'exec {real} "$@"\n'
+    )
+    old.chmod(0o755)
+    tool = shell(workspace, allow=["dd", "cat"], sandbox=str(old))
+    assert "TODO: beta" in await tool.run({"command": "cat notes.txt"}, CTX)
+    assert "Read-only file system" in await tool.run({"command": "dd if=/dev/zero of=/tmp/x count=1"}, CTX)
+
+
 async def test_timeout_kills_the_process(workspace: Path) -> None:
     assert "did not finish within 0.3 s" in await refused(shell(workspace, timeout=0.3), "sleep 30")
 
