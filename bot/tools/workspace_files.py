@@ -194,7 +194,8 @@ class WorkspaceFiles:
             os.close(folder)
         if len(shown) > MAX_LIST:
             lines.append(f"... and {len(shown) - MAX_LIST} more")
-        return f"{rel}/:\n" + ("\n".join(lines) if lines else "(empty)")
+        # The names are anyone's text (another chat's, the shell's): data, as a file's text is.
+        return untrusted(f"folder {rel}", f"{rel}/:\n" + ("\n".join(lines) if lines else "(empty)"))
 
     def _search(self, rel: PurePosixPath, query: str) -> str:
         real = self._locate(rel)
