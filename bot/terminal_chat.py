@@ -62,6 +62,7 @@ async def run_chat(settings: Settings) -> None:
                 # unless it waits for the model: it stays pending, and the next start answers it.
                 await core.dispatcher.settled(channel.session_id, or_waiting_for_model=True)
 
+            channel.interrupt = on_interrupt  # Ctrl-C as a key, at the line editor's input line
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(signal.SIGINT, on_interrupt)
             sys.stdout.write(
@@ -84,6 +85,9 @@ async def run_chat(settings: Settings) -> None:
             finally:
                 with contextlib.suppress(NotImplementedError):
                     loop.remove_signal_handler(signal.SIGINT)
+                # The line editor's input line leaves the screen first (core.edge would stop the
+                # channel only after "bye", which then landed in the middle of the input line).
+                await channel.stop()
                 sys.stdout.write("\nbye — the conversation is saved.\n")
 
 

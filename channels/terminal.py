@@ -1,9 +1,13 @@
 """The terminal channel: ``membot chat`` as a REPL over the same dispatcher and pipeline as every chat.
 
-Input lines come from an asyncio stream (stdin in production, a pipe in tests); replies are printed as
-they arrive. At a terminal, lines pasted together are one message (see :class:`TerminalChannel`); piped
-or file input is one message per line. Session id ``cli:<user>``. Ctrl-C while a reply is being written
-stops that turn (``bot/terminal_chat.py`` routes SIGINT); Ctrl-C at the prompt or Ctrl-D ends the chat.
+At a terminal (stdin and stdout), input comes from a line editor (``channels/terminal_prompt.py``:
+prompt_toolkit, with history) and what membot prints goes above the input line. Otherwise input lines
+come from an asyncio stream (a pipe, a file; in tests a reader fed directly), one message per line, and
+replies are printed as they arrive; stdin alone at a terminal (``membot chat | tee``) is read in the
+kernel's line mode, where lines pasted together are one message (see :class:`TerminalChannel`). Session
+id ``cli:<user>``. Ctrl-C while a reply is being written stops that turn (``bot/terminal_chat.py``
+routes SIGINT, and the line editor's Ctrl-C key to :attr:`TerminalChannel.interrupt`); Ctrl-C at the
+prompt or Ctrl-D ends the chat.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ import re
 import stat
 import sys
 import uuid
-from collections.abc import Sequence
-from typing import ClassVar, TextIO
+from collections.abc import Callable, Sequence
+from typing import ClassVar, Protocol
 
 import structlog
 
@@ -52,6 +56,30 @@ STORAGE_NOTICE = (
 FAILED_NOTICE = "⚠️ Sorry, I couldn't take that message in (the details are in the log). Please send it again."
 
 
+class Screen(Protocol):
+    """Where the channel prints: stdout, or the line editor's screen above its input line."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+class LineEditor(Protocol):
+    """Input read by a line editor (``channels/terminal_prompt.py``) instead of a stream."""
+
+    async def read(self) -> str | None:
+        """The next message; None at the end of input; raises KeyboardInterrupt on Ctrl-C."""
+        ...
+
+    def close(self) -> None:
+        """End a waiting :meth:`read` (it returns None)."""
+        ...
+
+    async def drain(self) -> None:
+        """Until everything written is on the screen."""
+        ...
+
+
 class TerminalChannel(Channel):
     """The terminal as a channel: reads what the user types, prints the replies.
 
@@ -67,8 +95,14 @@ class TerminalChannel(Channel):
     marker that follows a paste's last newline stays in the kernel's line buffer until the next Enter,
     so the paste's end is not seen until the user types again, and the start marker is echoed as
     ``^[[200~``. Bracketed paste needs cbreak mode, and line editing written here (prompt_toolkit's
-    job, not a dependency). The window's cost: lines typed ahead while membot's loop was busy for
-    longer than that are joined too, which the dispatcher's collect mode would do anyway.
+    job). The window's cost: lines typed ahead while membot's loop was busy for longer than that are
+    joined too, which the dispatcher's collect mode would do anyway.
+
+    ``editor`` (at a terminal: stdin and stdout) replaces ``reader``: a line editor reads the keys
+    itself, so nothing is echoed into a streaming answer and no line is cut, and it marks pastes. Its
+    input line is erased when a message is sent; the channel prints "you › <message>" where it belongs:
+    at once, or, while an answer is being written, after that answer (or before a command's reply that
+    comes in the middle of it), so the answer's text stays whole on the screen.
     """
 
     name: ClassVar[str] = "cli"
@@ -78,15 +112,22 @@ class TerminalChannel(Channel):
         submit: InboundSink,
         *,
         user: str,
-        reader: asyncio.StreamReader,
-        writer: TextIO,
+        reader: asyncio.StreamReader | None = None,
+        writer: Screen,
+        editor: LineEditor | None = None,
         prompt: str = "you › ",
         stream_replies: bool = True,
         join_pastes: bool = False,
     ) -> None:
         super().__init__(submit)
         self._user = user
+        if (reader is None) == (editor is None):
+            raise ValueError("a terminal channel reads from a stream or from a line editor: pass one")
         self._reader = reader
+        self._editor = editor
+        # What Ctrl-C at the line editor does (membot chat sets its SIGINT handler): by default, quit.
+        self.interrupt: Callable[[], None] = self.close
+        self._held: list[str] = []  # messages sent while an answer streams, shown after it
         self._paste_window = _PASTE_WINDOW if join_pastes else None
         self._at_terminal = join_pastes  # membot chat joins pastes exactly when stdin is a terminal
         self._writer = writer
@@ -116,6 +157,8 @@ class TerminalChannel(Channel):
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._editor is not None:
+            await self._editor.drain()
         self.health.state = "stopped"
         self._closed.set()
 
@@ -125,12 +168,15 @@ class TerminalChannel(Channel):
 
     def close(self) -> None:
         self._closed.set()
+        if self._editor is not None:
+            self._editor.close()
 
     def notice(self, text: str) -> None:
         """A line from membot itself (not a reply), followed by a fresh prompt."""
         self._writer.write(f"\n{text}\n")
         self._streamed = ""
         self._interrupted = False
+        self._show_held()
         self._show_prompt()
 
     def show_unanswered(self, texts: Sequence[str]) -> None:
@@ -157,7 +203,9 @@ class TerminalChannel(Channel):
 
     async def _read_loop(self) -> None:
         while True:
-            raw = await self._read_message()
+            raw = await self._read_message() if self._editor is None else await self._edited_message()
+            if raw is None:
+                continue
             if not raw:
                 break
             if self._at_terminal and not raw.endswith(b"\n"):
@@ -208,6 +256,36 @@ class TerminalChannel(Channel):
             return
         self._outage.recovered()
 
+    async def _edited_message(self) -> bytes | None:
+        """The next message from the line editor, as the stream would give it (bytes, a line end);
+        b"" at the end; None after a Ctrl-C that did not end the chat."""
+        assert self._editor is not None
+        try:
+            typed = await self._editor.read()
+        except KeyboardInterrupt:
+            self.interrupt()
+            return b"" if self._closed.is_set() else None
+        if typed is None:
+            return b""
+        if typed.strip():
+            self._echo(typed)
+        # (Undecodable bytes come as lone surrogates: back to bytes, and shown as U+FFFD, as from a pipe.)
+        return (typed + "\n").encode("utf-8", "surrogateescape")
+
+    def _echo(self, typed: str) -> None:
+        """Show what was sent (the line editor erased its input line): below the streaming answer."""
+        shown = printable(typed.strip("\n"))
+        line = f"{self._prompt}{shown}\n"
+        if self._streamed:
+            self._held.append(line)
+        else:
+            self._writer.write(line)
+
+    def _show_held(self) -> None:
+        for line in self._held:
+            self._writer.write(line)
+        self._held.clear()
+
     async def _read_message(self) -> bytes:
         """The next line, with the lines that follow it within the paste window (a paste); b"" at the
         end of input. A line that ends the input (no newline) ends the message too."""
@@ -223,6 +301,7 @@ class TerminalChannel(Channel):
         and loses the line); b"" at the end of input, or when no line began to arrive ``within``
         seconds. The dispatcher truncates an oversized message with a note, so a huge paste is
         answered, not dropped."""
+        assert self._reader is not None
         parts: list[bytes] = []
         while True:
             try:
@@ -248,6 +327,7 @@ class TerminalChannel(Channel):
             if not self._interrupted:
                 self._writer.write("\n")
             self._interrupted = True
+            self._show_held()  # the command was typed after the answer began: shown before its reply
             self._write_reply(message)
         elif self._streamed and message.text.startswith(self._streamed):
             # The stream already showed the beginning; print only what it had not shown yet.
@@ -256,15 +336,18 @@ class TerminalChannel(Channel):
             if self._interrupted:
                 self._interrupted = False
                 if not rest:
+                    self._show_held()
                     return  # all of it was on the screen before the reply that came between
                 self._writer.write("\rmembot › …")
             self._writer.write(printable(rest) + "\n")
+            self._show_held()
         else:
             if self._streamed and not self._interrupted:
                 self._writer.write("\n")
             self._streamed = ""
             self._interrupted = False
             self._write_reply(message)
+            self._show_held()
         self._show_prompt()
 
     def _write_reply(self, message: OutboundMessage) -> None:
@@ -291,6 +374,8 @@ class TerminalChannel(Channel):
         return show
 
     def _show_prompt(self) -> None:
+        if self._editor is not None:
+            return  # the line editor draws its own
         self._writer.write(self._prompt)
         self._writer.flush()
 

@@ -95,6 +95,7 @@ def chat(
     """Chat in this terminal through the real pipeline; the conversation is kept on disk.
 
     Ctrl-C while membot is answering stops that answer; Ctrl-C at the prompt, Ctrl-D or /quit ends the chat.
+    At a terminal: line editing, and the arrow keys bring back earlier messages; a paste is one message.
     """
     from bot.terminal_chat import run_chat
 

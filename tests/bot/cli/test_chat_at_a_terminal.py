@@ -1,15 +1,21 @@
 """``membot chat`` at a real terminal: the process runs on a pseudo-terminal, as under a terminal window.
 
-The terminal is in its usual canonical mode, so the kernel echoes what is typed and hands membot one
-line per read, as a terminal emulator's paste does (it writes the whole text to the terminal at once).
+membot reads the keys with a line editor (prompt_toolkit, in raw mode). A terminal emulator's paste
+writes the whole text to the terminal at once; one that marks pastes wraps it in ``ESC[200~`` …
+``ESC[201~``. The test answers the editor's cursor position requests as a terminal does, and reads
+the screen as text without its control sequences.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
+import re
+import struct
 import sys
+import termios
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +28,10 @@ _ON_A_TERMINAL = (
     "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
     "os.execv(sys.executable, [sys.executable, '-m', 'bot', 'chat'])"
 )
+
+
+_WHERE_IS_THE_CURSOR = b"\x1b[6n"
+_CONTROL_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 
 class TerminalChat:
@@ -40,20 +50,36 @@ class TerminalChat:
             chunk = b""
         if not chunk:
             asyncio.get_running_loop().remove_reader(self.master)
+        asked = (self._screen[-3:] + chunk).count(_WHERE_IS_THE_CURSOR)
         self._screen += chunk
+        for _ in range(asked):
+            os.write(self.master, b"\x1b[1;1R")  # a terminal's answer (where is of no matter here)
 
     @property
     def screen(self) -> str:
-        return self._screen.decode("utf-8", "replace").replace("\r\n", "\n")
+        """What was shown, as text: control sequences (colours, cursor moves, erasing) left out."""
+        text = _CONTROL_SEQUENCE.sub("", self._screen.decode("utf-8", "replace"))
+        return text.replace("\r\n", "\n").replace("\r", "")
 
     def type(self, text: str) -> None:
         os.write(self.master, text.encode())
 
+    async def type_all(self, text: str) -> None:
+        """Type a text longer than the terminal's input buffer: the writes wait for membot to read it,
+        so they wait in a thread while this loop goes on reading what membot shows."""
+        data = text.encode()
+        while data:
+            written = await asyncio.to_thread(os.write, self.master, data)
+            data = data[written:]
+
     async def wait_for(self, text: str, timeout: float = 30) -> None:
-        async with asyncio.timeout(timeout):
-            while text not in self.screen:
-                assert self.process.returncode is None, f"membot chat exited:\n{self.screen}"
-                await asyncio.sleep(0.02)
+        try:
+            async with asyncio.timeout(timeout):
+                while text not in self.screen:
+                    assert self.process.returncode is None, f"membot chat exited:\n{self.screen}"
+                    await asyncio.sleep(0.02)
+        except TimeoutError:
+            raise AssertionError(f"not shown in {timeout:g} s: {text!r}\n{self._screen!r}") from None
 
     def close_terminal(self) -> None:
         asyncio.get_running_loop().remove_reader(self.master)
@@ -76,6 +102,7 @@ async def membot_chat_on_a_terminal(home: Path, llm: FakeLLMServer) -> AsyncIter
         MEMBOT_TERMINAL__USER="ana",
     )
     master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))  # rows, columns
     try:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -127,13 +154,13 @@ async def test_a_paste_is_one_message_and_lines_typed_apart_are_two(tmp_path: Pa
     async with FakeLLMServer() as llm, membot_chat_on_a_terminal(tmp_path, llm) as chat:
         chat.type("".join(line + "\n" for line in SNIPPET))  # what a terminal does with a paste
         await chat.wait_for("echo:")
-        await chat.wait_for("print(total([1, 2, None, 3]))\nyou › ")
+        await chat.wait_for("print(total([1, 2, None, 3]))\nyou ›")
         assert chat_requests(llm) == ["\n".join(SNIPPET)]
 
         chat.type("first\n")
         await asyncio.sleep(0.3)
         chat.type("second\n")
-        await chat.wait_for("echo: second\nyou › ")
+        await chat.wait_for("echo: second\nyou ›")
         assert chat_requests(llm)[1:] == ["first", "second"]
 
         chat.type("\x04")  # Ctrl-D
@@ -155,36 +182,84 @@ async def test_closing_the_terminal_mid_answer_ends_the_chat_and_the_next_start_
             assert await chat.exit_code(timeout=10) == 0  # well within the 20 s grace period
         llm.script(FakeReply(text="the answer"))
         async with membot_chat_on_a_terminal(tmp_path, llm) as chat:
-            await chat.wait_for("membot › the answer\nyou › ")
+            await chat.wait_for("membot › the answer\nyou ›")
             chat.type("\x04")
             assert await chat.exit_code() == 0, chat.screen
     assert "membot stopped before it answered:\n  you › what was the question?" in chat.screen
     assert chat_requests(llm) == ["what was the question?"] * 2
 
 
-async def test_a_line_sent_with_ctrl_d_is_answered_below_it_not_over_it(tmp_path: Path) -> None:
-    """Ctrl-D mid-line hands the line over without an Enter, so the cursor stays after the typed text:
-    the reply's "\\rmembot › Paris" wrote over the question ("membot › Parisapital of France")."""
+async def test_a_line_typed_while_an_answer_streams_stays_out_of_it_and_is_sent_after_it(
+    tmp_path: Path,
+) -> None:
+    """In line mode the kernel echoed what was typed wherever the cursor was: in the middle of the
+    answer being written ("membot › alpha betanext question" …). The line editor keeps it in its input
+    line; sent, it is shown after the answer, whose text stays whole, and is the next message."""
     async with FakeLLMServer() as llm:
-        llm.script(FakeReply(text="Paris"))
+        llm.script(FakeReply(text="alpha beta gamma delta epsilon zeta", stall_after=3, stall=2))
         async with membot_chat_on_a_terminal(tmp_path, llm) as chat:
-            await chat.wait_for("you › ")
-            chat.type("what is the capital of France\x04\x04")  # the first sends the line, the second quits
+            await chat.wait_for("you ›")
+            chat.type("hi\r")
+            await chat.wait_for("membot › alpha")
+            chat.type("next question\r")  # typed and sent while the answer is being written
+            await chat.wait_for("echo: next question")
+            chat.type("\x04")  # Ctrl-D
             assert await chat.exit_code() == 0, chat.screen
-    # As after an Enter: the line ends, and the reply starts on the next one.
-    assert "you › what is the capital of France\n\rmembot › Paris\n" in chat.screen
-    assert chat_requests(llm) == ["what is the capital of France"]
+    screen = chat.screen
+    assert "membot › alpha beta gamma delta epsilon zeta\n" in screen, screen
+    answer_shown = screen.index("membot › alpha beta gamma delta epsilon zeta")
+    assert screen.index("you › next question", answer_shown) < screen.index("membot › echo: next question")
+    assert chat_requests(llm) == ["hi", "next question"]
 
 
-async def test_a_line_the_terminal_cut_is_not_sent_as_if_whole_and_the_user_is_told(tmp_path: Path) -> None:
-    """A terminal passes on only the first 4,095 bytes of a line (the screen still echoes all of it):
-    a 5,000-character paragraph reached the model without its end, "END" included, and no one knew."""
+async def test_a_line_longer_than_the_terminal_line_limit_reaches_the_model_whole(tmp_path: Path) -> None:
+    """The kernel's line mode passes on at most 4,095 bytes of a line (1,024 on macOS): a 5,000-character
+    paragraph was cut (and then refused with a note). The line editor reads keys, not lines."""
+    long_line = "y" * 5000 + " END"
     async with FakeLLMServer() as llm, membot_chat_on_a_terminal(tmp_path, llm) as chat:
-        await chat.wait_for("you › ")
-        chat.type("y" * 5000 + " END\n")
-        await chat.wait_for("Not sent: a line of that message was cut by the terminal")
-        chat.type("a short one\n")
-        await chat.wait_for("echo: a short one\nyou › ")
+        await chat.wait_for("you ›")
+        await chat.type_all(long_line + "\r")
+        await chat.wait_for(" END\n", timeout=60)
+        await chat.wait_for("echo: y")
         chat.type("\x04")
         assert await chat.exit_code() == 0, chat.screen
-    assert chat_requests(llm) == ["a short one"]
+    assert chat_requests(llm) == [long_line]
+
+
+async def test_ctrl_c_stops_the_answer_then_quits_at_the_prompt(tmp_path: Path) -> None:
+    """The line editor reads Ctrl-C as a key (the kernel no longer turns it into SIGINT): it still
+    stops the answer being written, and at the prompt it ends the chat."""
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="a very slow answer", delay=30))
+        async with membot_chat_on_a_terminal(tmp_path, llm) as chat:
+            await chat.wait_for("you ›")
+            chat.type("think hard\r")
+            await wait_in_flight(llm)
+            chat.type("\x03")  # Ctrl-C
+            await chat.wait_for("[stopped]")
+            chat.type("\x03")
+            assert await chat.exit_code() == 0, chat.screen
+    assert "a very slow answer" not in chat.screen
+    assert "bye — the conversation is saved." in chat.screen
+
+
+async def test_the_up_arrow_brings_back_a_message_sent_in_an_earlier_chat(tmp_path: Path) -> None:
+    """History across runs, in a file as private as the sessions (it holds what the user typed)."""
+    async with FakeLLMServer() as llm:
+        async with membot_chat_on_a_terminal(tmp_path, llm) as chat:
+            await chat.wait_for("you ›")
+            chat.type("remember\nthis\x1b[200~pasted\nlines\x1b[201~\r")  # (a bracketed paste in it)
+            await chat.wait_for("echo: remember")
+            chat.type("\x04")
+            assert await chat.exit_code() == 0, chat.screen
+        async with membot_chat_on_a_terminal(tmp_path, llm) as chat:
+            await chat.wait_for("you ›")
+            chat.type("\x1b[A\r")  # up, Enter
+            await chat.wait_for("echo: remember")
+            chat.type("\x04")
+            assert await chat.exit_code() == 0, chat.screen
+    assert chat_requests(llm) == ["remember\nthispasted\nlines"] * 2
+    [history] = (tmp_path / "ws" / "state" / "terminal_history").iterdir()
+    assert history.name == "ana.jsonl"
+    assert history.stat().st_mode & 0o777 == 0o600
+    assert history.parent.stat().st_mode & 0o777 == 0o700
