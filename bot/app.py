@@ -385,17 +385,16 @@ async def start_channel(name: str, core: Core) -> Channel:
 
 async def terminal_channel(core: Core) -> TerminalChannel:
     """The terminal channel over this process's stdin and stdout, not started (see :func:`open_channel`)."""
-    from channels import TerminalChannel, stdin_reader
+    from channels import TerminalChannel, line_editor, stdin_reader
 
     user = core.settings.terminal.user
     if sys.stdin.isatty() and sys.stdout.isatty():
-        # A person at a terminal: a line editor (prompt_toolkit, imported only here) with the user's
+        # A person at a terminal: a line editor (prompt_toolkit, imported only then) with the user's
         # history of sent messages, private like the sessions (channels/terminal_prompt.py).
         from bot.session_names import encode_id
-        from channels.terminal_prompt import PromptTerminal, private_history
 
         history = core.settings.state_dir / "terminal_history" / f"{encode_id(user)}.jsonl"
-        editor = PromptTerminal("you › ", await private_history(history))
+        editor = await line_editor("you › ", history)
         return TerminalChannel(core.dispatcher.submit, user=user, writer=editor, editor=editor)
     return TerminalChannel(
         core.dispatcher.submit,

@@ -5,6 +5,7 @@ The terminal adapter is exported here; Telegram and Discord are packages of thei
 """
 
 from channels.base import Channel
-from channels.terminal import TerminalChannel, stdin_reader
+from channels.terminal import TerminalChannel
+from channels.terminal_io import line_editor, stdin_reader
 
-__all__ = ["Channel", "TerminalChannel", "stdin_reader"]
+__all__ = ["Channel", "TerminalChannel", "line_editor", "stdin_reader"]

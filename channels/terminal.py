@@ -13,13 +13,10 @@ prompt or Ctrl-D ends the chat.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import stat
-import sys
 import uuid
 from collections.abc import Callable, Sequence
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import structlog
 
@@ -28,6 +25,7 @@ from bot.printable import printable
 from bot.retry import retry
 from channels.base import Channel, InboundSink, PartialSink
 from channels.outage import StorageOutage, is_storage_error
+from channels.terminal_io import LineEditor, Screen
 
 log = structlog.get_logger(__name__)
 
@@ -54,30 +52,6 @@ STORAGE_NOTICE = (
     "answer it once it is saved; if you quit before that, it is lost."
 )
 FAILED_NOTICE = "⚠️ Sorry, I couldn't take that message in (the details are in the log). Please send it again."
-
-
-class Screen(Protocol):
-    """Where the channel prints: stdout, or the line editor's screen above its input line."""
-
-    def write(self, text: str, /) -> int: ...
-
-    def flush(self) -> None: ...
-
-
-class LineEditor(Protocol):
-    """Input read by a line editor (``channels/terminal_prompt.py``) instead of a stream."""
-
-    async def read(self) -> str | None:
-        """The next message; None at the end of input; raises KeyboardInterrupt on Ctrl-C."""
-        ...
-
-    def close(self) -> None:
-        """End a waiting :meth:`read` (it returns None)."""
-        ...
-
-    async def drain(self) -> None:
-        """Until everything written is on the screen."""
-        ...
 
 
 class TerminalChannel(Channel):
@@ -128,6 +102,7 @@ class TerminalChannel(Channel):
         # What Ctrl-C at the line editor does (membot chat sets its SIGINT handler): by default, quit.
         self.interrupt: Callable[[], None] = self.close
         self._held: list[str] = []  # messages sent while an answer streams, shown after it
+        self._handing: asyncio.Task[None] | None = None  # the line editor's last message, handed over
         self._paste_window = _PASTE_WINDOW if join_pastes else None
         self._at_terminal = join_pastes  # membot chat joins pastes exactly when stdin is a terminal
         self._writer = writer
@@ -157,6 +132,9 @@ class TerminalChannel(Channel):
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._handing is not None:
+            self._handing.cancel()
+            await asyncio.gather(self._handing, return_exceptions=True)
         if self._editor is not None:
             await self._editor.drain()
         self.health.state = "stopped"
@@ -173,7 +151,10 @@ class TerminalChannel(Channel):
 
     def notice(self, text: str) -> None:
         """A line from membot itself (not a reply), followed by a fresh prompt."""
-        self._writer.write(f"\n{text}\n")
+        # On a line of its own: after the prompt, or a streaming answer's unfinished line (the line
+        # editor's prompt is not in what is written, and its screen has a line open only mid-answer).
+        opened = self._editor is None or bool(self._streamed)
+        self._writer.write(f"\n{text}\n" if opened else f"{text}\n")
         self._streamed = ""
         self._interrupted = False
         self._show_held()
@@ -202,10 +183,13 @@ class TerminalChannel(Channel):
         self.notice("[stopped]")
 
     async def _read_loop(self) -> None:
+        if self._editor is not None:
+            with self._editor.keys_held():
+                await self._edit_loop(self._editor)
+            self._closed.set()
+            return
         while True:
-            raw = await self._read_message() if self._editor is None else await self._edited_message()
-            if raw is None:
-                continue
+            raw = await self._read_message()
             if not raw:
                 break
             if self._at_terminal and not raw.endswith(b"\n"):
@@ -256,21 +240,38 @@ class TerminalChannel(Channel):
             return
         self._outage.recovered()
 
-    async def _edited_message(self) -> bytes | None:
-        """The next message from the line editor, as the stream would give it (bytes, a line end);
-        b"" at the end; None after a Ctrl-C that did not end the chat."""
-        assert self._editor is not None
-        try:
-            typed = await self._editor.read()
-        except KeyboardInterrupt:
-            self.interrupt()
-            return b"" if self._closed.is_set() else None
-        if typed is None:
-            return b""
-        if typed.strip():
+    async def _edit_loop(self, editor: LineEditor) -> None:
+        """The line editor's messages. Each is handed over in a task of its own, after the one before
+        it, while the next is read: the input line is back at once, so keys typed meanwhile (Ctrl-C
+        and Ctrl-D too) reach it, even while a full disk holds a message back (see :meth:`_hand_over`).
+        The end of input waits until what was typed before it is taken in, as reading in turn did."""
+        while True:
+            try:
+                typed = await editor.read()
+            except KeyboardInterrupt:
+                self.interrupt()
+                if self._closed.is_set():
+                    return
+                continue
+            if typed is None:
+                break
+            # (Undecodable bytes come as lone surrogates: back to bytes, shown as U+FFFD, as from a pipe.)
+            text = _message_text(typed.encode("utf-8", "surrogateescape"))
+            if not text:
+                continue
             self._echo(typed)
-        # (Undecodable bytes come as lone surrogates: back to bytes, and shown as U+FFFD, as from a pipe.)
-        return (typed + "\n").encode("utf-8", "surrogateescape")
+            if text in ("/quit", "/exit"):
+                break
+            self._waiting += 1
+            message = InboundMessage(self.name, self._user, self._user, text, message_id=uuid.uuid4().hex)
+            self._handing = asyncio.create_task(self._hand_over_after(self._handing, message))
+        if self._handing is not None:
+            await self._handing
+
+    async def _hand_over_after(self, before: asyncio.Task[None] | None, message: InboundMessage) -> None:
+        if before is not None:
+            await before
+        await self._hand_over(message)
 
     def _echo(self, typed: str) -> None:
         """Show what was sent (the line editor erased its input line): below the streaming answer."""
@@ -399,31 +400,3 @@ def _message_text(raw: bytes) -> str:
     if "\n" not in text.strip():
         return text.strip()
     return _BLANK_LINES.sub("", text)
-
-
-async def stdin_reader() -> asyncio.StreamReader:
-    """An asyncio reader over this process's standard input: a terminal, a pipe or a file.
-
-    A terminal, a pipe or a socket is watched by the event loop. Anything else (``membot chat <
-    questions.txt``, ``< /dev/null``) cannot be: a regular file is refused by ``connect_read_pipe`` and
-    epoll refuses ``/dev/null``, so it is read in a thread instead, where a read never waits for a person.
-    """
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    mode = os.fstat(sys.stdin.fileno()).st_mode
-    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or sys.stdin.isatty():
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    else:
-        task = asyncio.create_task(_read_file(sys.stdin.fileno(), reader), name="terminal-file-input")
-        _file_readers.add(task)
-        task.add_done_callback(_file_readers.discard)
-    return reader
-
-
-_file_readers: set[asyncio.Task[None]] = set()  # referenced until done: the loop keeps only weak ones
-
-
-async def _read_file(fd: int, reader: asyncio.StreamReader) -> None:
-    while chunk := await asyncio.to_thread(os.read, fd, 1 << 16):
-        reader.feed_data(chunk)
-    reader.feed_eof()

@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import json
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import structlog
@@ -48,6 +49,7 @@ class PromptTerminal:
             history=history,
             key_bindings=_paste_bindings(),
             erase_when_done=True,  # the channel prints what was sent where it belongs (TerminalChannel)
+            enable_suspend=True,  # Ctrl-Z, as in the kernel's line mode
         )
 
     async def read(self) -> str | None:
@@ -66,6 +68,13 @@ class PromptTerminal:
             return None
         except OSError:  # the terminal is gone (EIO after a hang-up): as the end of input
             return None
+
+    def keys_held(self) -> AbstractContextManager[None]:
+        """The terminal in raw mode for the whole chat, not only while an input line is shown (as
+        prompt_toolkit does): keys typed between two inputs wait for the next one, unechoed, and a
+        Ctrl-D stays a key (the kernel's line mode echoed them onto the screen, and turned a Ctrl-D
+        into an end of input that raw mode then lost, so the chat did not end)."""
+        return self._session.input.raw_mode()
 
     def close(self) -> None:
         """End a :meth:`read` that waits (it returns None), so the input line leaves the screen."""

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from tests.bot.cli.membot_process import wait_in_flight
+from tests.channels.telegram.kit import break_folder
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 # The child makes the pseudo-terminal its controlling terminal, as a login shell's is, then becomes
@@ -263,3 +264,20 @@ async def test_the_up_arrow_brings_back_a_message_sent_in_an_earlier_chat(tmp_pa
     assert history.name == "ana.jsonl"
     assert history.stat().st_mode & 0o777 == 0o600
     assert history.parent.stat().st_mode & 0o777 == 0o700
+
+
+async def test_ctrl_d_typed_while_a_full_disk_holds_a_message_back_ends_the_chat_once_it_is_stored(
+    tmp_path: Path,
+) -> None:
+    """Between two inputs the terminal was back in the kernel's line mode, for as long as a full disk
+    held the message back: keys typed then were echoed onto the screen, and a Ctrl-D became an end of
+    input that the next input line (raw mode) never saw, so the chat did not end."""
+    async with FakeLLMServer() as llm, membot_chat_on_a_terminal(tmp_path, llm) as chat:
+        await chat.wait_for("you ›")
+        repair = break_folder(tmp_path / "ws" / "inbox")  # every inbox write fails, as on a full disk
+        chat.type("held back\r")
+        await chat.wait_for("I can't save your message right now")
+        chat.type("\x04")  # Ctrl-D
+        repair()
+        assert await chat.exit_code() == 0, chat.screen
+    assert chat_requests(llm) == ["held back"]
