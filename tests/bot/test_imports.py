@@ -25,6 +25,7 @@ HEAVY = (
     "numpy",  # the lexical index and vectors (memory retrieval)
     "onnxruntime",  # the local embedding model
     "prometheus_client",  # /metrics
+    "prompt_toolkit",  # membot chat's line editor, at a terminal only
     "pydantic",  # settings
     "selectolax",  # web_fetch's HTML parser
     "simplemma",
@@ -75,8 +76,9 @@ def test_subcommand_help_imports_none_of_the_heavy_libraries(group: str) -> None
 def test_the_composition_root_imports_no_channel_or_ops_library() -> None:
     # Channel libraries load when a channel is configured, aiohttp and prometheus_client when the ops
     # endpoints are enabled, tiktoken when the token counter loads an encoding.
-    loaded = loaded_after("import bot.app, bot.serve, bot.startup, bot.terminal_chat\n")
-    assert not {"aiohttp", "discord", "prometheus_client", "telegram", "tiktoken"} & set(loaded)
+    loaded = loaded_after("import bot.app, bot.serve, bot.startup, bot.terminal_chat, channels\n")
+    libraries = {"aiohttp", "discord", "prometheus_client", "prompt_toolkit", "telegram", "tiktoken"}
+    assert not libraries & set(loaded)
 
 
 def test_the_embedding_model_s_libraries_load_with_the_model() -> None:
