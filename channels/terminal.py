@@ -68,8 +68,8 @@ class TerminalChannel(Channel):
     does the line editing (Backspace, Ctrl-U, Ctrl-W) and hands over whole lines. In that mode the end
     marker that follows a paste's last newline stays in the kernel's line buffer until the next Enter,
     so the paste's end is not seen until the user types again, and the start marker is echoed as
-    ``^[[200~``. Bracketed paste needs cbreak mode, and line editing written here (prompt_toolkit's
-    job). The window's cost: lines typed ahead while membot's loop was busy for longer than that are
+    ``^[[200~``. Bracketed paste needs raw mode and a line editor: ``editor`` below, used when stdout
+    is a terminal too (the line editor's input line needs the screen). The window's cost: lines typed ahead while membot's loop was busy for longer than that are
     joined too, which the dispatcher's collect mode would do anyway.
 
     ``editor`` (at a terminal: stdin and stdout) replaces ``reader``: a line editor reads the keys
