@@ -69,8 +69,9 @@ class TerminalChannel(Channel):
     marker that follows a paste's last newline stays in the kernel's line buffer until the next Enter,
     so the paste's end is not seen until the user types again, and the start marker is echoed as
     ``^[[200~``. Bracketed paste needs raw mode and a line editor: ``editor`` below, used when stdout
-    is a terminal too (the line editor's input line needs the screen). The window's cost: lines typed ahead while membot's loop was busy for longer than that are
-    joined too, which the dispatcher's collect mode would do anyway.
+    is a terminal too (the line editor's input line needs the screen). The window's cost: lines typed
+    ahead while membot's loop was busy for longer than that are joined too, which the dispatcher's
+    collect mode would do anyway.
 
     ``editor`` (at a terminal: stdin and stdout) replaces ``reader``: a line editor reads the keys
     itself, so nothing is echoed into a streaming answer and no line is cut, and it marks pastes. Its
