@@ -105,7 +105,7 @@ async def stats(service: MemoryService, *, session_id: str | None = None) -> Mem
     def sizes() -> tuple[int, int, int]:
         history = service.history.main_path
         archived = len(list((service.root / "archive").glob("*.jsonl")))
-        # On disk, so `membot memory status` (another process) counts what the bot has not finished,
+        # On disk, so `membot memory stats` (another process) counts what the bot has not finished,
         # and what a kill left for its next start.
         pending = len(list((service.root / PENDING_DIR).glob("*.json")))
         return (history.stat().st_size if history.exists() else 0), archived, pending
