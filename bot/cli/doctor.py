@@ -259,5 +259,12 @@ def _llm_settings(settings: Settings, catalog: ModelCatalog) -> Check:
             else "set the setting named above"
         )
         return Check("llm settings", "fail", first, hint)
+    from bot.llm import check_base_url
+
+    try:  # as `membot run` and `chat` check it: "localhost:11434" (no http://) is refused at their start
+        check_base_url("openai", settings.llm.openai.base_url)
+        check_base_url("anthropic", settings.llm.anthropic.base_url)
+    except ConfigError as exc:
+        return Check("llm settings", "fail", str(exc), "set the setting named above")
     known = "" if settings.llm.model in catalog else " (not in the catalog: treated as a local model)"
     return Check("llm settings", "pass", f"model {settings.llm.model}{known}")

@@ -1,6 +1,7 @@
 """Talking to language models over HTTP (OpenAI-compatible and Anthropic), with no vendor SDK."""
 
 from bot.llm.client import LLMClient, UsageObserver
+from bot.llm.endpoints import check_base_url
 from bot.llm.estimates import request_tokens, schemas_text
 from bot.llm.failures import Provider
 from bot.llm.model import ChatModel
@@ -19,6 +20,7 @@ __all__ = [
     "StreamEvent",
     "ToolSpec",
     "UsageObserver",
+    "check_base_url",
     "llm_http_client",
     "request_tokens",
     "schemas_text",

@@ -333,3 +333,14 @@ async def test_a_workspace_on_a_read_only_mount_is_not_told_to_chmod() -> None:
     assert code == 1 and workspace.startswith("✗ fail"), out
     assert f"remount its file system read-write (findmnt -T {ws} shows ro)" in workspace, out
     assert "chmod -R" not in workspace and "chown" not in workspace
+
+
+async def test_a_base_url_without_its_scheme_is_named_as_membot_run_names_it(tmp_path: Path) -> None:
+    """``localhost:11434`` (Ollama's address without http://): ``membot run`` refuses it at start (78,
+    "is not an http(s) URL"), but doctor passed the settings and said only "cannot connect
+    (UnsupportedProtocol) ... check that the server is running", which it was."""
+    code, out = await doctor(tmp_path, offline=True, MEMBOT_LLM__OPENAI__BASE_URL="localhost:11434")
+    assert code == 1
+    llm = line(out, "llm settings")
+    assert llm.startswith("✗ fail") and "is not an http(s) URL" in llm, out
+    assert "http://localhost:11434/v1" in llm

@@ -44,7 +44,12 @@ async def stream_with(
 
 def test_public_surface() -> None:
     public = {name for name in vars(bot.llm) if not name.startswith("_") and name[0].isupper()}
-    assert set(bot.llm.__all__) == public | {"llm_http_client", "request_tokens", "schemas_text"}
+    assert set(bot.llm.__all__) == public | {
+        "llm_http_client",
+        "check_base_url",
+        "request_tokens",
+        "schemas_text",
+    }
     assert {"LLMClient", "ChatRequest", "ChatResponse", "ToolSpec", "StreamEvent"} <= public
 
 
