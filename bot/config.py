@@ -10,6 +10,7 @@ bot/config_describe.py.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,7 @@ from bot.errors import ConfigError
 
 DEFAULT_HOME = Path("~/.membot")
 DEFAULT_CONFIG_FILE = DEFAULT_HOME / "membot.toml"
+_BOT_TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")  # what @BotFather gives: "<bot id>:<secret>"
 
 
 class _Section(BaseModel):
@@ -184,6 +186,19 @@ class TelegramSettings(_Section):
     download_timeout: float = Field(default=60.0, gt=0)  # seconds for a whole photo or document download
     join_window: float = Field(default=1.0, ge=0)
     poll_timeout: int = Field(default=30, ge=0)
+
+    @field_validator("token")
+    @classmethod
+    def _token_shape(cls, value: SecretStr | None) -> SecretStr | None:
+        # Refused here, as a wrong setting (78, named; `membot doctor` shows it): PTB refused an empty one
+        # with a traceback, and Telegram a mistyped one only at the start, as a channel failure (exit 1,
+        # which the systemd unit restarts over and over). The message never repeats the value.
+        if value is not None and not _BOT_TOKEN.fullmatch(value.get_secret_value()):
+            raise ValueError(
+                "is not a bot token (digits, a colon, then letters: 123456789:AAH...): copy it again "
+                "from @BotFather, or remove the setting to run without Telegram (an empty value counts)"
+            )
+        return value
 
 
 class DiscordSettings(_Section):

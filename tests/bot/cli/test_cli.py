@@ -362,3 +362,19 @@ def test_no_error_of_ours_exits_with_clicks_status_for_a_mistyped_command(kind: 
     exc = kind.__new__(kind)  # (the status goes by type alone; ChannelRefused's fields are not needed)
     expected = {ConfigError: 78, StorageError: 74, InUseError: 75, ChannelError: 69, LLMError: 69}
     assert exit_code(exc) == next(code for base, code in expected.items() if isinstance(exc, base))
+
+
+@pytest.mark.parametrize("token", ["", "notatoken", "123456789:AAH secret"])
+def test_a_telegram_token_of_the_wrong_shape_is_a_named_setting_not_a_channel_failure(
+    home: dict[str, str], tmp_path: Path, token: str
+) -> None:
+    """An empty token (a `MEMBOT_TELEGRAM__TOKEN=` line) started the channel: PTB's InvalidToken came
+    with a traceback and exit 1, which the systemd unit restarts over and over; a mistyped one was found
+    only by Telegram. Now either is a wrong setting: 78, one line naming it, the value never shown."""
+    env = {**home, "MEMBOT_LLM__OPENAI__API_KEY": "sk-x", "MEMBOT_LOG_FORMAT": "console"}
+    result = membot("run", env={**env, "MEMBOT_TELEGRAM__TOKEN": token}, cwd=tmp_path)
+    assert result.returncode == CONFIG_ERROR, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "telegram.token" in result.stderr and "MEMBOT_TELEGRAM__TOKEN" in result.stderr
+    assert "@BotFather" in result.stderr
+    assert not token or token not in result.stderr
