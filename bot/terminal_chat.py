@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Sequence
 
 from bot.app import build_core, open_channel, terminal_channel
 from bot.config import Settings
+from bot.errors import ConfigError
 from bot.lifecycle import ServiceRunner, settle_heap
 from bot.logging import configure_logging
 
@@ -30,9 +31,15 @@ async def run_chat(settings: Settings) -> None:
     the chat exits 0. A second signal exits at once with 128 + signal (``bot/lifecycle.py``).
     """
     # The terminal is the chat: log lines and tracebacks go to a file, the user sees plain replies.
-    await asyncio.to_thread(
-        configure_logging, level=settings.log_level, secrets=settings.secrets, file=settings.chat_log
-    )
+    try:
+        await asyncio.to_thread(
+            configure_logging, level=settings.log_level, secrets=settings.secrets, file=settings.chat_log
+        )
+    except OSError as exc:  # its log is the workspace's first write: said as `membot run` says it (78)
+        raise ConfigError(
+            f"cannot use workspace {settings.workspace}: {exc.strerror or exc} (set --workspace or "
+            "MEMBOT_WORKSPACE; `membot doctor` says what to fix)"
+        ) from None
     terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]  # after a hang-up isatty says False
     runner = ServiceRunner(settings.lifecycle, signals=(signal.SIGTERM, signal.SIGHUP))
     with runner.handling_signals():  # over the shutdown too: a second signal then exits at once

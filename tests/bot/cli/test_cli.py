@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -378,3 +381,26 @@ def test_a_telegram_token_of_the_wrong_shape_is_a_named_setting_not_a_channel_fa
     assert "telegram.token" in result.stderr and "MEMBOT_TELEGRAM__TOKEN" in result.stderr
     assert "@BotFather" in result.stderr
     assert not token or token not in result.stderr
+
+
+def test_chat_on_a_read_only_workspace_says_what_run_says(home: dict[str, str], tmp_path: Path) -> None:
+    """`membot run` on a read-only workspace exits 78, "cannot use workspace …: Read-only file system
+    (set --workspace …)"; `membot chat` exited 1 with "membot chat stopped: …/logs: Read-only file
+    system", no fix, and a status that tells a script nothing the README lists."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a read-only file system needs root")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ws)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount here: {mounted.stderr.decode().strip()}")
+    try:
+        env = {**home, "MEMBOT_LLM__OPENAI__API_KEY": "sk-x", "MEMBOT_LOG_FORMAT": "console"}
+        chat = membot("chat", env=env, cwd=tmp_path)
+        run = membot("run", env={**env, "MEMBOT_TERMINAL__ENABLED": "true"}, cwd=tmp_path)
+    finally:
+        subprocess.run(["umount", str(ws)], check=True)
+    assert run.returncode == chat.returncode == CONFIG_ERROR, chat.stderr
+    for result in (chat, run):
+        assert f"cannot use workspace {ws}: Read-only file system (set --workspace" in result.stderr
+        assert "Traceback" not in result.stderr + result.stdout
