@@ -235,10 +235,13 @@ class PairingStore:
 
         Nothing is written when the state read is left as it was: a refused ask, an unknown code or a
         revoke of nobody (a stranger's unpaced slash commands were a write and an fsync each)."""
-        ensure_private_dir(self._path.parent)
         lock_path = self._path.with_name(self._path.name + ".lock")
         with self._lock:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:  # a read-only or full disk: the file named, as a refused write of the state is (74)
+                ensure_private_dir(self._path.parent)
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as exc:
+                raise StorageError(f"cannot write {lock_path}: {exc.strerror}") from exc
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 self._stamp = None

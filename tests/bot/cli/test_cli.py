@@ -404,3 +404,29 @@ def test_chat_on_a_read_only_workspace_says_what_run_says(home: dict[str, str], 
     for result in (chat, run):
         assert f"cannot use workspace {ws}: Read-only file system (set --workspace" in result.stderr
         assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_pairing_on_a_read_only_workspace_exits_74_naming_the_file(tmp_path: Path) -> None:
+    """The pairing lock file's open was the one write not turned into a StorageError: a read-only
+    workspace exited 1 ("error: …/pairing.json.lock: Read-only file system"), not the 74 the README
+    gives a file the disk refuses."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a read-only file system needs root")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(ws)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount here: {mounted.stderr.decode().strip()}")
+    try:  # a pending code, then the file system remounted read-only
+        code = PairingStore(ws / PAIRING_FILE).request_sync("telegram", "42", "Ada")
+        assert code is not None
+        subprocess.run(["mount", "-o", "remount,ro", str(ws)], check=True)
+        env = {"HOME": str(tmp_path), "MEMBOT_WORKSPACE": str(ws), "COLUMNS": "160"}
+        approve = membot("pairing", "approve", code, env=env, cwd=tmp_path)
+        revoke = membot("pairing", "revoke", "telegram", "42", env=env, cwd=tmp_path)
+    finally:
+        subprocess.run(["umount", str(ws)], check=True)
+    for result in (approve, revoke):
+        assert result.returncode == 74, result.stderr
+        assert f"cannot write {ws / PAIRING_FILE}.lock: Read-only file system" in result.stderr
+        assert "Traceback" not in result.stderr
