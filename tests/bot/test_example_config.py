@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
-from bot.config import Settings
+from bot.config import Settings, load_settings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "membot.example.toml"
 
@@ -62,3 +64,18 @@ def test_uncommented_values_are_the_defaults() -> None:
     for name, value in example.items():
         assert name in defaults, f"{name} is not a setting"
         assert value == defaults[name], f"{name}: example says {value!r}, default is {defaults[name]!r}"
+
+
+def test_the_example_loads_through_the_real_loader_as_the_defaults(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What an operator does with it: `membot --config deploy/membot.example.toml`. The checks above
+    read it with tomllib; this one goes through load_settings (its TOML source, validators, id lists)."""
+    for name in list(os.environ):
+        if name.startswith("MEMBOT_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # no .env of the repository's
+    loaded = load_settings(EXAMPLE, env_file=None)
+    assert loaded.config_file == EXAMPLE
+    assert loaded.model_dump() == load_settings(env_file=None).model_dump()
