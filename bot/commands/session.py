@@ -350,7 +350,7 @@ def _meaning_line(waiting: int | None, failing: bool) -> str:
 
 
 def _recall_line(recall: Mapping[str, object] | None) -> str:
-    """What memory gave this chat's last reply, as "Last recall: 3 of 40 items (…) · 1 ms"."""
+    """What memory gave this chat's last reply, as "Last recall: 3 memories from 40 matches (…) · 1 ms"."""
     if not recall:
         return ""
     pack = recall.get("pack")
@@ -376,8 +376,11 @@ def _recall_line(recall: Mapping[str, object] | None) -> str:
         str(pack.get("stop")), ""
     )
     tokens, budget = _int(pack.get("tokens")), _int(pack.get("soft_budget"))
+    # The best matches bring the turns around them, which are no candidates: "5 memories of 3" it said.
+    matches = f"{candidates} match" if candidates == 1 else f"{candidates} matches"
+    around = ", with the turns around them" if _int(pack.get("expanded")) else ""
     return (
-        f"Last recall: {len(chosen)} memories of {candidates} ({kinds}{over}{stop}) · "
+        f"Last recall: {len(chosen)} memories from {matches}{around} ({kinds}{over}{stop}) · "
         f"{_tokens(tokens)} / {_tokens(budget)} tokens · {ms} ms"
     )
 

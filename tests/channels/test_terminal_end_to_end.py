@@ -108,7 +108,10 @@ async def test_status_reports_what_memory_gave_the_last_reply(tmp_path: Path) ->
         first = out.split("Uptime:")[0]
         assert "Last recall" not in first  # nothing recalled yet in this process
         recall = next(line for line in out.splitlines() if "Last recall:" in line)
-        assert re.search(r"Last recall: [1-9]\d* memories of [1-9]\d* \(\d+ of your messages", recall), recall
+        assert re.search(
+            r"Last recall: [1-9]\d* memories from [1-9]\d* match(es)?(, with the turns around them)? \(\d+ of your ",
+            recall,
+        ), recall
         assert re.search(r"· \d+ / 2\.8k tokens · [\d.]+ ms$", recall), recall
         # ...and what reached the model is that memory: the fact from the first turn.
         assert "green tea every morning" in json.dumps(llm.requests[-1].body["messages"][0])

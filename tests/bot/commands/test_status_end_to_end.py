@@ -123,3 +123,29 @@ async def test_status_says_meaning_search_waits_while_the_embedding_model_fails(
     line = figure(failing, "Meaning search:")
     assert line.startswith("Meaning search: paused, the embedding model is not answering"), failing
     assert "found by its words" in line
+
+
+async def test_recall_counts_the_turns_brought_around_the_matches_apart(tmp_path: Path) -> None:
+    """The best matches bring the turns around them (the answers to them), which were never candidates:
+    /status said "5 memories of 3", more chosen than there were to choose from."""
+    async with FakeLLMServer() as llm:
+        llm.responder = lambda api, body: FakeReply(text="Noted.")  # answers no search would match
+        async with chat(tmp_path / "ws", llm, max_retries=0) as bot:
+            for said in (
+                "I play the cello in an orchestra",
+                "My cello teacher is called Ana",
+                "The orchestra rehearses on Sunday",
+            ):
+                await bot.say(said)
+            await bot.say("/new")  # a fresh conversation: the turns now come from memory
+            await bot.say("tell me about my cello and the orchestra")
+            status = await bot.say("/status")
+
+    line = figure(status, "Last recall:")
+    shown = re.match(
+        r"Last recall: (\d+) memories from (\d+) match(es)?(, with the turns around them)? \(", line
+    )
+    assert shown is not None, line
+    memories, matches, around = int(shown[1]), int(shown[2]), shown[4]
+    assert memories > matches and around, line  # 3 messages matched, their answers came along
+    assert "of its answers" in line
