@@ -267,4 +267,24 @@ def _llm_settings(settings: Settings, catalog: ModelCatalog) -> Check:
     except ConfigError as exc:
         return Check("llm settings", "fail", str(exc), "set the setting named above")
     known = "" if settings.llm.model in catalog else " (not in the catalog: treated as a local model)"
+    keyless = {m: p for m in settings.llm.fallback_models if (p := _keyless_provider(settings, catalog, m))}
+    if keyless:  # failover to it would fail too, when it is needed most (the primary is down)
+        variables = " or ".join(sorted({f"MEMBOT_LLM__{p.upper()}__API_KEY" for p in keyless.values()}))
+        return Check(
+            "llm settings",
+            "warn",
+            f"model {settings.llm.model}{known}; fallback {', '.join(keyless)} cannot be asked: no API key "
+            "for its provider",
+            f"set {variables}, or take it out of MEMBOT_LLM__FALLBACK_MODELS",
+        )
     return Check("llm settings", "pass", f"model {settings.llm.model}{known}")
+
+
+def _keyless_provider(settings: Settings, catalog: ModelCatalog, model: str) -> str | None:
+    """The provider of fallback ``model`` when it has no key to be asked with (as the online check picks
+    it): Anthropic always wants one, an OpenAI-compatible server of one's own (base_url) may not."""
+    provider = catalog.get(model).provider if model in catalog else settings.llm.provider or "openai"
+    conf = settings.llm.anthropic if provider == "anthropic" else settings.llm.openai
+    if conf.api_key is not None or (provider == "openai" and conf.base_url is not None):
+        return None
+    return provider

@@ -344,3 +344,18 @@ async def test_a_base_url_without_its_scheme_is_named_as_membot_run_names_it(tmp
     llm = line(out, "llm settings")
     assert llm.startswith("✗ fail") and "is not an http(s) URL" in llm, out
     assert "http://localhost:11434/v1" in llm
+
+
+async def test_a_fallback_model_without_a_key_is_a_warning_offline(tmp_path: Path) -> None:
+    """An Anthropic fallback with only an OpenAI key passed every offline check; it fails only when the
+    primary is down, the one time it is needed."""
+    code, out = await doctor(
+        tmp_path,
+        offline=True,
+        MEMBOT_LLM__OPENAI__API_KEY="sk-x",
+        MEMBOT_LLM__FALLBACK_MODELS='["gpt-4o-mini", "claude-haiku-4-5"]',
+    )
+    llm = line(out, "llm settings")
+    assert code == 0 and llm.startswith("! warn"), out
+    assert "fallback claude-haiku-4-5 cannot be asked" in llm and "gpt-4o-mini" not in llm
+    assert "set MEMBOT_LLM__ANTHROPIC__API_KEY, or take it out of MEMBOT_LLM__FALLBACK_MODELS" in llm
