@@ -33,6 +33,14 @@ _LLM_HINTS: dict[type[LLMError], str] = {
 }
 
 
+def _hint(exc: LLMError) -> str:
+    # A 4xx the server answered (an unknown model, a request it refused) is no answer membot misread:
+    # the error itself names the settings to check ("does not know model … check MEMBOT_LLM__MODEL").
+    if type(exc) is LLMBadResponse and 400 <= (exc.status_code or 0) < 500:
+        return f"the server refused the request (HTTP {exc.status_code}); check what the error names"
+    return _LLM_HINTS.get(type(exc), "see the lines before this one for each try")
+
+
 class Pipeline:
     """An ordered, fixed list of systems. Sorted once here; ``run`` is then a plain loop.
 
@@ -116,7 +124,7 @@ class Pipeline:
             status=exc.status_code,
             kind=type(exc).__name__,
             error=str(exc),
-            hint=_LLM_HINTS.get(type(exc), "see the lines before this one for each try"),
+            hint=_hint(exc),
         )
 
     @staticmethod

@@ -217,6 +217,7 @@ async def test_an_answer_the_content_filter_declined_is_one_warning_not_a_traceb
     [
         (401, "ERROR", "LLMAuthError", "the AI model refused the bot's access"),
         (503, "WARNING", "LLMUnavailable", "I can't reach the AI model right now"),  # answered later
+        (404, "ERROR", "LLMBadResponse", "Sorry, I couldn't answer"),  # a model name the server lacks
     ],
 )
 async def test_a_model_failure_the_client_classified_is_one_line_with_a_fix_not_a_traceback(
@@ -241,6 +242,9 @@ async def test_a_model_failure_the_client_classified_is_one_line_with_a_fix_not_
     )
     assert failed.msg["hint"] and failed.msg["model"] == "gpt-4.1-mini"
     assert "sk-test-key-123456" not in caplog.text
+    # The hint agrees with the error: a 404 said "check MEMBOT_LLM__MODEL" beside a hint that the
+    # server's answer was unreadable and llm.provider to blame.
+    assert "not one membot can read" not in failed.msg["hint"]
 
 
 @pytest.mark.parametrize("join_pastes", [True, False])
