@@ -103,11 +103,18 @@ def _walk(data: Any, tz: ZoneInfo) -> Iterator[ImportSession]:
     elif isinstance(data, dict) and "turns" in data:
         date = data.get("date") or data.get("started_at") or data.get("timestamp")
         if not date:
-            raise ConfigError(f"session {data.get('id')!r} has no date")
+            raise ConfigError(
+                f'session {data.get("id")!r} has no date: give it one, e.g. "date": "2024-05-30 10:00"'
+            )
         sid = str(data.get("id") or date)
         yield _session(sid, _date(date, f"session {sid!r}", tz), data["turns"], tz)
     else:
-        raise ConfigError("unrecognized conversation format (expected sessions with turns; see membot docs)")
+        # The format is written out here: "see membot docs" named no page, and the README shows none.
+        raise ConfigError(
+            'unrecognized conversation format: expected {"sessions": [{"id": "s1", "date": '
+            '"2024-05-30 10:00", "turns": [{"role": "user", "content": "..."}]}]} (or a list of such '
+            "sessions, or LongMemEval's haystack_session_ids / haystack_dates / haystack_sessions)"
+        )
 
 
 def _session(sid: str, started: datetime, turns: Any, tz: ZoneInfo) -> ImportSession:

@@ -384,3 +384,22 @@ def test_show_and_search_print_memories_without_obeying_their_control_characters
         assert "\x1b" not in result.stdout and "\x07" not in result.stdout and "\x9b" not in result.stdout
         assert "\u202e" not in result.stdout and "\ufffdotoyK" in result.stdout, args
         assert "␛]52;c;cm0gLXJmIH4=␇␛[2J" in result.stdout, args
+
+
+def test_import_of_an_unknown_shape_says_which_shape_it_takes(tmp_path: Path) -> None:
+    """It said "expected sessions with turns; see membot docs", and no doc shows the format: the
+    operator could not make a file it takes. The error now shows one, and a missing date how to give it."""
+    ws, export = tmp_path / "ws", tmp_path / "conv.json"
+    export.write_text(json.dumps({"conversations": []}))
+    result = membot("memory", "import", str(export), workspace=ws)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "see membot docs" not in said, said
+    example = '{"sessions": [{"id": "s1", "date": "2024-05-30 10:00", "turns": [{"role": "user", "content": "..."}]}]}'
+    assert example in said, said
+    sessions = json.loads(example.replace("...", "I keep bees"))
+    export.write_text(json.dumps(sessions))  # what the error shows is a file it takes
+    assert membot("memory", "import", str(export), workspace=ws).returncode == 0
+    del sessions["sessions"][0]["date"]
+    export.write_text(json.dumps(sessions))
+    said = " ".join(membot("memory", "import", str(export), workspace=ws).stderr.split())
+    assert """session 's1' has no date: give it one, e.g. "date": "2024-05-30 10:00\"""" in said, said
