@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from bot.errors import InUseError
+from bot.errors import ConfigError, InUseError
 from bot.storage import FILE_MODE, ensure_private_dir
 
 LOCK_FILE = "membot.lock"
@@ -42,9 +42,14 @@ class WorkspaceLock:
     @classmethod
     def acquire(cls, workspace: Path, *, command: str | None = None) -> WorkspaceLock:
         """Take the lock, or raise InUseError naming the process that has it."""
-        ensure_private_dir(workspace)
         path = workspace / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        try:
+            ensure_private_dir(workspace)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        except OSError as exc:  # read-only, not ours: every command says what `membot run` says (78)
+            raise ConfigError(
+                f"cannot use workspace {workspace}: {exc.strerror} (set --workspace or MEMBOT_WORKSPACE)"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

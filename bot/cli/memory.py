@@ -350,17 +350,18 @@ def import_(
         def advance(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        try:
-            with WorkspaceLock.hold(settings.workspace):  # the bot appends to the same item files
+        # (The lock's own errors are the workspace's, not the export's: 78 or 75, from main.)
+        with WorkspaceLock.hold(settings.workspace):  # the bot appends to the same item files
+            try:
                 report = _run(
                     settings,
                     lambda service: ops.import_conversations(service, file, progress=advance),
                     read_only=False,
                 )
-        except (ValueError, KeyError, TypeError) as exc:
-            fail(f"{file} is not a conversation export this command understands ({exc})")
-        except ConfigError as exc:  # the importer's: the export is wrong (it names where), not a setting
-            fail(str(exc))
+            except (ValueError, KeyError, TypeError) as exc:
+                fail(f"{file} is not a conversation export this command understands ({exc})")
+            except ConfigError as exc:  # the importer's: the export is wrong (it names where), not a setting
+                fail(str(exc))
     console.print(f"imported {report.sessions} sessions, {report.turns} turns, {report.items} memory items")
 
 

@@ -430,3 +430,25 @@ def test_pairing_on_a_read_only_workspace_exits_74_naming_the_file(tmp_path: Pat
         assert result.returncode == 74, result.stderr
         assert f"cannot write {ws / PAIRING_FILE}.lock: Read-only file system" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_import_on_a_read_only_workspace_says_what_run_says(home: dict[str, str], tmp_path: Path) -> None:
+    """The workspace lock's open was a bare OSError: `memory import` (and `sessions delete`) exited 1
+    with "error: …/membot.lock: Read-only file system", where `membot run` says 78 and the fix."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a read-only file system needs root")
+    export = tmp_path / "conv.json"
+    turns = [{"role": "user", "content": "I keep bees"}]
+    export.write_text(json.dumps({"sessions": [{"id": "s1", "date": "2024-05-30 10:00", "turns": turns}]}))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ws)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount here: {mounted.stderr.decode().strip()}")
+    try:
+        result = membot("memory", "import", str(export), env=home, cwd=tmp_path)
+    finally:
+        subprocess.run(["umount", str(ws)], check=True)
+    assert result.returncode == CONFIG_ERROR, result.stderr
+    assert f"cannot use workspace {ws}: Read-only file system (set --workspace" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
