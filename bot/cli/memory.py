@@ -336,7 +336,14 @@ def import_(
 ) -> None:
     """Replay past conversations through the normal memory write path; safe to run again."""
     if not file.is_file():
-        fail(f"{file} is a folder: name the export file in it" if file.is_dir() else f"{file} does not exist")
+        if file.is_dir():
+            fail(f"{file} is a folder: name the export file in it")
+        # A pipe (`<(zcat export.json.gz)`) or a device exists: "does not exist" was untrue.
+        fail(
+            f"{file} is not a regular file: save the export to a file and import that"
+            if file.exists()
+            else f"{file} does not exist"
+        )
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from bot.memory import operator as ops

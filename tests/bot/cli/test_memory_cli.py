@@ -101,6 +101,12 @@ def test_import_of_a_missing_or_bad_file_is_a_clear_error(tmp_path: Path) -> Non
     assert "session 's1', turn 0: a turn must be an object" in result.stderr
     folder = membot("memory", "import", str(tmp_path), workspace=tmp_path / "ws")
     assert folder.returncode == 2 and "is a folder" in folder.stderr
+    # A pipe exists (`membot memory import <(zcat export.json.gz)`): it said "/dev/fd/63 does not exist".
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    piped = membot("memory", "import", str(pipe), workspace=tmp_path / "ws")
+    assert piped.returncode == 2 and "does not exist" not in piped.stderr, piped.stderr
+    assert "is not a regular file: save the export to a file and import that" in piped.stderr
 
 
 def test_edit_opens_the_editor_on_memory_md_and_keeps_it_private(tmp_path: Path) -> None:
