@@ -15,7 +15,8 @@ MembotError
     ├── LLMUnavailable   connection failures, 5xx, 529 overloaded
     ├── LLMContextOverflow  the prompt is larger than the model's window
     └── LLMBadResponse   the provider answered something we cannot use
-        └── LLMContentFiltered  the provider's content filter declined the request (Azure OpenAI)
+        ├── LLMContentFiltered  the provider's content filter declined the request (Azure OpenAI)
+        └── LLMNotFound  the server knows no such model or path (404): only the operator can fix it
 
 An error's message is for the operator (it names the setting or file at fault); :func:`plain_reason`
 says what a failure type means to a chat user.
@@ -130,6 +131,11 @@ class LLMContentFiltered(LLMBadResponse):
     what happened rather than that an answer could not be used."""
 
 
+class LLMNotFound(LLMBadResponse):
+    """The server knows no such model, or the base URL misses its path (404): it would fail the same way
+    until the operator fixes the setting, so the chat is told that, not that an answer was unusable."""
+
+
 _PLAIN_REASONS: tuple[tuple[type[MembotError], str], ...] = (
     (LLMTimeout, "the AI model took too long to answer"),
     (LLMRateLimited, "the AI model is busy right now"),
@@ -137,6 +143,7 @@ _PLAIN_REASONS: tuple[tuple[type[MembotError], str], ...] = (
     (LLMContextOverflow, "this conversation is too long for the AI model; /compact or /new makes room"),
     (LLMUnavailable, "the AI model cannot be reached right now"),
     (LLMContentFiltered, "the AI provider's content filter declined this request"),
+    (LLMNotFound, "the AI model is not set up right; the operator needs to check its settings"),
     (LLMBadResponse, "the AI model sent an answer that could not be used"),
 )
 

@@ -14,6 +14,7 @@ from bot.errors import (
     LLMContentFiltered,
     LLMContextOverflow,
     LLMError,
+    LLMNotFound,
     LLMRateLimited,
     LLMTimeout,
     LLMUnavailable,
@@ -30,6 +31,7 @@ _LLM_HINTS: dict[type[LLMError], str] = {
     LLMRateLimited: "the provider's rate limit held past the retries; lower the load or raise the limit",
     LLMContextOverflow: "the prompt is over the model's window; check max_input_tokens in the models file",
     LLMBadResponse: "the server's answer was not one membot can read; check llm.provider and its base_url",
+    LLMNotFound: "the server knows no such model or path: check llm.model (and fallback_models) and base_url",
 }
 
 

@@ -9,7 +9,7 @@ error *type*; the client's retry and failover then decide by type alone:
     413, "prompt is too long", ...            LLMContextOverflow  compaction must shrink the prompt
     429                                       LLMRateLimited    retried, honouring retry-after
     408, 409, 5xx, 529                        LLMUnavailable    retried, then failover
-    404                                       LLMBadResponse    unknown model or wrong base URL
+    404                                       LLMNotFound       unknown model or wrong base URL
     other 4xx                                 LLMBadResponse    the request was refused as built
 """
 
@@ -29,6 +29,7 @@ from bot.errors import (
     LLMContentFiltered,
     LLMContextOverflow,
     LLMError,
+    LLMNotFound,
     LLMRateLimited,
     LLMUnavailable,
 )
@@ -190,7 +191,7 @@ def status_error(
         )
     if status == 404:
         base = f"MEMBOT_LLM__{provider.upper()}__BASE_URL"
-        return LLMBadResponse(
+        return LLMNotFound(
             f"{where} does not know model {model!r} or the URL {said}: check MEMBOT_LLM__MODEL "
             f"(and fallback_models) and {base} (OpenAI-compatible servers usually end in /v1)",
             model=model,

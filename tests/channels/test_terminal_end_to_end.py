@@ -217,7 +217,9 @@ async def test_an_answer_the_content_filter_declined_is_one_warning_not_a_traceb
     [
         (401, "ERROR", "LLMAuthError", "the AI model refused the bot's access"),
         (503, "WARNING", "LLMUnavailable", "I can't reach the AI model right now"),  # answered later
-        (404, "ERROR", "LLMBadResponse", "Sorry, I couldn't answer"),  # a model name the server lacks
+        # A model name the server lacks: it was "the AI model sent an answer that could not be used",
+        # and "send another message to try again", which fails the same way until the operator acts.
+        (404, "ERROR", "LLMNotFound", "the AI model is not set up right; the operator needs to check"),
     ],
 )
 async def test_a_model_failure_the_client_classified_is_one_line_with_a_fix_not_a_traceback(

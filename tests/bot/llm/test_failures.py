@@ -13,6 +13,7 @@ from bot.errors import (
     LLMBadResponse,
     LLMContextOverflow,
     LLMError,
+    LLMNotFound,
     LLMRateLimited,
     LLMUnavailable,
 )
@@ -66,7 +67,7 @@ def test_retry_after_forms() -> None:
             LLMContextOverflow,
         ),  # Anthropic's wording
         (400, {"error": {"message": "messages: roles must alternate"}}, LLMBadResponse),
-        (404, {"error": {"message": "model not found"}}, LLMBadResponse),
+        (404, {"error": {"message": "model not found"}}, LLMNotFound),
         (408, {}, LLMUnavailable),
         (409, {}, LLMUnavailable),
         (500, "<html>oops</html>", LLMUnavailable),
