@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from bot.tools.base import ToolContext, ToolError, string_arg, untrusted
-from bot.tools.html_text import page_text
+from bot.tools.html_text import ConversionError, page_text
 from bot.tools.netguard import AddressGuard, Resolver, resolve
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -105,25 +105,17 @@ class WebFetchTool:
         )
         text = _decode(body, headers, html=html)
         if html:
-            text = await self._page_text(text)
+            text = await self._page_text(url, text)
         return "\n".join(lines) + "\n" + untrusted(f"web page {url}", text)
 
-    async def _page_text(self, html: str) -> str:
-        """The page's text, one conversion at a time: a hostile page takes a core, not all.
-
-        The slot is held until the conversion's thread ends, not until its caller stops waiting: a
-        page nested deep (2 MB of ``<div>``) takes lexbor minutes, and released at the tool's timeout,
-        the next fetch started another such thread, one more every timeout, until they took every core.
-        """
-        await self._converting.acquire()
-        conversion = asyncio.ensure_future(page_text(html))
-        conversion.add_done_callback(self._converted)
-        return await asyncio.shield(conversion)  # a timeout stops the wait, not the thread
-
-    def _converted(self, conversion: asyncio.Future[str]) -> None:
-        self._converting.release()
-        if not conversion.cancelled():
-            conversion.exception()  # (retrieved: nobody may be waiting for it any more)
+    async def _page_text(self, url: httpx.URL, html: str) -> str:
+        """The page's text, one conversion at a time: each may take a core, and a page's tree in memory,
+        until the tool's timeout kills it (see :func:`page_text`)."""
+        async with self._converting:
+            try:
+                return await page_text(html, cpu_seconds=self._timeout)
+            except ConversionError as exc:
+                raise ToolError(f"could not read the HTML of {url}: {exc}") from None
 
     async def _get(self, url: httpx.URL) -> tuple[int, httpx.Headers, bytes, bool]:
         port = url.port or (443 if url.scheme == "https" else 80)

@@ -4,16 +4,17 @@ never reach the target server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import ipaddress
 import re
 import socket
-import threading
 import time
 import tracemalloc
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +22,7 @@ import pytest
 from aiohttp import web
 
 from bot.tools import ToolContext, ToolError
-from bot.tools.html_text import html_to_text
+from bot.tools.html_text import ConversionError, html_to_text, page_text
 from bot.tools.netguard import IPAddress, refusal
 from bot.tools.web_fetch import WebFetchTool, web_client
 
@@ -80,6 +81,8 @@ async def start(host: str) -> Server:
             return web.Response(text="<a b" * 20_000, content_type="text/html")
         if request.path == "/deep":  # quadratic for any HTML5 parser (the depth of open elements)
             return web.Response(text="<div>" * 40_000 + "deep" + "</div>" * 40_000, content_type="text/html")
+        if request.path == "/deeper":  # 2 MB of it: lexbor would take many minutes
+            return web.Response(text="<div>" * 400_000 + "deep", content_type="text/html")
         if request.path == "/gzip":
             body = gzip.compress(PAGE.encode())
             return web.Response(body=body, content_type="text/html", headers={"Content-Encoding": "gzip"})
@@ -205,29 +208,49 @@ async def test_a_hostile_page_never_holds_the_event_loop(http: httpx.AsyncClient
     assert "Status: 200" in unclosed and took < 0.5
     assert "took longer than 0.5 s" in deep
     assert loop.longest < 0.25, loop.longest
-    # The conversion the tool gave up on runs on; let it end here, not in a later test (tracemalloc
-    # started while lexbor allocates in another thread crashes CPython 3.11).
-    async with asyncio.timeout(60):
-        while any(t.name == "html-text" for t in threading.enumerate()):
-            await asyncio.sleep(0.05)
 
 
-async def test_pages_the_tool_gave_up_on_are_converted_one_at_a_time(
+def converters() -> list[int]:
+    """This process's children converting a page (Linux's list of them)."""
+    pids = [
+        int(pid)
+        for task in Path("/proc/self/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    ]
+    found = []
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # (it ended meanwhile)
+            if b"html_text.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
+
+
+async def test_a_page_nested_deep_is_stopped_at_the_timeout_and_holds_no_later_page(
     http: httpx.AsyncClient, allowed: Server
 ) -> None:
-    """A conversion the tool stopped waiting for runs on; the next page must wait for it, not start a
-    thread of its own: a chat fetching a hostile page every timeout took one more core each time."""
-    tool = fetcher(http, allowed, max_bytes=1_000_000, timeout=0.5)
-    try:
-        for _ in range(2):
-            assert "took longer than 0.5 s" in await refused(tool, f"{allowed.base}/deep")
-        running = sum(t.name == "html-text" for t in threading.enumerate())
-    finally:  # let them end here, not in a later test (see above)
-        async with asyncio.timeout(120):
-            while any(t.name == "html-text" for t in threading.enumerate()):
-                await asyncio.sleep(0.05)
-    assert running == 1
-    assert "Title: Test page" in await tool.run({"url": f"{allowed.base}/page"}, CTX)  # and then it goes on
+    """2 MB of nested ``<div>`` takes lexbor many minutes. Converted on a thread, it ran on after the
+    tool's timeout and held the one conversion slot: every chat's next HTML page timed out behind it."""
+    tool = fetcher(http, allowed, max_bytes=3_000_000, timeout=3.0)
+    async with asyncio.timeout(30):
+        assert "took longer than 3 s" in await refused(tool, f"{allowed.base}/deeper")
+        assert converters() == []  # killed, not left running
+        assert "Title: Test page" in await tool.run({"url": f"{allowed.base}/page"}, CTX)
+
+
+async def test_the_converter_ends_itself_past_its_cpu_limit() -> None:
+    """Should the bot die without killing it, a conversion still ends, with an error if anyone waits."""
+    async with asyncio.timeout(60):
+        with pytest.raises(ConversionError, match="ended with status"):
+            await page_text("<div>" * 400_000, cpu_seconds=0.5)
+
+
+async def test_a_page_reads_the_same_converted_in_a_child_process() -> None:
+    html = (
+        "<!doctype html><title>Caf\u00e9 \u2615</title><body><p>na\u00efve \u65e5\u672c\u8a9e \U0001f600"
+        "<p>second<ul><li>one<li>two</ul><br>end"
+    )
+    assert await page_text(html, cpu_seconds=5) == html_to_text(html)
+    assert "\U0001f600" in html_to_text(html)
 
 
 async def test_compressed_pages_are_read_and_a_bomb_only_as_far_as_the_limit(
