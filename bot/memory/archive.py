@@ -15,6 +15,7 @@ memories, but a line of a pasted log is best found verbatim.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -219,21 +220,35 @@ def search_archive(
 
     ``session_id`` limits the search to that chat's file; ``None`` searches every chat (the operator,
     or a workspace-wide memory). Damaged lines are skipped, as in :meth:`TranscriptArchive.read`.
+    Files are read a line at a time and only the ``limit`` newest hits are kept (messages equally new:
+    the first found): a common word over a long-lived archive held all of it, and every hit, at once.
     """
     needles = [w.lower() for w in words if w.strip()]
-    if not needles:
+    if not needles or limit <= 0:
         return []
     if session_id is not None:
         paths = [directory / f"{encode_id(session_id)}.jsonl"]
     else:
         paths = sorted(directory.glob("*.jsonl"))
-    found: list[ArchiveHit] = []
-    for path in paths:
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        for line in data.splitlines():
+    newest: list[tuple[datetime, int, ArchiveHit]] = []  # a min-heap: the oldest, the last found, on top
+    hits = (hit for path in paths for hit in _hits(path, needles, context))
+    for found, hit in enumerate(hits):
+        entry = (hit.message.timestamp, -found, hit)
+        if len(newest) < limit:
+            heapq.heappush(newest, entry)
+        else:
+            heapq.heappushpop(newest, entry)
+    return [hit for _, _, hit in sorted(newest, reverse=True)]
+
+
+def _hits(path: Path, needles: Sequence[str], context: int) -> Iterator[ArchiveHit]:
+    """The messages in ``path`` whose text holds every one of ``needles`` (lowercase), in file order."""
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        return
+    with f:
+        for line in f:  # bytes, so a damaged line (torn by a crash, bad UTF-8) costs only itself
             lowered = line.lower()
             if not all(n.encode() in lowered for n in needles):
                 continue  # cheap pre-check on the raw line before parsing it
@@ -249,6 +264,4 @@ def search_archive(
                 excerpt = (
                     ("…" if start else "") + message.content[start:end] + ("…" if end < len(text) else "")
                 )
-                found.append(ArchiveHit(str(entry.get("session_id") or ""), message, excerpt))
-    found.sort(key=lambda h: h.message.timestamp, reverse=True)
-    return found[:limit]
+                yield ArchiveHit(str(entry.get("session_id") or ""), message, excerpt)

@@ -12,7 +12,7 @@ import pytest
 
 from bot.domain import Message, Role
 from bot.memory import archive as archive_module
-from bot.memory.archive import TranscriptArchive, search_archive
+from bot.memory.archive import ArchiveHit, TranscriptArchive, search_archive
 
 DAMAGE = {
     "torn json": b'{"message": {"role": "us',
@@ -126,3 +126,44 @@ def bytes_read() -> int:
     """What this process has read so far (Linux's count, which the read-back of the archive adds to)."""
     io = Path("/proc/self/io").read_text()
     return int(next(line for line in io.splitlines() if line.startswith("rchar:")).split()[1])
+
+
+async def test_a_search_gives_the_newest_hits_first_and_the_first_found_of_equally_new(
+    tmp_path: Path,
+) -> None:
+    archive = TranscriptArchive(tmp_path)
+    day = [datetime(2025, 3, d, tzinfo=UTC) for d in range(1, 6)]
+    said = {  # (content, day index); every chat's file is searched, in the order of their names
+        "cli:a": [("needle a0", 2), ("needle a1", 4), ("hay a2", 4), ("NEEDLE a3", 0), ("needle a4", 2)],
+        "cli:b": [("needle b0", 4), ("needle b1", 3), ("needle b2", 2)],
+    }
+    for chat, messages in said.items():
+        await archive.append(chat, [Message(Role.USER, c, timestamp=day[d]) for c, d in messages], day[4])
+
+    def found(limit: int, session_id: str | None = None) -> list[str]:
+        hits = search_archive(tmp_path, ["Needle"], session_id=session_id, limit=limit)
+        return [h.message.content for h in hits]
+
+    everything = ["needle a1", "needle b0", "needle b1", "needle a0", "needle a4", "needle b2", "NEEDLE a3"]
+    assert await asyncio.to_thread(found, 20) == everything
+    assert await asyncio.to_thread(found, 4) == everything[:4]
+    assert await asyncio.to_thread(found, 5) == everything[:5]
+    assert await asyncio.to_thread(found, 2, "cli:b") == ["needle b0", "needle b1"]
+
+
+async def test_a_common_word_over_a_long_archive_is_searched_in_bounded_memory(tmp_path: Path) -> None:
+    """Every message of a 4 MiB archive holds the word: only the few asked for are kept, never the file."""
+    archive = TranscriptArchive(tmp_path)
+    said = long_chat(archive, datetime(2025, 3, 4, tzinfo=UTC), 4 * 2**20)
+
+    def search() -> tuple[list[ArchiveHit], int]:
+        tracemalloc.start()
+        try:
+            hits = search_archive(tmp_path, ["xxx"], session_id="cli:me", limit=5, context=10)
+            return hits, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    hits, peak = await asyncio.to_thread(search)
+    assert [h.message.id for h in hits] == [m.id for m in said[:5]]  # equally new: the first found
+    assert peak < 2**20, f"held {peak / 2**20:.1f} MiB searching a 4 MiB archive"
