@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from bot import model_choice
-from bot.errors import ConfigError
+from bot.errors import ConfigError, StorageError
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
 from bot.workspace_lock import WorkspaceLock
 
@@ -97,14 +97,30 @@ def _lock_workspace(settings: Settings) -> WorkspaceLock:
 
 async def recover_memory(memory: MemoryService, sessions: SessionService) -> None:
     """The last run stopped before its memory writes were fsynced (bot/memory/lazy_sync.py): record
-    again what the sessions changed since then hold and memory lacks (a power cut may have lost it)."""
+    again what the sessions changed since then hold and memory lacks (a power cut may have lost it).
+
+    A write the disk refuses (a full disk) does not stop the start: memory's records can wait, the
+    chats' messages cannot, and a start that ended here was restarted by systemd into the same failure
+    until it gave up, with every acknowledged message unanswered. The marker then stays (only
+    ``recovered`` removes it), so the next start records what is still missing, none of it twice."""
     assert memory.unsynced_since is not None
     since = memory.unsynced_since - RECOVERY_SLACK  # a turn's session save may precede the marker
-    changed = await sessions.changed_since(since)
     recorded = 0
-    for sid in changed:
-        session = await sessions.get(sid)
-        if session is not None:
-            recorded += await memory.recover(session)
+    try:
+        changed = await sessions.changed_since(since)
+        for sid in changed:
+            session = await sessions.get(sid)
+            if session is not None:
+                recorded += await memory.recover(session)
+    except (OSError, StorageError) as exc:
+        log.error(
+            "memory_recovery_failed",
+            error=exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc),
+            path=getattr(exc, "filename", None),
+            messages=recorded,
+            hint="free disk space or fix the workspace's permissions; the bot answers meanwhile, and the "
+            "next start records again what memory lacks (memory/.unsynced stays until then)",
+        )
+        return
     await memory.recovered()
     log.warning("memory_recovered", since=since.isoformat(), sessions=len(changed), messages=recorded)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bot.sessions import JsonSessionStore
+from tests.bot.cli.membot_process import limit_files
 from tests.fakes.llm_server import FakeLLMServer
 from tests.fakes.telegram_server import FakeTelegramServer
 
@@ -93,12 +94,14 @@ async def membot_run(
     *,
     ready: str | None = "membot_started",
     admin: bool = False,
+    max_file_bytes: int | None = None,
     **env: str,
 ) -> AsyncIterator[Service]:
     """``membot run`` on ``workspace``; waits for the ``ready`` log event (``None``: returns at once).
 
     ``admin`` serves /healthz and /metrics on a free port (``service.admin_port``). Off unless asked:
-    between finding a port free and the bot binding it, a test running beside may take it."""
+    between finding a port free and the bot binding it, a test running beside may take it.
+    ``max_file_bytes``: every write past that size of a file fails, as on a full disk (run_membot's)."""
     port = free_port() if admin else 0
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
     clean.update(
@@ -122,6 +125,7 @@ async def membot_run(
         stderr=asyncio.subprocess.PIPE,
         env=clean,
         cwd=workspace.parent,
+        preexec_fn=None if max_file_bytes is None else lambda: limit_files(max_file_bytes),
     )
     service = Service(process, port)
     try:

@@ -33,11 +33,11 @@ def run_membot(
         env=clean,
         cwd=cwd,
         timeout=60,
-        preexec_fn=None if max_file_bytes is None else lambda: _limit_files(max_file_bytes),
+        preexec_fn=None if max_file_bytes is None else lambda: limit_files(max_file_bytes),
     )
 
 
-def _limit_files(size: int) -> None:
+def limit_files(size: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
 
 

@@ -9,13 +9,17 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import signal
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from structlog.testing import capture_logs
 
 from bot.memory.lazy_sync import MARKER, LazySync
+from tests.bot.membot_service import Service, membot_run
 from tests.bot.memory.test_end_to_end import DAY, chat
+from tests.fakes.llm_server import FakeLLMServer
 
 
 async def test_the_marker_lives_from_the_first_unsynced_write_to_a_clean_close(tmp_path: Path) -> None:
@@ -129,3 +133,56 @@ async def test_a_power_cut_before_the_sync_loses_no_memory(tmp_path: Path) -> No
             assert "The plumber fixes the boiler on Friday." in bot.system_prompt()
     recovered = [e for e in logs if e["event"] == "memory_recovered"]
     assert len(recovered) == 1 and recovered[0]["messages"] == 4 and recovered[0]["sessions"] == 1
+
+
+async def test_a_start_whose_recovery_the_disk_refuses_still_serves_and_the_next_one_recovers(
+    tmp_path: Path,
+) -> None:
+    """The recovery's writes refused (every append to an item log fails, EFBIG, as on a full disk):
+    ``membot run`` ended with a bare ``error: File too large`` (exit 1), and the systemd unit restarted
+    it into the same failure until it gave up, every acknowledged message left unanswered. Now the start
+    goes on with the failure logged; the marker stays, and the next start that can write recovers."""
+    said = ["I planted three apple trees in the orchard.", "The plumber fixes the boiler on Friday."]
+    async with chat(tmp_path / "running") as bot:
+        await bot.say("My sister Hanna lives in Porto.", DAY)
+        for i, text in enumerate(said):
+            await bot.say(text, DAY + timedelta(minutes=1 + i))
+        session = await bot.core.sessions.get("test:c1")
+        assert session is not None
+        lost = {m.id for m in session.messages[-4:]}
+        await asyncio.to_thread(shutil.copytree, tmp_path / "running" / "ws", tmp_path / "cut" / "ws")
+    ws = tmp_path / "cut" / "ws"
+    assert await asyncio.to_thread(_cut_memory_of, ws, lost, said) > 0
+    logs = list((ws / "memory" / "items").rglob("*.jsonl"))
+    full = max(log.stat().st_size for log in logs)  # no item log grows past this: a full disk, for them
+    async with FakeLLMServer() as llm:
+        async with membot_run(ws, llm, max_file_bytes=full, MEMBOT_MEMORY__EMBEDDINGS="none") as service:
+            await service.say("hi")  # answered: the start went on
+            await service.wait_log("turn_finished")
+            code, out = await _stopped(service)
+        assert code == 0 and "hi" in out, service.stderr
+        failed = [e for e in _events(service.stderr) if e["event"] == "memory_recovery_failed"]
+        assert len(failed) == 1 and "free disk space" in failed[0]["hint"], service.stderr
+        assert (ws / "memory" / MARKER).exists()  # left for the next start
+
+        async with membot_run(ws, llm, MEMBOT_MEMORY__EMBEDDINGS="none") as service:
+            code, _ = await _stopped(service)
+        assert code == 0, service.stderr
+    done = [e for e in _events(service.stderr) if e["event"] == "memory_recovered"]
+    assert len(done) == 1 and done[0]["messages"] == 4, service.stderr
+    assert not (ws / "memory" / MARKER).exists()
+    items = "".join(log.read_text() for log in (ws / "memory" / "items").rglob("*.jsonl"))
+    assert all(items.count(f'"content": "{text}"') == 1 for text in said), items  # back, once
+    notes = (ws / "memory" / f"{DAY:%Y-%m-%d}.md").read_text()
+    assert all(notes.count(f"User: {text}") == 1 for text in said), notes
+
+
+async def _stopped(service: Service) -> tuple[int, str]:
+    assert service.process.stdin is not None
+    service.process.stdin.close()  # the terminal's input ends: it leaves, and the bot serves on
+    service.process.send_signal(signal.SIGTERM)
+    return await service.finish()
+
+
+def _events(stderr: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
