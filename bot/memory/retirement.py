@@ -116,12 +116,24 @@ class Retirement:
         """Finish, in the background, the retirements a kill left pending (the running bot's start).
 
         Their messages are archived first where the kill came before that (the whole file is looked
-        through: later retirements of the chat may have followed theirs)."""
+        through: later retirements of the chat may have followed theirs). An archive the disk refuses
+        (a full disk) leaves that record and the later ones for the next start, in their order: the
+        start goes on, as the chats' messages need no consolidation to be answered."""
         works = await self._pending.load()
-        for work in works:
-            work.archived = await self._archive.append(
-                work.session_id, work.messages, self._clock(), look_in="file"
-            )
+        for n, work in enumerate(works):
+            try:
+                work.archived = await self._archive.append(
+                    work.session_id, work.messages, self._clock(), look_in="file"
+                )
+            except OSError as exc:
+                log.error(
+                    "consolidations_not_resumed",
+                    error=repr(exc),
+                    left=len(works) - n,
+                    hint="free disk space or fix the workspace's permissions; the next start resumes them",
+                )
+                works = works[:n]
+                break
             self._start(work, resumed=True)
         if works:
             log.warning(

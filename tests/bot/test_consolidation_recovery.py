@@ -10,9 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bot.domain import Message, Role
+from bot.memory.archive import TranscriptArchive
+from bot.memory.pending import PENDING_DIR, PendingConsolidations
 from tests.bot.membot_service import membot_run, stored, telegram_env
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 from tests.fakes.telegram_server import FakeTelegramServer
@@ -83,3 +87,41 @@ async def test_a_consolidation_killed_midway_is_made_once_by_the_next_start(tmp_
     assert (await asyncio.to_thread(read, memory / "MEMORY.md")).count(FACT) == 1
     prompt = [r for r in llm.requests if consolidating(r.body)][-1].body["messages"][-1]["content"]
     assert "Lisbon trip, part 0" in prompt and "Lisbon trip, part 2" not in prompt
+
+
+async def test_a_retirement_the_disk_will_not_archive_at_the_start_waits_for_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """A kill between a retirement's record and its archive append leaves messages only the record
+    holds; a start whose disk refuses that append (here every write past the archive's size, as a full
+    disk refuses it) ended with a bare ``error: File too large`` (exit 1), which systemd restarted into
+    the same failure. Now the start goes on and serves; the record stays, and the next start archives
+    and consolidates it, once."""
+    workspace = tmp_path / "ws"
+    memory = workspace / "memory"
+    sid = "telegram:777"
+    garden = "We talked about the garden. " * 300  # (8 KB: the chat's other files stay below it)
+    earlier = [Message(Role.USER, garden), Message(Role.ASSISTANT, "Yes.")]
+    retiring = [Message(Role.USER, "Lisbon trip, part 0"), Message(Role.ASSISTANT, "Noted.")]
+    archive = TranscriptArchive(memory / "archive")
+    await archive.append(sid, earlier, datetime.now(UTC))
+    await PendingConsolidations(memory / PENDING_DIR).add(sid, retiring, datetime.now(UTC))
+    full = archive.path_for(sid).stat().st_size  # the chat's archive cannot grow: a full disk, for it
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        env = telegram_env(tg, MEMBOT_MEMORY__EMBEDDINGS="none", MEMBOT_TELEGRAM__POLL_TIMEOUT="1")
+        llm.responder = lambda _api, body: FakeReply(text=SUMMARY) if consolidating(body) else None
+        async with membot_run(workspace, llm, max_file_bytes=full, **env) as service:
+            tg.push_message("still there?", chat_id=777, user_id=42)
+            [answer] = await tg.wait_for_messages(1, chat_id=777, timeout=30)
+            assert "still there?" in answer.text  # answered: the start went on
+            await stop(service)
+        assert '"event": "consolidations_not_resumed"' in service.stderr, service.stderr
+        assert consolidations(llm) == 0 and len(list((memory / PENDING_DIR).iterdir())) == 1
+
+        async with membot_run(workspace, llm, **env) as service:
+            await wait_until(lambda: ENTRY in read(memory / "HISTORY.md"))
+            await stop(service)
+    assert consolidations(llm) == 1 and not list((memory / PENDING_DIR).iterdir())
+    archived = await asyncio.to_thread(read, archive.path_for(sid))
+    assert all(archived.count(json.dumps(m.content)) == 1 for m in earlier + retiring), archived
+    assert (await asyncio.to_thread(read, memory / "HISTORY.md")).count(ENTRY) == 1
