@@ -60,7 +60,9 @@ async def recover(
     """Load the inbox's pending entries and plan each session's work (see the module doc).
 
     A saved answer found only in the session log is first copied into the inbox, so that a rewrite
-    of the log (compaction) before it is sent again cannot drop it.
+    of the log (compaction) before it is sent again cannot drop it. A copy the disk refuses (a full
+    disk) does not stop the start: the answer is sent from the log as it is, and should a rewrite drop
+    it before, its messages, still pending, are answered again.
     """
     by_session: dict[str, list[InboxEntry]] = {}
     for entry in await inbox.load_pending():
@@ -102,7 +104,10 @@ async def recover(
             elif item.id in kept or item.id in saved:
                 counts["resend"] += 1
                 if item.id not in kept:
-                    await inbox.keep(item)
+                    try:
+                        await inbox.keep(item)
+                    except (StorageError, OSError) as exc:  # a full disk: sent from the log all the same
+                        log.error("kept_reply_copy_failed", session_id=sid, reply_id=item.id, error=str(exc))
             else:
                 counts["skip"] += 1
         planned[sid] = work

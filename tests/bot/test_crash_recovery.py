@@ -152,6 +152,37 @@ async def test_an_answer_saved_but_not_sent_is_delivered_once_after_restart(tmp_
     ]
 
 
+async def test_an_answer_saved_but_not_sent_is_delivered_once_by_a_start_the_disk_refuses_its_copy(
+    tmp_path: Path,
+) -> None:
+    """The start copies such an answer from the session log into the inbox before sending it; a copy
+    the disk refused (here every write past the inbox file's size and a done mark, as a full disk
+    refuses a long line) ended the start with a bare ``error: File too large`` (exit 1), which systemd
+    restarted into the same failure. Now the answer goes out from the log, once, and the start goes on."""
+    workspace = tmp_path / "ws"
+    long = "the milk list: " + "milk " * 600  # (3 KB: its copy is one line past the limit)
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        env = telegram_env(tg, MEMBOT_MEMORY__EMBEDDINGS="none")
+        tg.fail("sendMessage", 502, "Bad Gateway", times=1000)  # Telegram down: the channel retries
+        llm.script(FakeReply(text=long))
+        async with membot_run(workspace, llm, **env) as service:
+            tg.push_message("remember the milk", chat_id=777, user_id=42)
+            await tg.wait_for(lambda: bool(tg.calls_to("sendMessage")), timeout=30)
+            await service.kill()  # the answer is saved in the session log; its send never succeeded
+        tg.failures.clear()
+        inbox = workspace / "inbox" / "telegram:777.jsonl"
+        full = inbox.stat().st_size + 1024  # room for done marks, none for the answer's copy
+        async with membot_run(workspace, llm, max_file_bytes=full, **env) as service:
+            await wait_answer(tg, 777, "the milk list")
+            async with asyncio.timeout(30):  # its entry done (the file is cut once nothing is pending)
+                while inbox.stat().st_size and '"done"' not in inbox.read_text():
+                    await asyncio.sleep(0.02)
+            await stop(service)
+        assert '"event": "kept_reply_copy_failed"' in service.stderr, service.stderr
+        assert [m.text for m in tg.sent_to(777)] == [long.strip()]
+        assert len(llm.requests) == 1  # the saved answer, not a second one
+
+
 async def test_pending_messages_are_answered_while_another_channel_still_starts(tmp_path: Path) -> None:
     """Discord unreachable (its start waits for its timeout): Telegram's pending and new messages are
     answered meanwhile, and the new one does not push the pending one out of the inbox."""
