@@ -183,7 +183,8 @@ class Delivery:
         notice: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """``write`` (of chat ``sid``) again with growing pauses while storage refuses it (a full disk
-        frees up; a shutdown cancels the wait, and the inbox then has the work for the next start).
+        frees up). A shutdown ends the pause with one more try at once; refused again, the grace
+        period's end cancels the wait, and the inbox then has the work for the next start.
         ``notice`` tells the user once, so a chat that waits is not a chat that seems dead; /status
         and /healthz tell of the wait meanwhile (:meth:`storage_wait`, :meth:`storage_waits`)."""
         try:
@@ -193,14 +194,29 @@ class Delivery:
             log.error("storage_write_failed_retrying", what=what, error=str(exc))
             token = object()
             self._waiting[token] = (what, f"{type(exc).__name__}: {exc}", sid)
+        tried_at_close = False
+
+        async def pause(delay: float) -> None:
+            # A shutdown ends the pause for one more try at once: the disk may be back (its operator
+            # freed it, then restarted us), and a done mark missed now has the next start send again.
+            nonlocal tried_at_close
+            if tried_at_close:
+                await asyncio.sleep(delay)
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._closing.wait()
+            tried_at_close = self._closing.is_set()
+
         try:
             if notice is not None:
                 await notice()
-            await asyncio.sleep(self._retry(0))
+            await pause(self._retry(0))
             await retry(
                 write,
                 retry_if=lambda exc, _: isinstance(exc, StorageError | OSError),
                 wait=lambda _, tries: self._retry(tries),
+                sleep=pause,
             )
         finally:
             del self._waiting[token]

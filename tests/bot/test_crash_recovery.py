@@ -8,6 +8,7 @@ stopped while new messages arrive, or restarted while another channel cannot sta
 from __future__ import annotations
 
 import asyncio
+import resource
 import signal
 from pathlib import Path
 
@@ -322,3 +323,35 @@ async def test_a_stop_while_the_disk_refuses_the_save_ends_cleanly_and_the_next_
         ("user", "what is the capital of France?"),
         ("assistant", "Paris."),
     ]
+
+
+async def test_a_stop_right_after_the_disk_frees_up_writes_the_done_mark_it_waited_for(
+    tmp_path: Path,
+) -> None:
+    """An answer went out while the disk refused its done mark (here every write past the inbox file's
+    size, the process's RLIMIT_FSIZE, as a full disk refuses it). The operator frees space and restarts
+    the bot: the done mark waited out its retry pause (2 s, growing to a minute) past the grace period,
+    was never written, and the next start sent the answer a second time. Now a shutdown ends the pause
+    and the mark is tried once more at once: the answer went out once."""
+    workspace = tmp_path / "ws"
+    async with FakeLLMServer() as llm, FakeTelegramServer() as tg:
+        env = telegram_env(
+            tg,
+            MEMBOT_MEMORY__EMBEDDINGS="none",
+            MEMBOT_LIFECYCLE__GRACE_PERIOD="1",
+            MEMBOT_TELEGRAM__POLL_TIMEOUT="1",
+        )
+        tg.slow["sendMessage"] = 1.0  # taken at once, answered late: time to fill the disk meanwhile
+        async with membot_run(workspace, llm, **env) as service:
+            tg.push_message("remember the milk", chat_id=777, user_id=42)
+            await wait_answer(tg, 777, "echo: remember the milk")
+            inbox = workspace / "inbox" / "telegram:777.jsonl"
+            full = inbox.stat().st_size  # the chat's inbox file cannot grow: its done mark is refused
+            resource.prlimit(service.process.pid, resource.RLIMIT_FSIZE, (full, resource.RLIM_INFINITY))
+            await service.wait_log("storage_write_failed_retrying")
+            unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+            resource.prlimit(service.process.pid, resource.RLIMIT_FSIZE, unlimited)  # space freed
+            await stop(service)  # and the bot restarted, within the retry's pause
+        async with membot_run(workspace, llm, **env) as service:
+            await stop(service)
+        assert [m.text for m in tg.sent_to(777)] == ["echo: remember the milk"], service.stderr
