@@ -13,9 +13,9 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from bot.config_errors import ENV_PREFIX, explain_undecodable, explain_validation, unknown_variables
@@ -28,6 +28,20 @@ DEFAULT_CONFIG_FILE = DEFAULT_HOME / "membot.toml"
 _BOT_TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")  # what @BotFather gives: "<bot id>:<secret>"
 
 
+def _not_blank(value: SecretStr | None) -> SecretStr | None:
+    # An empty key (a `MEMBOT_LLM__OPENAI__API_KEY=` line in a .env) counted as set: the bot started and
+    # every call failed with 401. Refused as a wrong setting (78, named; `membot doctor` shows it), as
+    # an empty Telegram token or base_url is. The message never repeats the value.
+    if value is not None and not value.get_secret_value().strip():
+        raise ValueError(
+            "is empty: set it, or remove the setting to leave it unset (an empty value counts as set)"
+        )
+    return value
+
+
+_Secret = Annotated[SecretStr | None, AfterValidator(_not_blank)]  # a key or token: unset, or not blank
+
+
 class _Section(BaseModel):
     """A settings group. Unknown keys are errors, so a typo in a config file never passes silently."""
 
@@ -35,7 +49,7 @@ class _Section(BaseModel):
 
 
 class ProviderSettings(_Section):
-    api_key: SecretStr | None = None
+    api_key: _Secret = None
     base_url: str | None = None  # None: the provider's public endpoint
 
 
@@ -111,7 +125,7 @@ class MemorySettings(_Section):
     embeddings: Literal["none", "openai", "local"] = "local"
     embeddings_base_url: str | None = None
     embeddings_model: str = "text-embedding-3-small"
-    embeddings_api_key: SecretStr | None = None
+    embeddings_api_key: _Secret = None
     embeddings_local_model: str = "all-MiniLM-L6-v2"
     notes_max_tokens: int = Field(default=600, ge=0)  # today's notes (and recent days when nothing matched)
     consolidation_model: str | None = None  # None: the primary model; e.g. the `balanced` tier's model
@@ -178,7 +192,7 @@ class TelegramSettings(_Section):
     webhook_listen: str = "127.0.0.1"
     webhook_port: int = Field(default=8443, ge=0, le=65535)
     webhook_url: str | None = None
-    webhook_secret: SecretStr | None = None
+    webhook_secret: _Secret = None
     base_url: str | None = None  # for tests / self-hosted Bot API servers
     base_file_url: str | None = None
     streaming: bool = False
@@ -202,7 +216,7 @@ class TelegramSettings(_Section):
 
 
 class DiscordSettings(_Section):
-    token: SecretStr | None = None
+    token: _Secret = None
     allowed_users: IdList = Field(default_factory=list)
     allowed_guilds: IdList = Field(default_factory=list)
     allowed_channels: IdList = Field(default_factory=list)

@@ -383,6 +383,29 @@ def test_a_telegram_token_of_the_wrong_shape_is_a_named_setting_not_a_channel_fa
     assert not token or token not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("MEMBOT_LLM__OPENAI__API_KEY", ""),
+        ("MEMBOT_LLM__ANTHROPIC__API_KEY", "  "),
+        ("MEMBOT_DISCORD__TOKEN", ""),
+        ("MEMBOT_MEMORY__EMBEDDINGS_API_KEY", " "),
+    ],
+)
+def test_an_empty_key_in_the_env_file_is_a_named_setting_not_a_401_on_every_call(
+    home: dict[str, str], tmp_path: Path, variable: str, value: str
+) -> None:
+    """An empty line (`MEMBOT_LLM__OPENAI__API_KEY=` in .env) counted as a key: the bot started, every
+    call failed with 401 and the chats were told the operator must check the settings. Now it is a wrong
+    setting, as an empty Telegram token is: 78, naming the variable and the file."""
+    keys = {"MEMBOT_LLM__OPENAI__API_KEY": "sk-x", variable: value}
+    (tmp_path / ".env").write_text("".join(f"{k}={v}\n" for k, v in keys.items()))
+    result = membot("run", env={**home, "MEMBOT_LOG_FORMAT": "console"}, cwd=tmp_path)
+    assert result.returncode == CONFIG_ERROR, result.stderr
+    assert variable in result.stderr and "is empty" in result.stderr and ".env" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
 def test_chat_on_a_read_only_workspace_says_what_run_says(home: dict[str, str], tmp_path: Path) -> None:
     """`membot run` on a read-only workspace exits 78, "cannot use workspace …: Read-only file system
     (set --workspace …)"; `membot chat` exited 1 with "membot chat stopped: …/logs: Read-only file
