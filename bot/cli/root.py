@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -72,6 +73,15 @@ console = Console(markup=False)
 err_console = Console(stderr=True, soft_wrap=True, markup=False)
 
 
+class LogLevel(StrEnum):
+    """``--log-level``'s choices: the settings' ``log_level``."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
 @dataclass(frozen=True, slots=True)
 class CliOptions:
     config: Path | None
@@ -97,10 +107,17 @@ def _global(
         ),
     ] = None,
     log_level: Annotated[
-        str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")
+        LogLevel | None,
+        typer.Option(
+            "--log-level",
+            # Checked here, so a wrong one names the flag: checked with the settings, it said "set
+            # MEMBOT_LOG_LEVEL", a variable the operator had not set.
+            case_sensitive=False,
+            help="How much to log (default: MEMBOT_LOG_LEVEL, else INFO).",
+        ),
     ] = None,
 ) -> None:
-    ctx.obj = CliOptions(config, workspace, log_level.upper() if log_level else None)
+    ctx.obj = CliOptions(config, workspace, log_level.value if log_level else None)
 
 
 def options(ctx: typer.Context) -> CliOptions:

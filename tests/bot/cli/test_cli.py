@@ -406,6 +406,18 @@ def test_an_empty_key_in_the_env_file_is_a_named_setting_not_a_401_on_every_call
     assert "Traceback" not in result.stderr + result.stdout
 
 
+def test_a_wrong_log_level_flag_names_the_flag_not_the_variable(home: dict[str, str], tmp_path: Path) -> None:
+    """`membot --log-level bogus` said "(set MEMBOT_LOG_LEVEL)", a variable nobody had set. Now the
+    command line is refused naming the flag (2, a wrong command line), and any case of a level works."""
+    result = membot("--log-level", "bogus", "config", env=home, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "--log-level" in result.stderr and "bogus" in result.stderr
+    assert "MEMBOT_LOG_LEVEL" not in result.stderr + result.stdout
+    shown = membot("--log-level", "Warning", "config", env=home, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert any(row.split()[1:4] == ["log_level", "│", "WARNING"] for row in shown.stdout.splitlines())
+
+
 def test_chat_on_a_read_only_workspace_says_what_run_says(home: dict[str, str], tmp_path: Path) -> None:
     """`membot run` on a read-only workspace exits 78, "cannot use workspace …: Read-only file system
     (set --workspace …)"; `membot chat` exited 1 with "membot chat stopped: …/logs: Read-only file
