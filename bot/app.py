@@ -319,7 +319,8 @@ def _commands(
     ledger: UsageLedger,
     memory: MemoryService,
 ) -> CommandRouter:
-    """The router (/help, /stop) with the session commands (/status, /compact, /new)."""
+    """The router (/help, /stop) with the session commands (/status, /compact, /new), and the terminal's
+    own /quit for its /help."""
     session_commands = SessionCommands(
         sessions,
         budget,
@@ -337,6 +338,7 @@ def _commands(
         "compact", "Summarize older messages now: /compact [N] keeps the last N", session_commands.compact
     )
     commands.add("new", "Save this conversation to memory and start a fresh one", session_commands.new)
+    commands.add_own("cli", "quit", "End the chat (/exit too)")  # channels/terminal.py ends it itself
     return commands
 
 

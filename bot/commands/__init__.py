@@ -82,11 +82,17 @@ class CommandRouter:
 
     def __init__(self) -> None:
         self._commands: dict[str, _Command] = {}
+        self._own: dict[str, list[tuple[str, str]]] = {}  # channel -> commands it answers itself
         self.add("help", "Show the commands", self._help)
         self.add("stop", "Stop the running reply", _stop)
 
     def add(self, name: str, description: str, handler: CommandHandler) -> None:
         self._commands[name.lower()] = _Command(description, handler)
+
+    def add_own(self, channel: str, name: str, description: str) -> None:
+        """A command ``channel`` answers itself (the terminal's /quit): /help lists it in that channel's
+        chats only; it never reaches the router, nor a platform's command menu (:attr:`commands`)."""
+        self._own.setdefault(channel, []).append((name.lower(), description))
 
     @property
     def commands(self) -> list[tuple[str, str]]:
@@ -109,7 +115,8 @@ class CommandRouter:
 
     async def _help(self, call: CommandCall, control: SessionControl) -> str:
         lines = ["Commands:"]
-        lines += [f"/{name} — {description}" for name, description in self.commands]
+        own = self._own.get(call.message.channel, [])
+        lines += [f"/{name} — {description}" for name, description in [*self.commands, *own]]
         return "\n".join(lines)
 
 

@@ -83,6 +83,15 @@ async def test_help_is_answered_without_the_model(tmp_path: Path) -> None:
         assert llm.requests == []
 
 
+async def test_help_in_the_terminal_lists_quit_and_exit(tmp_path: Path) -> None:
+    """The terminal ends the chat on /quit or /exit itself, but /help did not say so: a user there had
+    only Ctrl-D to find. (Telegram's /help does not list them: tests/channels/telegram/test_end_to_end.py.)"""
+    async with FakeLLMServer() as llm:
+        out = await chat_once(await settings_for(tmp_path / "ws", llm), ["/help"], "/quit")
+        assert "/quit — End the chat (/exit too)" in out and "/stop" in out
+        assert llm.requests == []
+
+
 async def test_status_reports_what_memory_gave_the_last_reply(tmp_path: Path) -> None:
     async with FakeLLMServer() as llm:
         settings = await settings_for(tmp_path / "ws", llm)

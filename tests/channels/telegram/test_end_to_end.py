@@ -75,6 +75,9 @@ async def test_private_chat_round_trip_through_the_pipeline(tmp_path: Path) -> N
         assert reply.parse_mode == "HTML"
         assert tg.calls_to("sendChatAction"), "typing was shown while the turn ran"
         assert "/help" in help_reply.text and "/stop" in help_reply.text
+        assert "/quit" not in help_reply.text  # the terminal's own, which Telegram would not know
+        [menu] = [call.params["commands"] for call in tg.calls_to("setMyCommands")]
+        assert "quit" not in json.dumps(menu)
         assert len(llm.requests) == 1  # the command never reached the model
         user_turn = llm.requests[0].body["messages"][-1]
         assert user_turn["role"] == "user" and "Alice" in json.dumps(user_turn)
