@@ -36,10 +36,11 @@ from bot.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
-_HINT = (
-    "free disk space or fix the workspace's permissions; membot keeps retrying and confirms nothing to "
-    "the chat platform that it has not stored"
-)
+_KEEPS = "membot keeps retrying and confirms nothing to the chat platform that it has not stored"
+_HINT = f"free disk space or fix the workspace's permissions; {_KEEPS}"
+# A StorageError no OSError caused is about a file's content (pairing.json damaged, or a newer membot's):
+# its message names the file and the fix, which disk space or permissions would not be.
+_MEND = f"mend the file as the error says; {_KEEPS}"
 
 
 def is_storage_error(exc: BaseException) -> bool:
@@ -52,8 +53,9 @@ class StorageOutage:
 
     ``health``: the channel's, for a write without which it takes no message in: while the outage
     lasts it is listed in ``storage_errors`` (so /healthz answers 503, as for a platform out of reach).
-    ``hint``: what the operator reads beside the error when the outage starts (the default is for a
-    refused write; a file only the operator can fix, whose error names the fix, says what waits).
+    ``hint``: what the operator reads beside the error when the outage starts; by default, by the error:
+    the disk's fix for a refused read or write, "as the error says" for a file whose error names its fix
+    (a caller whose outage is only ever such a file may say what waits instead).
     """
 
     def __init__(
@@ -64,7 +66,7 @@ class StorageOutage:
         max_delay: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         health: ChannelHealth | None = None,
-        hint: str = _HINT,
+        hint: str | None = None,
     ) -> None:
         self.what = what
         self._hint = hint
@@ -99,7 +101,7 @@ class StorageOutage:
             what=self.what,
             error=_describe(exc),
             path=getattr(exc, "filename", None),
-            hint=self._hint,
+            hint=self._hint or _hint(exc),
         )
 
     def recovered(self, holder: object = None) -> None:
@@ -126,6 +128,10 @@ class StorageOutage:
         self._failing.discard(holder)
         if not self._failing and self._health is not None:
             self._health.storage_errors.pop(self.what, None)
+
+
+def _hint(exc: BaseException) -> str:
+    return _MEND if isinstance(exc, StorageError) and not isinstance(exc.__cause__, OSError) else _HINT
 
 
 def _describe(exc: BaseException) -> str:

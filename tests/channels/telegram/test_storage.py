@@ -154,6 +154,33 @@ async def test_the_health_check_clears_once_an_intake_storage_refused_goes_throu
         assert channel.health.storage_errors == {}
     [recovered] = logged(caplog, "storage_recovered")
     assert recovered["what"] == "taking Telegram messages in"
+    [outage] = logged(caplog, "storage_unavailable")  # a refused write: the disk's fix
+    assert "free disk space" in str(outage["hint"])
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ('{"version": 99, "pending": [], "approved": []}', "run that membot again"),
+        ("{not json", "fix or delete it"),
+    ],
+    ids=["newer", "damaged"],
+)
+async def test_an_unreadable_pairing_file_is_logged_with_its_own_fix_not_the_disks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: str, said: str
+) -> None:
+    """The intake's outage said "free disk space or fix the workspace's permissions" beside an error
+    saying pairing.json was damaged or a newer membot's: neither helps there. The hint now points at the
+    error's own fix."""
+    workspace, state = tmp_path / "ws", tmp_path / "state"
+    workspace.mkdir()
+    (workspace / "pairing.json").write_text(content)
+    async with FakeTelegramServer() as tg, running_channel(tg, workspace, state_dir=state):
+        tg.push_message("let me in", chat_id=1001, user_id=1001, first_name="Stranger")
+        await tg.wait_for(lambda: bool(logged(caplog, "storage_unavailable")))
+    [outage] = logged(caplog, "storage_unavailable")
+    assert outage["what"] == "taking Telegram messages in" and said in str(outage["error"])
+    assert "free disk space" not in str(outage["hint"]) and "as the error says" in str(outage["hint"])
 
 
 async def test_chats_waiting_for_an_unreadable_pairing_file_hold_back_no_other_chat(tmp_path: Path) -> None:
