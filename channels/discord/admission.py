@@ -27,6 +27,7 @@ import discord
 import structlog
 
 from bot.config import DiscordSettings
+from bot.errors import ChannelError, ChannelRefused
 from bot.pairing import OfferPacing, PairingStore
 from bot.ports import ChannelHealth
 from channels.discord.inbound import DiscordAccess, Place
@@ -143,7 +144,14 @@ class DiscordAdmission:
             return False
         if message is not None and self._offers.may_offer(user_id):  # (a flood: one offer a minute)
             code = await self._pairing.request(self.name, user_id, user_name)
-            await self._outbox.deliver(place.channel_id, lambda: message.channel.send(_pairing_text(code)))
+            try:
+                await self._outbox.deliver(
+                    place.channel_id, lambda: message.channel.send(_pairing_text(code))
+                )
+            except ChannelError as exc:  # their DMs closed (403, 50007), say. It failed the event handler;
+                # now, as on Telegram, not tried again: writing a minute on gets the offer (the same code).
+                reason = exc.reason if isinstance(exc, ChannelRefused) else str(exc)
+                log.warning("discord_pairing_offer_not_sent", user_id=user_id, reason=reason)
         return False
 
     async def _refusal(self, user_id: str, user_name: str, place: Place) -> str:

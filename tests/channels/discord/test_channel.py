@@ -204,6 +204,37 @@ async def test_strangers_are_denied_and_dm_strangers_can_pair(tmp_path: Path) ->
         assert w.user_texts() == ["thanks"]  # "let me in" never reached the model
 
 
+async def test_a_stranger_whose_dms_are_closed_is_a_warning_not_a_failed_event_handler(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pairing offer Discord refused (403, 50007: the stranger takes no DMs from the bot) raised out
+    of the event handler: discord_event_failed with a traceback. Telegram logs it and goes on; so does
+    Discord now. The code stays pending, and once approved the user is answered."""
+    async with discord_world(tmp_path) as w:
+        d = w.discord
+        d.refuse_channel(w.bob_dm)
+        await d.user_message(channel_id=w.bob_dm, author=w.bob, content="let me in")
+        offer_path = f"/channels/{w.bob_dm}/messages"
+        await d.wait_until(lambda: any(r.method == "POST" and r.path == offer_path for r in d.requests))
+        [request] = await PairingStore(w.workspace / PAIRING_FILE).pending()
+        d.allow_channel(w.bob_dm)
+        assert await asyncio.to_thread(approve_code, w.workspace, request.code) is not None
+        await d.user_message(channel_id=w.bob_dm, author=w.bob, content="thanks")  # after the first, in order
+        [reply] = await d.wait_for_bot_messages(w.bob_dm)
+        assert reply["content"] == "echo: thanks"
+    events = [r.msg for r in caplog.records if isinstance(r.msg, dict)]
+    assert not [e for e in events if e.get("event") == "discord_event_failed"]
+    [warning] = [
+        r
+        for r in caplog.records
+        if isinstance(r.msg, dict) and r.msg.get("event") == "discord_pairing_offer_not_sent"
+    ]
+    assert (
+        warning.levelname == "WARNING"
+        and "Discord does not let the bot message this user" in warning.msg["reason"]
+    )
+
+
 async def test_a_strangers_dm_flood_gets_one_offer(tmp_path: Path) -> None:
     """Each offer is a write of pairing.json and a message out: a flood gets one a minute."""
     async with discord_world(tmp_path) as w:
