@@ -105,6 +105,7 @@ def test_run_exits_78_only_when_a_restart_cannot_help(home: dict[str, str], tmp_
     assert f"127.0.0.1:{port}" in taken.stderr and "Traceback" not in taken.stderr
     unit = (Path(__file__).parents[3] / "deploy" / "membot.service").read_text()
     assert "\nRestart=on-failure\n" in unit and "\nRestartPreventExitStatus=78\n" in unit
+    assert "\nTasksMax=512\n" in unit  # a fork bomb from the shell tool stops there
 
 
 def json_lines(stderr: str) -> list[dict[str, object]]:
