@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import re
 import sys
 from typing import TYPE_CHECKING
@@ -92,6 +93,7 @@ async def page_text(html: str, *, cpu_seconds: float) -> str:
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env=_child_env(),
     )
     try:
         out, err = await child.communicate(html.encode("utf-8", "surrogatepass"))
@@ -105,6 +107,15 @@ async def page_text(html: str, *, cpu_seconds: float) -> str:
             said[-1][:300] if said else f"the converter ended with status {child.returncode}"
         )
     return out.decode("utf-8", "surrogatepass")
+
+
+# What a Python may need to start (a build's shared libraries): the child parses hostile pages, so the
+# bot's secrets in its environment (MEMBOT_LLM__OPENAI__API_KEY, the chat tokens) stay out of it.
+_CHILD_ENV = ("PATH", "LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "TMPDIR")
+
+
+def _child_env() -> dict[str, str]:
+    return {name: os.environ[name] for name in _CHILD_ENV if name in os.environ}
 
 
 def _convert_stdin(cpu_seconds: int) -> None:

@@ -9,6 +9,7 @@ import gzip
 import ipaddress
 import re
 import socket
+import sys
 import time
 import tracemalloc
 import zlib
@@ -242,6 +243,34 @@ async def test_the_converter_ends_itself_past_its_cpu_limit() -> None:
     async with asyncio.timeout(60):
         with pytest.raises(ConversionError, match="ended with status"):
             await page_text("<div>" * 400_000, cpu_seconds=0.5)
+
+
+class ChildEnvironments:
+    """The environments this process starts programs with (the ``subprocess.Popen`` audit event)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.seen: list[dict[str, str] | None] = []
+        sys.addaudithook(self)  # for the life of the process; it records only while armed
+
+    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
+        if self.armed and event == "subprocess.Popen":
+            self.seen.append(dict(args[3]) if args[3] is not None else None)
+
+
+async def test_the_converter_never_sees_the_bots_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It parses hostile pages: the API keys and chat tokens in the bot's environment stay out of it."""
+    monkeypatch.setenv("MEMBOT_LLM__OPENAI__API_KEY", "sk-must-not-leak")
+    started = ChildEnvironments()
+    started.armed = True
+    try:
+        assert "Title: t" in await page_text("<title>t</title><p>x", cpu_seconds=5)
+    finally:
+        started.armed = False
+    assert started.seen, "no converter process was started"
+    for env in started.seen:
+        assert env is not None  # None: the whole of the bot's environment
+        assert "sk-must-not-leak" not in env.values()
 
 
 async def test_a_page_reads_the_same_converted_in_a_child_process() -> None:
