@@ -4,7 +4,8 @@ A saved answer is sent; once it went out, its inbox entries are done. One the pl
 is kept in the inbox (a restart sends it) and sent again, or set aside in its lane to be tried once
 before the chat's next answer, so a chat gets its answers in order. Commands' replies and notices go
 out beside the chat's turn and are never kept. A write the disk refuses (a done mark, the session
-save) is written again until it goes through (:meth:`Delivery.persist`).
+save) is written again until it goes through (:meth:`Delivery.persist`), at once when another one
+goes through: storage is back, and a pause left to run out would hold the chat for nothing.
 """
 
 from __future__ import annotations
@@ -64,9 +65,17 @@ class Delivery:
         self._send_patience = send_patience
         self._closing = asyncio.Event()  # set at shutdown: resends stop waiting (the inbox keeps them)
         self._waiting: dict[object, tuple[str, str, str]] = {}  # writes held up by storage: what, why, chat
+        # Set, then replaced, when the writes held up by storage should try again at once (one went
+        # through, or a shutdown began): each pause waits on the event current when it began.
+        self._try_now = asyncio.Event()
 
     def begin_shutdown(self) -> None:
         self._closing.set()
+        self._wake_waiting()
+
+    def _wake_waiting(self) -> None:
+        self._try_now.set()
+        self._try_now = asyncio.Event()
 
     async def deliver(self, reply: PendingReply, lane: Lane) -> None:
         """Send a saved answer; once it went out, its inbox entries are done.
@@ -186,26 +195,32 @@ class Delivery:
         frees up). A shutdown ends the pause with one more try at once; refused again, the grace
         period's end cancels the wait, and the inbox then has the work for the next start.
         ``notice`` tells the user once, so a chat that waits is not a chat that seems dead; /status
-        and /healthz tell of the wait meanwhile (:meth:`storage_wait`, :meth:`storage_waits`)."""
+        and /healthz tell of the wait meanwhile (:meth:`storage_wait`, :meth:`storage_waits`).
+        A write that goes through while others wait ends their pauses: storage is back, and a chat
+        killed while its done mark sat out a pause would be answered again at the next start."""
         try:
             await write()
-            return
         except (StorageError, OSError) as exc:
             log.error("storage_write_failed_retrying", what=what, error=str(exc))
             token = object()
             self._waiting[token] = (what, f"{type(exc).__name__}: {exc}", sid)
+        else:
+            if self._waiting:
+                self._wake_waiting()
+            return
         tried_at_close = False
 
         async def pause(delay: float) -> None:
             # A shutdown ends the pause for one more try at once: the disk may be back (its operator
             # freed it, then restarted us), and a done mark missed now has the next start send again.
+            # So does another write that went through (:meth:`_wake_waiting`).
             nonlocal tried_at_close
-            if tried_at_close:
-                await asyncio.sleep(delay)
+            if self._closing.is_set() and not tried_at_close:
+                tried_at_close = True
                 return
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
-                    await self._closing.wait()
+                    await self._try_now.wait()
             tried_at_close = self._closing.is_set()
 
         try:
@@ -221,6 +236,8 @@ class Delivery:
         finally:
             del self._waiting[token]
         log.info("storage_write_recovered", what=what)
+        if self._waiting:
+            self._wake_waiting()
 
     def storage_waits(self) -> dict[str, str]:
         """The writes that wait for storage now (:meth:`persist`), each by what it is for and its chat
