@@ -12,8 +12,12 @@ debug level. The delay before the n-th retry doubles from ``first_delay`` up to 
         retry_if=lambda exc, tries: is_storage_error(exc),
         wait=lambda exc, tries: outage.delay(tries),
         on_retry=lambda exc, tries, delay: outage.failed(exc),
+        sleep=outage.pause,
     )
     outage.recovered()
+
+A write that goes through during the outage ends the pauses of the others (:meth:`StorageOutage.pause`):
+storage is back, and a pause left to run out (up to ``max_delay``) would hold their messages for nothing.
 
 Several writers may share one outage (the Telegram intake's lanes and its paste joiner): each names
 itself (``holder``), and the outage ends when the last one failing goes through, so one chat's write
@@ -25,6 +29,8 @@ channel now, and nothing does; the next write that storage refuses names it agai
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -77,6 +83,7 @@ class StorageOutage:
         self._since: float | None = None
         self._failures = 0
         self._failing: set[object] = set()  # the holders whose last write failed
+        self._back = asyncio.Event()  # set, then replaced, when a write goes through during the outage
 
     @property
     def active(self) -> bool:
@@ -85,6 +92,18 @@ class StorageOutage:
     def delay(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1, 2, ...): doubling, at most ``max_delay``."""
         return Backoff(self._first, self._max)(attempt - 1)
+
+    async def pause(self, delay: float) -> None:
+        """Wait ``delay`` seconds before trying again, or until a write of this kind goes through (then
+        storage is back: waiting out the pause would hold the message for nothing)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._back.wait()
+
+    def wake(self) -> None:
+        """End the pauses under way now (a write went through, or their writer is stopping)."""
+        self._back.set()
+        self._back = asyncio.Event()
 
     def failed(self, exc: BaseException, holder: object = None) -> None:
         self._failures += 1
@@ -105,7 +124,10 @@ class StorageOutage:
         )
 
     def recovered(self, holder: object = None) -> None:
-        """``holder``'s write went through; the outage ends once no holder's is failing."""
+        """``holder``'s write went through; the outage ends once no holder's is failing. The writes
+        that wait meanwhile (:meth:`pause`) try again at once."""
+        if self._since is not None:
+            self.wake()
         self._failing.discard(holder)
         if self._failing:
             return

@@ -232,6 +232,7 @@ class TerminalChannel(Channel):
                 retry_if=lambda exc, tries: is_storage_error(exc),
                 wait=lambda exc, tries: self._outage.delay(tries),
                 on_retry=failed,
+                sleep=self._outage.pause,
             )
         except Exception:
             log.exception("terminal_message_failed")

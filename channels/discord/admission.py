@@ -94,7 +94,7 @@ class DiscordAdmission:
                     tries += 1
                     self._unreadable.failed(exc, holder)
                 self._waiting.add(task)
-                await asyncio.sleep(self._unreadable.delay(tries))
+                await self._unreadable.pause(self._unreadable.delay(tries))
         finally:
             self._waiting.discard(task)
             self._unreadable.given_up(holder)

@@ -332,6 +332,7 @@ class DiscordChannel(Channel):
                 retry_if=lambda exc, tries: is_storage_error(exc) and self._client is not None,
                 wait=lambda exc, tries: self._outage.delay(tries),
                 on_retry=lambda exc, tries, delay: self._outage.failed(exc, holder),
+                sleep=self._outage.pause,
             )
             self._outage.recovered(holder)
         finally:

@@ -8,7 +8,6 @@ bot at all is decided before, in :mod:`channels.telegram.addressing`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from collections.abc import Coroutine
 from typing import Any
@@ -142,9 +141,8 @@ class PasteJoiner:
                     raise NotTaken(f"not taken before the channel stopped: {exc}") from exc
                 if not storage and attempt >= self._max_attempts:
                     raise
-                with contextlib.suppress(TimeoutError):  # close() cuts the pause short
-                    async with asyncio.timeout(self._outage.delay(attempt)):
-                        await self._closing.wait()
+                # close() cuts the pause short, as a write that goes through meanwhile does
+                await self._outage.pause(self._outage.delay(attempt))
                 continue
             self._outage.recovered(holder)
             return
@@ -153,6 +151,7 @@ class PasteJoiner:
         """Submit everything still waiting, once (shutdown must not drop a paste in its join window);
         stop retrying what storage refuses (it stays in the journal for the next start)."""
         self._closing.set()
+        self._outage.wake()  # the submits waiting for storage try once more, then stop
         for batch in self._pending.values():
             if batch.timer is not None:
                 batch.timer.cancel()

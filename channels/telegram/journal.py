@@ -243,7 +243,7 @@ class UpdateJournal:
         attempt = 0
         while self._saved < self._version:
             attempt += 1
-            await asyncio.sleep(self._outage.delay(attempt))
+            await self._outage.pause(self._outage.delay(attempt))
             try:
                 await self._save()
             except Exception as exc:

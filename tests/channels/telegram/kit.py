@@ -127,14 +127,17 @@ async def running_channel(
     **overrides: Any,
 ) -> AsyncIterator[tuple[TelegramChannel, RecordingSink]]:
     """A started channel over the fake; ``vision``, ``max_inbound_chars``, ``chat_interval``,
-    ``monotonic`` and ``state_dir`` (default: ``workspace``) go to the channel, everything else is a
-    TelegramSettings field. Storage retries back off from 0.02 s to at most 0.2 s."""
+    ``monotonic``, ``state_dir`` (default: ``workspace``), ``storage_retry_delay`` and
+    ``storage_retry_max_delay`` go to the channel, everything else is a TelegramSettings field. Storage
+    retries back off from 0.02 s to at most 0.2 s unless told."""
     sink = sink or RecordingSink()
     kwargs: dict[str, Any] = {
         "vision_supported": (lambda v: lambda: v)(overrides.pop("vision", False)),
         "max_inbound_chars": overrides.pop("max_inbound_chars", 16000),
         "chat_interval": overrides.pop("chat_interval", 0.01),
         "state_dir": overrides.pop("state_dir", workspace),
+        "storage_retry_delay": overrides.pop("storage_retry_delay", 0.02),
+        "storage_retry_max_delay": overrides.pop("storage_retry_max_delay", 0.2),
     }
     if "monotonic" in overrides:
         kwargs["monotonic"] = overrides.pop("monotonic")
@@ -146,8 +149,6 @@ async def running_channel(
         retry_base_delay=0.01,
         typing_interval=0.05,
         stream_interval=0.0,
-        storage_retry_delay=0.02,
-        storage_retry_max_delay=0.2,
         **kwargs,
     )
     sink.channel = channel

@@ -249,3 +249,35 @@ async def test_a_message_of_the_earlier_run_taken_in_late_is_joined_to_nothing_n
             pairing.write_text(json.dumps({"version": 1, "pending": [], "approved": [approved]}))
             await sink.wait_until(lambda: any(m.text == "the new one" for m in sink.received))
     assert [m.text for m in sink.received if m.chat_id == "1001"] == ["the old one", "the new one"]
+
+
+async def test_messages_waiting_for_storage_go_in_as_soon_as_another_chats_goes_through(
+    tmp_path: Path,
+) -> None:
+    """A message the dispatcher's disk refused waited out its pause (up to ``storage_retry_max_delay``)
+    after the operator freed space, though other chats' messages went in meanwhile: now the first one
+    that goes through wakes the ones that wait."""
+    state, inbox = tmp_path / "state", tmp_path / "inbox"
+    sink = DurableSink(inbox)
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(
+            tg,
+            tmp_path,
+            sink,
+            state_dir=state,
+            allowed_users=["42", "43", "44"],
+            storage_retry_delay=300.0,  # a pause no test waits out: a message in time was woken
+            storage_retry_max_delay=300.0,
+        ),
+    ):
+        repair = break_folder(inbox)  # the dispatcher's disk is full; the channel's journal is not
+        tg.push_message("waits", chat_id=42, user_id=42)
+        tg.push_message("waits too", chat_id=43, user_id=43)
+        await sink.wait_until(lambda: sink.attempts >= 2)  # each refused, each in its pause
+        assert sink.received == []
+        repair()  # the operator frees space
+        tg.push_message("goes through", chat_id=44, user_id=44)
+        async with asyncio.timeout(10):  # far short of the pause: they were woken, not timed out
+            await sink.wait_for(3)
+    assert sorted(m.text for m in sink.received) == ["goes through", "waits", "waits too"]  # once each
