@@ -103,7 +103,9 @@ class HandOver:
         self._cut = False  # resumed_done was called
 
     async def run(self) -> None:
-        lanes: Lanes[LaneKey, dict[str, Any]] = Lanes(self._hand_over, width=self._width)
+        lanes: Lanes[LaneKey, dict[str, Any]] = Lanes(
+            self._hand_over, width=self._width, pause=self._outage.pause
+        )
         try:
             await self._run(lanes)
         finally:  # stopped: the updates waiting for storage stay held, and hold the outage no longer

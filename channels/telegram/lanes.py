@@ -11,8 +11,10 @@ hand-over puts only updates the journal holds, and the journal holds at most ``h
 
 ``work`` may say its item must wait (it returns the seconds to wait: storage refused the item's intake,
 say): the item stays first in its lane, the lane's later items behind it, and the worker goes on with
-other lanes meanwhile; the lane is taken up again after the wait. Waiting in the worker, ``width`` chats
-that wait for something only the operator can fix (an unreadable pairing.json) held back every chat.
+other lanes meanwhile; the lane is taken up again after the wait (``pause``, which may end it early: the
+hand-over's ends when another chat's intake goes through, for storage is back then). Waiting in the
+worker, ``width`` chats that wait for something only the operator can fix (an unreadable pairing.json)
+held back every chat.
 
     lanes = Lanes(hand_over, width=8)
     lanes.put(chat_id, update)  # any time, also before run()
@@ -37,11 +39,14 @@ Work = Callable[[T], Awaitable[float | None]]
 class Lanes(Generic[K, T]):
     """``work`` applied to every item put, in order per key, at most ``width`` items at once."""
 
-    def __init__(self, work: Work[T], *, width: int) -> None:
+    def __init__(
+        self, work: Work[T], *, width: int, pause: Callable[[float], Awaitable[None]] = asyncio.sleep
+    ) -> None:
         if width < 1:
             raise ValueError(f"width must be at least 1, not {width}")
         self._work = work
         self._width = width
+        self._pause = pause
         self._lanes: dict[K, deque[T]] = {}  # only lanes with items: a key is in _ready or being worked
         self._ready: asyncio.Queue[K] = asyncio.Queue()
         self._idle = asyncio.Event()
@@ -69,9 +74,9 @@ class Lanes(Generic[K, T]):
         handle its own failures: one it raises ends ``run`` with it."""
         async with asyncio.TaskGroup() as workers:
             for _ in range(self._width):
-                workers.create_task(self._worker())
+                workers.create_task(self._worker(workers))
 
-    async def _worker(self) -> None:
+    async def _worker(self, group: asyncio.TaskGroup) -> None:
         while True:
             key = await self._ready.get()
             lane = self._lanes[key]
@@ -79,7 +84,7 @@ class Lanes(Generic[K, T]):
             while lane:
                 wait = await self._work(lane[0])
                 if wait is not None:  # the item stays first; its lane comes back after the wait
-                    asyncio.get_running_loop().call_later(wait, self._ready.put_nowait, key)
+                    group.create_task(self._back_after(wait, key))
                     break
                 lane.popleft()  # only now: an item put meanwhile found the lane open and waits behind it
             if wait is not None:
@@ -87,3 +92,7 @@ class Lanes(Generic[K, T]):
             del self._lanes[key]  # no await since the lane ran empty: nothing was put in between
             if not self._lanes:
                 self._idle.set()
+
+    async def _back_after(self, wait: float, key: K) -> None:
+        await self._pause(wait)
+        self._ready.put_nowait(key)

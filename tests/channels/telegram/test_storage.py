@@ -281,3 +281,31 @@ async def test_messages_waiting_for_storage_go_in_as_soon_as_another_chats_goes_
         async with asyncio.timeout(10):  # far short of the pause: they were woken, not timed out
             await sink.wait_for(3)
     assert sorted(m.text for m in sink.received) == ["goes through", "waits", "waits too"]  # once each
+
+
+async def test_a_chat_waiting_for_storage_at_the_hand_over_goes_on_once_another_chats_goes_through(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stranger's pairing code the disk refused waited out its lane's pause (up to
+    ``storage_retry_max_delay``) after the operator freed space, though other chats' messages went in
+    meanwhile: now the first one that goes through wakes the lanes that wait."""
+    workspace, state = tmp_path / "ws", tmp_path / "state"
+    async with (
+        FakeTelegramServer() as tg,
+        running_channel(
+            tg,
+            workspace,
+            state_dir=state,
+            storage_retry_delay=300.0,  # a pause no test waits out: a lane in time was woken
+            storage_retry_max_delay=300.0,
+        ) as (_, sink),
+    ):
+        repair = break_folder(workspace)  # pairing.json cannot be written: the stranger's lane waits
+        tg.push_message("let me in", chat_id=99, user_id=99, first_name="Mallory")
+        await tg.wait_for(lambda: bool(logged(caplog, "storage_unavailable")))
+        repair()  # the operator frees space
+        tg.push_message("hello")  # an allowed user's message goes in
+        await sink.wait_for(1)
+        async with asyncio.timeout(10):  # far short of the pause: the lane was woken, not timed out
+            [offer] = await tg.wait_for_messages(1, chat_id=99)
+    assert "pair" in offer.text.lower()
