@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Sequence
 from bot.app import build_core, open_channel, terminal_channel
 from bot.config import Settings
 from bot.errors import ConfigError
-from bot.lifecycle import ServiceRunner, settle_heap
+from bot.lifecycle import HardExit, ServiceRunner, settle_heap
 from bot.logging import configure_logging
 
 
@@ -41,7 +41,9 @@ async def run_chat(settings: Settings) -> None:
             "MEMBOT_WORKSPACE; `membot doctor` says what to fix)"
         ) from None
     terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]  # after a hang-up isatty says False
-    runner = ServiceRunner(settings.lifecycle, signals=(signal.SIGTERM, signal.SIGHUP))
+    runner = ServiceRunner(
+        settings.lifecycle, signals=(signal.SIGTERM, signal.SIGHUP), hard_exit=_exit_restoring_terminal()
+    )
     with runner.handling_signals():  # over the shutdown too: a second signal then exits at once
         async with build_core(settings) as core:
             channel = await terminal_channel(core)
@@ -109,6 +111,26 @@ async def _first_of(*waits: Awaitable[None]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
     for task in done:
         task.result()
+
+
+def _exit_restoring_terminal() -> HardExit:
+    """The second signal's exit at once (``os._exit``), with the terminal's modes put back first: the
+    line editor holds it in raw mode for the whole chat (channels/terminal_prompt.py), and no Python
+    code runs after ``os._exit`` to leave it, so the shell got a terminal that echoed nothing typed."""
+    import termios
+
+    try:
+        modes = termios.tcgetattr(0)  # before the chat changes them
+    except (termios.error, OSError):  # stdin is no terminal: nothing to put back
+        return os._exit
+
+    def hard_exit(code: int) -> None:
+        with contextlib.suppress(termios.error, OSError):  # (the terminal may be gone: a hang-up)
+            signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # in the background too (else it stops us)
+            termios.tcsetattr(0, termios.TCSANOW, modes)
+        os._exit(code)
+
+    return hard_exit
 
 
 def _leave_closed_terminal(fds: Sequence[int]) -> None:

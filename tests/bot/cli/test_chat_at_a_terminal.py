@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import os
 import re
+import signal
 import struct
 import sys
 import termios
@@ -281,3 +282,29 @@ async def test_ctrl_d_typed_while_a_full_disk_holds_a_message_back_ends_the_chat
         repair()
         assert await chat.exit_code() == 0, chat.screen
     assert chat_requests(llm) == ["held back"]
+
+
+async def test_a_second_sigterm_exits_at_once_with_the_terminal_back_in_line_mode(tmp_path: Path) -> None:
+    """The chat holds the terminal in raw mode; a second signal exits at once (os._exit, no Python code
+    after it), which left the terminal raw: the shell then showed nothing typed and Enter ran nothing
+    visible, until the user typed ``reset`` blind."""
+    async with FakeLLMServer() as llm:
+        llm.script(FakeReply(text="never finished", delay=30))
+        async with membot_chat_on_a_terminal(tmp_path, llm) as chat:
+            line_mode = termios.ICANON | termios.ECHO  # as a new terminal is (os.openpty)
+            await chat.wait_for("you ›")
+            chat.type("think hard\r")
+            await wait_in_flight(llm)
+            assert not termios.tcgetattr(chat.master)[3] & termios.ICANON  # raw while the chat runs
+            chat.process.send_signal(signal.SIGTERM)  # the grace period: the answer may still finish
+            await _logged(tmp_path / "ws" / "logs" / "chat.log", "graceful shutdown")
+            chat.process.send_signal(signal.SIGTERM)
+            assert await chat.exit_code() == 128 + signal.SIGTERM, chat.screen
+            assert termios.tcgetattr(chat.master)[3] & line_mode == line_mode
+
+
+async def _logged(log: Path, text: str) -> None:
+    """Until membot chat's log holds ``text``."""
+    async with asyncio.timeout(30):
+        while text not in await asyncio.to_thread(log.read_text):
+            await asyncio.sleep(0.02)
