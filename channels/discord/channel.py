@@ -183,11 +183,13 @@ class DiscordChannel(Channel):
         log.info("discord_started", user=str(self._client.user))
 
     async def stop(self) -> None:
+        # The catch-up first, whole: a DM of it waiting for pairing.json, cancelled alone by the
+        # admission, ended the catch-up with its other chats' reads and hand-overs running on.
+        await self._catch_up.close()
         await self._admission.close()  # messages waiting for pairing.json: left to the next catch-up
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._catch_up.close()
         client, self._client = self._client, None  # later sends fail as ChannelError, not in aiohttp
         if client is not None:
             await client.close()

@@ -205,3 +205,26 @@ async def test_a_stop_while_a_dm_waits_leaves_it_to_the_next_starts_catch_up(
             await d.wait_for_bot_messages(bob_dm, 2)
         assert d.bot_texts(bob_dm) == ["echo: hi", "echo: still there?"]
     outage_logged_once(caplog, s.pairing_file)
+
+
+async def test_a_stop_while_a_caught_up_dm_waits_stops_the_other_chats_catch_up_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stop cancelled the waiting DM's part of the catch-up first, which ended the catch-up as if
+    cancelled but left its other chats' parts running past the channel's stop (a read, a hand-over)."""
+    async with setting(tmp_path) as s:
+        d = s.discord
+        bob, bob_dm = await s.paired("bob")
+        async with s.run():  # both chats tracked
+            for user, dm in ((bob, bob_dm), (s.alice, s.dm)):
+                await d.user_message(channel_id=dm, author=user, content="hi")
+                await d.wait_for_bot_messages(dm)
+        s.set_version(2)
+        for user, dm in ((bob, bob_dm), (s.alice, s.dm)):  # while the bot is down
+            await d.user_message(channel_id=dm, author=user, content="while away")
+        d.rate_limit("GET", f"/channels/{s.dm}/messages", retry_after=5)  # alice's read is under way
+        async with s.run():
+            await until(lambda: logged(caplog, "storage_unavailable"))
+            await until(lambda: any(r.path.startswith(f"/channels/{s.dm}/messages") for r in d.requests))
+        left = [t for t in asyncio.all_tasks() if "CatchUp._run" in getattr(t.get_coro(), "__qualname__", "")]
+        assert left == []
