@@ -75,6 +75,7 @@ class DiscordAdmission:
             hint=_WAITING,
         )
         self._waiting: set[asyncio.Task[Any]] = set()  # messages waiting for pairing.json
+        self._closed = False
 
     async def admitted(
         self, user_id: str, user_name: str, place: Place, message: discord.Message | None
@@ -94,6 +95,8 @@ class DiscordAdmission:
                     tries += 1
                     self._unreadable.failed(exc, holder)
                 self._waiting.add(task)
+                if self._closed:  # one queued behind a wait the stop cancelled: left to the catch-up too
+                    task.cancel()
                 await self._unreadable.pause(self._unreadable.delay(tries))
         finally:
             self._waiting.discard(task)
@@ -120,7 +123,9 @@ class DiscordAdmission:
         return False
 
     async def close(self) -> None:
-        """Cancel the waits for pairing.json: their messages are left to the next start's catch-up."""
+        """Cancel the waits for pairing.json, and any that begins after (a message of the chat queued
+        behind one of them): their messages are left to the next start's catch-up."""
+        self._closed = True
         waiting = list(self._waiting)
         for task in waiting:
             task.cancel()

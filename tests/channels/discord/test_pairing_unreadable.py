@@ -228,3 +228,30 @@ async def test_a_stop_while_a_caught_up_dm_waits_stops_the_other_chats_catch_up_
             await until(lambda: any(r.path.startswith(f"/channels/{s.dm}/messages") for r in d.requests))
         left = [t for t in asyncio.all_tasks() if "CatchUp._run" in getattr(t.get_coro(), "__qualname__", "")]
         assert left == []
+
+
+async def test_a_stop_while_two_dms_of_a_chat_wait_leaves_no_handler_waiting(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stop cancelled the DM that waited for pairing.json; the next one of the chat, queued behind it
+    for the chat's lock, then took it and waited in turn, past the stop, asking the file on and on."""
+    async with setting(tmp_path) as s:
+        d = s.discord
+        bob, bob_dm = await s.paired("bob")
+        async with s.run() as (_, channel):
+            await d.user_message(channel_id=bob_dm, author=bob, content="hi")  # the chat is tracked
+            await d.wait_for_bot_messages(bob_dm)
+            s.set_version(2)
+            await d.user_message(channel_id=bob_dm, author=bob, content="still there?")
+            await until(lambda: logged(caplog, "storage_unavailable"))
+            await d.user_message(channel_id=bob_dm, author=bob, content="hello?")
+            await until(lambda: len(_handlers()) == 2)
+        assert _handlers() == [] and channel.health.storage_errors == {}
+        s.set_version(1)
+        async with s.run():
+            await d.wait_for_bot_messages(bob_dm, 3)
+        assert d.bot_texts(bob_dm) == ["echo: hi", "echo: still there?", "echo: hello?"]
+
+
+def _handlers() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("discord.py: on_message")]
