@@ -187,6 +187,11 @@ class TerminalChannel(Channel):
         if self._editor is not None:
             with self._editor.keys_held():
                 await self._edit_loop(self._editor)
+            if self._handing is not None:
+                # The end of input waits until what was typed before it is taken in, with the terminal
+                # back in line mode: no input line reads keys now, and Ctrl-C must still quit (SIGINT,
+                # to membot chat's handler) while a full disk holds a message back.
+                await self._handing
             self._closed.set()
             return
         while True:
@@ -246,7 +251,7 @@ class TerminalChannel(Channel):
         """The line editor's messages. Each is handed over in a task of its own, after the one before
         it, while the next is read: the input line is back at once, so keys typed meanwhile (Ctrl-C
         and Ctrl-D too) reach it, even while a full disk holds a message back (see :meth:`_hand_over`).
-        The end of input waits until what was typed before it is taken in, as reading in turn did."""
+        The end of input then waits until what was typed before it is taken in (:meth:`_read_loop`)."""
         while True:
             try:
                 typed = await editor.read()
@@ -267,8 +272,6 @@ class TerminalChannel(Channel):
             self._waiting += 1
             message = InboundMessage(self.name, self._user, self._user, text, message_id=uuid.uuid4().hex)
             self._handing = asyncio.create_task(self._hand_over_after(self._handing, message))
-        if self._handing is not None:
-            await self._handing
 
     async def _hand_over_after(self, before: asyncio.Task[None] | None, message: InboundMessage) -> None:
         if before is not None:

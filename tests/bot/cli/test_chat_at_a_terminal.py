@@ -308,3 +308,29 @@ async def _logged(log: Path, text: str) -> None:
     async with asyncio.timeout(30):
         while text not in await asyncio.to_thread(log.read_text):
             await asyncio.sleep(0.02)
+
+
+async def test_ctrl_c_after_ctrl_d_quits_while_a_full_disk_still_holds_a_message_back(tmp_path: Path) -> None:
+    """After Ctrl-D the chat waits for the held message to be stored, with no input line any more: the
+    terminal stayed in raw mode, so Ctrl-C was a key nobody read, and only a kill from elsewhere ended
+    the chat. The notice says quitting loses the message; quitting must then be possible."""
+    async with FakeLLMServer() as llm, membot_chat_on_a_terminal(tmp_path, llm) as chat:
+        await chat.wait_for("you ›")
+        repair = break_folder(tmp_path / "ws" / "inbox")  # every inbox write fails, as on a full disk
+        try:
+            chat.type("held back\r")
+            await chat.wait_for("I can't save your message right now")
+            chat.type("\x04")  # Ctrl-D
+            await _in_line_mode(chat)  # (no input line reads keys now: the kernel's line mode does)
+            chat.type("\x03")  # Ctrl-C
+            assert await chat.exit_code(timeout=10) == 0, chat.screen
+        finally:
+            repair()
+    assert chat_requests(llm) == []
+
+
+async def _in_line_mode(chat: TerminalChat) -> None:
+    """Until membot puts the terminal back in the kernel's line mode."""
+    async with asyncio.timeout(30):
+        while not termios.tcgetattr(chat.master)[3] & termios.ICANON:
+            await asyncio.sleep(0.02)
