@@ -94,6 +94,9 @@ async def page_text(html: str, *, cpu_seconds: float) -> str:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=_child_env(),
+        # A session of its own, as the shell tool's sandbox: a terminal's Ctrl-C (SIGINT to the whole
+        # foreground group) is the bot's graceful shutdown, in which running turns go on, not this page's end.
+        start_new_session=True,
     )
     try:
         out, err = await child.communicate(html.encode("utf-8", "surrogatepass"))

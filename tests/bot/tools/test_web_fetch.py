@@ -9,6 +9,7 @@ import gzip
 import ipaddress
 import re
 import socket
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -243,6 +244,50 @@ async def test_the_converter_ends_itself_past_its_cpu_limit() -> None:
     async with asyncio.timeout(60):
         with pytest.raises(ConversionError, match="ended with status"):
             await page_text("<div>" * 400_000, cpu_seconds=0.5)
+
+
+CTRL_C_DURING_A_CONVERSION = """
+import asyncio, contextlib, os, signal
+from pathlib import Path
+from bot.tools.html_text import page_text
+
+def converting() -> bool:
+    for task in Path("/proc/self/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                if b"html_text.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+    return False
+
+async def main() -> None:
+    # membot run's own handler: a graceful shutdown, in which running turns get their grace period.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, lambda: None)
+    page = asyncio.ensure_future(page_text("<div>" * 30_000 + "<p>the page's words", cpu_seconds=60))
+    while not converting() and not page.done():
+        await asyncio.sleep(0.01)
+    assert not page.done(), "converted before the Ctrl-C: the page is too small to tell"
+    os.killpg(os.getpgrp(), signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
+    print("TEXT", (await page).strip())
+
+asyncio.run(main())
+"""
+
+
+def test_a_ctrl_c_at_the_terminal_leaves_a_conversion_to_the_graceful_shutdown(tmp_path: Path) -> None:
+    """``membot run`` in a terminal: Ctrl-C sends SIGINT to its whole process group. The bot takes it
+    for a graceful shutdown (running turns go on), but a converter in the bot's group died of it at
+    once (KeyboardInterrupt) and the turn's web_fetch failed; on a thread it had finished."""
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_DURING_A_CONVERSION],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,  # its own group, so the Ctrl-C reaches nothing of the test run's
+        cwd=Path(__file__).parents[3],
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "TEXT the page's words" in done.stdout
 
 
 class ChildEnvironments:
