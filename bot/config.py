@@ -29,13 +29,12 @@ _BOT_TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")  # what @BotFather gives: "<bo
 
 
 def _not_blank(value: SecretStr | None) -> SecretStr | None:
-    # An empty key (a `MEMBOT_LLM__OPENAI__API_KEY=` line in a .env) counted as set: the bot started and
-    # every call failed with 401. Refused as a wrong setting (78, named; `membot doctor` shows it), as
-    # an empty Telegram token or base_url is. The message never repeats the value.
+    # An empty environment variable is unset (Settings' env_ignore_empty); what reaches this is a blank
+    # one (spaces) or an empty string in the TOML file, which would be sent as a key and fail every call
+    # with 401. Refused as a wrong setting (78, named; `membot doctor` shows it), as an empty base_url
+    # is. The message never repeats the value.
     if value is not None and not value.get_secret_value().strip():
-        raise ValueError(
-            "is empty: set it, or remove the setting to leave it unset (an empty value counts as set)"
-        )
+        raise ValueError("is blank: set it, or remove the setting to leave it unset")
     return value
 
 
@@ -204,13 +203,13 @@ class TelegramSettings(_Section):
     @field_validator("token")
     @classmethod
     def _token_shape(cls, value: SecretStr | None) -> SecretStr | None:
-        # Refused here, as a wrong setting (78, named; `membot doctor` shows it): PTB refused an empty one
+        # Refused here, as a wrong setting (78, named; `membot doctor` shows it): PTB refused a blank one
         # with a traceback, and Telegram a mistyped one only at the start, as a channel failure (exit 1,
         # which the systemd unit restarts over and over). The message never repeats the value.
         if value is not None and not _BOT_TOKEN.fullmatch(value.get_secret_value()):
             raise ValueError(
                 "is not a bot token (digits, a colon, then letters: 123456789:AAH...): copy it again "
-                "from @BotFather, or remove the setting to run without Telegram (an empty value counts)"
+                "from @BotFather, or remove the setting to run without Telegram"
             )
         return value
 
@@ -264,6 +263,10 @@ class Settings(BaseSettings):
         # A .env is often shared with other programs (OPENAI_API_KEY, DATABASE_URL): only MEMBOT_ keys
         # are ours, and an unknown one of those is still an error.
         dotenv_filtering="match_prefix",
+        # An empty variable is an unset one: `KEY=` placeholder lines in an env file, and compose's
+        # `${KEY}` of a variable the host does not set, mean "not used here", as in most programs. Set,
+        # an unused empty key stopped the start, and a used one failed every call with 401.
+        env_ignore_empty=True,
         extra="forbid",
         validate_default=True,
     )

@@ -368,11 +368,11 @@ def test_no_error_of_ours_exits_with_clicks_status_for_a_mistyped_command(kind: 
     assert exit_code(exc) == next(code for base, code in expected.items() if isinstance(exc, base))
 
 
-@pytest.mark.parametrize("token", ["", "notatoken", "123456789:AAH secret"])
+@pytest.mark.parametrize("token", [" ", "notatoken", "123456789:AAH secret"])
 def test_a_telegram_token_of_the_wrong_shape_is_a_named_setting_not_a_channel_failure(
     home: dict[str, str], tmp_path: Path, token: str
 ) -> None:
-    """An empty token (a `MEMBOT_TELEGRAM__TOKEN=` line) started the channel: PTB's InvalidToken came
+    """A blank token (`MEMBOT_TELEGRAM__TOKEN=" "`) started the channel: PTB's InvalidToken came
     with a traceback and exit 1, which the systemd unit restarts over and over; a mistyped one was found
     only by Telegram. Now either is a wrong setting: 78, one line naming it, the value never shown."""
     env = {**home, "MEMBOT_LLM__OPENAI__API_KEY": "sk-x", "MEMBOT_LOG_FORMAT": "console"}
@@ -381,30 +381,53 @@ def test_a_telegram_token_of_the_wrong_shape_is_a_named_setting_not_a_channel_fa
     assert "Traceback" not in result.stderr + result.stdout
     assert "telegram.token" in result.stderr and "MEMBOT_TELEGRAM__TOKEN" in result.stderr
     assert "@BotFather" in result.stderr
-    assert not token or token not in result.stderr
+    assert not token.strip() or token not in result.stderr
 
 
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
-        ("MEMBOT_LLM__OPENAI__API_KEY", ""),
+        ("MEMBOT_LLM__OPENAI__API_KEY", "  "),
         ("MEMBOT_LLM__ANTHROPIC__API_KEY", "  "),
-        ("MEMBOT_DISCORD__TOKEN", ""),
+        ("MEMBOT_DISCORD__TOKEN", " "),
         ("MEMBOT_MEMORY__EMBEDDINGS_API_KEY", " "),
     ],
 )
-def test_an_empty_key_in_the_env_file_is_a_named_setting_not_a_401_on_every_call(
+def test_a_blank_key_in_the_env_file_is_a_named_setting_not_a_401_on_every_call(
     home: dict[str, str], tmp_path: Path, variable: str, value: str
 ) -> None:
-    """An empty line (`MEMBOT_LLM__OPENAI__API_KEY=` in .env) counted as a key: the bot started, every
-    call failed with 401 and the chats were told the operator must check the settings. Now it is a wrong
-    setting, as an empty Telegram token is: 78, naming the variable and the file."""
+    """A blank key (spaces) counted as a key: the bot started, every call failed with 401 and the chats
+    were told the operator must check the settings. Now it is a wrong setting: 78, naming the variable
+    and the file."""
     keys = {"MEMBOT_LLM__OPENAI__API_KEY": "sk-x", variable: value}
-    (tmp_path / ".env").write_text("".join(f"{k}={v}\n" for k, v in keys.items()))
+    (tmp_path / ".env").write_text("".join(f'{k}="{v}"\n' for k, v in keys.items()))  # (quoted: kept)
     result = membot("run", env={**home, "MEMBOT_LOG_FORMAT": "console"}, cwd=tmp_path)
     assert result.returncode == CONFIG_ERROR, result.stderr
-    assert variable in result.stderr and "is empty" in result.stderr and ".env" in result.stderr
+    assert variable in result.stderr and "is blank" in result.stderr and ".env" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_an_empty_line_in_the_env_file_leaves_its_setting_unset(home: dict[str, str], tmp_path: Path) -> None:
+    """`KEY=` placeholder lines (and compose's `${KEY}` of a variable the host does not set) mean "not
+    used here": an empty Anthropic key beside an OpenAI one, or an empty Discord token, are unset, as
+    if the lines were not there; they neither stop the start nor count as a key."""
+    lines = {
+        "MEMBOT_LLM__OPENAI__API_KEY": "sk-x",
+        "MEMBOT_LLM__ANTHROPIC__API_KEY": "",
+        "MEMBOT_DISCORD__TOKEN": "",
+        "MEMBOT_TELEGRAM__TOKEN": "",
+    }
+    (tmp_path / ".env").write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
+    result = membot("config", env=home, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    shown = {
+        row.split("│")[1].strip(): row.split("│")[2].strip()
+        for row in result.stdout.splitlines()
+        if row.count("│") >= 4
+    }
+    assert shown["llm.openai.api_key"] == "********"
+    for setting in ("llm.anthropic.api_key", "discord.token", "telegram.token"):
+        assert shown[setting] == "(not set)", setting
 
 
 def test_a_wrong_log_level_flag_names_the_flag_not_the_variable(home: dict[str, str], tmp_path: Path) -> None:

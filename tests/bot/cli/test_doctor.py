@@ -129,7 +129,7 @@ async def test_a_broken_config_is_one_clear_failure(tmp_path: Path) -> None:
     assert "MEMBOT_DISPATCHER__QUEUE_LIMIT" in config and "Traceback" not in out
 
 
-async def test_an_empty_discord_token_is_a_failed_config_line(tmp_path: Path) -> None:
+async def test_a_blank_discord_token_is_a_failed_config_line(tmp_path: Path) -> None:
     """A blank token passed as set: doctor went on to ask Discord with it. Now the config line fails
     and names the variable."""
     code, out = await doctor(
@@ -137,7 +137,7 @@ async def test_an_empty_discord_token_is_a_failed_config_line(tmp_path: Path) ->
     )
     assert code == 1
     config = line(out, "config")
-    assert config.startswith("✗ fail") and "MEMBOT_DISCORD__TOKEN" in config and "is empty" in config
+    assert config.startswith("✗ fail") and "MEMBOT_DISCORD__TOKEN" in config and "is blank" in config
 
 
 async def test_offline_reports_catalog_workspace_and_llm_settings_problems(tmp_path: Path) -> None:
