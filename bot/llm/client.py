@@ -70,7 +70,7 @@ from bot.llm.answer import Target, error_answer, parse, read_body, read_whole, r
 from bot.llm.breaker import Breakers
 from bot.llm.call_ids import made_unique
 from bot.llm.endpoints import check_base_url, where
-from bot.llm.estimates import Counter, fill_missing
+from bot.llm.estimates import fill_missing
 from bot.llm.failures import Provider, key_setting
 from bot.llm.httpx_errors import HTTPX_ERRORS, httpx_errors, map_httpx_error
 from bot.llm.stats import LLMStats
@@ -120,7 +120,7 @@ class LLMClient:
         rng: Callable[[], float] = random.random,
         usage: UsageObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
-        counter: Counter | None = None,
+        counter: TokenCounter | None = None,
     ) -> None:
         for name, section in (("openai", settings.openai), ("anthropic", settings.anthropic)):
             check_base_url(name, section.base_url)

@@ -13,21 +13,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Protocol
 
-from bot.domain import Message
 from bot.llm.types import ChatRequest, ChatResponse, ToolSpec
-
-
-class Counter(Protocol):
-    """What an estimate counts with: :class:`bot.tokens.TokenCounter`."""
-
-    @property
-    def prior(self) -> float: ...
-
-    def count_text(self, text: str) -> int: ...
-
-    def messages_tokens(self, messages: Sequence[Message]) -> int: ...
+from bot.tokens import TokenCounter
 
 
 def schemas_text(tools: Sequence[ToolSpec]) -> str:
@@ -37,14 +25,14 @@ def schemas_text(tools: Sequence[ToolSpec]) -> str:
     )
 
 
-def request_tokens(counter: Counter, request: ChatRequest) -> int:
+def request_tokens(counter: TokenCounter, request: ChatRequest) -> int:
     """Basis tokens of a request as sent (uncalibrated): system prompt, tool schemas and messages."""
     raw = counter.count_text(request.system) if request.system else 0
     raw += counter.count_text(schemas_text(request.tools)) if request.tools else 0
     return raw + counter.messages_tokens(request.messages)
 
 
-def answer_tokens(counter: Counter, response: ChatResponse) -> int:
+def answer_tokens(counter: TokenCounter, response: ChatResponse) -> int:
     """Basis tokens of an answer: its text and its tool calls' names and arguments."""
     raw = counter.count_text(response.content)
     return raw + sum(
@@ -52,7 +40,7 @@ def answer_tokens(counter: Counter, response: ChatResponse) -> int:
     )
 
 
-def fill_missing(counter: Counter, request: ChatRequest, response: ChatResponse) -> list[str]:
+def fill_missing(counter: TokenCounter, request: ChatRequest, response: ChatResponse) -> list[str]:
     """Put an estimate where the server counted nothing; the fields estimated (none: it counted all).
 
     No prompt is 0 tokens, and no answer with a word or a call in it is: a 0 there is a count that
