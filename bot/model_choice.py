@@ -21,6 +21,16 @@ def provider(llm: LLMSettings, catalog: ModelCatalog) -> Provider:
     return llm.provider or catalog.get(llm.model).provider
 
 
+def provider_of(llm: LLMSettings, catalog: ModelCatalog, model: str) -> Provider:
+    """The provider that answers ``model``, the primary or a fallback: ``llm.provider`` for the primary
+    when set, else the catalog's; a model the catalog does not know speaks ``llm.provider``, else OpenAI."""
+    if model == llm.model and llm.provider:
+        return llm.provider
+    if model in catalog:
+        return catalog.get(model).provider
+    return llm.provider or "openai"
+
+
 def primary(llm: LLMSettings, catalog: ModelCatalog) -> ModelInfo:
     """The catalog's entry for ``llm.model`` (an id it does not know: the generic one, under the provider)."""
     return catalog.get(llm.model, provider(llm, catalog))

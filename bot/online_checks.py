@@ -16,6 +16,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from bot import model_choice
 from bot.check import Check
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 
     from bot.catalog import ModelCatalog
     from bot.config import Settings
-    from bot.llm import Provider
 
 OPENAI_API = "https://api.openai.com/v1"
 ANTHROPIC_API = "https://api.anthropic.com"
@@ -71,10 +71,7 @@ def _providers(settings: Settings, catalog: ModelCatalog) -> dict[str, list[str]
     """Every provider the model and its fallbacks use, in order, with the model ids each must serve."""
     seen: dict[str, list[str]] = {}
     for model in [settings.llm.model, *settings.llm.fallback_models]:
-        if model == settings.llm.model and settings.llm.provider:
-            provider: Provider = settings.llm.provider
-        else:
-            provider = catalog.get(model).provider if model in catalog else settings.llm.provider or "openai"
+        provider = model_choice.provider_of(settings.llm, catalog, model)
         wire_id = catalog.get(model, provider).id
         if wire_id not in seen.setdefault(provider, []):
             seen[provider].append(wire_id)

@@ -283,7 +283,9 @@ def _llm_settings(settings: Settings, catalog: ModelCatalog) -> Check:
 def _keyless_provider(settings: Settings, catalog: ModelCatalog, model: str) -> str | None:
     """The provider of fallback ``model`` when it has no key to be asked with (as the online check picks
     it): Anthropic always wants one, an OpenAI-compatible server of one's own (base_url) may not."""
-    provider = catalog.get(model).provider if model in catalog else settings.llm.provider or "openai"
+    from bot import model_choice
+
+    provider = model_choice.provider_of(settings.llm, catalog, model)
     conf = settings.llm.anthropic if provider == "anthropic" else settings.llm.openai
     if conf.api_key is not None or (provider == "openai" and conf.base_url is not None):
         return None

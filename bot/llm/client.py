@@ -61,6 +61,7 @@ from typing import Protocol
 import httpx
 import structlog
 
+from bot import model_choice
 from bot.catalog import ModelCatalog, ModelInfo
 from bot.config import LLMSettings
 from bot.domain import Usage
@@ -152,11 +153,7 @@ class LLMClient:
 
     def provider_of(self, model: str) -> Provider:
         """``llm.provider`` for the primary when set; else the catalog's; unknown models speak OpenAI."""
-        if model == self._settings.model and self._settings.provider:
-            return self._settings.provider
-        if model in self._catalog:
-            return self._catalog.get(model).provider
-        return self._settings.provider or "openai"
+        return model_choice.provider_of(self._settings, self._catalog, model)
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         """One complete answer, with retries and failover (see the module docstring)."""
