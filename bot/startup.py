@@ -19,7 +19,7 @@ import structlog
 from bot import model_choice
 from bot.errors import ConfigError, StorageError
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
-from bot.workspace_lock import WorkspaceLock
+from bot.workspace_lock import WorkspaceLock, unusable
 
 if TYPE_CHECKING:
     from bot.catalog import ModelCatalog
@@ -77,9 +77,7 @@ def prepare_workspace(settings: Settings) -> None:
         fixed = fix_private_tree(settings.workspace)
         stale = remove_stale_temp_files(settings.workspace)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot use workspace {settings.workspace}: {exc.strerror} (set --workspace or MEMBOT_WORKSPACE)"
-        ) from None
+        raise unusable(settings.workspace, exc) from None
     if fixed:
         log.warning("workspace_permissions_fixed", count=fixed, workspace=str(settings.workspace))
     if stale:
@@ -90,9 +88,7 @@ def _lock_workspace(settings: Settings) -> WorkspaceLock:
     try:
         return WorkspaceLock.acquire(settings.workspace)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot use workspace {settings.workspace}: {exc.strerror} (set --workspace or MEMBOT_WORKSPACE)"
-        ) from None
+        raise unusable(settings.workspace, exc) from None
 
 
 async def recover_memory(memory: MemoryService, sessions: SessionService) -> None:

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Sequence
 
 from bot.app import build_core, open_channel, terminal_channel
 from bot.config import Settings
-from bot.errors import ConfigError
 from bot.lifecycle import HardExit, ServiceRunner, settle_heap
 from bot.logging import configure_logging
+from bot.workspace_lock import unusable
 
 
 async def run_chat(settings: Settings) -> None:
@@ -36,10 +36,7 @@ async def run_chat(settings: Settings) -> None:
             configure_logging, level=settings.log_level, secrets=settings.secrets, file=settings.chat_log
         )
     except OSError as exc:  # its log is the workspace's first write: said as `membot run` says it (78)
-        raise ConfigError(
-            f"cannot use workspace {settings.workspace}: {exc.strerror or exc} (set --workspace or "
-            "MEMBOT_WORKSPACE; `membot doctor` says what to fix)"
-        ) from None
+        raise unusable(settings.workspace, exc) from None
     terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]  # after a hang-up isatty says False
     runner = ServiceRunner(
         settings.lifecycle, signals=(signal.SIGTERM, signal.SIGHUP), hard_exit=_exit_restoring_terminal()

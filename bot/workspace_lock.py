@@ -28,6 +28,14 @@ from bot.storage import FILE_MODE, ensure_private_dir
 LOCK_FILE = "membot.lock"
 
 
+def unusable(workspace: Path, exc: OSError) -> ConfigError:
+    """The error of a workspace the disk or its permissions refuse (read-only, not ours), as every
+    command says it (78): where, why, and the settings that choose another."""
+    return ConfigError(
+        f"cannot use workspace {workspace}: {exc.strerror or exc} (set --workspace or MEMBOT_WORKSPACE)"
+    )
+
+
 class WorkspaceLock:
     """Holds the workspace until :meth:`release` (or the process ends).
 
@@ -47,9 +55,7 @@ class WorkspaceLock:
             ensure_private_dir(workspace)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except OSError as exc:  # read-only, not ours: every command says what `membot run` says (78)
-            raise ConfigError(
-                f"cannot use workspace {workspace}: {exc.strerror} (set --workspace or MEMBOT_WORKSPACE)"
-            ) from None
+            raise unusable(workspace, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
