@@ -95,8 +95,10 @@ def test_reindex_embeds_what_the_bot_embeds_and_a_started_bot_finds_nothing_left
     answers = {item["fingerprint"] for item in stored_items(ws) if "assistant" in item["tags"]}
     assert len(keys) == embeddable and answers and not keys & answers
 
+    # Settings are made before the loop runs, as the CLI does: validating the time zone reads its file.
+    settings = Settings(workspace=ws, memory=MemorySettings(embeddings="local"))
+
     async def queued_at_start() -> int:  # what a bot started now would still embed
-        settings = Settings(workspace=ws, memory=MemorySettings(embeddings="local"))
         async with httpx.AsyncClient() as http:
             service = MemoryService(
                 settings.memory_dir, settings.memory, embedder=build_embedder(settings.memory, http)
