@@ -8,15 +8,14 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated
 from zoneinfo import ZoneInfo
 
 import typer
 from rich.table import Table
 
+from bot.cli.memory_access import open_service, run_finding, run_on_memory
 from bot.cli.root import (
     EXIT_CONFIG,
     EXIT_UNAVAILABLE,
@@ -31,46 +30,10 @@ from bot.errors import ConfigError
 from bot.printable import printable
 
 if TYPE_CHECKING:
-    import httpx
-
-    from bot.config import Settings
-    from bot.memory import Embedder, MemoryService, ScoredItem, VectorStore
+    from bot.memory import MemoryService, ScoredItem
 
 memory_app = command_group("See, edit, search and import what membot remembers.")
 app.add_typer(memory_app, name="memory")
-
-T = TypeVar("T")
-
-
-@asynccontextmanager
-async def _service(
-    settings: Settings, *, read_only: bool, embedder: Embedder | None = None
-) -> AsyncIterator[MemoryService]:
-    """Memory opened for a command: ``read_only`` beside a running bot, which owns the files (these
-    commands take no workspace lock), so that a look changes nothing in the workspace. With an
-    ``embedder`` (read-only) it also reads the bot's vectors of that model, to search by meaning."""
-    from bot.memory import MemoryService
-
-    service = MemoryService(
-        settings.memory_dir,
-        settings.memory,
-        timezone=settings.timezone,
-        embedder=embedder,
-        read_only=read_only,
-    )
-    await service.start()
-    try:
-        yield service
-    finally:
-        await service.close()
-
-
-def _run(settings: Settings, work: Callable[[MemoryService], Awaitable[T]], *, read_only: bool = True) -> T:
-    async def main() -> T:
-        async with _service(settings, read_only=read_only) as service:
-            return await work(service)
-
-    return asyncio.run(main())
 
 
 @memory_app.command()
@@ -104,7 +67,7 @@ def show(
             service, settings.system_prompt, history, query, session_id=session or ""
         )
 
-    prompt, note = _run_finding(settings, work, session_id=session or "")
+    prompt, note = run_finding(settings, work, session_id=session or "")
     if note:
         err_console.print(f"({note})")
     console.print(printable(prompt), markup=False, highlight=False, soft_wrap=True)
@@ -120,7 +83,7 @@ def edit(ctx: typer.Context) -> None:
     from bot.memory import Conflict, Limits, LongTermMemory, MemoryFull, NotUtf8
 
     settings = settings_from(ctx)
-    path = _run(settings, lambda service: _path(service))
+    path = run_on_memory(settings, lambda service: _path(service))
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
     memory = LongTermMemory(path, limits=Limits.of(settings.memory))
     try:
@@ -230,7 +193,7 @@ def search(
     async def work(service: MemoryService) -> list[ScoredItem]:
         return await ops.search(service, query, k=k, session_id=session)
 
-    found, note = _run_finding(settings, work, session_id=session)
+    found, note = run_finding(settings, work, session_id=session)
     if note:
         err_console.print(f"({note})")
     if not found:
@@ -252,56 +215,6 @@ def search(
     console.print(table)
 
 
-def _run_finding(
-    settings: Settings, work: Callable[[MemoryService], Awaitable[T]], *, session_id: str | None
-) -> tuple[T, str | None]:
-    """:func:`_run` (read-only) for ``work`` that finds memory as the bot does, by words and by meaning:
-    with the bot's embedding model for the query and its vectors, read as they are. Also returns what the
-    operator should know about the meaning side (the search of ``session_id``), or None."""
-    import httpx
-
-    from bot.memory import operator as ops
-
-    async def main() -> tuple[T, str | None]:
-        async with httpx.AsyncClient() as http:
-            embedder, note = _query_embedder(settings, http)
-            async with _service(settings, read_only=True, embedder=embedder) as service:
-                done = await work(service)
-                if service.vectors is not None:
-                    note = _meaning_note(service.vectors, ops.unembedded(service, session_id=session_id))
-        return done, note
-
-    return asyncio.run(main())
-
-
-def _query_embedder(settings: Settings, http: httpx.AsyncClient) -> tuple[Embedder | None, str | None]:
-    """The bot's embedding model, to embed a query; or None and why the search is by words only."""
-    from bot.memory import build_embedder
-
-    if settings.memory.embeddings == "none":
-        return None, 'found by words only: memory.embeddings is "none"'
-    try:
-        return build_embedder(settings.memory, http), None
-    except ConfigError as exc:
-        return None, f"found by words only: {exc}"
-
-
-def _meaning_note(vectors: VectorStore, unembedded: int | None) -> str | None:
-    """What the operator should know about the meaning side of a search just made."""
-    if vectors.query_failure is not None:
-        return f"found by words only, as the embedding model gave no vector: {vectors.query_failure}"
-    if unembedded:
-        if unembedded == 1:
-            said = "1 item has no vector yet, so it is found by its words only: the running bot embeds it"
-        else:
-            said = (
-                f"{unembedded} items have no vector yet, so they are found by their words only: "
-                "the running bot embeds them"
-            )
-        return f"{said}, or run `membot memory reindex`"
-    return None
-
-
 @memory_app.command()
 def stats(
     ctx: typer.Context,
@@ -313,7 +226,7 @@ def stats(
     """Sizes, item counts per layer, and the last consolidation. Reads only: safe beside a running bot."""
     from bot.memory import operator as ops
 
-    figures = _run(settings_from(ctx), lambda service: ops.stats(service, session_id=session))
+    figures = run_on_memory(settings_from(ctx), lambda service: ops.stats(service, session_id=session))
     table = Table("what", "value", show_header=False)
     table.add_row("MEMORY.md", f"{figures.memory_md_bytes:,} bytes")
     table.add_row("HISTORY.md", f"{figures.history_bytes:,} bytes")
@@ -360,7 +273,7 @@ def import_(
         # (The lock's own errors are the workspace's, not the export's: 78 or 75, from main.)
         with WorkspaceLock.hold(settings.workspace):  # the bot appends to the same item files
             try:
-                report = _run(
+                report = run_on_memory(
                     settings,
                     lambda service: ops.import_conversations(service, file, progress=advance),
                     read_only=False,
@@ -402,7 +315,7 @@ def reindex(
         async with httpx.AsyncClient() as http:
             embedder = build_embedder(settings.memory, http)
             assert embedder is not None
-            async with _service(settings, read_only=True) as service:
+            async with open_service(settings, read_only=True) as service:
                 items = ops.items_to_embed(service)
             store = VectorStore(settings.memory_dir / VECTORS_DIR, embedder)
             await store.start()
