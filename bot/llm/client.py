@@ -2,9 +2,10 @@
 
 Wire formats live in openai.py and anthropic.py (pure translators); what an error answer means lives in
 failures.py; base URLs are checked and shown in endpoints.py. Reading an answer (its body, JSON, a
-redirect) is answer.py, reading a streamed one streaming.py; this module sends, times and retries. Every
-httpx call here runs inside ``httpx_errors`` (httpx_errors.py), the one place httpx exceptions become
-membot's own (bot/errors.py).
+redirect) is answer.py, reading a streamed one streaming.py; which models to ask, and whether and when
+to try again, is retry_policy.py. This module sends, times and retries. Every httpx call here runs
+inside ``httpx_errors`` (httpx_errors.py), the one place httpx exceptions become membot's own
+(bot/errors.py).
 
 One call, step by step:
 
@@ -65,7 +66,7 @@ from bot import model_choice
 from bot.catalog import ModelCatalog, ModelInfo
 from bot.config import LLMSettings
 from bot.domain import Usage
-from bot.errors import LLMAuthError, LLMContextOverflow, LLMError, LLMTimeout
+from bot.errors import LLMAuthError, LLMContextOverflow, LLMError
 from bot.llm import anthropic, openai
 from bot.llm.answer import Target, error_answer, parse, read_body, read_whole, redirected, within
 from bot.llm.breaker import Breakers
@@ -74,10 +75,11 @@ from bot.llm.endpoints import check_base_url, where
 from bot.llm.estimates import fill_missing
 from bot.llm.failures import Provider, key_setting
 from bot.llm.httpx_errors import HTTPX_ERRORS, httpx_errors, map_httpx_error
+from bot.llm.retry_policy import RetryPolicy, exhausted
 from bot.llm.stats import LLMStats
 from bot.llm.streaming import stream_answer
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent, Wire
-from bot.retry import Backoff, retry
+from bot.retry import retry
 from bot.tokens import TokenCounter
 
 __all__ = ["HTTPX_ERRORS", "LLMClient", "LLMStats", "UsageObserver", "map_httpx_error"]
@@ -134,7 +136,7 @@ class LLMClient:
         self._catalog = catalog
         self._http = http
         self._sleep = sleep
-        self._rng = rng
+        self._policy = RetryPolicy(settings, rng)
         self._usage = usage
         self._counter = counter if counter is not None else TokenCounter.approximate()
         self._unmetered: set[str] = set()  # models whose missing usage was logged (once each)
@@ -157,7 +159,7 @@ class LLMClient:
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         """One complete answer, with retries and failover (see the module docstring)."""
-        chain = self._breakers.order(self._chain(request))
+        chain = self._breakers.order(self._policy.chain(request))
         failures: list[LLMError] = []
         for position, model in enumerate(chain):
             try:
@@ -168,7 +170,7 @@ class LLMClient:
                     raise
                 failures.append(exc)
                 if position == len(chain) - 1:
-                    error = _exhausted(failures)
+                    error = exhausted(failures)
                     raise error from error.__cause__  # (the cause it was raised with, if any)
                 self._failover(model, chain[position + 1], exc)
         raise AssertionError("the chain is never empty")
@@ -180,7 +182,7 @@ class LLMClient:
         failover happen only before the first delta; after it an error is raised as is, because the
         caller has already shown part of an answer.
         """
-        chain = self._breakers.order(self._chain(request))
+        chain = self._breakers.order(self._policy.chain(request))
         failures: list[LLMError] = []
         for position, model in enumerate(chain):
             for attempt in range(self._settings.max_retries + 1):
@@ -194,7 +196,7 @@ class LLMClient:
                 except LLMError as exc:
                     self._failed(model, exc)
                     final = started or isinstance(exc, LLMContextOverflow)
-                    if not final and exc.retryable and self._may_retry(exc, attempt):
+                    if not final and exc.retryable and self._policy.may_retry(exc, attempt):
                         await self._backoff(attempt, exc)
                         continue
                     self._breakers.failed(model, exc)
@@ -202,27 +204,12 @@ class LLMClient:
                         raise
                     failures.append(exc)
                     if position == len(chain) - 1:
-                        error = _exhausted(failures)
+                        error = exhausted(failures)
                         raise error from error.__cause__  # (the cause it was raised with, if any)
                     self._failover(model, chain[position + 1], exc)
                     break
 
     # -- one model ----------------------------------------------------------------------------------
-
-    def _chain(self, request: ChatRequest) -> list[str]:
-        if request.model:
-            return [request.model]
-        primary = self._settings.model
-        return [primary, *dict.fromkeys(m for m in self._settings.fallback_models if m != primary)]
-
-    def _may_retry(self, exc: LLMError, attempt: int) -> bool:
-        """Whether try ``attempt`` (0-based) may be followed by another on the same model."""
-        limit = self._settings.max_retries
-        if isinstance(exc, LLMTimeout):
-            limit = min(limit, 1)
-        if exc.retry_after is not None and exc.retry_after > self._settings.retry_max_delay:
-            return False  # not before then, said the server: the capped wait would end too soon
-        return exc.retryable and attempt < limit
 
     async def _with_retries(self, model: str, request: ChatRequest) -> ChatResponse:
         async def once() -> tuple[ChatResponse, float]:
@@ -235,8 +222,8 @@ class LLMClient:
 
         response, elapsed = await retry(
             once,
-            retry_if=lambda exc, tries: isinstance(exc, LLMError) and self._may_retry(exc, tries - 1),
-            wait=self._delay,
+            retry_if=lambda exc, tries: isinstance(exc, LLMError) and self._policy.may_retry(exc, tries - 1),
+            wait=self._policy.delay,
             on_retry=self._retrying,
             sleep=self._sleep,
         )
@@ -245,14 +232,9 @@ class LLMClient:
 
     async def _backoff(self, attempt: int, exc: LLMError) -> None:
         """Wait before try ``attempt + 1`` (the streaming loop's own retry; see :meth:`_with_retries`)."""
-        delay = self._delay(exc, attempt + 1)
+        delay = self._policy.delay(exc, attempt + 1)
         self._retrying(exc, attempt + 1, delay)
         await self._sleep(delay)
-
-    def _delay(self, exc: Exception, tries: int) -> float:
-        """The server's hint if it gave one, else exponential with jitter; never above the cap."""
-        backoff = Backoff(self._settings.retry_base_delay, self._settings.retry_max_delay, jitter=self._rng)
-        return backoff(tries - 1, hint=getattr(exc, "retry_after", None))
 
     def _retrying(self, exc: Exception, tries: int, delay: float) -> None:
         self.stats.retries += 1
@@ -380,23 +362,6 @@ class LLMClient:
             "ignore stream_options.include_usage); the usage ledger and /status count membot's own "
             "estimate for such calls (logged once per model)",
         )
-
-
-def _exhausted(failures: list[LLMError]) -> LLMError:
-    """The error of a chain whose every model failed (one per model, in order): the last one a later
-    try may cure, else the last. The last is logged when it is not the one raised (the others were, at
-    their failover), so the operator still learns of a fallback that is misconfigured.
-
-    It carries the first model's Retry-After when that is longer than its own: the next try asks that
-    model first, and before then it would only be refused again (and count against its rate limit)."""
-    last = failures[-1]
-    hopeful = next((exc for exc in reversed(failures) if exc.retryable), last)
-    if hopeful is not last:
-        log.warning("llm_fallback_failed", model=last.model, error=str(last), raised=str(hopeful))
-    first = failures[0].retry_after
-    if first is not None and first > (hopeful.retry_after or 0.0):
-        hopeful.retry_after = first
-    return hopeful
 
 
 def _unique_ids(target: Target, request: ChatRequest, response: ChatResponse) -> ChatResponse:
