@@ -13,7 +13,6 @@ prompt or Ctrl-D ends the chat.
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from collections.abc import Callable, Sequence
 from typing import ClassVar
@@ -26,23 +25,21 @@ from bot.retry import retry
 from channels.base import Channel, InboundSink, PartialSink
 from channels.outage import StorageOutage, is_storage_error
 from channels.terminal_io import LineEditor, Screen
+from channels.terminal_lines import (
+    PASTE_WINDOW,
+    TERMINAL_LINE_LIMIT,
+    StreamLines,
+    has_cut_line,
+    message_text,
+)
 
 log = structlog.get_logger(__name__)
 
 _SHOWN_CHARS = 200  # of each unanswered message shown at start (its first line)
 
-# A paste reaches a terminal's reader line after line without a pause (one line per read, microseconds
-# apart, a few ms when the terminal writes a long paste in pieces), while a person needs well over 100 ms
-# to type a line and press Enter again: a line that follows within this window belongs to the same paste.
-_PASTE_WINDOW = 0.05  # seconds
-
-# A terminal in canonical mode (the kernel's line editing, see TerminalChannel) passes on at most this
-# many bytes of one line: Linux keeps the first 4,095 and drops the rest of the line unseen, while the
-# screen echoes all of it. A line that long was cut, and is not sent as if whole (see _read_loop).
-_TERMINAL_LINE_LIMIT = 4095
 CUT_LINE_NOTICE = (
     f"⚠️ Not sent: a line of that message was cut by the terminal, which passes on only "
-    f"{_TERMINAL_LINE_LIMIT:,} bytes of a line, so its end was lost. Send long text with line breaks "
+    f"{TERMINAL_LINE_LIMIT:,} bytes of a line, so its end was lost. Send long text with line breaks "
     "in it, or from a file: membot chat < message.txt"
 )
 
@@ -98,13 +95,13 @@ class TerminalChannel(Channel):
         self._user = user
         if (reader is None) == (editor is None):
             raise ValueError("a terminal channel reads from a stream or from a line editor: pass one")
-        self._reader = reader
         self._editor = editor
         # What Ctrl-C at the line editor does (membot chat sets its SIGINT handler): by default, quit.
         self.interrupt: Callable[[], None] = self.close
         self._held: list[str] = []  # messages sent while an answer streams, shown after it
         self._handing: asyncio.Task[None] | None = None  # the line editor's last message, handed over
-        self._paste_window = _PASTE_WINDOW if join_pastes else None
+        window = PASTE_WINDOW if join_pastes else None
+        self._lines = None if reader is None else StreamLines(reader, paste_window=window)
         self._at_terminal = join_pastes  # membot chat joins pastes exactly when stdin is a terminal
         self._writer = writer
         self._prompt = prompt
@@ -194,18 +191,19 @@ class TerminalChannel(Channel):
                 await self._handing
             self._closed.set()
             return
+        assert self._lines is not None  # (a stream when there is no line editor: see __init__)
         while True:
-            raw = await self._read_message()
+            raw = await self._lines.read_message()
             if not raw:
                 break
             if self._at_terminal and not raw.endswith(b"\n"):
                 # Ctrl-D mid-line sends the line without an Enter: the cursor is still after the echoed
                 # text, and the reply's "\rmembot › " wrote over the question instead of below it.
                 self._writer.write("\n")
-            if self._at_terminal and _has_cut_line(raw):
+            if self._at_terminal and has_cut_line(raw):
                 self.notice(CUT_LINE_NOTICE)  # what the model would answer is not what was typed
                 continue
-            text = _message_text(raw)
+            text = message_text(raw)
             if not text:
                 self._show_prompt()
                 continue
@@ -263,7 +261,7 @@ class TerminalChannel(Channel):
             if typed is None:
                 break
             # (Undecodable bytes come as lone surrogates: back to bytes, shown as U+FFFD, as from a pipe.)
-            text = _message_text(typed.encode("utf-8", "surrogateescape"))
+            text = message_text(typed.encode("utf-8", "surrogateescape"))
             if not text:
                 continue
             self._echo(typed)
@@ -291,38 +289,6 @@ class TerminalChannel(Channel):
         for line in self._held:
             self._writer.write(line)
         self._held.clear()
-
-    async def _read_message(self) -> bytes:
-        """The next line, with the lines that follow it within the paste window (a paste); b"" at the
-        end of input. A line that ends the input (no newline) ends the message too."""
-        lines = [await self._read_line()]
-        if self._paste_window is None:
-            return lines[0]
-        while lines[-1].endswith(b"\n") and (more := await self._read_line(self._paste_window)):
-            lines.append(more)
-        return b"".join(lines)
-
-    async def _read_line(self, within: float | None = None) -> bytes:
-        """One whole input line, however long (``readline`` gives up past the reader's 64 KiB limit
-        and loses the line); b"" at the end of input, or when no line began to arrive ``within``
-        seconds. The dispatcher truncates an oversized message with a note, so a huge paste is
-        answered, not dropped."""
-        assert self._reader is not None
-        parts: list[bytes] = []
-        while True:
-            try:
-                # Only the wait for the first piece is timed: a cut readuntil leaves the reader's buffer
-                # as it was, a cut after pieces were taken would lose them.
-                async with asyncio.timeout(None if parts else within):
-                    parts.append(await self._reader.readuntil(b"\n"))
-            except TimeoutError:
-                return b""
-            except asyncio.IncompleteReadError as end:  # input ended without a final newline
-                parts.append(end.partial)
-            except asyncio.LimitOverrunError as over:  # no newline within the limit yet: take a piece
-                parts.append(await self._reader.readexactly(over.consumed))
-                continue
-            return b"".join(parts)
 
     async def send(self, message: OutboundMessage) -> None:
         self._waiting = max(0, self._waiting - 1)
@@ -384,24 +350,3 @@ class TerminalChannel(Channel):
             return  # the line editor draws its own
         self._writer.write(self._prompt)
         self._writer.flush()
-
-
-def _has_cut_line(raw: bytes) -> bool:
-    """Whether a line of what a terminal passed on reached its limit: the kernel cut it there."""
-    return any(len(line) >= _TERMINAL_LINE_LIMIT for line in raw.split(b"\n"))
-
-
-_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")
-
-
-def _message_text(raw: bytes) -> str:
-    """What was typed, without surrounding blank space; a paste of several lines keeps its first
-    line's indentation (a snippet copied from inside a function would lose its shape). Windows (CRLF)
-    and old Mac (CR) line ends become ``\n``: the session and the model got ``\r\n`` (and lone ``\r``)
-    as they came, from a file or pipe, or a terminal set not to translate CR (``stty -icrnl``). (A
-    terminal that does translate, the default, turns a pasted CRLF into two line ends before membot
-    reads it, indistinguishable from a blank line: that one is the terminal's to fix.)"""
-    text = raw.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n").rstrip()
-    if "\n" not in text.strip():
-        return text.strip()
-    return _BLANK_LINES.sub("", text)
