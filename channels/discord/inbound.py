@@ -82,8 +82,11 @@ class DiscordAccess:
 
 
 def from_a_person(message: discord.Message, bot_id: int) -> bool:
-    """A user's plain message or reply: not the bot's own, not another bot's, not a join or pin notice."""
-    if message.author.bot or message.author.id == bot_id:
+    """A user's plain message or reply: not the bot's own, not another bot's, not a join or pin notice,
+    and not a webhook's (an integration, a bridge, a post of another server's channel the server
+    follows): its author is the webhook, whose ``bot`` flag Discord does not promise, so it is told
+    by ``webhook_id``, as Discord's documentation says."""
+    if message.author.bot or message.author.id == bot_id or message.webhook_id is not None:
         return False
     return message.type in (discord.MessageType.default, discord.MessageType.reply)
 

@@ -342,6 +342,7 @@ class FakeDiscord:
         at: datetime | None = None,  # written then (its id says so too); default now
         stickers: tuple[str, ...] = (),  # sticker names
         forwarded: str | None = None,  # the content of a message this one forwards (Discord's "Forward")
+        webhook_id: str | None = None,  # posted by that webhook (an integration, a followed channel)
     ) -> Json:
         """A user writes in a channel; MESSAGE_CREATE goes to the bot (now, or on its RESUME; a bot that
         is down and starts a new session gets it only from the channel's history)."""
@@ -366,7 +367,10 @@ class FakeDiscord:
         }
         if guild is not None:
             message["guild_id"] = guild.id
-            message["member"] = self._member()
+            if webhook_id is None:  # a webhook is no member of the guild: Discord sends no "member"
+                message["member"] = self._member()
+        if webhook_id is not None:
+            message["webhook_id"] = webhook_id
         if reply_to is not None:
             message["message_reference"] = {"message_id": reply_to["id"], "channel_id": channel_id}
             message["referenced_message"] = reply_to

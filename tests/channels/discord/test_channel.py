@@ -22,7 +22,7 @@ from bot.model_wait import NOTICE as MODEL_NOTICE
 from bot.pairing import PAIRING_FILE, PairingStore, approve_code
 from channels.discord import DiscordChannel
 from tests.channels.discord.kit import running_bot
-from tests.fakes.discord_server import CdnFile, FakeDiscord, FakeUser, Guild
+from tests.fakes.discord_server import CdnFile, FakeDiscord, FakeUser, Guild, snowflake
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
 
 
@@ -388,6 +388,32 @@ async def test_slash_commands_whose_registration_met_an_outage_are_registered_on
     async with discord_world(tmp_path, configure=outage) as w:
         await w.discord.wait_until(lambda: w.discord.command_puts == 1)
         assert {c["name"] for c in w.discord.commands} >= {"status", "compact", "new", "stop", "help"}
+
+
+async def test_webhooks_and_other_bots_are_not_answered_even_where_anyone_may_write(tmp_path: Path) -> None:
+    """A webhook's message (an integration, a bridge, a followed channel of another server) has the
+    webhook as its author, with no promise of a ``bot`` flag: Discord says to tell it by ``webhook_id``.
+    It is no person of the allowed server, and a raw ``<@bot>`` in a followed post is no mention."""
+    async with discord_world(tmp_path) as w:
+        d, bot = w.discord, w.discord.bot
+        hook = FakeUser(snowflake(), "News #announcements")  # the webhook is the author, "bot" unset
+        await d.user_message(
+            channel_id=w.quiet,
+            author=hook,
+            content="no mention needed here",
+            guild=w.guild,
+            webhook_id=hook.id,
+        )
+        await d.user_message(
+            channel_id=w.general, author=hook, content=f"{bot.mention} hi", guild=w.guild, webhook_id=hook.id
+        )
+        other_bot = FakeUser(snowflake(), "otherbot", bot=True)
+        await d.user_message(channel_id=w.quiet, author=other_bot, content="beep", guild=w.guild)
+        await d.user_message(channel_id=w.quiet, author=w.bob, content="sentinel", guild=w.guild)
+        await d.wait_for_bot_messages(w.quiet)
+        await d.user_message(channel_id=w.general, author=w.bob, content=f"{bot.mention} 2", guild=w.guild)
+        await d.wait_for_bot_messages(w.general)
+        assert w.user_texts() == ["bob: sentinel", "bob: 2"]
 
 
 async def test_slash_command_from_a_stranger_is_refused(tmp_path: Path) -> None:
