@@ -26,6 +26,7 @@ from bot.errors import ConfigError
 DEFAULT_HOME = Path("~/.membot")
 DEFAULT_CONFIG_FILE = DEFAULT_HOME / "membot.toml"
 _BOT_TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")  # what @BotFather gives: "<bot id>:<secret>"
+WEBHOOK_SECRET_MIN = 16  # characters of telegram.webhook_secret (see TelegramSettings._secret_strength)
 
 
 def _not_blank(value: SecretStr | None) -> SecretStr | None:
@@ -210,6 +211,20 @@ class TelegramSettings(_Section):
             raise ValueError(
                 "is not a bot token (digits, a colon, then letters: 123456789:AAH...): copy it again "
                 "from @BotFather, or remove the setting to run without Telegram"
+            )
+        return value
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _secret_strength(cls, value: SecretStr | None) -> SecretStr | None:
+        # The secret header is all that tells Telegram's posts to the webhook from anyone's who reaches
+        # it (the URL is public): one who guesses it posts updates "from" an allowed user and uses the bot
+        # as them. Telegram takes 1-256 of A-Z a-z 0-9 _ -; 16 random ones are past guessing. The message
+        # never repeats the value.
+        if value is not None and len(value.get_secret_value().strip()) < WEBHOOK_SECRET_MIN:
+            raise ValueError(
+                f"is too short to keep strangers out of the webhook (at least {WEBHOOK_SECRET_MIN} "
+                "characters): use a random one, such as the output of `openssl rand -hex 16`"
             )
         return value
 

@@ -157,3 +157,21 @@ def test_ids_written_with_spaces_are_kept_as_the_platform_sends_them(tmp_path: P
     s = load_settings(toml, env_file=None)
     assert s.telegram.allowed_users == ["42", "7"]
     assert s.discord.admin_users == ["99"]
+
+
+@pytest.mark.parametrize("secret", ["Zq", "hunter2", "short-secret-15"])
+def test_a_webhook_secret_short_enough_to_guess_is_refused(
+    monkeypatch: pytest.MonkeyPatch, secret: str
+) -> None:
+    """The webhook's secret header is all that tells Telegram's posts from anyone's who reaches the
+    endpoint: one who guesses it can post updates "from" an allowed user and use the bot as them. A
+    short one was taken; it is a named wrong setting now, its value never repeated."""
+    monkeypatch.setenv("MEMBOT_TELEGRAM__WEBHOOK_SECRET", secret)
+    with pytest.raises(ConfigError) as info:
+        load_settings(env_file=None)
+    assert "telegram.webhook_secret" in str(info.value) and "MEMBOT_TELEGRAM__WEBHOOK_SECRET" in str(
+        info.value
+    )
+    assert secret not in str(info.value)
+    monkeypatch.setenv("MEMBOT_TELEGRAM__WEBHOOK_SECRET", "x" * 16)
+    assert load_settings(env_file=None).telegram.webhook_secret is not None
