@@ -17,7 +17,7 @@ import pytest
 
 from bot.domain import OutboundMessage
 from bot.errors import ChannelError
-from bot.pairing import PAIRING_FILE, PairingStore, approve_code
+from bot.pairing import PAIRING_FILE, PairingStore, approve_code, revoke_user
 from tests.channels.telegram.kit import COMMANDS, RecordingSink, all_taken_in, running_channel
 from tests.fakes.telegram_server import FakeTelegramServer, utf16_len
 
@@ -143,6 +143,22 @@ async def test_pairing_off_keeps_users_approved_before(tmp_path: Path) -> None:
         await all_taken_in(tmp_path)
         assert sorted(m.text for m in sink.received) == ["back again", "sentinel"]  # two chats: any order
         assert tg.sent_to(98) == []
+
+
+async def test_a_revoked_user_is_cut_off_at_their_next_message(tmp_path: Path) -> None:
+    """``membot pairing revoke`` (another process) takes effect on the running bot at once: no restart."""
+    store = PairingStore(tmp_path / PAIRING_FILE)
+    code = await store.request("telegram", "99", "Mallory")
+    assert code is not None and await store.approve(code) is not None
+    async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, pairing=False) as (_, sink):
+        tg.push_message("first", chat_id=99, user_id=99)
+        assert [m.text for m in await sink.wait_for(1)] == ["first"]
+        assert await asyncio.to_thread(revoke_user, tmp_path, "telegram", "99")
+        tg.push_message("second", chat_id=99, user_id=99)
+        tg.push_message("sentinel")
+        await sink.wait_for(2)
+        await all_taken_in(tmp_path)
+        assert [m.text for m in sink.received] == ["first", "sentinel"]
 
 
 async def test_group_answers_only_when_addressed_and_only_in_allowed_groups(tmp_path: Path) -> None:
