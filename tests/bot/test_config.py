@@ -149,6 +149,48 @@ def test_malformed_toml_and_missing_file_are_clear(tmp_path: Path) -> None:
         load_settings(tmp_path / "missing.toml", env_file=None)
 
 
+@pytest.mark.parametrize(
+    ("toml_text", "variable", "key", "kind"),
+    [
+        ('llm = "x"\n', "MEMBOT_LLM__MODEL=gpt-4.1", "llm", "a string"),
+        ("telegram = 5\n", "MEMBOT_TELEGRAM__PAIRING=false", "telegram", "a number"),
+        ("discord = [1]\n", "MEMBOT_DISCORD__PAIRING=false", "discord", "a list"),
+        ("memory = true\n", "MEMBOT_MEMORY__SCOPE=chat", "memory", "true or false"),
+        ('[llm]\nopenai = "sk-1"\n', "MEMBOT_LLM__OPENAI__BASE_URL=http://x", "llm.openai", "a string"),
+        (
+            '[telegram.groups]\n"-100" = 1\n',
+            "MEMBOT_TELEGRAM__GROUPS__-100={}",
+            "telegram.groups.-100",
+            "a number",
+        ),
+        (
+            '[discord]\nmention_overrides = "x"\n',
+            "MEMBOT_DISCORD__PAIRING=false",
+            "discord.mention_overrides",
+            "a string",
+        ),
+    ],
+)
+def test_a_value_where_a_table_belongs_is_refused_even_beside_a_variable_of_that_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, toml_text: str, variable: str, key: str, kind: str
+) -> None:
+    """pydantic-settings merges the sources before validating: a variable of the table replaced the
+    file's string with its own table, and the bad line passed without a word."""
+    toml = tmp_path / "membot.toml"
+    toml.write_text(toml_text)
+    name, value = variable.split("=", 1)
+    for with_variable in (False, True):
+        if with_variable:
+            monkeypatch.setenv(name, value)
+        with pytest.raises(ConfigError) as info:
+            load_settings(toml, env_file=None)
+        assert str(info.value).splitlines()[1:] == [
+            f"  - `{key}` in {toml} is {kind} where a table belongs: write [{key}] and put its settings "
+            "on the lines below it, or remove the line"
+        ]
+    assert "sk-1" not in str(info.value)
+
+
 def test_ids_written_with_spaces_are_kept_as_the_platform_sends_them(tmp_path: Path) -> None:
     """``[" 42 "]`` admitted user 42 (the channels' allowlists strip) but made no admin: /status compared
     ``" 42 "`` with the sender's ``"42"``, so the operator never saw the day's cost."""

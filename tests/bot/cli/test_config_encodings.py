@@ -62,3 +62,14 @@ def test_a_dotenv_not_in_utf8_is_named(home: dict[str, str], tmp_path: Path) -> 
     result = membot("config", env=home, cwd=tmp_path)
     assert result.returncode == 78 and "Traceback" not in result.stderr
     assert ".env is not UTF-8 text (the byte 0xe9): save it as UTF-8" in result.stderr
+
+
+def test_a_string_where_a_table_belongs_stops_the_start_beside_a_variable_of_that_table(
+    home: dict[str, str], tmp_path: Path
+) -> None:
+    toml = tmp_path / "membot.toml"
+    toml.write_text('llm = "gpt-4.1"\n')
+    env = {**home, "MEMBOT_LLM__OPENAI__API_KEY": "sk-x"}
+    result = membot("--config", str(toml), "config", env=env, cwd=tmp_path)
+    assert result.returncode == 78 and "Traceback" not in result.stderr + result.stdout
+    assert f"`llm` in {toml} is a string where a table belongs: write [llm]" in result.stderr
