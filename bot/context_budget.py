@@ -46,6 +46,9 @@ MARGIN_SHARE = 0.02  # of the window, for the estimate's error (on top of per-se
 MIN_MARGIN = 32
 SEPARATOR_TOKENS = 2  # between the base prompt and the memory section ("\n\n" is one token; one spare)
 CUT_NOTE = "\n[… {cut} characters left out here: the message is longer than the model's window allows …]\n"
+# What stands for a whole text when not even CUT_NOTE fits its share, the shortest when the first does
+# not fit either: never an empty message, which the model took for a page or an answer with nothing in it.
+CUT_MARKS = ("[… {cut} characters left out …]", "[…]")
 
 
 def margin_for(window: int) -> int:
@@ -337,15 +340,26 @@ def _trim_messages(
 
 
 def _cut_evenly(messages: list[Message], room: int, counter: TokenCounter) -> None:
-    """Cut every text longer than one common length (the longest that lets all fit ``room``) to it."""
+    """Cut every text longer than one common length (the longest that lets all fit ``room``) to it.
+
+    A text cut below its first :data:`CUT_MARKS` is the shortest mark, which it costs whatever the
+    length; when even those do not fit, they are kept and the caller leaves older messages out."""
     sizes = [counter.count_text(m.content) for m in messages]
     free = room - (counter.messages_tokens(messages) - sum(sizes))  # what the texts may use together
     if free <= 0:
         return
+    marks = [counter.count_text(CUT_MARKS[0].format(cut=len(m.content))) for m in messages]
+    shortest = counter.count_text(CUT_MARKS[-1])
+
+    def used(level: int) -> int:  # (never less for a higher level: the search below relies on it)
+        return sum(
+            min(size, level if level >= mark else shortest) for size, mark in zip(sizes, marks, strict=True)
+        )
+
     low, high = 0, max(sizes, default=0)
     while low < high:  # the longest common length that fits, by binary search
         level = (low + high + 1) // 2
-        if sum(min(size, level) for size in sizes) <= free:
+        if used(level) <= free:
             low = level
         else:
             high = level - 1
@@ -356,8 +370,13 @@ def _cut_evenly(messages: list[Message], room: int, counter: TokenCounter) -> No
 
 
 def _cut_text(text: str, tokens: int, counter: TokenCounter) -> str:
-    """``text`` with its middle left out (and a note saying so), at most ``tokens`` raw tokens."""
-    if counter.count_text(text) <= tokens:
+    """``text`` with its middle left out (and a note saying so), at most ``tokens`` raw tokens.
+
+    When not even the note fits, one of :data:`CUT_MARKS` alone, the shortest over ``tokens`` if it must
+    be (or ``text`` itself, if no longer than that): a message never silently becomes empty. The callers
+    count what they get back, and leave older messages out when the marks do not fit."""
+    size = counter.count_text(text)
+    if size <= tokens:
         return text
     keep_lo, keep_hi = 0, len(text)
     best = ""
@@ -369,4 +388,10 @@ def _cut_text(text: str, tokens: int, counter: TokenCounter) -> str:
             best, keep_lo = candidate, keep + 1
         else:
             keep_hi = keep - 1
-    return best
+    if best:
+        return best
+    marks = [mark.format(cut=len(text)) for mark in CUT_MARKS]
+    fitting = next((mark for mark in marks if counter.count_text(mark) <= tokens), None)
+    if fitting is not None:
+        return fitting
+    return marks[-1] if counter.count_text(marks[-1]) < size else text

@@ -1033,6 +1033,29 @@ async def test_results_that_overflow_the_window_are_cut_not_the_question(
     assert len(tool_results(turn.session)[0]) > 15_000  # the session keeps them whole
 
 
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize(
+    ("window", "mark"), [(2_600, " characters left out \\u2026]"), (2_400, '"[\\u2026]"')]
+)
+async def test_results_too_many_to_keep_any_of_their_text_say_so_rather_than_arrive_empty(
+    server: FakeLLMServer, http: httpx.AsyncClient, api: str, window: int, mark: str
+) -> None:
+    """Sixty long results in a small window leave each less room than the cut note: each was sent as
+    an empty result, which the model took for an empty page. Now each says it was cut (in as few
+    tokens as "[…]" when the room is smaller still)."""
+    server.script(FakeReply(tool_calls=[("page", {"n": n}) for n in range(60)]), FakeReply(text="ok"))
+    turn = new_turn("Which pages mention QUESTION-MARKER?")
+    budget = budget_for(server, http, api, window=window)
+    settings = tool_settings(enabled=["page"])
+    await loop_for(server, http, api, [PageTool()], settings, budget=budget).process(turn)
+
+    assert turn.reply == "ok"
+    sent = json.dumps(server.requests[1].body)
+    assert "QUESTION-MARKER" in sent
+    assert sent.count(mark) == 60  # each result says what became of it
+    assert_paired(turn.session)
+
+
 # ---- per-channel tools ------------------------------------------------------------------------------
 
 
