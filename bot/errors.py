@@ -55,13 +55,16 @@ class ChannelRefused(ChannelError):
     dispatcher sets it aside at once; an outage, a rate limit or a 5xx is a plain :class:`ChannelError`.
 
     ``reason`` says what happened and ``fix`` what would make the chat reachable again, for the
-    operator's log; the message keeps the platform's own words.
+    operator's log; the message keeps the platform's own words. ``by_user``: the user's own setting
+    refuses it (a Discord user who closed their DMs to the bot), which the operator need not act on: it
+    is logged as a warning, not an error.
     """
 
-    def __init__(self, message: str, *, reason: str, fix: str) -> None:
+    def __init__(self, message: str, *, reason: str, fix: str, by_user: bool = False) -> None:
         super().__init__(message)
         self.reason = reason
         self.fix = fix
+        self.by_user = by_user
 
 
 class MessageRefused(ChannelRefused):

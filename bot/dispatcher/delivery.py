@@ -263,7 +263,8 @@ class Delivery:
         try:
             await channel.send(out)
         except ChannelRefused as exc:  # no traceback: the platform's answer is the whole story
-            log.error(
+            # (a user's own setting, such as DMs closed to the bot, is no error of the operator's)
+            (log.warning if exc.by_user else log.error)(
                 "reply_refused",
                 channel=out.channel,
                 chat_id=out.chat_id,

@@ -31,7 +31,7 @@ import structlog
 
 from bot.config import DiscordSettings
 from bot.domain import OutboundMessage
-from bot.errors import ChannelError
+from bot.errors import ChannelError, ChannelRefused
 from bot.retry import Backoff, retry
 from channels.base import ChannelHealth, PartialSink, while_running
 from channels.chunking import split_message
@@ -240,10 +240,16 @@ class DiscordOutbox:
 
     def _failed(self, chat_id: str, exc: BaseException, attempts: int) -> ChannelError:
         self._health.send_failures += 1
-        log.error("discord_send_failed", channel_id=chat_id, attempts=attempts, error=describe(exc))
-        return as_channel_error(
+        error = as_channel_error(
             f"Discord request for channel {chat_id} failed after {attempts} tries: {describe(exc)}", exc
         )
+        if isinstance(error, ChannelRefused) and error.by_user:  # their DMs closed: nothing to fix here
+            log.warning(
+                "discord_send_refused_by_user", channel_id=chat_id, reason=error.reason, error=describe(exc)
+            )
+        else:
+            log.error("discord_send_failed", channel_id=chat_id, attempts=attempts, error=describe(exc))
+        return error
 
     # -- typing and streaming ---------------------------------------------------------------------
 

@@ -40,6 +40,9 @@ _KNOWN: dict[int, tuple[str, str]] = {
     ),
 }
 
+# Refused by the user's own settings, not by anything the operator could change: a warning, not an error.
+_BY_USER = frozenset({50007})
+
 
 def as_channel_error(message: str, exc: BaseException) -> ChannelError:
     """``exc`` (a request's final error) as the core sees it: refused for good, or maybe later."""
@@ -47,7 +50,7 @@ def as_channel_error(message: str, exc: BaseException) -> ChannelError:
         return ChannelError(message)
     known = _KNOWN.get(exc.code)
     if known is not None:
-        return ChannelRefused(message, reason=known[0], fix=known[1])
+        return ChannelRefused(message, reason=known[0], fix=known[1], by_user=exc.code in _BY_USER)
     refused = MessageRefused if exc.status == 400 else ChannelRefused
     return refused(
         message,

@@ -31,6 +31,10 @@ def logged(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, objec
     return [r.msg for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == event]
 
 
+def levels(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
+    return [r.levelname for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == event]
+
+
 def posts(w: World, channel_id: str) -> list[str]:
     path = f"/channels/{channel_id}/messages"
     return [
@@ -59,6 +63,10 @@ async def test_an_answer_to_a_user_who_closed_their_dms_is_set_aside_at_once(
             refused["reason"]
         )
         assert "allow direct messages" in str(refused["fix"]) and "50007" in str(refused["error"])
+        # The user's own setting, nothing the operator could fix: warnings, not errors.
+        assert levels(caplog, "reply_refused") == ["WARNING"]
+        assert levels(caplog, "discord_send_refused_by_user") == ["WARNING"]
+        assert not levels(caplog, "discord_send_failed")
         assert [r.text for r in w.core.inbox.kept_replies(sid)] == ["echo: first"]
 
         # A later answer in the same chat is tried once too (after the one set aside), not held.
@@ -111,7 +119,7 @@ async def test_a_streamed_answer_stops_trying_a_channel_that_refused_its_first_p
     ids=["50007", "10003", "50001", "50013"],
 )
 async def test_a_channel_refused_for_good_is_a_channel_refusal_with_its_reason(
-    tmp_path: Path, refusal: tuple[int, int, str], reason: str
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, refusal: tuple[int, int, str], reason: str
 ) -> None:
     async with discord_world(tmp_path) as w:
         w.discord.refuse_channel(w.general, refusal)
@@ -119,6 +127,11 @@ async def test_a_channel_refused_for_good_is_a_channel_refusal_with_its_reason(
             await w.channel.send(OutboundMessage("discord", w.general, "anyone there?"))
         assert raised.value.reason.startswith(reason)
         assert len(posts(w, w.general)) == 1  # the channel does not retry it either
+        # Closed DMs are the user's choice (a warning); the others need the operator (an error).
+        by_user = refusal == CANNOT_DM
+        assert raised.value.by_user is by_user
+        assert levels(caplog, "discord_send_refused_by_user") == (["WARNING"] if by_user else [])
+        assert levels(caplog, "discord_send_failed") == ([] if by_user else ["ERROR"])
 
 
 @pytest.mark.parametrize("fault", ["rate-limited", "5xx"])
