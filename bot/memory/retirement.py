@@ -9,7 +9,14 @@ as pending (bot/memory/pending.py) before they reach the archive. A kill before 
 is written leaves that record, and :meth:`Retirement.resume` (the next start) finishes the work. A
 consolidation whose writes storage refused (a full disk), awaited or in the background, is made again,
 the same way, after the next retirement whose own writes went through: the running bot need not be
-restarted for it.
+restarted for it. A record the start could not archive (the same full disk) is tried again before
+each later retirement.
+
+One chat's consolidations are made in the order its messages were said: an older one made after a
+newer one would write HISTORY out of order and could set MEMORY.md back to what the chat has since
+corrected ("vegetarian" after "eats fish again"). So a record that cannot be archived yet keeps the
+later records of its chat, and its chat's new retirements, waiting behind it (those are refused: their
+messages stay in the session, as when the disk refuses their own archive); other chats go on.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import structlog
 
 from bot.config import MemorySettings
 from bot.domain import Message, Role, Session
+from bot.errors import StorageError
 from bot.memory.archive import TranscriptArchive
 from bot.memory.consolidation import ConsolidationResult, Consolidator
 from bot.memory.item_store import ItemStore
@@ -68,6 +76,10 @@ class Retirement:
         # Consolidations storage refused (awaited or in the background): their records wait on disk;
         # made again after the next retirement the disk takes (else by the next start).
         self._stalled: list[PendingWork] = []
+        # Records whose archive the disk refused at the start, and the later ones of their chats, in
+        # order: tried again before each retirement (:meth:`_resume_waiting`), else by the next start.
+        self._waiting: list[PendingWork] = []
+        self._resuming = asyncio.Lock()  # (two chats retiring at once: each record is started once)
 
     async def archive_messages(self, session_id: str, messages: Sequence[Message]) -> int:
         """Keep ``messages`` in the archive before they leave the session; what was recorded of them
@@ -117,32 +129,68 @@ class Retirement:
 
         Their messages are archived first where the kill came before that (the whole file is looked
         through: later retirements of the chat may have followed theirs). An archive the disk refuses
-        (a full disk) leaves that record and the later ones for the next start, in their order: the
-        start goes on, as the chats' messages need no consolidation to be answered."""
-        works = await self._pending.load()
-        for n, work in enumerate(works):
-            try:
-                work.archived = await self._archive.append(
-                    work.session_id, work.messages, self._clock(), look_in="file"
-                )
-            except OSError as exc:
-                log.error(
-                    "consolidations_not_resumed",
-                    error=repr(exc),
-                    left=len(works) - n,
-                    hint="free disk space or fix the workspace's permissions; the next start resumes them",
-                )
-                works = works[:n]
-                break
-            self._start(work, resumed=True)
-        if works:
-            log.warning(
-                "consolidations_resumed", count=len(works), planned=sum(w.plan is not None for w in works)
+        (a full disk) leaves that record and the later ones of its chat waiting, in their order, for
+        the next retirement (or start): the start goes on, as the chats' messages need no
+        consolidation to be answered."""
+        started, error = await self._archive_and_start(await self._pending.load())
+        if error is not None:
+            log.error(
+                "consolidations_not_resumed",
+                error=repr(error),
+                left=len(self._waiting),
+                chats=sorted({w.session_id for w in self._waiting}),
+                hint="free disk space or fix the workspace's permissions; they are tried again before "
+                "the next retirement, and by the next start (until then those chats retire nothing newer)",
             )
-        return len(works)
+        if started:
+            log.warning(
+                "consolidations_resumed", count=len(started), planned=sum(w.plan is not None for w in started)
+            )
+        return len(started)
+
+    async def _archive_and_start(self, works: list[PendingWork]) -> tuple[list[PendingWork], OSError | None]:
+        """Archive (where a kill came first) and start ``works``, in order; those started, and the
+        error of the last archive the disk refused. One refused waits in ``_waiting``, and so do the
+        later ones of its chat (see the module doc); the other chats' go on."""
+        started: list[PendingWork] = []
+        waiting: list[PendingWork] = []
+        error: OSError | None = None
+        for work in works:
+            if all(w.session_id != work.session_id for w in waiting):
+                try:
+                    work.archived = await self._archive.append(
+                        work.session_id, work.messages, self._clock(), look_in="file"
+                    )
+                except OSError as exc:
+                    error = exc
+                else:
+                    self._start(work, resumed=True)
+                    started.append(work)
+                    continue
+            waiting.append(work)
+        self._waiting = waiting
+        return started, error
+
+    async def _resume_waiting(self, session_id: str) -> None:
+        """Before a retirement of ``session_id``: try the records the start could not archive again
+        (the disk may take them now). While one of this chat still waits, this retirement waits too:
+        :class:`StorageError`, and its messages stay in the session."""
+        error: OSError | None = None
+        async with self._resuming:
+            if self._waiting:
+                started, error = await self._archive_and_start(self._waiting)
+                if started:
+                    log.warning("consolidations_resumed", count=len(started), waiting=len(self._waiting))
+            if any(w.session_id == session_id for w in self._waiting):
+                raise StorageError(
+                    f"an earlier retirement of {session_id} waits for the disk (consolidations_not_resumed): "
+                    "this one waits behind it, its messages kept in the session"
+                ) from error
 
     async def _record(self, session_id: str, messages: Sequence[Message]) -> PendingWork | None:
         """Record as pending, then archive, those of ``messages`` the archive does not hold yet."""
+        if self._waiting:
+            await self._resume_waiting(session_id)
         if self._lazy.pending:
             await self._lazy.sync()
         fresh = await self._archive.unarchived(session_id, messages)
@@ -162,6 +210,10 @@ class Retirement:
             # As a start resumes them, but their facts are stored again: one the disk refused is in
             # memory all the same, and would be taken for stored (a merge writes it once more).
             self._start(earlier, resumed=True, skip_stored_facts=False)
+        if stalled:
+            # Let them take their places in the consolidation queue (they await nothing before it)
+            # ahead of this one: awaited, it would take the queue at once and be made first.
+            await asyncio.sleep(0)
         return work
 
     def _start(

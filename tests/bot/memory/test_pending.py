@@ -19,8 +19,10 @@ import pytest
 
 from bot.config import MemorySettings
 from bot.domain import Message, Role
+from bot.errors import StorageError
 from bot.llm import LLMClient
 from bot.memory import Layer, MemoryService
+from bot.memory.archive import TranscriptArchive
 from bot.memory.pending import PendingConsolidations, PendingWork, Plan
 from tests.bot.memory.conftest import Clock
 from tests.fakes.llm_server import FakeLLMServer, FakeReply
@@ -366,3 +368,122 @@ async def test_an_awaited_consolidation_the_full_disk_refused_is_made_once_space
     fake_llm.script(FakeReply(text=json.dumps({"history_entry": "Porto was planned.", "memory_update": ""})))
     await memory.consolidate("cli:me", later)  # the chat's next compaction
     await made_once_and_not_again(memory, tmp_path, clock, llm, fake_llm)
+
+
+class TightArchiveDisk:
+    """Writes under ``memory/archive/`` larger than ``room`` bytes fail with ENOSPC (``room``: None, any
+    write fits), as a nearly full disk refuses a big append and takes a small one."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, room: int | None) -> None:
+        self.room = room
+        real = os.write
+
+        def write(fd: int, data: Any) -> int:
+            tight = self.room is not None and len(data) > self.room
+            if tight and "/memory/archive/" in os.readlink(f"/proc/self/fd/{fd}"):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data)
+
+        monkeypatch.setattr(os, "write", write)
+
+
+def answer_naming(topics: list[str]) -> Any:
+    """A model that gives each consolidation the HISTORY entry "<topic> was planned." for the topic
+    its messages name."""
+
+    def reply(_api: str, body: dict[str, Any]) -> FakeReply | None:
+        said = json.dumps(body)
+        topic = next((t for t in topics if t in said), None)
+        if topic is None:
+            return None
+        return FakeReply(text=json.dumps({"history_entry": f"{topic} was planned.", "memory_update": ""}))
+
+    return reply
+
+
+def entries(root: Path) -> list[str]:
+    return [line for line in (root / "HISTORY.md").read_text().splitlines() if line.endswith(" was planned.")]
+
+
+def said(clock: Clock, topic: str, size: int = 1) -> list[Message]:
+    return [
+        Message(Role.USER, f"{topic} trip. " * size, timestamp=clock.now),
+        Message(Role.ASSISTANT, "Noted."),
+    ]
+
+
+async def test_retirements_a_start_could_not_archive_are_made_when_space_is_back_and_in_each_chats_order(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill left chat cli:other's retirement unarchived and cli:me's archived but not consolidated; the
+    start's disk refused the first archive. cli:me's record, which needs no write, waited behind
+    another chat's until the next start, while cli:me's newer retirements were made at once (an older
+    HISTORY entry, and MEMORY.md change, after a newer one); cli:other's waited for a restart even
+    once the disk had space again."""
+    root = tmp_path / "memory"
+    pending = PendingConsolidations(root / "pending")
+    await pending.add("cli:other", said(clock, "Madrid"), clock.now)  # killed before its archive
+    clock.advance(seconds=1)
+    lisbon = said(clock, "Lisbon")
+    await pending.add("cli:me", lisbon, clock.now)
+    await TranscriptArchive(root / "archive").append("cli:me", lisbon, clock.now)  # killed after it
+    fake_llm.responder = answer_naming(["Madrid", "Lisbon", "Porto"])
+    disk = TightArchiveDisk(monkeypatch, room=0)  # the start's disk is full
+    memory = await running_bot(tmp_path, clock, llm)
+
+    disk.room = None  # space is back
+    clock.advance(minutes=5)
+    task = await memory.consolidate_in_background("cli:me", said(clock, "Porto"))  # cli:me's next trim
+    assert task is not None
+    await task
+    await memory.close()
+    history = entries(root)
+    assert sorted(history) == ["Lisbon was planned.", "Madrid was planned.", "Porto was planned."]
+    assert history.index("Lisbon was planned.") < history.index("Porto was planned.")
+    assert list((root / "pending").iterdir()) == []  # nothing left for the next start
+    restarted = await running_bot(tmp_path, clock, llm)
+    await restarted.close()
+    assert len(fake_llm.requests) == 3
+
+
+async def test_a_chats_new_retirement_waits_behind_its_retirement_the_disk_will_not_archive_yet(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk refuses the big archive append of a retirement a kill left, and takes the chat's newer,
+    small one: that was archived and consolidated first, its HISTORY entry (and MEMORY.md change)
+    before the older one's. Now it waits, its messages kept in the session, and follows it."""
+    root = tmp_path / "memory"
+    await PendingConsolidations(root / "pending").add("cli:me", said(clock, "Lisbon", 500), clock.now)
+    fake_llm.responder = answer_naming(["Lisbon", "Porto"])
+    disk = TightArchiveDisk(monkeypatch, room=2000)  # room for a small append, not for a big one
+    memory = await running_bot(tmp_path, clock, llm)
+    clock.advance(minutes=5)
+    porto = said(clock, "Porto")
+    with pytest.raises(StorageError, match="waits for the disk"):
+        await memory.consolidate_in_background("cli:me", porto)  # the chat's next trim
+    assert await memory.archive.read("cli:me") == [] and len(fake_llm.requests) == 0
+
+    disk.room = None  # space is back
+    task = await memory.consolidate_in_background("cli:me", porto)  # the trim after (the messages stayed)
+    assert task is not None
+    await task
+    await memory.close()
+    assert entries(root) == ["Lisbon was planned.", "Porto was planned."]
+    assert list((root / "pending").iterdir()) == []
+
+
+async def test_a_consolidation_the_full_disk_refused_is_made_before_the_chats_next_awaited_one(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Made again once the disk took the chat's next retirement, it was made after that one when the
+    next was awaited (a compaction, /new): its HISTORY entry came after the newer one's."""
+    full = history_disk_full(monkeypatch)
+    memory = await running_bot(tmp_path, clock, llm)
+    fake_llm.responder = answer_naming(["Lisbon", "Porto"])
+    with pytest.raises(OSError, match="No space"):
+        await memory.consolidate("cli:me", said(clock, "Lisbon"))  # compaction's retirement
+    full[0] = False  # space is back
+    clock.advance(minutes=5)
+    await memory.consolidate("cli:me", said(clock, "Porto"))  # the chat's next compaction
+    await memory.close()
+    assert entries(tmp_path / "memory") == ["Lisbon was planned.", "Porto was planned."]
