@@ -49,6 +49,7 @@ CUT_NOTE = "\n[… {cut} characters left out here: the message is longer than th
 # What stands for a whole text when not even CUT_NOTE fits its share, the shortest when the first does
 # not fit either: never an empty message, which the model took for a page or an answer with nothing in it.
 CUT_MARKS = ("[… {cut} characters left out …]", "[…]")
+IMAGE_NOTE = "[{count} image(s) left out here: too large for the model's window]"
 
 
 def margin_for(window: int) -> int:
@@ -335,6 +336,9 @@ def _trim_messages(
         cut = _cut_text(message.content, target, counter)
         if cut == message.content and not message.images:
             break  # nothing left to cut: the caller's room is below one message's overhead
+        if message.images:  # said, not silently gone: a photo sent alone was an empty message
+            note = IMAGE_NOTE.format(count=len(message.images))
+            cut = f"{cut}\n{note}" if cut else note
         messages[longest] = dataclasses.replace(message, content=cut, images=(), token_estimate=0)
     return messages
 

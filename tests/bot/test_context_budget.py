@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from bot.compaction import CompactionService
 from bot.config import CompactionSettings, MemorySettings, ToolSettings
 from bot.context_budget import ContextBudget, prompt_room
-from bot.domain import InboundMessage, Message, Role, Session, ToolCall, Usage
+from bot.domain import ImagePart, InboundMessage, Message, Role, Session, ToolCall, Usage
 from bot.llm.types import ChatRequest, ChatResponse, StreamEvent
 from bot.memory.recorder import Exchange
 from bot.memory.service import MemoryService
@@ -225,3 +225,22 @@ async def test_a_call_counted_by_our_own_estimate_does_not_calibrate(
     turn.usage = Usage(input_tokens=5000, output_tokens=40, calls=1, estimated_calls=int(estimated))
     await UsageSystem(budget, None).process(turn)
     assert (META_RATIO in session.metadata) is not estimated
+
+
+@pytest.mark.parametrize("text", ["", "What is in this photo?"])
+def test_a_photo_too_large_for_the_window_is_left_out_and_said_so(counter: TokenCounter, text: str) -> None:
+    """A photo the window cannot hold was dropped without a word: sent alone, the message reached the
+    model empty; with a caption, the model was asked about a photo it never saw."""
+    settings = CompactionSettings()
+    compaction = CompactionService(
+        RecordingModel(), counter, RecordingRetirer(), settings, summary_model=None
+    )
+    budget = ContextBudget(
+        counter, compaction, RecordingRetirer(), settings, window=2000, max_output_tokens=OUTPUT
+    )
+    photo = Message(Role.USER, text, images=(ImagePart("image/png", "iVBORw0KGgo="),))
+    request = budget.fit(ChatRequest((photo,), system=BASE))
+    (sent,) = request.messages
+    assert not sent.images
+    assert sent.content.startswith(text) and "1 image(s) left out here" in sent.content
+    assert budget.request_tokens(request) + (request.max_output_tokens or 0) <= 2000
