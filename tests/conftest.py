@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
+from zoneinfo import ZoneInfo
 
 import httpx
 import hypothesis  # noqa: F401  (imported up front: CPython 3.11.7 can crash rewriting it lazily mid-run)
@@ -23,6 +24,14 @@ def _logging() -> None:
     configure_logging(level="DEBUG", fmt="json")
     # markdown-it logs every parsing rule at DEBUG; that alone made rendering tests 3x slower.
     logging.getLogger("markdown_it").setLevel(logging.INFO)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _zones() -> None:
+    """The bot's settings check loads its time zone before its loop starts (bot/config.py), so the
+    services it builds on the loop find it loaded; tests that build them on theirs get the same start
+    (else only a test that ran after another one that loaded it would pass)."""
+    ZoneInfo("UTC")
 
 
 @pytest.fixture(autouse=True)

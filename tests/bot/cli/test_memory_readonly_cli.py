@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -10,7 +9,6 @@ import subprocess
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import numpy as np
 
@@ -203,9 +201,6 @@ async def test_the_bots_own_start_still_keeps_the_torn_line_aside_and_mends_the_
     """What the readers leave alone is the bot's to do: its start (as bot/app.py opens memory) keeps the
     torn line aside, rewrites the log without it and makes its memory private."""
     ws, log = bot_is_writing(tmp_path)
-    # The bot's settings check the zone before its loop starts, which loads its file (bot/config.py);
-    # this test makes the service on the loop, so it loads the zone first, as that check would.
-    await asyncio.to_thread(ZoneInfo, "UTC")
     memory = MemoryService(ws / "memory", MemorySettings(), timezone="UTC", maintain_every=timedelta(days=1))
     await memory.start()
     try:
