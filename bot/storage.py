@@ -200,17 +200,21 @@ async def atomic_write_text_async(path: Path, text: str) -> None:
 
 
 def fix_private_tree(root: Path) -> int:
-    """Tighten permissions under ``root`` (folders 0700, files 0600); return how many were changed."""
+    """Tighten permissions under ``root`` (folders 0700, files 0600 at most); return how many were changed.
+
+    A file only loses permissions: one its owner may not write (``chmod a-w MEMORY.md``, an operator
+    freezing it) stays so, where a chmod to 0600 made it writable again at every start."""
     changed = 0
     if not root.exists():
         return 0
     for dirpath, dirnames, filenames in os.walk(root):
-        entries = [(Path(dirpath), DIR_MODE)]
-        entries += [(Path(dirpath) / name, FILE_MODE) for name in filenames]
-        for path, mode in entries:
+        entries = [(Path(dirpath), True)] + [(Path(dirpath) / name, False) for name in filenames]
+        for path, folder in entries:
             if path.is_symlink():
                 continue
-            if path.stat().st_mode & 0o777 != mode:
+            now = path.stat().st_mode & 0o777
+            mode = DIR_MODE if folder else now & FILE_MODE
+            if now != mode:
                 os.chmod(path, mode)
                 changed += 1
         dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]

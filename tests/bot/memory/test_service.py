@@ -42,6 +42,17 @@ async def test_start_fixes_permissions(tmp_path: Path, clock: Clock) -> None:
         assert path.stat().st_mode & 0o777 == (0o700 if path.is_dir() else 0o600), path
 
 
+async def test_start_gives_back_no_write_permission_taken_away(tmp_path: Path, clock: Clock) -> None:
+    """``chmod a-w MEMORY.md`` (the operator froze it): the start made it 0600 again, writable."""
+    root = tmp_path / "memory"
+    root.mkdir()
+    (root / "MEMORY.md").write_text("- x\n")
+    os.chmod(root / "MEMORY.md", 0o444)
+    memory = await make_memory(tmp_path, clock)
+    assert (root / "MEMORY.md").stat().st_mode & 0o777 == 0o400  # (read by others no longer)
+    await memory.close()
+
+
 async def test_daily_note_line_is_folded_and_capped(memory: MemoryService, clock: Clock) -> None:
     await memory.record_exchanges(
         [exchange(clock, "line one\nline two " + "u" * 300, "ok\n\nsure " + "a" * 400)]
