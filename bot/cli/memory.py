@@ -6,6 +6,7 @@ import asyncio
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -86,6 +87,8 @@ def edit(ctx: typer.Context) -> None:
     path = run_on_memory(settings, lambda service: _path(service))
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
     memory = LongTermMemory(path, limits=Limits.of(settings.memory))
+    # Read-only (``chmod a-w``): the operator froze it against the bot's writes, not their own; it stays so.
+    frozen = path.exists() and not path.stat().st_mode & stat.S_IWUSR
     try:
         start = _read_capped(path, memory.read_cap) if path.exists() else ""
     except _TooLarge:
@@ -143,7 +146,7 @@ def edit(ctx: typer.Context) -> None:
             "Fix the cause, then copy it over MEMORY.md (or paste it into `membot memory edit`)"
         )
     shutil.rmtree(folder, ignore_errors=True)
-    path.chmod(0o600)
+    path.chmod(0o400 if frozen else 0o600)
     if merged:
         console.print("saved; the bot had changed MEMORY.md meanwhile and its change was merged into yours")
     elif start.strip() and not edited.strip():  # emptied: say where the lines are, in case it was a slip

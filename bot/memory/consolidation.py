@@ -27,7 +27,7 @@ from bot.errors import LLMError, plain_reason
 from bot.llm import ChatRequest
 from bot.memory.consolidation_reply import MAX_FACT_CHARS, memory_problem, parse_reply
 from bot.memory.history import HistoryLog, raw_fallback_entry
-from bot.memory.longterm import Conflict, LongTermMemory, MemoryFull, NotUtf8
+from bot.memory.longterm import Conflict, LongTermMemory, MemoryFull, NotUtf8, ReadOnly, read_only_refused
 from bot.memory.longterm_read import Snapshot, content_hash
 from bot.memory.pending import DurableFact, Journal, Plan
 
@@ -220,7 +220,7 @@ class Consolidator:
             # the reason is kept in HISTORY.md, which the model's tools read.
             log.warning("consolidation_llm_failed", session_id=session_id, error=str(exc))
             result.raw_fallback, result.reason = True, f"{type(exc).__name__}: {plain_reason(type(exc))}"
-        except (Conflict, MemoryFull, NotUtf8) as exc:
+        except (Conflict, MemoryFull, NotUtf8, ReadOnly) as exc:
             result.raw_fallback, result.reason = True, str(exc)
         if result.raw_fallback:
             log.warning("consolidation_fallback", session_id=session_id, reason=result.reason)
@@ -306,6 +306,9 @@ class Consolidator:
             return None
         memory = (reply.memory_update or "").strip()
         changed = base.whole and bool(memory) and memory != base.text.strip()
+        if changed and not base.writable:  # the operator froze it: the entry and the facts still go in
+            read_only_refused(longterm.path, "a consolidation")
+            changed = False
         if not reply.history_entry and not changed:  # nothing would be written for these messages
             result.raw_fallback = True
             result.reason = "the model's answer was blank: no history entry and no change to MEMORY.md"

@@ -73,6 +73,23 @@ class NotUtf8(ToolError):
     the bot does not write it until the operator saves it as UTF-8."""
 
 
+class ReadOnly(ToolError):
+    """The operator made MEMORY.md read-only (``chmod a-w``): they froze it, so the bot does not write
+    it (a swap replaces the file whatever its mode, and root may write any file) until it is writable
+    again. ``membot memory edit``, the operator's own save, still writes it."""
+
+
+def read_only_refused(path: Path, writer: str) -> None:
+    """Log that a write of ``writer`` to the read-only ``path`` was not made, with the fix."""
+    log.error(
+        "memory_file_read_only",
+        file=str(path),
+        writer=writer,
+        hint=f"chmod u+w {path} to let the bot write it again; until then it adds nothing to it (a "
+        "consolidation's summary still goes to HISTORY.md, and its facts to the items)",
+    )
+
+
 Change = Callable[[str], str]
 T = TypeVar("T")
 
@@ -202,7 +219,7 @@ class LongTermMemory:
             merged = current != start
             return merge_lines(start, current, edited) if merged else edited
 
-        self._locked(lambda: self._apply(change, writer="membot memory edit", limit=False))
+        self._locked(lambda: self._apply(change, writer="membot memory edit", limit=False, frozen=True))
         return merged
 
     # -- the write path (worker thread, under the asyncio lock and the file lock) -----------------------
@@ -241,7 +258,7 @@ class LongTermMemory:
             try:
                 merge = functools.partial(merge_lines, edit.seen, edit.now)
                 self._apply(merge, writer=writer, limit=False, deliberate=False)
-            except (Conflict, NotUtf8):  # still being edited, or not UTF-8: a later read or write merges it
+            except (Conflict, NotUtf8, ReadOnly):  # still being edited, not UTF-8, read-only: merged later
                 self._files.defer(edits[i:], pause=True)
                 return
             except MemoryFull as exc:  # the file, or the merge, is more than the bot reads: it waits too
@@ -269,9 +286,16 @@ class LongTermMemory:
                 log.warning("memory_late_edit_merged", file=str(self._path), chars=len(edit.now))
 
     def _apply(
-        self, change: Change, *, writer: str = "the bot", limit: bool = True, deliberate: bool = True
+        self,
+        change: Change,
+        *,
+        writer: str = "the bot",
+        limit: bool = True,
+        deliberate: bool = True,
+        frozen: bool = False,
     ) -> Snapshot:
-        """Apply ``change`` to the current text and swap the result in; start over if someone saves."""
+        """Apply ``change`` to the current text and swap the result in; start over if someone saves.
+        ``frozen``: written even when the operator made the file read-only (their own save)."""
         deadline = time.monotonic() + MAX_CAS_SECONDS
         logged: list[str] = []
         while True:
@@ -288,6 +312,12 @@ class LongTermMemory:
                 raise NotUtf8(
                     f"{self._path.name} is not UTF-8 text (it was saved in another encoding), so it was "
                     "not changed: a write would damage its other lines. Ask the operator to save it as UTF-8."
+                )
+            if found is not None and not found.writable and not frozen:
+                read_only_refused(self._path, writer)
+                raise ReadOnly(
+                    f"{self._path.name} was made read-only by the operator, so it was not changed; "
+                    "it stays so until they make it writable again, so do not try again meanwhile."
                 )
             base = found.text if found else ""
             new = change(base)

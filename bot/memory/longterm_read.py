@@ -1,7 +1,7 @@
 """Reading MEMORY.md: a snapshot of its text, read again only when the file changed, never past a cap.
 
 The bot reads MEMORY.md for every message, so :class:`SnapshotCache` keeps the last :class:`Snapshot`
-and reads the file again only when its mtime, size or inode changed (an operator's save in any editor
+and reads the file again only when its mtime, size, inode or mode changed (an operator's save in any editor
 changes one of them). A file past ``max_bytes`` is logged when read (``memory_file_over_limit``): the
 prompt shows only its start. One past ``read_cap`` is not even read whole (a multi-GB one took the
 process down): only its start is, and ``memory_file_too_large`` is logged; longterm.py then refuses the
@@ -14,6 +14,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_IWUSR
 
 import structlog
 
@@ -28,12 +29,14 @@ def content_hash(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """MEMORY.md as read: its text (only its start when not ``whole``) and its size on disk in bytes."""
+    """MEMORY.md as read: its text (only its start when not ``whole``) and its size on disk in bytes;
+    ``writable`` is False when the operator made the file read-only (the bot then writes it no more)."""
 
     text: str
     hash: str
     size: int = 0
     whole: bool = True
+    writable: bool = True
 
 
 class SnapshotCache:
@@ -49,7 +52,7 @@ class SnapshotCache:
         self._path = path
         self._max_bytes = max_bytes
         self._read_cap = read_cap
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: tuple[int, int, int, int] | None = None
         self._cached = Snapshot("", content_hash(""))
 
     @property
@@ -61,13 +64,13 @@ class SnapshotCache:
         self._stamp = None
 
     def read(self) -> Snapshot:
-        """The current text; re-read from disk only when its mtime, size or inode changed."""
+        """The current text; re-read from disk only when its mtime, size, inode or mode changed."""
         try:
             st = os.stat(self._path)
         except FileNotFoundError:
             self._stamp, self._cached = None, Snapshot("", content_hash(""))
             return self._cached
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)  # (a chmod changes no mtime)
         if stamp != self._stamp:
             data, whole = read_head(self._path, self._read_cap)
             try:
@@ -87,7 +90,8 @@ class SnapshotCache:
                     hint="the model sees only its start (memory.inject_max_bytes) and the bot adds no "
                     "line to it; shorten it (membot memory edit) or raise memory.max_memory_hard_size",
                 )
-            self._stamp, self._cached = stamp, Snapshot(text, content_hash(text), size, whole)
+            writable = bool(st.st_mode & S_IWUSR)
+            self._stamp, self._cached = stamp, Snapshot(text, content_hash(text), size, whole, writable)
         return self._cached
 
     def too_large(self, size: int) -> None:

@@ -40,7 +40,7 @@ from pathlib import Path
 from bot.memory import strays
 from bot.memory.exchange import AVAILABLE, Outcome, Stranded, Unsupported, exchange_if
 from bot.memory.late_edits import LateEdit, Watcher
-from bot.memory.versions import TooLarge, Version, read_bytes, stamp_of
+from bot.memory.versions import TooLarge, Version, read_bytes, stamp_of, writable
 from bot.storage import FILE_MODE, ensure_private_dir, fsync_dir
 
 _SETLEASE: int | None = getattr(fcntl, "F_SETLEASE", None)  # Linux only
@@ -138,9 +138,10 @@ class FileSwapper:
         try:
             data = read_bytes(fd, self._read_cap)
             try:
-                version = Version(data.decode("utf-8"), stamp_of(fd))
+                version = Version(data.decode("utf-8"), stamp_of(fd), writable=writable(fd))
             except UnicodeDecodeError:
-                version = Version(data.decode("utf-8", errors="replace"), stamp_of(fd), utf8=False)
+                text = data.decode("utf-8", errors="replace")
+                version = Version(text, stamp_of(fd), utf8=False, writable=writable(fd))
         except BaseException:
             os.close(fd)
             raise

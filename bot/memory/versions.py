@@ -10,6 +10,7 @@ is never read whole (longterm.py).
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,12 @@ def stamp_of(fd: int) -> Stamp:
     return info.st_ino, info.st_size, info.st_mtime_ns
 
 
+def writable(fd: int) -> bool:
+    """Whether the file's owner may write it: by its mode, not by :func:`os.access` (root may write
+    any file, and a bot run as root must still leave alone one the operator made read-only)."""
+    return bool(os.fstat(fd).st_mode & stat.S_IWUSR)
+
+
 @dataclass(frozen=True, slots=True)
 class Version:
     """A version of the file as read: its text and stamp."""
@@ -28,6 +35,7 @@ class Version:
     text: str
     stamp: Stamp
     utf8: bool = True  # False: not UTF-8 (an editor saved another encoding); ``text`` shows U+FFFD there
+    writable: bool = True  # False: the operator took its owner's write permission away (``chmod a-w``)
 
 
 class TooLarge(Exception):

@@ -109,6 +109,27 @@ def test_import_of_a_missing_or_bad_file_is_a_clear_error(tmp_path: Path) -> Non
     assert "is not a regular file: save the export to a file and import that" in piped.stderr
 
 
+def test_edit_saves_a_memory_md_the_operator_made_read_only_and_leaves_it_read_only(tmp_path: Path) -> None:
+    """The operator's own save goes in (the bot's do not: bot/memory/longterm.py); the file was left
+    0600, writable by the bot again."""
+    editor = tmp_path / "editor.py"
+    editor.write_text(
+        "import sys\npath = sys.argv[1]\nold = open(path).read()\n"
+        "open(path, 'w').write(old + '- The user is allergic to peanuts.\\n')\n"
+    )
+    ws = tmp_path / "ws"
+    memory_md = ws / "memory" / "MEMORY.md"
+    memory_md.parent.mkdir(parents=True)
+    memory_md.write_text("- likes tea\n")
+    memory_md.chmod(0o444)
+
+    edited = membot("memory", "edit", workspace=ws, editor=f"{sys.executable} {editor}")
+
+    assert edited.returncode == 0, edited.stderr
+    assert memory_md.read_text() == "- likes tea\n- The user is allergic to peanuts.\n"
+    assert oct(memory_md.stat().st_mode & 0o777) == "0o400"
+
+
 def test_edit_opens_the_editor_on_memory_md_and_keeps_it_private(tmp_path: Path) -> None:
     # An "editor" that saves the way many do: write a new file, rename it over the old one.
     editor = tmp_path / "editor.py"

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from structlog.testing import capture_logs
 
 from bot.config import MemorySettings
 from bot.domain import Message, Role, ToolCall
@@ -150,6 +152,29 @@ async def test_a_memory_md_past_what_the_bot_reads_keeps_the_history_entry_and_i
     history = (memory.root / "HISTORY.md").read_text()
     assert history.count("cli:me") == 1 and "We planned the Lisbon trip." in history
     assert (memory.root / "MEMORY.md").read_text() == huge
+
+
+async def test_a_memory_md_the_operator_made_read_only_keeps_the_history_entry_and_is_left_alone(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    """``chmod a-w MEMORY.md``: the consolidation's rewrite was swapped in over it (a new 0600 file)."""
+    memory = await make_memory(tmp_path, clock, llm)
+    path = memory.root / "MEMORY.md"
+    path.write_text("- operator fact\n")
+    os.chmod(path, 0o444)
+    items = [{"type": "preference", "content": "User prefers window seats", "confidence": 0.9}]
+    fake_llm.script(FakeReply(text=reply(memory="- operator fact\n- User is going to Lisbon\n", items=items)))
+
+    with capture_logs() as logs:
+        result = await memory.consolidate("cli:me", conversation(clock), timeout=5)
+
+    assert not result.raw_fallback and not result.memory_changed
+    history = (memory.root / "HISTORY.md").read_text()
+    assert history.count("cli:me") == 1 and "We planned the Lisbon trip." in history
+    assert path.read_text() == "- operator fact\n" and path.stat().st_mode & 0o777 == 0o444
+    assert [i.content for i in memory.items.items(Layer.SEMANTIC)] == ["User prefers window seats"]
+    [logged] = [e for e in logs if e["event"] == "memory_file_read_only"]
+    assert f"chmod u+w {path}" in logged["hint"]
 
 
 async def test_garbage_output_falls_back_to_raw_entry(

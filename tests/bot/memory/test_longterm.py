@@ -15,6 +15,7 @@ from bot.memory.longterm import (
     LongTermMemory,
     MemoryFull,
     NotUtf8,
+    ReadOnly,
     merge_lines,
 )
 from bot.memory.longterm_read import content_hash
@@ -280,3 +281,27 @@ async def test_adding_lines_keeps_nothing_in_the_backup(tmp_path: Path) -> None:
     for i in range(50):
         await memory.update(lambda text, i=i: text + f"- bot fact {i}\n")
     assert not memory.replaced_path.exists()
+
+
+async def test_a_file_the_operator_made_read_only_is_not_written_by_the_bot(tmp_path: Path) -> None:
+    """``chmod a-w MEMORY.md``: the operator froze the file. A bot write swapped a new file (0600) in
+    over it all the same, the read-only mode gone with it (a rename needs no write permission on the
+    file, and root needs none at all)."""
+    path = tmp_path / "MEMORY.md"
+    path.write_text("- operator fact\n")
+    memory = LongTermMemory(path)
+    assert (await memory.read()).writable  # read (and cached) while still writable
+    os.chmod(path, 0o444)
+
+    with capture_logs() as logs:
+        shown = await memory.read()
+        with pytest.raises(ReadOnly, match=r"read-only .* not changed"):
+            await memory.update(lambda text: text + "- likes tea\n")
+
+    assert shown.text == "- operator fact\n" and not shown.writable
+    assert path.read_text() == "- operator fact\n" and path.stat().st_mode & 0o777 == 0o444
+    [logged] = [e for e in logs if e["event"] == "memory_file_read_only"]
+    assert f"chmod u+w {path}" in logged["hint"]
+    os.chmod(path, 0o644)  # writable again: written as usual
+    await memory.update(lambda text: text + "- likes tea\n")
+    assert path.read_text() == "- operator fact\n- likes tea\n"
