@@ -35,8 +35,11 @@ T = TypeVar("T")
 
 
 class GroupWriter:
-    def __init__(self, name: str = "group-writer") -> None:
+    def __init__(self, name: str = "group-writer", *, editable: bool = False) -> None:
+        """``editable``: the files are an operator's to edit (daily notes): an append waits for an
+        editor's save in progress (``append_bytes``)."""
         self._name = name  # of the writing task, for tracebacks and task dumps
+        self._editable = editable
         self._queue: list[tuple[Path | Callable[[], Any], bytes, asyncio.Future[Any], bool]] = []
         self._task: asyncio.Task[None] | None = None
         self._unsynced: set[Path] = set()
@@ -113,7 +116,7 @@ class GroupWriter:
             if sync:
                 synced.add(path)
         try:
-            new, failed = await asyncio.to_thread(_append_all, files, synced)
+            new, failed = await asyncio.to_thread(_append_all, files, synced, self._editable)
         except Exception as exc:  # (not a file's own failure: nothing is known to be durable)
             new, failed = set(), dict.fromkeys(files, exc)
         written = files.keys() - failed.keys()
@@ -133,7 +136,9 @@ class GroupWriter:
         self._new.difference_update(new)
 
 
-def _append_all(files: dict[Path, list[bytes]], synced: set[Path]) -> tuple[set[Path], dict[Path, Exception]]:
+def _append_all(
+    files: dict[Path, list[bytes]], synced: set[Path], editable: bool
+) -> tuple[set[Path], dict[Path, Exception]]:
     """Append each file's payloads: the files an unsynced append started (new or empty), and the
     failure of each file whose append failed (it left nothing of its payloads: ``append_bytes``)."""
     new: set[Path] = set()
@@ -141,7 +146,7 @@ def _append_all(files: dict[Path, list[bytes]], synced: set[Path]) -> tuple[set[
     for path, payloads in files.items():
         data = b"".join(payloads)
         try:
-            size = append_bytes(path, data, whole_lines=True, sync=path in synced)
+            size = append_bytes(path, data, whole_lines=True, sync=path in synced, editable=editable)
         except Exception as exc:
             failed[path] = exc
             continue

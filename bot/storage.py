@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import os
 import re
 import secrets
+import signal
 import stat
 import tempfile
 import time
@@ -28,6 +31,10 @@ FILE_MODE = 0o600
 TEMP_SUFFIX = ".tmp"
 # What atomic_write_bytes' temp files are called: "." + target name + "." + mkstemp's 8 characters.
 _TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+EDITOR_WAIT = 2.0  # seconds an append to an operator's file waits for another program's save to end
+_EDITOR_PAUSE = 0.005
+_SETLEASE: int | None = getattr(fcntl, "F_SETLEASE", None)  # Linux only
+_SETSIG: int = getattr(fcntl, "F_SETSIG", 10)
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -100,9 +107,22 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def append_bytes(
-    path: Path, data: bytes, *, truncate_to: int | None = None, whole_lines: bool = False, sync: bool = True
+    path: Path,
+    data: bytes,
+    *,
+    truncate_to: int | None = None,
+    whole_lines: bool = False,
+    sync: bool = True,
+    editable: bool = False,
 ) -> int:
     """Append ``data`` durably and return the file's new size.
+
+    ``editable``: a file an operator edits (a daily note, HISTORY.md). An editor that saves in place
+    (truncate, then write: nano, VS Code, vim with ``backupcopy=yes``) writes at its own offset, without
+    ``O_APPEND``: a line appended in the middle of its save was written over by the rest of the
+    operator's text, or left a fragment of itself behind it. So the append waits while another program
+    has the file open for writing (:func:`being_written`), for at most :data:`EDITOR_WAIT` seconds (one
+    that keeps it open, a ``cat >> note``, appends too, and is then appended beside).
 
     ``sync=False`` leaves the fsyncs (of the file, and of its folder when created) to the caller, who
     syncs later with :func:`sync_paths`: for data that can be made again should a power cut lose it.
@@ -121,6 +141,8 @@ def append_bytes(
     another program wrote the file after it: their text is never cut to take ours out.)
     """
     ensure_private_dir(path.parent)
+    if editable:
+        _wait_for_editors(path)
     append = os.O_APPEND if truncate_to is None else 0
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | append, FILE_MODE)
@@ -141,6 +163,38 @@ def append_bytes(
     if created and sync:
         fsync_dir(path.parent)
     return size
+
+
+def being_written(path: Path) -> bool | None:
+    """True while another program has ``path`` open for writing (a save in progress).
+
+    Asked of the kernel with a read lease, which it refuses while the file is open for writing; the
+    lease is dropped at once (its break signal is SIGURG, ignored by default, so an editor opening the
+    file in that instant only waits for it). None when leases are not available here (another user's
+    file, a network filesystem): then the caller can only go by timing.
+    """
+    if _SETLEASE is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.fcntl(fd, _SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, _SETLEASE, fcntl.F_RDLCK)
+    except OSError as exc:
+        return True if exc.errno == errno.EAGAIN else None
+    else:
+        fcntl.fcntl(fd, _SETLEASE, fcntl.F_UNLCK)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _wait_for_editors(path: Path) -> None:
+    deadline = time.monotonic() + EDITOR_WAIT
+    while being_written(path) and time.monotonic() < deadline:
+        time.sleep(_EDITOR_PAUSE)
 
 
 def _write_all(fd: int, data: bytes, *, sync: bool) -> None:

@@ -43,7 +43,7 @@ class HistoryLog:
             for path in (self.main_path, self.month_path(when)):
                 if once and await asyncio.to_thread(_holds, path, block):
                     continue
-                await asyncio.to_thread(append_bytes, path, block, whole_lines=True)
+                await asyncio.to_thread(append_bytes, path, block, whole_lines=True, editable=True)
 
 
 def raw_fallback_entry(messages: Sequence[Message], reason: str) -> str:

@@ -66,7 +66,7 @@ class Recorder:
         self._items = items
         self._notes_for = notes_for
         self._clock = clock
-        self._notes_writer = GroupWriter("notes-writer")
+        self._notes_writer = GroupWriter("notes-writer", editable=True)  # (the operator's too)
         self.lazy = LazySync(marker, self.flush)
         # The running bot's turns whose writes failed (a full disk): made again at the next record, at
         # close, or by the next start (the marker stays: see :meth:`settle_failed`). Their items and

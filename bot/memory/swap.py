@@ -29,10 +29,8 @@ processes (the bot and ``membot memory edit``); the steps above are for everyone
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
-import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,10 +39,7 @@ from bot.memory import strays
 from bot.memory.exchange import AVAILABLE, Outcome, Stranded, Unsupported, exchange_if
 from bot.memory.late_edits import LateEdit, Watcher
 from bot.memory.versions import TooLarge, Version, read_bytes, stamp_of, writable
-from bot.storage import FILE_MODE, ensure_private_dir, fsync_dir
-
-_SETLEASE: int | None = getattr(fcntl, "F_SETLEASE", None)  # Linux only
-_SETSIG: int = getattr(fcntl, "F_SETSIG", 10)
+from bot.storage import FILE_MODE, being_written, ensure_private_dir, fsync_dir
 
 
 class FileSwapper:
@@ -98,29 +93,9 @@ class FileSwapper:
             os.close(fd)  # closing releases the lock
 
     def being_written(self) -> bool | None:
-        """True while another program has the file open for writing (a save in progress).
-
-        Asked of the kernel with a read lease, which it refuses while the file is open for writing;
-        the lease is dropped at once (its break signal is SIGURG, ignored by default, so an editor
-        opening the file in that instant only waits for it). None when leases are not available here
-        (another user's file, a network filesystem): then the caller can only go by timing.
-        """
-        if _SETLEASE is None:
-            return None
-        try:
-            fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.fcntl(fd, _SETSIG, signal.SIGURG)
-            fcntl.fcntl(fd, _SETLEASE, fcntl.F_RDLCK)
-        except OSError as exc:
-            return True if exc.errno == errno.EAGAIN else None
-        else:
-            fcntl.fcntl(fd, _SETLEASE, fcntl.F_UNLCK)
-            return False
-        finally:
-            os.close(fd)
+        """True while another program has the file open for writing (a save in progress); None when
+        the kernel cannot tell (:func:`bot.storage.being_written`)."""
+        return being_written(self._path)
 
     def read(self) -> Version | None:
         """The current version, or None if the file does not exist; :class:`TooLarge` past ``read_cap``

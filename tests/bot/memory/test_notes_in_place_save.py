@@ -1,0 +1,89 @@
+"""A daily note or HISTORY.md saved in place (truncated, then rewritten: nano, VS Code, vim with
+``backupcopy=yes``) while the bot appends to it.
+
+The editor's descriptor has no ``O_APPEND``: it writes at its own offset, so a line the bot appended
+between the truncation and the editor's last write was written over by the rest of the operator's
+text, and what of it stuck out past that text stayed behind as a fragment glued to the file's end. The
+bot now waits while another program has the file open for writing, and appends once the save is done.
+Proven with a real editor process that stops halfway through its save.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bot.domain import Message, Role
+from bot.memory import Exchange, MemoryService
+from tests.bot.memory.conftest import Clock
+
+# Truncate the file, write the first half of the buffer, say so, wait to be told, write the rest.
+EDITOR = r"""
+import sys
+path, text = sys.argv[1], sys.argv[2]
+half = len(text) // 2
+with open(path, "w") as f:
+    f.write(text[:half])
+    f.flush()
+    print("half", flush=True)
+    sys.stdin.readline()
+    f.write(text[half:])
+"""
+
+OPERATOR = "".join(f"[08:{n:02d}] operator's own line {n}\n" for n in range(10))
+
+
+async def saved_in_place_while(path: Path, text: str, bot_write: Callable[[], Awaitable[object]]) -> None:
+    """A real editor saves ``text`` into ``path`` in place; ``bot_write`` runs halfway through."""
+    editor = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        EDITOR,
+        str(path),
+        text,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert editor.stdin is not None and editor.stdout is not None
+    assert await editor.stdout.readline() == b"half\n"
+    write = asyncio.ensure_future(bot_write())
+    # The old code appended at once; the bot now waits for the save to end, which is the editor's
+    # next step (the wait's bound only lets the old code's append land first).
+    await asyncio.wait({write}, timeout=0.5)
+    editor.stdin.write(b"go\n")
+    await editor.stdin.drain()
+    assert await editor.wait() == 0
+    await write
+
+
+async def test_a_note_line_appended_during_an_in_place_save_is_kept_whole(
+    memory: MemoryService, clock: Clock
+) -> None:
+    note = memory.root / "2024-05-20.md"
+    note.write_text(OPERATOR)
+    said = Message(Role.USER, "the bot's own turn", timestamp=clock.now)
+    answer = Message(Role.ASSISTANT, "answered while the operator saved", timestamp=clock.now)
+
+    await saved_in_place_while(
+        note,
+        OPERATOR + "[08:59] operator's new line\n",
+        lambda: memory.record_exchanges([Exchange("cli:me", said, answer)]),
+    )
+
+    lines = note.read_text().splitlines()
+    assert lines[:11] == [*OPERATOR.splitlines(), "[08:59] operator's new line"]
+    assert lines[11:] == ["[09:30] User: the bot's own turn | Assistant: answered while the operator saved"]
+
+
+async def test_a_history_entry_appended_during_an_in_place_save_is_kept_whole(memory: MemoryService) -> None:
+    history = memory.history.main_path
+    history.write_text("## operator's notes\n\n" + OPERATOR)
+    text = "## operator's notes\n\n" + OPERATOR + "a line the operator added\n"
+    when = datetime(2024, 5, 20, 9, 30, tzinfo=UTC)
+
+    await saved_in_place_while(history, text, lambda: memory.history.append(when, "cli:me", "We talked."))
+
+    assert history.read_text() == text + "## 2024-05-20T09:30:00+00:00 — cli:me\n\nWe talked.\n\n"
