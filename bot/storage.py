@@ -131,7 +131,8 @@ def append_bytes(
     crash during an earlier append. ``whole_lines`` starts ``data`` on a line of its own when the file
     does not end with a newline (a torn line, or an operator's edit), so that line cannot swallow the
     first record appended after it. A file this call creates gets its folder fsynced too, so the new
-    name survives a power cut along with the data (once per file: later appends need one fsync).
+    name survives a power cut along with the data (once per file: later appends need one fsync). A
+    symlink to a file not made yet is followed, and the file made where it points.
 
     Without ``truncate_to`` the file is opened to append (``O_APPEND``): each write lands at the end as
     it is then, so an editor that saves a note in place between our look at the end and our write does
@@ -148,8 +149,17 @@ def append_bytes(
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | append, FILE_MODE)
         created = True
     except FileExistsError:
-        fd = os.open(path, os.O_RDWR | append)
-        created = False
+        try:
+            fd = os.open(path, os.O_RDWR | append)
+            created = False
+        except FileNotFoundError:
+            if not os.path.islink(path):
+                raise  # (removed in between)
+            # A link to a file not made yet (``ln -s ~/dotfiles/x.md``): made where it points, as an
+            # editor would; O_EXCL refuses any link, and the open above follows it to nothing.
+            path = Path(os.path.realpath(path))
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | append, FILE_MODE)
+            created = True
     try:
         if truncate_to is not None and os.fstat(fd).st_size != truncate_to:
             os.ftruncate(fd, truncate_to)

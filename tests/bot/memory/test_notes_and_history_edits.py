@@ -1,11 +1,13 @@
-"""A daily note or HISTORY.md saved in place (truncated, then rewritten: nano, VS Code, vim with
-``backupcopy=yes``) while the bot appends to it.
+"""Daily notes and HISTORY.md as operators keep them, while the bot appends to them.
 
-The editor's descriptor has no ``O_APPEND``: it writes at its own offset, so a line the bot appended
+Saved in place (truncated, then rewritten: nano, VS Code, vim with ``backupcopy=yes``):
+the editor's descriptor has no ``O_APPEND``: it writes at its own offset, so a line the bot appended
 between the truncation and the editor's last write was written over by the rest of the operator's
 text, and what of it stuck out past that text stayed behind as a fragment glued to the file's end. The
 bot now waits while another program has the file open for writing, and appends once the save is done.
 Proven with a real editor process that stops halfway through its save.
+
+Linked elsewhere (a dotfiles folder) before the file there exists: made where the link points.
 """
 
 from __future__ import annotations
@@ -87,3 +89,23 @@ async def test_a_history_entry_appended_during_an_in_place_save_is_kept_whole(me
     await saved_in_place_while(history, text, lambda: memory.history.append(when, "cli:me", "We talked."))
 
     assert history.read_text() == text + "## 2024-05-20T09:30:00+00:00 — cli:me\n\nWe talked.\n\n"
+
+
+async def test_history_md_linked_to_a_file_not_made_yet_is_made_where_the_link_points(
+    memory: MemoryService, tmp_path: Path
+) -> None:
+    """``ln -s ~/dotfiles/membot-history.md memory/HISTORY.md`` before that file exists: every append
+    failed (FileNotFoundError: the link exists, so the create-if-missing open refused it, and the open
+    of an existing file found none), and consolidations stalled on it for good."""
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    history = memory.history.main_path
+    history.symlink_to(dotfiles / "membot-history.md")
+    when = datetime(2024, 5, 20, 9, 30, tzinfo=UTC)
+
+    await memory.history.append(when, "cli:me", "We talked.")
+
+    assert history.is_symlink()
+    assert (
+        dotfiles / "membot-history.md"
+    ).read_text() == "## 2024-05-20T09:30:00+00:00 — cli:me\n\nWe talked.\n\n"
