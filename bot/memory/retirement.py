@@ -136,7 +136,7 @@ class Retirement:
         if error is not None:
             log.error(
                 "consolidations_not_resumed",
-                error=repr(error),
+                error=_described(error),
                 left=len(self._waiting),
                 chats=sorted({w.session_id for w in self._waiting}),
                 hint="free disk space or fix the workspace's permissions; they are tried again before "
@@ -263,7 +263,11 @@ class Retirement:
             self._stalled.append(work)
         log.error(
             "consolidation_crashed",
-            error=repr(error),
+            error=_described(error),
+            hint="free disk space, or fix the file the error names (its permissions, or where its link "
+            "points)"
+            if storage
+            else None,
             made_again="after the next retirement the disk takes, else at the next start"
             if storage
             else None,
@@ -315,3 +319,9 @@ class Retirement:
     def _stored(self, fact: DurableFact, ref: Reference) -> bool:
         found = self._items.index.with_fingerprint(fingerprint(fact.type, fact.content))
         return any(ref in item.references for item in found)
+
+
+def _described(error: BaseException) -> str:
+    """The error for the log: its type and text, which for a refused file names it (``repr`` does not:
+    ``FileNotFoundError(2, 'No such file or directory')`` left the operator to guess which)."""
+    return f"{type(error).__name__}: {error}"

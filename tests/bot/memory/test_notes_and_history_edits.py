@@ -18,9 +18,12 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+from structlog.testing import capture_logs
+
 from bot.domain import Message, Role
 from bot.memory import Exchange, MemoryService
-from tests.bot.memory.conftest import Clock
+from tests.bot.memory.conftest import Clock, make_memory
 
 # Truncate the file, write the first half of the buffer, say so, wait to be told, write the rest.
 EDITOR = r"""
@@ -109,3 +112,25 @@ async def test_history_md_linked_to_a_file_not_made_yet_is_made_where_the_link_p
     assert (
         dotfiles / "membot-history.md"
     ).read_text() == "## 2024-05-20T09:30:00+00:00 — cli:me\n\nWe talked.\n\n"
+
+
+async def test_a_history_md_the_bot_cannot_write_is_named_in_the_log_with_the_fix(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """HISTORY.md linked into a folder that is gone (a dotfiles folder moved, a share not mounted): the
+    background consolidation's failure was logged as ``FileNotFoundError(2, 'No such file or
+    directory')``, naming no file and no fix, and it fails again at every retirement."""
+    memory = await make_memory(tmp_path, clock)  # no model: the raw-fallback entry is the write
+    gone = tmp_path / "unmounted" / "HISTORY.md"
+    memory.history.main_path.symlink_to(gone)
+    said = [Message(Role.USER, "hello there", timestamp=clock.now)]
+
+    with capture_logs() as logs:
+        task = await memory.consolidate_in_background("cli:me", said)
+        assert task is not None
+        with pytest.raises(FileNotFoundError):
+            await task
+
+    [crashed] = [e for e in logs if e["event"] == "consolidation_crashed"]
+    assert str(gone) in crashed["error"] and "permissions" in crashed["hint"]
+    await memory.close()
