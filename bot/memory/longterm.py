@@ -46,6 +46,7 @@ MAX_CAS_SECONDS = 5.0
 DEFAULT_MAX_BYTES = 65_536
 READ_MARGIN = 1 << 20  # how far past its limit an operator's MEMORY.md is still read whole (and written)
 _SETTLE_PAUSE = 0.005
+BOM = "\ufeff"
 
 
 class Conflict(Exception):
@@ -219,7 +220,7 @@ class LongTermMemory:
             merged = current != start
             return merge_lines(start, current, edited) if merged else edited
 
-        self._locked(lambda: self._apply(change, writer="membot memory edit", limit=False, frozen=True))
+        self._locked(lambda: self._apply(change, writer="membot memory edit", limit=False, operator=True))
         return merged
 
     # -- the write path (worker thread, under the asyncio lock and the file lock) -----------------------
@@ -292,10 +293,11 @@ class LongTermMemory:
         writer: str = "the bot",
         limit: bool = True,
         deliberate: bool = True,
-        frozen: bool = False,
+        operator: bool = False,
     ) -> Snapshot:
         """Apply ``change`` to the current text and swap the result in; start over if someone saves.
-        ``frozen``: written even when the operator made the file read-only (their own save)."""
+        ``operator``: the operator's own save, written as they saved it, even over a file they made
+        read-only; any other write is refused there, and takes the file's line endings and BOM."""
         deadline = time.monotonic() + MAX_CAS_SECONDS
         logged: list[str] = []
         while True:
@@ -313,14 +315,14 @@ class LongTermMemory:
                     f"{self._path.name} is not UTF-8 text (it was saved in another encoding), so it was "
                     "not changed: a write would damage its other lines. Ask the operator to save it as UTF-8."
                 )
-            if found is not None and not found.writable and not frozen:
+            if found is not None and not found.writable and not operator:
                 read_only_refused(self._path, writer)
                 raise ReadOnly(
                     f"{self._path.name} was made read-only by the operator, so it was not changed; "
                     "it stays so until they make it writable again, so do not try again meanwhile."
                 )
             base = found.text if found else ""
-            new = change(base)
+            new = change(base) if operator else in_style_of(base, change(base))
             self._check_size(base, new, limit=limit)
             if new == base:
                 break
@@ -375,11 +377,24 @@ class LongTermMemory:
 
 
 def merge_lines(base: str, ours: str, theirs: str) -> str:
-    """A line-level three-way merge that favours ``theirs`` (the operator's version)."""
+    """A line-level three-way merge that favours ``theirs`` (the operator's version), BOM and all (a
+    first line told apart by a BOM alone was taken for a changed line, and moved to the end)."""
+    bom = BOM if theirs.startswith(BOM) else ""
+    base, ours, theirs = base.removeprefix(BOM), ours.removeprefix(BOM), theirs.removeprefix(BOM)
     base_lines, our_lines = base.splitlines(), ours.splitlines()
     removed = set(base_lines) - set(our_lines)
     added = [line for line in our_lines if line not in set(base_lines)]
     kept = [line for line in theirs.splitlines() if line not in removed or not line.strip()]
     present = set(kept)
     merged = kept + [line for line in added if line not in present]
-    return "\n".join(merged).rstrip("\n") + "\n" if merged else ""
+    return bom + "\n".join(merged).rstrip("\n") + "\n" if merged else bom
+
+
+def in_style_of(base: str, new: str) -> str:
+    """``new`` with ``base``'s line endings and byte-order mark: a file a Windows editor saved (CRLF,
+    a BOM), or git checked out with autocrlf, stays so; the model and the merge write LF lines."""
+    if base.startswith(BOM) and not new.startswith(BOM):
+        new = BOM + new
+    if base.count("\r\n") * 2 > base.count("\n"):  # mostly CRLF lines
+        new = new.replace("\r\n", "\n").replace("\n", "\r\n")
+    return new

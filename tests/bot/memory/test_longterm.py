@@ -305,3 +305,23 @@ async def test_a_file_the_operator_made_read_only_is_not_written_by_the_bot(tmp_
     os.chmod(path, 0o644)  # writable again: written as usual
     await memory.update(lambda text: text + "- likes tea\n")
     assert path.read_text() == "- operator fact\n- likes tea\n"
+
+
+async def test_a_bot_write_keeps_the_files_line_endings_and_byte_order_mark(tmp_path: Path) -> None:
+    """Saved by a Windows editor (CRLF, a BOM) or checked out by git with autocrlf: every bot write
+    turned the whole file into LF lines without the BOM (a diff of every line in the operator's
+    repository), and a merge of their edit the same."""
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes("\ufeff# Facts\r\n- likes tea\r\n".encode())
+    memory = LongTermMemory(path)
+
+    await memory.update(lambda text: text.rstrip() + "\n- born in Lyon\n")
+    assert path.read_bytes() == "\ufeff# Facts\r\n- likes tea\r\n- born in Lyon\r\n".encode()
+    base = await memory.read()
+    path.write_bytes("\ufeff# Facts\r\n- likes tea\r\n- born in Lyon\r\n- operator line\r\n".encode())
+    await memory.replace_from(base, "# Facts\n- likes green tea\n- born in Lyon\n")  # (the model's: LF)
+    assert (
+        path.read_bytes()
+        == "\ufeff# Facts\r\n- born in Lyon\r\n- operator line\r\n- likes green tea\r\n".encode()
+    )
+    assert not memory.replaced_path.read_text().count("# Facts")  # the heading was not removed
