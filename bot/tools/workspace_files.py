@@ -120,6 +120,8 @@ class WorkspaceFiles:
             mode = os.lstat(real).st_mode
             if not stat.S_ISREG(mode):
                 raise ToolError(f"{rel} exists and is not a regular file; refused")
+            if not mode & stat.S_IWUSR:  # by its mode: a rename, or root, would write it all the same
+                raise ToolError(f"{rel} was made read-only by the operator, so it was not changed")
         if not real.is_relative_to(root):
             raise ToolError(f"{rel} leads outside the workspace; refused")
         folder = self._rules.open_folder(real.parent, rel, create=True)

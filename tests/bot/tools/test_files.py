@@ -374,6 +374,20 @@ async def test_pipes_folders_and_oversized_files_are_refused(workspace: Path) ->
     assert "missing argument 'content'" in await refused(files, action="write", path="notes/x")
 
 
+async def test_a_file_the_operator_made_read_only_is_not_written(workspace: Path) -> None:
+    """``chmod a-w notes/recipes.md``: a whole write swapped a new 0600 file in over it (a rename needs
+    no write permission on the file), and an append wrote into it all the same as root."""
+    path = workspace / "notes" / "recipes.md"
+    path.write_text("pancakes\n")
+    path.chmod(0o444)
+    files = tool(workspace)
+    await run(files, action="read", path="notes/recipes.md")
+
+    assert "read-only" in await refused(files, action="write", path="notes/recipes.md", content="waffles\n")
+    assert "read-only" in await refused(files, action="append", path="notes/recipes.md", content="waffles\n")
+    assert path.read_text() == "pancakes\n" and path.stat().st_mode & 0o777 == 0o444
+
+
 async def test_memory_folder_is_read_only_except_memory_md(workspace: Path) -> None:
     files = tool(workspace)
     assert "read-only" in await refused(files, action="write", path="memory/2026-01-01.md", content="x")
