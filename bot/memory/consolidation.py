@@ -27,7 +27,15 @@ from bot.errors import LLMError, plain_reason
 from bot.llm import ChatRequest
 from bot.memory.consolidation_reply import MAX_FACT_CHARS, memory_problem, parse_reply
 from bot.memory.history import HistoryLog, raw_fallback_entry
-from bot.memory.longterm import Conflict, LongTermMemory, MemoryFull, NotUtf8, ReadOnly, read_only_refused
+from bot.memory.longterm import (
+    Conflict,
+    LongTermMemory,
+    MemoryFull,
+    NotUtf8,
+    ReadOnly,
+    in_style_of,
+    read_only_refused,
+)
 from bot.memory.longterm_read import Snapshot, content_hash
 from bot.memory.pending import DurableFact, Journal, Plan
 
@@ -305,7 +313,8 @@ class Consolidator:
             result.raw_fallback, result.reason = True, f"memory_update refused: {problem}"
             return None
         memory = (reply.memory_update or "").strip()
-        changed = base.whole and bool(memory) and memory != base.text.strip()
+        # (in the file's line endings and BOM, as it would be written: the model writes LF lines)
+        changed = base.whole and bool(memory) and in_style_of(base.text, memory).strip() != base.text.strip()
         if changed and not base.writable:  # the operator froze it: the entry and the facts still go in
             read_only_refused(longterm.path, "a consolidation")
             changed = False

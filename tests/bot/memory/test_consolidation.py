@@ -177,6 +177,25 @@ async def test_a_memory_md_the_operator_made_read_only_keeps_the_history_entry_a
     assert f"chmod u+w {path}" in logged["hint"]
 
 
+async def test_a_crlf_memory_md_the_model_returns_unchanged_is_not_a_change(
+    tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
+) -> None:
+    """The model writes LF lines: a CRLF file (with a BOM) it returned as it was counted as changed, and
+    when the operator had made it read-only, every consolidation logged a refused write of nothing."""
+    memory = await make_memory(tmp_path, clock, llm)
+    path = memory.root / "MEMORY.md"
+    path.write_bytes("\ufeff- operator fact\r\n- likes tea\r\n".encode())
+    os.chmod(path, 0o444)
+    fake_llm.script(FakeReply(text=reply(memory="- operator fact\n- likes tea\n")))
+
+    with capture_logs() as logs:
+        result = await memory.consolidate("cli:me", conversation(clock), timeout=5)
+
+    assert not result.raw_fallback and not result.memory_changed
+    assert not [e for e in logs if e["event"] == "memory_file_read_only"]
+    assert path.read_bytes() == "\ufeff- operator fact\r\n- likes tea\r\n".encode()
+
+
 async def test_garbage_output_falls_back_to_raw_entry(
     tmp_path: Path, clock: Clock, llm: LLMClient, fake_llm: FakeLLMServer
 ) -> None:
