@@ -143,7 +143,7 @@ def append_bytes(
     """
     ensure_private_dir(path.parent)
     if editable:
-        _wait_for_editors(path)
+        wait_for_editors(path)
     append = os.O_APPEND if truncate_to is None else 0
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | append, FILE_MODE)
@@ -201,7 +201,9 @@ def being_written(path: Path) -> bool | None:
         os.close(fd)
 
 
-def _wait_for_editors(path: Path) -> None:
+def wait_for_editors(path: Path) -> None:
+    """Wait while another program has ``path`` open for writing, at most :data:`EDITOR_WAIT` seconds:
+    an editor saving it in place, whose text is whole once it closes the file."""
     deadline = time.monotonic() + EDITOR_WAIT
     while being_written(path) and time.monotonic() < deadline:
         time.sleep(_EDITOR_PAUSE)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bot.domain import Message, Role
 from bot.memory.notes import fold
-from bot.storage import append_bytes
+from bot.storage import append_bytes, wait_for_editors
 
 RAW_FALLBACK = "[raw-fallback]"
 FALLBACK_MESSAGES = 10
@@ -56,7 +56,9 @@ def raw_fallback_entry(messages: Sequence[Message], reason: str) -> str:
 
 def _holds(path: Path, block: bytes) -> bool:
     """Whether ``path`` holds ``block``, read a piece at a time: HISTORY.md only grows (and is the
-    operator's to edit), and read whole it would take memory the size of the file."""
+    operator's to edit), and read whole it would take memory the size of the file. Not while an editor
+    is saving it in place: the half it has rewritten may lack the block the whole file holds."""
+    wait_for_editors(path)
     keep, seen = len(block) - 1, b""  # the end of what was read: the block may start there
     try:
         with open(path, "rb") as f:

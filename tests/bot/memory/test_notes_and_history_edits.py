@@ -134,3 +134,22 @@ async def test_a_history_md_the_bot_cannot_write_is_named_in_the_log_with_the_fi
     [crashed] = [e for e in logs if e["event"] == "consolidation_crashed"]
     assert str(gone) in crashed["error"] and "permissions" in crashed["hint"]
     await memory.close()
+
+
+async def test_a_resumed_entry_looked_for_during_an_in_place_save_is_not_written_twice(
+    memory: MemoryService,
+) -> None:
+    """A consolidation resumed at start-up looks for its entry before appending it (a kill may have
+    come after the append): looked for in the half the editor had rewritten, it was not found, and was
+    appended a second time once the save was done."""
+    history = memory.history.main_path
+    when = datetime(2024, 5, 20, 9, 30, tzinfo=UTC)
+    entry = "## 2024-05-20T09:30:00+00:00 — cli:me\n\nWe talked.\n\n"
+    text = OPERATOR + entry + OPERATOR.replace("08:", "10:")
+    history.write_text(text)
+
+    await saved_in_place_while(
+        history, text, lambda: memory.history.append(when, "cli:me", "We talked.", once=True)
+    )
+
+    assert history.read_text() == text
