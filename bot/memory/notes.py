@@ -15,6 +15,8 @@ from datetime import date, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+from bot.storage import wait_for_editors
+
 USER_CHARS = 200
 ASSISTANT_CHARS = 300
 LINE_MAX = 1 << 16  # bytes of a line read: a note line is a few hundred characters
@@ -44,7 +46,9 @@ def _lines_of(path: Path) -> Iterator[str]:
 
 
 def not_yet_in(path: Path, lines: list[str]) -> list[str]:
-    """``lines`` that ``path`` does not hold yet: replaying an import a second time adds nothing."""
+    """``lines`` that ``path`` does not hold yet: replaying an import a second time adds nothing. Looked
+    for once an editor's in-place save is done: the half it has rewritten may lack them."""
+    wait_for_editors(path)
     wanted = set(lines)
     try:
         present = {line for line in _lines_of(path) if line in wanted}

@@ -153,3 +153,23 @@ async def test_a_resumed_entry_looked_for_during_an_in_place_save_is_not_written
     )
 
     assert history.read_text() == text
+
+
+async def test_a_replayed_note_line_looked_for_during_an_in_place_save_is_not_written_twice(
+    memory: MemoryService, clock: Clock
+) -> None:
+    """A replay (an import run again, the start's recovery after a power cut) skips the note lines the
+    file holds: looked for in the half the editor had rewritten, a line was not found and was appended
+    a second time once the save was done."""
+    note = memory.root / "2024-05-20.md"
+    said = Message(Role.USER, "the bot's own turn", timestamp=clock.now)
+    answer = Message(Role.ASSISTANT, "recorded before", timestamp=clock.now)
+    line = "[09:30] User: the bot's own turn | Assistant: recorded before\n"
+    text = OPERATOR + line + OPERATOR.replace("08:", "10:")
+    note.write_text(text)
+
+    await saved_in_place_while(
+        note, text, lambda: memory.record_exchanges([Exchange("cli:me", said, answer)], replay=True)
+    )
+
+    assert note.read_text() == text
