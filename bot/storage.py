@@ -189,6 +189,8 @@ def being_written(path: Path) -> bool | None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return False
+    except OSError:  # (not readable by us: a file made write-only; the caller's own open says more)
+        return None
     try:
         fcntl.fcntl(fd, _SETSIG, signal.SIGURG)
         fcntl.fcntl(fd, _SETLEASE, fcntl.F_RDLCK)

@@ -318,8 +318,8 @@ class LongTermMemory:
             if found is not None and not found.writable and not operator:
                 read_only_refused(self._path, writer)
                 raise ReadOnly(
-                    f"{self._path.name} was made read-only by the operator, so it was not changed; "
-                    "it stays so until they make it writable again, so do not try again meanwhile."
+                    f"{self._path.name} was made read-only by the operator, so it was not changed "
+                    "(no write can change it until they make it writable again)."
                 )
             base = found.text if found else ""
             new = change(base) if operator else in_style_of(base, change(base))
