@@ -307,9 +307,10 @@ class ContextBudget:
 def _trim_messages(
     messages: list[Message], room: int, counter: TokenCounter, *, keep: int = 1
 ) -> list[Message]:
-    """Oldest messages out first (a tool result never without its call) down to the newest ``keep``,
-    then the longest of those cut in the middle to one common length, until the messages fit ``room``
-    raw tokens. Only if that cannot fit do older ones go too, down to the newest message.
+    """Oldest messages out first (a call and its results together) down to the newest ``keep``, then
+    the longest of those cut in the middle to one common length, until the messages fit ``room`` raw
+    tokens. Only if that cannot fit do older ones go too, down to the newest message and what goes
+    with it (the call of a result).
 
     A turn's results that overflow the window (several long tool results at once) are so cut each to
     a fair share: left out oldest first, they took the question and the calls with them, and the model
@@ -319,10 +320,11 @@ def _trim_messages(
         return counter.messages_tokens(messages)
 
     def drop_oldest(down_to: int) -> None:
-        while len(messages) > max(1, down_to) and total() > room:
-            messages.pop(0)
-            while len(messages) > 1 and messages[0].role is Role.TOOL:
-                messages.pop(0)
+        while total() > room:
+            unit = _first_unit(messages)
+            if len(messages) - unit < max(1, down_to):
+                return
+            del messages[:unit]
 
     drop_oldest(keep)
     if total() > room:
@@ -341,6 +343,17 @@ def _trim_messages(
             cut = f"{cut}\n{note}" if cut else note
         messages[longest] = dataclasses.replace(message, content=cut, images=(), token_estimate=0)
     return messages
+
+
+def _first_unit(messages: Sequence[Message]) -> int:
+    """How many of the oldest messages go out together: a call and its results (a result without its
+    call, or a call without its results, is a request the providers refuse), else one message."""
+    first = 1 if messages[0].role is not Role.TOOL else 0  # (results the history kept without a call)
+    if first and not messages[0].tool_calls:
+        return 1
+    while first < len(messages) and messages[first].role is Role.TOOL:
+        first += 1
+    return first
 
 
 def _cut_evenly(messages: list[Message], room: int, counter: TokenCounter) -> None:

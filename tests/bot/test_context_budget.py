@@ -244,3 +244,39 @@ def test_a_photo_too_large_for_the_window_is_left_out_and_said_so(counter: Token
     assert not sent.images
     assert sent.content.startswith(text) and "1 image(s) left out here" in sent.content
     assert budget.request_tokens(request) + (request.max_output_tokens or 0) <= 2000
+
+
+@pytest.mark.parametrize("keep", [1, 4])
+@pytest.mark.parametrize("window", [1300, 1500, 2000, 3000])
+def test_a_tool_result_is_never_sent_without_the_call_that_asked_for_it(
+    counter: TokenCounter, keep: int, window: int
+) -> None:
+    """Left out oldest first down to one message, a turn's calls went and its last result stayed: a tool
+    result with no call before it, which OpenAI and Anthropic refuse (400), so the turn failed. A call
+    and its results now go together, and what must still go is cut in the middle instead."""
+    settings = CompactionSettings()
+    compaction = CompactionService(
+        RecordingModel(), counter, RecordingRetirer(), settings, summary_model=None
+    )
+    budget = ContextBudget(
+        counter, compaction, RecordingRetirer(), settings, window=window, max_output_tokens=OUTPUT
+    )
+    calls = (ToolCall("c1", "add", "{}"), ToolCall("c2", "add", "{}"))
+    request = ChatRequest(
+        (
+            Message(Role.USER, f"older {words(300, 'o')}"),
+            Message(Role.ASSISTANT, f"older answer {words(300, 'a')}"),
+            Message(Role.USER, f"question {words(200, 'q')}"),
+            Message(Role.ASSISTANT, "", tool_calls=calls),
+            Message(Role.TOOL, f"first result {words(900, 'r')}", tool_call_id="c1", name="add"),
+            Message(Role.TOOL, f"second result {words(900, 's')}", tool_call_id="c2", name="add"),
+        ),
+        system=BASE,
+    )
+    sent = budget.fit(request, keep=keep).messages
+    asked: set[str] = set()
+    for message in sent:
+        asked.update(call.id for call in message.tool_calls)
+        if message.role is Role.TOOL:
+            assert message.tool_call_id in asked, [m.role for m in sent]
+    assert sent[-1].tool_call_id == "c2"  # the turn's newest result is what is answered
