@@ -33,6 +33,7 @@ from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, NetworkError, TelegramError
 
 from bot.domain import OutboundMessage
+from bot.errors import ChannelError, ChannelRefused
 from bot.retry import Backoff, retry
 from channels.base import PartialSink, while_running
 from channels.chunking import split_message, utf16_len
@@ -129,9 +130,8 @@ class TelegramOutbox:
                 if went is not None and index + 1 < len(chunks):
                     await went((index + 1,))
         except TelegramError as exc:
-            log.error("telegram_send_failed", chat_id=message.chat_id, error=str(exc))
             reason = f"could not deliver a reply to Telegram chat {message.chat_id}: {exc}"
-            raise as_channel_error(reason, exc) from exc
+            raise _logged(as_channel_error(reason, exc), message.chat_id, exc) from exc
         if key:
             self._sent.finished(key)
         if not message.aside:
@@ -141,8 +141,9 @@ class TelegramOutbox:
         try:
             await self.deliver(chat, None, RenderedChunk(None, text), None)
         except TelegramError as exc:
-            log.error("telegram_send_failed", chat_id=chat, error=str(exc))
-            raise as_channel_error(f"could not send to Telegram chat {chat}: {exc}", exc) from exc
+            raise _logged(
+                as_channel_error(f"could not send to Telegram chat {chat}: {exc}", exc), chat, exc
+            ) from exc
 
     async def deliver(
         self,
@@ -344,3 +345,13 @@ def _is_parse_error(exc: BadRequest) -> bool:
 
 def _is_too_long(exc: BadRequest) -> bool:
     return "message is too long" in str(exc).lower()
+
+
+def _logged(error: ChannelError, chat: int | str, exc: TelegramError) -> ChannelError:
+    """``error``, logged: a warning when the user's own doing refused it (they blocked the bot), which
+    the operator need not act on; an error otherwise."""
+    if isinstance(error, ChannelRefused) and error.by_user:
+        log.warning("telegram_send_refused_by_user", chat_id=chat, reason=error.reason, error=str(exc))
+    else:
+        log.error("telegram_send_failed", chat_id=chat, error=str(exc))
+    return error

@@ -46,6 +46,10 @@ _KNOWN: tuple[tuple[str, str, str], ...] = (
     ("chat_write_forbidden", _MUTED, _UNMUTE),
 )
 
+# The user's own doing (blocked the bot, left Telegram, never pressed Start), nothing the operator could
+# change: logged as a warning, not an error.
+_BY_USER = frozenset({"blocked by the user", "user is deactivated", "can't initiate conversation"})
+
 
 def refuses_for_good(exc: Exception) -> bool:
     """Whether ``exc`` says the chat refuses the bot for good: a streamed preview stops trying then."""
@@ -65,7 +69,7 @@ def as_channel_error(message: str, exc: TelegramError) -> ChannelError:
     said = str(exc).lower()
     for words, reason, fix in _KNOWN:
         if words in said:
-            return ChannelRefused(message, reason=reason, fix=fix)
+            return ChannelRefused(message, reason=reason, fix=fix, by_user=words in _BY_USER)
     refused = MessageRefused if isinstance(exc, BadRequest) else ChannelRefused
     return refused(
         message,

@@ -35,6 +35,10 @@ def logged(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, objec
     return [r.msg for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == event]
 
 
+def levels(caplog: pytest.LogCaptureFixture, event: str) -> list[str]:
+    return [r.levelname for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == event]
+
+
 def tries(tg: FakeTelegramServer, chat: int) -> list[str]:
     return [str(c.params["text"]) for c in tg.calls_to("sendMessage") if c.params.get("chat_id") == chat]
 
@@ -57,6 +61,10 @@ async def test_an_answer_to_a_user_who_blocked_the_bot_is_set_aside_at_once(
             [refused] = logged(caplog, "reply_refused")
             assert refused["chat_id"] == "777" and refused["reason"] == "the user blocked the bot"
             assert "unblock" in str(refused["fix"]) and "blocked by the user" in str(refused["error"])
+            # The user's own doing, nothing the operator could fix: warnings, not errors.
+            assert levels(caplog, "reply_refused") == ["WARNING"]
+            assert levels(caplog, "telegram_send_refused_by_user") == ["WARNING"]
+            assert not levels(caplog, "telegram_send_failed")
             [aside] = logged(caplog, "reply_set_aside")
             assert aside["kept_in"] == str(core.inbox.file("telegram:777"))
             assert [r.text for r in core.inbox.kept_replies("telegram:777")] == ["echo: first"]
@@ -229,13 +237,18 @@ async def test_the_operators_views_count_the_answers_kept_aside_per_chat(
     ],
 )
 async def test_a_chat_refused_for_good_is_a_channel_refusal_with_its_reason(
-    tmp_path: Path, refusal: tuple[int, str], reason: str
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, refusal: tuple[int, str], reason: str
 ) -> None:
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path) as (channel, _):
         tg.refuse_chat(777, refusal)
         with pytest.raises(ChannelRefused, match="777") as raised:
             await channel.send(OutboundMessage("telegram", "777", "anyone there?"))
     assert raised.value.reason.startswith(reason)
+    # A user who blocked the bot is their own doing (a warning); the others need the operator (an error).
+    by_user = refusal == BLOCKED
+    assert raised.value.by_user is by_user
+    assert levels(caplog, "telegram_send_refused_by_user") == (["WARNING"] if by_user else [])
+    assert levels(caplog, "telegram_send_failed") == ([] if by_user else ["ERROR"])
     assert len(tg.calls_to("sendMessage")) == 1  # the channel does not retry it either
 
 
