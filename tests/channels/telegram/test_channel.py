@@ -130,11 +130,16 @@ async def test_pairing_off_ignores_strangers_silently(tmp_path: Path) -> None:
         assert tg.sent_to(99) == []
 
 
-async def test_pairing_off_keeps_users_approved_before(tmp_path: Path) -> None:
-    """``pairing = false`` stops offering codes; an approval the operator gave stays until revoked."""
-    store = PairingStore(tmp_path / PAIRING_FILE)
+async def approve_mallory(workspace: Path) -> None:
+    """The operator approved Mallory (user 99), as ``membot pairing approve`` does."""
+    store = PairingStore(workspace / PAIRING_FILE)
     code = await store.request("telegram", "99", "Mallory")
     assert code is not None and await store.approve(code) is not None
+
+
+async def test_pairing_off_keeps_users_approved_before(tmp_path: Path) -> None:
+    """``pairing = false`` stops offering codes; an approval the operator gave stays until revoked."""
+    await approve_mallory(tmp_path)
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, pairing=False) as (_, sink):
         tg.push_message("back again", chat_id=99, user_id=99)
         tg.push_message("who am i", chat_id=98, user_id=98)
@@ -147,9 +152,7 @@ async def test_pairing_off_keeps_users_approved_before(tmp_path: Path) -> None:
 
 async def test_a_revoked_user_is_cut_off_at_their_next_message(tmp_path: Path) -> None:
     """``membot pairing revoke`` (another process) takes effect on the running bot at once: no restart."""
-    store = PairingStore(tmp_path / PAIRING_FILE)
-    code = await store.request("telegram", "99", "Mallory")
-    assert code is not None and await store.approve(code) is not None
+    await approve_mallory(tmp_path)
     async with FakeTelegramServer() as tg, running_channel(tg, tmp_path, pairing=False) as (_, sink):
         tg.push_message("first", chat_id=99, user_id=99)
         assert [m.text for m in await sink.wait_for(1)] == ["first"]
