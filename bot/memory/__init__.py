@@ -14,7 +14,8 @@ from bot.memory import operator
 from bot.memory.archive import TranscriptArchive
 from bot.memory.consolidation import CONSOLIDATION_OUTPUT, ConsolidationResult
 from bot.memory.items import ItemType, Layer, MemoryItem, Reference, ScoredItem
-from bot.memory.longterm import Conflict, Limits, LongTermMemory, MemoryFull, NotUtf8
+from bot.memory.longterm import Limits, LongTermMemory
+from bot.memory.longterm_errors import Conflict, MemoryFull, NotUtf8
 from bot.memory.pack import MemoryPack
 from bot.memory.prompt import system_prompt
 from bot.memory.recorder import CONVERSATION_KEY, Exchange

@@ -27,17 +27,11 @@ from bot.errors import LLMError, plain_reason
 from bot.llm import ChatRequest
 from bot.memory.consolidation_reply import MAX_FACT_CHARS, memory_problem, parse_reply
 from bot.memory.history import HistoryLog, raw_fallback_entry
-from bot.memory.longterm import (
-    Conflict,
-    LongTermMemory,
-    MemoryFull,
-    NotUtf8,
-    ReadOnly,
-    in_style_of,
-    read_only_refused,
-)
+from bot.memory.longterm import LongTermMemory
+from bot.memory.longterm_errors import Conflict, MemoryFull, NotUtf8, ReadOnly, read_only_refused
 from bot.memory.longterm_read import Snapshot, content_hash
 from bot.memory.pending import DurableFact, Journal, Plan
+from bot.memory.text_merge import in_style_of
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx; only the type is needed here
     from bot.llm import ChatModel

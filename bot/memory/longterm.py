@@ -5,7 +5,8 @@ hash. A bot write is a change applied to the newest text: under an advisory lock
 ``membot memory edit``, the file is read again, the change applied, and the result swapped in by
 :class:`~bot.memory.swap.FileSwapper`, which hands back any version an editor saved in the meantime (or
 wrote into the old file after the swap) so the change is merged into it and nothing the operator saved
-is overwritten. :func:`merge_lines` re-applies the bot's change on top of the operator's version.
+is overwritten. :func:`~bot.memory.text_merge.merge_lines` re-applies the bot's change on top of the
+operator's version. Why a write is refused (:class:`MemoryFull`, ...): longterm_errors.py.
 
 Each bot write first appends the lines it removes to ``MEMORY.replaced.md`` beside it (replaced.py), so
 a consolidation that drops a fact it should have kept can be undone. A bot write that would grow
@@ -34,11 +35,12 @@ import structlog
 
 from bot.config import MemorySettings
 from bot.memory import strays
+from bot.memory.longterm_errors import Conflict, MemoryFull, NotUtf8, ReadOnly, read_only_refused
 from bot.memory.longterm_read import Snapshot, SnapshotCache, content_hash
 from bot.memory.replaced import DEFAULT_REPLACED_MAX_BYTES, REPLACED_NAME, ReplacedLines
 from bot.memory.swap import FileSwapper
+from bot.memory.text_merge import in_style_of, merge_lines
 from bot.memory.versions import TooLarge, Version
-from bot.tools import ToolError
 
 log = structlog.get_logger(__name__)
 
@@ -46,11 +48,6 @@ MAX_CAS_SECONDS = 5.0
 DEFAULT_MAX_BYTES = 65_536
 READ_MARGIN = 1 << 20  # how far past its limit an operator's MEMORY.md is still read whole (and written)
 _SETTLE_PAUSE = 0.005
-BOM = "\ufeff"
-
-
-class Conflict(Exception):
-    """The file changed since it was read: the caller re-reads and re-merges."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,32 +60,6 @@ class Limits:
     @classmethod
     def of(cls, settings: MemorySettings) -> Limits:
         return cls(settings.max_memory_hard_size, settings.replaced_max_size)
-
-
-class MemoryFull(ToolError):
-    """A bot write would grow MEMORY.md past its limit; the message says what to do instead."""
-
-
-class NotUtf8(ToolError):
-    """MEMORY.md holds bytes that are not UTF-8: a bot write would turn them into U+FFFD for good, so
-    the bot does not write it until the operator saves it as UTF-8."""
-
-
-class ReadOnly(ToolError):
-    """The operator made MEMORY.md read-only (``chmod a-w``): they froze it, so the bot does not write
-    it (a swap replaces the file whatever its mode, and root may write any file) until it is writable
-    again. ``membot memory edit``, the operator's own save, still writes it."""
-
-
-def read_only_refused(path: Path, writer: str) -> None:
-    """Log that a write of ``writer`` to the read-only ``path`` was not made, with the fix."""
-    log.error(
-        "memory_file_read_only",
-        file=str(path),
-        writer=writer,
-        hint=f"chmod u+w {path} to let the bot write it again; until then it adds nothing to it (a "
-        "consolidation's summary still goes to HISTORY.md, and its facts to the items)",
-    )
 
 
 Change = Callable[[str], str]
@@ -374,27 +345,3 @@ class LongTermMemory:
                 f"{self._path.name} would be {size} bytes, more than the bot reads ({self._read_cap}), "
                 "so it was not changed"
             )
-
-
-def merge_lines(base: str, ours: str, theirs: str) -> str:
-    """A line-level three-way merge that favours ``theirs`` (the operator's version), BOM and all (a
-    first line told apart by a BOM alone was taken for a changed line, and moved to the end)."""
-    bom = BOM if theirs.startswith(BOM) else ""
-    base, ours, theirs = base.removeprefix(BOM), ours.removeprefix(BOM), theirs.removeprefix(BOM)
-    base_lines, our_lines = base.splitlines(), ours.splitlines()
-    removed = set(base_lines) - set(our_lines)
-    added = [line for line in our_lines if line not in set(base_lines)]
-    kept = [line for line in theirs.splitlines() if line not in removed or not line.strip()]
-    present = set(kept)
-    merged = kept + [line for line in added if line not in present]
-    return bom + "\n".join(merged).rstrip("\n") + "\n" if merged else bom
-
-
-def in_style_of(base: str, new: str) -> str:
-    """``new`` with ``base``'s line endings and byte-order mark: a file a Windows editor saved (CRLF,
-    a BOM), or git checked out with autocrlf, stays so; the model and the merge write LF lines."""
-    if base.startswith(BOM) and not new.startswith(BOM):
-        new = BOM + new
-    if base.count("\r\n") * 2 > base.count("\n"):  # mostly CRLF lines
-        new = new.replace("\r\n", "\n").replace("\n", "\r\n")
-    return new
