@@ -47,9 +47,10 @@ from bot.memory.history import HistoryLog
 from bot.memory.item_store import ItemStore
 from bot.memory.items import Layer, MemoryItem, ScoredItem
 from bot.memory.lazy_sync import MARKER
-from bot.memory.longterm import READ_MARGIN, Limits, LongTermMemory
+from bot.memory.longterm import Limits, LongTermMemory
 from bot.memory.memories import MessageKey
 from bot.memory.notes import DailyNotes
+from bot.memory.opening import open_folder
 from bot.memory.pack import MemoryPack, TokenCounter, estimate_tokens
 from bot.memory.pending import PENDING_DIR, PendingConsolidations
 from bot.memory.recall import Recaller
@@ -57,7 +58,6 @@ from bot.memory.recorder import Exchange, Recorder, exchanges_of
 from bot.memory.retirement import Retirement
 from bot.memory.scope import CHATS_DIR, ChatFolders, may_see
 from bot.memory.upkeep import Upkeep
-from bot.storage import ensure_private_dir, fix_private_tree
 
 if TYPE_CHECKING:  # bot.llm's client loads httpx, and the read path numpy: only types are needed here
     from bot.llm import ChatModel
@@ -201,35 +201,22 @@ class MemoryService:
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self, *, resume: bool = True) -> None:
-        """Create ``memory/`` (0700), tighten file modes to 0600, and load the item layers; the running
-        bot then resumes, in the background, the consolidations a kill cut short (``resume=False``: at
-        :meth:`resume`, once the chats that moved took their records along: bot/session_moves.py).
-        Read-only: only the loads (see the module doc)."""
+        """Create ``memory/`` (0700), tighten file modes to 0600, and load the item layers (opening.py);
+        the running bot then resumes, in the background, the consolidations a kill cut short
+        (``resume=False``: at :meth:`resume`, once the chats that moved took their records along:
+        bot/session_moves.py). Read-only: only the loads (see the module doc)."""
         if self.read_only:
             await self._start_read_only()
             return
-        first_in_chat_scope = self.chat_scope and not await asyncio.to_thread(self.chats.root.exists)
-        fixed = await asyncio.to_thread(self._prepare)
-        if fixed:
-            log.warning("memory_permissions_fixed", count=fixed, root=str(self.root))
-        self.unsynced_since = await asyncio.to_thread(self._recorder.lazy.left_by_last_run)
-        await self.items.load()
-        if self._rewrites_logs and self.items.damaged:
-            # A kill cut a record short (an append crossing a page): its message is recorded again,
-            # and the fragment, kept aside, leaves the middle of its log now.
-            await self.items.compact()
-        if self.chat_scope and (split := await self.items.separate_chats()):
-            # Merged across chats by an earlier version (or while the scope was "workspace").
-            log.warning("memory_items_separated_by_chat", count=split)
-        if first_in_chat_scope and len(self.items) and await asyncio.to_thread(self._longterm_written):
-            # The bot wrote MEMORY.md while the scope was "workspace", from every chat; it is the
-            # operator's now, and every chat is shown it.
-            log.warning(
-                "memory_scope_now_chat",
-                path=str(self.longterm.path),
-                hint="memory.scope is 'chat' now, but this file holds what the bot learned in any chat "
-                "while it was 'workspace', and every chat is shown it: move personal facts out of it",
-            )
+        self.unsynced_since = await open_folder(
+            self.root,
+            self.items,
+            self.chats,
+            self._recorder.lazy,
+            self.longterm.path,
+            chat_scope=self.chat_scope,
+            compact_damaged=self._rewrites_logs,
+        )
         if self._reading is not None:
             await self._reading.start(embed_missing=True)
         if resume:
@@ -252,25 +239,6 @@ class MemoryService:
     def _writable(self) -> None:
         if self.read_only:
             raise RuntimeError(f"memory under {self.root} was opened read-only")
-
-    def _longterm_written(self) -> bool:
-        """Whether MEMORY.md holds anything: its start says (a multi-GB one is not read whole)."""
-        try:
-            with open(self.longterm.path, "rb") as f:
-                return bool(f.read(READ_MARGIN).strip())
-        except OSError:
-            return False
-
-    def _prepare(self) -> int:
-        for folder in (
-            self.root,
-            self.root / "archive",
-            self.root / "items",
-            self.root / "items" / "episodic",
-            *([self.chats.root] if self.chat_scope else []),
-        ):
-            ensure_private_dir(folder)
-        return fix_private_tree(self.root)
 
     async def close(self) -> None:
         """Wait for background consolidations (each has its own deadline, so this ends); the running
