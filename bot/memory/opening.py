@@ -1,11 +1,12 @@
 """Opening memory's folder at the bot's start: private folders and modes, the item layers loaded and repaired.
 
 The running bot's start (:func:`open_folder`) makes ``memory/`` and its folders private (0700, files
-0600), reads the marker of writes a previous run may have lost (lazy_sync.py), loads the item layers,
-takes out of its log the fragment of a record a kill cut short, and in chat scope separates the items an
-earlier version merged across chats, warning once that a MEMORY.md written while the scope was
-"workspace" is the operator's now. It is the first half of ``MemoryService.start`` (service.py), which
-then starts the read path and resumes consolidations; a read-only service only loads the items.
+0600 at most: a file its owner made read-only stays so), reads the marker of writes a previous run may
+have lost (lazy_sync.py), loads the item layers, takes out of its log the fragment of a record a kill
+cut short, and in chat scope separates the items an earlier version merged across chats, warning once
+that a MEMORY.md written while the scope was "workspace" is the operator's now. It is the first half of
+``MemoryService.start`` (service.py), which then starts the read path and resumes consolidations; a
+read-only service only loads the items.
 """
 
 from __future__ import annotations

@@ -201,8 +201,8 @@ class MemoryService:
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self, *, resume: bool = True) -> None:
-        """Create ``memory/`` (0700), tighten file modes to 0600, and load the item layers (opening.py);
-        the running bot then resumes, in the background, the consolidations a kill cut short
+        """Create ``memory/`` (0700), tighten file modes to 0600 at most, and load the item layers
+        (opening.py); the running bot then resumes, in the background, the consolidations a kill cut short
         (``resume=False``: at :meth:`resume`, once the chats that moved took their records along:
         bot/session_moves.py). Read-only: only the loads (see the module doc)."""
         if self.read_only:
