@@ -39,6 +39,9 @@ class PendingReply:
     is_error: bool = False
     id: str = field(default_factory=new_id)
     created_at: datetime = field(default_factory=utcnow)
+    # A command's reply, sent beside a turn that may be streaming its own answer (not stored: sent again
+    # after a restart, it goes in its lane's order, with no turn beside it).
+    aside: bool = False
 
     @property
     def session_id(self) -> str:
@@ -50,7 +53,13 @@ class PendingReply:
 
     def outbound(self) -> OutboundMessage:
         return OutboundMessage(
-            self.channel, self.chat_id, self.text, reply_to=self.reply_to, is_error=self.is_error, key=self.id
+            self.channel,
+            self.chat_id,
+            self.text,
+            reply_to=self.reply_to,
+            is_error=self.is_error,
+            key=self.id,
+            aside=self.aside,
         )
 
     def to_record(self, *, text_of: str | None = None) -> dict[str, Any]:

@@ -4,7 +4,9 @@ A command is taken once per platform id, as a message is: a redelivery is found 
 waits, or in its session's note of the commands run there (bot/intake.py). Most commands answer at once,
 even while a slow turn runs; one that must wait for the turn (/new, /compact: :meth:`Commands.exclusive`)
 takes its place in the lane's queue, is kept in the inbox meanwhile, and is run there by the lane's
-worker (bot/dispatcher/turns.py) through :meth:`Commands.run_kept`.
+worker (bot/dispatcher/turns.py) through :meth:`Commands.run_kept`. Such a command is kept in the inbox
+even when it runs at once, and its reply is kept there before the lane goes on, then sent as an answer
+is: noted as run, the command is not run again after a kill, so its reply must not depend on that.
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ from bot.dispatcher.lanes import Command, KeptCommand, Lane, messages_ahead
 from bot.domain import Session
 from bot.errors import StorageError
 from bot.inbox import Inbox
+from bot.outbox import PendingReply
 from bot.session_service import SessionService
 
 log = structlog.get_logger(__name__)
+
+# The reply of a command that ran just before a kill, its own reply not kept yet (see run_kept).
+RAN_BEFORE_RESTART = "/{name} is done."
 
 
 class Commands:
@@ -162,9 +168,11 @@ class Commands:
             session = None
         if isinstance(waiting, KeptCommand):
             if session is not None and message_id is not None and intake.command_run(session, message_id):
-                # It ran and its session was saved, but a kill came before its inbox entry was done.
+                # It ran and its session was saved, but a kill came before its reply was kept in the
+                # inbox (that comes before the send): the chat was never told, and is now.
                 log.info("duplicate_command_ignored", session_id=call.session_id, message_id=message_id)
                 await self._entry_done(call.session_id, waiting.entry)
+                await self._delivery.send(call.message, RAN_BEFORE_RESTART.format(name=call.name))
                 return
             task, _ = self._start(call, entry=waiting.entry, noted=session)
         else:
@@ -182,22 +190,49 @@ class Commands:
             # turn, takes the note back (exclusive): a save meanwhile must not note a command that
             # is not kept in the inbox yet.
             self._note(command.noted, call.message.message_id)
+        kept: PendingReply | None = None
         try:
-            reply = await self._router.handle(call, self._control)
-        except Exception:
-            log.exception("command_failed", command=call.name, session_id=call.session_id)
-            reply = f"/{call.name} failed; the details are in the log."
+            try:
+                reply = await self._router.handle(call, self._control)
+            except Exception:
+                log.exception("command_failed", command=call.name, session_id=call.session_id)
+                reply = f"/{call.name} failed; the details are in the log."
+            kept = await self._keep_reply(command, reply)
+        finally:
+            if command is not None and command.unlock is not None:  # (cancelled before its reply was kept)
+                unlock, command.unlock = command.unlock, None
+                unlock()
         await self._done(command)  # (done already if it waited for the lane: see exclusive)
         if command is not None and command.noted is not None:
             await self._save_note(command.noted)
-        await self._delivery.send(call.message, reply)
+        if kept is None:
+            await self._delivery.send(call.message, reply)
+        else:  # sent as an answer is: its inbox entry is done once the platform took it
+            await self._delivery.deliver(kept, self._lane(call.session_id, kept.channel, kept.chat_id))
+
+    async def _keep_reply(self, command: Command | None, text: str) -> PendingReply | None:
+        """Keep the reply of a command that ran kept in the inbox (see :meth:`exclusive`) there, in
+        place of its done mark, then let its lane go on: the next start sends it, should a kill (or a
+        platform outage) come before it went out. Noted as run with what it did, the command is not run
+        again after a restart; its reply was lost then, and the chat never learnt its conversation was
+        cleared. ``None``: not kept (the command holds no lane, or no inbox entry)."""
+        if command is None or command.unlock is None or command.entry is None or self._inbox is None:
+            return None
+        message, inbox = command.call.message, self._inbox
+        reply = PendingReply(
+            message.channel, message.chat_id, text, (command.entry,), reply_to=message.message_id, aside=True
+        )
+        await self._delivery.persist("reply_keep", message.session_id, lambda: inbox.keep(reply))
+        command.entry = None  # (finished with its reply)
+        return reply
 
     async def keep(self) -> bool:
         """Keep the command this task answers in the inbox, if it is not yet, so that the next start
-        runs it again should a kill come before it is done (a command whose write waits for storage,
-        before the chat is told it will be finished). False when the inbox could not take it: nothing
-        may promise that then. A command run again finds its session as its last save left it, so it
-        does its work once (/new's retirement skips what the archive holds)."""
+        runs it again should a kill come before it is done (one that takes its lane, before it acts; a
+        command whose write waits for storage, before the chat is told it will be finished). False when
+        the inbox could not take it: nothing may promise that then. A command run again finds its
+        session as its last save left it, so it does its work once (/new's retirement skips what the
+        archive holds)."""
         command = self._running.get(asyncio.current_task())  # type: ignore[arg-type]
         if command is None or command.entry is not None or self._inbox is None:
             return True
@@ -255,10 +290,21 @@ class Commands:
             command.placed.set()  # it waits: ``submit`` returns
             self._wake(sid, lane)
             await command.reached.wait()
-        async with lane.lock:
+        await lane.lock.acquire()
+        held = True
+        try:
+            if command is not None and command.entry is None:  # (the lane is free: it runs now)
+                await self.keep()  # before it acts, so its reply can be kept in its place (_keep_reply)
             try:
                 yield
             except Exception:
                 await self._done(command)  # it failed: a restart would not do better
                 raise
-            await self._done(command)
+            if command is not None and command.entry is not None and self._inbox is not None:
+                # The lane goes on once the reply is kept in the inbox in place of the done mark.
+                command.unlock, held = lane.lock.release, False
+            else:
+                await self._done(command)
+        finally:
+            if held:
+                lane.lock.release()

@@ -2,8 +2,9 @@
 
 A saved answer is sent; once it went out, its inbox entries are done. One the platform does not take
 is kept in the inbox (a restart sends it) and sent again, or set aside in its lane to be tried once
-before the chat's next answer, so a chat gets its answers in order. Commands' replies and notices go
-out beside the chat's turn and are never kept. A write the disk refuses (a done mark, the session
+before the chat's next answer, so a chat gets its answers in order. Notices and the replies of most
+commands go out beside the chat's turn and are never kept; those of /new and /compact are answers
+(bot/dispatcher/commands.py). A write the disk refuses (a done mark, the session
 save) is written again until it goes through (:meth:`Delivery.persist`), at once when another one
 goes through: storage is back, and a pause left to run out would hold the chat for nothing.
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bot.commands import CommandCall
@@ -56,6 +57,8 @@ class Command:
     entry: str | None = None
     durable: asyncio.Task[None] | None = None
     noted: Session | None = None
+    # Set once it ran, kept in the inbox: it still holds its lane until its reply is kept there too.
+    unlock: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot import intake
+from bot.inbox import Inbox
 from bot.sessions import JsonSessionStore
 from tests.bot.test_dispatcher import ModelSystem
 from tests.bot.test_dispatcher_recovery import msg, settled, started
@@ -70,3 +71,32 @@ async def test_a_command_is_noted_on_disk_before_its_reply(tmp_path: Path) -> No
     on_disk = await JsonSessionStore(tmp_path / "sessions", read_only=True).load("test:c1")
     await dispatcher.close(grace=1)
     assert on_disk is not None and intake.command_run(on_disk, "2")
+
+
+async def test_a_new_noted_on_disk_whose_reply_was_not_kept_yet_tells_the_chat_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A kill between /new's save (its note with the cleared conversation) and the keeping of its reply in
+    the inbox leaves what is set up here: /new pending in the inbox, noted as run. The restart does not
+    run it again, and the chat, never told, is told now (the reply was lost, and the chat never learnt
+    its conversation was cleared)."""
+    dispatcher, channel, _ = await started(tmp_path, ModelSystem())
+    await dispatcher.submit(msg("hello", message_id="1"))
+    await channel.wait_for(1)
+    await settled(tmp_path)
+    await dispatcher.close(grace=1)
+    _, durable = Inbox(tmp_path / "inbox").add(msg("/new", message_id="2"))
+    await durable
+    store = JsonSessionStore(tmp_path / "sessions")
+    session = await store.load("test:c1")
+    assert session is not None
+    session.replace_messages([])
+    intake.note_command(session, "2")
+    await store.save(session)
+
+    restarted, channel2, _ = await started(tmp_path, ModelSystem())
+    await restarted.submit(msg("/new", message_id="2"))  # handed over again
+    await channel2.wait_for(1)
+    await settled(tmp_path)
+    await restarted.close(grace=1)
+    assert [m.text for m in channel2.sent] == ["/new is done."]
