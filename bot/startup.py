@@ -19,6 +19,7 @@ import structlog
 from bot import model_choice
 from bot.errors import ConfigError, StorageError
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
+from bot.tools.confine import bot_writes
 from bot.workspace_lock import WorkspaceLock, unusable
 
 if TYPE_CHECKING:
@@ -69,12 +70,13 @@ async def own_workspace(settings: Settings, stack: contextlib.AsyncExitStack) ->
 
 
 def prepare_workspace(settings: Settings) -> None:
-    """Create the workspace (0700) and tighten any file that is more open than it should be."""
+    """Create the workspace (0700) and tighten any file that is more open than it should be; the bot's
+    own state gets its owner's write permission back (``bot.tools.confine.bot_writes``)."""
     try:
         ensure_private_dir(settings.workspace)
         for sub in (settings.sessions_dir, settings.memory_dir, settings.workspace / "inbox"):
             ensure_private_dir(sub)
-        fixed = fix_private_tree(settings.workspace)
+        fixed = fix_private_tree(settings.workspace, bot_writes=bot_writes)
         stale = remove_stale_temp_files(settings.workspace)
     except OSError as exc:
         raise unusable(settings.workspace, exc) from None

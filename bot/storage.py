@@ -19,8 +19,8 @@ import signal
 import stat
 import tempfile
 import time
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from bot.errors import StorageError
@@ -267,11 +267,14 @@ async def atomic_write_text_async(path: Path, text: str) -> None:
     await asyncio.to_thread(atomic_write_text, path, text)
 
 
-def fix_private_tree(root: Path) -> int:
+def fix_private_tree(root: Path, *, bot_writes: Callable[[PurePosixPath], bool] | None = None) -> int:
     """Tighten permissions under ``root`` (folders 0700, files 0600 at most); return how many were changed.
 
     A file only loses permissions: one its owner may not write (``chmod a-w MEMORY.md``, an operator
-    freezing it) stays so, where a chmod to 0600 made it writable again at every start."""
+    freezing it) stays so, where a chmod to 0600 made it writable again at every start. Except the
+    files ``bot_writes`` names (by their path relative to ``root``): the bot's own state, which it
+    must write to go on, is made 0600 (a workspace restored read-only left the bot, not root, unable
+    to take a message in)."""
     changed = 0
     if not root.exists():
         return 0
@@ -281,7 +284,12 @@ def fix_private_tree(root: Path) -> int:
             if path.is_symlink():
                 continue
             now = path.stat().st_mode & 0o777
-            mode = DIR_MODE if folder else now & FILE_MODE
+            if folder:
+                mode = DIR_MODE
+            elif bot_writes is not None and bot_writes(PurePosixPath(path.relative_to(root).as_posix())):
+                mode = FILE_MODE
+            else:
+                mode = now & FILE_MODE
             if now != mode:
                 os.chmod(path, mode)
                 changed += 1

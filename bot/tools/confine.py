@@ -53,6 +53,7 @@ MEMORY_FILE = PurePosixPath("memory/MEMORY.md")
 PATH_MAX = 4096  # bytes, with the final NUL: Linux's limit on a path handed to the system
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 3072  # leaves a workspace path of up to 1,000 bytes or so room in front, within PATH_MAX
+_STATE_PREFIXES = tuple(PurePosixPath(p) for p in BOT_STATE_PATHS)
 _SET_ASIDE = re.compile(r"\.(damaged|corrupt)-[^/]*$", re.IGNORECASE)
 
 
@@ -101,6 +102,26 @@ def bot_owned_name(name: str) -> bool:
     return base in BOT_STATE_NAMES or name.startswith(".") or base.endswith(BOT_STATE_SUFFIXES)
 
 
+def bot_writes(rel: PurePosixPath) -> bool:
+    """True for a file (``rel``, relative to the workspace) the bot itself must write to go on: its
+    state (see the module doc), but not a hidden name at the root (``.env`` is the operator's, and
+    read only). The start gives these their owner's write permission back
+    (``bot.storage.fix_private_tree``): a workspace restored or copied read-only (0444 files) left
+    the inbox, the sessions and memory's records unwritable by a bot that is not root."""
+    parts = rel.parts
+    if not parts or parts[0].startswith("."):
+        return False
+    return bot_owned_name(parts[0]) or _memory_state(rel)
+
+
+def _memory_state(rel: PurePosixPath) -> bool:
+    """The memory service's own records in ``memory/``: :data:`BOT_STATE_PATHS`, and every hidden name
+    there (its locks and markers, ``.MEMORY.md.lock``: a tool holding that lock would stall its writes)."""
+    parts = rel.parts
+    hidden_in_memory = parts[0].casefold() == MEMORY_DIR and any(p.startswith(".") for p in parts[1:])
+    return hidden_in_memory or under(rel, _STATE_PREFIXES)
+
+
 def under(path: PurePosixPath, prefixes: Collection[PurePosixPath]) -> bool:
     """True when ``path`` is, or lies inside, one of ``prefixes`` (compared without case)."""
     parts = folded(path).parts
@@ -139,13 +160,9 @@ class Confinement:
 
     def protected(self, rel: PurePosixPath) -> bool:
         """True when ``rel`` is, or lies inside, something the bot keeps."""
-        parts = rel.parts
-        if not parts:
+        if not rel.parts:
             return False
-        # A hidden name in memory/ is one of the memory service's locks or markers (.MEMORY.md.lock):
-        # a tool holding that lock would stall its writes.
-        hidden_in_memory = parts[0].casefold() == MEMORY_DIR and any(p.startswith(".") for p in parts[1:])
-        return bot_owned_name(parts[0]) or under(rel, self._protected) or hidden_in_memory
+        return bot_owned_name(rel.parts[0]) or _memory_state(rel) or under(rel, self._protected)
 
     def read_only(self, rel: PurePosixPath) -> bool:
         return under(rel, self._read_only)
