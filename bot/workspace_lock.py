@@ -16,6 +16,7 @@ into it only serve the error message.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import sys
@@ -30,10 +31,13 @@ LOCK_FILE = "membot.lock"
 
 def unusable(workspace: Path, exc: OSError) -> ConfigError:
     """The error of a workspace the disk or its permissions refuse (read-only, not ours), as every
-    command says it (78): where, why, and the settings that choose another."""
-    return ConfigError(
-        f"cannot use workspace {workspace}: {exc.strerror or exc} (set --workspace or MEMBOT_WORKSPACE)"
-    )
+    command says it (78): where, why, and the settings that choose another. A permission refused
+    names the file too: "Permission denied" alone left the operator to search a restored workspace
+    for the one file (membot.lock, logs/membot.log) the bot's user may not write."""
+    why, fix = exc.strerror or str(exc), "set --workspace or MEMBOT_WORKSPACE"
+    if exc.errno in (errno.EACCES, errno.EPERM) and exc.filename is not None:
+        why, fix = f"{why} on {exc.filename}", f"let the user membot runs as write it, or {fix}"
+    return ConfigError(f"cannot use workspace {workspace}: {why} ({fix})")
 
 
 class WorkspaceLock:

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -463,6 +464,29 @@ def test_chat_on_a_read_only_workspace_says_what_run_says(home: dict[str, str], 
     for result in (chat, run):
         assert f"cannot use workspace {ws}: Read-only file system (set --workspace" in result.stderr
         assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_a_workspace_file_the_bots_user_may_not_write_is_named(home: dict[str, str], tmp_path: Path) -> None:
+    """A restored workspace whose membot.lock is read-only, for a bot that is not root: it said
+    "cannot use workspace …: Permission denied" and nothing of which of its files. (Run as root
+    without the capability that lets root write any file, as a bot that is not root runs.)"""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("running without root's file permissions needs root and setpriv")
+    lock = tmp_path / "ws" / "membot.lock"
+    lock.parent.mkdir(mode=0o700)
+    lock.touch(mode=0o444)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMBOT_")}
+    env.update(home, MEMBOT_LLM__OPENAI__API_KEY="sk-x", MEMBOT_LOG_FORMAT="console")
+    without_root = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
+    result = subprocess.run(
+        [*without_root, sys.executable, "-m", "bot", "chat"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == CONFIG_ERROR, result.stderr
+    assert f"Permission denied on {lock} (let the user membot runs as write it, or set --workspace" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr + result.stdout
 
 
 def test_pairing_on_a_read_only_workspace_exits_74_naming_the_file(tmp_path: Path) -> None:
