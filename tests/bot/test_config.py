@@ -208,6 +208,7 @@ def test_a_webhook_secret_short_enough_to_guess_is_refused(
     """The webhook's secret header is all that tells Telegram's posts from anyone's who reaches the
     endpoint: one who guesses it can post updates "from" an allowed user and use the bot as them. A
     short one was taken; it is a named wrong setting now, its value never repeated."""
+    monkeypatch.setenv("MEMBOT_TELEGRAM__MODE", "webhook")
     monkeypatch.setenv("MEMBOT_TELEGRAM__WEBHOOK_SECRET", secret)
     with pytest.raises(ConfigError) as info:
         load_settings(env_file=None)
@@ -217,3 +218,10 @@ def test_a_webhook_secret_short_enough_to_guess_is_refused(
     assert secret not in str(info.value)
     monkeypatch.setenv("MEMBOT_TELEGRAM__WEBHOOK_SECRET", "x" * 16)
     assert load_settings(env_file=None).telegram.webhook_secret is not None
+
+
+def test_a_short_webhook_secret_does_not_stop_a_bot_that_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Polling opens no webhook: a short secret left in the settings (from a test of webhook mode)
+    is unused, and refusing it stopped a working bot from starting, every command with it."""
+    monkeypatch.setenv("MEMBOT_TELEGRAM__WEBHOOK_SECRET", "hunter2")
+    assert load_settings(env_file=None).telegram.mode == "polling"
