@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from bot.domain import Message, Role
-from bot.tokens import TokenCounter
+from bot.tokens import IMAGE_TOKENS, TokenCounter
 
 CUT_NOTE = "\n[… {cut} characters left out here: the message is longer than the model's window allows …]\n"
 # What stands for a whole text when not even CUT_NOTE fits its share, the shortest when the first does
@@ -48,10 +48,12 @@ def trim_messages(
         _cut_evenly(messages, room, counter)
     drop_oldest(1)
     while messages and total() > room:
-        longest = max(range(len(messages)), key=lambda i: counter.message_tokens(messages[i]))
+        # The message with the most to cut (its text, its images), cut to what the others and its own
+        # fixed part (its overhead, its tool calls) leave: given the room less the others alone, its
+        # text stayed, and the request went out over the window by that fixed part.
+        longest = max(range(len(messages)), key=lambda i: _cuttable(messages[i], counter))
         message = messages[longest]
-        others = total() - counter.message_tokens(message)
-        target = max(0, room - others)
+        target = max(0, room - (total() - _cuttable(message, counter)))
         cut = cut_text(message.content, target, counter)
         if cut == message.content and not message.images:
             break  # nothing left to cut: the caller's room is below one message's overhead
@@ -60,6 +62,11 @@ def trim_messages(
             cut = f"{cut}\n{note}" if cut else note
         messages[longest] = dataclasses.replace(message, content=cut, images=(), token_estimate=0)
     return messages
+
+
+def _cuttable(message: Message, counter: TokenCounter) -> int:
+    """The tokens of ``message`` a cut can take away: its text and its images."""
+    return counter.count_text(message.content) + IMAGE_TOKENS * len(message.images)
 
 
 def _first_unit(messages: Sequence[Message]) -> int:
