@@ -19,7 +19,7 @@ import structlog
 from bot import model_choice
 from bot.errors import ConfigError, StorageError
 from bot.storage import ensure_private_dir, fix_private_tree, remove_stale_temp_files
-from bot.tools.confine import bot_writes
+from bot.tools import bot_writes
 from bot.workspace_lock import WorkspaceLock, unusable
 
 if TYPE_CHECKING:

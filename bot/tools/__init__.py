@@ -2,7 +2,7 @@
 
 from bot.tools.base import Tool, ToolContext, ToolError, ToolRegistry, check_tool_names, untrusted
 from bot.tools.builtin import builtin_tools
-from bot.tools.confine import inside_workspace
+from bot.tools.confine import bot_writes, inside_workspace
 from bot.tools.journal import CallKey, ToolJournal
 from bot.tools.web_fetch import web_client
 
@@ -13,6 +13,7 @@ __all__ = [
     "ToolError",
     "ToolJournal",
     "ToolRegistry",
+    "bot_writes",
     "builtin_tools",
     "check_tool_names",
     "inside_workspace",
