@@ -220,17 +220,22 @@ def test_a_malformed_json_list_names_its_variable(home: dict[str, str], tmp_path
     assert "MEMBOT_LLM__FALLBACK_MODELS is not valid JSON" in err and "lists are JSON" in err
 
 
+def config_rows(table: str) -> dict[str, str]:
+    """``membot config``'s table as setting -> value."""
+    return {
+        row.split("│")[1].strip(): row.split("│")[2].strip()
+        for row in table.splitlines()
+        if row.count("│") >= 3
+    }
+
+
 def test_numeric_user_ids_are_accepted_from_toml_and_env(home: dict[str, str], tmp_path: Path) -> None:
     toml = tmp_path / "membot.toml"
     toml.write_text("[telegram]\nallowed_users = [12345, 67890]\nallowed_groups = [-100123]\n")
     env = {**home, "MEMBOT_DISCORD__ALLOWED_USERS": "[111, 222]", "MEMBOT_DISCORD__ALLOWED_GUILDS": "333"}
     result = membot("--config", str(toml), "config", env={**env, "COLUMNS": "200"}, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    rows = {
-        line.split("│")[1].strip(): line.split("│")[2].strip()
-        for line in result.stdout.splitlines()
-        if line.count("│") >= 3
-    }
+    rows = config_rows(result.stdout)
     assert rows["telegram.allowed_users"] == "['12345', '67890']"
     assert rows["telegram.allowed_groups"] == "['-100123']"
     assert rows["discord.allowed_users"] == "['111', '222']" and rows["discord.allowed_guilds"] == "['333']"
@@ -421,11 +426,7 @@ def test_an_empty_line_in_the_env_file_leaves_its_setting_unset(home: dict[str, 
     (tmp_path / ".env").write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
     result = membot("config", env=home, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    shown = {
-        row.split("│")[1].strip(): row.split("│")[2].strip()
-        for row in result.stdout.splitlines()
-        if row.count("│") >= 4
-    }
+    shown = config_rows(result.stdout)
     assert shown["llm.openai.api_key"] == "********"
     for setting in ("llm.anthropic.api_key", "discord.token", "telegram.token"):
         assert shown[setting] == "(not set)", setting
