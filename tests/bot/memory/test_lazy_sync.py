@@ -16,9 +16,10 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
+from bot.domain import Session
 from bot.memory.lazy_sync import MARKER, LazySync
 from tests.bot.membot_service import Service, membot_run
-from tests.bot.memory.test_end_to_end import DAY, chat
+from tests.bot.memory.test_end_to_end import DAY, Chat, chat
 from tests.fakes.llm_server import FakeLLMServer
 
 
@@ -103,14 +104,23 @@ def _cut_memory_of(ws: Path, message_ids: set[str], texts: list[str]) -> int:
     return cut
 
 
+SAID = ["I planted three apple trees in the orchard.", "The plumber fixes the boiler on Friday."]
+
+
+async def told_three_things(bot: Chat) -> Session:
+    """Hanna's city, then :data:`SAID`, a minute apart; the chat's session after them."""
+    await bot.say("My sister Hanna lives in Porto.", DAY)
+    for i, text in enumerate(SAID):
+        await bot.say(text, DAY + timedelta(minutes=1 + i))
+    session = await bot.core.sessions.get("test:c1")
+    assert session is not None
+    return session
+
+
 async def test_a_power_cut_before_the_sync_loses_no_memory(tmp_path: Path) -> None:
-    said = ["I planted three apple trees in the orchard.", "The plumber fixes the boiler on Friday."]
+    said = SAID
     async with chat(tmp_path / "running") as bot:
-        await bot.say("My sister Hanna lives in Porto.", DAY)
-        for i, text in enumerate(said):
-            await bot.say(text, DAY + timedelta(minutes=1 + i))
-        session = await bot.core.sessions.get("test:c1")
-        assert session is not None
+        session = await told_three_things(bot)
         lost = {m.id for m in session.messages[-4:]}  # the last two exchanges, question and answer
         ws = tmp_path / "running" / "ws"
         assert (ws / "memory" / MARKER).exists()  # the bot runs: writes may be unsynced
@@ -142,13 +152,9 @@ async def test_a_start_whose_recovery_the_disk_refuses_still_serves_and_the_next
     ``membot run`` ended with a bare ``error: File too large`` (exit 1), and the systemd unit restarted
     it into the same failure until it gave up, every acknowledged message left unanswered. Now the start
     goes on with the failure logged; the marker stays, and the next start that can write recovers."""
-    said = ["I planted three apple trees in the orchard.", "The plumber fixes the boiler on Friday."]
+    said = SAID
     async with chat(tmp_path / "running") as bot:
-        await bot.say("My sister Hanna lives in Porto.", DAY)
-        for i, text in enumerate(said):
-            await bot.say(text, DAY + timedelta(minutes=1 + i))
-        session = await bot.core.sessions.get("test:c1")
-        assert session is not None
+        session = await told_three_things(bot)
         lost = {m.id for m in session.messages[-4:]}
         await asyncio.to_thread(shutil.copytree, tmp_path / "running" / "ws", tmp_path / "cut" / "ws")
     ws = tmp_path / "cut" / "ws"
